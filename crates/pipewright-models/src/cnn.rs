@@ -1,0 +1,216 @@
+//! A ResNet-style CNN: a stem, residual basic blocks (skip connections) with BatchNorm2d, and
+//! a pooled linear head. Block `i` doubles the channels and halves the resolution whenever
+//! `i` is a multiple of `blocks_per_stage` (except the first).
+
+use candle_core::{Tensor, Var};
+use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+use pipewright::nn::{join, relu, BatchNorm2d, Conv2d, Init, Linear, Module};
+use pipewright::{invalid, Error, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CnnConfig {
+    pub in_channels: usize,
+    pub classes: usize,
+    /// Channels of the stem and the first blocks.
+    pub width: usize,
+    /// Number of residual blocks.
+    pub blocks: usize,
+    /// Blocks between down-samplings.
+    pub blocks_per_stage: usize,
+}
+
+impl CnnConfig {
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("in_channels", self.in_channels),
+            ("classes", self.classes),
+            ("width", self.width),
+            ("blocks", self.blocks),
+            ("blocks_per_stage", self.blocks_per_stage),
+        ] {
+            if v == 0 {
+                return Err(invalid!("CNN {name} must be positive"));
+            }
+        }
+        Ok(())
+    }
+
+    fn channels(&self, block: usize) -> usize {
+        self.width << (block / self.blocks_per_stage)
+    }
+}
+
+/// `stem`, `blocks.0` .. `blocks.{n-1}`, `head`; a cut point after every layer.
+pub fn cnn(cfg: CnnConfig) -> Result<Sequential> {
+    cfg.validate()?;
+    let mut s = Sequential::new();
+    s.push(LayerSpec::new("stem", move |init| {
+        Ok(Box::new(Stem {
+            conv: Conv2d::new(
+                init,
+                "stem.conv",
+                cfg.in_channels,
+                cfg.width,
+                3,
+                1,
+                1,
+                false,
+            )?,
+            bn: BatchNorm2d::new(init, "stem.bn", cfg.width)?,
+        }) as Box<dyn Layer>)
+    }))
+    .cut();
+    for i in 0..cfg.blocks {
+        let name = format!("blocks.{i}");
+        let inp = if i == 0 {
+            cfg.width
+        } else {
+            cfg.channels(i - 1)
+        };
+        let out = cfg.channels(i);
+        let stride = if out != inp { 2 } else { 1 };
+        s.push(LayerSpec::new(name.clone(), move |init| {
+            Ok(Box::new(BasicBlock::new(init, &name, inp, out, stride)?) as Box<dyn Layer>)
+        }))
+        .cut();
+    }
+    let last = cfg.channels(cfg.blocks - 1);
+    s.push(LayerSpec::new("head", move |init| {
+        Ok(
+            Box::new(Head(Linear::new(init, "head.fc", last, cfg.classes, true)?))
+                as Box<dyn Layer>,
+        )
+    }));
+    Ok(s)
+}
+
+struct Stem {
+    conv: Conv2d,
+    bn: BatchNorm2d,
+}
+
+impl Layer for Stem {
+    fn name(&self) -> &str {
+        "stem"
+    }
+
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        let x = x.into_tensor("stem")?;
+        Ok(relu(&self.bn.forward(&self.conv.forward(&x)?, cx)?)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        let mut v = self.conv.params();
+        v.extend(self.bn.params());
+        v
+    }
+
+    fn buffers(&self) -> Vec<(String, Var)> {
+        self.bn.buffers()
+    }
+}
+
+/// `relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))`; the shortcut is a strided 1x1
+/// convolution with BatchNorm when the shape changes, the identity otherwise.
+pub struct BasicBlock {
+    name: String,
+    conv1: Conv2d,
+    bn1: BatchNorm2d,
+    conv2: Conv2d,
+    bn2: BatchNorm2d,
+    shortcut: Option<(Conv2d, BatchNorm2d)>,
+}
+
+impl BasicBlock {
+    pub fn new(init: &Init, name: &str, inp: usize, out: usize, stride: usize) -> Result<Self> {
+        let shortcut = if stride != 1 || inp != out {
+            Some((
+                Conv2d::new(
+                    init,
+                    &join(name, "shortcut.conv"),
+                    inp,
+                    out,
+                    1,
+                    stride,
+                    0,
+                    false,
+                )?,
+                BatchNorm2d::new(init, &join(name, "shortcut.bn"), out)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Self {
+            name: name.to_string(),
+            conv1: Conv2d::new(init, &join(name, "conv1"), inp, out, 3, stride, 1, false)?,
+            bn1: BatchNorm2d::new(init, &join(name, "bn1"), out)?,
+            conv2: Conv2d::new(init, &join(name, "conv2"), out, out, 3, 1, 1, false)?,
+            bn2: BatchNorm2d::new(init, &join(name, "bn2"), out)?,
+            shortcut,
+        })
+    }
+}
+
+impl Layer for BasicBlock {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        let x = x.into_tensor(&self.name)?;
+        let h = relu(&self.bn1.forward(&self.conv1.forward(&x)?, cx)?)?;
+        let h = self.bn2.forward(&self.conv2.forward(&h)?, cx)?;
+        let s = match &self.shortcut {
+            Some((c, b)) => b.forward(&c.forward(&x)?, cx)?,
+            None => x,
+        };
+        Ok(relu(&(h + s)?)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        let mut v = self.conv1.params();
+        v.extend(self.bn1.params());
+        v.extend(self.conv2.params());
+        v.extend(self.bn2.params());
+        if let Some((c, b)) = &self.shortcut {
+            v.extend(c.params());
+            v.extend(b.params());
+        }
+        v
+    }
+
+    fn buffers(&self) -> Vec<(String, Var)> {
+        let mut v = self.bn1.buffers();
+        v.extend(self.bn2.buffers());
+        if let Some((_, b)) = &self.shortcut {
+            v.extend(b.buffers());
+        }
+        v
+    }
+}
+
+/// Global average pooling, then a linear classifier: `(batch, classes)`.
+struct Head(Linear);
+
+impl Layer for Head {
+    fn name(&self) -> &str {
+        "head"
+    }
+
+    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+        let x: Tensor = x.into_tensor("head")?;
+        if x.rank() != 4 {
+            return Err(Error::Layer {
+                layer: "head".into(),
+                msg: format!("expects (batch, channels, h, w), got {:?}", x.dims()),
+            });
+        }
+        let pooled = x.mean(3)?.mean(2)?;
+        Ok(self.0.forward(&pooled)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        self.0.params()
+    }
+}

@@ -1,0 +1,242 @@
+//! GPT-2, exactly: pre-LayerNorm blocks, learned positions, tanh GELU, LayerNorm eps 1e-5, an
+//! LM head tied to the token embedding. Parameter names and shapes are Hugging Face GPT-2's
+//! (`wte`, `wpe`, `h.N.ln_1`, `h.N.attn.c_attn` stored `(in, out)`, ..., `ln_f`).
+//!
+//! The tie is two parameters, `wte.weight` (first layer) and `lm_head.weight` (last layer),
+//! initialised from the same random stream and kept equal by summing their gradients, so that
+//! a first and a last pipeline stage can each own one.
+
+use candle_core::{DType, Device, Tensor, Var};
+use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+use pipewright::nn::{
+    gelu, join, CausalSelfAttention, Dropout, Embedding, Init, LayerNorm, Linear, Module,
+};
+use pipewright::{invalid, Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// The tied pair.
+pub const TIED: (&str, &str) = ("wte.weight", "lm_head.weight");
+
+/// GPT sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GptConfig {
+    pub vocab_size: usize,
+    pub block_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub dropout: f64,
+}
+
+impl GptConfig {
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("block_size", self.block_size),
+            ("n_layer", self.n_layer),
+            ("n_head", self.n_head),
+            ("n_embd", self.n_embd),
+        ] {
+            if v == 0 {
+                return Err(invalid!("GPT {name} must be positive"));
+            }
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(invalid!(
+                "n_embd {} is not divisible by n_head {}: choose n_embd a multiple of n_head",
+                self.n_embd,
+                self.n_head
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(invalid!("dropout must lie in [0, 1), got {}", self.dropout));
+        }
+        Ok(())
+    }
+}
+
+/// The GPT as a sequential model: `embed`, `h.0` .. `h.{n-1}`, `ln_f`, `lm_head`, with a cut
+/// point after the embedding and after every block.
+pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
+    cfg.validate()?;
+    let mut s = Sequential::new();
+    s.push(LayerSpec::new("embed", move |init| {
+        Ok(Box::new(GptEmbed::new(init, cfg)?) as Box<dyn Layer>)
+    }))
+    .cut();
+    for i in 0..cfg.n_layer {
+        let name = format!("h.{i}");
+        s.push(LayerSpec::new(name.clone(), move |init| {
+            Ok(Box::new(Block::new(init, &name, cfg)?) as Box<dyn Layer>)
+        }))
+        .cut();
+    }
+    s.push(LayerSpec::new("ln_f", move |init| {
+        Ok(Box::new(Norm(LayerNorm::new(init, "ln_f", cfg.n_embd, 1e-5)?)) as Box<dyn Layer>)
+    }));
+    s.push(LayerSpec::new("lm_head", move |init| {
+        // Drawn from wte's stream: equal to wte.weight at the start.
+        let w = init.normal(TIED.0, &[cfg.vocab_size, cfg.n_embd], 0.02)?;
+        Ok(Box::new(LmHead(Linear::from_vars(
+            "lm_head",
+            w,
+            None,
+            pipewright::nn::WeightLayout::OutIn,
+        )?)) as Box<dyn Layer>)
+    }));
+    Ok(s)
+}
+
+/// Token plus position embedding (`wte`, `wpe`), then dropout.
+pub struct GptEmbed {
+    wte: Embedding,
+    wpe: Embedding,
+    drop: Dropout,
+    block_size: usize,
+}
+
+impl GptEmbed {
+    pub fn new(init: &Init, cfg: GptConfig) -> Result<Self> {
+        Ok(Self {
+            wte: Embedding::new(init, "wte", cfg.vocab_size, cfg.n_embd, 0.02)?,
+            wpe: Embedding::new(init, "wpe", cfg.block_size, cfg.n_embd, 0.01)?,
+            drop: Dropout::new("drop", cfg.dropout),
+            block_size: cfg.block_size,
+        })
+    }
+}
+
+impl Layer for GptEmbed {
+    fn name(&self) -> &str {
+        "embed"
+    }
+
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        let ids = x.into_tensor("embed")?;
+        let (_, t) = ids.dims2().map_err(|_| Error::Layer {
+            layer: "embed".into(),
+            msg: format!(
+                "expects token ids of shape (batch, time), got {:?}",
+                ids.dims()
+            ),
+        })?;
+        if t > self.block_size {
+            return Err(Error::Layer {
+                layer: "embed".into(),
+                msg: format!(
+                    "sequence of {t} tokens is longer than block_size {}: raise --block-size",
+                    self.block_size
+                ),
+            });
+        }
+        let pos = Tensor::arange(0u32, t as u32, ids.device())?;
+        let x = self
+            .wte
+            .forward(&ids)?
+            .broadcast_add(&self.wpe.forward(&pos)?)?;
+        Ok(self.drop.forward(&x, cx)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        let mut v = self.wte.params();
+        v.extend(self.wpe.params());
+        v
+    }
+}
+
+/// A transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
+pub struct Block {
+    name: String,
+    ln_1: LayerNorm,
+    attn: CausalSelfAttention,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    c_proj: Linear,
+    drop: Dropout,
+}
+
+impl Block {
+    pub fn new(init: &Init, name: &str, cfg: GptConfig) -> Result<Self> {
+        let d = cfg.n_embd;
+        let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        Ok(Self {
+            name: name.to_string(),
+            ln_1: LayerNorm::new(init, &join(name, "ln_1"), d, 1e-5)?,
+            attn: CausalSelfAttention::new(
+                init,
+                &join(name, "attn"),
+                d,
+                cfg.n_head,
+                cfg.dropout,
+                proj_std,
+            )?,
+            ln_2: LayerNorm::new(init, &join(name, "ln_2"), d, 1e-5)?,
+            c_fc: Linear::conv1d(init, &join(name, "mlp.c_fc"), d, 4 * d, 0.02)?,
+            c_proj: Linear::conv1d(init, &join(name, "mlp.c_proj"), 4 * d, d, proj_std)?,
+            drop: Dropout::new(&join(name, "mlp.dropout"), cfg.dropout),
+        })
+    }
+}
+
+impl Layer for Block {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        let x = x.into_tensor(&self.name)?;
+        let x = (&x + self.attn.forward(&self.ln_1.forward(&x)?, cx)?)?;
+        let h = gelu(&self.c_fc.forward(&self.ln_2.forward(&x)?)?)?;
+        let h = self.drop.forward(&self.c_proj.forward(&h)?, cx)?;
+        Ok((x + h)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        let mut v = self.ln_1.params();
+        v.extend(self.attn.params());
+        v.extend(self.ln_2.params());
+        v.extend(self.c_fc.params());
+        v.extend(self.c_proj.params());
+        v
+    }
+}
+
+/// The final LayerNorm as a layer.
+pub struct Norm(LayerNorm);
+
+impl Layer for Norm {
+    fn name(&self) -> &str {
+        "ln_f"
+    }
+
+    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+        Ok(self.0.forward(&x.into_tensor("ln_f")?)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        self.0.params()
+    }
+}
+
+/// The language-model head `(vocab, n_embd)`, no bias: logits `(batch, time, vocab)`.
+pub struct LmHead(Linear);
+
+impl Layer for LmHead {
+    fn name(&self) -> &str {
+        "lm_head"
+    }
+
+    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+        Ok(self.0.forward(&x.into_tensor("lm_head")?)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        self.0.params()
+    }
+}
+
+/// Token ids `(batch, time)` as a u32 tensor.
+pub fn ids_tensor(ids: &[u32], batch: usize, device: &Device) -> Result<Tensor> {
+    let t = ids.len() / batch.max(1);
+    Ok(Tensor::from_vec(ids.to_vec(), (batch, t), device)?.to_dtype(DType::U32)?)
+}

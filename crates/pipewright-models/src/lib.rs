@@ -1,0 +1,10 @@
+//! Reference models written as pipewright [`Sequential`](pipewright::Sequential)s, and tasks
+//! generated in process (no downloads).
+
+pub mod cnn;
+pub mod gpt;
+pub mod tasks;
+
+pub use cnn::{cnn, CnnConfig};
+pub use gpt::{gpt, GptConfig, TIED};
+pub use tasks::{Task, TaskShape};

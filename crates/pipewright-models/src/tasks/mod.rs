@@ -1,0 +1,87 @@
+//! Tasks generated in process: same seed, same data. A task gives training batches as a pure
+//! function of (seed, step) and evaluates a model on held-out examples it never trains on.
+
+mod adder;
+mod shapes;
+mod sort;
+mod text;
+
+pub use adder::Adder;
+pub use shapes::Shapes;
+pub use sort::Sort;
+pub use text::Text;
+
+use candle_core::{DType, Device, Tensor};
+use pipewright::nn::IGNORE_INDEX;
+use pipewright::Result;
+
+/// What the model sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskShape {
+    /// Token ids `(batch, seq_len)` in `0..vocab`, targets `(batch, seq_len)`.
+    Tokens { vocab: usize, seq_len: usize },
+    /// Images `(batch, channels, size, size)`, targets `(batch)` class ids.
+    Images {
+        channels: usize,
+        size: usize,
+        classes: usize,
+    },
+}
+
+/// A forward function in evaluation mode: inputs to logits.
+pub type Predict<'a> = dyn FnMut(&Tensor) -> Result<Tensor> + 'a;
+
+pub trait Task: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn shape(&self) -> TaskShape;
+    /// Name of the metric [`Task::evaluate`] returns (`accuracy`, `bits_per_byte`).
+    fn metric_name(&self) -> &'static str;
+    fn higher_is_better(&self) -> bool;
+    /// Training batch number `step`: (inputs, targets), deterministic for the task's seed.
+    fn batch(&self, step: u64, batch_size: usize) -> Result<(Tensor, Tensor)>;
+    /// The metric on the held-out examples.
+    fn evaluate(&self, predict: &mut Predict<'_>) -> Result<f64>;
+}
+
+/// Greedy decoding of `n` tokens after each prompt row; returns the generated tokens.
+pub fn greedy(predict: &mut Predict<'_>, prompts: &[Vec<u32>], n: usize) -> Result<Vec<Vec<u32>>> {
+    let mut seqs = prompts.to_vec();
+    let b = seqs.len();
+    for _ in 0..n {
+        let t = seqs[0].len();
+        let flat: Vec<u32> = seqs.iter().flatten().copied().collect();
+        let x = Tensor::from_vec(flat, (b, t), &Device::Cpu)?;
+        let logits = predict(&x)?;
+        let last = logits
+            .narrow(1, t - 1, 1)?
+            .squeeze(1)?
+            .argmax(1)?
+            .to_dtype(DType::U32)?;
+        for (s, v) in seqs.iter_mut().zip(last.to_vec1::<u32>()?) {
+            s.push(v);
+        }
+    }
+    Ok(seqs
+        .into_iter()
+        .map(|s| s[s.len() - n..].to_vec())
+        .collect())
+}
+
+/// Builds (inputs, targets) from full sequences: inputs drop the last token, targets drop the
+/// first and ignore the first `ignore` target positions (the prompt).
+pub fn lm_pair(seqs: &[Vec<u32>], ignore: usize) -> Result<(Tensor, Tensor)> {
+    let b = seqs.len();
+    let t = seqs[0].len() - 1;
+    let mut x = Vec::with_capacity(b * t);
+    let mut y = Vec::with_capacity(b * t);
+    for s in seqs {
+        x.extend_from_slice(&s[..t]);
+        for (i, &v) in s[1..].iter().enumerate() {
+            y.push(if i < ignore { IGNORE_INDEX } else { v as i64 });
+        }
+    }
+    Ok((
+        Tensor::from_vec(x, (b, t), &Device::Cpu)?,
+        Tensor::from_vec(y, (b, t), &Device::Cpu)?,
+    ))
+}

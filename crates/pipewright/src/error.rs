@@ -1,0 +1,56 @@
+//! The one error type of pipewright. Every message says what went wrong and what to do.
+
+use std::path::PathBuf;
+
+/// Errors of every fallible public call.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor operation failed inside candle.
+    #[error("tensor operation failed: {0}")]
+    Candle(#[from] candle_core::Error),
+
+    /// A configuration or argument is invalid; the message says which and how to fix it.
+    #[error("{0}")]
+    Invalid(String),
+
+    /// A layer rejected its input (wrong shape, wrong arity, ...).
+    #[error("layer `{layer}`: {msg}")]
+    Layer { layer: String, msg: String },
+
+    /// Reading or writing a file failed.
+    #[error("{action} `{path}`: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The loss stopped being a finite number.
+    #[error("loss is {loss} at step {step}: lower the learning rate, enable gradient clipping (--clip) or check the data")]
+    NonFiniteLoss { step: u64, loss: f64 },
+
+    /// A saved state does not fit the object it is loaded into.
+    #[error("cannot load state: {0}")]
+    State(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Shorthand for an [`Error::Invalid`] with a formatted message.
+#[macro_export]
+macro_rules! invalid {
+    ($($arg:tt)*) => { $crate::Error::Invalid(format!($($arg)*)) };
+}
+
+impl Error {
+    /// Wraps an I/O error with the path and the action that failed.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The run directory: created up front (so an unwritable place fails before training), never
+//! silently overwritten, files written atomically (temporary file, then rename).
+
+use std::path::{Path, PathBuf};
+
+use crate::{invalid, Error, Result};
+
+pub struct RunDir {
+    path: PathBuf,
+}
+
+impl RunDir {
+    /// Creates `path` (and parents). Refuses a directory that already holds a run.
+    pub fn create(path: &Path) -> Result<Self> {
+        if path.join("params.json").exists() {
+            return Err(invalid!(
+                "`{}` already holds a run (params.json exists): choose another --out or remove it",
+                path.display()
+            ));
+        }
+        std::fs::create_dir_all(path)
+            .map_err(|e| Error::io("cannot create run directory", path, e))?;
+        let probe = path.join(".pipewright-write-test");
+        std::fs::write(&probe, b"")
+            .map_err(|e| Error::io("cannot write into run directory", path, e))?;
+        let _ = std::fs::remove_file(&probe);
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `name` atomically.
+    pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+        let target = self.path.join(name);
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
+        std::fs::rename(&tmp, &target).map_err(|e| Error::io("cannot rename into", &target, e))?;
+        Ok(target)
+    }
+
+    /// Writes a value as pretty JSON.
+    pub fn write_json(&self, name: &str, value: &impl serde::Serialize) -> Result<PathBuf> {
+        let s = serde_json::to_string_pretty(value)
+            .map_err(|e| invalid!("cannot serialise {name}: {e}"))?;
+        self.write(name, s.as_bytes())
+    }
+}

@@ -1,0 +1,23 @@
+//! pipewright: pipeline, tensor and data parallel training on candle.
+//!
+//! The public API in one screen:
+//! - [`model`]: [`Layer`], [`LayerSpec`], [`Sequential`] (layer specs with cut points), [`Stage`]
+//!   (a built range of layers), [`Activation`], [`Cx`] (mode, recompute flag, skip stash).
+//! - [`nn`]: differentiable layers (Linear, Embedding, LayerNorm, GELU, causal attention,
+//!   dropout, Conv2d, BatchNorm2d, cross-entropy), [`nn::Init`] (name-keyed seeded init),
+//!   [`nn::Grads`], and [`nn::optim`] (SGD, AdamW, schedules, clipping) with saveable state.
+//! - [`pipeline::microbatch`]: splitting batches into micro-batches.
+//! - [`serial`]: [`serial::SerialTrainer`], single-device training, the oracle of every layout.
+//! - [`experiment`]: run directory, [`experiment::Recorder`] (TensorBoard + CSV).
+//! - [`Error`] / [`Result`]: every fallible call.
+
+pub mod error;
+pub mod experiment;
+pub mod model;
+pub mod nn;
+pub mod pipeline;
+pub mod serial;
+
+pub use candle_core;
+pub use error::{Error, Result};
+pub use model::{Activation, Cx, Layer, LayerSpec, Mode, Sequential, Stage};

@@ -1,0 +1,47 @@
+//! Seeded dropout: the mask is a function of (run seed, step, micro-batch, site name), so the
+//! same forward recomputed later, or run on another rank, draws the same mask.
+
+use candle_core::Tensor;
+use rand::Rng;
+
+use super::init::rng_for;
+use crate::model::Cx;
+use crate::Result;
+
+#[derive(Clone, Debug)]
+pub struct Dropout {
+    site: String,
+    p: f64,
+}
+
+impl Dropout {
+    /// `site` names this dropout uniquely in the model (`h.3.attn.resid_dropout`).
+    pub fn new(site: &str, p: f64) -> Self {
+        Self {
+            site: site.to_string(),
+            p,
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
+        if self.p == 0.0 || !cx.is_training() {
+            return Ok(x.clone());
+        }
+        let key = format!("dropout/{}/{}/{}", self.site, cx.step, cx.micro_batch);
+        let mut rng = rng_for(cx.seed, &key);
+        let scale = 1.0 / (1.0 - self.p);
+        let mask: Vec<f32> = (0..x.elem_count())
+            .map(|_| {
+                if rng.random::<f64>() < self.p {
+                    0.0
+                } else {
+                    scale as f32
+                }
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, x.dims(), &candle_core::Device::Cpu)?
+            .to_dtype(x.dtype())?
+            .to_device(x.device())?;
+        Ok((x * mask)?)
+    }
+}

@@ -1,0 +1,59 @@
+//! Token embedding lookup.
+
+use candle_core::{DType, Tensor, Var};
+
+use super::{join, Init, Module};
+use crate::{Error, Result};
+
+/// A `(num, dim)` table indexed by integer ids of any shape.
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    name: String,
+    weight: Var,
+}
+
+impl Embedding {
+    /// Normal(0, std) table.
+    pub fn new(init: &Init, name: &str, num: usize, dim: usize, std: f64) -> Result<Self> {
+        let weight = init.normal(&join(name, "weight"), &[num, dim], std)?;
+        Ok(Self {
+            name: name.to_string(),
+            weight,
+        })
+    }
+
+    pub fn from_var(name: &str, weight: Var) -> Self {
+        Self {
+            name: name.to_string(),
+            weight,
+        }
+    }
+
+    pub fn weight(&self) -> &Var {
+        &self.weight
+    }
+
+    /// Looks ids up; out-of-range ids are an error naming the layer.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (num, dim) = self.weight.dims2()?;
+        let flat = ids.flatten_all()?.to_dtype(DType::U32)?;
+        let max = flat.max(0).ok().map(|m| m.to_scalar::<u32>()).transpose()?;
+        if let Some(max) = max {
+            if max as usize >= num {
+                return Err(Error::Layer {
+                    layer: self.name.clone(),
+                    msg: format!("id {max} is outside the table of {num} entries"),
+                });
+            }
+        }
+        let mut dims = ids.dims().to_vec();
+        dims.push(dim);
+        Ok(self.weight.index_select(&flat, 0)?.reshape(dims)?)
+    }
+}
+
+impl Module for Embedding {
+    fn params(&self) -> Vec<(String, Var)> {
+        vec![(join(&self.name, "weight"), self.weight.clone())]
+    }
+}

@@ -1,0 +1,92 @@
+//! Gradients by parameter name, taken from candle's `GradStore` and filtered to parameters.
+
+use std::collections::BTreeMap;
+
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, Var};
+
+use crate::Result;
+
+/// Gradients keyed by global parameter name.
+#[derive(Clone, Debug, Default)]
+pub struct Grads(BTreeMap<String, Tensor>);
+
+impl Grads {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps only the gradients of `params` (activations' gradients are dropped).
+    /// A parameter that took no part in the loss gets no entry.
+    pub fn from_store(store: &GradStore, params: &[(String, Var)]) -> Self {
+        Self(
+            params
+                .iter()
+                .filter_map(|(n, v)| store.get(v.as_tensor()).map(|g| (n.clone(), g.clone())))
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.0.get(name)
+    }
+
+    pub fn insert(&mut self, name: impl Into<String>, g: Tensor) {
+        self.0.insert(name.into(), g);
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Tensor> {
+        self.0.remove(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Tensor)> {
+        self.0.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Adds `other` into `self` (gradient accumulation over micro-batches).
+    pub fn accumulate(&mut self, other: Grads) -> Result<()> {
+        for (n, g) in other.0 {
+            match self.0.get_mut(&n) {
+                Some(acc) => *acc = (&*acc + g)?,
+                None => {
+                    self.0.insert(n, g);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Multiplies every gradient by `s`.
+    pub fn scale(&mut self, s: f64) -> Result<()> {
+        for g in self.0.values_mut() {
+            *g = (&*g * s)?;
+        }
+        Ok(())
+    }
+
+    /// Sum of squares of every gradient (f64).
+    pub fn sum_sq(&self) -> Result<f64> {
+        let mut s = 0.0;
+        for g in self.0.values() {
+            s += g
+                .to_dtype(candle_core::DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+        Ok(s)
+    }
+
+    /// The global L2 norm.
+    pub fn norm(&self) -> Result<f64> {
+        Ok(self.sum_sq()?.sqrt())
+    }
+}

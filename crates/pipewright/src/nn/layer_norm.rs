@@ -1,0 +1,48 @@
+//! Layer normalisation over the last dimension, written with differentiable ops.
+
+use candle_core::{Tensor, Var, D};
+
+use super::{join, Init, Module};
+use crate::Result;
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias`, biased variance, as `torch.nn.LayerNorm`.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    let xn = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
+    Ok(xn.broadcast_mul(weight)?.broadcast_add(bias)?)
+}
+
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    name: String,
+    weight: Var,
+    bias: Var,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// Weight one, bias zero.
+    pub fn new(init: &Init, name: &str, dim: usize, eps: f64) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            weight: init.constant(&[dim], 1.0)?,
+            bias: init.constant(&[dim], 0.0)?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        layer_norm(x, self.weight.as_tensor(), self.bias.as_tensor(), self.eps)
+    }
+}
+
+impl Module for LayerNorm {
+    fn params(&self) -> Vec<(String, Var)> {
+        vec![
+            (join(&self.name, "weight"), self.weight.clone()),
+            (join(&self.name, "bias"), self.bias.clone()),
+        ]
+    }
+}

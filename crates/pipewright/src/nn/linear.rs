@@ -1,0 +1,125 @@
+//! Fully connected layer.
+
+use candle_core::{Tensor, Var};
+
+use super::{join, Init, Module};
+use crate::{Error, Result};
+
+/// How the weight matrix is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `(out, in)`, as `torch.nn.Linear`.
+    OutIn,
+    /// `(in, out)`, as GPT-2's `Conv1D` (Hugging Face checkpoints store it so).
+    InOut,
+}
+
+/// `y = x W^T + b` over the last dimension; any leading dimensions.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    name: String,
+    weight: Var,
+    bias: Option<Var>,
+    layout: WeightLayout,
+    in_features: usize,
+    out_features: usize,
+}
+
+impl Linear {
+    /// PyTorch's default initialisation: uniform(+-1/sqrt(in)) for weight and bias.
+    pub fn new(init: &Init, name: &str, inp: usize, out: usize, bias: bool) -> Result<Self> {
+        let bound = 1.0 / (inp as f64).sqrt();
+        let w = init.uniform(&join(name, "weight"), &[out, inp], bound)?;
+        let b = if bias {
+            Some(init.uniform(&join(name, "bias"), &[out], bound)?)
+        } else {
+            None
+        };
+        Self::from_vars(name, w, b, WeightLayout::OutIn)
+    }
+
+    /// Normal(0, std) weight and zero bias, stored `(in, out)` as GPT-2's `Conv1D`.
+    pub fn conv1d(init: &Init, name: &str, inp: usize, out: usize, std: f64) -> Result<Self> {
+        let w = init.normal(&join(name, "weight"), &[inp, out], std)?;
+        let b = init.constant(&[out], 0.0)?;
+        Self::from_vars(name, w, Some(b), WeightLayout::InOut)
+    }
+
+    /// A linear layer from existing variables.
+    pub fn from_vars(
+        name: &str,
+        weight: Var,
+        bias: Option<Var>,
+        layout: WeightLayout,
+    ) -> Result<Self> {
+        let (a, b) = weight.dims2()?;
+        let (inp, out) = match layout {
+            WeightLayout::OutIn => (b, a),
+            WeightLayout::InOut => (a, b),
+        };
+        if let Some(bias) = &bias {
+            if bias.dims() != [out] {
+                return Err(Error::Layer {
+                    layer: name.into(),
+                    msg: format!("bias shape {:?} does not match {out} outputs", bias.dims()),
+                });
+            }
+        }
+        Ok(Self {
+            name: name.to_string(),
+            weight,
+            bias,
+            layout,
+            in_features: inp,
+            out_features: out,
+        })
+    }
+
+    pub fn weight(&self) -> &Var {
+        &self.weight
+    }
+
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        if dims.last() != Some(&self.in_features) {
+            return Err(Error::Layer {
+                layer: self.name.clone(),
+                msg: format!(
+                    "expects last dimension {}, got input of shape {dims:?}",
+                    self.in_features
+                ),
+            });
+        }
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let x2 = x.reshape((rows, self.in_features))?;
+        let w = match self.layout {
+            WeightLayout::OutIn => self.weight.as_tensor().t()?,
+            WeightLayout::InOut => self.weight.as_tensor().clone(),
+        };
+        let mut y = x2.matmul(&w)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b.as_tensor())?;
+        }
+        let mut out_dims = dims;
+        *out_dims.last_mut().unwrap() = self.out_features;
+        Ok(y.reshape(out_dims)?)
+    }
+}
+
+impl Module for Linear {
+    fn params(&self) -> Vec<(String, Var)> {
+        let mut v = vec![(join(&self.name, "weight"), self.weight.clone())];
+        if let Some(b) = &self.bias {
+            v.push((join(&self.name, "bias"), b.clone()));
+        }
+        v
+    }
+}

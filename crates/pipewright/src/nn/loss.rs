@@ -1,0 +1,63 @@
+//! Cross-entropy with an ignore index, computed so that micro-batches add up to the batch.
+
+use candle_core::{DType, Tensor};
+
+use super::activation::log_softmax_last_dim;
+use crate::{invalid, Result};
+
+/// Targets equal to this are ignored (PyTorch's default `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// Sum of the negative log-likelihoods of the non-ignored targets, and how many there are.
+///
+/// `logits`: `(..., classes)`; `targets`: the same leading shape, integer class ids or
+/// [`IGNORE_INDEX`]. Divide the sum by the count of the *whole* batch to get PyTorch's mean
+/// reduction, also when the batch is processed in micro-batches.
+pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, usize)> {
+    let classes = *logits
+        .dims()
+        .last()
+        .ok_or_else(|| invalid!("cross-entropy needs logits with a class dimension"))?;
+    let n = logits.elem_count() / classes.max(1);
+    if targets.elem_count() != n {
+        return Err(invalid!(
+            "cross-entropy: logits {:?} hold {n} rows but targets {:?} hold {}",
+            logits.dims(),
+            targets.dims(),
+            targets.elem_count()
+        ));
+    }
+    let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
+    let mut count = 0usize;
+    let mut safe = Vec::with_capacity(n);
+    let mut mask = Vec::with_capacity(n);
+    for &v in &t {
+        if v == IGNORE_INDEX {
+            safe.push(0u32);
+            mask.push(0f32);
+        } else if v < 0 || v as usize >= classes {
+            return Err(invalid!(
+                "cross-entropy: target {v} is outside 0..{classes} (use {IGNORE_INDEX} to ignore a position)"
+            ));
+        } else {
+            safe.push(v as u32);
+            mask.push(1f32);
+            count += 1;
+        }
+    }
+    let dev = logits.device();
+    let logp = log_softmax_last_dim(&logits.reshape((n, classes))?)?;
+    let idx = Tensor::from_vec(safe, (n, 1), dev)?;
+    let picked = logp.gather(&idx, 1)?.squeeze(1)?;
+    let mask = Tensor::from_vec(mask, n, dev)?.to_dtype(logits.dtype())?;
+    Ok(((picked * mask)?.sum_all()?.neg()?, count))
+}
+
+/// Mean cross-entropy over the non-ignored targets (PyTorch's `F.cross_entropy`).
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let (sum, count) = cross_entropy_sum(logits, targets)?;
+    if count == 0 {
+        return Err(invalid!("cross-entropy: every target is ignored"));
+    }
+    Ok((sum / count as f64)?)
+}

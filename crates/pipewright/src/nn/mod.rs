@@ -1,0 +1,44 @@
+//! Differentiable building blocks that candle lacks for training, written with ops whose
+//! backward candle implements (never `candle_nn`'s fused layer norm, softmax or sdpa, whose
+//! gradients silently stop), and optimizers whose state can be saved.
+
+pub mod activation;
+pub mod attention;
+pub mod batch_norm;
+pub mod conv;
+pub mod dropout;
+pub mod embedding;
+pub mod grads;
+pub mod init;
+pub mod layer_norm;
+pub mod linear;
+pub mod loss;
+pub mod optim;
+
+pub use activation::{gelu, relu, residual, softmax_last_dim};
+pub use attention::CausalSelfAttention;
+pub use batch_norm::BatchNorm2d;
+pub use conv::Conv2d;
+pub use dropout::Dropout;
+pub use embedding::Embedding;
+pub use grads::Grads;
+pub use init::Init;
+pub use layer_norm::LayerNorm;
+pub use linear::{Linear, WeightLayout};
+pub use loss::{cross_entropy, cross_entropy_sum, IGNORE_INDEX};
+
+use candle_core::Var;
+
+/// Anything that owns named parameters.
+pub trait Module {
+    fn params(&self) -> Vec<(String, Var)>;
+}
+
+/// Joins a prefix and a name with a dot (`"h.3"`, `"attn"` -> `"h.3.attn"`).
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}

@@ -1,0 +1,150 @@
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor, Var};
+
+use super::{decays, read_step, state_entry, step_tensor, Optimizer, StateDict};
+use crate::nn::Grads;
+use crate::{invalid, Result};
+
+/// AdamW hyper-parameters (PyTorch defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// AdamW exactly as `torch.optim.AdamW`: decoupled decay `p *= 1 - lr*wd`, bias-corrected
+/// moments, `eps` added after the square root of the corrected second moment. Moments are
+/// kept in f32 whatever the parameter's type.
+pub struct AdamW {
+    params: Vec<(String, Var)>,
+    decay: Vec<bool>,
+    cfg: AdamWConfig,
+    step: u64,
+    m: HashMap<String, Tensor>,
+    v: HashMap<String, Tensor>,
+}
+
+impl AdamW {
+    /// Decay applies where [`decays`] says so; use [`AdamW::with_decay`] to choose.
+    pub fn new(params: Vec<(String, Var)>, cfg: AdamWConfig) -> Result<Self> {
+        Self::with_decay(params, cfg, decays)
+    }
+
+    pub fn with_decay(
+        params: Vec<(String, Var)>,
+        cfg: AdamWConfig,
+        decay_if: impl Fn(&str, &Var) -> bool,
+    ) -> Result<Self> {
+        if !(0.0..1.0).contains(&cfg.beta1) || !(0.0..1.0).contains(&cfg.beta2) {
+            return Err(invalid!(
+                "AdamW betas must lie in [0, 1), got {} and {}",
+                cfg.beta1,
+                cfg.beta2
+            ));
+        }
+        if cfg.eps <= 0.0 || cfg.weight_decay < 0.0 {
+            return Err(invalid!("AdamW needs eps > 0 and weight_decay >= 0"));
+        }
+        let decay = params.iter().map(|(n, v)| decay_if(n, v)).collect();
+        Ok(Self {
+            params,
+            decay,
+            cfg,
+            step: 0,
+            m: HashMap::new(),
+            v: HashMap::new(),
+        })
+    }
+
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+}
+
+impl Optimizer for AdamW {
+    fn step(&mut self, grads: &Grads, lr: f64) -> Result<()> {
+        self.step += 1;
+        let AdamWConfig {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.cfg;
+        let bc1 = 1.0 - beta1.powi(self.step as i32);
+        let bc2_sqrt = (1.0 - beta2.powi(self.step as i32)).sqrt();
+        let step_size = lr / bc1;
+        for ((name, var), &decay) in self.params.iter().zip(&self.decay) {
+            let Some(g) = grads.get(name) else { continue };
+            let g = g.to_dtype(DType::F32)?;
+            let mut p = var.as_tensor().to_dtype(DType::F32)?;
+            if decay && weight_decay != 0.0 {
+                p = (p * (1.0 - lr * weight_decay))?;
+            }
+            let m = match self.m.get(name) {
+                Some(m) => ((m * beta1)? + (&g * (1.0 - beta1))?)?,
+                None => (&g * (1.0 - beta1))?,
+            };
+            let g2 = g.sqr()?;
+            let v = match self.v.get(name) {
+                Some(v) => ((v * beta2)? + (g2 * (1.0 - beta2))?)?,
+                None => (g2 * (1.0 - beta2))?,
+            };
+            let denom = ((v.sqrt()? / bc2_sqrt)? + eps)?;
+            let p = (p - ((&m / denom)? * step_size)?)?;
+            var.set(&p.to_dtype(var.dtype())?)?;
+            self.m.insert(name.clone(), m);
+            self.v.insert(name.clone(), v);
+        }
+        Ok(())
+    }
+
+    fn state_dict(&self) -> Result<StateDict> {
+        let mut s = StateDict::new();
+        s.insert("step".into(), step_tensor(self.step)?);
+        for (name, _) in &self.params {
+            if let (Some(m), Some(v)) = (self.m.get(name), self.v.get(name)) {
+                s.insert(format!("{name}.exp_avg"), m.clone());
+                s.insert(format!("{name}.exp_avg_sq"), v.clone());
+            }
+        }
+        Ok(s)
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        let step = read_step(state)?;
+        let mut m = HashMap::new();
+        let mut v = HashMap::new();
+        for (name, var) in &self.params {
+            let key = format!("{name}.exp_avg");
+            if state.contains_key(&key) || step > 0 {
+                m.insert(name.clone(), state_entry(state, &key, var)?);
+                v.insert(
+                    name.clone(),
+                    state_entry(state, &format!("{name}.exp_avg_sq"), var)?,
+                );
+            }
+        }
+        self.step = step;
+        self.m = m;
+        self.v = v;
+        Ok(())
+    }
+
+    fn params(&self) -> &[(String, Var)] {
+        &self.params
+    }
+}

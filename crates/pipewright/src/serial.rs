@@ -1,0 +1,184 @@
+//! Serial training on one device: the oracle every parallel layout must reproduce.
+//!
+//! A batch is split into `chunks` micro-batches (gradient accumulation); each micro-batch's
+//! summed loss is divided by the number of counted targets of the *whole* batch, so the
+//! accumulated gradient is the gradient of the whole batch's mean loss whatever the split.
+//! Tied parameter pairs have their gradients summed and both members updated with the sum, so
+//! they start and stay equal.
+
+use candle_core::{DType, Tensor, Var};
+
+use crate::model::{Activation, Cx, Mode, Stage};
+use crate::nn::optim::{clip_grad_norm, LrSchedule, Optimizer};
+use crate::nn::{cross_entropy_sum, Grads, IGNORE_INDEX};
+use crate::pipeline::microbatch;
+use crate::{invalid, Error, Result};
+
+/// Options of a [`SerialTrainer`].
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub seed: u64,
+    pub chunks: usize,
+    pub clip: Option<f64>,
+    pub schedule: LrSchedule,
+    /// Parameter pairs kept equal (GPT's `wte.weight` and `lm_head.weight`).
+    pub tied: Vec<(String, String)>,
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    pub step: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Counted targets (tokens or samples) in the batch.
+    pub targets: usize,
+}
+
+/// Trains a built model on one device.
+pub struct SerialTrainer {
+    model: Stage,
+    params: Vec<(String, Var)>,
+    optimizer: Box<dyn Optimizer>,
+    opts: TrainOptions,
+    step: u64,
+}
+
+impl SerialTrainer {
+    pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
+        opts.schedule.validate()?;
+        if opts.chunks == 0 {
+            return Err(invalid!("--chunks must be at least 1"));
+        }
+        let params = model.params();
+        for (a, b) in &opts.tied {
+            let va = find(&params, a)?;
+            let vb = find(&params, b)?;
+            if va.dims() != vb.dims() {
+                return Err(invalid!(
+                    "tied parameters `{a}` {:?} and `{b}` {:?} differ in shape",
+                    va.dims(),
+                    vb.dims()
+                ));
+            }
+        }
+        Ok(Self {
+            model,
+            params,
+            optimizer,
+            opts,
+            step: 0,
+        })
+    }
+
+    pub fn model(&self) -> &Stage {
+        &self.model
+    }
+
+    pub fn optimizer(&self) -> &dyn Optimizer {
+        self.optimizer.as_ref()
+    }
+
+    pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
+        self.optimizer.as_mut()
+    }
+
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+
+    /// Sets the step counter (when resuming).
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// Loss of the whole batch and the gradient of every parameter (tied pairs summed), without
+    /// stepping the optimizer.
+    pub fn loss_and_grads(&self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads, usize)> {
+        let total = count_targets(targets)?;
+        if total == 0 {
+            return Err(invalid!(
+                "the batch has no counted target: every target is ignored"
+            ));
+        }
+        let xs = microbatch::split(inputs, self.opts.chunks)?;
+        let ys = microbatch::split(targets, self.opts.chunks)?;
+        let mut grads = Grads::new();
+        let mut loss = 0.0;
+        for (i, (x, y)) in xs.into_iter().zip(ys).enumerate() {
+            let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
+            let out = self.forward_cx(x, &mut cx)?;
+            let (sum, _) = cross_entropy_sum(&out, &y)?;
+            let l = (sum / total as f64)?;
+            loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let store = l.backward()?;
+            grads.accumulate(Grads::from_store(&store, &self.params))?;
+        }
+        for (a, b) in &self.opts.tied {
+            let sum = match (grads.get(a), grads.get(b)) {
+                (Some(ga), Some(gb)) => (ga + gb)?,
+                (Some(g), None) | (None, Some(g)) => g.clone(),
+                (None, None) => continue,
+            };
+            grads.insert(a.clone(), sum.clone());
+            grads.insert(b.clone(), sum);
+        }
+        Ok((loss, grads, total))
+    }
+
+    /// One optimizer step on a batch.
+    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
+        let (loss, mut grads, total) = self.loss_and_grads(inputs, targets)?;
+        if !loss.is_finite() {
+            return Err(Error::NonFiniteLoss {
+                step: self.step,
+                loss,
+            });
+        }
+        let grad_norm = match self.opts.clip {
+            Some(max) => clip_grad_norm(&mut grads, max)?,
+            None => grads.norm()?,
+        };
+        let lr = self.opts.schedule.lr_at(self.step);
+        self.optimizer.step(&grads, lr)?;
+        let report = StepReport {
+            step: self.step,
+            loss,
+            grad_norm,
+            lr,
+            targets: total,
+        };
+        self.step += 1;
+        Ok(report)
+    }
+
+    /// Evaluation-mode forward (no dropout, running statistics).
+    pub fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.forward_cx(inputs.clone(), &mut Cx::eval())
+    }
+
+    fn forward_cx(&self, x: Tensor, cx: &mut Cx) -> Result<Tensor> {
+        let out = self.model.forward(Activation::Tensor(x), cx)?;
+        let left = cx.stashed();
+        if !left.is_empty() {
+            return Err(invalid!(
+                "skip connections {left:?} were stashed but never popped"
+            ));
+        }
+        out.into_tensor("model output")
+    }
+}
+
+fn find<'a>(params: &'a [(String, Var)], name: &str) -> Result<&'a Var> {
+    params
+        .iter()
+        .find_map(|(n, v)| (n == name).then_some(v))
+        .ok_or_else(|| invalid!("tied parameter `{name}` is not a parameter of the model"))
+}
+
+/// Number of targets that are not [`IGNORE_INDEX`].
+pub fn count_targets(targets: &Tensor) -> Result<usize> {
+    let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
+    Ok(t.iter().filter(|&&v| v != IGNORE_INDEX).count())
+}
