@@ -1,1 +1,33 @@
-fn main() {}
+//! The `pipewright` command line.
+
+mod train;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "pipewright",
+    version,
+    about = "Parallel training of deep networks on candle"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a reference model on a generated task and write a run directory.
+    Train(Box<train::TrainArgs>),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(args) => train::run(*args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -17,12 +17,14 @@ impl Grads {
     }
 
     /// Keeps only the gradients of `params` (activations' gradients are dropped).
-    /// A parameter that took no part in the loss gets no entry.
+    /// A parameter that took no part in the loss gets no entry. Gradients are detached: a
+    /// gradient computed from a parameter would otherwise keep that step's whole graph alive
+    /// in whatever accumulates it (optimizer moments), step after step.
     pub fn from_store(store: &GradStore, params: &[(String, Var)]) -> Self {
         Self(
             params
                 .iter()
-                .filter_map(|(n, v)| store.get(v.as_tensor()).map(|g| (n.clone(), g.clone())))
+                .filter_map(|(n, v)| store.get(v.as_tensor()).map(|g| (n.clone(), g.detach())))
                 .collect(),
         )
     }
@@ -32,7 +34,7 @@ impl Grads {
     }
 
     pub fn insert(&mut self, name: impl Into<String>, g: Tensor) {
-        self.0.insert(name.into(), g);
+        self.0.insert(name.into(), g.detach());
     }
 
     pub fn remove(&mut self, name: &str) -> Option<Tensor> {

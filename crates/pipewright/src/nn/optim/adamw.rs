@@ -89,8 +89,8 @@ impl Optimizer for AdamW {
         let step_size = lr / bc1;
         for ((name, var), &decay) in self.params.iter().zip(&self.decay) {
             let Some(g) = grads.get(name) else { continue };
-            let g = g.to_dtype(DType::F32)?;
-            let mut p = var.as_tensor().to_dtype(DType::F32)?;
+            let g = g.detach().to_dtype(DType::F32)?;
+            let mut p = var.as_tensor().detach().to_dtype(DType::F32)?;
             if decay && weight_decay != 0.0 {
                 p = (p * (1.0 - lr * weight_decay))?;
             }

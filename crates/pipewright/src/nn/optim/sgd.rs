@@ -49,8 +49,8 @@ impl Optimizer for Sgd {
         let c = self.cfg;
         for (name, var) in &self.params {
             let Some(g) = grads.get(name) else { continue };
-            let p = var.as_tensor().to_dtype(DType::F32)?;
-            let mut g = g.to_dtype(DType::F32)?;
+            let p = var.as_tensor().detach().to_dtype(DType::F32)?;
+            let mut g = g.detach().to_dtype(DType::F32)?;
             if c.weight_decay != 0.0 {
                 g = (g + (&p * c.weight_decay)?)?;
             }

@@ -1,0 +1,387 @@
+//! `pipewright train`: one device today; the same flags will drive every layout.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::experiment::recorder::ScalarRow;
+use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::nn::Init;
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::{invalid, Result, Sequential};
+use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
+use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    Gpt,
+    Cnn,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    Adder,
+    Sort,
+    Text,
+    Shapes,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Adamw,
+    Sgd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Constant,
+    Cosine,
+}
+
+/// Every flag of a run; written to `params.json`.
+#[derive(Args, Debug, Serialize)]
+pub struct TrainArgs {
+    #[arg(long, value_enum, default_value = "gpt")]
+    pub model: ModelKind,
+    #[arg(long, value_enum, default_value = "adder")]
+    pub task: TaskKind,
+    /// Text file for `--task text`.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long, default_value_t = 1000)]
+    pub steps: u64,
+    #[arg(long, default_value_t = 64)]
+    pub batch_size: usize,
+    /// Micro-batches per batch (gradient accumulation; the same mathematics as one batch).
+    #[arg(long, default_value_t = 1)]
+    pub chunks: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    #[arg(long, value_enum, default_value = "cosine")]
+    pub schedule: ScheduleKind,
+    /// Warm-up steps of the cosine schedule.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u64,
+    /// Final learning rate of the cosine schedule, as a fraction of --lr.
+    #[arg(long, default_value_t = 0.1)]
+    pub min_lr_ratio: f64,
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerKind,
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f64,
+    /// Clip the global gradient norm to this value (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    pub clip: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Run directory (created; must not already hold a run).
+    #[arg(long, default_value = "runs/latest")]
+    pub out: PathBuf,
+    /// Write one scalars row every K steps.
+    #[arg(long, default_value_t = 1)]
+    pub log_every: u64,
+    /// Evaluate the task's metric every K steps (and at the end).
+    #[arg(long, default_value_t = 250)]
+    pub eval_every: u64,
+    // GPT sizes.
+    #[arg(long, default_value_t = 2)]
+    pub n_layer: usize,
+    #[arg(long, default_value_t = 4)]
+    pub n_head: usize,
+    #[arg(long, default_value_t = 128)]
+    pub n_embd: usize,
+    /// Longest sequence the GPT accepts (default: the task's sequence length).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    // CNN sizes.
+    /// CNN channels of the first blocks.
+    #[arg(long, default_value_t = 16)]
+    pub width: usize,
+    /// CNN residual blocks.
+    #[arg(long, default_value_t = 4)]
+    pub blocks: usize,
+    // Task options.
+    /// Digits of each adder operand.
+    #[arg(long, default_value_t = 2)]
+    pub digits: usize,
+    /// Side of the shapes images.
+    #[arg(long, default_value_t = 16)]
+    pub image_size: usize,
+}
+
+fn positive(name: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        return Err(invalid!("--{name} must be positive"));
+    }
+    Ok(())
+}
+
+fn make_task(a: &TrainArgs) -> Result<Box<dyn Task>> {
+    if a.data.is_some() && !matches!(a.task, TaskKind::Text) {
+        return Err(invalid!("--data is only read by --task text"));
+    }
+    Ok(match a.task {
+        TaskKind::Adder => Box::new(Adder::new(a.digits, a.seed)?),
+        TaskKind::Sort => Box::new(Sort::new(6, 3, a.seed)?),
+        TaskKind::Shapes => Box::new(Shapes::new(a.image_size, a.seed)?),
+        TaskKind::Text => {
+            let path = a
+                .data
+                .as_ref()
+                .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?;
+            Box::new(Text::from_file(path, a.block_size.unwrap_or(64), a.seed)?)
+        }
+    })
+}
+
+fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(String, String)>)> {
+    match (a.model, task.shape()) {
+        (ModelKind::Gpt, TaskShape::Tokens { vocab, seq_len }) => {
+            let block_size = a.block_size.unwrap_or(seq_len);
+            if block_size < seq_len {
+                return Err(invalid!(
+                    "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
+                ));
+            }
+            let cfg = GptConfig {
+                vocab_size: vocab,
+                block_size,
+                n_layer: a.n_layer,
+                n_head: a.n_head,
+                n_embd: a.n_embd,
+                dropout: a.dropout,
+            };
+            Ok((gpt(cfg)?, vec![(TIED.0.into(), TIED.1.into())]))
+        }
+        (
+            ModelKind::Cnn,
+            TaskShape::Images {
+                channels, classes, ..
+            },
+        ) => {
+            let cfg = CnnConfig {
+                in_channels: channels,
+                classes,
+                width: a.width,
+                blocks: a.blocks,
+                blocks_per_stage: 2,
+            };
+            Ok((cnn(cfg)?, Vec::new()))
+        }
+        (ModelKind::Gpt, _) => Err(invalid!(
+            "--model gpt needs a token task (adder, sort, text), not {}",
+            task.name()
+        )),
+        (ModelKind::Cnn, _) => Err(invalid!(
+            "--model cnn needs an image task (shapes), not {}",
+            task.name()
+        )),
+    }
+}
+
+fn make_optimizer(
+    a: &TrainArgs,
+    params: Vec<(String, pipewright::candle_core::Var)>,
+) -> Result<Box<dyn Optimizer>> {
+    Ok(match a.optimizer {
+        OptimizerKind::Adamw => Box::new(AdamW::new(
+            params,
+            AdamWConfig {
+                weight_decay: a.weight_decay,
+                ..Default::default()
+            },
+        )?),
+        OptimizerKind::Sgd => Box::new(Sgd::new(
+            params,
+            SgdConfig {
+                momentum: a.momentum,
+                weight_decay: a.weight_decay,
+                ..Default::default()
+            },
+        )?),
+    })
+}
+
+fn schedule(a: &TrainArgs) -> LrSchedule {
+    match a.schedule {
+        ScheduleKind::Constant => LrSchedule::Constant { lr: a.lr },
+        ScheduleKind::Cosine => LrSchedule::WarmupCosine {
+            lr: a.lr,
+            warmup: a.warmup.min(a.steps),
+            total: a.steps,
+            min_lr: a.lr * a.min_lr_ratio,
+        },
+    }
+}
+
+#[derive(Serialize)]
+struct Params<'a> {
+    pipewright_version: &'static str,
+    #[serde(flatten)]
+    args: &'a TrainArgs,
+    task_shape: String,
+    num_params: usize,
+    layers: Vec<String>,
+    cut_points: Vec<usize>,
+    tied: Vec<(String, String)>,
+    lr_schedule: LrSchedule,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    steps: u64,
+    final_loss: f64,
+    metric_name: &'static str,
+    metric: f64,
+    seconds: f64,
+    items_per_second: f64,
+    items: &'static str,
+    peak_memory_bytes: Option<u64>,
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    for (n, v) in [
+        ("steps", a.steps as usize),
+        ("batch-size", a.batch_size),
+        ("chunks", a.chunks),
+    ] {
+        positive(n, v)?;
+    }
+    for (n, v) in [("log-every", a.log_every), ("eval-every", a.eval_every)] {
+        positive(n, v as usize)?;
+    }
+    if a.clip < 0.0 || !a.clip.is_finite() {
+        return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
+    }
+    if !(0.0..=1.0).contains(&a.min_lr_ratio) {
+        return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
+    }
+    let task = make_task(&a)?;
+    let (model, tied) = make_model(&a, task.as_ref())?;
+    let sched = schedule(&a);
+    sched.validate()?;
+    let stage = model.build(&Init::cpu(a.seed))?;
+    let num_params = stage.num_params();
+    let optimizer = make_optimizer(&a, stage.params())?;
+    let mut trainer = SerialTrainer::new(
+        stage,
+        optimizer,
+        TrainOptions {
+            seed: a.seed,
+            chunks: a.chunks,
+            clip: (a.clip > 0.0).then_some(a.clip),
+            schedule: sched,
+            tied: tied.clone(),
+        },
+    )?;
+
+    let dir = RunDir::create(&a.out)?;
+    dir.write_json(
+        "params.json",
+        &Params {
+            pipewright_version: env!("CARGO_PKG_VERSION"),
+            args: &a,
+            task_shape: format!("{:?}", task.shape()),
+            num_params,
+            layers: model.specs().iter().map(|s| s.name().to_string()).collect(),
+            cut_points: model.cut_points().to_vec(),
+            tied,
+            lr_schedule: sched,
+        },
+    )?;
+    let mut rec = Recorder::create(dir.path(), &format!("eval/{}", task.metric_name()))?;
+    let (items_per_step, items) = match task.shape() {
+        TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
+        TaskShape::Images { .. } => (a.batch_size, "samples"),
+    };
+
+    println!(
+        "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in {} chunks -> {}",
+        a.model,
+        task.name(),
+        a.steps,
+        a.batch_size,
+        a.chunks,
+        dir.path().display()
+    );
+    let pb = ProgressBar::new(a.steps);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} step {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .expect("valid template"),
+    );
+    let start = Instant::now();
+    let mut last_loss = f64::NAN;
+    let mut metric = f64::NAN;
+    for step in 0..a.steps {
+        let (x, y) = task.batch(step, a.batch_size)?;
+        let r = trainer.step(&x, &y)?;
+        last_loss = r.loss;
+        let last = step + 1 == a.steps;
+        let eval_now = (step + 1) % a.eval_every == 0 || last;
+        let m = if eval_now {
+            metric = task.evaluate(&mut |x| trainer.predict(x))?;
+            let line = format!(
+                "step {:>6}  loss {:.4}  {} {:.4}",
+                step + 1,
+                r.loss,
+                task.metric_name(),
+                metric
+            );
+            pb.suspend(|| println!("{line}"));
+            Some(metric)
+        } else {
+            None
+        };
+        if step % a.log_every == 0 || eval_now {
+            rec.record(ScalarRow {
+                step,
+                loss: r.loss,
+                lr: r.lr,
+                metric: m,
+            })?;
+        }
+        let rate = (step + 1) as f64 * items_per_step as f64 / start.elapsed().as_secs_f64();
+        pb.set_message(format!("loss {:.4} | {:.0} {items}/s", r.loss, rate));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    rec.flush()?;
+    let secs = start.elapsed().as_secs_f64();
+    let summary = Summary {
+        steps: a.steps,
+        final_loss: last_loss,
+        metric_name: task.metric_name(),
+        metric,
+        seconds: secs,
+        items_per_second: a.steps as f64 * items_per_step as f64 / secs,
+        items,
+        peak_memory_bytes: peak_memory_bytes(),
+    };
+    dir.write_json("summary.json", &summary)?;
+    println!("──────── summary ────────");
+    println!("run directory   {}", dir.path().display());
+    println!("steps           {}", summary.steps);
+    println!("final loss      {:.6}", summary.final_loss);
+    println!("{:<15} {:.4}", summary.metric_name, summary.metric);
+    println!("time            {:.1} s", secs);
+    println!("throughput      {:.0} {items}/s", summary.items_per_second);
+    if let Some(p) = summary.peak_memory_bytes {
+        println!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
+    }
+    Ok(())
+}

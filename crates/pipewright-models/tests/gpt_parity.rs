@@ -1,0 +1,111 @@
+//! The GPT against Hugging Face's GPT2LMHeadModel (fixture from tools/make_fixtures.py): same
+//! parameter names and shapes, same loss, same gradient for every parameter.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor};
+use pipewright::nn::optim::{LrSchedule, Sgd, SgdConfig};
+use pipewright::nn::Init;
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright_models::{gpt, GptConfig, TIED};
+
+fn fixture() -> HashMap<String, Tensor> {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gpt2_parity.safetensors"
+    );
+    candle_core::safetensors::load(p, &Device::Cpu).unwrap()
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let m = b
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    d / m.max(1e-30)
+}
+
+fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
+    let c = f["config"].to_vec1::<i64>().unwrap();
+    let cfg = GptConfig {
+        vocab_size: c[0] as usize,
+        block_size: c[1] as usize,
+        n_layer: c[2] as usize,
+        n_head: c[3] as usize,
+        n_embd: c[4] as usize,
+        dropout: 0.0,
+    };
+    let stage = gpt(cfg).unwrap().build(&Init::cpu(0)).unwrap();
+    let params = stage.params();
+    // Every parameter of ours is in the fixture with the same shape, and nothing is left over.
+    let fixture_names: Vec<&String> = f.keys().filter(|k| k.starts_with("param.")).collect();
+    assert_eq!(
+        params.len(),
+        fixture_names.len(),
+        "parameter count differs from HF GPT-2"
+    );
+    for (n, v) in &params {
+        let want = f
+            .get(&format!("param.{n}"))
+            .unwrap_or_else(|| panic!("HF GPT-2 has no `{n}`"));
+        assert_eq!(v.dims(), want.dims(), "`{n}` shape");
+        v.set(want).unwrap();
+    }
+    let opt = Box::new(Sgd::new(params, SgdConfig::default()).unwrap());
+    SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed: 0,
+            chunks,
+            clip: None,
+            schedule: LrSchedule::Constant { lr: 0.1 },
+            tied: vec![(TIED.0.into(), TIED.1.into())],
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn logits_loss_and_every_gradient_match_hf_gpt2() {
+    let f = fixture();
+    for chunks in [1, 2, 3] {
+        let t = trainer(&f, chunks);
+        let logits = t
+            .predict(&f["input_ids"].to_dtype(candle_core::DType::U32).unwrap())
+            .unwrap();
+        assert!(rel(&logits, &f["logits"]) < 1e-5, "logits");
+        let (loss, grads, _) = t
+            .loss_and_grads(
+                &f["input_ids"].to_dtype(candle_core::DType::U32).unwrap(),
+                &f["targets"],
+            )
+            .unwrap();
+        let want = f["loss"].to_vec1::<f32>().unwrap()[0] as f64;
+        assert!(
+            ((loss - want) / want).abs() < 1e-5,
+            "chunks {chunks}: loss {loss} vs HF {want}"
+        );
+        for (n, _) in t.model().params() {
+            let g = grads
+                .get(&n)
+                .unwrap_or_else(|| panic!("no gradient for `{n}`"));
+            let e = rel(g, &f[&format!("grad.{n}")]);
+            assert!(
+                e < 1e-4,
+                "chunks {chunks}: gradient of `{n}` relative error {e:e}"
+            );
+        }
+    }
+}

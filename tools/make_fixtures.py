@@ -1,0 +1,114 @@
+"""Makes the PyTorch fixtures the Rust tests compare against (CI uses only the files).
+
+Run with the venv of ../shared/tools/torch-env.sh plus `pip install transformers`:
+    $VENV/bin/python tools/make_fixtures.py
+
+- crates/pipewright-models/tests/fixtures/gpt2_parity.safetensors: Hugging Face's own
+  GPT2LMHeadModel (eager attention, gelu_new, tied lm_head) with perturbed random weights, a
+  batch, the cross-entropy loss (ignore_index -100) and every parameter's gradient.
+- crates/pipewright/tests/fixtures/optim.safetensors: torch.optim.AdamW / SGD trajectories over
+  three steps with changing learning rates, and torch.nn.utils.clip_grad_norm_.
+"""
+import os
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+torch.manual_seed(1234)
+
+
+def gpt2_parity():
+    vocab, block, n_layer, n_head, n_embd = 50, 16, 2, 4, 32
+    cfg = GPT2Config(
+        vocab_size=vocab, n_positions=block, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+        activation_function="gelu_new", tie_word_embeddings=True,
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0,
+    )
+    model = GPT2LMHeadModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    b, t = 3, 12
+    ids = torch.randint(0, vocab, (b, t))
+    targets = torch.randint(0, vocab, (b, t))
+    targets[0, :4] = -100
+    targets[2, 7] = -100
+    logits = model(ids).logits
+    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    out = {
+        "config": torch.tensor([vocab, block, n_layer, n_head, n_embd], dtype=torch.int64),
+        "input_ids": ids.to(torch.int64),
+        "targets": targets.to(torch.int64),
+        "loss": loss.detach().reshape(1),
+        "logits": logits.detach().contiguous(),
+    }
+    for name, p in model.named_parameters():
+        short = name.removeprefix("transformer.")
+        out["param." + short] = p.detach().clone().contiguous()
+        out["grad." + short] = p.grad.detach().clone().contiguous()
+    # The tie is one parameter in PyTorch; pipewright keeps two equal ones.
+    out["param.lm_head.weight"] = out["param.wte.weight"].clone()
+    out["grad.lm_head.weight"] = out["grad.wte.weight"].clone()
+    path = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures/gpt2_parity.safetensors")
+    save_file(out, path)
+    print("wrote", path, "loss", loss.item())
+
+
+def optim():
+    shapes = {"a.weight": (4, 3), "a.bias": (3,), "b.weight": (2, 2, 2)}
+    lrs = [0.01, 0.02, 0.005]
+    init = {n: torch.randn(s) for n, s in shapes.items()}
+    grads = [{n: torch.randn(s) for n, s in shapes.items()} for _ in lrs]
+    out = {}
+    for n in shapes:
+        out["init." + n] = init[n]
+        for k, g in enumerate(grads):
+            out[f"grad{k}.{n}"] = g[n]
+
+    def run(tag, make):
+        params = {n: torch.nn.Parameter(init[n].clone()) for n in shapes}
+        opt = make(params)
+        for k, lr in enumerate(lrs):
+            for g in opt.param_groups:
+                g["lr"] = lr
+            for n, p in params.items():
+                p.grad = grads[k][n].clone()
+            opt.step()
+            for n, p in params.items():
+                out[f"{tag}.step{k}.{n}"] = p.detach().clone()
+
+    decay = lambda ps: [ps["a.weight"], ps["b.weight"]]
+    no_decay = lambda ps: [ps["a.bias"]]
+    run("adamw", lambda ps: torch.optim.AdamW(
+        [{"params": decay(ps), "weight_decay": 0.1}, {"params": no_decay(ps), "weight_decay": 0.0}],
+        lr=0.01, betas=(0.9, 0.99), eps=1e-6))
+    run("sgd_plain", lambda ps: torch.optim.SGD(list(ps.values()), lr=0.01))
+    run("sgd_momentum", lambda ps: torch.optim.SGD(list(ps.values()), lr=0.01, momentum=0.9, dampening=0.1, weight_decay=0.01))
+    run("sgd_nesterov", lambda ps: torch.optim.SGD(list(ps.values()), lr=0.01, momentum=0.9, nesterov=True, weight_decay=0.01))
+
+    params = {n: torch.nn.Parameter(init[n].clone()) for n in shapes}
+    for n, p in params.items():
+        p.grad = grads[0][n].clone()
+    norm = torch.nn.utils.clip_grad_norm_(list(params.values()), max_norm=0.5)
+    out["clip.norm"] = norm.reshape(1)
+    for n, p in params.items():
+        out["clip." + n] = p.grad.clone()
+    path = os.path.join(ROOT, "crates/pipewright/tests/fixtures/optim.safetensors")
+    save_file({k: v.contiguous() for k, v in out.items()}, path)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    gpt2_parity()
+    optim()
