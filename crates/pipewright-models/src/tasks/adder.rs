@@ -57,9 +57,9 @@ impl Adder {
         s
     }
 
-    /// Number of held-out problems.
-    pub fn test_len(&self) -> usize {
-        self.test.len()
+    /// The held-out problems `(a, b)`.
+    pub fn held_out(&self) -> &[(u64, u64)] {
+        &self.test
     }
 }
 

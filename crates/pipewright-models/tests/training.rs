@@ -1,0 +1,221 @@
+//! Serial training behaviour: split builds start from the same weights, tied weights stay
+//! equal, the same seed gives bit-identical losses, accumulation over micro-batches is the
+//! same mathematics, BatchNorm statistics move.
+
+use candle_core::{DType, Tensor};
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
+use pipewright::nn::Init;
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright_models::tasks::{Adder, Shapes};
+use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TIED};
+
+fn cfg(dropout: f64) -> GptConfig {
+    GptConfig {
+        vocab_size: 10,
+        block_size: 6,
+        n_layer: 3,
+        n_head: 2,
+        n_embd: 16,
+        dropout,
+    }
+}
+
+fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
+    let stage = gpt(c).unwrap().build(&Init::cpu(seed)).unwrap();
+    let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
+    SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed,
+            chunks,
+            clip: Some(1.0),
+            schedule: LrSchedule::Constant { lr: 3e-3 },
+            tied: vec![(TIED.0.into(), TIED.1.into())],
+        },
+    )
+    .unwrap()
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn any_layer_range_builds_the_weights_of_the_whole_model() {
+    let model = gpt(cfg(0.0)).unwrap();
+    assert_eq!(model.len(), 6);
+    assert_eq!(model.cut_points(), &[1, 2, 3, 4]);
+    let whole = model.build(&Init::cpu(5)).unwrap();
+    let part = model.build_range(2..5, &Init::cpu(5)).unwrap();
+    let names: Vec<String> = part.params().into_iter().map(|(n, _)| n).collect();
+    assert!(names.iter().all(|n| n.starts_with("h.1.") || n.starts_with("h.2.") || n.starts_with("ln_f.")));
+    for (n, v) in part.params() {
+        assert_eq!(bits(v.as_tensor()), bits(whole.param(&n).unwrap().as_tensor()), "`{n}`");
+    }
+    assert!(model.build_range(3..3, &Init::cpu(5)).is_err());
+    assert!(model.build_range(4..9, &Init::cpu(5)).is_err());
+}
+
+#[test]
+fn tied_weights_start_and_stay_equal() {
+    let task = Adder::new(1, 0).unwrap();
+    let mut t = trainer(cfg(0.0), 1, 1);
+    let m = t.model();
+    assert_eq!(bits(m.param(TIED.0).unwrap().as_tensor()), bits(m.param(TIED.1).unwrap().as_tensor()));
+    let before = bits(t.model().param(TIED.0).unwrap().as_tensor());
+    for step in 0..5 {
+        let (x, y) = task.batch(step, 16).unwrap();
+        t.step(&x, &y).unwrap();
+    }
+    let m = t.model();
+    let a = bits(m.param(TIED.0).unwrap().as_tensor());
+    assert_eq!(a, bits(m.param(TIED.1).unwrap().as_tensor()), "tied pair drifted apart");
+    assert_ne!(a, before, "the tied weight did not train");
+}
+
+#[test]
+fn same_seed_gives_bit_identical_losses() {
+    let task = Adder::new(2, 3).unwrap();
+    let run = |seed: u64| -> Vec<u64> {
+        let mut t = trainer(cfg(0.1), seed, 2);
+        (0..4)
+            .map(|s| {
+                let (x, y) = task.batch(s, 8).unwrap();
+                t.step(&x, &y).unwrap().loss.to_bits()
+            })
+            .collect()
+    };
+    assert_eq!(run(11), run(11));
+    assert_ne!(run(11), run(12));
+}
+
+/// Largest |a - b| over the largest |b|.
+fn rel(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    d / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-30)
+}
+
+#[test]
+fn accumulation_over_chunks_is_one_batch() {
+    // Gradients: equal for every parameter (13 rows: chunks of 4, 4, 4, 1).
+    let task = Adder::new(2, 3).unwrap();
+    let (x, y) = task.batch(0, 13).unwrap();
+    let (l1, g1, _) = trainer(cfg(0.0), 4, 1).loss_and_grads(&x, &y).unwrap();
+    let (l4, g4, _) = trainer(cfg(0.0), 4, 4).loss_and_grads(&x, &y).unwrap();
+    assert!(((l1 - l4) / l1).abs() < 1e-6, "loss {l1} vs {l4}");
+    assert_eq!(g1.len(), g4.len());
+    for (n, g) in g1.iter() {
+        let e = rel(g4.get(n).unwrap(), g);
+        assert!(e < 1e-5, "gradient of `{n}` differs by {e:e}");
+    }
+    // Parameters after 3 steps of SGD with momentum, which is linear in the gradient. (AdamW
+    // would amplify float noise in gradients that are zero in exact arithmetic, such as the
+    // key bias of attention, to full-size steps.)
+    let sgd = |chunks: usize| {
+        let stage = gpt(cfg(0.0)).unwrap().build(&Init::cpu(4)).unwrap();
+        let opt = pipewright::nn::optim::Sgd::new(
+            stage.params(),
+            pipewright::nn::optim::SgdConfig {
+                momentum: 0.9,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut t = SerialTrainer::new(
+            stage,
+            Box::new(opt),
+            TrainOptions {
+                seed: 4,
+                chunks,
+                clip: None,
+                schedule: LrSchedule::Constant { lr: 0.1 },
+                tied: vec![(TIED.0.into(), TIED.1.into())],
+            },
+        )
+        .unwrap();
+        for s in 0..3 {
+            let (x, y) = task.batch(s, 13).unwrap();
+            t.step(&x, &y).unwrap();
+        }
+        t
+    };
+    let (one, four) = (sgd(1), sgd(4));
+    for (n, v) in one.model().params() {
+        let e = rel(four.model().param(&n).unwrap().as_tensor(), v.as_tensor());
+        assert!(e < 1e-5, "`{n}` differs by {e:e} after 3 steps");
+    }
+}
+
+#[test]
+fn cnn_trains_and_moves_batch_norm_statistics() {
+    let task = Shapes::new(12, 0).unwrap();
+    let c = CnnConfig {
+        in_channels: 1,
+        classes: 4,
+        width: 4,
+        blocks: 2,
+        blocks_per_stage: 1,
+    };
+    let model = cnn(c).unwrap();
+    let stage = model.build(&Init::cpu(0)).unwrap();
+    assert!(stage.buffers().iter().any(|(n, _)| n == "blocks.1.shortcut.bn.running_mean"));
+    let rm = stage.buffers()[0].1.as_tensor().copy().unwrap();
+    let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
+    let mut t = SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed: 0,
+            chunks: 1,
+            clip: None,
+            schedule: LrSchedule::Constant { lr: 1e-2 },
+            tied: vec![],
+        },
+    )
+    .unwrap();
+    let (x, y) = task.batch(0, 16).unwrap();
+    let first = t.step(&x, &y).unwrap().loss;
+    let mut last = first;
+    for s in 0..15 {
+        last = t.step(&x, &y).unwrap().loss;
+        assert!(last.is_finite(), "step {s}");
+    }
+    assert!(last < first * 0.5, "loss on a fixed batch fell only from {first} to {last}");
+    let moved = (t.model().buffers()[0].1.as_tensor() - rm).unwrap().abs().unwrap().sum_all().unwrap();
+    assert!(moved.to_scalar::<f32>().unwrap() > 0.0);
+    assert_eq!(t.predict(&x).unwrap().dims(), &[16, 4]);
+}
+
+#[test]
+fn bad_configurations_are_errors() {
+    let mut c = cfg(0.0);
+    c.n_head = 3;
+    let e = gpt(c).unwrap_err().to_string();
+    assert!(e.contains("not divisible by n_head"), "{e}");
+    c = cfg(0.0);
+    c.n_layer = 0;
+    assert!(gpt(c).is_err());
+    let stage = gpt(cfg(0.0)).unwrap().build(&Init::cpu(0)).unwrap();
+    let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
+    let e = SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed: 0,
+            chunks: 1,
+            clip: None,
+            schedule: LrSchedule::Constant { lr: 1e-3 },
+            tied: vec![("wte.weight".into(), "nope.weight".into())],
+        },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("nope.weight"), "{e}");
+    // A sequence longer than block_size names the layer and the flag.
+    let t = trainer(cfg(0.0), 0, 1);
+    let long = Tensor::zeros((1, 7), DType::U32, &candle_core::Device::Cpu).unwrap();
+    let e = t.predict(&long).unwrap_err().to_string();
+    assert!(e.contains("embed") && e.contains("--block-size"), "{e}");
+}
