@@ -18,6 +18,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a reference model on a generated task and write a run directory.
+    #[command(allow_negative_numbers = true)]
     Train(Box<train::TrainArgs>),
 }
 

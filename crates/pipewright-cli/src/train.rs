@@ -55,12 +55,12 @@ pub struct TrainArgs {
     /// Text file for `--task text`.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = positive_u64)]
     pub steps: u64,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     pub batch_size: usize,
     /// Micro-batches per batch (gradient accumulation; the same mathematics as one batch).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive)]
     pub chunks: usize,
     /// Peak learning rate.
     #[arg(long, default_value_t = 1e-3)]
@@ -89,44 +89,53 @@ pub struct TrainArgs {
     #[arg(long, default_value = "runs/latest")]
     pub out: PathBuf,
     /// Write one scalars row every K steps.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = positive_u64)]
     pub log_every: u64,
     /// Evaluate the task's metric every K steps (and at the end).
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = 250, value_parser = positive_u64)]
     pub eval_every: u64,
     // GPT sizes.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = positive)]
     pub n_layer: usize,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = positive)]
     pub n_head: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = positive)]
     pub n_embd: usize,
     /// Longest sequence the GPT accepts (default: the task's sequence length).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub block_size: Option<usize>,
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
     // CNN sizes.
     /// CNN channels of the first blocks.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = positive)]
     pub width: usize,
     /// CNN residual blocks.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = positive)]
     pub blocks: usize,
     // Task options.
     /// Digits of each adder operand.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = positive)]
     pub digits: usize,
     /// Side of the shapes images.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = positive)]
     pub image_size: usize,
 }
 
-fn positive(name: &str, v: usize) -> Result<()> {
-    if v == 0 {
-        return Err(invalid!("--{name} must be positive"));
+/// Parses a size flag: a positive integer, with a message that says so.
+fn positive_u64(s: &str) -> std::result::Result<u64, String> {
+    let v: i128 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("must be a positive integer, got `{s}`"))?;
+    if v <= 0 {
+        return Err(format!("must be a positive integer, got {v}"));
     }
-    Ok(())
+    u64::try_from(v).map_err(|_| format!("{v} is too large"))
+}
+
+fn positive(s: &str) -> std::result::Result<usize, String> {
+    positive_u64(s).and_then(|v| usize::try_from(v).map_err(|_| format!("{v} is too large")))
 }
 
 fn make_task(a: &TrainArgs) -> Result<Box<dyn Task>> {
@@ -253,16 +262,6 @@ struct Summary {
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
-    for (n, v) in [
-        ("steps", a.steps as usize),
-        ("batch-size", a.batch_size),
-        ("chunks", a.chunks),
-    ] {
-        positive(n, v)?;
-    }
-    for (n, v) in [("log-every", a.log_every), ("eval-every", a.eval_every)] {
-        positive(n, v as usize)?;
-    }
     if a.clip < 0.0 || !a.clip.is_finite() {
         return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
     }
