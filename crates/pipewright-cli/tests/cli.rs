@@ -19,17 +19,39 @@ fn train(args: &[&str]) -> Output {
         .expect("runs the binary")
 }
 
-const TINY: &[&str] = &["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--batch-size", "8", "--eval-every", "3"];
+const TINY: &[&str] = &[
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "3",
+];
 
 fn tiny_run(out: &Path, extra: &[&str]) -> Output {
     let mut a: Vec<&str> = TINY.to_vec();
-    a.extend_from_slice(&["--steps", "6", "--dropout", "0.1", "--out", out.to_str().unwrap()]);
+    a.extend_from_slice(&[
+        "--steps",
+        "6",
+        "--dropout",
+        "0.1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     a.extend_from_slice(extra);
     train(&a)
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -38,12 +60,25 @@ fn run_directory_holds_params_scalars_events_and_summary() {
     let o = tiny_run(&out, &["--chunks", "2"]);
     assert!(o.status.success(), "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
-    for s in ["summary", "final loss", "accuracy", "tokens/s", "peak memory"] {
+    for s in [
+        "summary",
+        "final loss",
+        "accuracy",
+        "tokens/s",
+        "peak memory",
+    ] {
         assert!(stdout.contains(s), "summary lacks `{s}`:\n{stdout}");
     }
 
-    let params: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("params.json")).unwrap()).unwrap();
-    for (k, v) in [("steps", 6), ("batch_size", 8), ("chunks", 2), ("n_layer", 1), ("n_embd", 16)] {
+    let params: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("params.json")).unwrap()).unwrap();
+    for (k, v) in [
+        ("steps", 6),
+        ("batch_size", 8),
+        ("chunks", 2),
+        ("n_layer", 1),
+        ("n_embd", 16),
+    ] {
         assert_eq!(params[k], v, "params.json `{k}`");
     }
     assert_eq!(params["model"], "gpt");
@@ -60,12 +95,20 @@ fn run_directory_holds_params_scalars_events_and_summary() {
     let ev = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("events.out.tfevents."))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents.")
+        })
         .expect("an event file");
     let records = read_records(&std::fs::read(ev).unwrap()).unwrap();
     assert_eq!(records.len(), 7, "file version + one event per step");
     assert!(records[0].windows(13).any(|w| w == b"brain.Event:2"));
-    let with_loss = records.iter().filter(|r| r.windows(10).any(|w| w == b"train/loss")).count();
+    let with_loss = records
+        .iter()
+        .filter(|r| r.windows(10).any(|w| w == b"train/loss"))
+        .count();
     assert_eq!(with_loss, 6);
     let _ = std::fs::remove_dir_all(out);
 }
@@ -87,7 +130,11 @@ fn same_seed_same_bits_and_log_every_thins() {
     let o = tiny_run(&c, &["--seed", "1", "--log-every", "2"]);
     assert!(o.status.success());
     let lc = losses(&c);
-    assert_eq!(lc.len(), 4, "rows at steps 0, 2, 4 and the evaluation at step 5");
+    assert_eq!(
+        lc.len(),
+        4,
+        "rows at steps 0, 2, 4 and the evaluation at step 5"
+    );
     assert_ne!(lc[0], losses(&a)[0], "another seed, another run");
     for d in [a, b, c] {
         let _ = std::fs::remove_dir_all(d);
@@ -104,8 +151,14 @@ fn fails_with(args: &[&str], needle: &str) {
     let t = text(&o);
     assert!(!o.status.success(), "{args:?} succeeded:\n{t}");
     assert!(!t.contains("panicked"), "{args:?} panicked:\n{t}");
-    assert!(t.contains(needle), "{args:?}: message lacks `{needle}`:\n{t}");
-    assert!(!out.join("params.json").exists(), "{args:?} left a half-made run");
+    assert!(
+        t.contains(needle),
+        "{args:?}: message lacks `{needle}`:\n{t}"
+    );
+    assert!(
+        !out.join("params.json").exists(),
+        "{args:?} left a half-made run"
+    );
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -113,25 +166,61 @@ fn fails_with(args: &[&str], needle: &str) {
 fn bad_input_is_a_clear_error() {
     fails_with(&["--model", "rnn"], "invalid value 'rnn'");
     fails_with(&["--task", "chess"], "invalid value 'chess'");
-    fails_with(&["--steps", "0"], "--steps <STEPS>': must be a positive integer, got 0");
-    fails_with(&["--batch-size", "0"], "--batch-size <BATCH_SIZE>': must be a positive integer");
-    fails_with(&["--chunks", "0"], "--chunks <CHUNKS>': must be a positive integer");
-    fails_with(&["--n-embd", "-4"], "--n-embd <N_EMBD>': must be a positive integer, got -4");
-    fails_with(&["--n-layer", "0"], "--n-layer <N_LAYER>': must be a positive integer");
-    fails_with(&["--n-head", "two"], "must be a positive integer, got `two`");
-    fails_with(&["--n-embd", "30", "--n-head", "4"], "n_embd 30 is not divisible by n_head 4");
+    fails_with(
+        &["--steps", "0"],
+        "--steps <STEPS>': must be a positive integer, got 0",
+    );
+    fails_with(
+        &["--batch-size", "0"],
+        "--batch-size <BATCH_SIZE>': must be a positive integer",
+    );
+    fails_with(
+        &["--chunks", "0"],
+        "--chunks <CHUNKS>': must be a positive integer",
+    );
+    fails_with(
+        &["--n-embd", "-4"],
+        "--n-embd <N_EMBD>': must be a positive integer, got -4",
+    );
+    fails_with(
+        &["--n-layer", "0"],
+        "--n-layer <N_LAYER>': must be a positive integer",
+    );
+    fails_with(
+        &["--n-head", "two"],
+        "must be a positive integer, got `two`",
+    );
+    fails_with(
+        &["--n-embd", "30", "--n-head", "4"],
+        "n_embd 30 is not divisible by n_head 4",
+    );
     fails_with(&["--lr", "-1"], "learning rate must be a positive number");
-    fails_with(&["--model", "cnn", "--task", "adder"], "--model cnn needs an image task");
+    fails_with(
+        &["--model", "cnn", "--task", "adder"],
+        "--model cnn needs an image task",
+    );
     fails_with(&["--task", "text"], "--task text needs --data FILE");
-    fails_with(&["--task", "text", "--data", "/nonexistent/input.txt"], "/nonexistent/input.txt");
+    fails_with(
+        &["--task", "text", "--data", "/nonexistent/input.txt"],
+        "/nonexistent/input.txt",
+    );
     let empty = std::env::temp_dir().join(format!("pw-empty-{}.txt", std::process::id()));
     std::fs::write(&empty, b"").unwrap();
-    fails_with(&["--task", "text", "--data", empty.to_str().unwrap()], "is empty");
+    fails_with(
+        &["--task", "text", "--data", empty.to_str().unwrap()],
+        "is empty",
+    );
     std::fs::write(&empty, b"short text").unwrap();
-    fails_with(&["--task", "text", "--data", empty.to_str().unwrap()], "too few");
+    fails_with(
+        &["--task", "text", "--data", empty.to_str().unwrap()],
+        "too few",
+    );
     // --out under a regular file cannot be created.
     let sub = format!("{}/run", empty.display());
-    fails_with(&["--steps", "1", "--out", &sub], "cannot create run directory");
+    fails_with(
+        &["--steps", "1", "--out", &sub],
+        "cannot create run directory",
+    );
     let _ = std::fs::remove_file(empty);
 }
 
@@ -150,12 +239,30 @@ fn an_existing_run_is_never_overwritten() {
 #[test]
 fn text_task_trains_on_a_user_file() {
     let data = std::env::temp_dir().join(format!("pw-text-{}.txt", std::process::id()));
-    let body: String = (0..300).map(|i| format!("line {i}: the quick brown fox. ")).collect();
+    let body: String = (0..300)
+        .map(|i| format!("line {i}: the quick brown fox. "))
+        .collect();
     std::fs::write(&data, body).unwrap();
     let out = tmp("text");
     let o = train(&[
-        "--task", "text", "--data", data.to_str().unwrap(), "--block-size", "32", "--steps", "3",
-        "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--batch-size", "4", "--out", out.to_str().unwrap(),
+        "--task",
+        "text",
+        "--data",
+        data.to_str().unwrap(),
+        "--block-size",
+        "32",
+        "--steps",
+        "3",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--batch-size",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let bpb: f64 = std::fs::read_to_string(out.join("scalars.csv"))

@@ -41,7 +41,7 @@ impl GptConfig {
                 return Err(invalid!("GPT {name} must be positive"));
             }
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(invalid!(
                 "n_embd {} is not divisible by n_head {}: choose n_embd a multiple of n_head",
                 self.n_embd,

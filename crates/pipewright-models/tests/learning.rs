@@ -54,7 +54,16 @@ fn tiny_gpt_learns_two_digit_addition() {
         t.step(&x, &y).unwrap();
     }
     let acc = task.evaluate(&mut |x| t.predict(x)).unwrap();
-    eprintln!("adder accuracy {before} -> {acc} in {:.1} s", start.elapsed().as_secs_f64());
-    assert!(before < 0.05, "an untrained model should not add ({before})");
-    assert!(acc >= 0.8, "held-out exact-match accuracy {acc} after {steps} steps, want >= 0.8");
+    eprintln!(
+        "adder accuracy {before} -> {acc} in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        before < 0.05,
+        "an untrained model should not add ({before})"
+    );
+    assert!(
+        acc >= 0.8,
+        "held-out exact-match accuracy {acc} after {steps} steps, want >= 0.8"
+    );
 }

@@ -38,7 +38,13 @@ fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }
 
 #[test]
@@ -49,9 +55,15 @@ fn any_layer_range_builds_the_weights_of_the_whole_model() {
     let whole = model.build(&Init::cpu(5)).unwrap();
     let part = model.build_range(2..5, &Init::cpu(5)).unwrap();
     let names: Vec<String> = part.params().into_iter().map(|(n, _)| n).collect();
-    assert!(names.iter().all(|n| n.starts_with("h.1.") || n.starts_with("h.2.") || n.starts_with("ln_f.")));
+    assert!(names
+        .iter()
+        .all(|n| n.starts_with("h.1.") || n.starts_with("h.2.") || n.starts_with("ln_f.")));
     for (n, v) in part.params() {
-        assert_eq!(bits(v.as_tensor()), bits(whole.param(&n).unwrap().as_tensor()), "`{n}`");
+        assert_eq!(
+            bits(v.as_tensor()),
+            bits(whole.param(&n).unwrap().as_tensor()),
+            "`{n}`"
+        );
     }
     assert!(model.build_range(3..3, &Init::cpu(5)).is_err());
     assert!(model.build_range(4..9, &Init::cpu(5)).is_err());
@@ -62,7 +74,10 @@ fn tied_weights_start_and_stay_equal() {
     let task = Adder::new(1, 0).unwrap();
     let mut t = trainer(cfg(0.0), 1, 1);
     let m = t.model();
-    assert_eq!(bits(m.param(TIED.0).unwrap().as_tensor()), bits(m.param(TIED.1).unwrap().as_tensor()));
+    assert_eq!(
+        bits(m.param(TIED.0).unwrap().as_tensor()),
+        bits(m.param(TIED.1).unwrap().as_tensor())
+    );
     let before = bits(t.model().param(TIED.0).unwrap().as_tensor());
     for step in 0..5 {
         let (x, y) = task.batch(step, 16).unwrap();
@@ -70,7 +85,11 @@ fn tied_weights_start_and_stay_equal() {
     }
     let m = t.model();
     let a = bits(m.param(TIED.0).unwrap().as_tensor());
-    assert_eq!(a, bits(m.param(TIED.1).unwrap().as_tensor()), "tied pair drifted apart");
+    assert_eq!(
+        a,
+        bits(m.param(TIED.1).unwrap().as_tensor()),
+        "tied pair drifted apart"
+    );
     assert_ne!(a, before, "the tied weight did not train");
 }
 
@@ -92,8 +111,22 @@ fn same_seed_gives_bit_identical_losses() {
 
 /// Largest |a - b| over the largest |b|.
 fn rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-    d / b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-30)
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    d / b
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .max(1e-30)
 }
 
 #[test]
@@ -159,7 +192,10 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
     };
     let model = cnn(c).unwrap();
     let stage = model.build(&Init::cpu(0)).unwrap();
-    assert!(stage.buffers().iter().any(|(n, _)| n == "blocks.1.shortcut.bn.running_mean"));
+    assert!(stage
+        .buffers()
+        .iter()
+        .any(|(n, _)| n == "blocks.1.shortcut.bn.running_mean"));
     let rm = stage.buffers()[0].1.as_tensor().copy().unwrap();
     let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
     let mut t = SerialTrainer::new(
@@ -181,8 +217,16 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
         last = t.step(&x, &y).unwrap().loss;
         assert!(last.is_finite(), "step {s}");
     }
-    assert!(last < first * 0.5, "loss on a fixed batch fell only from {first} to {last}");
-    let moved = (t.model().buffers()[0].1.as_tensor() - rm).unwrap().abs().unwrap().sum_all().unwrap();
+    assert!(
+        last < first * 0.5,
+        "loss on a fixed batch fell only from {first} to {last}"
+    );
+    let moved = (t.model().buffers()[0].1.as_tensor() - rm)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .sum_all()
+        .unwrap();
     assert!(moved.to_scalar::<f32>().unwrap() > 0.0);
     assert_eq!(t.predict(&x).unwrap().dims(), &[16, 4]);
 }

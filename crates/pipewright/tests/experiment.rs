@@ -28,6 +28,9 @@ fn record_framing_round_trips_and_detects_corruption() {
     assert_eq!(&payload[9..11], &[0x10, 7]);
     assert_eq!(payload[11], 0x2a);
     // simple_value 0.25 as a fixed32 after tag 0x15.
-    let pos = payload.windows(5).position(|w| w[0] == 0x15 && w[1..] == 0.25f32.to_le_bytes()).is_some();
+    let pos = payload
+        .windows(5)
+        .position(|w| w[0] == 0x15 && w[1..] == 0.25f32.to_le_bytes())
+        .is_some();
     assert!(pos);
 }

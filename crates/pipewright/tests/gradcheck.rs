@@ -62,8 +62,7 @@ fn check(what: &str, vars: &[(String, Var)], f: impl Fn() -> Result<Tensor>) {
                 p[i] += d;
                 v.set(&Tensor::from_vec(p, v.dims(), &Device::Cpu).unwrap())
                     .unwrap();
-                let l = loss(f().unwrap()).to_scalar::<f64>().unwrap();
-                l
+                loss(f().unwrap()).to_scalar::<f64>().unwrap()
             };
             let numeric = (at(h) - at(-h)) / (2.0 * h);
             v.set(&Tensor::from_vec(base.clone(), v.dims(), &Device::Cpu).unwrap())

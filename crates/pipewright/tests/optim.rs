@@ -156,9 +156,9 @@ fn resume_is_exact(make: impl Fn(Vec<(String, Var)>) -> Box<dyn Optimizer>) {
         .collect();
     let mut ob = make(b.clone());
     ob.load_state_dict(&state).unwrap();
-    for k in 1..3 {
-        oa.step(&grads(&f, k), LRS[k]).unwrap();
-        ob.step(&grads(&f, k), LRS[k]).unwrap();
+    for (k, lr) in LRS.iter().enumerate().skip(1) {
+        oa.step(&grads(&f, k), *lr).unwrap();
+        ob.step(&grads(&f, k), *lr).unwrap();
     }
     for ((n, va), (_, vb)) in a.iter().zip(&b) {
         let d = (va.as_tensor() - vb.as_tensor())

@@ -18,7 +18,7 @@ pub struct Sort {
 
 fn is_test(seq: &[u32]) -> bool {
     let bytes: Vec<u8> = seq.iter().map(|&v| v as u8).collect();
-    hash_seed(&[b"sort", &bytes]) % 4 == 0
+    hash_seed(&[b"sort", &bytes]).is_multiple_of(4)
 }
 
 impl Sort {

@@ -28,7 +28,7 @@ impl CausalSelfAttention {
         dropout: f64,
         proj_std: f64,
     ) -> Result<Self> {
-        if n_head == 0 || n_embd % n_head != 0 {
+        if n_head == 0 || !n_embd.is_multiple_of(n_head) {
             return Err(Error::Layer {
                 layer: name.into(),
                 msg: format!("n_embd {n_embd} must be a multiple of n_head {n_head}"),

@@ -5,7 +5,7 @@ use crate::{invalid, Result};
 /// `torch.nn.utils.clip_grad_norm_` (coefficient `max_norm / (norm + 1e-6)`, applied only when
 /// below one). Returns the norm before clipping.
 pub fn clip_grad_norm(grads: &mut Grads, max_norm: f64) -> Result<f64> {
-    if !(max_norm > 0.0) {
+    if max_norm.is_nan() || max_norm <= 0.0 {
         return Err(invalid!(
             "max gradient norm must be positive, got {max_norm}"
         ));

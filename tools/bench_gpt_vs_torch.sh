@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Times one GPT training step in pipewright (cargo bench) and in PyTorch eager, side by side in
+# one run, and prints both medians and the ratio. Needs the venv of ../shared/tools/torch-env.sh
+# with transformers (`$VENV/bin/pip install transformers`). Not used by CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${TORCH_ENV:-$HOME/.cache/pipewright-torch-env}
+pw=$(cargo bench -q -p pipewright-models --bench gpt_step 2>/dev/null | tee /dev/stderr | awk '/pipewright_median_ms/ {print $2}')
+pt=$("$VENV/bin/python" tools/bench_torch.py 2>/dev/null | tee /dev/stderr | awk '/torch_median_ms/ {print $2}')
+echo "pipewright ${pw} ms  torch ${pt} ms  ratio pipewright/torch $(python3 -c "print(round($pw/$pt, 2))")"
