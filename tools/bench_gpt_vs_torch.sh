@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TORCH_ENV:-$HOME/.cache/pipewright-torch-env}
-pw=$(cargo bench -q -p pipewright-models --bench gpt_step 2>/dev/null | tee /dev/stderr | awk '/pipewright_median_ms/ {print $2}')
-pt=$("$VENV/bin/python" tools/bench_torch.py 2>/dev/null | tee /dev/stderr | awk '/torch_median_ms/ {print $2}')
+log=$(mktemp)
+cargo bench -q -p pipewright-models --bench gpt_step 2>/dev/null | tee "$log"
+"$VENV/bin/python" tools/bench_torch.py 2>/dev/null | tee -a "$log"
+pw=$(awk '/pipewright_median_ms/ {print $2}' "$log")
+pt=$(awk '/torch_median_ms/ {print $2}' "$log")
+rm -f "$log"
 echo "pipewright ${pw} ms  torch ${pt} ms  ratio pipewright/torch $(python3 -c "print(round($pw/$pt, 2))")"
