@@ -30,6 +30,10 @@ pub enum Error {
     #[error("loss is {loss} at step {step}: lower the learning rate, enable gradient clipping (--clip) or check the data")]
     NonFiniteLoss { step: u64, loss: f64 },
 
+    /// A communication between ranks failed; the message names the ranks involved.
+    #[error("communication failed: {0}")]
+    Comm(String),
+
     /// A saved state does not fit the object it is loaded into.
     #[error("cannot load state: {0}")]
     State(String),

@@ -9,14 +9,20 @@
 //! - [`pipeline::microbatch`]: splitting batches into micro-batches.
 //! - [`serial`]: [`serial::SerialTrainer`], single-device training, the oracle of every layout.
 //! - [`experiment`]: run directory, [`experiment::Recorder`] (TensorBoard + CSV).
+//! - [`topology`]: [`topology::Layout`] `{pp, tp, dp}`, [`topology::Topology`] (Varuna's
+//!   `stage_to_rank_map`), rank <-> (stage, tp_rank, dp_rank), axis groups.
+//! - [`comm`]: the [`comm::Communicator`] trait (send/recv, all_reduce, all_gather,
+//!   reduce_scatter, broadcast, barrier, sub-groups) and [`comm::local`] (ranks as threads).
 //! - [`Error`] / [`Result`]: every fallible call.
 
+pub mod comm;
 pub mod error;
 pub mod experiment;
 pub mod model;
 pub mod nn;
 pub mod pipeline;
 pub mod serial;
+pub mod topology;
 
 pub use candle_core;
 pub use error::{Error, Result};

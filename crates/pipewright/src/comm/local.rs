@@ -1,0 +1,486 @@
+//! Ranks as threads of one process, exchanging tensors through shared mailboxes: no
+//! serialisation, a tensor moves as a reference to its storage (a parameter is copied first,
+//! since the sender may update it in place).
+//!
+//! [`run`] spawns the ranks and joins them. A rank that returns an error or panics marks the
+//! world as failed: every pending or later call of every other rank returns an error naming
+//! that rank, so nothing hangs. A receive that waits longer than the timeout (default 300 s,
+//! `PIPEWRIGHT_COMM_TIMEOUT` seconds, or [`run_with_timeout`]) is an error naming both ranks.
+//!
+//! Collectives gather at the group's first member, which combines the tensors in rank order
+//! and hands every member the same result, so reductions are bit-identical on every member.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+
+use super::{describe, Communicator, Pending, ReduceOp, MAX_TAG};
+use crate::nn::init::hash_seed;
+use crate::{Error, Result};
+
+/// (group id, sender world rank, receiver world rank, tag)
+type Key = (u64, usize, usize, u64);
+
+enum Msg {
+    Tensors(Vec<Tensor>),
+    /// A collective failed at its root; every member reports the same error.
+    Failed(String),
+}
+
+#[derive(Default)]
+struct State {
+    boxes: HashMap<Key, VecDeque<Msg>>,
+    /// The first rank failure: (rank, message).
+    failed: Option<(usize, String)>,
+}
+
+struct World {
+    size: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+    timeout: Duration,
+}
+
+impl World {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A rank that panicked while holding the lock cannot leave the mailboxes inconsistent
+        // (every update is a single push or pop), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn post(&self, key: Key, msg: Msg) {
+        self.lock().boxes.entry(key).or_default().push_back(msg);
+        self.cv.notify_all();
+    }
+
+    fn fail(&self, rank: usize, why: String) {
+        let mut s = self.lock();
+        if s.failed.is_none() {
+            s.failed = Some((rank, why));
+        }
+        drop(s);
+        self.cv.notify_all();
+    }
+
+    /// Waits for the next message under `key`.
+    fn take(&self, key: Key, me: usize, what: &str) -> Result<Vec<Tensor>> {
+        let start = Instant::now();
+        let mut s = self.lock();
+        loop {
+            if let Some(m) = s.boxes.get_mut(&key).and_then(|q| q.pop_front()) {
+                return match m {
+                    Msg::Tensors(t) => Ok(t),
+                    Msg::Failed(why) => Err(Error::Comm(why)),
+                };
+            }
+            if let Some((r, why)) = &s.failed {
+                if *r != me {
+                    return Err(Error::Comm(format!(
+                        "rank {me}: {what} from rank {} abandoned because rank {r} failed: {why}",
+                        key.1
+                    )));
+                }
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                return Err(Error::Comm(format!(
+                    "rank {me}: {what} from rank {} timed out after {:.0?}: is rank {} running and \
+                     sending it (same tag, same order of collectives)?",
+                    key.1, waited, key.1
+                )));
+            }
+            let slice = (self.timeout - waited).min(Duration::from_millis(200));
+            s = self
+                .cv
+                .wait_timeout(s, slice)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// One rank's view of a group of threads.
+pub struct LocalComm {
+    world: Arc<World>,
+    group: u64,
+    /// World ranks of the members, indexed by group rank.
+    members: Arc<Vec<usize>>,
+    rank: usize,
+    seq: AtomicU64,
+}
+
+fn default_timeout() -> Duration {
+    let secs = std::env::var("PIPEWRIGHT_COMM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(300.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
+/// rank failure (error or panic) is the error of the whole run.
+pub fn run<T, F>(world: usize, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
+    run_with_timeout(world, default_timeout(), f)
+}
+
+/// [`run`] with an explicit receive timeout.
+pub fn run_with_timeout<T, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
+    if world == 0 {
+        return Err(Error::Invalid("a world needs at least one rank".into()));
+    }
+    let shared = Arc::new(World {
+        size: world,
+        state: Mutex::new(State::default()),
+        cv: Condvar::new(),
+        timeout,
+    });
+    let members = Arc::new((0..world).collect::<Vec<_>>());
+    let results: Vec<Option<T>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let comm = LocalComm {
+                    world: shared.clone(),
+                    group: 0,
+                    members: members.clone(),
+                    rank,
+                    seq: AtomicU64::new(0),
+                };
+                let (f, shared) = (&f, shared.clone());
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm))) {
+                            Ok(Ok(v)) => Some(v),
+                            Ok(Err(e)) => {
+                                shared.fail(rank, e.to_string());
+                                None
+                            }
+                            Err(p) => {
+                                let msg = p
+                                    .downcast_ref::<&str>()
+                                    .map(|s| s.to_string())
+                                    .or_else(|| p.downcast_ref::<String>().cloned())
+                                    .unwrap_or_else(|| "panic".into());
+                                shared.fail(rank, format!("panicked: {msg}"));
+                                None
+                            }
+                        }
+                    })
+                    .expect("spawn a rank thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(None))
+            .collect()
+    });
+    if let Some((rank, why)) = shared.lock().failed.take() {
+        return Err(Error::Comm(format!("rank {rank} failed: {why}")));
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("no failure recorded"))
+        .collect())
+}
+
+fn check_same(op: &str, ts: &[Tensor]) -> std::result::Result<(), String> {
+    for (r, t) in ts.iter().enumerate().skip(1) {
+        if t.dims() != ts[0].dims() || t.dtype() != ts[0].dtype() {
+            return Err(format!(
+                "{op}: rank {r} passed {} but rank 0 passed {}; every member must pass the same shape and dtype",
+                describe(t),
+                describe(&ts[0])
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
+    if op == ReduceOp::Avg && ts[0].dtype().is_int() {
+        return Err(Error::Invalid(format!(
+            "cannot average {:?} tensors: use ReduceOp::Sum and divide where the rounding is known",
+            ts[0].dtype()
+        )));
+    }
+    let mut acc = ts[0].clone();
+    for t in &ts[1..] {
+        acc = match op {
+            ReduceOp::Sum | ReduceOp::Avg => (acc + t)?,
+            ReduceOp::Max => acc.maximum(t)?,
+        };
+    }
+    if op == ReduceOp::Avg {
+        acc = (acc / ts.len() as f64)?;
+    }
+    Ok(acc)
+}
+
+impl LocalComm {
+    fn world_rank(&self, r: usize, what: &str) -> Result<usize> {
+        self.members.get(r).copied().ok_or_else(|| {
+            Error::Comm(format!(
+                "rank {}: {what} names rank {r}, outside this group of {} ranks",
+                self.rank,
+                self.members.len()
+            ))
+        })
+    }
+
+    fn me(&self) -> usize {
+        self.members[self.rank]
+    }
+
+    fn check_tag(&self, tag: u64) -> Result<()> {
+        if tag >= MAX_TAG {
+            return Err(Error::Comm(format!(
+                "tag {tag} is reserved: use tags below 2^62"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A tensor safe to hand to another thread: detached from this rank's graph, and copied if
+    /// it is a parameter (which this rank may update in place later).
+    fn outgoing(t: &Tensor) -> Result<Tensor> {
+        Ok(if t.is_variable() {
+            t.copy()?.detach()
+        } else {
+            t.detach()
+        })
+    }
+
+    /// Runs one collective: every member's `inputs` go to member 0, which turns them into one
+    /// reply per member (or an error for all).
+    fn collective(
+        &self,
+        name: &str,
+        inputs: Vec<Tensor>,
+        combine: impl FnOnce(Vec<Vec<Tensor>>) -> std::result::Result<Vec<Vec<Tensor>>, String>,
+    ) -> Result<Vec<Tensor>> {
+        let tag = MAX_TAG + self.seq.fetch_add(1, Ordering::SeqCst);
+        let root = self.members[0];
+        let me = self.me();
+        let inputs = inputs
+            .iter()
+            .map(Self::outgoing)
+            .collect::<Result<Vec<_>>>()?;
+        if self.rank != 0 {
+            self.world
+                .post((self.group, me, root, tag), Msg::Tensors(inputs));
+            return self.world.take((self.group, root, me, tag), me, name);
+        }
+        let mut all = vec![inputs];
+        for &m in &self.members[1..] {
+            all.push(self.world.take((self.group, m, root, tag), me, name)?);
+        }
+        match combine(all) {
+            Ok(mut replies) => {
+                for (r, &m) in self.members.iter().enumerate().skip(1) {
+                    let reply = std::mem::take(&mut replies[r]);
+                    self.world
+                        .post((self.group, root, m, tag), Msg::Tensors(reply));
+                }
+                Ok(std::mem::take(&mut replies[0]))
+            }
+            Err(why) => {
+                for &m in &self.members[1..] {
+                    self.world
+                        .post((self.group, root, m, tag), Msg::Failed(why.clone()));
+                }
+                Err(Error::Comm(why))
+            }
+        }
+    }
+}
+
+fn first(ts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
+    ts.into_iter().map(|mut v| v.remove(0)).collect()
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn backend(&self) -> &'static str {
+        "local"
+    }
+
+    fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()> {
+        self.check_tag(tag)?;
+        let d = self.world_rank(dst, "send")?;
+        self.world.post(
+            (self.group, self.me(), d, tag),
+            Msg::Tensors(vec![Self::outgoing(t)?]),
+        );
+        Ok(())
+    }
+
+    fn recv(&self, src: usize, tag: u64) -> Result<Tensor> {
+        self.check_tag(tag)?;
+        let s = self.world_rank(src, "recv")?;
+        let mut v = self
+            .world
+            .take((self.group, s, self.me(), tag), self.me(), "recv")?;
+        Ok(v.remove(0))
+    }
+
+    fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>> {
+        self.send(t, dst, tag)?;
+        Ok(Pending::new(|| Ok(())))
+    }
+
+    fn irecv(&self, src: usize, tag: u64) -> Result<Pending<Tensor>> {
+        self.check_tag(tag)?;
+        let s = self.world_rank(src, "irecv")?;
+        let (world, key, me) = (
+            self.world.clone(),
+            (self.group, s, self.me(), tag),
+            self.me(),
+        );
+        Ok(Pending::new(move || {
+            Ok(world.take(key, me, "irecv")?.remove(0))
+        }))
+    }
+
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let n = self.size();
+        let mut r = self.collective("all_reduce", vec![t.clone()], |all| {
+            let ts = first(all);
+            check_same("all_reduce", &ts)?;
+            let out = reduce(&ts, op).map_err(|e| format!("all_reduce: {e}"))?;
+            Ok(vec![vec![out]; n])
+        })?;
+        Ok(r.remove(0))
+    }
+
+    fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let n = self.size();
+        self.collective("all_gather", vec![t.clone()], |all| {
+            let ts = first(all);
+            if let Some((r, x)) = ts
+                .iter()
+                .enumerate()
+                .find(|(_, x)| x.dtype() != ts[0].dtype())
+            {
+                return Err(format!(
+                    "all_gather: rank {r} passed {} but rank 0 passed {}; dtypes must agree",
+                    describe(x),
+                    describe(&ts[0])
+                ));
+            }
+            Ok(vec![ts; n])
+        })
+    }
+
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let n = self.size();
+        let mut r = self.collective("reduce_scatter", vec![t.clone()], |all| {
+            let ts = first(all);
+            check_same("reduce_scatter", &ts)?;
+            let rows = ts[0].dims().first().copied().ok_or_else(|| {
+                "reduce_scatter: a 0-d tensor has no dim 0 to scatter".to_string()
+            })?;
+            if rows % n != 0 {
+                return Err(format!(
+                    "reduce_scatter: dim 0 of {} does not split into {n} equal parts",
+                    describe(&ts[0])
+                ));
+            }
+            let out = reduce(&ts, op).map_err(|e| format!("reduce_scatter: {e}"))?;
+            let part = rows / n;
+            (0..n)
+                .map(|r| {
+                    out.narrow(0, r * part, part)
+                        .and_then(|p| p.contiguous())
+                        .map(|p| vec![p])
+                        .map_err(|e| format!("reduce_scatter: {e}"))
+                })
+                .collect()
+        })?;
+        Ok(r.remove(0))
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        let n = self.size();
+        self.world_rank(root, "broadcast")?;
+        let mut r = self.collective("broadcast", vec![t.clone()], |all| {
+            let ts = first(all);
+            for (r, x) in ts.iter().enumerate() {
+                if x.dims() != ts[root].dims() || x.dtype() != ts[root].dtype() {
+                    return Err(format!(
+                        "broadcast: rank {r} expects {} but root {root} sends {}",
+                        describe(x),
+                        describe(&ts[root])
+                    ));
+                }
+            }
+            Ok(vec![vec![ts[root].clone()]; n])
+        })?;
+        Ok(r.remove(0))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let n = self.size();
+        self.collective("barrier", Vec::new(), |_| Ok(vec![Vec::new(); n]))?;
+        Ok(())
+    }
+
+    fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>> {
+        let mut seen = vec![false; self.size()];
+        for &m in members {
+            if m >= self.size() || std::mem::replace(&mut seen[m], true) {
+                return Err(Error::Comm(format!(
+                    "split: members {members:?} must be distinct ranks below {}",
+                    self.size()
+                )));
+            }
+        }
+        let rank = members
+            .iter()
+            .position(|&m| m == self.rank)
+            .ok_or_else(|| {
+                Error::Comm(format!(
+                    "split: rank {} is not among the members {members:?}",
+                    self.rank
+                ))
+            })?;
+        let world: Vec<usize> = members.iter().map(|&m| self.members[m]).collect();
+        let bytes: Vec<u8> = world
+            .iter()
+            .flat_map(|r| (*r as u64).to_le_bytes())
+            .collect();
+        let group = hash_seed(&[&self.group.to_le_bytes(), &bytes]);
+        Ok(Box::new(LocalComm {
+            world: self.world.clone(),
+            group,
+            members: Arc::new(world),
+            rank,
+            seq: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl LocalComm {
+    /// Number of ranks in the whole process world.
+    pub fn world_size(&self) -> usize {
+        self.world.size
+    }
+}

@@ -1,0 +1,97 @@
+//! Moving tensors between ranks. Every rank runs the same program (SPMD) and learns who it is
+//! from its [`Communicator`]; nothing else in the library knows whether ranks are threads in
+//! one process ([`local`]), MPI processes or GPUs.
+//!
+//! Collectives must be called by every member of a communicator in the same order. Results of
+//! reductions are identical (bit for bit) on every member.
+
+pub mod local;
+
+use candle_core::Tensor;
+
+use crate::topology::{Axis, Topology};
+use crate::Result;
+
+/// How a reduction combines the members' tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    /// The sum divided by the number of members.
+    Avg,
+}
+
+/// Tags at or above this are reserved for the collectives' own messages.
+pub const MAX_TAG: u64 = 1 << 62;
+
+/// A request in flight: [`Pending::wait`] finishes it.
+pub struct Pending<T>(Box<dyn FnOnce() -> Result<T> + Send>);
+
+impl<T> Pending<T> {
+    pub fn new(f: impl FnOnce() -> Result<T> + Send + 'static) -> Self {
+        Self(Box::new(f))
+    }
+
+    /// Blocks until the operation is complete.
+    pub fn wait(self) -> Result<T> {
+        (self.0)()
+    }
+}
+
+/// The ranks of one group and the operations between them.
+pub trait Communicator: Send + Sync {
+    /// This rank within the communicator, `0..size`.
+    fn rank(&self) -> usize;
+    /// Number of members.
+    fn size(&self) -> usize;
+    /// Rank 0 (pystematic's `is_master`).
+    fn is_master(&self) -> bool {
+        self.rank() == 0
+    }
+    /// Name of the backend (`local`, `mpi`, `nccl`).
+    fn backend(&self) -> &'static str;
+
+    /// Sends `t` (any shape and dtype) to member `dst`; `tag` (< [`MAX_TAG`]) matches it with
+    /// the receive. Returns once the tensor is handed over.
+    fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()>;
+    /// Receives the next tensor sent by `src` with `tag`.
+    fn recv(&self, src: usize, tag: u64) -> Result<Tensor>;
+    /// Starts a send; the tensor may not be changed in place until the handle is waited on.
+    fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>>;
+    /// Starts a receive.
+    fn irecv(&self, src: usize, tag: u64) -> Result<Pending<Tensor>>;
+
+    /// Every member gets the reduction of every member's `t` (same shape and dtype everywhere).
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+    /// Every member gets every member's tensor, in rank order (shapes may differ).
+    fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>>;
+    /// Reduces, then member `r` keeps part `r` of `size` equal parts along dim 0.
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+    /// Every member gets `root`'s tensor; the others pass a tensor of the same shape and dtype.
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
+    /// Returns once every member has called it.
+    fn barrier(&self) -> Result<()>;
+    /// A communicator over `members` (ranks of this communicator, in the order they will have);
+    /// this rank must be one of them. Needs no message: members derive it alike.
+    fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>>;
+}
+
+/// The communicator of this rank's `axis` group of `topo` (`comm` spans the whole world).
+pub fn axis_group(
+    comm: &dyn Communicator,
+    topo: &Topology,
+    axis: Axis,
+) -> Result<Box<dyn Communicator>> {
+    topo.layout().check_world(comm.size())?;
+    comm.split(&topo.group(comm.rank(), axis)?)
+}
+
+/// pystematic's `broadcast_from_master`: rank 0's value everywhere.
+pub fn broadcast_from_master(comm: &dyn Communicator, t: &Tensor) -> Result<Tensor> {
+    comm.broadcast(t, 0)
+}
+
+/// Shape and dtype of `t`, for error messages.
+pub fn describe(t: &Tensor) -> String {
+    format!("{:?} {:?}", t.dims(), t.dtype())
+}

@@ -1,0 +1,298 @@
+//! Where each rank sits: [`Layout`] `{pp, tp, dp}` and [`Topology`] (a layout plus a placement
+//! of its positions on world ranks, such as Varuna's `stage_to_rank_map`).
+//!
+//! Ordering: within a layout, the tensor-parallel rank varies fastest, then the data-parallel
+//! rank, then the pipeline stage:
+//!
+//! ```text
+//! index = stage * (dp * tp) + dp_rank * tp + tp_rank
+//! ```
+//!
+//! so the ranks of one tensor-parallel group are neighbours (they talk most), and each stage
+//! owns one contiguous block of `dp * tp` ranks. [`Topology::new`] places index `i` on world
+//! rank `i`; [`Topology::from_stage_to_rank_map`] places them as a launcher says.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{invalid, Result};
+
+/// The three parallel axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    /// Ranks holding the successive stages of one replica (same tp and dp rank).
+    Pipeline,
+    /// Ranks sharing the layers of one stage of one replica.
+    Tensor,
+    /// Replicas of the same stage and shard.
+    Data,
+}
+
+/// A rank's position: pipeline stage, tensor-parallel rank, data-parallel rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Coords {
+    pub stage: usize,
+    pub tp_rank: usize,
+    pub dp_rank: usize,
+}
+
+/// Degrees of pipeline, tensor and data parallelism.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Layout {
+    pub pp: usize,
+    pub tp: usize,
+    pub dp: usize,
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pp={} tp={} dp={}", self.pp, self.tp, self.dp)
+    }
+}
+
+impl Layout {
+    pub fn new(pp: usize, tp: usize, dp: usize) -> Result<Self> {
+        if pp == 0 || tp == 0 || dp == 0 {
+            return Err(invalid!(
+                "layout pp={pp} tp={tp} dp={dp}: every degree must be at least 1"
+            ));
+        }
+        Ok(Self { pp, tp, dp })
+    }
+
+    /// One rank does everything.
+    pub fn serial() -> Self {
+        Self {
+            pp: 1,
+            tp: 1,
+            dp: 1,
+        }
+    }
+
+    /// The layout with `pp` stages and `tp`-way shards that fills `world` ranks (dp derived).
+    pub fn for_world(world: usize, pp: usize, tp: usize) -> Result<Self> {
+        if pp == 0 || tp == 0 || world == 0 || world % (pp * tp) != 0 {
+            return Err(invalid!(
+                "a world of {world} ranks cannot be split into pp={pp} x tp={tp} groups: \
+                 the world size must be a multiple of pp*tp"
+            ));
+        }
+        Self::new(pp, tp, world / (pp * tp))
+    }
+
+    pub fn world(&self) -> usize {
+        self.pp * self.tp * self.dp
+    }
+
+    /// Checks that the layout fills exactly `world` ranks.
+    pub fn check_world(&self, world: usize) -> Result<()> {
+        if self.world() != world {
+            return Err(invalid!(
+                "layout {self} needs {} ranks but the world has {world}: make pp*tp*dp equal the number of ranks",
+                self.world()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Coordinates of layout index `i`.
+    pub fn coords(&self, i: usize) -> Result<Coords> {
+        if i >= self.world() {
+            return Err(invalid!(
+                "rank {i} is outside layout {self} of {} ranks",
+                self.world()
+            ));
+        }
+        Ok(Coords {
+            stage: i / (self.dp * self.tp),
+            dp_rank: (i / self.tp) % self.dp,
+            tp_rank: i % self.tp,
+        })
+    }
+
+    /// Layout index of `c`.
+    pub fn index(&self, c: Coords) -> Result<usize> {
+        if c.stage >= self.pp || c.tp_rank >= self.tp || c.dp_rank >= self.dp {
+            return Err(invalid!("coordinates {c:?} are outside layout {self}"));
+        }
+        Ok(c.stage * self.dp * self.tp + c.dp_rank * self.tp + c.tp_rank)
+    }
+
+    /// Layout indices of the `axis` group that holds index `i`, in order along the axis.
+    pub fn group(&self, i: usize, axis: Axis) -> Result<Vec<usize>> {
+        let c = self.coords(i)?;
+        let (n, set): (usize, fn(Coords, usize) -> Coords) = match axis {
+            Axis::Pipeline => (self.pp, |c, k| Coords { stage: k, ..c }),
+            Axis::Tensor => (self.tp, |c, k| Coords { tp_rank: k, ..c }),
+            Axis::Data => (self.dp, |c, k| Coords { dp_rank: k, ..c }),
+        };
+        (0..n).map(|k| self.index(set(c, k))).collect()
+    }
+
+    /// Every `axis` group, each in order along the axis, groups ordered by their first index.
+    pub fn groups(&self, axis: Axis) -> Vec<Vec<usize>> {
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        for i in 0..self.world() {
+            let g = self.group(i, axis).expect("index inside the layout");
+            if g[0] == i {
+                out.push(g);
+            }
+        }
+        out
+    }
+}
+
+/// A [`Layout`] placed on world ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    layout: Layout,
+    /// World rank of each layout index.
+    place: Vec<usize>,
+    /// Layout index of each world rank.
+    index: Vec<usize>,
+}
+
+impl Topology {
+    /// Layout index `i` on world rank `i`.
+    pub fn new(layout: Layout) -> Self {
+        let place: Vec<usize> = (0..layout.world()).collect();
+        Self {
+            layout,
+            index: place.clone(),
+            place,
+        }
+    }
+
+    /// Parses Varuna's `stage_to_rank_map`: stages separated by `;`, each the comma-separated
+    /// world ranks of that stage (`"0,4;1,5;"`: stage 0 on ranks 0 and 4, stage 1 on 1 and 5).
+    /// Within a stage, positions enumerate (dp_rank, tp_rank) with tp_rank fastest, so with
+    /// `tp = 1` (Varuna) position `d` is data-parallel replica `d`.
+    pub fn from_stage_to_rank_map(map: &str, tp: usize) -> Result<Self> {
+        let bad = |why: String| invalid!("stage_to_rank_map `{map}`: {why}");
+        if tp == 0 {
+            return Err(bad("tp must be at least 1".into()));
+        }
+        let mut parts: Vec<&str> = map.trim().split(';').map(str::trim).collect();
+        if parts.last() == Some(&"") {
+            parts.pop();
+        }
+        if parts.is_empty() {
+            return Err(bad("names no stage; write it as `0,4;1,5;`".into()));
+        }
+        let mut stages: Vec<Vec<usize>> = Vec::new();
+        for (s, part) in parts.iter().enumerate() {
+            if part.is_empty() {
+                return Err(bad(format!("stage {s} has no ranks")));
+            }
+            let ranks = part
+                .split(',')
+                .map(|r| {
+                    r.trim()
+                        .parse::<usize>()
+                        .map_err(|_| bad(format!("stage {s}: `{}` is not a rank number", r.trim())))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            stages.push(ranks);
+        }
+        let per_stage = stages[0].len();
+        if let Some((s, r)) = stages
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.len() != per_stage)
+        {
+            return Err(bad(format!(
+                "stage {s} has {} ranks but stage 0 has {per_stage}: every stage needs the same number of replicas",
+                r.len()
+            )));
+        }
+        if per_stage % tp != 0 {
+            return Err(bad(format!(
+                "{per_stage} ranks per stage do not split into tp={tp} shards"
+            )));
+        }
+        let layout = Layout::new(stages.len(), tp, per_stage / tp)?;
+        let world = layout.world();
+        let place: Vec<usize> = stages.concat();
+        let mut index = vec![usize::MAX; world];
+        for (i, &r) in place.iter().enumerate() {
+            if r >= world {
+                return Err(bad(format!(
+                    "rank {r} is outside a world of {world} ranks: name each rank 0..{} exactly once",
+                    world - 1
+                )));
+            }
+            if index[r] != usize::MAX {
+                let first = layout.coords(index[r])?.stage;
+                let second = layout.coords(i)?.stage;
+                return Err(bad(format!(
+                    "rank {r} appears twice (stages {first} and {second})"
+                )));
+            }
+            index[r] = i;
+        }
+        // `world` distinct ranks below `world`: every rank is present.
+        Ok(Self {
+            layout,
+            place,
+            index,
+        })
+    }
+
+    /// The placement as a `stage_to_rank_map` string (`"0,4;1,5;"`).
+    pub fn stage_to_rank_map(&self) -> String {
+        let per = self.layout.dp * self.layout.tp;
+        self.place
+            .chunks(per)
+            .map(|c| {
+                c.iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+                    + ";"
+            })
+            .collect()
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn world(&self) -> usize {
+        self.layout.world()
+    }
+
+    /// Coordinates of world rank `rank`.
+    pub fn coords(&self, rank: usize) -> Result<Coords> {
+        let i = *self
+            .index
+            .get(rank)
+            .ok_or_else(|| invalid!("rank {rank} is outside a world of {} ranks", self.world()))?;
+        self.layout.coords(i)
+    }
+
+    /// World rank at `c`.
+    pub fn rank(&self, c: Coords) -> Result<usize> {
+        Ok(self.place[self.layout.index(c)?])
+    }
+
+    /// World ranks of the `axis` group of `rank`, in order along the axis.
+    pub fn group(&self, rank: usize, axis: Axis) -> Result<Vec<usize>> {
+        self.coords(rank)?;
+        Ok(self
+            .layout
+            .group(self.index[rank], axis)?
+            .into_iter()
+            .map(|i| self.place[i])
+            .collect())
+    }
+
+    /// Every `axis` group as world ranks.
+    pub fn groups(&self, axis: Axis) -> Vec<Vec<usize>> {
+        self.layout
+            .groups(axis)
+            .into_iter()
+            .map(|g| g.into_iter().map(|i| self.place[i]).collect())
+            .collect()
+    }
+}

@@ -1,0 +1,151 @@
+//! Layout arithmetic and Varuna's stage_to_rank_map.
+
+use pipewright::topology::{Axis, Coords, Layout, Topology};
+
+#[test]
+fn tensor_rank_varies_fastest_then_data_then_pipeline() {
+    let l = Layout::new(2, 2, 2).unwrap();
+    let want = [
+        (0, 0, 0),
+        (0, 1, 0),
+        (0, 0, 1),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 1, 0),
+        (1, 0, 1),
+        (1, 1, 1),
+    ];
+    for (r, &(stage, tp_rank, dp_rank)) in want.iter().enumerate() {
+        let c = Coords {
+            stage,
+            tp_rank,
+            dp_rank,
+        };
+        assert_eq!(l.coords(r).unwrap(), c, "rank {r}");
+        assert_eq!(l.index(c).unwrap(), r);
+    }
+    assert!(l.coords(8).is_err());
+}
+
+#[test]
+fn axis_groups_of_2x2x2() {
+    let l = Layout::new(2, 2, 2).unwrap();
+    assert_eq!(
+        l.groups(Axis::Tensor),
+        vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
+    );
+    assert_eq!(
+        l.groups(Axis::Data),
+        vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+    );
+    assert_eq!(
+        l.groups(Axis::Pipeline),
+        vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
+    );
+    assert_eq!(l.group(6, Axis::Data).unwrap(), vec![4, 6]);
+}
+
+#[test]
+fn groups_partition_the_world_for_many_layouts() {
+    for pp in 1..=4 {
+        for tp in 1..=3 {
+            for dp in 1..=3 {
+                let l = Layout::new(pp, tp, dp).unwrap();
+                for (axis, n) in [(Axis::Pipeline, pp), (Axis::Tensor, tp), (Axis::Data, dp)] {
+                    let gs = l.groups(axis);
+                    assert_eq!(gs.len() * n, l.world());
+                    let mut all: Vec<usize> = gs.iter().flatten().copied().collect();
+                    all.sort();
+                    assert_eq!(all, (0..l.world()).collect::<Vec<_>>(), "{l} {axis:?}");
+                    for g in &gs {
+                        for &r in g {
+                            assert_eq!(&l.group(r, axis).unwrap(), g);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn layouts_must_fill_the_world() {
+    assert_eq!(
+        Layout::for_world(8, 2, 2).unwrap(),
+        Layout::new(2, 2, 2).unwrap()
+    );
+    let e = Layout::for_world(6, 2, 2).unwrap_err().to_string();
+    assert!(e.contains("multiple of pp*tp"), "{e}");
+    assert!(Layout::new(0, 1, 1).is_err());
+    let e = Layout::new(2, 1, 2)
+        .unwrap()
+        .check_world(8)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs 4 ranks but the world has 8"), "{e}");
+}
+
+#[test]
+fn stage_to_rank_map_round_trips() {
+    // Stage 0 on ranks 0 and 2, stage 1 on ranks 1 and 3.
+    let t = Topology::from_stage_to_rank_map("0,2;1,3;", 1).unwrap();
+    assert_eq!(t.layout(), Layout::new(2, 1, 2).unwrap());
+    assert_eq!(
+        t.coords(2).unwrap(),
+        Coords {
+            stage: 0,
+            tp_rank: 0,
+            dp_rank: 1
+        }
+    );
+    assert_eq!(
+        t.coords(1).unwrap(),
+        Coords {
+            stage: 1,
+            tp_rank: 0,
+            dp_rank: 0
+        }
+    );
+    assert_eq!(
+        t.rank(Coords {
+            stage: 1,
+            tp_rank: 0,
+            dp_rank: 1
+        })
+        .unwrap(),
+        3
+    );
+    assert_eq!(t.stage_to_rank_map(), "0,2;1,3;");
+    assert_eq!(t.group(3, Axis::Pipeline).unwrap(), vec![2, 3]);
+    assert_eq!(t.group(3, Axis::Data).unwrap(), vec![1, 3]);
+    assert_eq!(t.groups(Axis::Data), vec![vec![0, 2], vec![1, 3]]);
+    // Without the trailing separator, with spaces, and with tensor parallelism.
+    let t = Topology::from_stage_to_rank_map(" 3, 2 ; 1,0", 2).unwrap();
+    assert_eq!(t.layout(), Layout::new(2, 2, 1).unwrap());
+    assert_eq!(t.stage_to_rank_map(), "3,2;1,0;");
+    assert_eq!(t.group(3, Axis::Tensor).unwrap(), vec![3, 2]);
+    assert_eq!(
+        Topology::new(Layout::new(2, 1, 2).unwrap()).stage_to_rank_map(),
+        "0,1;2,3;"
+    );
+}
+
+#[test]
+fn bad_stage_to_rank_maps_are_explained() {
+    for (map, tp, needle) in [
+        ("", 1, "names no stage"),
+        ("0,1;2", 1, "stage 1 has 1 ranks but stage 0 has 2"),
+        ("0,0;1,2", 1, "rank 0 appears twice"),
+        ("0,1;2,5", 1, "rank 5 is outside a world of 4"),
+        // Two stages of two replicas are a world of 4: ranks 4 and 5 do not exist.
+        ("0,4;1,5;", 1, "rank 4 is outside a world of 4"),
+        ("0,x;1,2", 1, "`x` is not a rank number"),
+        ("0,1,2;3,4,5", 2, "do not split into tp=2"),
+        ("0;;1", 1, "stage 1 has no ranks"),
+    ] {
+        let e = Topology::from_stage_to_rank_map(map, tp)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "`{map}`: {e}");
+    }
+}
