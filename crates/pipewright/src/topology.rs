@@ -72,7 +72,7 @@ impl Layout {
 
     /// The layout with `pp` stages and `tp`-way shards that fills `world` ranks (dp derived).
     pub fn for_world(world: usize, pp: usize, tp: usize) -> Result<Self> {
-        if pp == 0 || tp == 0 || world == 0 || world % (pp * tp) != 0 {
+        if pp == 0 || tp == 0 || world == 0 || !world.is_multiple_of(pp * tp) {
             return Err(invalid!(
                 "a world of {world} ranks cannot be split into pp={pp} x tp={tp} groups: \
                  the world size must be a multiple of pp*tp"
@@ -206,7 +206,7 @@ impl Topology {
                 r.len()
             )));
         }
-        if per_stage % tp != 0 {
+        if !per_stage.is_multiple_of(tp) {
             return Err(bad(format!(
                 "{per_stage} ranks per stage do not split into tp={tp} shards"
             )));

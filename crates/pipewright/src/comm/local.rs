@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
-use super::{describe, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::{check_agree, describe, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::nn::init::hash_seed;
 use crate::{Error, Result};
 
@@ -195,17 +195,9 @@ where
         .collect())
 }
 
-fn check_same(op: &str, ts: &[Tensor]) -> std::result::Result<(), String> {
-    for (r, t) in ts.iter().enumerate().skip(1) {
-        if t.dims() != ts[0].dims() || t.dtype() != ts[0].dtype() {
-            return Err(format!(
-                "{op}: rank {r} passed {} but rank 0 passed {}; every member must pass the same shape and dtype",
-                describe(t),
-                describe(&ts[0])
-            ));
-        }
-    }
-    Ok(())
+fn check_same(op: &str, ts: &[Tensor], reference: usize) -> std::result::Result<(), String> {
+    let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
+    check_agree(op, &parts, reference)
 }
 
 fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
@@ -246,7 +238,7 @@ impl LocalComm {
     fn check_tag(&self, tag: u64) -> Result<()> {
         if tag >= MAX_TAG {
             return Err(Error::Comm(format!(
-                "tag {tag} is reserved: use tags below 2^62"
+                "tag {tag} is too large: use tags below {MAX_TAG}"
             )));
         }
         Ok(())
@@ -270,6 +262,7 @@ impl LocalComm {
         inputs: Vec<Tensor>,
         combine: impl FnOnce(Vec<Vec<Tensor>>) -> std::result::Result<Vec<Vec<Tensor>>, String>,
     ) -> Result<Vec<Tensor>> {
+        // Collective messages live above the user tag range.
         let tag = MAX_TAG + self.seq.fetch_add(1, Ordering::SeqCst);
         let root = self.members[0];
         let me = self.me();
@@ -364,7 +357,7 @@ impl Communicator for LocalComm {
         let n = self.size();
         let mut r = self.collective("all_reduce", vec![t.clone()], |all| {
             let ts = first(all);
-            check_same("all_reduce", &ts)?;
+            check_same("all_reduce", &ts, 0)?;
             let out = reduce(&ts, op).map_err(|e| format!("all_reduce: {e}"))?;
             Ok(vec![vec![out]; n])
         })?;
@@ -394,7 +387,7 @@ impl Communicator for LocalComm {
         let n = self.size();
         let mut r = self.collective("reduce_scatter", vec![t.clone()], |all| {
             let ts = first(all);
-            check_same("reduce_scatter", &ts)?;
+            check_same("reduce_scatter", &ts, 0)?;
             let rows = ts[0].dims().first().copied().ok_or_else(|| {
                 "reduce_scatter: a 0-d tensor has no dim 0 to scatter".to_string()
             })?;
@@ -423,15 +416,7 @@ impl Communicator for LocalComm {
         self.world_rank(root, "broadcast")?;
         let mut r = self.collective("broadcast", vec![t.clone()], |all| {
             let ts = first(all);
-            for (r, x) in ts.iter().enumerate() {
-                if x.dims() != ts[root].dims() || x.dtype() != ts[root].dtype() {
-                    return Err(format!(
-                        "broadcast: rank {r} expects {} but root {root} sends {}",
-                        describe(x),
-                        describe(&ts[root])
-                    ));
-                }
-            }
+            check_same("broadcast", &ts, root)?;
             Ok(vec![vec![ts[root].clone()]; n])
         })?;
         Ok(r.remove(0))

@@ -5,7 +5,10 @@
 //! Collectives must be called by every member of a communicator in the same order. Results of
 //! reductions are identical (bit for bit) on every member.
 
+pub mod conformance;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use candle_core::Tensor;
 
@@ -21,8 +24,8 @@ pub enum ReduceOp {
     Avg,
 }
 
-/// Tags at or above this are reserved for the collectives' own messages.
-pub const MAX_TAG: u64 = 1 << 62;
+/// User tags must be below this (MPI guarantees only 2^15 tags; Open MPI gives far more).
+pub const MAX_TAG: u64 = 1 << 20;
 
 /// A request in flight: [`Pending::wait`] finishes it.
 pub struct Pending<T>(Box<dyn FnOnce() -> Result<T> + Send>);
@@ -72,7 +75,7 @@ pub trait Communicator: Send + Sync {
     /// Returns once every member has called it.
     fn barrier(&self) -> Result<()>;
     /// A communicator over `members` (ranks of this communicator, in the order they will have);
-    /// this rank must be one of them. Needs no message: members derive it alike.
+    /// this rank must be one of them, and every member calls it (non-members need not).
     fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>>;
 }
 
@@ -93,5 +96,34 @@ pub fn broadcast_from_master(comm: &dyn Communicator, t: &Tensor) -> Result<Tens
 
 /// Shape and dtype of `t`, for error messages.
 pub fn describe(t: &Tensor) -> String {
-    format!("{:?} {:?}", t.dims(), t.dtype())
+    describe_parts(t.dims(), t.dtype())
+}
+
+fn describe_parts(dims: &[usize], dtype: candle_core::DType) -> String {
+    format!("{dims:?} {dtype:?}")
+}
+
+/// Checks that every member passed the same shape and dtype as member `reference`; the
+/// message names the first member that differs. `parts[r]` is member r's (shape, dtype).
+pub fn check_agree(
+    op: &str,
+    parts: &[(Vec<usize>, candle_core::DType)],
+    reference: usize,
+) -> std::result::Result<(), String> {
+    let (rd, rt) = &parts[reference];
+    for (r, (d, t)) in parts.iter().enumerate() {
+        if d != rd || t != rt {
+            let (what, whom) = if op == "broadcast" {
+                ("expects", format!("root {reference} sends"))
+            } else {
+                ("passed", format!("rank {reference} passed"))
+            };
+            return Err(format!(
+                "{op}: rank {r} {what} {} but {whom} {}; every member must use the same shape and dtype",
+                describe_parts(d, *t),
+                describe_parts(rd, *rt)
+            ));
+        }
+    }
+    Ok(())
 }

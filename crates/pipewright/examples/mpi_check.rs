@@ -1,0 +1,43 @@
+//! The communicator conformance suite over Open MPI: `mpirun -np N mpi_check`.
+//! Rank 0 prints the total as `P passed, F failed`; a failing rank aborts the whole job.
+
+use candle_core::{DType, Device, Tensor};
+use pipewright::comm::mpi::Mpi;
+use pipewright::comm::{conformance, Communicator, ReduceOp};
+
+fn main() {
+    let (_mpi, world) = match Mpi::init() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let passed = match conformance::run_all(&world) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("rank {}: {e}", world.rank());
+            println!("0 passed, 1 failed");
+            Mpi::abort(1);
+        }
+    };
+    let total = Tensor::new(&[passed as i64], &Device::Cpu)
+        .and_then(|t| t.to_dtype(DType::I64))
+        .map_err(pipewright::Error::from)
+        .and_then(|t| world.all_reduce(&t, ReduceOp::Sum))
+        .and_then(|t| Ok(t.to_vec1::<i64>()?[0]));
+    match total {
+        Ok(total) if world.is_master() => {
+            println!(
+                "mpi conformance on {} ranks: {passed} checks per rank",
+                world.size()
+            );
+            println!("{total} passed, 0 failed");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("rank {}: {e}", world.rank());
+            Mpi::abort(1);
+        }
+    }
+}

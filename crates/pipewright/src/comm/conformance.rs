@@ -1,0 +1,271 @@
+//! The checks every [`Communicator`] backend must pass, run by every rank of a world (the
+//! local backend's tests, `mpirun` in CI, the NCCL smoke test). Each rank computes the expected
+//! result of every collective itself, from the formula that made every rank's input, and
+//! compares.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{Communicator, ReduceOp};
+use crate::topology::{Axis, Layout, Topology};
+use crate::{Error, Result};
+
+/// Every dtype a backend must carry.
+pub const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I64, DType::U32];
+/// Odd shapes, 0-d and empty ones included.
+pub const SHAPES: [&[usize]; 6] = [&[], &[0], &[3, 0], &[5], &[7, 3], &[2, 3, 5]];
+
+/// Small integers, exact in every dtype even summed over many ranks: rank `rank`'s input.
+pub fn values(rank: usize, salt: usize, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| ((i * 7 + rank * 3 + salt) % 8) as f64)
+        .collect()
+}
+
+fn tensor(v: &[f64], shape: &[usize], dt: DType) -> Result<Tensor> {
+    Ok(Tensor::from_vec(v.to_vec(), shape, &Device::Cpu)?.to_dtype(dt)?)
+}
+
+fn as_f64(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?)
+}
+
+struct Count<'a> {
+    rank: usize,
+    passed: usize,
+    failed: Vec<String>,
+    comm: &'a dyn Communicator,
+}
+
+impl Count<'_> {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if ok {
+            self.passed += 1;
+        } else {
+            self.failed.push(format!("rank {}: {}", self.rank, what()));
+        }
+    }
+}
+
+/// Runs every check on this rank; returns how many passed, or an error listing the failures.
+pub fn run_all(comm: &dyn Communicator) -> Result<usize> {
+    let mut c = Count {
+        rank: comm.rank(),
+        passed: 0,
+        failed: Vec::new(),
+        comm,
+    };
+    all_reduce(&mut c)?;
+    gather_scatter_broadcast(&mut c)?;
+    point_to_point(&mut c)?;
+    sub_groups(&mut c)?;
+    mismatches(&mut c)?;
+    c.comm.barrier()?;
+    if c.failed.is_empty() {
+        Ok(c.passed)
+    } else {
+        Err(Error::Comm(format!(
+            "{} checks failed:\n{}",
+            c.failed.len(),
+            c.failed.join("\n")
+        )))
+    }
+}
+
+fn all_reduce(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    for (s, shape) in SHAPES.iter().enumerate() {
+        let n: usize = shape.iter().product();
+        for dt in DTYPES {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                let mine = tensor(&values(c.rank, s, n), shape, dt)?;
+                let got = c.comm.all_reduce(&mine, op);
+                if op == ReduceOp::Avg && dt.is_int() {
+                    c.check(got.is_err(), || {
+                        format!("average of {dt:?} was not refused")
+                    });
+                    continue;
+                }
+                let got = got?;
+                let want: Vec<f64> = (0..n)
+                    .map(|i| {
+                        let col = (0..world).map(|r| values(r, s, n)[i]);
+                        match op {
+                            ReduceOp::Sum => col.sum(),
+                            ReduceOp::Max => col.fold(f64::MIN, f64::max),
+                            ReduceOp::Avg => col.sum::<f64>() / world as f64,
+                        }
+                    })
+                    .collect();
+                // Sums and maxima of small integers are exact; an average rounds once.
+                let tol = match (op, dt) {
+                    (ReduceOp::Avg, DType::F16 | DType::BF16) => 1e-2,
+                    (ReduceOp::Avg, _) => 1e-6,
+                    _ => 0.0,
+                };
+                let g = as_f64(&got)?;
+                let ok = got.dims() == *shape
+                    && got.dtype() == dt
+                    && g.iter()
+                        .zip(&want)
+                        .all(|(a, b)| (a - b).abs() <= tol * b.abs());
+                c.check(ok, || {
+                    format!("all_reduce {op:?} {dt:?} {shape:?}: {g:?}, want {want:?}")
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn gather_scatter_broadcast(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    for dt in DTYPES {
+        // all_gather: shapes may differ by rank.
+        let rows = |r: usize| r % 3;
+        let mine = tensor(&values(c.rank, 1, rows(c.rank) * 2), &[rows(c.rank), 2], dt)?;
+        let all = c.comm.all_gather(&mine)?;
+        let mut ok = all.len() == world;
+        for (r, t) in all.iter().enumerate() {
+            ok &= t.dims() == [rows(r), 2]
+                && t.dtype() == dt
+                && as_f64(t)? == values(r, 1, rows(r) * 2);
+        }
+        c.check(ok, || format!("all_gather {dt:?}"));
+        // reduce_scatter: rank r keeps rows [2r, 2r + 2) of the sum.
+        let n = 2 * world * 3;
+        let mine = tensor(&values(c.rank, 2, n), &[2 * world, 3], dt)?;
+        let part = c.comm.reduce_scatter(&mine, ReduceOp::Sum)?;
+        let want: Vec<f64> = (c.rank * 6..c.rank * 6 + 6)
+            .map(|i| (0..world).map(|r| values(r, 2, n)[i]).sum())
+            .collect();
+        let got = as_f64(&part)?;
+        c.check(part.dims() == [2, 3] && got == want, || {
+            format!("reduce_scatter {dt:?}: {got:?}, want {want:?}")
+        });
+        // broadcast from the last rank; the others pass a placeholder of the same shape.
+        let root = world - 1;
+        let got = c
+            .comm
+            .broadcast(&tensor(&values(c.rank, 3, 6), &[2, 3], dt)?, root)?;
+        c.check(
+            got.dtype() == dt && as_f64(&got)? == values(root, 3, 6),
+            || format!("broadcast {dt:?}"),
+        );
+    }
+    c.comm.barrier()?;
+    c.check(c.comm.is_master() == (c.rank == 0), || "is_master".into());
+    Ok(())
+}
+
+fn point_to_point(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    let (next, prev) = ((c.rank + 1) % world, (c.rank + world - 1) % world);
+    for (k, dt) in DTYPES.iter().enumerate() {
+        for shape in SHAPES {
+            let n: usize = shape.iter().product();
+            let t = tensor(&values(c.rank, k, n), shape, *dt)?;
+            // Even ranks send first, odd ranks receive first: no rank waits on a send.
+            let got = if c.rank.is_multiple_of(2) || world == 1 {
+                let h = c.comm.irecv(prev, k as u64)?;
+                c.comm.send(&t, next, k as u64)?;
+                h.wait()?
+            } else {
+                let got = c.comm.recv(prev, k as u64)?;
+                c.comm.send(&t, next, k as u64)?;
+                got
+            };
+            let ok =
+                got.dims() == shape && got.dtype() == *dt && as_f64(&got)? == values(prev, k, n);
+            c.check(ok, || format!("ring send/recv {dt:?} {shape:?}"));
+        }
+    }
+    // Non-blocking both ways at once.
+    let h = c.comm.irecv(prev, 99)?;
+    let s = c
+        .comm
+        .isend(&Tensor::new(&[c.rank as f32], &Device::Cpu)?, next, 99)?;
+    let got = h.wait()?.to_vec1::<f32>()?;
+    s.wait()?;
+    c.check(got == vec![prev as f32], || {
+        format!("isend/irecv got {got:?}")
+    });
+    Ok(())
+}
+
+fn sub_groups(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    let layout = match world {
+        8 => Layout::new(2, 2, 2)?,
+        4 => Layout::new(2, 2, 1)?,
+        w => Layout::new(1, 1, w)?,
+    };
+    let topo = Topology::new(layout);
+    let per_rank = |r: usize| (r * r + 1) as f64;
+    for axis in [Axis::Pipeline, Axis::Tensor, Axis::Data] {
+        let g = super::axis_group(c.comm, &topo, axis)?;
+        let members = topo.group(c.rank, axis)?;
+        let t = Tensor::new(&[per_rank(c.rank)], &Device::Cpu)?;
+        let sum = g.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<f64>()?[0];
+        let want: f64 = members.iter().map(|&m| per_rank(m)).sum();
+        c.check(members[g.rank()] == c.rank && sum == want, || {
+            format!("{axis:?} group sum {sum}, want {want}")
+        });
+        let all: Vec<f64> = g
+            .all_gather(&t)?
+            .iter()
+            .map(|t| t.to_vec1::<f64>().map(|v| v[0]))
+            .collect::<std::result::Result<_, _>>()?;
+        c.check(
+            all == members.iter().map(|&m| per_rank(m)).collect::<Vec<_>>(),
+            || format!("{axis:?} group gather"),
+        );
+    }
+    Ok(())
+}
+
+fn mismatches(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    if world < 2 {
+        return Ok(());
+    }
+    let odd = world - 1;
+    let shape: &[usize] = if c.rank == odd { &[4] } else { &[3] };
+    let e = c.comm.all_reduce(
+        &Tensor::zeros(shape, DType::F32, &Device::Cpu)?,
+        ReduceOp::Sum,
+    );
+    let want = format!("rank {odd} passed [4] F32 but rank 0 passed [3] F32");
+    c.check(
+        matches!(&e, Err(e) if e.to_string().contains(&want)),
+        || format!("shape mismatch: {:?}", e.err()),
+    );
+    let dt = if c.rank == odd {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let e = c
+        .comm
+        .all_reduce(&Tensor::zeros(3, dt, &Device::Cpu)?, ReduceOp::Sum);
+    let want = format!("rank {odd} passed [3] F16");
+    c.check(
+        matches!(&e, Err(e) if e.to_string().contains(&want)),
+        || format!("dtype mismatch: {:?}", e.err()),
+    );
+    let e = c
+        .comm
+        .broadcast(&Tensor::zeros(shape, DType::F32, &Device::Cpu)?, 0);
+    let want = format!("rank {odd} expects [4] F32 but root 0 sends [3] F32");
+    c.check(
+        matches!(&e, Err(e) if e.to_string().contains(&want)),
+        || format!("broadcast mismatch: {:?}", e.err()),
+    );
+    let t = Tensor::zeros(1, DType::F32, &Device::Cpu)?;
+    c.check(c.comm.send(&t, world, 0).is_err(), || {
+        "send outside the world was accepted".into()
+    });
+    c.check(c.comm.send(&t, 0, u64::MAX).is_err(), || {
+        "a reserved tag was accepted".into()
+    });
+    Ok(())
+}

@@ -1,0 +1,534 @@
+//! Open MPI backend (cargo feature `mpi`): one process per rank under `mpirun`; rank and size
+//! come from MPI. Tensors travel as raw bytes straight from and into CPU storage (no
+//! serialisation, no extra copy on the receiving side); point-to-point messages carry a small
+//! header (dtype and shape) first. Collectives use MPI's own (`MPI_Allreduce`, ...) after an
+//! exchange of headers that lets every rank report a shape or dtype mismatch identically.
+//! f16 and bf16, which MPI cannot add, are reduced in f32.
+//!
+//! MPI's default error handler is fatal: a rank that dies makes `mpirun` end the job and
+//! name it. A rank whose program returns an error should call [`Mpi::abort`] so the others do
+//! not wait.
+
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+use half::{bf16, f16};
+use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{
+    Communicator as _, CommunicatorCollectives, Destination, Group as _, Root, Source,
+};
+use mpi::Threading;
+
+use super::{check_agree, Communicator, Pending, ReduceOp, MAX_TAG};
+use crate::{Error, Result};
+
+/// MPI itself: initialised with `MPI_THREAD_MULTIPLE`, finalised when dropped.
+pub struct Mpi {
+    _universe: mpi::environment::Universe,
+}
+
+impl Mpi {
+    /// Initialises MPI and returns the world communicator.
+    pub fn init() -> Result<(Mpi, MpiComm)> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
+        if threading != Threading::Multiple {
+            return Err(Error::Comm(format!(
+                "this MPI library offers {threading:?} threading, pipewright needs Multiple \
+                 (MPI_THREAD_MULTIPLE) for non-blocking sends: install Open MPI built with it"
+            )));
+        }
+        let comm = MpiComm::new(universe.world());
+        Ok((
+            Mpi {
+                _universe: universe,
+            },
+            comm,
+        ))
+    }
+
+    /// Ends every rank of the job (after an error on this rank), with `code` as exit status.
+    pub fn abort(code: i32) -> ! {
+        SimpleCommunicator::world().abort(code)
+    }
+}
+
+struct Inner(SimpleCommunicator);
+// SAFETY: MPI is initialised with MPI_THREAD_MULTIPLE (checked in `Mpi::init`), so a
+// communicator handle may be used from several threads at once.
+unsafe impl Send for Inner {}
+unsafe impl Sync for Inner {}
+
+/// One rank of an MPI communicator.
+pub struct MpiComm {
+    inner: Arc<Inner>,
+    rank: usize,
+    size: usize,
+}
+
+const HEADER: usize = 10;
+const MAX_RANK: usize = HEADER - 2;
+
+fn dtype_code(dt: DType) -> Result<u64> {
+    Ok(match dt {
+        DType::U8 => 0,
+        DType::U32 => 1,
+        DType::I64 => 2,
+        DType::BF16 => 3,
+        DType::F16 => 4,
+        DType::F32 => 5,
+        DType::F64 => 6,
+        other => {
+            return Err(Error::Comm(format!(
+                "the MPI backend does not carry {other:?} tensors"
+            )))
+        }
+    })
+}
+
+fn code_dtype(c: u64) -> Result<DType> {
+    Ok(match c {
+        0 => DType::U8,
+        1 => DType::U32,
+        2 => DType::I64,
+        3 => DType::BF16,
+        4 => DType::F16,
+        5 => DType::F32,
+        6 => DType::F64,
+        _ => {
+            return Err(Error::Comm(format!(
+                "corrupt message header: dtype code {c}"
+            )))
+        }
+    })
+}
+
+fn header(t: &Tensor) -> Result<[u64; HEADER]> {
+    if t.rank() > MAX_RANK {
+        return Err(Error::Comm(format!(
+            "the MPI backend carries tensors of at most {MAX_RANK} dimensions, got {:?}",
+            t.dims()
+        )));
+    }
+    let mut h = [0u64; HEADER];
+    h[0] = dtype_code(t.dtype())?;
+    h[1] = t.rank() as u64;
+    for (i, d) in t.dims().iter().enumerate() {
+        h[2 + i] = *d as u64;
+    }
+    Ok(h)
+}
+
+fn parse_header(h: &[u64]) -> Result<(Vec<usize>, DType)> {
+    let n = h[1] as usize;
+    if n > MAX_RANK {
+        return Err(Error::Comm(format!("corrupt message header: rank {n}")));
+    }
+    Ok((
+        h[2..2 + n].iter().map(|d| *d as usize).collect(),
+        code_dtype(h[0])?,
+    ))
+}
+
+/// Byte view of a slice of plain numbers.
+fn bytes_of<T: Copy>(s: &[T]) -> &[u8] {
+    // SAFETY: T is a plain number type (u8, u32, i64, f16, bf16, f32, f64): no padding, every
+    // byte initialised, and u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+fn bytes_of_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`; any byte pattern is a valid value of these types.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+/// Calls `f` with the bytes of `t` (contiguous, on the CPU) without copying them.
+fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let (a, b) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Comm("tensor is not contiguous".into()))?;
+    let cpu = match &*storage {
+        Storage::Cpu(c) => c,
+        _ => {
+            return Err(Error::Comm(
+                "the MPI backend carries CPU tensors only".into(),
+            ))
+        }
+    };
+    Ok(match cpu {
+        CpuStorage::U8(v) => f(bytes_of(&v[a..b])),
+        CpuStorage::U32(v) => f(bytes_of(&v[a..b])),
+        CpuStorage::I64(v) => f(bytes_of(&v[a..b])),
+        CpuStorage::BF16(v) => f(bytes_of(&v[a..b])),
+        CpuStorage::F16(v) => f(bytes_of(&v[a..b])),
+        CpuStorage::F32(v) => f(bytes_of(&v[a..b])),
+        CpuStorage::F64(v) => f(bytes_of(&v[a..b])),
+        _ => {
+            return Err(Error::Comm(format!(
+                "the MPI backend does not carry {:?} tensors",
+                t.dtype()
+            )))
+        }
+    })
+}
+
+/// A typed receive buffer that becomes a tensor without a copy.
+enum Buf {
+    U8(Vec<u8>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Buf {
+    fn zeros(dt: DType, n: usize) -> Result<Self> {
+        Ok(match dt {
+            DType::U8 => Buf::U8(vec![0; n]),
+            DType::U32 => Buf::U32(vec![0; n]),
+            DType::I64 => Buf::I64(vec![0; n]),
+            DType::BF16 => Buf::BF16(vec![bf16::ZERO; n]),
+            DType::F16 => Buf::F16(vec![f16::ZERO; n]),
+            DType::F32 => Buf::F32(vec![0.0; n]),
+            DType::F64 => Buf::F64(vec![0.0; n]),
+            other => {
+                return Err(Error::Comm(format!(
+                    "the MPI backend does not carry {other:?} tensors"
+                )))
+            }
+        })
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buf::U8(v) => bytes_of_mut(v),
+            Buf::U32(v) => bytes_of_mut(v),
+            Buf::I64(v) => bytes_of_mut(v),
+            Buf::BF16(v) => bytes_of_mut(v),
+            Buf::F16(v) => bytes_of_mut(v),
+            Buf::F32(v) => bytes_of_mut(v),
+            Buf::F64(v) => bytes_of_mut(v),
+        }
+    }
+
+    fn into_tensor(self, dims: &[usize]) -> Result<Tensor> {
+        let d = &Device::Cpu;
+        Ok(match self {
+            Buf::U8(v) => Tensor::from_vec(v, dims, d)?,
+            Buf::U32(v) => Tensor::from_vec(v, dims, d)?,
+            Buf::I64(v) => Tensor::from_vec(v, dims, d)?,
+            Buf::BF16(v) => Tensor::from_vec(v, dims, d)?,
+            Buf::F16(v) => Tensor::from_vec(v, dims, d)?,
+            Buf::F32(v) => Tensor::from_vec(v, dims, d)?,
+            Buf::F64(v) => Tensor::from_vec(v, dims, d)?,
+        })
+    }
+}
+
+fn system_op(op: ReduceOp) -> SystemOperation {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
+        ReduceOp::Max => SystemOperation::max(),
+    }
+}
+
+/// Runs an MPI reduction `f(send, recv)` over `t` (f32, f64, i64, u32, u8) into a new tensor
+/// of `out_len` elements.
+macro_rules! typed_reduce {
+    ($t:expr, $out_len:expr, $dims:expr, |$send:ident, $recv:ident| $call:expr) => {{
+        let t = $t.contiguous()?;
+        let (storage, layout) = t.storage_and_layout();
+        let (a, b) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| Error::Comm("tensor is not contiguous".into()))?;
+        let out = match &*storage {
+            Storage::Cpu(CpuStorage::F32(v)) => {
+                let ($send, mut $recv) = (&v[a..b], vec![0f32; $out_len]);
+                $call;
+                Tensor::from_vec($recv, $dims, &Device::Cpu)?
+            }
+            Storage::Cpu(CpuStorage::F64(v)) => {
+                let ($send, mut $recv) = (&v[a..b], vec![0f64; $out_len]);
+                $call;
+                Tensor::from_vec($recv, $dims, &Device::Cpu)?
+            }
+            Storage::Cpu(CpuStorage::I64(v)) => {
+                let ($send, mut $recv) = (&v[a..b], vec![0i64; $out_len]);
+                $call;
+                Tensor::from_vec($recv, $dims, &Device::Cpu)?
+            }
+            Storage::Cpu(CpuStorage::U32(v)) => {
+                let ($send, mut $recv) = (&v[a..b], vec![0u32; $out_len]);
+                $call;
+                Tensor::from_vec($recv, $dims, &Device::Cpu)?
+            }
+            Storage::Cpu(CpuStorage::U8(v)) => {
+                let ($send, mut $recv) = (&v[a..b], vec![0u8; $out_len]);
+                $call;
+                Tensor::from_vec($recv, $dims, &Device::Cpu)?
+            }
+            _ => {
+                return Err(Error::Comm(format!(
+                    "the MPI backend cannot reduce {:?} tensors",
+                    t.dtype()
+                )))
+            }
+        };
+        out
+    }};
+}
+
+impl MpiComm {
+    fn new(comm: SimpleCommunicator) -> Self {
+        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        Self {
+            inner: Arc::new(Inner(comm)),
+            rank,
+            size,
+        }
+    }
+
+    fn comm(&self) -> &SimpleCommunicator {
+        &self.inner.0
+    }
+
+    fn peer(&self, r: usize, what: &str, tag: Option<u64>) -> Result<i32> {
+        if r >= self.size {
+            return Err(Error::Comm(format!(
+                "rank {}: {what} names rank {r}, outside this group of {} ranks",
+                self.rank, self.size
+            )));
+        }
+        if let Some(tag) = tag {
+            if tag >= MAX_TAG {
+                return Err(Error::Comm(format!(
+                    "tag {tag} is too large: use tags below {MAX_TAG}"
+                )));
+            }
+        }
+        Ok(r as i32)
+    }
+
+    /// Every member's (shape, dtype).
+    fn headers(&self, t: &Tensor) -> Result<Vec<(Vec<usize>, DType)>> {
+        let mine = header(t)?;
+        let mut all = vec![0u64; HEADER * self.size];
+        self.comm().all_gather_into(&mine[..], &mut all[..]);
+        all.chunks(HEADER).map(parse_header).collect()
+    }
+
+    fn agree(&self, op: &str, t: &Tensor, reference: usize) -> Result<()> {
+        check_agree(op, &self.headers(t)?, reference).map_err(Error::Comm)
+    }
+
+    fn reduce(&self, t: &Tensor, op: ReduceOp, scatter: bool) -> Result<Tensor> {
+        let name = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        self.agree(name, t, 0)?;
+        let dt = t.dtype();
+        if op == ReduceOp::Avg && dt.is_int() {
+            return Err(Error::Invalid(format!(
+                "cannot average {dt:?} tensors: use ReduceOp::Sum and divide where the rounding is known"
+            )));
+        }
+        let mut dims = t.dims().to_vec();
+        if scatter {
+            let rows = *dims.first().ok_or_else(|| {
+                Error::Comm(format!("{name}: a 0-d tensor has no dim 0 to scatter"))
+            })?;
+            if rows % self.size != 0 {
+                return Err(Error::Comm(format!(
+                    "{name}: dim 0 of {:?} {dt:?} does not split into {} equal parts",
+                    t.dims(),
+                    self.size
+                )));
+            }
+            dims[0] = rows / self.size;
+        }
+        let work = if matches!(dt, DType::F16 | DType::BF16) {
+            t.to_dtype(DType::F32)?
+        } else {
+            t.clone()
+        };
+        let n: usize = dims.iter().product();
+        let sop = system_op(op);
+        let comm = self.comm();
+        let mut out = if scatter {
+            typed_reduce!(work, n, dims.as_slice(), |s, r| comm
+                .reduce_scatter_block_into(s, &mut r[..], sop))
+        } else {
+            typed_reduce!(work, n, dims.as_slice(), |s, r| comm.all_reduce_into(
+                s,
+                &mut r[..],
+                sop
+            ))
+        };
+        if op == ReduceOp::Avg {
+            out = (out / self.size as f64)?;
+        }
+        Ok(out.to_dtype(dt)?)
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()> {
+        let p = self
+            .comm()
+            .process_at_rank(self.peer(dst, "send", Some(tag))?);
+        let h = header(t)?;
+        p.send_with_tag(&h[..], tag as i32);
+        with_bytes(t, |b| p.send_with_tag(b, tag as i32))
+    }
+
+    fn recv(&self, src: usize, tag: u64) -> Result<Tensor> {
+        let p = self
+            .comm()
+            .process_at_rank(self.peer(src, "recv", Some(tag))?);
+        let mut h = [0u64; HEADER];
+        p.receive_into_with_tag(&mut h[..], tag as i32);
+        let (dims, dt) = parse_header(&h)?;
+        let mut buf = Buf::zeros(dt, dims.iter().product())?;
+        p.receive_into_with_tag(buf.bytes_mut(), tag as i32);
+        buf.into_tensor(&dims)
+    }
+
+    fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>> {
+        self.peer(dst, "isend", Some(tag))?;
+        let me = MpiComm {
+            inner: self.inner.clone(),
+            rank: self.rank,
+            size: self.size,
+        };
+        let t = t.clone();
+        let h = std::thread::spawn(move || me.send(&t, dst, tag));
+        Ok(Pending::new(move || {
+            h.join()
+                .map_err(|_| Error::Comm("isend thread panicked".into()))?
+        }))
+    }
+
+    fn irecv(&self, src: usize, tag: u64) -> Result<Pending<Tensor>> {
+        self.peer(src, "irecv", Some(tag))?;
+        let me = MpiComm {
+            inner: self.inner.clone(),
+            rank: self.rank,
+            size: self.size,
+        };
+        let h = std::thread::spawn(move || me.recv(src, tag));
+        Ok(Pending::new(move || {
+            h.join()
+                .map_err(|_| Error::Comm("irecv thread panicked".into()))?
+        }))
+    }
+
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.reduce(t, op, false)
+    }
+
+    fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let parts = self.headers(t)?;
+        if let Some((r, (d, dt))) = parts
+            .iter()
+            .enumerate()
+            .find(|(_, (_, dt))| *dt != parts[0].1)
+        {
+            return Err(Error::Comm(format!(
+                "all_gather: rank {r} passed {d:?} {dt:?} but rank 0 passed {:?} {:?}; dtypes must agree",
+                parts[0].0, parts[0].1
+            )));
+        }
+        let esize = t.dtype().size_in_bytes();
+        let counts: Vec<i32> = parts
+            .iter()
+            .map(|(d, _)| (d.iter().product::<usize>() * esize) as i32)
+            .collect();
+        let displs: Vec<i32> = counts
+            .iter()
+            .scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c)))
+            .collect();
+        let total: usize = counts.iter().map(|c| *c as usize).sum();
+        let mut all = vec![0u8; total];
+        with_bytes(t, |mine| {
+            let mut part = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            self.comm().all_gather_varcount_into(mine, &mut part);
+        })?;
+        parts
+            .iter()
+            .zip(displs.iter().zip(&counts))
+            .map(|((dims, dt), (&off, &len))| {
+                let mut b = Buf::zeros(*dt, dims.iter().product())?;
+                b.bytes_mut()
+                    .copy_from_slice(&all[off as usize..(off + len) as usize]);
+                b.into_tensor(dims)
+            })
+            .collect()
+    }
+
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.reduce(t, op, true)
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        let r = self.peer(root, "broadcast", None)?;
+        self.agree("broadcast", t, root)?;
+        let mut buf = Buf::zeros(t.dtype(), t.elem_count())?;
+        if self.rank == root {
+            with_bytes(t, |b| buf.bytes_mut().copy_from_slice(b))?;
+        }
+        self.comm()
+            .process_at_rank(r)
+            .broadcast_into(buf.bytes_mut());
+        buf.into_tensor(t.dims())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.comm().barrier();
+        Ok(())
+    }
+
+    fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>> {
+        let mut seen = vec![false; self.size];
+        for &m in members {
+            if m >= self.size || std::mem::replace(&mut seen[m], true) {
+                return Err(Error::Comm(format!(
+                    "split: members {members:?} must be distinct ranks below {}",
+                    self.size
+                )));
+            }
+        }
+        if !members.contains(&self.rank) {
+            return Err(Error::Comm(format!(
+                "split: rank {} is not among the members {members:?}",
+                self.rank
+            )));
+        }
+        let ranks: Vec<i32> = members.iter().map(|&m| m as i32).collect();
+        let group = self.comm().group().include(&ranks);
+        let sub = self
+            .comm()
+            .split_by_subgroup(&group)
+            .ok_or_else(|| Error::Comm("split: MPI gave no communicator to a member".into()))?;
+        Ok(Box::new(MpiComm::new(sub)))
+    }
+}
