@@ -1,5 +1,6 @@
 //! The `pipewright` command line.
 
+mod bench;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -20,12 +21,16 @@ enum Command {
     /// Train a reference model on a generated task and write a run directory.
     #[command(allow_negative_numbers = true)]
     Train(Box<train::TrainArgs>),
+    /// Measure throughput (`bench comm`: send/recv and all-reduce bandwidth).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train::run(*args),
+        Command::Bench(b) => bench::run(b),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 use mpi::collective::SystemOperation;
-use mpi::datatype::PartitionMut;
+use mpi::datatype::{Equivalence, PartitionMut};
+use mpi::ffi;
+use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{
     Communicator as _, CommunicatorCollectives, Destination, Group as _, Root, Source,
@@ -40,6 +42,7 @@ impl Mpi {
                  (MPI_THREAD_MULTIPLE) for non-blocking sends: install Open MPI built with it"
             )));
         }
+        keep_large_blocks();
         let comm = MpiComm::new(universe.world());
         Ok((
             Mpi {
@@ -52,6 +55,29 @@ impl Mpi {
     /// Ends every rank of the job (after an error on this rank), with `code` as exit status.
     pub fn abort(code: i32) -> ! {
         SimpleCommunicator::world().abort(code)
+    }
+}
+
+/// Serves large allocations from glibc's heap and keeps freed memory there, so a receive
+/// buffer reuses memory already mapped instead of faulting in fresh pages for every message
+/// (by default glibc maps each block over 32 MiB anew and unmaps it on free; at 64 MiB the
+/// page faults cost more than the transfer itself).
+fn keep_large_blocks() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn mallopt(
+                param: std::os::raw::c_int,
+                value: std::os::raw::c_int,
+            ) -> std::os::raw::c_int;
+        }
+        const M_TRIM_THRESHOLD: std::os::raw::c_int = -1;
+        const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
+        // SAFETY: mallopt only tunes glibc's allocator; both values are within its limits.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 1 << 30);
+            mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        }
     }
 }
 
@@ -188,7 +214,8 @@ enum Buf {
 }
 
 impl Buf {
-    fn zeros(dt: DType, n: usize) -> Result<Self> {
+    /// A zeroed buffer for `n` elements, to be filled by a receive or a copy.
+    fn for_receive(dt: DType, n: usize) -> Result<Self> {
         Ok(match dt {
             DType::U8 => Buf::U8(vec![0; n]),
             DType::U32 => Buf::U32(vec![0; n]),
@@ -238,50 +265,131 @@ fn system_op(op: ReduceOp) -> SystemOperation {
     }
 }
 
-/// Runs an MPI reduction `f(send, recv)` over `t` (f32, f64, i64, u32, u8) into a new tensor
-/// of `out_len` elements.
-macro_rules! typed_reduce {
-    ($t:expr, $out_len:expr, $dims:expr, |$send:ident, $recv:ident| $call:expr) => {{
-        let t = $t.contiguous()?;
-        let (storage, layout) = t.storage_and_layout();
-        let (a, b) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| Error::Comm("tensor is not contiguous".into()))?;
-        let out = match &*storage {
-            Storage::Cpu(CpuStorage::F32(v)) => {
-                let ($send, mut $recv) = (&v[a..b], vec![0f32; $out_len]);
-                $call;
-                Tensor::from_vec($recv, $dims, &Device::Cpu)?
+/// MPI writes every element of a fresh vector (no zeroing first: at 16-64 MiB zeroing the
+/// receive buffer costs as much as the transfer). `fill` gets the vector's spare capacity as a
+/// raw pointer and must return the number of elements MPI reported written; the vector takes
+/// them only if that is all of them.
+fn filled_by_mpi<T: Copy>(n: usize, fill: impl FnOnce(*mut T) -> Result<usize>) -> Result<Vec<T>> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let written = fill(v.as_mut_ptr())?;
+    if written != n {
+        return Err(Error::Comm(format!("MPI wrote {written} of {n} elements")));
+    }
+    // SAFETY: MPI initialised all n elements of the capacity (checked just above).
+    unsafe { v.set_len(n) };
+    Ok(v)
+}
+
+fn count_i32(n: usize) -> Result<i32> {
+    i32::try_from(n)
+        .map_err(|_| Error::Comm(format!("a message of {n} elements is too large for MPI")))
+}
+
+/// `MPI_Allreduce` (or `MPI_Reduce_scatter_block` when `scatter`) of `send` into a new vector
+/// of `out` elements. MPI's errors are fatal, so a call that returns has written them all.
+fn reduce_new<T: Equivalence + Copy>(
+    comm: &SimpleCommunicator,
+    send: &[T],
+    out: usize,
+    op: SystemOperation,
+    scatter: bool,
+) -> Result<Vec<T>> {
+    let dt = T::equivalent_datatype();
+    filled_by_mpi(out, |ptr: *mut T| {
+        // SAFETY: `send` holds the counted elements; `ptr` has room for `out` (the whole
+        // reduction, or one of `size` equal parts when scattering).
+        unsafe {
+            if scatter {
+                ffi::MPI_Reduce_scatter_block(
+                    send.as_ptr().cast(),
+                    ptr.cast(),
+                    count_i32(out)?,
+                    dt.as_raw(),
+                    op.as_raw(),
+                    comm.as_raw(),
+                );
+            } else {
+                ffi::MPI_Allreduce(
+                    send.as_ptr().cast(),
+                    ptr.cast(),
+                    count_i32(out)?,
+                    dt.as_raw(),
+                    op.as_raw(),
+                    comm.as_raw(),
+                );
             }
-            Storage::Cpu(CpuStorage::F64(v)) => {
-                let ($send, mut $recv) = (&v[a..b], vec![0f64; $out_len]);
-                $call;
-                Tensor::from_vec($recv, $dims, &Device::Cpu)?
-            }
-            Storage::Cpu(CpuStorage::I64(v)) => {
-                let ($send, mut $recv) = (&v[a..b], vec![0i64; $out_len]);
-                $call;
-                Tensor::from_vec($recv, $dims, &Device::Cpu)?
-            }
-            Storage::Cpu(CpuStorage::U32(v)) => {
-                let ($send, mut $recv) = (&v[a..b], vec![0u32; $out_len]);
-                $call;
-                Tensor::from_vec($recv, $dims, &Device::Cpu)?
-            }
-            Storage::Cpu(CpuStorage::U8(v)) => {
-                let ($send, mut $recv) = (&v[a..b], vec![0u8; $out_len]);
-                $call;
-                Tensor::from_vec($recv, $dims, &Device::Cpu)?
-            }
-            _ => {
-                return Err(Error::Comm(format!(
-                    "the MPI backend cannot reduce {:?} tensors",
-                    t.dtype()
-                )))
-            }
-        };
-        out
-    }};
+        }
+        Ok(out)
+    })
+}
+
+/// Reduces `t` (f32, f64, i64, u32, u8) with [`reduce_new`] into a tensor of shape `dims`.
+fn reduce_tensor(
+    comm: &SimpleCommunicator,
+    t: &Tensor,
+    dims: &[usize],
+    op: SystemOperation,
+    scatter: bool,
+) -> Result<Tensor> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let (a, b) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| Error::Comm("tensor is not contiguous".into()))?;
+    let n: usize = dims.iter().product();
+    let d = &Device::Cpu;
+    Ok(match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => {
+            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
+        }
+        Storage::Cpu(CpuStorage::F64(v)) => {
+            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
+        }
+        Storage::Cpu(CpuStorage::I64(v)) => {
+            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
+        }
+        Storage::Cpu(CpuStorage::U32(v)) => {
+            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
+        }
+        Storage::Cpu(CpuStorage::U8(v)) => {
+            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
+        }
+        _ => {
+            return Err(Error::Comm(format!(
+                "the MPI backend cannot reduce {:?} tensors",
+                t.dtype()
+            )))
+        }
+    })
+}
+
+/// Receives exactly `n` elements of `T` from `src` into a fresh vector.
+fn recv_new<T: Copy>(comm: &SimpleCommunicator, n: usize, src: i32, tag: i32) -> Result<Vec<T>> {
+    let bytes = count_i32(n * std::mem::size_of::<T>())?;
+    let byte = u8::equivalent_datatype();
+    filled_by_mpi(n, |ptr: *mut T| {
+        let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
+        let mut got: i32 = 0;
+        // SAFETY: `ptr` has room for n elements (`bytes` bytes); MPI fills `status`.
+        unsafe {
+            ffi::MPI_Recv(
+                ptr.cast(),
+                bytes,
+                byte.as_raw(),
+                src,
+                tag,
+                comm.as_raw(),
+                status.as_mut_ptr(),
+            );
+            ffi::MPI_Get_count(status.as_ptr(), byte.as_raw(), &mut got);
+        }
+        if got != bytes {
+            return Err(Error::Comm(format!(
+                "recv from rank {src} got {got} bytes where its header announced {bytes}"
+            )));
+        }
+        Ok(n)
+    })
 }
 
 impl MpiComm {
@@ -359,19 +467,7 @@ impl MpiComm {
         } else {
             t.clone()
         };
-        let n: usize = dims.iter().product();
-        let sop = system_op(op);
-        let comm = self.comm();
-        let mut out = if scatter {
-            typed_reduce!(work, n, dims.as_slice(), |s, r| comm
-                .reduce_scatter_block_into(s, &mut r[..], sop))
-        } else {
-            typed_reduce!(work, n, dims.as_slice(), |s, r| comm.all_reduce_into(
-                s,
-                &mut r[..],
-                sop
-            ))
-        };
+        let mut out = reduce_tensor(self.comm(), &work, &dims, system_op(op), scatter)?;
         if op == ReduceOp::Avg {
             out = (out / self.size as f64)?;
         }
@@ -408,8 +504,21 @@ impl Communicator for MpiComm {
         let mut h = [0u64; HEADER];
         p.receive_into_with_tag(&mut h[..], tag as i32);
         let (dims, dt) = parse_header(&h)?;
-        let mut buf = Buf::zeros(dt, dims.iter().product())?;
-        p.receive_into_with_tag(buf.bytes_mut(), tag as i32);
+        let (n, c, s, t) = (dims.iter().product(), self.comm(), src as i32, tag as i32);
+        let buf = match dt {
+            DType::U8 => Buf::U8(recv_new(c, n, s, t)?),
+            DType::U32 => Buf::U32(recv_new(c, n, s, t)?),
+            DType::I64 => Buf::I64(recv_new(c, n, s, t)?),
+            DType::BF16 => Buf::BF16(recv_new(c, n, s, t)?),
+            DType::F16 => Buf::F16(recv_new(c, n, s, t)?),
+            DType::F32 => Buf::F32(recv_new(c, n, s, t)?),
+            DType::F64 => Buf::F64(recv_new(c, n, s, t)?),
+            other => {
+                return Err(Error::Comm(format!(
+                    "the MPI backend does not carry {other:?} tensors"
+                )))
+            }
+        };
         buf.into_tensor(&dims)
     }
 
@@ -477,7 +586,7 @@ impl Communicator for MpiComm {
             .iter()
             .zip(displs.iter().zip(&counts))
             .map(|((dims, dt), (&off, &len))| {
-                let mut b = Buf::zeros(*dt, dims.iter().product())?;
+                let mut b = Buf::for_receive(*dt, dims.iter().product())?;
                 b.bytes_mut()
                     .copy_from_slice(&all[off as usize..(off + len) as usize]);
                 b.into_tensor(dims)
@@ -492,7 +601,7 @@ impl Communicator for MpiComm {
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         let r = self.peer(root, "broadcast", None)?;
         self.agree("broadcast", t, root)?;
-        let mut buf = Buf::zeros(t.dtype(), t.elem_count())?;
+        let mut buf = Buf::for_receive(t.dtype(), t.elem_count())?;
         if self.rank == root {
             with_bytes(t, |b| buf.bytes_mut().copy_from_slice(b))?;
         }
