@@ -1,5 +1,7 @@
 //! The communicator conformance suite over Open MPI: `mpirun -np N mpi_check`.
 //! Rank 0 prints the total as `P passed, F failed`; a failing rank aborts the whole job.
+//! With `PIPEWRIGHT_DIE_RANK=R`, rank R dies at the start (as after an error) while the others
+//! wait in a collective: `tools/mpi_peer_death.sh` checks the job then ends, naming rank R.
 
 use candle_core::{DType, Device, Tensor};
 use pipewright::comm::mpi::Mpi;
@@ -13,6 +15,16 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let die: Option<usize> = std::env::var("PIPEWRIGHT_DIE_RANK")
+        .ok()
+        .and_then(|r| r.parse().ok());
+    if die == Some(world.rank()) {
+        eprintln!(
+            "rank {}: failing on purpose (PIPEWRIGHT_DIE_RANK)",
+            world.rank()
+        );
+        Mpi::abort(3);
+    }
     let passed = match conformance::run_all(&world) {
         Ok(n) => n,
         Err(e) => {

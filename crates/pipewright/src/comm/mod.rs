@@ -9,6 +9,10 @@ pub mod conformance;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+pub mod wire;
 
 use candle_core::Tensor;
 
