@@ -1,6 +1,7 @@
 //! The `pipewright` command line.
 
 mod bench;
+mod schedule;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     /// Train a reference model on a generated task and write a run directory.
     #[command(allow_negative_numbers = true)]
     Train(Box<train::TrainArgs>),
+    /// Print (and draw) a pipeline schedule's timeline with its bubble fraction.
+    Schedule(schedule::ScheduleArgs),
     /// Measure throughput (`bench comm`: send/recv and all-reduce bandwidth).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -31,6 +34,7 @@ fn main() {
     let result = match cli.command {
         Command::Train(args) => train::run(*args),
         Command::Bench(b) => bench::run(b),
+        Command::Schedule(a) => schedule::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -1,4 +1,7 @@
-//! Pipeline parallelism. Today: micro-batches (used by gradient accumulation in the serial
-//! trainer, so that later layouts compare with it flag for flag).
+//! Pipeline parallelism: which layers each stage owns ([`partition`]), micro-batches
+//! ([`microbatch`]), and schedules as data ([`schedule`]): per-stage action lists that drive the
+//! executor, the simulator, the validator and the timeline picture alike.
 
 pub mod microbatch;
+pub mod partition;
+pub mod schedule;

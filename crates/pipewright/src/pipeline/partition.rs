@@ -1,0 +1,81 @@
+//! Which layers each pipeline stage owns.
+//!
+//! Two ways to say it, as in the seeds: torchgpipe's `balance` counts layers per stage; Varuna
+//! splits only at cut points, so with cut points a balance counts *segments* (the runs of layers
+//! between consecutive cut points) and, of the n cut points, the P-1 that fall between stages
+//! are activated and the others ignored. Without a balance, stages get as equal a share as the
+//! units allow (earlier stages take the remainder).
+
+use std::ops::Range;
+
+use crate::model::Sequential;
+use crate::{invalid, Result};
+
+/// Splits `units` items into `stages` contiguous groups as evenly as possible.
+pub fn uniform_balance(units: usize, stages: usize) -> Result<Vec<usize>> {
+    if stages == 0 {
+        return Err(invalid!("a pipeline needs at least one stage"));
+    }
+    if stages > units {
+        return Err(invalid!(
+            "{stages} stages cannot each get one of {units} units: use at most {units} stages"
+        ));
+    }
+    Ok((0..stages)
+        .map(|s| units / stages + usize::from(s < units % stages))
+        .collect())
+}
+
+/// Layer ranges of `stages` stages of `model`: from `balance` if given, else uniform; over
+/// segments between cut points if the model has any, else over layers.
+pub fn partition(
+    model: &Sequential,
+    stages: usize,
+    balance: Option<&[usize]>,
+) -> Result<Vec<Range<usize>>> {
+    // Unit boundaries: every layer boundary, or only the cut points.
+    let bounds: Vec<usize> = if model.cut_points().is_empty() {
+        (0..=model.len()).collect()
+    } else {
+        std::iter::once(0)
+            .chain(model.cut_points().iter().copied())
+            .chain(std::iter::once(model.len()))
+            .collect()
+    };
+    let units = bounds.len() - 1;
+    let what = if model.cut_points().is_empty() {
+        "layers"
+    } else {
+        "segments between cut points"
+    };
+    let balance = match balance {
+        Some(b) => {
+            if b.len() != stages {
+                return Err(invalid!(
+                    "balance {b:?} has {} entries for {stages} stages",
+                    b.len()
+                ));
+            }
+            if let Some(s) = b.iter().position(|&n| n == 0) {
+                return Err(invalid!("balance {b:?} leaves stage {s} empty: every stage needs at least one of the {what}"));
+            }
+            let total: usize = b.iter().sum();
+            if total != units {
+                return Err(invalid!(
+                    "balance {b:?} sums to {total} but the model has {units} {what}: make it sum to {units}"
+                ));
+            }
+            b.to_vec()
+        }
+        None => uniform_balance(units, stages).map_err(|e| invalid!("{e} ({what})"))?,
+    };
+    let mut start = 0;
+    Ok(balance
+        .iter()
+        .map(|&n| {
+            let r = bounds[start]..bounds[start + n];
+            start += n;
+            r
+        })
+        .collect())
+}

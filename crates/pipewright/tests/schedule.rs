@@ -1,0 +1,200 @@
+//! Schedules: complete and deadlock-free for every size, with the bubbles and activation
+//! counts their papers give; hand-broken lists are rejected.
+
+use pipewright::model::{LayerSpec, Sequential};
+use pipewright::pipeline::partition::{partition, uniform_balance};
+use pipewright::pipeline::schedule::{Action, Kind, Schedule};
+
+#[test]
+fn every_schedule_is_complete_and_deadlock_free() {
+    for p in 1..=8 {
+        for m in 1..=16 {
+            for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
+                let s = Schedule::new(kind, p, m, 1).unwrap();
+                s.validate()
+                    .unwrap_or_else(|e| panic!("{kind} p={p} m={m}: {e}"));
+            }
+            for v in 1..=3 {
+                match Schedule::new(Kind::Interleaved, p, m, v) {
+                    Ok(s) => {
+                        s.validate()
+                            .unwrap_or_else(|e| panic!("interleaved p={p} m={m} v={v}: {e}"));
+                    }
+                    Err(e) => {
+                        assert!(v > 1 && m % p != 0, "p={p} m={m} v={v}: {e}");
+                        assert!(e.to_string().contains("multiple of --pp"), "{e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bubbles_match_the_closed_forms() {
+    for p in 1..=8 {
+        for m in 1..=16 {
+            // F = 1, B = 2: every stage is busy 3m of (m + p - 1) * 3.
+            let want = (p - 1) as f64 / (m + p - 1) as f64;
+            for kind in [Kind::GPipe, Kind::OneFOneB] {
+                let sim = Schedule::new(kind, p, m, 1).unwrap().validate().unwrap();
+                assert!(
+                    (sim.bubble - want).abs() < 1e-12,
+                    "{kind} p={p} m={m}: {} vs {want}",
+                    sim.bubble
+                );
+            }
+            if p > 1 && m >= p {
+                let one = Schedule::new(Kind::OneFOneB, p, m, 1)
+                    .unwrap()
+                    .validate()
+                    .unwrap();
+                let zb = Schedule::new(Kind::ZeroBubbleH1, p, m, 1)
+                    .unwrap()
+                    .validate()
+                    .unwrap();
+                assert!(
+                    zb.bubble < one.bubble,
+                    "zb1 p={p} m={m}: {} vs 1f1b {}",
+                    zb.bubble,
+                    one.bubble
+                );
+                if m % p == 0 {
+                    let il = Schedule::new(Kind::Interleaved, p, m, 2)
+                        .unwrap()
+                        .validate()
+                        .unwrap();
+                    assert!(
+                        il.bubble < one.bubble,
+                        "interleaved p={p} m={m}: {} vs {}",
+                        il.bubble,
+                        one.bubble
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn activations_in_flight() {
+    for p in 1..=8 {
+        for m in 1..=16 {
+            let g = Schedule::new(Kind::GPipe, p, m, 1)
+                .unwrap()
+                .validate()
+                .unwrap();
+            assert!(
+                g.peak_in_flight.iter().all(|&n| n == m),
+                "gpipe holds all m"
+            );
+            let o = Schedule::new(Kind::OneFOneB, p, m, 1)
+                .unwrap()
+                .validate()
+                .unwrap();
+            for (s, &n) in o.peak_in_flight.iter().enumerate() {
+                assert_eq!(n, (p - s).min(m), "1f1b p={p} m={m} stage {s}");
+            }
+            // ZB-H1 holds activations until the weight gradient, and still no more than 1F1B.
+            let z = Schedule::new(Kind::ZeroBubbleH1, p, m, 1)
+                .unwrap()
+                .validate()
+                .unwrap();
+            assert_eq!(z.peak_in_flight, o.peak_in_flight, "zb1 p={p} m={m}");
+        }
+    }
+}
+
+#[test]
+fn the_validator_rejects_hand_broken_schedules() {
+    let good = Schedule::new(Kind::OneFOneB, 2, 2, 1).unwrap();
+    let f = |mb| Action::Forward { mb, chunk: 0 };
+    let b = |mb| Action::Backward { mb, chunk: 0 };
+    // Stage 1 waits for micro-batch 1 first while stage 0 waits for the gradient of 0.
+    let mut s = good.clone();
+    s.actions[0] = vec![f(0), b(0), f(1), b(1)];
+    s.actions[1] = vec![f(1), f(0), b(0), b(1)];
+    let e = s.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("deadlocks") && e.contains("stage 1 at F1 waits for forward of micro-batch 1"),
+        "{e}"
+    );
+    // A backward before its own forward.
+    let mut s = good.clone();
+    s.actions[1] = vec![b(0), f(0), f(1), b(1)];
+    assert!(s.validate().unwrap_err().to_string().contains("deadlocks"));
+    // Missing and duplicated actions.
+    let mut s = good.clone();
+    s.actions[0].pop();
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("micro-batch 1 (chunk 0) needs one backward"));
+    let mut s = good.clone();
+    s.actions[0].push(f(0));
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("appears 2 times"));
+    let mut s = good;
+    s.actions[1].push(f(7));
+    assert!(s.validate().unwrap_err().to_string().contains("outside"));
+}
+
+#[test]
+fn timeline_shows_every_action() {
+    let sim = Schedule::new(Kind::OneFOneB, 2, 3, 1)
+        .unwrap()
+        .validate()
+        .unwrap();
+    let t = sim.timeline();
+    assert_eq!(t.lines().count(), 2);
+    assert!(t.starts_with("stage  0 |F0 F1  .  . B0 B0 F2 B1 B1"), "{t}");
+    assert!(sim.svg("1f1b").contains("<rect"));
+}
+
+fn dummy(n: usize, cuts: &[usize]) -> Sequential {
+    let mut s = Sequential::new();
+    for i in 0..n {
+        s.push(LayerSpec::new(format!("l{i}"), |_| {
+            unreachable!("not built here")
+        }));
+        if cuts.contains(&(i + 1)) {
+            s.cut();
+        }
+    }
+    s
+}
+
+#[test]
+fn partitions_by_layers_or_by_cut_points() {
+    assert_eq!(uniform_balance(10, 4).unwrap(), vec![3, 3, 2, 2]);
+    let m = dummy(10, &[]);
+    assert_eq!(partition(&m, 3, None).unwrap(), vec![0..4, 4..7, 7..10]);
+    assert_eq!(partition(&m, 2, Some(&[7, 3])).unwrap(), vec![0..7, 7..10]);
+    // Cut points after layers 2, 5 and 8: four segments; a balance counts segments.
+    let c = dummy(10, &[2, 5, 8]);
+    assert_eq!(partition(&c, 2, None).unwrap(), vec![0..5, 5..10]);
+    assert_eq!(partition(&c, 2, Some(&[3, 1])).unwrap(), vec![0..8, 8..10]);
+    assert_eq!(
+        partition(&c, 4, None).unwrap(),
+        vec![0..2, 2..5, 5..8, 8..10]
+    );
+    for (model, p, bal, needle) in [
+        (
+            &m,
+            2,
+            Some(vec![5, 4]),
+            "sums to 9 but the model has 10 layers",
+        ),
+        (&m, 2, Some(vec![10, 0]), "leaves stage 1 empty"),
+        (&m, 11, None, "11 stages cannot each get one of 10"),
+        (&c, 5, None, "segments between cut points"),
+        (&c, 2, Some(vec![1, 1, 2]), "has 3 entries for 2 stages"),
+    ] {
+        let e = partition(model, p, bal.as_deref()).unwrap_err().to_string();
+        assert!(e.contains(needle), "{e}");
+    }
+}
