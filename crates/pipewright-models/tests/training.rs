@@ -263,3 +263,31 @@ fn bad_configurations_are_errors() {
     let e = t.predict(&long).unwrap_err().to_string();
     assert!(e.contains("embed") && e.contains("--block-size"), "{e}");
 }
+
+#[test]
+fn gradient_norm_counts_a_tied_pair_once() {
+    let task = Adder::new(2, 0).unwrap();
+    let t = trainer(cfg(0.0), 2, 1);
+    let (x, y) = task.batch(0, 8).unwrap();
+    let (_, mut g, _) = t.loss_and_grads(&x, &y).unwrap();
+    let want: f64 = g
+        .iter()
+        .filter(|(n, _)| n.as_str() != TIED.1)
+        .map(|(_, t)| {
+            t.sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64
+        })
+        .sum::<f64>()
+        .sqrt();
+    let tied = vec![(TIED.0.to_string(), TIED.1.to_string())];
+    let norm = pipewright::serial::clip_tied(&mut g, &tied, None).unwrap();
+    assert!((norm - want).abs() / want < 1e-6, "{norm} vs {want}");
+    assert!(
+        norm < g.norm().unwrap(),
+        "counting the tie twice would give more"
+    );
+}

@@ -9,7 +9,7 @@
 use candle_core::{DType, Tensor, Var};
 
 use crate::model::{Activation, Cx, Mode, Stage};
-use crate::nn::optim::{clip_grad_norm, LrSchedule, Optimizer};
+use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
 use crate::nn::{cross_entropy_sum, Grads, IGNORE_INDEX};
 use crate::pipeline::microbatch;
 use crate::{invalid, Error, Result};
@@ -136,10 +136,7 @@ impl SerialTrainer {
                 loss,
             });
         }
-        let grad_norm = match self.opts.clip {
-            Some(max) => clip_grad_norm(&mut grads, max)?,
-            None => grads.norm()?,
-        };
+        let grad_norm = clip_tied(&mut grads, &self.opts.tied, self.opts.clip)?;
         let lr = self.opts.schedule.lr_at(self.step);
         self.optimizer.step(&grads, lr)?;
         let report = StepReport {
@@ -168,6 +165,26 @@ impl SerialTrainer {
         }
         out.into_tensor("model output")
     }
+}
+
+/// The global gradient norm with each tied pair counted once (it is one parameter in
+/// PyTorch), and clipping to `clip` if given. Returns the norm before clipping.
+pub fn clip_tied(grads: &mut Grads, tied: &[(String, String)], clip: Option<f64>) -> Result<f64> {
+    let mut sq = grads.sum_sq()?;
+    for (_, second) in tied {
+        if let Some(g) = grads.get(second) {
+            sq -= g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+    }
+    let norm = sq.max(0.0).sqrt();
+    if let Some(max) = clip {
+        scale_to_norm(grads, norm, max)?;
+    }
+    Ok(norm)
 }
 
 fn find<'a>(params: &'a [(String, Var)], name: &str) -> Result<&'a Var> {

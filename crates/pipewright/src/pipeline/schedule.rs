@@ -139,9 +139,11 @@ fn b(mb: usize) -> Action {
     Action::Backward { mb, chunk: 0 }
 }
 
-/// GPipe's list for one stage: all forwards, then the backwards in reverse.
+/// GPipe's list for one stage: all forwards, then all backwards. The backwards run in
+/// micro-batch order (torchgpipe's autograd runs them last-first; any order is valid) so that
+/// gradients accumulate in the order serial training adds them, bit for bit.
 pub fn gpipe(m: usize) -> Vec<Action> {
-    (0..m).map(f).chain((0..m).rev().map(b)).collect()
+    (0..m).map(f).chain((0..m).map(b)).collect()
 }
 
 /// 1F1B's list for stage `s` of `p`.

@@ -10,7 +10,7 @@ mod schedule;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
-pub use clip::clip_grad_norm;
+pub use clip::{clip_grad_norm, scale_to_norm};
 pub use schedule::LrSchedule;
 pub use sgd::{Sgd, SgdConfig};
 

@@ -1,0 +1,252 @@
+//! Pipeline parity: a GPT split over pp ranks (threads) and trained with each schedule gives
+//! the serial run's losses, gradients and parameters.
+
+use std::collections::HashMap;
+
+use candle_core::Tensor;
+use pipewright::comm::local;
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::nn::Init;
+use pipewright::pipeline::executor::{Pipeline, PipelineOptions};
+use pipewright::pipeline::schedule::Kind;
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright_models::tasks::Adder;
+use pipewright_models::{gpt, GptConfig, Task, TIED};
+
+const SEED: u64 = 3;
+const BATCH: usize = 12;
+
+fn cfg() -> GptConfig {
+    GptConfig {
+        vocab_size: 10,
+        block_size: 6,
+        n_layer: 4,
+        n_head: 2,
+        n_embd: 16,
+        dropout: 0.1,
+    }
+}
+
+fn adamw(params: Vec<(String, candle_core::Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
+    Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
+}
+
+fn tied() -> Vec<(String, String)> {
+    vec![(TIED.0.into(), TIED.1.into())]
+}
+
+type Run = (Vec<f64>, HashMap<String, Tensor>, HashMap<String, Tensor>);
+
+/// Serial: step-0 gradients, then losses of 3 AdamW steps and the final parameters.
+fn serial(chunks: usize) -> Run {
+    let task = Adder::new(2, 0).unwrap();
+    let model = gpt(cfg()).unwrap();
+    let stage = model.build(&Init::cpu(SEED)).unwrap();
+    let opt = adamw(stage.params()).unwrap();
+    let mut t = SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed: SEED,
+            chunks,
+            clip: Some(0.5),
+            schedule: LrSchedule::Constant { lr: 1e-2 },
+            tied: tied(),
+        },
+    )
+    .unwrap();
+    let (x, y) = task.batch(0, BATCH).unwrap();
+    let (_, g, _) = t.loss_and_grads(&x, &y).unwrap();
+    let grads = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
+    let losses = (0..3)
+        .map(|s| {
+            let (x, y) = task.batch(s, BATCH).unwrap();
+            t.step(&x, &y).unwrap().loss
+        })
+        .collect();
+    let params = t
+        .model()
+        .params()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
+        .collect();
+    (losses, grads, params)
+}
+
+fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize) -> Run {
+    let task = Adder::new(2, 0).unwrap();
+    let model = gpt(cfg()).unwrap();
+    let per_rank = local::run(pp, |comm| {
+        let opts = PipelineOptions {
+            chunks,
+            schedule: kind,
+            virtual_stages: v,
+            balance: None,
+            seed: SEED,
+            tied: tied(),
+            clip: Some(0.5),
+            lr: LrSchedule::Constant { lr: 1e-2 },
+        };
+        let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
+        let (x, y) = task.batch(0, BATCH)?;
+        let (_, g) = p.loss_and_grads(&x, &y)?;
+        let grads: Vec<(String, Tensor)> = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
+        let mut losses = Vec::new();
+        for s in 0..3 {
+            let (x, y) = task.batch(s, BATCH)?;
+            losses.push(p.step(&x, &y)?.loss);
+        }
+        let params: Vec<(String, Tensor)> = p
+            .params()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
+            .collect();
+        Ok((losses, grads, params))
+    })
+    .unwrap();
+    let losses = per_rank[0].0.clone();
+    for (r, (l, _, _)) in per_rank.iter().enumerate() {
+        assert_eq!(l, &losses, "rank {r} reports other losses");
+    }
+    let grads = per_rank.iter().flat_map(|r| r.1.clone()).collect();
+    let params = per_rank.iter().flat_map(|r| r.2.clone()).collect();
+    (losses, grads, params)
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    d / b
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .max(1e-30)
+}
+
+fn compare(what: &str, got: &Run, want: &Run) {
+    for (a, b) in got.0.iter().zip(&want.0) {
+        assert!(
+            ((a - b) / b).abs() < 1e-5,
+            "{what}: losses {:?} vs serial {:?}",
+            got.0,
+            want.0
+        );
+    }
+    for (i, (g, w)) in [(&got.1, &want.1), (&got.2, &want.2)]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(
+            g.len(),
+            w.len(),
+            "{what}: every parameter is on exactly one rank"
+        );
+        for (n, t) in w {
+            let e = rel(
+                g.get(n).unwrap_or_else(|| panic!("{what}: `{n}` missing")),
+                t,
+            );
+            let kind = if i == 0 {
+                "gradient"
+            } else {
+                "parameter after 3 AdamW steps"
+            };
+            assert!(e < 1e-5, "{what}: {kind} `{n}` differs by {e:e}");
+        }
+    }
+}
+
+#[test]
+fn gpipe_and_1f1b_match_serial_training() {
+    for chunks in [1, 3, 4] {
+        let want = serial(chunks);
+        for pp in [1, 2, 4] {
+            for kind in [Kind::GPipe, Kind::OneFOneB] {
+                compare(
+                    &format!("{kind} pp={pp} chunks={chunks}"),
+                    &pipelined(pp, chunks, kind, 1),
+                    &want,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn interleaved_matches_serial_training() {
+    for (pp, chunks) in [(2, 4), (2, 2)] {
+        let want = serial(chunks);
+        compare(
+            &format!("interleaved pp={pp} chunks={chunks} v=2"),
+            &pipelined(pp, chunks, Kind::Interleaved, 2),
+            &want,
+        );
+    }
+}
+
+#[test]
+fn the_executor_holds_the_activations_its_schedule_promises() {
+    let task = Adder::new(2, 0).unwrap();
+    let model = gpt(cfg()).unwrap();
+    let (pp, m) = (4, 6);
+    for kind in [Kind::GPipe, Kind::OneFOneB] {
+        let peaks = local::run(pp, |comm| {
+            let opts = PipelineOptions {
+                chunks: m,
+                schedule: kind,
+                virtual_stages: 1,
+                balance: None,
+                seed: SEED,
+                tied: tied(),
+                clip: None,
+                lr: LrSchedule::Constant { lr: 1e-3 },
+            };
+            let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
+            let (x, y) = task.batch(0, BATCH)?;
+            p.step(&x, &y)?;
+            Ok(p.peak_activations())
+        })
+        .unwrap();
+        let want: Vec<usize> = match kind {
+            Kind::GPipe => vec![m; pp],
+            _ => (0..pp).map(|s| (pp - s).min(m)).collect(),
+        };
+        assert_eq!(peaks, want, "{kind}");
+    }
+}
+
+#[test]
+fn bad_pipeline_configurations_are_errors() {
+    let model = gpt(cfg()).unwrap();
+    let err = |kind: Kind, chunks: usize, balance: Option<Vec<usize>>| {
+        local::run(2, |comm| {
+            let opts = PipelineOptions {
+                chunks,
+                schedule: kind,
+                virtual_stages: 1,
+                balance: balance.clone(),
+                seed: 0,
+                tied: tied(),
+                clip: None,
+                lr: LrSchedule::Constant { lr: 1e-3 },
+            };
+            Pipeline::new(&model, &Init::cpu(0), Box::new(comm), opts, adamw).map(|_| ())
+        })
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(err(Kind::ZeroBubbleH1, 2, None).contains("split into input and weight gradients"));
+    assert!(
+        err(Kind::GPipe, 2, Some(vec![4, 3])).contains("sums to 7 but the model has 6 segments")
+    );
+    assert!(err(Kind::GPipe, 0, None).contains("at least one"));
+}

@@ -1,0 +1,341 @@
+//! Runs one rank's schedule: receive activation, forward, send; receive gradient, backward,
+//! send; accumulate parameter gradients over micro-batches; step the optimizer once per batch.
+//!
+//! Every rank of the pipeline communicator builds only its own model chunks (chunk `c` of rank
+//! `r` is model stage `c * p + r`) and calls [`Pipeline::step`] with the same batch. Sends are
+//! non-blocking and completed at the end of the step, so a schedule that is deadlock-free as
+//! data (see [`super::schedule`]) cannot deadlock on blocking sends either.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use candle_core::{DType, Tensor, Var};
+
+use super::microbatch;
+use super::partition::partition;
+use super::schedule::{Action, Kind, Schedule};
+use crate::comm::{Communicator, Pending, ReduceOp, MAX_TAG};
+use crate::model::{Activation, Cx, Mode, Sequential, Stage};
+use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
+use crate::nn::{cross_entropy_sum, Grads, Init};
+use crate::serial::{count_targets, StepReport};
+use crate::{invalid, Error, Result};
+
+/// How to split and schedule.
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    /// Micro-batches per batch.
+    pub chunks: usize,
+    pub schedule: Kind,
+    /// Model chunks per rank (interleaved schedule).
+    pub virtual_stages: usize,
+    /// Layers (or segments between cut points) per model stage; uniform if `None`.
+    pub balance: Option<Vec<usize>>,
+    pub seed: u64,
+    /// Parameter pairs kept equal across stages (GPT's `wte.weight`, `lm_head.weight`).
+    pub tied: Vec<(String, String)>,
+    pub clip: Option<f64>,
+    pub lr: LrSchedule,
+}
+
+/// What a forward left for its backward.
+struct Saved {
+    input: Option<Var>,
+    /// The stage output (to inject the incoming gradient) or, on the last stage, the loss.
+    output: Tensor,
+}
+
+/// One rank of a pipeline.
+pub struct Pipeline {
+    comm: Box<dyn Communicator>,
+    schedule: Schedule,
+    /// (model stage, built layers) for each chunk of this rank.
+    chunks: Vec<(usize, Stage)>,
+    ranges: Vec<Range<usize>>,
+    params: Vec<(String, Var)>,
+    optimizer: Box<dyn Optimizer>,
+    opts: PipelineOptions,
+    step: u64,
+    /// Activations held now and at most during the last step (micro-batches, all chunks).
+    held: usize,
+    peak_held: usize,
+}
+
+impl Pipeline {
+    /// Builds this rank's part of `model`; `comm` spans the pipeline's ranks in stage order.
+    pub fn new(
+        model: &Sequential,
+        init: &Init,
+        comm: Box<dyn Communicator>,
+        opts: PipelineOptions,
+        make_optimizer: impl FnOnce(Vec<(String, Var)>) -> Result<Box<dyn Optimizer>>,
+    ) -> Result<Self> {
+        opts.lr.validate()?;
+        let (p, v) = (comm.size(), opts.virtual_stages);
+        if opts.schedule == Kind::ZeroBubbleH1 {
+            return Err(invalid!(
+                "the zb1 schedule needs a backward split into input and weight gradients, which the \
+                 executor does not have yet: use gpipe, 1f1b or interleaved (`pipewright schedule \
+                 --schedule zb1` shows its timeline)"
+            ));
+        }
+        let schedule = Schedule::new(opts.schedule, p, opts.chunks, v)?;
+        let ranges = partition(model, p * v, opts.balance.as_deref())?;
+        let r = comm.rank();
+        let chunks = (0..v)
+            .map(|c| {
+                let k = c * p + r;
+                Ok((k, model.build_range(ranges[k].clone(), init)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let params: Vec<(String, Var)> = chunks.iter().flat_map(|(_, s)| s.params()).collect();
+        let optimizer = make_optimizer(params.clone())?;
+        let total = 2 * p * v * opts.chunks;
+        if total as u64 >= MAX_TAG {
+            return Err(invalid!("{} micro-batches over {} model stages need more message tags than a communicator has", opts.chunks, p * v));
+        }
+        Ok(Self {
+            comm,
+            schedule,
+            chunks,
+            ranges,
+            params,
+            optimizer,
+            opts,
+            step: 0,
+            held: 0,
+            peak_held: 0,
+        })
+    }
+
+    /// Layer ranges of every model stage.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    /// This rank's parameters with their global names.
+    pub fn params(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// Most micro-batch activations this rank held at once during the last step.
+    pub fn peak_activations(&self) -> usize {
+        self.peak_held
+    }
+
+    fn stages(&self) -> usize {
+        self.schedule.stages * self.schedule.chunks_per_stage
+    }
+
+    fn rank_of(&self, k: usize) -> usize {
+        k % self.schedule.stages
+    }
+
+    fn tag(&self, mb: usize, k: usize, backward: bool) -> u64 {
+        ((mb * self.stages() + k) * 2 + usize::from(backward)) as u64
+    }
+
+    /// The loss of the batch and this rank's parameter gradients (tied pairs summed across
+    /// their owners), without stepping.
+    pub fn loss_and_grads(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads)> {
+        let total = count_targets(targets)?;
+        if total == 0 {
+            return Err(invalid!(
+                "the batch has no counted target: every target is ignored"
+            ));
+        }
+        let xs = microbatch::split(inputs, self.opts.chunks)?;
+        let ys = microbatch::split(targets, self.opts.chunks)?;
+        if xs.len() != self.schedule.micro_batches {
+            return Err(invalid!(
+                "a batch of {} rows splits into {} micro-batches, not the {} the schedule was built for: \
+                 make the batch size at least --chunks",
+                inputs.dims().first().copied().unwrap_or(0),
+                xs.len(),
+                self.schedule.micro_batches
+            ));
+        }
+        let last = self.stages() - 1;
+        let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
+        let mut sends: Vec<Pending<()>> = Vec::new();
+        let mut grads = Grads::new();
+        let mut loss = 0.0;
+        self.held = 0;
+        self.peak_held = 0;
+        let actions = self.schedule.actions[self.comm.rank()].clone();
+        for a in actions {
+            let (mb, c) = (a.mb(), a.chunk());
+            let (k, stage) = (&self.chunks[c].0, &self.chunks[c].1);
+            let k = *k;
+            match a {
+                Action::Forward { .. } => {
+                    let (x, input) = if k == 0 {
+                        (xs[mb].clone(), None)
+                    } else {
+                        let x = self
+                            .comm
+                            .recv(self.rank_of(k - 1), self.tag(mb, k - 1, false))?;
+                        let v = Var::from_tensor(&x)?;
+                        (v.as_tensor().clone(), Some(v))
+                    };
+                    let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
+                    let out = stage
+                        .forward(Activation::Tensor(x), &mut cx)?
+                        .into_tensor("stage output")?;
+                    let output = if k == last {
+                        let (sum, _) = cross_entropy_sum(&out, &ys[mb])?;
+                        let l = (sum / total as f64)?;
+                        loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                        l
+                    } else {
+                        sends.push(self.comm.isend(
+                            &out,
+                            self.rank_of(k + 1),
+                            self.tag(mb, k, false),
+                        )?);
+                        out
+                    };
+                    saved.insert((mb, c), Saved { input, output });
+                    self.held += 1;
+                    self.peak_held = self.peak_held.max(self.held);
+                }
+                Action::Backward { .. } => {
+                    let s = saved.remove(&(mb, c)).ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "stage {k}: backward of micro-batch {mb} before its forward"
+                        ))
+                    })?;
+                    let store = if k == last {
+                        s.output.backward()?
+                    } else {
+                        let g = self.comm.recv(self.rank_of(k + 1), self.tag(mb, k, true))?;
+                        (s.output * g.detach())?.sum_all()?.backward()?
+                    };
+                    grads.accumulate(Grads::from_store(&store, &stage.params()))?;
+                    if let Some(input) = s.input {
+                        let g = store
+                            .get(input.as_tensor())
+                            .cloned()
+                            .map(Ok)
+                            .unwrap_or_else(|| input.as_tensor().zeros_like())?;
+                        sends.push(self.comm.isend(
+                            &g,
+                            self.rank_of(k - 1),
+                            self.tag(mb, k - 1, true),
+                        )?);
+                    }
+                    self.held -= 1;
+                }
+                Action::BackwardInput { .. } | Action::BackwardWeight { .. } => {
+                    return Err(invalid!(
+                        "split backward actions need the zero-bubble executor"
+                    ));
+                }
+            }
+        }
+        for s in sends {
+            s.wait()?;
+        }
+        self.sum_tied(&mut grads)?;
+        // Every rank reports the batch loss (only the last stage computed it).
+        let l = Tensor::new(&[loss], &candle_core::Device::Cpu)?;
+        let loss = self.comm.all_reduce(&l, ReduceOp::Sum)?.to_vec1::<f64>()?[0];
+        Ok((loss, grads))
+    }
+
+    /// Sums the gradients of each tied pair between the ranks that own its members, first
+    /// member's gradient plus second's on both, so both stay bit-equal.
+    fn sum_tied(&self, grads: &mut Grads) -> Result<()> {
+        for (i, (a, b)) in self.opts.tied.iter().enumerate() {
+            let (ra, rb) = (self.owner_of(a)?, self.owner_of(b)?);
+            let me = self.comm.rank();
+            let tag = MAX_TAG - 1 - i as u64;
+            if ra == rb {
+                if me == ra {
+                    if let (Some(ga), Some(gb)) = (grads.get(a), grads.get(b)) {
+                        let s = (ga + gb)?;
+                        grads.insert(a.clone(), s.clone());
+                        grads.insert(b.clone(), s);
+                    }
+                }
+            } else if me == ra {
+                let ga = grads
+                    .get(a)
+                    .cloned()
+                    .ok_or_else(|| invalid!("no gradient for tied `{a}`"))?;
+                self.comm.send(&ga, rb, tag)?;
+                let gb = self.comm.recv(rb, tag)?;
+                grads.insert(a.clone(), (ga + gb)?);
+            } else if me == rb {
+                let gb = grads
+                    .get(b)
+                    .cloned()
+                    .ok_or_else(|| invalid!("no gradient for tied `{b}`"))?;
+                let ga = self.comm.recv(ra, tag)?;
+                self.comm.send(&gb, ra, tag)?;
+                grads.insert(b.clone(), (ga + gb)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The pipeline rank that owns parameter `name` (every rank knows every stage's layers).
+    fn owner_of(&self, name: &str) -> Result<usize> {
+        let here = self.params.iter().any(|(n, _)| n == name);
+        let flag = Tensor::new(
+            &[if here { self.comm.rank() as i64 + 1 } else { 0 }],
+            &candle_core::Device::Cpu,
+        )?;
+        let r = self
+            .comm
+            .all_reduce(&flag, ReduceOp::Max)?
+            .to_vec1::<i64>()?[0];
+        if r == 0 {
+            return Err(invalid!(
+                "tied parameter `{name}` is not a parameter of the model"
+            ));
+        }
+        Ok(r as usize - 1)
+    }
+
+    /// One optimizer step on a batch.
+    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
+        let (loss, mut grads) = self.loss_and_grads(inputs, targets)?;
+        if !loss.is_finite() {
+            return Err(Error::NonFiniteLoss {
+                step: self.step,
+                loss,
+            });
+        }
+        // Global norm over all ranks, each tied pair counted once.
+        let mut sq = grads.sum_sq()?;
+        for (_, second) in &self.opts.tied {
+            if let Some(g) = grads.get(second) {
+                sq -= g
+                    .to_dtype(DType::F64)?
+                    .sqr()?
+                    .sum_all()?
+                    .to_scalar::<f64>()?;
+            }
+        }
+        let sq = self.comm.all_reduce(
+            &Tensor::new(&[sq], &candle_core::Device::Cpu)?,
+            ReduceOp::Sum,
+        )?;
+        let grad_norm = sq.to_vec1::<f64>()?[0].max(0.0).sqrt();
+        if let Some(max) = self.opts.clip {
+            scale_to_norm(&mut grads, grad_norm, max)?;
+        }
+        let lr = self.opts.lr.lr_at(self.step);
+        self.optimizer.step(&grads, lr)?;
+        let report = StepReport {
+            step: self.step,
+            loss,
+            grad_norm,
+            lr,
+            targets: count_targets(targets)?,
+        };
+        self.step += 1;
+        Ok(report)
+    }
+}
