@@ -5,11 +5,15 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::comm::{local, Communicator};
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::Init;
-use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::pipeline::executor::{Pipeline, PipelineOptions};
+use pipewright::pipeline::partition::partition;
+use pipewright::pipeline::schedule::{Kind, Schedule};
+use pipewright::serial::{SerialTrainer, TrainOptions, Trainer};
 use pipewright::{invalid, Result, Sequential};
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
@@ -62,11 +66,24 @@ pub struct TrainArgs {
     /// Micro-batches per batch (gradient accumulation; the same mathematics as one batch).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub chunks: usize,
+    /// Pipeline stages (ranks as threads of this process).
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub pp: usize,
+    /// Pipeline schedule: gpipe, 1f1b or interleaved.
+    #[arg(long, default_value = "1f1b")]
+    pub schedule: String,
+    /// Model chunks per pipeline stage (interleaved schedule).
+    #[arg(long = "virtual", default_value_t = 1, value_parser = positive)]
+    pub virtual_stages: usize,
+    /// Layers (or segments between cut points) per model stage, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub balance: Option<Vec<usize>>,
     /// Peak learning rate.
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
-    #[arg(long, value_enum, default_value = "cosine")]
-    pub schedule: ScheduleKind,
+    /// Learning-rate schedule: constant, or linear warm-up then cosine decay.
+    #[arg(long = "lr-schedule", value_enum, default_value = "cosine")]
+    pub lr_decay: ScheduleKind,
     /// Warm-up steps of the cosine schedule.
     #[arg(long, default_value_t = 100)]
     pub warmup: u64,
@@ -225,7 +242,7 @@ fn make_optimizer(
 }
 
 fn schedule(a: &TrainArgs) -> LrSchedule {
-    match a.schedule {
+    match a.lr_decay {
         ScheduleKind::Constant => LrSchedule::Constant { lr: a.lr },
         ScheduleKind::Cosine => LrSchedule::WarmupCosine {
             lr: a.lr,
@@ -268,55 +285,148 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.min_lr_ratio) {
         return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
     }
+    let kind: Kind = a.schedule.parse()?;
     let task = make_task(&a)?;
     let (model, tied) = make_model(&a, task.as_ref())?;
     let sched = schedule(&a);
     sched.validate()?;
-    let stage = model.build(&Init::cpu(a.seed))?;
-    let num_params = stage.num_params();
-    let optimizer = make_optimizer(&a, stage.params())?;
-    let mut trainer = SerialTrainer::new(
-        stage,
-        optimizer,
-        TrainOptions {
-            seed: a.seed,
-            chunks: a.chunks,
-            clip: (a.clip > 0.0).then_some(a.clip),
-            schedule: sched,
-            tied: tied.clone(),
-        },
-    )?;
-
+    if a.pp > 1 {
+        // Fail on a bad split or schedule before anything is written.
+        partition(&model, a.pp * a.virtual_stages, a.balance.as_deref())?;
+        Schedule::new(kind, a.pp, a.chunks, a.virtual_stages)?;
+        if a.batch_size < a.chunks {
+            return Err(invalid!(
+                "--batch-size {} is smaller than --chunks {}",
+                a.batch_size,
+                a.chunks
+            ));
+        }
+    }
     let dir = RunDir::create(&a.out)?;
-    dir.write_json(
-        "params.json",
-        &Params {
-            pipewright_version: env!("CARGO_PKG_VERSION"),
-            args: &a,
-            task_shape: format!("{:?}", task.shape()),
+    let clip = (a.clip > 0.0).then_some(a.clip);
+    if a.pp == 1 {
+        let stage = model.build(&Init::cpu(a.seed))?;
+        let num_params = stage.num_params();
+        let optimizer = make_optimizer(&a, stage.params())?;
+        let mut trainer = SerialTrainer::new(
+            stage,
+            optimizer,
+            TrainOptions {
+                seed: a.seed,
+                chunks: a.chunks,
+                clip,
+                schedule: sched,
+                tied: tied.clone(),
+            },
+        )?;
+        let run = Run {
+            a: &a,
+            task: task.as_ref(),
+            model: &model,
+            tied: &tied,
+            sched,
             num_params,
-            layers: model.specs().iter().map(|s| s.name().to_string()).collect(),
-            cut_points: model.cut_points().to_vec(),
-            tied,
-            lr_schedule: sched,
-        },
-    )?;
-    let mut rec = Recorder::create(dir.path(), &format!("eval/{}", task.metric_name()))?;
+        };
+        return train_loop(&run, &mut trainer, Some(&dir));
+    }
+    local::run(a.pp, |comm| {
+        let master = comm.is_master();
+        let opts = PipelineOptions {
+            chunks: a.chunks,
+            schedule: kind,
+            virtual_stages: a.virtual_stages,
+            balance: a.balance.clone(),
+            seed: a.seed,
+            tied: tied.clone(),
+            clip,
+            lr: sched,
+        };
+        let mut p = Pipeline::new(&model, &Init::cpu(a.seed), Box::new(comm), opts, |ps| {
+            make_optimizer(&a, ps)
+        })?;
+        let num_params = p.total_params()?;
+        let run = Run {
+            a: &a,
+            task: task.as_ref(),
+            model: &model,
+            tied: &tied,
+            sched,
+            num_params,
+        };
+        train_loop(&run, &mut p, master.then_some(&dir))
+    })?;
+    Ok(())
+}
+
+/// What every rank's training loop needs to know.
+struct Run<'a> {
+    a: &'a TrainArgs,
+    task: &'a dyn Task,
+    model: &'a Sequential,
+    tied: &'a [(String, String)],
+    sched: LrSchedule,
+    num_params: usize,
+}
+
+/// The training loop of one rank (every rank runs it; only the one given `dir` reports).
+fn train_loop(run: &Run, trainer: &mut dyn Trainer, dir: Option<&RunDir>) -> Result<()> {
+    let (a, task) = (run.a, run.task);
+    let num_params = run.num_params;
+    let mut rec = match dir {
+        Some(dir) => {
+            dir.write_json(
+                "params.json",
+                &Params {
+                    pipewright_version: env!("CARGO_PKG_VERSION"),
+                    args: a,
+                    task_shape: format!("{:?}", task.shape()),
+                    num_params,
+                    layers: run
+                        .model
+                        .specs()
+                        .iter()
+                        .map(|s| s.name().to_string())
+                        .collect(),
+                    cut_points: run.model.cut_points().to_vec(),
+                    tied: run.tied.to_vec(),
+                    lr_schedule: run.sched,
+                },
+            )?;
+            Some(Recorder::create(
+                dir.path(),
+                &format!("eval/{}", task.metric_name()),
+            )?)
+        }
+        None => None,
+    };
     let (items_per_step, items) = match task.shape() {
         TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
         TaskShape::Images { .. } => (a.batch_size, "samples"),
     };
-
-    println!(
-        "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in {} chunks -> {}",
-        a.model,
-        task.name(),
-        a.steps,
-        a.batch_size,
-        a.chunks,
-        dir.path().display()
-    );
-    let pb = ProgressBar::new(a.steps);
+    let layout = if a.pp > 1 {
+        format!(
+            ", pipeline pp={} {} virtual={}",
+            a.pp, a.schedule, a.virtual_stages
+        )
+    } else {
+        String::new()
+    };
+    if let Some(dir) = dir {
+        println!(
+            "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in {} chunks{layout} -> {}",
+            a.model,
+            task.name(),
+            a.steps,
+            a.batch_size,
+            a.chunks,
+            dir.path().display()
+        );
+    }
+    let pb = if dir.is_some() {
+        ProgressBar::new(a.steps)
+    } else {
+        ProgressBar::hidden()
+    };
     pb.set_style(
         ProgressStyle::with_template(
             "{bar:30} step {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
@@ -341,12 +451,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 task.metric_name(),
                 metric
             );
-            pb.suspend(|| println!("{line}"));
+            if dir.is_some() {
+                pb.suspend(|| println!("{line}"));
+            }
             Some(metric)
         } else {
             None
         };
-        if step % a.log_every == 0 || eval_now {
+        if let Some(rec) = rec.as_mut().filter(|_| step % a.log_every == 0 || eval_now) {
             rec.record(ScalarRow {
                 step,
                 loss: r.loss,
@@ -359,6 +471,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         pb.inc(1);
     }
     pb.finish_and_clear();
+    let (Some(dir), Some(rec)) = (dir, rec.as_mut()) else {
+        return Ok(());
+    };
     rec.flush()?;
     let secs = start.elapsed().as_secs_f64();
     let summary = Summary {

@@ -280,3 +280,56 @@ fn text_task_trains_on_a_user_file() {
     let _ = std::fs::remove_dir_all(out);
     let _ = std::fs::remove_file(data);
 }
+
+#[test]
+fn a_pipelined_run_writes_the_serial_runs_losses() {
+    let (serial, piped) = (tmp("pp-serial"), tmp("pp-two"));
+    let common = [
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "16",
+        "--batch-size",
+        "8",
+        "--steps",
+        "4",
+        "--chunks",
+        "4",
+    ];
+    let run = |out: &Path, extra: &[&str]| {
+        let mut a: Vec<&str> = common.to_vec();
+        a.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        a.extend_from_slice(extra);
+        let o = train(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        std::fs::read_to_string(out.join("scalars.csv")).unwrap()
+    };
+    let a = run(&serial, &[]);
+    for schedule in ["gpipe", "1f1b"] {
+        let _ = std::fs::remove_dir_all(&piped);
+        let b = run(&piped, &["--pp", "2", "--schedule", schedule]);
+        let losses = |s: &str| {
+            s.lines()
+                .map(|l| l.split(',').nth(1).unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(losses(&a), losses(&b), "{schedule}");
+    }
+    fails_with(
+        &["--pp", "9", "--n-layer", "2"],
+        "9 stages cannot each get one of 4",
+    );
+    fails_with(
+        &["--pp", "2", "--schedule", "zigzag"],
+        "unknown schedule `zigzag`",
+    );
+    fails_with(
+        &["--pp", "2", "--balance", "1,1"],
+        "sums to 2 but the model has 4",
+    );
+    for d in [serial, piped] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

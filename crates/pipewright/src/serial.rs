@@ -36,6 +36,25 @@ pub struct StepReport {
     pub targets: usize,
 }
 
+/// Anything that trains a model step by step: the serial trainer, or one rank of a pipeline.
+/// Every rank of a parallel run calls these with the same batch.
+pub trait Trainer {
+    /// One optimizer step on a batch.
+    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport>;
+    /// Evaluation-mode logits of the whole model, on every rank.
+    fn predict(&self, inputs: &Tensor) -> Result<Tensor>;
+}
+
+impl Trainer for SerialTrainer {
+    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
+        SerialTrainer::step(self, inputs, targets)
+    }
+
+    fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
+        SerialTrainer::predict(self, inputs)
+    }
+}
+
 /// Trains a built model on one device.
 pub struct SerialTrainer {
     model: Stage,

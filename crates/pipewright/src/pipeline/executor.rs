@@ -90,7 +90,7 @@ impl Pipeline {
             .collect::<Result<Vec<_>>>()?;
         let params: Vec<(String, Var)> = chunks.iter().flat_map(|(_, s)| s.params()).collect();
         let optimizer = make_optimizer(params.clone())?;
-        let total = 2 * p * v * opts.chunks;
+        let total = 2 * p * v * (opts.chunks + 1);
         if total as u64 >= MAX_TAG {
             return Err(invalid!("{} micro-batches over {} model stages need more message tags than a communicator has", opts.chunks, p * v));
         }
@@ -116,6 +116,13 @@ impl Pipeline {
     /// This rank's parameters with their global names.
     pub fn params(&self) -> &[(String, Var)] {
         &self.params
+    }
+
+    /// Number of scalar parameters over all ranks of the pipeline (collective).
+    pub fn total_params(&self) -> Result<usize> {
+        let mine: usize = self.params.iter().map(|(_, v)| v.elem_count()).sum();
+        let t = Tensor::new(&[mine as i64], &candle_core::Device::Cpu)?;
+        Ok(self.comm.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<i64>()?[0] as usize)
     }
 
     /// Most micro-batch activations this rank held at once during the last step.
@@ -298,6 +305,37 @@ impl Pipeline {
         Ok(r as usize - 1)
     }
 
+    /// Evaluation-mode logits of the whole model for `inputs` (one batch, no micro-batches),
+    /// on every rank: the stages run in turn and the last one's output is gathered to all.
+    pub fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
+        let last = self.stages() - 1;
+        let base = 2 * self.stages() * self.schedule.micro_batches;
+        let mut out = None;
+        for (k, stage) in &self.chunks {
+            let k = *k;
+            let x = if k == 0 {
+                inputs.clone()
+            } else {
+                self.comm.recv(self.rank_of(k - 1), (base + k - 1) as u64)?
+            };
+            let y = stage
+                .forward(Activation::Tensor(x), &mut Cx::eval())?
+                .into_tensor("stage output")?;
+            if k == last {
+                out = Some(y);
+            } else {
+                self.comm.send(&y, self.rank_of(k + 1), (base + k) as u64)?;
+            }
+        }
+        // Ranks without the last stage contribute an empty tensor of the logits' dtype.
+        let mine = match out {
+            Some(y) => y,
+            None => Tensor::zeros(0, DType::F32, &candle_core::Device::Cpu)?,
+        };
+        let mut all = self.comm.all_gather(&mine)?;
+        Ok(all.swap_remove(self.rank_of(last)))
+    }
+
     /// One optimizer step on a batch.
     pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
         let (loss, mut grads) = self.loss_and_grads(inputs, targets)?;
@@ -337,5 +375,15 @@ impl Pipeline {
         };
         self.step += 1;
         Ok(report)
+    }
+}
+
+impl crate::serial::Trainer for Pipeline {
+    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
+        Pipeline::step(self, inputs, targets)
+    }
+
+    fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
+        Pipeline::predict(self, inputs)
     }
 }
