@@ -10,7 +10,7 @@ use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::Init;
-use pipewright::pipeline::executor::{Pipeline, PipelineOptions};
+use pipewright::pipeline::executor::{Pipeline, PipelineOptions, Recompute};
 use pipewright::pipeline::partition::partition;
 use pipewright::pipeline::schedule::{Kind, Schedule};
 use pipewright::serial::{SerialTrainer, TrainOptions, Trainer};
@@ -75,6 +75,9 @@ pub struct TrainArgs {
     /// Model chunks per pipeline stage (interleaved schedule).
     #[arg(long = "virtual", default_value_t = 1, value_parser = positive)]
     pub virtual_stages: usize,
+    /// Activation recomputation: always, except_last or never.
+    #[arg(long, default_value = "never")]
+    pub recompute: String,
     /// Layers (or segments between cut points) per model stage, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub balance: Option<Vec<usize>>,
@@ -286,6 +289,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
     }
     let kind: Kind = a.schedule.parse()?;
+    let recompute: Recompute = a.recompute.parse()?;
     let task = make_task(&a)?;
     let (model, tied) = make_model(&a, task.as_ref())?;
     let sched = schedule(&a);
@@ -340,6 +344,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
             tied: tied.clone(),
             clip,
             lr: sched,
+            recompute,
         };
         let mut p = Pipeline::new(&model, &Init::cpu(a.seed), Box::new(comm), opts, |ps| {
             make_optimizer(&a, ps)

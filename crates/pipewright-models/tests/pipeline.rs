@@ -7,7 +7,7 @@ use candle_core::Tensor;
 use pipewright::comm::local;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::nn::Init;
-use pipewright::pipeline::executor::{Pipeline, PipelineOptions};
+use pipewright::pipeline::executor::{Pipeline, PipelineOptions, Recompute};
 use pipewright::pipeline::schedule::Kind;
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright_models::tasks::Adder;
@@ -73,7 +73,7 @@ fn serial(chunks: usize) -> Run {
     (losses, grads, params)
 }
 
-fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize) -> Run {
+fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize, recompute: Recompute) -> Run {
     let task = Adder::new(2, 0).unwrap();
     let model = gpt(cfg()).unwrap();
     let per_rank = local::run(pp, |comm| {
@@ -86,6 +86,7 @@ fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize) -> Run {
             tied: tied(),
             clip: Some(0.5),
             lr: LrSchedule::Constant { lr: 1e-2 },
+            recompute,
         };
         let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
         let (x, y) = task.batch(0, BATCH)?;
@@ -173,7 +174,7 @@ fn gpipe_and_1f1b_match_serial_training() {
             for kind in [Kind::GPipe, Kind::OneFOneB] {
                 compare(
                     &format!("{kind} pp={pp} chunks={chunks}"),
-                    &pipelined(pp, chunks, kind, 1),
+                    &pipelined(pp, chunks, kind, 1, Recompute::Never),
                     &want,
                 );
             }
@@ -187,7 +188,7 @@ fn interleaved_matches_serial_training() {
         let want = serial(chunks);
         compare(
             &format!("interleaved pp={pp} chunks={chunks} v=2"),
-            &pipelined(pp, chunks, Kind::Interleaved, 2),
+            &pipelined(pp, chunks, Kind::Interleaved, 2, Recompute::Never),
             &want,
         );
     }
@@ -209,6 +210,7 @@ fn the_executor_holds_the_activations_its_schedule_promises() {
                 tied: tied(),
                 clip: None,
                 lr: LrSchedule::Constant { lr: 1e-3 },
+                recompute: Recompute::Never,
             };
             let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
             let (x, y) = task.batch(0, BATCH)?;
@@ -238,6 +240,7 @@ fn bad_pipeline_configurations_are_errors() {
                 tied: tied(),
                 clip: None,
                 lr: LrSchedule::Constant { lr: 1e-3 },
+                recompute: Recompute::Never,
             };
             Pipeline::new(&model, &Init::cpu(0), Box::new(comm), opts, adamw).map(|_| ())
         })
@@ -249,4 +252,56 @@ fn bad_pipeline_configurations_are_errors() {
         err(Kind::GPipe, 2, Some(vec![4, 3])).contains("sums to 7 but the model has 6 segments")
     );
     assert!(err(Kind::GPipe, 0, None).contains("at least one"));
+}
+
+#[test]
+fn recompute_modes_match_serial_training() {
+    let want = serial(3);
+    for recompute in [Recompute::Always, Recompute::ExceptLast] {
+        for kind in [Kind::GPipe, Kind::OneFOneB] {
+            compare(
+                &format!("{kind} recompute {recompute:?}"),
+                &pipelined(2, 3, kind, 1, recompute),
+                &want,
+            );
+        }
+    }
+}
+
+#[test]
+fn always_recompute_holds_only_stage_inputs() {
+    let task = Adder::new(2, 0).unwrap();
+    let model = gpt(cfg()).unwrap();
+    let (pp, m) = (2, 4);
+    for (recompute, graphs) in [
+        (Recompute::Always, vec![0, 0]),
+        (Recompute::ExceptLast, vec![1, 1]),
+        (Recompute::Never, vec![4, 4]),
+    ] {
+        let got = local::run(pp, |comm| {
+            let opts = PipelineOptions {
+                chunks: m,
+                schedule: Kind::GPipe,
+                virtual_stages: 1,
+                balance: None,
+                seed: SEED,
+                tied: tied(),
+                clip: None,
+                lr: LrSchedule::Constant { lr: 1e-3 },
+                recompute,
+            };
+            let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
+            let (x, y) = task.batch(0, BATCH)?;
+            p.step(&x, &y)?;
+            Ok((p.peak_activations(), p.peak_inputs()))
+        })
+        .unwrap();
+        let (a, i): (Vec<usize>, Vec<usize>) = got.into_iter().unzip();
+        assert_eq!(a, graphs, "{recompute:?}: forward graphs held");
+        assert_eq!(
+            i,
+            vec![m, m],
+            "{recompute:?}: GPipe holds every stage input"
+        );
+    }
 }

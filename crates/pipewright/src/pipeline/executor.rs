@@ -21,6 +21,33 @@ use crate::nn::{cross_entropy_sum, Grads, Init};
 use crate::serial::{count_targets, StepReport};
 use crate::{invalid, Error, Result};
 
+/// Activation recomputation (torchgpipe's `checkpoint`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recompute {
+    /// Every micro-batch keeps only its stage input; the backward re-runs the forward.
+    Always,
+    /// Every micro-batch but the last of the batch (whose backward comes first in GPipe).
+    ExceptLast,
+    /// Keep every activation.
+    Never,
+}
+
+impl std::str::FromStr for Recompute {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "always" => Recompute::Always,
+            "except_last" | "except-last" => Recompute::ExceptLast,
+            "never" => Recompute::Never,
+            _ => {
+                return Err(invalid!(
+                    "unknown recompute mode `{s}`: use always, except_last or never"
+                ))
+            }
+        })
+    }
+}
+
 /// How to split and schedule.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
@@ -36,13 +63,18 @@ pub struct PipelineOptions {
     pub tied: Vec<(String, String)>,
     pub clip: Option<f64>,
     pub lr: LrSchedule,
+    pub recompute: Recompute,
 }
 
 /// What a forward left for its backward.
 struct Saved {
+    /// The stage input: a variable when it came from the previous stage (its gradient goes
+    /// back), the batch's own tensor on the first stage.
+    x: Tensor,
     input: Option<Var>,
-    /// The stage output (to inject the incoming gradient) or, on the last stage, the loss.
-    output: Tensor,
+    /// The stage output (to inject the incoming gradient) or, on the last stage, the loss;
+    /// `None` when the forward is to be recomputed.
+    output: Option<Tensor>,
 }
 
 /// One rank of a pipeline.
@@ -59,6 +91,9 @@ pub struct Pipeline {
     /// Activations held now and at most during the last step (micro-batches, all chunks).
     held: usize,
     peak_held: usize,
+    /// Stage inputs held now and at most during the last step.
+    inputs_held: usize,
+    peak_inputs: usize,
 }
 
 impl Pipeline {
@@ -105,6 +140,8 @@ impl Pipeline {
             step: 0,
             held: 0,
             peak_held: 0,
+            inputs_held: 0,
+            peak_inputs: 0,
         })
     }
 
@@ -125,9 +162,20 @@ impl Pipeline {
         Ok(self.comm.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<i64>()?[0] as usize)
     }
 
-    /// Most micro-batch activations this rank held at once during the last step.
+    /// Most micro-batch activations (the graph of a stage's forward) this rank held at once
+    /// between actions during the last step.
     pub fn peak_activations(&self) -> usize {
         self.peak_held
+    }
+
+    /// Most stage inputs this rank held at once during the last step.
+    pub fn peak_inputs(&self) -> usize {
+        self.peak_inputs
+    }
+
+    fn loss(out: &Tensor, y: &Tensor, total: usize) -> Result<Tensor> {
+        let (sum, _) = cross_entropy_sum(out, y)?;
+        Ok((sum / total as f64)?)
     }
 
     fn stages(&self) -> usize {
@@ -169,6 +217,8 @@ impl Pipeline {
         let mut loss = 0.0;
         self.held = 0;
         self.peak_held = 0;
+        self.inputs_held = 0;
+        self.peak_inputs = 0;
         let actions = self.schedule.actions[self.comm.rank()].clone();
         for a in actions {
             let (mb, c) = (a.mb(), a.chunk());
@@ -187,11 +237,10 @@ impl Pipeline {
                     };
                     let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
                     let out = stage
-                        .forward(Activation::Tensor(x), &mut cx)?
+                        .forward(Activation::Tensor(x.clone()), &mut cx)?
                         .into_tensor("stage output")?;
                     let output = if k == last {
-                        let (sum, _) = cross_entropy_sum(&out, &ys[mb])?;
-                        let l = (sum / total as f64)?;
+                        let l = Self::loss(&out, &ys[mb], total)?;
                         loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                         l
                     } else {
@@ -202,9 +251,26 @@ impl Pipeline {
                         )?);
                         out
                     };
-                    saved.insert((mb, c), Saved { input, output });
-                    self.held += 1;
-                    self.peak_held = self.peak_held.max(self.held);
+                    let keep = match self.opts.recompute {
+                        Recompute::Never => true,
+                        Recompute::ExceptLast => mb + 1 == self.schedule.micro_batches,
+                        Recompute::Always => false,
+                    };
+                    // Dropping the output drops the graph behind it: only the input stays.
+                    saved.insert(
+                        (mb, c),
+                        Saved {
+                            x,
+                            input,
+                            output: keep.then_some(output),
+                        },
+                    );
+                    if keep {
+                        self.held += 1;
+                        self.peak_held = self.peak_held.max(self.held);
+                    }
+                    self.inputs_held += 1;
+                    self.peak_inputs = self.peak_inputs.max(self.inputs_held);
                 }
                 Action::Backward { .. } => {
                     let s = saved.remove(&(mb, c)).ok_or_else(|| {
@@ -212,11 +278,29 @@ impl Pipeline {
                             "stage {k}: backward of micro-batch {mb} before its forward"
                         ))
                     })?;
+                    let kept = s.output.is_some();
+                    let output = match s.output {
+                        Some(o) => o,
+                        None => {
+                            // The same context as the first forward: same dropout masks; layers
+                            // with side effects (BatchNorm statistics) see is_recomputing().
+                            let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
+                            cx.set_recomputing(true);
+                            let out = stage
+                                .forward(Activation::Tensor(s.x.clone()), &mut cx)?
+                                .into_tensor("stage output")?;
+                            if k == last {
+                                Self::loss(&out, &ys[mb], total)?
+                            } else {
+                                out
+                            }
+                        }
+                    };
                     let store = if k == last {
-                        s.output.backward()?
+                        output.backward()?
                     } else {
                         let g = self.comm.recv(self.rank_of(k + 1), self.tag(mb, k, true))?;
-                        (s.output * g.detach())?.sum_all()?.backward()?
+                        (output * g.detach())?.sum_all()?.backward()?
                     };
                     grads.accumulate(Grads::from_store(&store, &stage.params()))?;
                     if let Some(input) = s.input {
@@ -231,7 +315,10 @@ impl Pipeline {
                             self.tag(mb, k - 1, true),
                         )?);
                     }
-                    self.held -= 1;
+                    if kept {
+                        self.held -= 1;
+                    }
+                    self.inputs_held -= 1;
                 }
                 Action::BackwardInput { .. } | Action::BackwardWeight { .. } => {
                     return Err(invalid!(
