@@ -10,11 +10,11 @@ use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::Init;
-use pipewright::pipeline::executor::{Pipeline, PipelineOptions, Recompute};
+use pipewright::pipeline::executor::{chrome_trace, Pipeline, PipelineOptions, Recompute};
 use pipewright::pipeline::partition::partition;
 use pipewright::pipeline::schedule::{Kind, Schedule};
 use pipewright::serial::{SerialTrainer, TrainOptions, Trainer};
-use pipewright::{invalid, Result, Sequential};
+use pipewright::{invalid, Error, Result, Sequential};
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
 use serde::Serialize;
@@ -78,6 +78,9 @@ pub struct TrainArgs {
     /// Activation recomputation: always, except_last or never.
     #[arg(long, default_value = "never")]
     pub recompute: String,
+    /// Write a Chrome trace of the pipeline's actions (open it in Perfetto).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Layers (or segments between cut points) per model stage, comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub balance: Option<Vec<usize>>,
@@ -306,6 +309,11 @@ pub fn run(a: TrainArgs) -> Result<()> {
             ));
         }
     }
+    if a.trace.is_some() && a.pp == 1 {
+        return Err(invalid!(
+            "--trace records pipeline actions: use it with --pp 2 or more"
+        ));
+    }
     let dir = RunDir::create(&a.out)?;
     let clip = (a.clip > 0.0).then_some(a.clip);
     if a.pp == 1 {
@@ -333,7 +341,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         };
         return train_loop(&run, &mut trainer, Some(&dir));
     }
-    local::run(a.pp, |comm| {
+    let traces = local::run(a.pp, |comm| {
         let master = comm.is_master();
         let opts = PipelineOptions {
             chunks: a.chunks,
@@ -349,6 +357,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
         let mut p = Pipeline::new(&model, &Init::cpu(a.seed), Box::new(comm), opts, |ps| {
             make_optimizer(&a, ps)
         })?;
+        if a.trace.is_some() {
+            p.enable_trace();
+        }
         let num_params = p.total_params()?;
         let run = Run {
             a: &a,
@@ -358,8 +369,18 @@ pub fn run(a: TrainArgs) -> Result<()> {
             sched,
             num_params,
         };
-        train_loop(&run, &mut p, master.then_some(&dir))
+        train_loop(&run, &mut p, master.then_some(&dir))?;
+        Ok(p.take_trace())
     })?;
+    if let Some(path) = &a.trace {
+        let traces: Vec<_> = traces;
+        std::fs::write(path, chrome_trace(&traces))
+            .map_err(|e| Error::io("cannot write trace", path, e))?;
+        println!(
+            "trace           {} (open in https://ui.perfetto.dev)",
+            path.display()
+        );
+    }
     Ok(())
 }
 

@@ -66,6 +66,18 @@ pub struct PipelineOptions {
     pub recompute: Recompute,
 }
 
+/// One executed action, for a Chrome trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEvent {
+    pub step: u64,
+    pub action: Action,
+    /// Microseconds since the pipeline was made.
+    pub start_us: f64,
+    pub dur_us: f64,
+    /// True when the action recomputed its forward first (traced as R plus the backward).
+    pub recomputed: bool,
+}
+
 /// What a forward left for its backward.
 struct Saved {
     /// The stage input: a variable when it came from the previous stage (its gradient goes
@@ -94,6 +106,9 @@ pub struct Pipeline {
     /// Stage inputs held now and at most during the last step.
     inputs_held: usize,
     peak_inputs: usize,
+    /// Executed actions, when tracing.
+    trace: Option<Vec<TraceEvent>>,
+    epoch: std::time::Instant,
 }
 
 impl Pipeline {
@@ -142,6 +157,8 @@ impl Pipeline {
             peak_held: 0,
             inputs_held: 0,
             peak_inputs: 0,
+            trace: None,
+            epoch: std::time::Instant::now(),
         })
     }
 
@@ -166,6 +183,16 @@ impl Pipeline {
     /// between actions during the last step.
     pub fn peak_activations(&self) -> usize {
         self.peak_held
+    }
+
+    /// Starts recording every executed action (see [`Pipeline::take_trace`]).
+    pub fn enable_trace(&mut self) {
+        self.trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The actions recorded so far.
+    pub fn take_trace(&mut self) -> Vec<TraceEvent> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Most stage inputs this rank held at once during the last step.
@@ -221,6 +248,8 @@ impl Pipeline {
         self.peak_inputs = 0;
         let actions = self.schedule.actions[self.comm.rank()].clone();
         for a in actions {
+            let started = self.epoch.elapsed().as_secs_f64() * 1e6;
+            let mut recomputed = false;
             let (mb, c) = (a.mb(), a.chunk());
             let (k, stage) = (&self.chunks[c].0, &self.chunks[c].1);
             let k = *k;
@@ -282,6 +311,7 @@ impl Pipeline {
                     let output = match s.output {
                         Some(o) => o,
                         None => {
+                            recomputed = true;
                             // The same context as the first forward: same dropout masks; layers
                             // with side effects (BatchNorm statistics) see is_recomputing().
                             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
@@ -325,6 +355,16 @@ impl Pipeline {
                         "split backward actions need the zero-bubble executor"
                     ));
                 }
+            }
+            if let Some(trace) = self.trace.as_mut() {
+                let now = self.epoch.elapsed().as_secs_f64() * 1e6;
+                trace.push(TraceEvent {
+                    step: self.step,
+                    action: a,
+                    start_us: started,
+                    dur_us: now - started,
+                    recomputed,
+                });
             }
         }
         for s in sends {
@@ -473,4 +513,29 @@ impl crate::serial::Trainer for Pipeline {
     fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
         Pipeline::predict(self, inputs)
     }
+}
+
+/// A Chrome trace (Perfetto, chrome://tracing): one track per pipeline stage, one event per
+/// action named F, B (or R+B when recomputed), I or W with the micro-batch.
+pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
+    let mut events = Vec::new();
+    for (stage, evs) in per_stage.iter().enumerate() {
+        events.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": 0, "tid": stage,
+            "args": {"name": format!("stage {stage}")}
+        }));
+        for e in evs {
+            let name = if e.recomputed {
+                format!("R+{}", e.action)
+            } else {
+                e.action.to_string()
+            };
+            events.push(serde_json::json!({
+                "name": name, "cat": e.action.letter().to_string(), "ph": "X", "pid": 0, "tid": stage,
+                "ts": e.start_us, "dur": e.dur_us,
+                "args": {"step": e.step, "micro_batch": e.action.mb(), "chunk": e.action.chunk()}
+            }));
+        }
+    }
+    serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string()
 }
