@@ -14,7 +14,8 @@ pub enum BenchCommand {
     Comm(CommArgs),
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// Threads of this process (`--world` of them).
     Local,

@@ -10,7 +10,9 @@ use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::Init;
-use pipewright::pipeline::executor::{chrome_trace, Pipeline, PipelineOptions, Recompute};
+use pipewright::pipeline::executor::{
+    chrome_trace, Pipeline, PipelineOptions, Recompute, TraceEvent,
+};
 use pipewright::pipeline::partition::partition;
 use pipewright::pipeline::schedule::{Kind, Schedule};
 use pipewright::serial::{SerialTrainer, TrainOptions, Trainer};
@@ -66,6 +68,10 @@ pub struct TrainArgs {
     /// Micro-batches per batch (gradient accumulation; the same mathematics as one batch).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub chunks: usize,
+    /// How ranks talk: threads of this process (local), or one process per rank under
+    /// `mpirun -np P` (mpi; build with `--features mpi`).
+    #[arg(long, value_enum, default_value = "local")]
+    pub backend: crate::bench::Backend,
     /// Pipeline stages (ranks as threads of this process).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,
@@ -314,67 +320,56 @@ pub fn run(a: TrainArgs) -> Result<()> {
             "--trace records pipeline actions: use it with --pp 2 or more"
         ));
     }
-    let dir = RunDir::create(&a.out)?;
     let clip = (a.clip > 0.0).then_some(a.clip);
-    if a.pp == 1 {
-        let stage = model.build(&Init::cpu(a.seed))?;
-        let num_params = stage.num_params();
-        let optimizer = make_optimizer(&a, stage.params())?;
-        let mut trainer = SerialTrainer::new(
-            stage,
-            optimizer,
-            TrainOptions {
+    let setup = Setup {
+        a: &a,
+        task: task.as_ref(),
+        model: &model,
+        tied: &tied,
+        sched,
+        kind,
+        recompute,
+        clip,
+    };
+    let traces = match a.backend {
+        crate::bench::Backend::Mpi => return run_mpi(&setup),
+        crate::bench::Backend::Local if a.pp == 1 => {
+            let dir = RunDir::create(&a.out)?;
+            let stage = model.build(&Init::cpu(a.seed))?;
+            let num_params = stage.num_params();
+            let optimizer = make_optimizer(&a, stage.params())?;
+            let opts = TrainOptions {
                 seed: a.seed,
                 chunks: a.chunks,
                 clip,
                 schedule: sched,
                 tied: tied.clone(),
-            },
-        )?;
-        let run = Run {
-            a: &a,
-            task: task.as_ref(),
-            model: &model,
-            tied: &tied,
-            sched,
-            num_params,
-        };
-        return train_loop(&run, &mut trainer, Some(&dir));
-    }
-    let traces = local::run(a.pp, |comm| {
-        let master = comm.is_master();
-        let opts = PipelineOptions {
-            chunks: a.chunks,
-            schedule: kind,
-            virtual_stages: a.virtual_stages,
-            balance: a.balance.clone(),
-            seed: a.seed,
-            tied: tied.clone(),
-            clip,
-            lr: sched,
-            recompute,
-        };
-        let mut p = Pipeline::new(&model, &Init::cpu(a.seed), Box::new(comm), opts, |ps| {
-            make_optimizer(&a, ps)
-        })?;
-        if a.trace.is_some() {
-            p.enable_trace();
+            };
+            let mut trainer = SerialTrainer::new(stage, optimizer, opts)?;
+            let run = Run {
+                a: &a,
+                task: task.as_ref(),
+                model: &model,
+                tied: &tied,
+                sched,
+                num_params,
+            };
+            return train_loop(&run, &mut trainer, Some(&dir));
         }
-        let num_params = p.total_params()?;
-        let run = Run {
-            a: &a,
-            task: task.as_ref(),
-            model: &model,
-            tied: &tied,
-            sched,
-            num_params,
-        };
-        train_loop(&run, &mut p, master.then_some(&dir))?;
-        Ok(p.take_trace())
-    })?;
+        crate::bench::Backend::Local => {
+            let dir = RunDir::create(&a.out)?;
+            local::run(a.pp, |comm| {
+                let master = comm.is_master();
+                setup.rank(Box::new(comm), master.then_some(&dir))
+            })?
+        }
+    };
+    write_trace(&a, &traces)
+}
+
+fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
     if let Some(path) = &a.trace {
-        let traces: Vec<_> = traces;
-        std::fs::write(path, chrome_trace(&traces))
+        std::fs::write(path, chrome_trace(traces))
             .map_err(|e| Error::io("cannot write trace", path, e))?;
         println!(
             "trace           {} (open in https://ui.perfetto.dev)",
@@ -382,6 +377,98 @@ pub fn run(a: TrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One process per rank under `mpirun -np P`: rank 0 writes the run directory. A rank that
+/// fails ends the whole job (MPI would otherwise leave the others waiting).
+#[cfg(feature = "mpi")]
+fn run_mpi(setup: &Setup) -> Result<()> {
+    use pipewright::comm::mpi::Mpi;
+    let a = setup.a;
+    let (_mpi, world) = Mpi::init()?;
+    let rank = world.rank();
+    let result = (|| {
+        if world.size() != a.pp {
+            return Err(invalid!(
+                "mpirun started {} ranks but --pp is {}: start it with mpirun -np {}",
+                world.size(),
+                a.pp,
+                a.pp
+            ));
+        }
+        let dir = if world.is_master() {
+            Some(RunDir::create(&a.out)?)
+        } else {
+            None
+        };
+        let trace = setup.rank(Box::new(world), dir.as_ref())?;
+        if rank == 0 {
+            if a.trace.is_some() {
+                eprintln!("note: under MPI the trace holds rank 0's actions only");
+            }
+            write_trace(a, &[trace])?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        eprintln!("error: rank {rank}: {e}");
+        Mpi::abort(1);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &Setup) -> Result<()> {
+    Err(invalid!(
+        "this pipewright was built without MPI: build with `--features mpi` (tools/install-mpi.sh \
+         installs Open MPI) and start it under `mpirun -np P`"
+    ))
+}
+
+/// Everything a pipeline rank needs to build its part and train.
+struct Setup<'a> {
+    a: &'a TrainArgs,
+    task: &'a dyn Task,
+    model: &'a Sequential,
+    tied: &'a [(String, String)],
+    sched: LrSchedule,
+    kind: Kind,
+    recompute: Recompute,
+    clip: Option<f64>,
+}
+
+impl Setup<'_> {
+    /// One pipeline rank: build its stages, train, return its trace.
+    fn rank(&self, comm: Box<dyn Communicator>, dir: Option<&RunDir>) -> Result<Vec<TraceEvent>> {
+        let a = self.a;
+        let opts = PipelineOptions {
+            chunks: a.chunks,
+            schedule: self.kind,
+            virtual_stages: a.virtual_stages,
+            balance: a.balance.clone(),
+            seed: a.seed,
+            tied: self.tied.to_vec(),
+            clip: self.clip,
+            lr: self.sched,
+            recompute: self.recompute,
+        };
+        let mut p = Pipeline::new(self.model, &Init::cpu(a.seed), comm, opts, |ps| {
+            make_optimizer(a, ps)
+        })?;
+        if a.trace.is_some() {
+            p.enable_trace();
+        }
+        let run = Run {
+            a,
+            task: self.task,
+            model: self.model,
+            tied: self.tied,
+            sched: self.sched,
+            num_params: p.total_params()?,
+        };
+        train_loop(&run, &mut p, dir)?;
+        Ok(p.take_trace())
+    }
 }
 
 /// What every rank's training loop needs to know.
