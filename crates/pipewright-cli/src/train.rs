@@ -84,6 +84,10 @@ pub struct TrainArgs {
     /// Activation recomputation: always, except_last or never.
     #[arg(long, default_value = "never")]
     pub recompute: String,
+    /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
+    /// micro-batches (as whole-batch statistics would).
+    #[arg(long)]
+    pub deferred_batch_norm: bool,
     /// Write a Chrome trace of the pipeline's actions (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -344,6 +348,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 clip,
                 schedule: sched,
                 tied: tied.clone(),
+                deferred_batch_norm: a.deferred_batch_norm,
             };
             let mut trainer = SerialTrainer::new(stage, optimizer, opts)?;
             let run = Run {
@@ -451,6 +456,7 @@ impl Setup<'_> {
             clip: self.clip,
             lr: self.sched,
             recompute: self.recompute,
+            deferred_batch_norm: a.deferred_batch_norm,
         };
         let mut p = Pipeline::new(self.model, &Init::cpu(a.seed), comm, opts, |ps| {
             make_optimizer(a, ps)

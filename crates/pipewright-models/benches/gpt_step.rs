@@ -38,6 +38,7 @@ fn main() -> pipewright::Result<()> {
             clip: None,
             schedule: LrSchedule::Constant { lr: 1e-4 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
+            deferred_batch_norm: false,
         },
     )?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);

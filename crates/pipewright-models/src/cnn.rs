@@ -109,6 +109,10 @@ impl Layer for Stem {
     fn buffers(&self) -> Vec<(String, Var)> {
         self.bn.buffers()
     }
+
+    fn finish_batch(&self) -> Result<()> {
+        self.bn.finish_batch()
+    }
 }
 
 /// `relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))`; the shortcut is a strided 1x1
@@ -187,6 +191,15 @@ impl Layer for BasicBlock {
             v.extend(b.buffers());
         }
         v
+    }
+
+    fn finish_batch(&self) -> Result<()> {
+        self.bn1.finish_batch()?;
+        self.bn2.finish_batch()?;
+        if let Some((_, b)) = &self.shortcut {
+            b.finish_batch()?;
+        }
+        Ok(())
     }
 }
 

@@ -72,6 +72,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
             clip: None,
             schedule: LrSchedule::Constant { lr: 0.1 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
+            deferred_batch_norm: false,
         },
     )
     .unwrap()

@@ -44,6 +44,7 @@ fn tiny_gpt_learns_two_digit_addition() {
                 min_lr: 1e-4,
             },
             tied: vec![(TIED.0.into(), TIED.1.into())],
+            deferred_batch_norm: false,
         },
     )
     .unwrap();

@@ -32,6 +32,7 @@ fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
             clip: Some(1.0),
             schedule: LrSchedule::Constant { lr: 3e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
+            deferred_batch_norm: false,
         },
     )
     .unwrap()
@@ -164,6 +165,7 @@ fn accumulation_over_chunks_is_one_batch() {
                 clip: None,
                 schedule: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![(TIED.0.into(), TIED.1.into())],
+                deferred_batch_norm: false,
             },
         )
         .unwrap();
@@ -207,6 +209,7 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
             clip: None,
             schedule: LrSchedule::Constant { lr: 1e-2 },
             tied: vec![],
+            deferred_batch_norm: false,
         },
     )
     .unwrap();
@@ -251,6 +254,7 @@ fn bad_configurations_are_errors() {
             clip: None,
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![("wte.weight".into(), "nope.weight".into())],
+            deferred_batch_norm: false,
         },
     )
     .err()

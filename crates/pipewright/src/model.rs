@@ -77,6 +77,9 @@ pub struct Cx {
     pub seed: u64,
     pub step: u64,
     pub micro_batch: usize,
+    /// Deferred batch norm (torchgpipe): BatchNorm layers add this micro-batch's moments to the
+    /// batch's and move their running statistics once, at [`Layer::finish_batch`].
+    pub defer_batch_stats: bool,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
 }
@@ -88,6 +91,7 @@ impl Cx {
             seed,
             step,
             micro_batch,
+            defer_batch_stats: false,
             recomputing: false,
             stash: HashMap::new(),
         }
@@ -150,6 +154,10 @@ pub trait Layer: Send + Sync {
     /// Non-trained state saved with the model (BatchNorm running statistics).
     fn buffers(&self) -> Vec<(String, Var)> {
         Vec::new()
+    }
+    /// Called once after every training batch (commits deferred batch-norm statistics).
+    fn finish_batch(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -285,6 +293,11 @@ impl Stage {
     /// Every buffer with its global name.
     pub fn buffers(&self) -> Vec<(String, Var)> {
         self.layers.iter().flat_map(|l| l.buffers()).collect()
+    }
+
+    /// Ends a training batch in every layer.
+    pub fn finish_batch(&self) -> Result<()> {
+        self.layers.iter().try_for_each(|l| l.finish_batch())
     }
 
     /// The parameter called `name`.

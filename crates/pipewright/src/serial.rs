@@ -23,6 +23,8 @@ pub struct TrainOptions {
     pub schedule: LrSchedule,
     /// Parameter pairs kept equal (GPT's `wte.weight` and `lm_head.weight`).
     pub tied: Vec<(String, String)>,
+    /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
+    pub deferred_batch_norm: bool,
 }
 
 /// What one optimizer step did.
@@ -127,6 +129,7 @@ impl SerialTrainer {
         let mut loss = 0.0;
         for (i, (x, y)) in xs.into_iter().zip(ys).enumerate() {
             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
+            cx.defer_batch_stats = self.opts.deferred_batch_norm;
             let out = self.forward_cx(x, &mut cx)?;
             let (sum, _) = cross_entropy_sum(&out, &y)?;
             let l = (sum / total as f64)?;
@@ -134,6 +137,7 @@ impl SerialTrainer {
             let store = l.backward()?;
             grads.accumulate(Grads::from_store(&store, &self.params))?;
         }
+        self.model.finish_batch()?;
         for (a, b) in &self.opts.tied {
             let sum = match (grads.get(a), grads.get(b)) {
                 (Some(ga), Some(gb)) => (ga + gb)?,

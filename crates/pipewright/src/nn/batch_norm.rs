@@ -4,8 +4,14 @@
 //! statistics by `momentum` towards the batch mean and the *unbiased* variance. Evaluation
 //! normalises with the running statistics. A recomputed forward (see
 //! [`crate::model::Cx::is_recomputing`]) never moves the statistics a second time.
+//!
+//! Deferred (torchgpipe's `DeferredBatchNorm`, on when [`Cx::defer_batch_stats`] is set): each
+//! micro-batch is still normalised with its own statistics, but the running statistics move
+//! once per batch, at [`BatchNorm2d::finish_batch`], with the moments of the whole batch.
 
-use candle_core::{Tensor, Var};
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Tensor, Var};
 
 use super::{join, Init, Module};
 use crate::model::Cx;
@@ -21,6 +27,8 @@ pub struct BatchNorm2d {
     eps: f64,
     momentum: f64,
     channels: usize,
+    /// Deferred moments of the batch so far: per-channel sum, sum of squares (f64), count.
+    pending: Arc<Mutex<Option<(Tensor, Tensor, usize)>>>,
 }
 
 impl BatchNorm2d {
@@ -34,6 +42,7 @@ impl BatchNorm2d {
             eps: 1e-5,
             momentum: 0.1,
             channels,
+            pending: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -77,7 +86,11 @@ impl BatchNorm2d {
         let c = self.channels;
         let (mean, var) = if cx.is_training() {
             let (mean, var, n) = Self::batch_stats(x)?;
-            if !cx.is_recomputing() {
+            if cx.is_recomputing() {
+                // Counted when first computed.
+            } else if cx.defer_batch_stats {
+                self.defer(x)?;
+            } else {
                 self.update_running(&mean, &var, n)?;
             }
             (mean, var)
@@ -93,6 +106,40 @@ impl BatchNorm2d {
         Ok(xn
             .broadcast_mul(&self.weight.reshape((1, c, 1, 1))?)?
             .broadcast_add(&self.bias.reshape((1, c, 1, 1))?)?)
+    }
+
+    /// Adds a micro-batch's per-channel moments to the batch's.
+    fn defer(&self, x: &Tensor) -> Result<()> {
+        let (b, c, h, w) = x.dims4()?;
+        let xt = x
+            .detach()
+            .to_dtype(DType::F64)?
+            .transpose(0, 1)?
+            .reshape((c, b * h * w))?;
+        let (sum, sq) = (xt.sum(1)?, xt.sqr()?.sum(1)?);
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        *p = Some(match p.take() {
+            Some((s0, q0, n0)) => ((s0 + sum)?, (q0 + sq)?, n0 + b * h * w),
+            None => (sum, sq, b * h * w),
+        });
+        Ok(())
+    }
+
+    /// Commits deferred statistics: the running statistics move once, with the moments of
+    /// every micro-batch seen since the last commit.
+    pub fn finish_batch(&self) -> Result<()> {
+        let Some((sum, sq, n)) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return Ok(());
+        };
+        let mean = (sum / n as f64)?;
+        let var = ((sq / n as f64)? - mean.sqr()?)?;
+        let dt = self.running_mean.dtype();
+        self.update_running(&mean.to_dtype(dt)?, &var.to_dtype(dt)?, n)
     }
 
     pub fn buffers(&self) -> Vec<(String, Var)> {

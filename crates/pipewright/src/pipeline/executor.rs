@@ -64,6 +64,8 @@ pub struct PipelineOptions {
     pub clip: Option<f64>,
     pub lr: LrSchedule,
     pub recompute: Recompute,
+    /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
+    pub deferred_batch_norm: bool,
 }
 
 /// One executed action, for a Chrome trace.
@@ -167,6 +169,11 @@ impl Pipeline {
         &self.ranges
     }
 
+    /// This rank's buffers (BatchNorm running statistics) with their global names.
+    pub fn buffers(&self) -> Vec<(String, Var)> {
+        self.chunks.iter().flat_map(|(_, s)| s.buffers()).collect()
+    }
+
     /// This rank's parameters with their global names.
     pub fn params(&self) -> &[(String, Var)] {
         &self.params
@@ -265,6 +272,7 @@ impl Pipeline {
                         (v.as_tensor().clone(), Some(v))
                     };
                     let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
+                    cx.defer_batch_stats = self.opts.deferred_batch_norm;
                     let out = stage
                         .forward(Activation::Tensor(x.clone()), &mut cx)?
                         .into_tensor("stage output")?;
@@ -369,6 +377,9 @@ impl Pipeline {
         }
         for s in sends {
             s.wait()?;
+        }
+        for (_, stage) in &self.chunks {
+            stage.finish_batch()?;
         }
         self.sum_tied(&mut grads)?;
         // Every rank reports the batch loss (only the last stage computed it).
