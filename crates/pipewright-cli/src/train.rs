@@ -143,6 +143,9 @@ pub struct TrainArgs {
     /// CNN channels of the first blocks.
     #[arg(long, default_value_t = 16, value_parser = positive)]
     pub width: usize,
+    /// CNN: a long skip connection from the stem to the head (crosses every pipeline stage).
+    #[arg(long)]
+    pub long_skip: bool,
     /// CNN residual blocks.
     #[arg(long, default_value_t = 4, value_parser = positive)]
     pub blocks: usize,
@@ -220,6 +223,7 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(String
                 width: a.width,
                 blocks: a.blocks,
                 blocks_per_stage: 2,
+                long_skip: a.long_skip,
             };
             Ok((cnn(cfg)?, Vec::new()))
         }

@@ -18,6 +18,9 @@ pub struct CnnConfig {
     pub blocks: usize,
     /// Blocks between down-samplings.
     pub blocks_per_stage: usize,
+    /// A long skip connection: the stem stashes its output and the head pops it, adding a
+    /// linear map of its pooled features to the logits (it crosses every stage between).
+    pub long_skip: bool,
 }
 
 impl CnnConfig {
@@ -45,21 +48,28 @@ impl CnnConfig {
 pub fn cnn(cfg: CnnConfig) -> Result<Sequential> {
     cfg.validate()?;
     let mut s = Sequential::new();
-    s.push(LayerSpec::new("stem", move |init| {
+    let stem = LayerSpec::new("stem", move |init| {
+        let conv = Conv2d::new(
+            init,
+            "stem.conv",
+            cfg.in_channels,
+            cfg.width,
+            3,
+            1,
+            1,
+            false,
+        )?;
         Ok(Box::new(Stem {
-            conv: Conv2d::new(
-                init,
-                "stem.conv",
-                cfg.in_channels,
-                cfg.width,
-                3,
-                1,
-                1,
-                false,
-            )?,
+            conv,
             bn: BatchNorm2d::new(init, "stem.bn", cfg.width)?,
+            long_skip: cfg.long_skip,
         }) as Box<dyn Layer>)
-    }))
+    });
+    s.push(if cfg.long_skip {
+        stem.stashes(&[SKIP])
+    } else {
+        stem
+    })
     .cut();
     for i in 0..cfg.blocks {
         let name = format!("blocks.{i}");
@@ -76,18 +86,38 @@ pub fn cnn(cfg: CnnConfig) -> Result<Sequential> {
         .cut();
     }
     let last = cfg.channels(cfg.blocks - 1);
-    s.push(LayerSpec::new("head", move |init| {
-        Ok(
-            Box::new(Head(Linear::new(init, "head.fc", last, cfg.classes, true)?))
-                as Box<dyn Layer>,
-        )
-    }));
+    let head = LayerSpec::new("head", move |init| {
+        let skip = if cfg.long_skip {
+            Some(Linear::new(
+                init,
+                "head.skip",
+                cfg.width,
+                cfg.classes,
+                false,
+            )?)
+        } else {
+            None
+        };
+        Ok(Box::new(Head {
+            fc: Linear::new(init, "head.fc", last, cfg.classes, true)?,
+            skip,
+        }) as Box<dyn Layer>)
+    });
+    s.push(if cfg.long_skip {
+        head.pops(&[SKIP])
+    } else {
+        head
+    });
     Ok(s)
 }
+
+/// Name of the long skip connection.
+pub const SKIP: &str = "stem_to_head";
 
 struct Stem {
     conv: Conv2d,
     bn: BatchNorm2d,
+    long_skip: bool,
 }
 
 impl Layer for Stem {
@@ -97,7 +127,11 @@ impl Layer for Stem {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor("stem")?;
-        Ok(relu(&self.bn.forward(&self.conv.forward(&x)?, cx)?)?.into())
+        let y = relu(&self.bn.forward(&self.conv.forward(&x)?, cx)?)?;
+        if self.long_skip {
+            cx.stash("stem", SKIP, y.clone())?;
+        }
+        Ok(y.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
@@ -203,15 +237,19 @@ impl Layer for BasicBlock {
     }
 }
 
-/// Global average pooling, then a linear classifier: `(batch, classes)`.
-struct Head(Linear);
+/// Global average pooling, then a linear classifier: `(batch, classes)`; plus a linear map of
+/// the pooled stem features when the long skip is on.
+struct Head {
+    fc: Linear,
+    skip: Option<Linear>,
+}
 
 impl Layer for Head {
     fn name(&self) -> &str {
         "head"
     }
 
-    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x: Tensor = x.into_tensor("head")?;
         if x.rank() != 4 {
             return Err(Error::Layer {
@@ -219,11 +257,19 @@ impl Layer for Head {
                 msg: format!("expects (batch, channels, h, w), got {:?}", x.dims()),
             });
         }
-        let pooled = x.mean(3)?.mean(2)?;
-        Ok(self.0.forward(&pooled)?.into())
+        let mut logits = self.fc.forward(&x.mean(3)?.mean(2)?)?;
+        if let Some(skip) = &self.skip {
+            let stem = cx.pop("head", SKIP)?;
+            logits = (logits + skip.forward(&stem.mean(3)?.mean(2)?)?)?;
+        }
+        Ok(logits.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
-        self.0.params()
+        let mut v = self.fc.params();
+        if let Some(s) = &self.skip {
+            v.extend(s.params());
+        }
+        v
     }
 }

@@ -318,20 +318,29 @@ mod cnn_pipeline {
     use pipewright_models::{cnn, CnnConfig};
 
     fn model() -> pipewright::Sequential {
+        with_skip(false)
+    }
+
+    fn with_skip(long_skip: bool) -> pipewright::Sequential {
         cnn(CnnConfig {
             in_channels: 1,
             classes: 4,
             width: 4,
             blocks: 3,
             blocks_per_stage: 1,
+            long_skip,
         })
         .unwrap()
     }
 
     /// (losses, step-0 gradients, parameters and BatchNorm statistics after 3 steps).
     fn serial(chunks: usize, deferred: bool) -> Run {
+        serial_of(&model(), chunks, deferred)
+    }
+
+    fn serial_of(model: &pipewright::Sequential, chunks: usize, deferred: bool) -> Run {
         let task = Shapes::new(8, 0).unwrap();
-        let stage = model().build(&Init::cpu(SEED)).unwrap();
+        let stage = model.build(&Init::cpu(SEED)).unwrap();
         let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
         let mut t = SerialTrainer::new(
             stage,
@@ -350,12 +359,20 @@ mod cnn_pipeline {
         let (x, y) = task.batch(0, BATCH).unwrap();
         let (_, g, _) = t.loss_and_grads(&x, &y).unwrap();
         let grads = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
-        let losses = (0..3)
+        let mut losses: Vec<f64> = (0..3)
             .map(|s| {
                 let (x, y) = task.batch(s, BATCH).unwrap();
                 t.step(&x, &y).unwrap().loss
             })
             .collect();
+        losses.push(
+            t.predict(&x)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap() as f64,
+        );
         let m = t.model();
         let state = m
             .params()
@@ -367,8 +384,18 @@ mod cnn_pipeline {
     }
 
     fn piped(pp: usize, chunks: usize, kind: Kind, recompute: Recompute, deferred: bool) -> Run {
+        piped_of(&model(), pp, chunks, kind, recompute, deferred)
+    }
+
+    fn piped_of(
+        model: &pipewright::Sequential,
+        pp: usize,
+        chunks: usize,
+        kind: Kind,
+        recompute: Recompute,
+        deferred: bool,
+    ) -> Run {
         let task = Shapes::new(8, 0).unwrap();
-        let model = model();
         let per_rank = local::run(pp, |comm| {
             let opts = PipelineOptions {
                 chunks,
@@ -484,6 +511,136 @@ mod cnn_pipeline {
             "cnn deferred batch norm pp=2",
             &piped(2, 4, Kind::GPipe, Recompute::Never, true),
             &want,
+        );
+    }
+
+    #[test]
+    fn a_skip_connection_jumps_over_whole_stages() {
+        let model = with_skip(true);
+        let skips = model.skips().unwrap();
+        assert_eq!(skips.len(), 1);
+        // 5 layers on 4 stages: [stem, blocks.0], [blocks.1], [blocks.2], [head]: the skip
+        // leaves stage 0 and lands on stage 3, past two whole stages.
+        let want = serial_of(&model, 3, false);
+        for (kind, recompute) in [
+            (Kind::GPipe, Recompute::Never),
+            (Kind::OneFOneB, Recompute::Never),
+            (Kind::OneFOneB, Recompute::Always),
+        ] {
+            let got = piped_of(&model, 4, 3, kind, recompute, false);
+            compare(&format!("cnn long skip {kind} {recompute:?}"), &got, &want);
+        }
+        assert!(want.2.contains_key("head.skip.weight"));
+    }
+}
+
+mod skip_misuse {
+    use super::*;
+    use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+
+    /// A layer that stashes or pops a name (or does nothing), passing its input on.
+    struct Probe {
+        stash: Option<&'static str>,
+        pop: Option<&'static str>,
+    }
+
+    impl Layer for Probe {
+        fn name(&self) -> &str {
+            "probe"
+        }
+        fn forward(&self, x: Activation, cx: &mut Cx) -> pipewright::Result<Activation> {
+            let t = x.into_tensor("probe")?;
+            if let Some(n) = self.stash {
+                cx.stash("probe", n, t.clone())?;
+            }
+            if let Some(n) = self.pop {
+                return Ok((t + cx.pop("probe", n)?)?.into());
+            }
+            Ok(t.into())
+        }
+        fn params(&self) -> Vec<(String, candle_core::Var)> {
+            Vec::new()
+        }
+    }
+
+    fn spec(i: usize, stash: Option<&'static str>, pop: Option<&'static str>) -> LayerSpec {
+        LayerSpec::new(format!("l{i}"), move |_| {
+            Ok(Box::new(Probe { stash, pop }) as Box<dyn Layer>)
+        })
+    }
+
+    #[test]
+    fn misused_skips_are_clear_errors() {
+        let mut pop_first = Sequential::new();
+        pop_first
+            .push(spec(0, None, Some("s")).pops(&["s"]))
+            .push(spec(1, Some("s"), None).stashes(&["s"]));
+        assert!(pop_first
+            .skips()
+            .unwrap_err()
+            .to_string()
+            .contains("which no earlier layer stashes"));
+        let mut twice = Sequential::new();
+        twice
+            .push(spec(0, Some("s"), None).stashes(&["s"]))
+            .push(spec(1, Some("s"), None).stashes(&["s"]));
+        assert!(twice
+            .skips()
+            .unwrap_err()
+            .to_string()
+            .contains("stashed by two layers"));
+        let mut never = Sequential::new();
+        never
+            .push(spec(0, Some("s"), None).stashes(&["s"]))
+            .push(spec(1, None, None));
+        assert!(never
+            .skips()
+            .unwrap_err()
+            .to_string()
+            .contains("no later layer pops it"));
+        // At run time: popping what was never stashed, and stashing without declaring it.
+        let x = Tensor::zeros((2, 3), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+        let mut cx = Cx::eval();
+        let e = Probe {
+            stash: None,
+            pop: Some("ghost"),
+        }
+        .forward(x.clone().into(), &mut cx)
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("pops `ghost` but no earlier layer stashed it"),
+            "{e}"
+        );
+        let mut undeclared = Sequential::new();
+        undeclared
+            .push(spec(0, Some("hidden"), None))
+            .cut()
+            .push(spec(1, None, None));
+        let e = local::run(2, |comm| {
+            let opts = PipelineOptions {
+                chunks: 1,
+                schedule: Kind::GPipe,
+                virtual_stages: 1,
+                balance: None,
+                seed: 0,
+                tied: vec![],
+                clip: None,
+                lr: LrSchedule::Constant { lr: 1e-3 },
+                recompute: Recompute::Never,
+                deferred_batch_norm: false,
+            };
+            let p = Pipeline::new(&undeclared, &Init::cpu(0), Box::new(comm), opts, adamw)?;
+            p.predict(&x).map(|_| ())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(
+                "model stage 0: skip connections [\"hidden\"] were stashed but nothing pops them"
+            ),
+            "{e}"
         );
     }
 }

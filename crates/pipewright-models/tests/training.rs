@@ -191,6 +191,7 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
         width: 4,
         blocks: 2,
         blocks_per_stage: 1,
+        long_skip: false,
     };
     let model = cnn(c).unwrap();
     let stage = model.build(&Init::cpu(0)).unwrap();

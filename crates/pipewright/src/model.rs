@@ -163,11 +163,14 @@ pub trait Layer: Send + Sync {
 
 type BuildFn = dyn Fn(&Init) -> Result<Box<dyn Layer>> + Send + Sync;
 
-/// A named builder of one layer.
+/// A named builder of one layer, with the skip connections it stashes and pops (torchgpipe's
+/// `@skippable(stash=[...], pop=[...])`), so that a pipeline can route them between stages.
 #[derive(Clone)]
 pub struct LayerSpec {
     name: String,
     build: Arc<BuildFn>,
+    stashes: Vec<String>,
+    pops: Vec<String>,
 }
 
 impl std::fmt::Debug for LayerSpec {
@@ -184,7 +187,21 @@ impl LayerSpec {
         Self {
             name: name.into(),
             build: Arc::new(build),
+            stashes: Vec::new(),
+            pops: Vec::new(),
         }
+    }
+
+    /// Declares the skip connections this layer stashes ([`Cx::stash`]).
+    pub fn stashes(mut self, names: &[&str]) -> Self {
+        self.stashes.extend(names.iter().map(|n| n.to_string()));
+        self
+    }
+
+    /// Declares the skip connections this layer pops ([`Cx::pop`]).
+    pub fn pops(mut self, names: &[&str]) -> Self {
+        self.pops.extend(names.iter().map(|n| n.to_string()));
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -243,6 +260,50 @@ impl Sequential {
         &self.cut_points
     }
 
+    /// The declared skip connections: (name, stashing layer, popping layer). Each name is
+    /// stashed by exactly one layer and popped by exactly one later layer.
+    pub fn skips(&self) -> Result<Vec<Skip>> {
+        let mut out: Vec<Skip> = Vec::new();
+        for (i, spec) in self.specs.iter().enumerate() {
+            for name in &spec.stashes {
+                if out.iter().any(|s| &s.name == name) {
+                    return Err(invalid!(
+                        "skip `{name}` is stashed by two layers (the second is `{}`)",
+                        spec.name
+                    ));
+                }
+                out.push(Skip {
+                    name: name.clone(),
+                    from: i,
+                    to: usize::MAX,
+                });
+            }
+            for name in &spec.pops {
+                let skip = out.iter_mut().find(|s| &s.name == name).ok_or_else(|| {
+                    invalid!(
+                        "layer `{}` pops skip `{name}`, which no earlier layer stashes",
+                        spec.name
+                    )
+                })?;
+                if skip.to != usize::MAX {
+                    return Err(invalid!(
+                        "skip `{name}` is popped twice (the second time by `{}`)",
+                        spec.name
+                    ));
+                }
+                skip.to = i;
+            }
+        }
+        if let Some(s) = out.iter().find(|s| s.to == usize::MAX) {
+            return Err(invalid!(
+                "skip `{}` is stashed by `{}` but no later layer pops it",
+                s.name,
+                self.specs[s.from].name
+            ));
+        }
+        Ok(out)
+    }
+
     /// Builds every layer.
     pub fn build(&self, init: &Init) -> Result<Stage> {
         self.build_range(0..self.len(), init)
@@ -262,6 +323,16 @@ impl Sequential {
             .collect::<Result<Vec<_>>>()?;
         Ok(Stage { range, layers })
     }
+}
+
+/// A declared skip connection between two layers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skip {
+    pub name: String,
+    /// Index of the stashing layer.
+    pub from: usize,
+    /// Index of the popping layer.
+    pub to: usize,
 }
 
 /// A built contiguous range of layers.

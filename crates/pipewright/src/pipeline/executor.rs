@@ -89,6 +89,18 @@ struct Saved {
     /// The stage output (to inject the incoming gradient) or, on the last stage, the loss;
     /// `None` when the forward is to be recomputed.
     output: Option<Tensor>,
+    /// Skip tensors received from earlier stages (their gradients go back there).
+    imports: Vec<(usize, Var)>,
+    /// Skip tensors sent to later stages (their gradients come back); `None` when recomputed.
+    exports: Option<Vec<(usize, Tensor)>>,
+}
+
+/// A skip connection whose ends sit on different model stages.
+#[derive(Clone, Debug)]
+struct Route {
+    name: String,
+    from: usize,
+    to: usize,
 }
 
 /// One rank of a pipeline.
@@ -98,6 +110,7 @@ pub struct Pipeline {
     /// (model stage, built layers) for each chunk of this rank.
     chunks: Vec<(usize, Stage)>,
     ranges: Vec<Range<usize>>,
+    routes: Vec<Route>,
     params: Vec<(String, Var)>,
     optimizer: Box<dyn Optimizer>,
     opts: PipelineOptions,
@@ -140,9 +153,20 @@ impl Pipeline {
                 Ok((k, model.build_range(ranges[k].clone(), init)?))
             })
             .collect::<Result<Vec<_>>>()?;
+        let stage_of = |layer: usize| ranges.iter().position(|r| r.contains(&layer)).unwrap_or(0);
+        let routes: Vec<Route> = model
+            .skips()?
+            .into_iter()
+            .map(|s| Route {
+                from: stage_of(s.from),
+                to: stage_of(s.to),
+                name: s.name,
+            })
+            .filter(|r| r.from != r.to)
+            .collect();
         let params: Vec<(String, Var)> = chunks.iter().flat_map(|(_, s)| s.params()).collect();
         let optimizer = make_optimizer(params.clone())?;
-        let total = 2 * p * v * (opts.chunks + 1);
+        let total = 2 * (p * v + routes.len()) * (opts.chunks + 1);
         if total as u64 >= MAX_TAG {
             return Err(invalid!("{} micro-batches over {} model stages need more message tags than a communicator has", opts.chunks, p * v));
         }
@@ -151,6 +175,7 @@ impl Pipeline {
             schedule,
             chunks,
             ranges,
+            routes,
             params,
             optimizer,
             opts,
@@ -224,6 +249,61 @@ impl Pipeline {
         ((mb * self.stages() + k) * 2 + usize::from(backward)) as u64
     }
 
+    /// Tag of skip route `i` for micro-batch `mb` (`mb` = micro-batches for evaluation).
+    fn skip_tag(&self, mb: usize, i: usize, backward: bool) -> u64 {
+        let base = 2 * self.stages() * (self.schedule.micro_batches + 1);
+        (base + (mb * self.routes.len() + i) * 2 + usize::from(backward)) as u64
+    }
+
+    /// Receives the skip tensors that model stage `k` pops from earlier stages.
+    fn import_skips(&self, k: usize, mb: usize) -> Result<Vec<(usize, Var)>> {
+        self.routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.to == k)
+            .map(|(i, r)| {
+                let t = self
+                    .comm
+                    .recv(self.rank_of(r.from), self.skip_tag(mb, i, false))?;
+                Ok((i, Var::from_tensor(&t)?))
+            })
+            .collect()
+    }
+
+    /// Runs model stage `k`: stashes the imported skips, runs the layers, and pops the skips
+    /// that later stages pop. Any other stash left over is an error.
+    fn run_stage(
+        &self,
+        stage: &Stage,
+        k: usize,
+        x: &Tensor,
+        imports: &[(usize, Var)],
+        cx: &mut Cx,
+    ) -> Result<(Tensor, Vec<(usize, Tensor)>)> {
+        let here = format!("model stage {k}");
+        for (i, v) in imports {
+            cx.stash(&here, &self.routes[*i].name, v.as_tensor().clone())?;
+        }
+        let out = stage
+            .forward(Activation::Tensor(x.clone()), cx)?
+            .into_tensor("stage output")?;
+        let exports = self
+            .routes
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.from == k)
+            .map(|(i, r)| Ok((i, cx.pop(&here, &r.name)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let left = cx.stashed();
+        if !left.is_empty() {
+            return Err(invalid!(
+                "{here}: skip connections {left:?} were stashed but nothing pops them: declare them \
+                 with LayerSpec::stashes and LayerSpec::pops"
+            ));
+        }
+        Ok((out, exports))
+    }
+
     /// The loss of the batch and this rank's parameter gradients (tied pairs summed across
     /// their owners), without stepping.
     pub fn loss_and_grads(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads)> {
@@ -273,9 +353,12 @@ impl Pipeline {
                     };
                     let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
                     cx.defer_batch_stats = self.opts.deferred_batch_norm;
-                    let out = stage
-                        .forward(Activation::Tensor(x.clone()), &mut cx)?
-                        .into_tensor("stage output")?;
+                    let imports = self.import_skips(k, mb)?;
+                    let (out, exports) = self.run_stage(stage, k, &x, &imports, &mut cx)?;
+                    for (i, t) in &exports {
+                        let to = self.rank_of(self.routes[*i].to);
+                        sends.push(self.comm.isend(t, to, self.skip_tag(mb, *i, false))?);
+                    }
                     let output = if k == last {
                         let l = Self::loss(&out, &ys[mb], total)?;
                         loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
@@ -300,6 +383,8 @@ impl Pipeline {
                             x,
                             input,
                             output: keep.then_some(output),
+                            imports,
+                            exports: keep.then_some(exports),
                         },
                     );
                     if keep {
@@ -316,30 +401,38 @@ impl Pipeline {
                         ))
                     })?;
                     let kept = s.output.is_some();
-                    let output = match s.output {
-                        Some(o) => o,
-                        None => {
+                    let (output, exports) = match (s.output, s.exports) {
+                        (Some(o), Some(e)) => (o, e),
+                        _ => {
                             recomputed = true;
                             // The same context as the first forward: same dropout masks; layers
                             // with side effects (BatchNorm statistics) see is_recomputing().
                             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
                             cx.set_recomputing(true);
-                            let out = stage
-                                .forward(Activation::Tensor(s.x.clone()), &mut cx)?
-                                .into_tensor("stage output")?;
-                            if k == last {
+                            let (out, exports) =
+                                self.run_stage(stage, k, &s.x, &s.imports, &mut cx)?;
+                            let out = if k == last {
                                 Self::loss(&out, &ys[mb], total)?
                             } else {
                                 out
-                            }
+                            };
+                            (out, exports)
                         }
                     };
-                    let store = if k == last {
-                        output.backward()?
+                    // One backward for the output and every skip sent on: the gradients that
+                    // come back are injected as (tensor * gradient).sum().
+                    let mut objective = if k == last {
+                        output
                     } else {
                         let g = self.comm.recv(self.rank_of(k + 1), self.tag(mb, k, true))?;
-                        (output * g.detach())?.sum_all()?.backward()?
+                        (output * g.detach())?.sum_all()?
                     };
+                    for (i, t) in exports {
+                        let from = self.rank_of(self.routes[i].to);
+                        let g = self.comm.recv(from, self.skip_tag(mb, i, true))?;
+                        objective = (objective + (t * g.detach())?.sum_all()?)?;
+                    }
+                    let store = objective.backward()?;
                     grads.accumulate(Grads::from_store(&store, &stage.params()))?;
                     if let Some(input) = s.input {
                         let g = store
@@ -352,6 +445,15 @@ impl Pipeline {
                             self.rank_of(k - 1),
                             self.tag(mb, k - 1, true),
                         )?);
+                    }
+                    for (i, v) in &s.imports {
+                        let g = store
+                            .get(v.as_tensor())
+                            .cloned()
+                            .map(Ok)
+                            .unwrap_or_else(|| v.as_tensor().zeros_like())?;
+                        let from = self.rank_of(self.routes[*i].from);
+                        sends.push(self.comm.isend(&g, from, self.skip_tag(mb, *i, true))?);
                     }
                     if kept {
                         self.held -= 1;
@@ -456,9 +558,13 @@ impl Pipeline {
             } else {
                 self.comm.recv(self.rank_of(k - 1), (base + k - 1) as u64)?
             };
-            let y = stage
-                .forward(Activation::Tensor(x), &mut Cx::eval())?
-                .into_tensor("stage output")?;
+            let m = self.schedule.micro_batches;
+            let imports = self.import_skips(k, m)?;
+            let (y, exports) = self.run_stage(stage, k, &x, &imports, &mut Cx::eval())?;
+            for (i, t) in &exports {
+                let to = self.rank_of(self.routes[*i].to);
+                self.comm.send(t, to, self.skip_tag(m, *i, false))?;
+            }
             if k == last {
                 out = Some(y);
             } else {
