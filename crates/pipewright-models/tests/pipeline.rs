@@ -409,7 +409,7 @@ mod cnn_pipeline {
                 recompute,
                 deferred_batch_norm: deferred,
             };
-            let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
+            let mut p = Pipeline::new(model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
             let (x, y) = task.batch(0, BATCH)?;
             let (_, g) = p.loss_and_grads(&x, &y)?;
             let grads: Vec<(String, Tensor)> =
