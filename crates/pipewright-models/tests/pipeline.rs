@@ -168,17 +168,18 @@ fn compare(what: &str, got: &Run, want: &Run) {
     }
 }
 
+const RECOMPUTE: [Recompute; 3] = [Recompute::Never, Recompute::ExceptLast, Recompute::Always];
+
 #[test]
-fn gpipe_and_1f1b_match_serial_training() {
+fn gpipe_and_1f1b_match_serial_training_in_every_recompute_mode() {
     for chunks in [1, 3, 4] {
         let want = serial(chunks);
         for pp in [1, 2, 4] {
             for kind in [Kind::GPipe, Kind::OneFOneB] {
-                compare(
-                    &format!("{kind} pp={pp} chunks={chunks}"),
-                    &pipelined(pp, chunks, kind, 1, Recompute::Never),
-                    &want,
-                );
+                for recompute in RECOMPUTE {
+                    let what = format!("{kind} pp={pp} chunks={chunks} recompute {recompute:?}");
+                    compare(&what, &pipelined(pp, chunks, kind, 1, recompute), &want);
+                }
             }
         }
     }
@@ -188,11 +189,13 @@ fn gpipe_and_1f1b_match_serial_training() {
 fn interleaved_matches_serial_training() {
     for (pp, chunks) in [(2, 4), (2, 2)] {
         let want = serial(chunks);
-        compare(
-            &format!("interleaved pp={pp} chunks={chunks} v=2"),
-            &pipelined(pp, chunks, Kind::Interleaved, 2, Recompute::Never),
-            &want,
-        );
+        for recompute in RECOMPUTE {
+            compare(
+                &format!("interleaved pp={pp} chunks={chunks} v=2 recompute {recompute:?}"),
+                &pipelined(pp, chunks, Kind::Interleaved, 2, recompute),
+                &want,
+            );
+        }
     }
 }
 
@@ -256,20 +259,6 @@ fn bad_pipeline_configurations_are_errors() {
         err(Kind::GPipe, 2, Some(vec![4, 3])).contains("sums to 7 but the model has 6 segments")
     );
     assert!(err(Kind::GPipe, 0, None).contains("at least one"));
-}
-
-#[test]
-fn recompute_modes_match_serial_training() {
-    let want = serial(3);
-    for recompute in [Recompute::Always, Recompute::ExceptLast] {
-        for kind in [Kind::GPipe, Kind::OneFOneB] {
-            compare(
-                &format!("{kind} recompute {recompute:?}"),
-                &pipelined(2, 3, kind, 1, recompute),
-                &want,
-            );
-        }
-    }
 }
 
 #[test]
@@ -384,7 +373,7 @@ mod cnn_pipeline {
     }
 
     fn piped(pp: usize, chunks: usize, kind: Kind, recompute: Recompute, deferred: bool) -> Run {
-        piped_of(&model(), pp, chunks, kind, recompute, deferred)
+        piped_of(&model(), pp, chunks, kind, recompute, deferred, 1)
     }
 
     fn piped_of(
@@ -394,13 +383,14 @@ mod cnn_pipeline {
         kind: Kind,
         recompute: Recompute,
         deferred: bool,
+        v: usize,
     ) -> Run {
         let task = Shapes::new(8, 0).unwrap();
         let per_rank = local::run(pp, |comm| {
             let opts = PipelineOptions {
                 chunks,
                 schedule: kind,
-                virtual_stages: 1,
+                virtual_stages: v,
                 balance: None,
                 seed: SEED,
                 tied: vec![],
@@ -441,20 +431,31 @@ mod cnn_pipeline {
     fn cnn_with_batch_norm_matches_serial_training() {
         for chunks in [1, 3, 4] {
             let want = serial(chunks, false);
-            for pp in [2, 4] {
+            for pp in [1, 2, 4] {
                 for kind in [Kind::GPipe, Kind::OneFOneB] {
-                    compare(
-                        &format!("cnn {kind} pp={pp} chunks={chunks}"),
-                        &piped(pp, chunks, kind, Recompute::Never, false),
-                        &want,
-                    );
+                    for recompute in RECOMPUTE {
+                        compare(
+                            &format!("cnn {kind} pp={pp} chunks={chunks} recompute {recompute:?}"),
+                            &piped(pp, chunks, kind, recompute, false),
+                            &want,
+                        );
+                    }
                 }
             }
-            compare(
-                &format!("cnn recompute always chunks={chunks}"),
-                &piped(2, chunks, Kind::OneFOneB, Recompute::Always, false),
-                &want,
+        }
+        // Interleaved, v = 2 on 2 ranks: 4 model stages of the CNN's 5 layers.
+        for chunks in [2, 4] {
+            let want = serial(chunks, false);
+            let got = piped_of(
+                &model(),
+                2,
+                chunks,
+                Kind::Interleaved,
+                Recompute::Never,
+                false,
+                2,
             );
+            compare(&format!("cnn interleaved v=2 chunks={chunks}"), &got, &want);
         }
     }
 
@@ -527,7 +528,7 @@ mod cnn_pipeline {
             (Kind::OneFOneB, Recompute::Never),
             (Kind::OneFOneB, Recompute::Always),
         ] {
-            let got = piped_of(&model, 4, 3, kind, recompute, false);
+            let got = piped_of(&model, 4, 3, kind, recompute, false, 1);
             compare(&format!("cnn long skip {kind} {recompute:?}"), &got, &want);
         }
         assert!(want.2.contains_key("head.skip.weight"));
