@@ -75,7 +75,7 @@ pub struct TrainArgs {
     /// Pipeline stages (ranks as threads of this process).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,
-    /// Pipeline schedule: gpipe, 1f1b or interleaved.
+    /// Pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble H1).
     #[arg(long, default_value = "1f1b")]
     pub schedule: String,
     /// Model chunks per pipeline stage (interleaved schedule).

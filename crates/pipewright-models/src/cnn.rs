@@ -127,7 +127,7 @@ impl Layer for Stem {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor("stem")?;
-        let y = relu(&self.bn.forward(&self.conv.forward(&x)?, cx)?)?;
+        let y = relu(&self.bn.forward(&self.conv.forward_cx(&x, cx)?, cx)?)?;
         if self.long_skip {
             cx.stash("stem", SKIP, y.clone())?;
         }
@@ -197,10 +197,10 @@ impl Layer for BasicBlock {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
-        let h = relu(&self.bn1.forward(&self.conv1.forward(&x)?, cx)?)?;
-        let h = self.bn2.forward(&self.conv2.forward(&h)?, cx)?;
+        let h = relu(&self.bn1.forward(&self.conv1.forward_cx(&x, cx)?, cx)?)?;
+        let h = self.bn2.forward(&self.conv2.forward_cx(&h, cx)?, cx)?;
         let s = match &self.shortcut {
-            Some((c, b)) => b.forward(&c.forward(&x)?, cx)?,
+            Some((c, b)) => b.forward(&c.forward_cx(&x, cx)?, cx)?,
             None => x,
         };
         Ok(relu(&(h + s)?)?.into())
@@ -257,10 +257,10 @@ impl Layer for Head {
                 msg: format!("expects (batch, channels, h, w), got {:?}", x.dims()),
             });
         }
-        let mut logits = self.fc.forward(&x.mean(3)?.mean(2)?)?;
+        let mut logits = self.fc.forward_cx(&x.mean(3)?.mean(2)?, cx)?;
         if let Some(skip) = &self.skip {
             let stem = cx.pop("head", SKIP)?;
-            logits = (logits + skip.forward(&stem.mean(3)?.mean(2)?)?)?;
+            logits = (logits + skip.forward_cx(&stem.mean(3)?.mean(2)?, cx)?)?;
         }
         Ok(logits.into())
     }

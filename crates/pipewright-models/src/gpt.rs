@@ -132,8 +132,8 @@ impl Layer for GptEmbed {
         let pos = Tensor::arange(0u32, t as u32, ids.device())?;
         let x = self
             .wte
-            .forward(&ids)?
-            .broadcast_add(&self.wpe.forward(&pos)?)?;
+            .forward_cx(&ids, cx)?
+            .broadcast_add(&self.wpe.forward_cx(&pos, cx)?)?;
         Ok(self.drop.forward(&x, cx)?.into())
     }
 
@@ -186,8 +186,8 @@ impl Layer for Block {
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
         let x = (&x + self.attn.forward(&self.ln_1.forward(&x)?, cx)?)?;
-        let h = gelu(&self.c_fc.forward(&self.ln_2.forward(&x)?)?)?;
-        let h = self.drop.forward(&self.c_proj.forward(&h)?, cx)?;
+        let h = gelu(&self.c_fc.forward_cx(&self.ln_2.forward(&x)?, cx)?)?;
+        let h = self.drop.forward(&self.c_proj.forward_cx(&h, cx)?, cx)?;
         Ok((x + h)?.into())
     }
 
@@ -226,8 +226,8 @@ impl Layer for LmHead {
         "lm_head"
     }
 
-    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
-        Ok(self.0.forward(&x.into_tensor("lm_head")?)?.into())
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        Ok(self.0.forward_cx(&x.into_tensor("lm_head")?, cx)?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {

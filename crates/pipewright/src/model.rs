@@ -80,6 +80,9 @@ pub struct Cx {
     /// Deferred batch norm (torchgpipe): BatchNorm layers add this micro-batch's moments to the
     /// batch's and move their running statistics once, at [`Layer::finish_batch`].
     pub defer_batch_stats: bool,
+    /// Zero-bubble split backward: weight-bearing layers queue their weight gradients here
+    /// instead of computing them in the backward pass.
+    pub weight_grads: Option<crate::nn::deferred::WeightGradQueue>,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
 }
@@ -92,6 +95,7 @@ impl Cx {
             step,
             micro_batch,
             defer_batch_stats: false,
+            weight_grads: None,
             recomputing: false,
             stash: HashMap::new(),
         }

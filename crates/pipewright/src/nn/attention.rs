@@ -51,7 +51,7 @@ impl CausalSelfAttention {
             msg: format!("expects (batch, time, channels), got {:?}", x.dims()),
         })?;
         let hd = c / self.n_head;
-        let qkv = self.c_attn.forward(x)?;
+        let qkv = self.c_attn.forward_cx(x, cx)?;
         let heads = |i: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(2, i * c, c)?
@@ -66,7 +66,7 @@ impl CausalSelfAttention {
         let att = softmax_last_dim(&att)?;
         let att = self.attn_dropout.forward(&att, cx)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
-        let y = self.c_proj.forward(&y)?;
+        let y = self.c_proj.forward_cx(&y, cx)?;
         self.resid_dropout.forward(&y, cx)
     }
 }

@@ -2,7 +2,9 @@
 
 use candle_core::{Tensor, Var};
 
+use super::deferred::{WeightGradQueue, Work};
 use super::{join, Init, Module};
+use crate::model::Cx;
 use crate::{Error, Result};
 
 #[derive(Clone, Debug)]
@@ -56,8 +58,20 @@ impl Conv2d {
         })
     }
 
+    /// [`Conv2d::forward`], or with its weight gradient deferred to `cx`'s queue.
+    pub fn forward_cx(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
+        match &cx.weight_grads {
+            None => self.forward(x),
+            Some(q) => self.run(x, Some((q, cx.micro_batch))),
+        }
+    }
+
     /// `x`: `(batch, in_channels, h, w)`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.run(x, None)
+    }
+
+    fn run(&self, x: &Tensor, defer: Option<(&WeightGradQueue, usize)>) -> Result<Tensor> {
         match x.dims() {
             [_, c, _, _] if *c == self.in_channels => {}
             d => {
@@ -67,7 +81,27 @@ impl Conv2d {
                 })
             }
         }
-        let y = x.conv2d(&self.weight, self.padding, self.stride, 1, 1)?;
+        let y = match defer {
+            None => x.conv2d(&self.weight, self.padding, self.stride, 1, 1)?,
+            Some((q, mb)) => {
+                let w = self.weight.as_tensor().detach();
+                let y = x.conv2d(&w, self.padding, self.stride, 1, 1)?;
+                let (_, _, k0, k1) = w.dims4()?;
+                let work = Work::Conv2d {
+                    x: x.detach(),
+                    padding: self.padding,
+                    stride: self.stride,
+                    kernel: (k0, k1),
+                };
+                q.tap(
+                    &y,
+                    self.weight.as_tensor(),
+                    mb,
+                    &join(&self.name, "weight"),
+                    work,
+                )?
+            }
+        };
         match &self.bias {
             Some(b) => Ok(y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?),
             None => Ok(y),

@@ -2,7 +2,9 @@
 
 use candle_core::{DType, Tensor, Var};
 
+use super::deferred::{WeightGradQueue, Work};
 use super::{join, Init, Module};
+use crate::model::Cx;
 use crate::{Error, Result};
 
 /// A `(num, dim)` table indexed by integer ids of any shape.
@@ -33,8 +35,20 @@ impl Embedding {
         &self.weight
     }
 
+    /// [`Embedding::forward`], or with its weight gradient deferred to `cx`'s queue.
+    pub fn forward_cx(&self, ids: &Tensor, cx: &Cx) -> Result<Tensor> {
+        match &cx.weight_grads {
+            None => self.forward(ids),
+            Some(q) => self.run(ids, Some((q, cx.micro_batch))),
+        }
+    }
+
     /// Looks ids up; out-of-range ids are an error naming the layer.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.run(ids, None)
+    }
+
+    fn run(&self, ids: &Tensor, defer: Option<(&WeightGradQueue, usize)>) -> Result<Tensor> {
         let (num, dim) = self.weight.dims2()?;
         let flat = ids.flatten_all()?.to_dtype(DType::U32)?;
         let max = flat.max(0).ok().map(|m| m.to_scalar::<u32>()).transpose()?;
@@ -48,7 +62,25 @@ impl Embedding {
         }
         let mut dims = ids.dims().to_vec();
         dims.push(dim);
-        Ok(self.weight.index_select(&flat, 0)?.reshape(dims)?)
+        let y = match defer {
+            None => self.weight.index_select(&flat, 0)?,
+            Some((q, mb)) => {
+                let y = self.weight.as_tensor().detach().index_select(&flat, 0)?;
+                let work = Work::Embedding {
+                    ids: flat.clone(),
+                    rows: num,
+                    dim,
+                };
+                q.tap(
+                    &y,
+                    self.weight.as_tensor(),
+                    mb,
+                    &join(&self.name, "weight"),
+                    work,
+                )?
+            }
+        };
+        Ok(y.reshape(dims)?)
     }
 }
 

@@ -2,7 +2,9 @@
 
 use candle_core::{Tensor, Var};
 
+use super::deferred::{WeightGradQueue, Work};
 use super::{join, Init, Module};
+use crate::model::Cx;
 use crate::{Error, Result};
 
 /// How the weight matrix is stored.
@@ -87,7 +89,19 @@ impl Linear {
         self.out_features
     }
 
+    /// [`Linear::forward`], or with its weight gradient deferred to `cx`'s queue.
+    pub fn forward_cx(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
+        match &cx.weight_grads {
+            None => self.forward(x),
+            Some(q) => self.run(x, Some((q, cx.micro_batch))),
+        }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.run(x, None)
+    }
+
+    fn run(&self, x: &Tensor, defer: Option<(&WeightGradQueue, usize)>) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         if dims.last() != Some(&self.in_features) {
             return Err(Error::Layer {
@@ -100,11 +114,28 @@ impl Linear {
         }
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_features))?;
+        let weight = match defer {
+            Some(_) => self.weight.as_tensor().detach(),
+            None => self.weight.as_tensor().clone(),
+        };
         let w = match self.layout {
-            WeightLayout::OutIn => self.weight.as_tensor().t()?,
-            WeightLayout::InOut => self.weight.as_tensor().clone(),
+            WeightLayout::OutIn => weight.t()?,
+            WeightLayout::InOut => weight,
         };
         let mut y = x2.matmul(&w)?;
+        if let Some((q, mb)) = defer {
+            let work = Work::Matmul {
+                x: x2.detach(),
+                layout: self.layout,
+            };
+            y = q.tap(
+                &y,
+                self.weight.as_tensor(),
+                mb,
+                &join(&self.name, "weight"),
+                work,
+            )?;
+        }
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b.as_tensor())?;
         }

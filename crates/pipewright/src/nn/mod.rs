@@ -6,6 +6,7 @@ pub mod activation;
 pub mod attention;
 pub mod batch_norm;
 pub mod conv;
+pub mod deferred;
 pub mod dropout;
 pub mod embedding;
 pub mod grads;

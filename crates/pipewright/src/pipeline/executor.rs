@@ -5,6 +5,11 @@
 //! `r` is model stage `c * p + r`) and calls [`Pipeline::step`] with the same batch. Sends are
 //! non-blocking and completed at the end of the step, so a schedule that is deadlock-free as
 //! data (see [`super::schedule`]) cannot deadlock on blocking sends either.
+//!
+//! Zero-bubble schedules split the backward: forwards run with a weight-gradient queue
+//! ([`crate::nn::deferred`]), an input-gradient action (I) runs the backward, which then gives
+//! only input, bias and norm gradients, and the weight-gradient action (W) of the same
+//! micro-batch computes the queued weight gradients later.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -16,6 +21,7 @@ use super::partition::partition;
 use super::schedule::{Action, Kind, Schedule};
 use crate::comm::{Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::model::{Activation, Cx, Mode, Sequential, Stage};
+use crate::nn::deferred::{leftover, WeightGradQueue};
 use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
 use crate::nn::{cross_entropy_sum, Grads, Init};
 use crate::serial::{count_targets, StepReport};
@@ -123,6 +129,8 @@ pub struct Pipeline {
     peak_inputs: usize,
     /// Executed actions, when tracing.
     trace: Option<Vec<TraceEvent>>,
+    /// Deferred weight gradients (zero-bubble schedules only).
+    queue: Option<WeightGradQueue>,
     epoch: std::time::Instant,
 }
 
@@ -137,14 +145,8 @@ impl Pipeline {
     ) -> Result<Self> {
         opts.lr.validate()?;
         let (p, v) = (comm.size(), opts.virtual_stages);
-        if opts.schedule == Kind::ZeroBubbleH1 {
-            return Err(invalid!(
-                "the zb1 schedule needs a backward split into input and weight gradients, which the \
-                 executor does not have yet: use gpipe, 1f1b or interleaved (`pipewright schedule \
-                 --schedule zb1` shows its timeline)"
-            ));
-        }
         let schedule = Schedule::new(opts.schedule, p, opts.chunks, v)?;
+        let queue = (opts.schedule == Kind::ZeroBubbleH1).then(WeightGradQueue::new);
         let ranges = partition(model, p * v, opts.balance.as_deref())?;
         let r = comm.rank();
         let chunks = (0..v)
@@ -186,6 +188,7 @@ impl Pipeline {
             peak_inputs: 0,
             trace: None,
             epoch: std::time::Instant::now(),
+            queue,
         })
     }
 
@@ -328,6 +331,7 @@ impl Pipeline {
         let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
         let mut sends: Vec<Pending<()>> = Vec::new();
         let mut grads = Grads::new();
+        let mut awaiting_weight: HashMap<(usize, usize), bool> = HashMap::new();
         let mut loss = 0.0;
         self.held = 0;
         self.peak_held = 0;
@@ -353,6 +357,7 @@ impl Pipeline {
                     };
                     let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
                     cx.defer_batch_stats = self.opts.deferred_batch_norm;
+                    cx.weight_grads = self.queue.clone();
                     let imports = self.import_skips(k, mb)?;
                     let (out, exports) = self.run_stage(stage, k, &x, &imports, &mut cx)?;
                     for (i, t) in &exports {
@@ -394,7 +399,7 @@ impl Pipeline {
                     self.inputs_held += 1;
                     self.peak_inputs = self.peak_inputs.max(self.inputs_held);
                 }
-                Action::Backward { .. } => {
+                Action::Backward { .. } | Action::BackwardInput { .. } => {
                     let s = saved.remove(&(mb, c)).ok_or_else(|| {
                         Error::Invalid(format!(
                             "stage {k}: backward of micro-batch {mb} before its forward"
@@ -409,6 +414,7 @@ impl Pipeline {
                             // with side effects (BatchNorm statistics) see is_recomputing().
                             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
                             cx.set_recomputing(true);
+                            cx.weight_grads = self.queue.clone();
                             let (out, exports) =
                                 self.run_stage(stage, k, &s.x, &s.imports, &mut cx)?;
                             let out = if k == last {
@@ -455,15 +461,22 @@ impl Pipeline {
                         let from = self.rank_of(self.routes[*i].from);
                         sends.push(self.comm.isend(&g, from, self.skip_tag(mb, *i, true))?);
                     }
-                    if kept {
+                    // Under a split backward the activations stay until the weight gradient.
+                    if matches!(a, Action::BackwardInput { .. }) {
+                        awaiting_weight.insert((mb, c), kept);
+                    } else if kept {
                         self.held -= 1;
                     }
                     self.inputs_held -= 1;
                 }
-                Action::BackwardInput { .. } | Action::BackwardWeight { .. } => {
-                    return Err(invalid!(
-                        "split backward actions need the zero-bubble executor"
-                    ));
+                Action::BackwardWeight { .. } => {
+                    let queue = self.queue.as_ref().ok_or_else(|| {
+                        invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
+                    })?;
+                    grads.accumulate(queue.weight_grads(mb)?)?;
+                    if awaiting_weight.remove(&(mb, c)) == Some(true) {
+                        self.held -= 1;
+                    }
                 }
             }
             if let Some(trace) = self.trace.as_mut() {
@@ -479,6 +492,9 @@ impl Pipeline {
         }
         for s in sends {
             s.wait()?;
+        }
+        if let Some(n) = self.queue.as_ref().map(|q| q.pending()).filter(|n| *n > 0) {
+            return Err(leftover(n));
         }
         for (_, stage) in &self.chunks {
             stage.finish_batch()?;
