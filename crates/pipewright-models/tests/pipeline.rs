@@ -187,7 +187,7 @@ fn gpipe_and_1f1b_match_serial_training_in_every_recompute_mode() {
 
 #[test]
 fn interleaved_matches_serial_training() {
-    for (pp, chunks) in [(2, 4), (2, 2)] {
+    for (pp, chunks) in [(2, 4), (2, 2), (1, 3)] {
         let want = serial(chunks);
         for recompute in RECOMPUTE {
             compare(
@@ -445,16 +445,14 @@ mod cnn_pipeline {
         // Interleaved, v = 2 on 2 ranks: 4 model stages of the CNN's 5 layers.
         for chunks in [2, 4] {
             let want = serial(chunks, false);
-            let got = piped_of(
-                &model(),
-                2,
-                chunks,
-                Kind::Interleaved,
-                Recompute::Never,
-                false,
-                2,
-            );
-            compare(&format!("cnn interleaved v=2 chunks={chunks}"), &got, &want);
+            for recompute in RECOMPUTE {
+                let got = piped_of(&model(), 2, chunks, Kind::Interleaved, recompute, false, 2);
+                compare(
+                    &format!("cnn interleaved v=2 chunks={chunks} {recompute:?}"),
+                    &got,
+                    &want,
+                );
+            }
         }
     }
 
@@ -643,4 +641,55 @@ mod skip_misuse {
             "{e}"
         );
     }
+}
+
+#[test]
+fn an_activation_without_the_batch_on_dim_0_is_refused_at_the_cut() {
+    use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+    struct Transpose;
+    impl Layer for Transpose {
+        fn name(&self) -> &str {
+            "transpose"
+        }
+        fn forward(&self, x: Activation, _cx: &mut Cx) -> pipewright::Result<Activation> {
+            Ok(x.into_tensor("transpose")?.t()?.into())
+        }
+        fn params(&self) -> Vec<(String, candle_core::Var)> {
+            Vec::new()
+        }
+    }
+    let mut m = Sequential::new();
+    m.push(LayerSpec::new("t0", |_| {
+        Ok(Box::new(Transpose) as Box<dyn Layer>)
+    }))
+    .cut();
+    m.push(LayerSpec::new("t1", |_| {
+        Ok(Box::new(Transpose) as Box<dyn Layer>)
+    }));
+    let x = Tensor::zeros((4, 3), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
+    let e = local::run(2, |comm| {
+        let opts = PipelineOptions {
+            chunks: 1,
+            schedule: Kind::GPipe,
+            virtual_stages: 1,
+            balance: None,
+            seed: 0,
+            tied: vec![],
+            clip: None,
+            lr: LrSchedule::Constant { lr: 1e-3 },
+            recompute: Recompute::Never,
+            deferred_batch_norm: false,
+        };
+        Pipeline::new(&m, &Init::cpu(0), Box::new(comm), opts, adamw)?
+            .evaluate(&x)
+            .map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(
+            "layer 0 ends model stage 0 with an output of shape [3, 4] for a micro-batch of 4 rows"
+        ),
+        "{e}"
+    );
 }

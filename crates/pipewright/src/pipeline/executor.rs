@@ -290,6 +290,16 @@ impl Pipeline {
         let out = stage
             .forward(Activation::Tensor(x.clone()), cx)?
             .into_tensor("stage output")?;
+        let rows = x.dims().first().copied();
+        if k + 1 < self.stages() && out.dims().first().copied() != rows {
+            let layer = self.ranges[k].end - 1;
+            return Err(invalid!(
+                "layer {layer} ends model stage {k} with an output of shape {:?} for a micro-batch of \
+                 {} rows: what crosses a cut point must keep the batch on dim 0",
+                out.dims(),
+                rows.unwrap_or(0)
+            ));
+        }
         let exports = self
             .routes
             .iter()
@@ -559,6 +569,12 @@ impl Pipeline {
             ));
         }
         Ok(r as usize - 1)
+    }
+
+    /// Varuna's `evaluate`: the evaluation-mode output of the whole model for a batch, on every
+    /// rank (see [`Pipeline::predict`]).
+    pub fn evaluate(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.predict(inputs)
     }
 
     /// Evaluation-mode logits of the whole model for `inputs` (one batch, no micro-batches),
