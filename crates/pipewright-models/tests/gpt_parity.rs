@@ -1,6 +1,7 @@
 //! The GPT against Hugging Face's GPT2LMHeadModel (fixture from tools/make_fixtures.py): same
 //! parameter names and shapes, same loss, same gradient for every parameter.
 
+use pipewright::nn::max_rel_diff;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
@@ -15,25 +16,6 @@ fn fixture() -> HashMap<String, Tensor> {
         "/tests/fixtures/gpt2_parity.safetensors"
     );
     candle_core::safetensors::load(p, &Device::Cpu).unwrap()
-}
-
-fn rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let m = b
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / m.max(1e-30)
 }
 
 fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
@@ -86,7 +68,7 @@ fn logits_loss_and_every_gradient_match_hf_gpt2() {
         let logits = t
             .predict(&f["input_ids"].to_dtype(candle_core::DType::U32).unwrap())
             .unwrap();
-        assert!(rel(&logits, &f["logits"]) < 1e-5, "logits");
+        assert!(rel_diff(&logits, &f["logits"]) < 1e-5, "logits");
         let (loss, grads, _) = t
             .loss_and_grads(
                 &f["input_ids"].to_dtype(candle_core::DType::U32).unwrap(),
@@ -102,11 +84,16 @@ fn logits_loss_and_every_gradient_match_hf_gpt2() {
             let g = grads
                 .get(&n)
                 .unwrap_or_else(|| panic!("no gradient for `{n}`"));
-            let e = rel(g, &f[&format!("grad.{n}")]);
+            let e = rel_diff(g, &f[&format!("grad.{n}")]);
             assert!(
                 e < 1e-4,
                 "chunks {chunks}: gradient of `{n}` relative error {e:e}"
             );
         }
     }
+}
+
+/// Relative difference (see [`max_rel_diff`]) as f32, for assertions.
+fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    max_rel_diff(a, b).unwrap() as f32
 }

@@ -1,6 +1,7 @@
 //! Pipeline parity: a GPT split over pp ranks (threads) and trained with each schedule gives
 //! the serial run's losses, gradients and parameters.
 
+use pipewright::nn::max_rel_diff;
 use std::collections::HashMap;
 
 use candle_core::Tensor;
@@ -116,25 +117,6 @@ fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize, recompute: Recomput
     (losses, grads, params)
 }
 
-fn rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / b
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        .max(1e-30)
-}
-
 fn compare(what: &str, got: &Run, want: &Run) {
     for (a, b) in got.0.iter().zip(&want.0) {
         assert!(
@@ -154,7 +136,7 @@ fn compare(what: &str, got: &Run, want: &Run) {
             "{what}: every parameter is on exactly one rank"
         );
         for (n, t) in w {
-            let e = rel(
+            let e = rel_diff(
                 g.get(n).unwrap_or_else(|| panic!("{what}: `{n}` missing")),
                 t,
             );
@@ -491,13 +473,13 @@ mod cnn_pipeline {
             // The first stem statistics see the same input either way; deeper ones see
             // activations normalised per micro-batch, so equality is for the stem only.
             if n.starts_with("stem.") {
-                let e = rel(d, w);
+                let e = rel_diff(d, w);
                 assert!(
                     e < 1e-5,
                     "`{n}`: deferred {e:e} from whole-batch statistics"
                 );
             }
-            moved_apart |= rel(p, w) > 1e-4;
+            moved_apart |= rel_diff(p, w) > 1e-4;
         }
         assert!(
             moved_apart,
@@ -692,4 +674,9 @@ fn an_activation_without_the_batch_on_dim_0_is_refused_at_the_cut() {
         ),
         "{e}"
     );
+}
+
+/// Relative difference (see [`max_rel_diff`]) as f32, for assertions.
+fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    max_rel_diff(a, b).unwrap() as f32
 }

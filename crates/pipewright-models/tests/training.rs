@@ -3,6 +3,7 @@
 //! same mathematics, BatchNorm statistics move.
 
 use candle_core::{DType, Tensor};
+use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::nn::Init;
 use pipewright::serial::{SerialTrainer, TrainOptions};
@@ -110,26 +111,6 @@ fn same_seed_gives_bit_identical_losses() {
     assert_ne!(run(11), run(12));
 }
 
-/// Largest |a - b| over the largest |b|.
-fn rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / b
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        .max(1e-30)
-}
-
 #[test]
 fn accumulation_over_chunks_is_one_batch() {
     // Gradients: equal for every parameter (13 rows: chunks of 4, 4, 4, 1).
@@ -140,7 +121,7 @@ fn accumulation_over_chunks_is_one_batch() {
     assert!(((l1 - l4) / l1).abs() < 1e-6, "loss {l1} vs {l4}");
     assert_eq!(g1.len(), g4.len());
     for (n, g) in g1.iter() {
-        let e = rel(g4.get(n).unwrap(), g);
+        let e = rel_diff(g4.get(n).unwrap(), g);
         assert!(e < 1e-5, "gradient of `{n}` differs by {e:e}");
     }
     // Parameters after 3 steps of SGD with momentum, which is linear in the gradient. (AdamW
@@ -177,7 +158,7 @@ fn accumulation_over_chunks_is_one_batch() {
     };
     let (one, four) = (sgd(1), sgd(4));
     for (n, v) in one.model().params() {
-        let e = rel(four.model().param(&n).unwrap().as_tensor(), v.as_tensor());
+        let e = rel_diff(four.model().param(&n).unwrap().as_tensor(), v.as_tensor());
         assert!(e < 1e-5, "`{n}` differs by {e:e} after 3 steps");
     }
 }
@@ -295,4 +276,9 @@ fn gradient_norm_counts_a_tied_pair_once() {
         norm < g.norm().unwrap(),
         "counting the tie twice would give more"
     );
+}
+
+/// Relative difference (see [`max_rel_diff`]) as f32, for assertions.
+fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    max_rel_diff(a, b).unwrap() as f32
 }

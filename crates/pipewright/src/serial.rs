@@ -117,14 +117,7 @@ impl SerialTrainer {
     /// Loss of the whole batch and the gradient of every parameter (tied pairs summed), without
     /// stepping the optimizer.
     pub fn loss_and_grads(&self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads, usize)> {
-        let total = count_targets(targets)?;
-        if total == 0 {
-            return Err(invalid!(
-                "the batch has no counted target: every target is ignored"
-            ));
-        }
-        let xs = microbatch::split(inputs, self.opts.chunks)?;
-        let ys = microbatch::split(targets, self.opts.chunks)?;
+        let (total, xs, ys) = split_batch(inputs, targets, self.opts.chunks)?;
         let mut grads = Grads::new();
         let mut loss = 0.0;
         for (i, (x, y)) in xs.into_iter().zip(ys).enumerate() {
@@ -193,17 +186,7 @@ impl SerialTrainer {
 /// The global gradient norm with each tied pair counted once (it is one parameter in
 /// PyTorch), and clipping to `clip` if given. Returns the norm before clipping.
 pub fn clip_tied(grads: &mut Grads, tied: &[(String, String)], clip: Option<f64>) -> Result<f64> {
-    let mut sq = grads.sum_sq()?;
-    for (_, second) in tied {
-        if let Some(g) = grads.get(second) {
-            sq -= g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
-        }
-    }
-    let norm = sq.max(0.0).sqrt();
+    let norm = sum_sq_tied_once(grads, tied)?.sqrt();
     if let Some(max) = clip {
         scale_to_norm(grads, norm, max)?;
     }
@@ -215,6 +198,42 @@ fn find<'a>(params: &'a [(String, Var)], name: &str) -> Result<&'a Var> {
         .iter()
         .find_map(|(n, v)| (n == name).then_some(v))
         .ok_or_else(|| invalid!("tied parameter `{name}` is not a parameter of the model"))
+}
+
+/// Sum of squares of every gradient, the second member of each tied pair left out (the pair
+/// is one parameter).
+pub fn sum_sq_tied_once(grads: &Grads, tied: &[(String, String)]) -> Result<f64> {
+    let mut sq = grads.sum_sq()?;
+    for (_, second) in tied {
+        if let Some(g) = grads.get(second) {
+            sq -= g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+    }
+    Ok(sq.max(0.0))
+}
+
+/// The batch's count of counted targets and its micro-batches of inputs and targets; a batch
+/// with no counted target is an error.
+pub fn split_batch(
+    inputs: &Tensor,
+    targets: &Tensor,
+    chunks: usize,
+) -> Result<(usize, Vec<Tensor>, Vec<Tensor>)> {
+    let total = count_targets(targets)?;
+    if total == 0 {
+        return Err(invalid!(
+            "the batch has no counted target: every target is ignored"
+        ));
+    }
+    Ok((
+        total,
+        microbatch::split(inputs, chunks)?,
+        microbatch::split(targets, chunks)?,
+    ))
 }
 
 /// Number of targets that are not [`IGNORE_INDEX`].

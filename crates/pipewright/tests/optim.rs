@@ -1,6 +1,7 @@
 //! Optimizers against PyTorch trajectories (tools/make_fixtures.py), state round trips, and the
 //! learning-rate schedule and clipping against their formulas.
 
+use pipewright::nn::max_rel_diff;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor, Var};
@@ -40,25 +41,6 @@ fn grads(f: &HashMap<String, Tensor>, k: usize) -> Grads {
     g
 }
 
-fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let m = b
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / m.max(1e-12)
-}
-
 fn follow(tag: &str, mut make: impl FnMut(Vec<(String, Var)>) -> Box<dyn Optimizer>) {
     let f = fixture();
     let ps = params(&f);
@@ -67,7 +49,7 @@ fn follow(tag: &str, mut make: impl FnMut(Vec<(String, Var)>) -> Box<dyn Optimiz
         opt.step(&grads(&f, k), *lr).unwrap();
         for (n, v) in &ps {
             let want = &f[&format!("{tag}.step{k}.{n}")];
-            let e = max_rel(v.as_tensor(), want);
+            let e = rel_diff(v.as_tensor(), want);
             assert!(e < 1e-6, "{tag} step {k} `{n}`: relative error {e:e}");
         }
     }
@@ -218,7 +200,7 @@ fn clipping_matches_pytorch() {
     let want = f["clip.norm"].to_vec1::<f32>().unwrap()[0] as f64;
     assert!((norm - want).abs() / want < 1e-6, "norm {norm} vs {want}");
     for n in NAMES {
-        let e = max_rel(g.get(n).unwrap(), &f[&format!("clip.{n}")]);
+        let e = rel_diff(g.get(n).unwrap(), &f[&format!("clip.{n}")]);
         assert!(e < 1e-6, "clipped `{n}`: {e:e}");
     }
     assert!(clip_grad_norm(&mut g, 0.0).is_err());
@@ -243,4 +225,9 @@ fn warmup_cosine_schedule() {
     assert_eq!(LrSchedule::Constant { lr: 0.3 }.lr_at(77), 0.3);
     assert!(LrSchedule::Constant { lr: -1.0 }.validate().is_err());
     assert!(LrSchedule::Constant { lr: f64::NAN }.validate().is_err());
+}
+
+/// Relative difference (see [`max_rel_diff`]) as f32, for assertions.
+fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    max_rel_diff(a, b).unwrap() as f32
 }

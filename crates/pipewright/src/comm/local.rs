@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
-use super::{check_agree, describe, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::{check_agree, check_same_dtype, describe, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::nn::init::hash_seed;
 use crate::{Error, Result};
 
@@ -368,17 +368,8 @@ impl Communicator for LocalComm {
         let n = self.size();
         self.collective("all_gather", vec![t.clone()], |all| {
             let ts = first(all);
-            if let Some((r, x)) = ts
-                .iter()
-                .enumerate()
-                .find(|(_, x)| x.dtype() != ts[0].dtype())
-            {
-                return Err(format!(
-                    "all_gather: rank {r} passed {} but rank 0 passed {}; dtypes must agree",
-                    describe(x),
-                    describe(&ts[0])
-                ));
-            }
+            let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
+            check_same_dtype(&parts)?;
             Ok(vec![ts; n])
         })
     }

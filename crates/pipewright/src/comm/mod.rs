@@ -131,3 +131,21 @@ pub fn check_agree(
     }
     Ok(())
 }
+
+/// Checks that every member passed the dtype of member 0 (all_gather lets shapes differ).
+pub fn check_same_dtype(
+    parts: &[(Vec<usize>, candle_core::DType)],
+) -> std::result::Result<(), String> {
+    match parts
+        .iter()
+        .enumerate()
+        .find(|(_, (_, dt))| *dt != parts[0].1)
+    {
+        Some((r, (d, dt))) => Err(format!(
+            "all_gather: rank {r} passed {} but rank 0 passed {}; dtypes must agree",
+            describe_parts(d, *dt),
+            describe_parts(&parts[0].0, parts[0].1)
+        )),
+        None => Ok(()),
+    }
+}

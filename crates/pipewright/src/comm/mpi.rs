@@ -22,8 +22,8 @@ use mpi::traits::{
 };
 use mpi::Threading;
 
-use super::wire::{header, parse_header, tensor_from_bytes, with_bytes, Buf, HEADER};
-use super::{check_agree, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::wire::{header, parse_header, reduce_plan, tensor_from_bytes, with_bytes, Buf, HEADER};
+use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
 /// MPI itself: initialised with `MPI_THREAD_MULTIPLE`, finalised when dropped.
@@ -279,30 +279,7 @@ impl MpiComm {
         };
         self.agree(name, t, 0)?;
         let dt = t.dtype();
-        if op == ReduceOp::Avg && dt.is_int() {
-            return Err(Error::Invalid(format!(
-                "cannot average {dt:?} tensors: use ReduceOp::Sum and divide where the rounding is known"
-            )));
-        }
-        let mut dims = t.dims().to_vec();
-        if scatter {
-            let rows = *dims.first().ok_or_else(|| {
-                Error::Comm(format!("{name}: a 0-d tensor has no dim 0 to scatter"))
-            })?;
-            if rows % self.size != 0 {
-                return Err(Error::Comm(format!(
-                    "{name}: dim 0 of {:?} {dt:?} does not split into {} equal parts",
-                    t.dims(),
-                    self.size
-                )));
-            }
-            dims[0] = rows / self.size;
-        }
-        let work = if matches!(dt, DType::F16 | DType::BF16) {
-            t.to_dtype(DType::F32)?
-        } else {
-            t.clone()
-        };
+        let (dims, work) = reduce_plan(t, op, self.size, scatter)?;
         let mut out = reduce_tensor(self.comm(), &work, &dims, system_op(op), scatter)?;
         if op == ReduceOp::Avg {
             out = (out / self.size as f64)?;
@@ -393,16 +370,7 @@ impl Communicator for MpiComm {
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let parts = self.headers(t)?;
-        if let Some((r, (d, dt))) = parts
-            .iter()
-            .enumerate()
-            .find(|(_, (_, dt))| *dt != parts[0].1)
-        {
-            return Err(Error::Comm(format!(
-                "all_gather: rank {r} passed {d:?} {dt:?} but rank 0 passed {:?} {:?}; dtypes must agree",
-                parts[0].0, parts[0].1
-            )));
-        }
+        check_same_dtype(&parts).map_err(Error::Comm)?;
         let esize = t.dtype().size_in_bytes();
         let counts: Vec<i32> = parts
             .iter()

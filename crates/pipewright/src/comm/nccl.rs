@@ -18,8 +18,8 @@ use candle_core::{DType, Device, Tensor, WithDType};
 use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp as NcclOp};
 
-use super::wire::{header_tensor, parse_header_tensor, tensor_from_bytes, with_bytes};
-use super::{check_agree, describe, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::wire::{header_tensor, parse_header_tensor, reduce_plan, tensor_from_bytes, with_bytes};
+use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
 /// Checks that the CUDA driver and NCCL libraries can be loaded.
@@ -210,30 +210,7 @@ impl Inner {
         };
         self.agree(name, t, 0)?;
         let dt = t.dtype();
-        if op == ReduceOp::Avg && dt.is_int() {
-            return Err(Error::Invalid(format!(
-                "cannot average {dt:?} tensors: use ReduceOp::Sum and divide where the rounding is known"
-            )));
-        }
-        let mut dims = t.dims().to_vec();
-        if scatter {
-            let rows = *dims.first().ok_or_else(|| {
-                Error::Comm(format!("{name}: a 0-d tensor has no dim 0 to scatter"))
-            })?;
-            if rows % self.size() != 0 {
-                return Err(Error::Comm(format!(
-                    "{name}: dim 0 of {} does not split into {} equal parts",
-                    describe(t),
-                    self.size()
-                )));
-            }
-            dims[0] = rows / self.size();
-        }
-        let work = if matches!(dt, DType::F16 | DType::BF16) {
-            t.to_dtype(DType::F32)?
-        } else {
-            t.clone()
-        };
+        let (dims, work) = reduce_plan(t, op, self.size(), scatter)?;
         let out = match work.dtype() {
             DType::F32 => self.reduce_typed::<f32>(&work, op, &dims, scatter)?,
             DType::F64 => self.reduce_typed::<f64>(&work, op, &dims, scatter)?,
@@ -347,16 +324,7 @@ impl Communicator for NcclComm {
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let parts = self.0.headers(t)?;
-        if let Some((r, (d, dt))) = parts
-            .iter()
-            .enumerate()
-            .find(|(_, (_, dt))| *dt != parts[0].1)
-        {
-            return Err(Error::Comm(format!(
-                "all_gather: rank {r} passed {d:?} {dt:?} but rank 0 passed {:?} {:?}; dtypes must agree",
-                parts[0].0, parts[0].1
-            )));
-        }
+        check_same_dtype(&parts).map_err(Error::Comm)?;
         // NCCL gathers equal parts: pad every rank's bytes to the largest.
         let esize = t.dtype().size_in_bytes();
         let lens: Vec<usize> = parts

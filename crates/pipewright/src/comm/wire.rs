@@ -196,3 +196,45 @@ pub fn parse_header_tensor(t: &Tensor) -> Result<(Vec<usize>, DType)> {
     let h: Vec<u64> = t.to_vec1::<i64>()?.iter().map(|v| *v as u64).collect();
     parse_header(&h)
 }
+
+/// What a reduction over `size` members will produce, checked the same way by every backend
+/// that reduces with a library's own collective: the output shape (dim 0 divided by `size`
+/// when scattering) and the tensor to reduce (f16 and bf16 widened to f32, which MPI and NCCL
+/// reduce reliably). Refuses averaging integers and scattering what does not split.
+pub fn reduce_plan(
+    t: &Tensor,
+    op: super::ReduceOp,
+    size: usize,
+    scatter: bool,
+) -> Result<(Vec<usize>, Tensor)> {
+    let name = if scatter {
+        "reduce_scatter"
+    } else {
+        "all_reduce"
+    };
+    let dt = t.dtype();
+    if op == super::ReduceOp::Avg && dt.is_int() {
+        return Err(Error::Invalid(format!(
+            "cannot average {dt:?} tensors: use ReduceOp::Sum and divide where the rounding is known"
+        )));
+    }
+    let mut dims = t.dims().to_vec();
+    if scatter {
+        let rows = *dims
+            .first()
+            .ok_or_else(|| Error::Comm(format!("{name}: a 0-d tensor has no dim 0 to scatter")))?;
+        if !rows.is_multiple_of(size) {
+            return Err(Error::Comm(format!(
+                "{name}: dim 0 of {} does not split into {size} equal parts",
+                super::describe(t)
+            )));
+        }
+        dims[0] = rows / size;
+    }
+    let work = if matches!(dt, DType::F16 | DType::BF16) {
+        t.to_dtype(DType::F32)?
+    } else {
+        t.clone()
+    };
+    Ok((dims, work))
+}

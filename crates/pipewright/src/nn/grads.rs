@@ -92,3 +92,13 @@ impl Grads {
         Ok(self.sum_sq()?.sqrt())
     }
 }
+
+/// Largest absolute difference between `a` and `b` over the largest magnitude in `b`: the
+/// relative error the parity tests hold to 1e-5.
+pub fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let a = a.to_dtype(candle_core::DType::F64)?;
+    let b = b.to_dtype(candle_core::DType::F64)?;
+    let d = (&a - &b)?.abs()?.max_all()?.to_scalar::<f64>()?;
+    let m = b.abs()?.max_all()?.to_scalar::<f64>()?;
+    Ok(d / m.max(1e-30))
+}

@@ -22,7 +22,7 @@ pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
 pub use dropout::Dropout;
 pub use embedding::Embedding;
-pub use grads::Grads;
+pub use grads::{max_rel_diff, Grads};
 pub use init::Init;
 pub use layer_norm::LayerNorm;
 pub use linear::{Linear, WeightLayout};

@@ -16,7 +16,6 @@ use std::ops::Range;
 
 use candle_core::{DType, Tensor, Var};
 
-use super::microbatch;
 use super::partition::partition;
 use super::schedule::{Action, Kind, Schedule};
 use crate::comm::{Communicator, Pending, ReduceOp, MAX_TAG};
@@ -24,7 +23,7 @@ use crate::model::{Activation, Cx, Mode, Sequential, Stage};
 use crate::nn::deferred::{leftover, WeightGradQueue};
 use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
 use crate::nn::{cross_entropy_sum, Grads, Init};
-use crate::serial::{count_targets, StepReport};
+use crate::serial::{count_targets, split_batch, sum_sq_tied_once, StepReport};
 use crate::{invalid, Error, Result};
 
 /// Activation recomputation (torchgpipe's `checkpoint`).
@@ -320,14 +319,7 @@ impl Pipeline {
     /// The loss of the batch and this rank's parameter gradients (tied pairs summed across
     /// their owners), without stepping.
     pub fn loss_and_grads(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads)> {
-        let total = count_targets(targets)?;
-        if total == 0 {
-            return Err(invalid!(
-                "the batch has no counted target: every target is ignored"
-            ));
-        }
-        let xs = microbatch::split(inputs, self.opts.chunks)?;
-        let ys = microbatch::split(targets, self.opts.chunks)?;
+        let (total, xs, ys) = split_batch(inputs, targets, self.opts.chunks)?;
         if xs.len() != self.schedule.micro_batches {
             return Err(invalid!(
                 "a batch of {} rows splits into {} micro-batches, not the {} the schedule was built for: \
@@ -622,16 +614,7 @@ impl Pipeline {
             });
         }
         // Global norm over all ranks, each tied pair counted once.
-        let mut sq = grads.sum_sq()?;
-        for (_, second) in &self.opts.tied {
-            if let Some(g) = grads.get(second) {
-                sq -= g
-                    .to_dtype(DType::F64)?
-                    .sqr()?
-                    .sum_all()?
-                    .to_scalar::<f64>()?;
-            }
-        }
+        let sq = sum_sq_tied_once(&grads, &self.opts.tied)?;
         let sq = self.comm.all_reduce(
             &Tensor::new(&[sq], &candle_core::Device::Cpu)?,
             ReduceOp::Sum,
