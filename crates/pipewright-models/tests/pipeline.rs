@@ -28,6 +28,22 @@ fn cfg() -> GptConfig {
     }
 }
 
+/// The options the tests share; each test sets what it varies.
+fn options(chunks: usize, schedule: Kind) -> PipelineOptions {
+    PipelineOptions {
+        chunks,
+        schedule,
+        virtual_stages: 1,
+        balance: None,
+        seed: SEED,
+        tied: vec![],
+        clip: None,
+        lr: LrSchedule::Constant { lr: 1e-3 },
+        recompute: Recompute::Never,
+        deferred_batch_norm: false,
+    }
+}
+
 fn adamw(params: Vec<(String, candle_core::Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
     Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
 }
@@ -80,16 +96,12 @@ fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize, recompute: Recomput
     let model = gpt(cfg()).unwrap();
     let per_rank = local::run(pp, |comm| {
         let opts = PipelineOptions {
-            chunks,
-            schedule: kind,
             virtual_stages: v,
-            balance: None,
-            seed: SEED,
             tied: tied(),
             clip: Some(0.5),
             lr: LrSchedule::Constant { lr: 1e-2 },
             recompute,
-            deferred_batch_norm: false,
+            ..options(chunks, kind)
         };
         let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
         let (x, y) = task.batch(0, BATCH)?;
@@ -189,16 +201,8 @@ fn the_executor_holds_the_activations_its_schedule_promises() {
     for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
         let peaks = local::run(pp, |comm| {
             let opts = PipelineOptions {
-                chunks: m,
-                schedule: kind,
-                virtual_stages: 1,
-                balance: None,
-                seed: SEED,
                 tied: tied(),
-                clip: None,
-                lr: LrSchedule::Constant { lr: 1e-3 },
-                recompute: Recompute::Never,
-                deferred_batch_norm: false,
+                ..options(m, kind)
             };
             let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
             let (x, y) = task.batch(0, BATCH)?;
@@ -220,16 +224,10 @@ fn bad_pipeline_configurations_are_errors() {
     let err = |kind: Kind, chunks: usize, balance: Option<Vec<usize>>| {
         local::run(2, |comm| {
             let opts = PipelineOptions {
-                chunks,
-                schedule: kind,
-                virtual_stages: 1,
                 balance: balance.clone(),
                 seed: 0,
                 tied: tied(),
-                clip: None,
-                lr: LrSchedule::Constant { lr: 1e-3 },
-                recompute: Recompute::Never,
-                deferred_batch_norm: false,
+                ..options(chunks, kind)
             };
             Pipeline::new(&model, &Init::cpu(0), Box::new(comm), opts, adamw).map(|_| ())
         })
@@ -254,16 +252,9 @@ fn always_recompute_holds_only_stage_inputs() {
     ] {
         let got = local::run(pp, |comm| {
             let opts = PipelineOptions {
-                chunks: m,
-                schedule: Kind::GPipe,
-                virtual_stages: 1,
-                balance: None,
-                seed: SEED,
                 tied: tied(),
-                clip: None,
-                lr: LrSchedule::Constant { lr: 1e-3 },
                 recompute,
-                deferred_batch_norm: false,
+                ..options(m, Kind::GPipe)
             };
             let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
             let (x, y) = task.batch(0, BATCH)?;
@@ -369,16 +360,11 @@ mod cnn_pipeline {
         let task = Shapes::new(8, 0).unwrap();
         let per_rank = local::run(pp, |comm| {
             let opts = PipelineOptions {
-                chunks,
-                schedule: kind,
                 virtual_stages: v,
-                balance: None,
-                seed: SEED,
-                tied: vec![],
-                clip: None,
                 lr: LrSchedule::Constant { lr: 1e-2 },
                 recompute,
                 deferred_batch_norm: deferred,
+                ..options(chunks, kind)
             };
             let mut p = Pipeline::new(model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
             let (x, y) = task.batch(0, BATCH)?;
@@ -600,16 +586,8 @@ mod skip_misuse {
             .push(spec(1, None, None));
         let e = local::run(2, |comm| {
             let opts = PipelineOptions {
-                chunks: 1,
-                schedule: Kind::GPipe,
-                virtual_stages: 1,
-                balance: None,
                 seed: 0,
-                tied: vec![],
-                clip: None,
-                lr: LrSchedule::Constant { lr: 1e-3 },
-                recompute: Recompute::Never,
-                deferred_batch_norm: false,
+                ..options(1, Kind::GPipe)
             };
             let p = Pipeline::new(&undeclared, &Init::cpu(0), Box::new(comm), opts, adamw)?;
             p.predict(&x).map(|_| ())
@@ -651,16 +629,8 @@ fn an_activation_without_the_batch_on_dim_0_is_refused_at_the_cut() {
     let x = Tensor::zeros((4, 3), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
     let e = local::run(2, |comm| {
         let opts = PipelineOptions {
-            chunks: 1,
-            schedule: Kind::GPipe,
-            virtual_stages: 1,
-            balance: None,
             seed: 0,
-            tied: vec![],
-            clip: None,
-            lr: LrSchedule::Constant { lr: 1e-3 },
-            recompute: Recompute::Never,
-            deferred_batch_norm: false,
+            ..options(1, Kind::GPipe)
         };
         Pipeline::new(&m, &Init::cpu(0), Box::new(comm), opts, adamw)?
             .evaluate(&x)
