@@ -5,12 +5,19 @@
 //! The tie is two parameters, `wte.weight` (first layer) and `lm_head.weight` (last layer),
 //! initialised from the same random stream and kept equal by summing their gradients, so that
 //! a first and a last pipeline stage can each own one.
+//!
+//! Built with a tensor-parallel group in its [`Init`] it is Megatron's GPT: the vocabulary of
+//! `wte` and `lm_head` split over the group (rank r's rows of both, so the tie holds shard by
+//! shard), attention heads split (`c_attn` column-parallel, `c_proj` row-parallel), the MLP
+//! split (`c_fc` column, `c_proj` row), and logits left split for the vocabulary-parallel
+//! loss. LayerNorms and `wpe` are whole on every rank.
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::{
     gelu, join, CausalSelfAttention, Dropout, Embedding, Init, LayerNorm, Linear, Module,
 };
+use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear, Shard};
 use pipewright::{invalid, Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -77,11 +84,12 @@ pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
     s.push(LayerSpec::new("lm_head", move |init| {
         // Drawn from wte's stream: equal to wte.weight at the start.
         let w = init.normal(TIED.0, &[cfg.vocab_size, cfg.n_embd], 0.02)?;
-        Ok(Box::new(LmHead(Linear::from_vars(
-            "lm_head",
-            w,
-            None,
-            pipewright::nn::WeightLayout::OutIn,
+        let whole = Linear::from_vars("lm_head", w, None, pipewright::nn::WeightLayout::OutIn)?;
+        Ok(Box::new(LmHead(ParallelLinear::from_whole(
+            whole,
+            Some(ParallelDim::Column),
+            1,
+            &init.tp,
         )?)) as Box<dyn Layer>)
     }));
     Ok(s)
@@ -89,7 +97,7 @@ pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
 
 /// Token plus position embedding (`wte`, `wpe`), then dropout.
 pub struct GptEmbed {
-    wte: Embedding,
+    wte: ParallelEmbedding,
     wpe: Embedding,
     drop: Dropout,
     block_size: usize,
@@ -98,7 +106,7 @@ pub struct GptEmbed {
 impl GptEmbed {
     pub fn new(init: &Init, cfg: GptConfig) -> Result<Self> {
         Ok(Self {
-            wte: Embedding::new(init, "wte", cfg.vocab_size, cfg.n_embd, 0.02)?,
+            wte: ParallelEmbedding::new(init, "wte", cfg.vocab_size, cfg.n_embd, 0.02)?,
             wpe: Embedding::new(init, "wpe", cfg.block_size, cfg.n_embd, 0.01)?,
             drop: Dropout::new("drop", cfg.dropout),
             block_size: cfg.block_size,
@@ -132,7 +140,7 @@ impl Layer for GptEmbed {
         let pos = Tensor::arange(0u32, t as u32, ids.device())?;
         let x = self
             .wte
-            .forward_cx(&ids, cx)?
+            .forward(&ids, cx)?
             .broadcast_add(&self.wpe.forward_cx(&pos, cx)?)?;
         Ok(self.drop.forward(&x, cx)?.into())
     }
@@ -142,6 +150,10 @@ impl Layer for GptEmbed {
         v.extend(self.wpe.params());
         v
     }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        self.wte.shards()
+    }
 }
 
 /// A transformer block: `x + attn(ln_1(x))`, then `x + mlp(ln_2(x))`.
@@ -150,8 +162,8 @@ pub struct Block {
     ln_1: LayerNorm,
     attn: CausalSelfAttention,
     ln_2: LayerNorm,
-    c_fc: Linear,
-    c_proj: Linear,
+    c_fc: ParallelLinear,
+    c_proj: ParallelLinear,
     drop: Dropout,
 }
 
@@ -171,8 +183,19 @@ impl Block {
                 proj_std,
             )?,
             ln_2: LayerNorm::new(init, &join(name, "ln_2"), d, 1e-5)?,
-            c_fc: Linear::conv1d(init, &join(name, "mlp.c_fc"), d, 4 * d, 0.02)?,
-            c_proj: Linear::conv1d(init, &join(name, "mlp.c_proj"), 4 * d, d, proj_std)?,
+            c_fc: ParallelLinear::from_whole(
+                Linear::conv1d(init, &join(name, "mlp.c_fc"), d, 4 * d, 0.02)?,
+                Some(ParallelDim::Column),
+                1,
+                &init.tp,
+            )?,
+            c_proj: ParallelLinear::from_whole(
+                Linear::conv1d(init, &join(name, "mlp.c_proj"), 4 * d, d, proj_std)?,
+                Some(ParallelDim::Row),
+                1,
+                &init.tp,
+            )?
+            .input_is_parallel(true),
             drop: Dropout::new(&join(name, "mlp.dropout"), cfg.dropout),
         })
     }
@@ -186,8 +209,8 @@ impl Layer for Block {
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
         let x = (&x + self.attn.forward(&self.ln_1.forward(&x)?, cx)?)?;
-        let h = gelu(&self.c_fc.forward_cx(&self.ln_2.forward(&x)?, cx)?)?;
-        let h = self.drop.forward(&self.c_proj.forward_cx(&h, cx)?, cx)?;
+        let h = gelu(&self.c_fc.forward(&self.ln_2.forward(&x)?, cx)?)?;
+        let h = self.drop.forward(&self.c_proj.forward(&h, cx)?, cx)?;
         Ok((x + h)?.into())
     }
 
@@ -197,6 +220,13 @@ impl Layer for Block {
         v.extend(self.ln_2.params());
         v.extend(self.c_fc.params());
         v.extend(self.c_proj.params());
+        v
+    }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        let mut v = self.attn.shards();
+        v.extend(self.c_fc.shards());
+        v.extend(self.c_proj.shards());
         v
     }
 }
@@ -218,8 +248,9 @@ impl Layer for Norm {
     }
 }
 
-/// The language-model head `(vocab, n_embd)`, no bias: logits `(batch, time, vocab)`.
-pub struct LmHead(Linear);
+/// The language-model head `(vocab, n_embd)`, no bias: logits `(batch, time, vocab)`, or this
+/// rank's part of the vocabulary under tensor parallelism (marked split in the [`Cx`]).
+pub struct LmHead(ParallelLinear);
 
 impl Layer for LmHead {
     fn name(&self) -> &str {
@@ -227,11 +258,15 @@ impl Layer for LmHead {
     }
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
-        Ok(self.0.forward_cx(&x.into_tensor("lm_head")?, cx)?.into())
+        Ok(self.0.forward(&x.into_tensor("lm_head")?, cx)?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
         self.0.params()
+    }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        self.0.shards()
     }
 }
 

@@ -13,6 +13,9 @@
 //!   `stage_to_rank_map`), rank <-> (stage, tp_rank, dp_rank), axis groups.
 //! - [`comm`]: the [`comm::Communicator`] trait (send/recv, all_reduce, all_gather,
 //!   reduce_scatter, broadcast, barrier, sub-groups) and [`comm::local`] (ranks as threads).
+//! - [`shard`]: tensor parallelism (TorchShard): `slice`, [`shard::ParallelLinear`],
+//!   [`shard::ParallelEmbedding`], vocabulary-parallel cross-entropy, collectives as autograd
+//!   ops, parallel-dim metadata, `collect_state_dict` / `relocate_state_dict`.
 //! - [`Error`] / [`Result`]: every fallible call.
 
 pub mod comm;
@@ -22,6 +25,7 @@ pub mod model;
 pub mod nn;
 pub mod pipeline;
 pub mod serial;
+pub mod shard;
 pub mod topology;
 
 pub use candle_core;

@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::{Tensor, Var};
+use candle_core::{Tensor, TensorId, Var};
 
 use crate::nn::Init;
+use crate::shard::{Shard, TpGroup};
 use crate::{invalid, Error, Result};
 
 /// What flows between layers: one tensor or a tuple of tensors, batch on dim 0.
@@ -85,6 +86,8 @@ pub struct Cx {
     pub weight_grads: Option<crate::nn::deferred::WeightGradQueue>,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
+    /// Activations split over the tensor-parallel group, by tensor (see [`crate::shard::attr`]).
+    parallel: HashMap<TensorId, i64>,
 }
 
 impl Cx {
@@ -98,6 +101,7 @@ impl Cx {
             weight_grads: None,
             recomputing: false,
             stash: HashMap::new(),
+            parallel: HashMap::new(),
         }
     }
 
@@ -140,6 +144,20 @@ impl Cx {
         })
     }
 
+    /// Marks `t` as split on `dim` over the tensor-parallel group (`None` clears the mark);
+    /// see [`crate::shard::register_parallel_dim`].
+    pub fn set_parallel_dim(&mut self, t: &Tensor, dim: Option<i64>) {
+        match dim {
+            Some(d) => self.parallel.insert(t.id(), d),
+            None => self.parallel.remove(&t.id()),
+        };
+    }
+
+    /// The dim `t` is split on over the tensor-parallel group, `None` when whole.
+    pub fn parallel_dim(&self, t: &Tensor) -> Option<i64> {
+        self.parallel.get(&t.id()).copied()
+    }
+
     /// Names still stashed (a forward that ends with any is an error: they were never popped).
     pub fn stashed(&self) -> Vec<String> {
         let mut v: Vec<String> = self.stash.keys().cloned().collect();
@@ -162,6 +180,11 @@ pub trait Layer: Send + Sync {
     /// Called once after every training batch (commits deferred batch-norm statistics).
     fn finish_batch(&self) -> Result<()> {
         Ok(())
+    }
+    /// How each tensor-parallel parameter is split (parameters not listed are whole, and equal
+    /// on every rank of the group).
+    fn shards(&self) -> Vec<(String, Shard)> {
+        Vec::new()
     }
 }
 
@@ -325,7 +348,11 @@ impl Sequential {
             .iter()
             .map(|s| s.build(init))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Stage { range, layers })
+        Ok(Stage {
+            range,
+            layers,
+            tp: init.tp.clone(),
+        })
     }
 }
 
@@ -343,6 +370,7 @@ pub struct Skip {
 pub struct Stage {
     range: Range<usize>,
     layers: Vec<Box<dyn Layer>>,
+    tp: TpGroup,
 }
 
 impl Stage {
@@ -368,6 +396,16 @@ impl Stage {
     /// Every buffer with its global name.
     pub fn buffers(&self) -> Vec<(String, Var)> {
         self.layers.iter().flat_map(|l| l.buffers()).collect()
+    }
+
+    /// The tensor-parallel group the stage was built for.
+    pub fn tp(&self) -> &TpGroup {
+        &self.tp
+    }
+
+    /// Every sharded parameter with how it is split.
+    pub fn shards(&self) -> Vec<(String, Shard)> {
+        self.layers.iter().flat_map(|l| l.shards()).collect()
     }
 
     /// Ends a training batch in every layer.

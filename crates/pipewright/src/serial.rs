@@ -5,13 +5,19 @@
 //! accumulated gradient is the gradient of the whole batch's mean loss whatever the split.
 //! Tied parameter pairs have their gradients summed and both members updated with the sum, so
 //! they start and stay equal.
+//!
+//! A model built with a tensor-parallel group ([`crate::nn::Init::with_tp`]) trains here too,
+//! one trainer per rank of the group: the loss is vocabulary-parallel when the logits are
+//! split, and the gradient norm counts every sharded parameter once over the group.
 
 use candle_core::{DType, Tensor, Var};
 
+use crate::comm::ReduceOp;
 use crate::model::{Activation, Cx, Mode, Stage};
 use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
-use crate::nn::{cross_entropy_sum, Grads, IGNORE_INDEX};
+use crate::nn::{Grads, IGNORE_INDEX};
 use crate::pipeline::microbatch;
+use crate::shard::{loss_sum, TpGroup};
 use crate::{invalid, Error, Result};
 
 /// Options of a [`SerialTrainer`].
@@ -61,6 +67,8 @@ impl Trainer for SerialTrainer {
 pub struct SerialTrainer {
     model: Stage,
     params: Vec<(String, Var)>,
+    /// Names of the tensor-parallel (sharded) parameters.
+    sharded: Vec<String>,
     optimizer: Box<dyn Optimizer>,
     opts: TrainOptions,
     step: u64,
@@ -85,6 +93,7 @@ impl SerialTrainer {
             }
         }
         Ok(Self {
+            sharded: crate::shard::register_ddp_parameters_to_ignore(&model),
             model,
             params,
             optimizer,
@@ -124,7 +133,7 @@ impl SerialTrainer {
             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
             cx.defer_batch_stats = self.opts.deferred_batch_norm;
             let out = self.forward_cx(x, &mut cx)?;
-            let (sum, _) = cross_entropy_sum(&out, &y)?;
+            let (sum, _) = loss_sum(&out, &y, &cx, self.model.tp())?;
             let l = (sum / total as f64)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let store = l.backward()?;
@@ -152,7 +161,16 @@ impl SerialTrainer {
                 loss,
             });
         }
-        let grad_norm = clip_tied(&mut grads, &self.opts.tied, self.opts.clip)?;
+        let tp = self.model.tp();
+        let share = sum_sq_share(&grads, &self.opts.tied, &self.sharded, tp.rank())?;
+        let sq = tp.all_reduce(
+            &Tensor::new(&[share], &candle_core::Device::Cpu)?,
+            ReduceOp::Sum,
+        )?;
+        let grad_norm = sq.to_vec1::<f64>()?[0].max(0.0).sqrt();
+        if let Some(max) = self.opts.clip {
+            scale_to_norm(&mut grads, grad_norm, max)?;
+        }
         let lr = self.opts.schedule.lr_at(self.step);
         self.optimizer.step(&grads, lr)?;
         let report = StepReport {
@@ -166,9 +184,11 @@ impl SerialTrainer {
         Ok(report)
     }
 
-    /// Evaluation-mode forward (no dropout, running statistics).
+    /// Evaluation-mode forward (no dropout, running statistics); split logits are gathered.
     pub fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
-        self.forward_cx(inputs.clone(), &mut Cx::eval())
+        let mut cx = Cx::eval();
+        let out = self.forward_cx(inputs.clone(), &mut cx)?;
+        whole_output(&out, &cx, self.model.tp())
     }
 
     fn forward_cx(&self, x: Tensor, cx: &mut Cx) -> Result<Tensor> {
@@ -186,7 +206,7 @@ impl SerialTrainer {
 /// The global gradient norm with each tied pair counted once (it is one parameter in
 /// PyTorch), and clipping to `clip` if given. Returns the norm before clipping.
 pub fn clip_tied(grads: &mut Grads, tied: &[(String, String)], clip: Option<f64>) -> Result<f64> {
-    let norm = sum_sq_tied_once(grads, tied)?.sqrt();
+    let norm = sum_sq_share(grads, tied, &[], 0)?.sqrt();
     if let Some(max) = clip {
         scale_to_norm(grads, norm, max)?;
     }
@@ -200,20 +220,41 @@ fn find<'a>(params: &'a [(String, Var)], name: &str) -> Result<&'a Var> {
         .ok_or_else(|| invalid!("tied parameter `{name}` is not a parameter of the model"))
 }
 
-/// Sum of squares of every gradient, the second member of each tied pair left out (the pair
-/// is one parameter).
-pub fn sum_sq_tied_once(grads: &Grads, tied: &[(String, String)]) -> Result<f64> {
-    let mut sq = grads.sum_sq()?;
-    for (_, second) in tied {
-        if let Some(g) = grads.get(second) {
-            sq -= g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+/// This rank's share of the squared gradient norm of a model split over a tensor-parallel
+/// group, so that the sum over the group is the norm of the whole model: sharded parameters
+/// count on every rank (each holds its part), whole ones on rank 0 only, and the second member
+/// of each tied pair nowhere.
+pub fn sum_sq_share(
+    grads: &Grads,
+    tied: &[(String, String)],
+    sharded: &[String],
+    tp_rank: usize,
+) -> Result<f64> {
+    let mut sq = 0.0;
+    for (name, g) in grads.iter() {
+        let second = tied.iter().any(|(_, b)| b == name);
+        if second || (tp_rank != 0 && !sharded.contains(name)) {
+            continue;
         }
+        sq += g
+            .to_dtype(DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
     }
-    Ok(sq.max(0.0))
+    Ok(sq)
+}
+
+/// The whole model output: logits split over the tensor-parallel group (as the [`Cx`] of their
+/// forward marks them) are gathered, for prediction.
+pub fn whole_output(out: &Tensor, cx: &Cx, tp: &TpGroup) -> Result<Tensor> {
+    match cx.parallel_dim(out) {
+        Some(d) if tp.size() > 1 => {
+            let axis = crate::shard::normalize_dim(d, out.rank())?;
+            Ok(Tensor::cat(&tp.all_gather(&out.contiguous()?)?, axis)?)
+        }
+        _ => Ok(out.clone()),
+    }
 }
 
 /// The batch's count of counted targets and its micro-batches of inputs and targets; a batch

@@ -1,9 +1,15 @@
 //! Causal multi-head self-attention (GPT-2), with explicit softmax so gradients flow.
+//!
+//! Built with a tensor-parallel group ([`Init::tp`]) it is Megatron's attention: `c_attn` is
+//! column-parallel with the heads split (each rank keeps its heads' q, k and v columns),
+//! `c_proj` row-parallel, so each rank attends with its own heads and one all-reduce joins
+//! them.
 
 use candle_core::{Device, Tensor, Var};
 
 use super::{join, softmax_last_dim, Dropout, Init, Linear, Module};
 use crate::model::Cx;
+use crate::shard::{ParallelDim, ParallelLinear, Shard};
 use crate::{Error, Result};
 
 /// GPT-2 attention: `c_attn` projects to q, k, v (one `(d, 3d)` matrix), heads attend causally,
@@ -11,11 +17,14 @@ use crate::{Error, Result};
 #[derive(Clone, Debug)]
 pub struct CausalSelfAttention {
     name: String,
-    c_attn: Linear,
-    c_proj: Linear,
+    c_attn: ParallelLinear,
+    c_proj: ParallelLinear,
     attn_dropout: Dropout,
     resid_dropout: Dropout,
     n_head: usize,
+    /// Heads on this rank.
+    local_heads: usize,
+    tp_rank: usize,
 }
 
 impl CausalSelfAttention {
@@ -34,28 +43,48 @@ impl CausalSelfAttention {
                 msg: format!("n_embd {n_embd} must be a multiple of n_head {n_head}"),
             });
         }
+        let tp = &init.tp;
+        if !n_head.is_multiple_of(tp.size()) {
+            return Err(Error::Layer {
+                layer: name.into(),
+                msg: format!(
+                    "{n_head} heads cannot be split over {} tensor-parallel ranks: choose n_head a \
+                     multiple of the tensor-parallel size",
+                    tp.size()
+                ),
+            });
+        }
+        let c_attn = Linear::conv1d(init, &join(name, "c_attn"), n_embd, 3 * n_embd, 0.02)?;
+        let c_proj = Linear::conv1d(init, &join(name, "c_proj"), n_embd, n_embd, proj_std)?;
+        // This rank's q | k | v columns: the key bias shifts a query's scores uniformly.
+        let lc = n_embd / tp.size();
         Ok(Self {
             name: name.to_string(),
-            c_attn: Linear::conv1d(init, &join(name, "c_attn"), n_embd, 3 * n_embd, 0.02)?,
-            c_proj: Linear::conv1d(init, &join(name, "c_proj"), n_embd, n_embd, proj_std)?,
+            c_attn: ParallelLinear::from_whole(c_attn, Some(ParallelDim::Column), 3, tp)?
+                .map_local(|l| l.inert_bias(lc..2 * lc)),
+            c_proj: ParallelLinear::from_whole(c_proj, Some(ParallelDim::Row), 1, tp)?
+                .input_is_parallel(true),
             attn_dropout: Dropout::new(&join(name, "attn_dropout"), dropout),
             resid_dropout: Dropout::new(&join(name, "resid_dropout"), dropout),
             n_head,
+            local_heads: n_head / tp.size(),
+            tp_rank: tp.rank(),
         })
     }
 
     /// `x`: `(batch, time, n_embd)`.
-    pub fn forward(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, cx: &mut Cx) -> Result<Tensor> {
         let (b, t, c) = x.dims3().map_err(|_| Error::Layer {
             layer: self.name.clone(),
             msg: format!("expects (batch, time, channels), got {:?}", x.dims()),
         })?;
         let hd = c / self.n_head;
-        let qkv = self.c_attn.forward_cx(x, cx)?;
+        let (h, lc) = (self.local_heads, self.local_heads * hd);
+        let qkv = self.c_attn.forward(x, cx)?;
         let heads = |i: usize| -> Result<Tensor> {
             Ok(qkv
-                .narrow(2, i * c, c)?
-                .reshape((b, t, self.n_head, hd))?
+                .narrow(2, i * lc, lc)?
+                .reshape((b, t, h, hd))?
                 .transpose(1, 2)?
                 .contiguous()?)
         };
@@ -64,9 +93,13 @@ impl CausalSelfAttention {
         let att = (q.matmul(&k.t()?)? * scale)?;
         let att = att.broadcast_add(&causal_mask(t, x.dtype(), x.device())?)?;
         let att = softmax_last_dim(&att)?;
-        let att = self.attn_dropout.forward(&att, cx)?;
-        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))?;
-        let y = self.c_proj.forward_cx(&y, cx)?;
+        // The serial run's mask, this rank's heads of it.
+        let parts = self.n_head / h;
+        let att = self
+            .attn_dropout
+            .forward_part(&att, cx, 1, self.tp_rank, parts)?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, lc))?;
+        let y = self.c_proj.forward(&y, cx)?;
         self.resid_dropout.forward(&y, cx)
     }
 }
@@ -91,6 +124,12 @@ impl Module for CausalSelfAttention {
     fn params(&self) -> Vec<(String, Var)> {
         let mut v = self.c_attn.params();
         v.extend(self.c_proj.params());
+        v
+    }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        let mut v = self.c_attn.shards();
+        v.extend(self.c_proj.shards());
         v
     }
 }

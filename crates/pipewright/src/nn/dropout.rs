@@ -24,13 +24,29 @@ impl Dropout {
     }
 
     pub fn forward(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
+        self.forward_part(x, cx, 0, 0, 1)
+    }
+
+    /// Dropout on part `index` of `count` along `axis` of a tensor split over a tensor-parallel
+    /// group: the mask is the part of the whole tensor's mask, so a split run drops exactly
+    /// what a serial run drops.
+    pub fn forward_part(
+        &self,
+        x: &Tensor,
+        cx: &Cx,
+        axis: usize,
+        index: usize,
+        count: usize,
+    ) -> Result<Tensor> {
         if self.p == 0.0 || !cx.is_training() {
             return Ok(x.clone());
         }
+        let mut whole = x.dims().to_vec();
+        whole[axis] *= count;
         let key = format!("dropout/{}/{}/{}", self.site, cx.step, cx.micro_batch);
         let mut rng = rng_for(cx.seed, &key);
         let scale = 1.0 / (1.0 - self.p);
-        let mask: Vec<f32> = (0..x.elem_count())
+        let mask: Vec<f32> = (0..whole.iter().product::<usize>())
             .map(|_| {
                 if rng.random::<f64>() < self.p {
                     0.0
@@ -39,7 +55,8 @@ impl Dropout {
                 }
             })
             .collect();
-        let mask = Tensor::from_vec(mask, x.dims(), &candle_core::Device::Cpu)?
+        let mask = Tensor::from_vec(mask, whole, &candle_core::Device::Cpu)?
+            .narrow(axis, index * x.dim(axis)?, x.dim(axis)?)?
             .to_dtype(x.dtype())?
             .to_device(x.device())?;
         Ok((x * mask)?)

@@ -31,6 +31,10 @@ impl Embedding {
         }
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn weight(&self) -> &Var {
         &self.weight
     }

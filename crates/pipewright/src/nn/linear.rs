@@ -25,6 +25,8 @@ pub struct Linear {
     layout: WeightLayout,
     in_features: usize,
     out_features: usize,
+    /// Outputs whose bias cannot change the model's output (see [`Linear::inert_bias`]).
+    inert_bias: Option<std::ops::Range<usize>>,
 }
 
 impl Linear {
@@ -74,11 +76,35 @@ impl Linear {
             layout,
             in_features: inp,
             out_features: out,
+            inert_bias: None,
         })
     }
 
     pub fn weight(&self) -> &Var {
         &self.weight
+    }
+
+    /// Declares that the bias of `outputs` cannot change what the model computes, so its exact
+    /// gradient is zero: attention's key bias, which shifts every score of a query's row by
+    /// the same amount, and softmax ignores such shifts. That part of the bias is added as a
+    /// constant, so its gradient is an exact zero rather than rounding noise (which AdamW,
+    /// dividing by the noise's own size, would turn into full-size steps that differ between
+    /// any two ways of summing the same numbers).
+    pub fn inert_bias(mut self, outputs: std::ops::Range<usize>) -> Self {
+        self.inert_bias = Some(outputs);
+        self
+    }
+
+    pub fn bias(&self) -> Option<&Var> {
+        self.bias.as_ref()
+    }
+
+    pub fn layout(&self) -> WeightLayout {
+        self.layout
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub fn in_features(&self) -> usize {
@@ -137,7 +163,19 @@ impl Linear {
             )?;
         }
         if let Some(b) = &self.bias {
-            y = y.broadcast_add(b.as_tensor())?;
+            let b = b.as_tensor();
+            y = match &self.inert_bias {
+                Some(r) if !r.is_empty() => {
+                    let n = self.out_features;
+                    let parts = [
+                        b.narrow(0, 0, r.start)?,
+                        b.narrow(0, r.start, r.len())?.detach(),
+                        b.narrow(0, r.end, n - r.end)?,
+                    ];
+                    y.broadcast_add(&Tensor::cat(&parts, 0)?)?
+                }
+                _ => y.broadcast_add(b)?,
+            };
         }
         let mut out_dims = dims;
         *out_dims.last_mut().unwrap() = self.out_features;

@@ -33,6 +33,10 @@ use candle_core::Var;
 /// Anything that owns named parameters.
 pub trait Module {
     fn params(&self) -> Vec<(String, Var)>;
+    /// How each tensor-parallel parameter is split (none: every parameter is whole).
+    fn shards(&self) -> Vec<(String, crate::shard::Shard)> {
+        Vec::new()
+    }
 }
 
 /// Joins a prefix and a name with a dot (`"h.3"`, `"attn"` -> `"h.3.attn"`).

@@ -22,8 +22,9 @@ use crate::comm::{Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::model::{Activation, Cx, Mode, Sequential, Stage};
 use crate::nn::deferred::{leftover, WeightGradQueue};
 use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
-use crate::nn::{cross_entropy_sum, Grads, Init};
-use crate::serial::{count_targets, split_batch, sum_sq_tied_once, StepReport};
+use crate::nn::{Grads, Init};
+use crate::serial::{count_targets, split_batch, sum_sq_share, whole_output, StepReport};
+use crate::shard::{loss_sum, TpGroup};
 use crate::{invalid, Error, Result};
 
 /// Activation recomputation (torchgpipe's `checkpoint`).
@@ -117,6 +118,10 @@ pub struct Pipeline {
     ranges: Vec<Range<usize>>,
     routes: Vec<Route>,
     params: Vec<(String, Var)>,
+    /// The tensor-parallel group every stage of this rank is split over, and the names of the
+    /// sharded parameters.
+    tp: TpGroup,
+    sharded: Vec<String>,
     optimizer: Box<dyn Optimizer>,
     opts: PipelineOptions,
     step: u64,
@@ -166,6 +171,10 @@ impl Pipeline {
             .filter(|r| r.from != r.to)
             .collect();
         let params: Vec<(String, Var)> = chunks.iter().flat_map(|(_, s)| s.params()).collect();
+        let sharded = chunks
+            .iter()
+            .flat_map(|(_, s)| crate::shard::register_ddp_parameters_to_ignore(s))
+            .collect();
         let optimizer = make_optimizer(params.clone())?;
         let total = 2 * (p * v + routes.len()) * (opts.chunks + 1);
         if total as u64 >= MAX_TAG {
@@ -178,6 +187,8 @@ impl Pipeline {
             ranges,
             routes,
             params,
+            tp: init.tp.clone(),
+            sharded,
             optimizer,
             opts,
             step: 0,
@@ -206,9 +217,22 @@ impl Pipeline {
         &self.params
     }
 
-    /// Number of scalar parameters over all ranks of the pipeline (collective).
+    /// Number of scalar parameters of the whole model, over all ranks of the pipeline
+    /// (collective over the pipeline's ranks).
     pub fn total_params(&self) -> Result<usize> {
-        let mine: usize = self.params.iter().map(|(_, v)| v.elem_count()).sum();
+        // A sharded parameter counts at its whole size (every shard is the same size).
+        let mine: usize = self
+            .params
+            .iter()
+            .map(|(n, v)| {
+                let parts = if self.sharded.contains(n) {
+                    self.tp.size()
+                } else {
+                    1
+                };
+                v.elem_count() * parts
+            })
+            .sum();
         let t = Tensor::new(&[mine as i64], &candle_core::Device::Cpu)?;
         Ok(self.comm.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<i64>()?[0] as usize)
     }
@@ -234,8 +258,8 @@ impl Pipeline {
         self.peak_inputs
     }
 
-    fn loss(out: &Tensor, y: &Tensor, total: usize) -> Result<Tensor> {
-        let (sum, _) = cross_entropy_sum(out, y)?;
+    fn loss(&self, out: &Tensor, y: &Tensor, total: usize, cx: &Cx) -> Result<Tensor> {
+        let (sum, _) = loss_sum(out, y, cx, &self.tp)?;
         Ok((sum / total as f64)?)
     }
 
@@ -367,7 +391,7 @@ impl Pipeline {
                         sends.push(self.comm.isend(t, to, self.skip_tag(mb, *i, false))?);
                     }
                     let output = if k == last {
-                        let l = Self::loss(&out, &ys[mb], total)?;
+                        let l = self.loss(&out, &ys[mb], total, &cx)?;
                         loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                         l
                     } else {
@@ -420,7 +444,7 @@ impl Pipeline {
                             let (out, exports) =
                                 self.run_stage(stage, k, &s.x, &s.imports, &mut cx)?;
                             let out = if k == last {
-                                Self::loss(&out, &ys[mb], total)?
+                                self.loss(&out, &ys[mb], total, &cx)?
                             } else {
                                 out
                             };
@@ -584,13 +608,14 @@ impl Pipeline {
             };
             let m = self.schedule.micro_batches;
             let imports = self.import_skips(k, m)?;
-            let (y, exports) = self.run_stage(stage, k, &x, &imports, &mut Cx::eval())?;
+            let mut cx = Cx::eval();
+            let (y, exports) = self.run_stage(stage, k, &x, &imports, &mut cx)?;
             for (i, t) in &exports {
                 let to = self.rank_of(self.routes[*i].to);
                 self.comm.send(t, to, self.skip_tag(m, *i, false))?;
             }
             if k == last {
-                out = Some(y);
+                out = Some(whole_output(&y, &cx, &self.tp)?);
             } else {
                 self.comm.send(&y, self.rank_of(k + 1), (base + k) as u64)?;
             }
@@ -613,12 +638,13 @@ impl Pipeline {
                 loss,
             });
         }
-        // Global norm over all ranks, each tied pair counted once.
-        let sq = sum_sq_tied_once(&grads, &self.opts.tied)?;
+        // Global norm over all ranks, each tied pair and each whole parameter counted once.
+        let sq = sum_sq_share(&grads, &self.opts.tied, &self.sharded, self.tp.rank())?;
         let sq = self.comm.all_reduce(
             &Tensor::new(&[sq], &candle_core::Device::Cpu)?,
             ReduceOp::Sum,
         )?;
+        let sq = self.tp.all_reduce(&sq, ReduceOp::Sum)?;
         let grad_norm = sq.to_vec1::<f64>()?[0].max(0.0).sqrt();
         if let Some(max) = self.opts.clip {
             scale_to_norm(&mut grads, grad_norm, max)?;

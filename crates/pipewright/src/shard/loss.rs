@@ -1,0 +1,96 @@
+//! Cross-entropy over logits whose classes (the vocabulary) are split over the tensor-parallel
+//! group, computed without ever forming the whole vocabulary (Megatron's
+//! `vocab_parallel_cross_entropy`): the row maximum, the target's logit and the sum of
+//! exponentials are all-reduced as one number per row.
+
+use candle_core::{DType, Tensor, D};
+
+use super::ops::reduce_from_group;
+use super::TpGroup;
+use crate::comm::ReduceOp;
+use crate::model::Cx;
+use crate::nn::{cross_entropy_sum, IGNORE_INDEX};
+use crate::{invalid, Result};
+
+/// Sum of the negative log-likelihoods of the non-ignored targets and their count, where
+/// `logits` `(..., classes / T)` hold this rank's contiguous range of classes (rank `r` holds
+/// classes `r * classes/T ..`). Equal on every rank of the group; the backward gives each rank
+/// the gradient of its own logits.
+pub fn vocab_parallel_cross_entropy_sum(
+    logits: &Tensor,
+    targets: &Tensor,
+    group: &TpGroup,
+) -> Result<(Tensor, usize)> {
+    let part = *logits
+        .dims()
+        .last()
+        .ok_or_else(|| invalid!("cross-entropy needs logits with a class dimension"))?;
+    let n = logits.elem_count() / part.max(1);
+    if targets.elem_count() != n {
+        return Err(invalid!(
+            "cross-entropy: logits {:?} hold {n} rows but targets {:?} hold {}",
+            logits.dims(),
+            targets.dims(),
+            targets.elem_count()
+        ));
+    }
+    let classes = part * group.size();
+    let start = part * group.rank();
+    let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
+    let mut count = 0usize;
+    let mut local = Vec::with_capacity(n);
+    let mut here = Vec::with_capacity(n);
+    let mut counted = Vec::with_capacity(n);
+    for &v in &t {
+        if v == IGNORE_INDEX {
+            local.push(0u32);
+            here.push(0f32);
+            counted.push(0f32);
+            continue;
+        }
+        if v < 0 || v as usize >= classes {
+            return Err(invalid!(
+                "cross-entropy: target {v} is outside 0..{classes} (use {IGNORE_INDEX} to ignore a position)"
+            ));
+        }
+        let v = v as usize;
+        let mine = (start..start + part).contains(&v);
+        local.push(if mine { (v - start) as u32 } else { 0 });
+        here.push(if mine { 1.0 } else { 0.0 });
+        counted.push(1.0);
+        count += 1;
+    }
+    let dev = logits.device();
+    let dt = logits.dtype();
+    let z = logits.reshape((n, part))?;
+    // The shift cancels in the loss and its gradient: a constant.
+    let m = group.all_reduce(&z.max_keepdim(D::Minus1)?.detach(), ReduceOp::Max)?;
+    let shifted = z.broadcast_sub(&m)?;
+    let sum_exp = reduce_from_group(&shifted.exp()?.sum_keepdim(D::Minus1)?, group)?;
+    let idx = Tensor::from_vec(local, (n, 1), dev)?;
+    let here = Tensor::from_vec(here, (n, 1), dev)?.to_dtype(dt)?;
+    let target = reduce_from_group(&(shifted.gather(&idx, 1)? * here)?, group)?;
+    let nll = (sum_exp.log()? - target)?.squeeze(1)?;
+    let counted = Tensor::from_vec(counted, n, dev)?.to_dtype(dt)?;
+    Ok(((nll * counted)?.sum_all()?, count))
+}
+
+/// The summed cross-entropy of a model output: vocabulary-parallel when the forward marked
+/// the output split on its last dim over `group` (see [`super::register_parallel_dim`]),
+/// plain otherwise.
+pub fn loss_sum(
+    out: &Tensor,
+    targets: &Tensor,
+    cx: &Cx,
+    group: &TpGroup,
+) -> Result<(Tensor, usize)> {
+    match cx.parallel_dim(out) {
+        Some(d) if group.size() > 1 && (d == -1 || d == out.rank() as i64 - 1) => {
+            vocab_parallel_cross_entropy_sum(out, targets, group)
+        }
+        Some(d) => Err(invalid!(
+            "the model output is split on dim {d}; a loss needs it whole or split on its last dim"
+        )),
+        None => cross_entropy_sum(out, targets),
+    }
+}

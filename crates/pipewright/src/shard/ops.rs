@@ -1,0 +1,157 @@
+//! The collectives inside tensor-parallel layers, as autograd ops (Megatron's mappings). Each
+//! runs its collective in the forward and the conjugate one in the backward:
+//!
+//! | op | forward | backward |
+//! | --- | --- | --- |
+//! | [`copy_to_group`] | identity | all-reduce (sum) |
+//! | [`reduce_from_group`] | all-reduce (sum) | identity |
+//! | [`gather_from_group`] | all-gather, join | keep own part |
+//! | [`scatter_to_group`] | keep own part | all-gather, join |
+//!
+//! Every member of the group must call them in the same order, forward and backward; the
+//! layers do, because every tensor-parallel rank builds the same graph. In a group of one they
+//! are the identity and add nothing to the graph.
+
+use std::sync::Mutex;
+
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+
+use super::{assemble, part, TpGroup};
+use crate::comm::ReduceOp;
+use crate::Result;
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Copy,
+    Reduce,
+    Gather { axis: usize, stride: usize },
+    Scatter { axis: usize, stride: usize },
+}
+
+/// An op whose forward value was computed (with its collective) before the op was applied: the
+/// op hands that value to candle and keeps the backward.
+struct Collective {
+    kind: Kind,
+    group: TpGroup,
+    value: Mutex<Option<Tensor>>,
+}
+
+fn to_candle(e: crate::Error) -> candle_core::Error {
+    candle_core::Error::Msg(e.to_string())
+}
+
+/// The contiguous CPU storage of `t`.
+fn cpu_storage(t: &Tensor) -> candle_core::Result<CpuStorage> {
+    let t = t.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::F32 => CpuStorage::F32(t.to_vec1()?),
+        DType::F64 => CpuStorage::F64(t.to_vec1()?),
+        DType::F16 => CpuStorage::F16(t.to_vec1()?),
+        DType::BF16 => CpuStorage::BF16(t.to_vec1()?),
+        DType::U32 => CpuStorage::U32(t.to_vec1()?),
+        DType::I64 => CpuStorage::I64(t.to_vec1()?),
+        DType::U8 => CpuStorage::U8(t.to_vec1()?),
+        dt => {
+            return Err(candle_core::Error::Msg(format!(
+                "tensor-parallel collectives do not support {dt:?}"
+            )))
+        }
+    })
+}
+
+impl CustomOp1 for Collective {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Copy => "copy-to-group",
+            Kind::Reduce => "reduce-from-group",
+            Kind::Gather { .. } => "gather-from-group",
+            Kind::Scatter { .. } => "scatter-to-group",
+        }
+    }
+
+    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        // Taken, so the graph does not keep a second copy of the output alive.
+        let v = self
+            .value
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{}: run twice", self.name())))?;
+        Ok((cpu_storage(&v)?, v.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let g = &self.group;
+        let r = match self.kind {
+            Kind::Copy => g.all_reduce(grad, ReduceOp::Sum).map_err(to_candle)?,
+            Kind::Reduce => grad.clone(),
+            Kind::Gather { axis, stride } => {
+                part(grad, axis, stride, g.rank(), g.size()).map_err(to_candle)?
+            }
+            Kind::Scatter { axis, stride } => {
+                let parts = g.all_gather(&grad.contiguous()?).map_err(to_candle)?;
+                assemble(&parts, axis, stride).map_err(to_candle)?
+            }
+        };
+        Ok(Some(r))
+    }
+}
+
+fn apply(x: &Tensor, value: Tensor, kind: Kind, group: &TpGroup) -> Result<Tensor> {
+    let op = Collective {
+        kind,
+        group: group.clone(),
+        value: Mutex::new(Some(value)),
+    };
+    Ok(x.apply_op1(op)?)
+}
+
+/// Identity forward, all-reduce backward: feeds a replicated tensor into a column-parallel
+/// layer, whose every rank contributes part of its gradient.
+pub fn copy_to_group(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    apply(x, x.detach(), Kind::Copy, group)
+}
+
+/// All-reduce (sum) forward, identity backward: joins the partial outputs of a row-parallel
+/// layer.
+pub fn reduce_from_group(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let sum = group.all_reduce(&x.detach().contiguous()?, ReduceOp::Sum)?;
+    apply(x, sum, Kind::Reduce, group)
+}
+
+/// All-gather forward (the parts joined along `axis`, see [`super::assemble`] for `stride`),
+/// own part backward: the whole output of a column-parallel layer on every rank.
+pub fn gather_from_group(
+    x: &Tensor,
+    group: &TpGroup,
+    axis: usize,
+    stride: usize,
+) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let parts = group.all_gather(&x.detach().contiguous()?)?;
+    let whole = assemble(&parts, axis, stride)?;
+    apply(x, whole, Kind::Gather { axis, stride }, group)
+}
+
+/// Own part forward (see [`super::part`]), all-gather backward: splits a replicated tensor
+/// for a row-parallel layer.
+pub fn scatter_to_group(x: &Tensor, group: &TpGroup, axis: usize, stride: usize) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let mine = part(&x.detach(), axis, stride, group.rank(), group.size())?;
+    apply(x, mine, Kind::Scatter { axis, stride }, group)
+}
