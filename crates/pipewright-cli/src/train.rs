@@ -1,11 +1,12 @@
-//! `pipewright train`: one device today; the same flags will drive every layout.
+//! `pipewright train`: a reference model on a task, on one device or split over pipeline (pp)
+//! and tensor-parallel (tp) ranks: threads of this process, or processes under mpirun.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::comm::{local, Communicator};
+use pipewright::comm::{axis_group, local, Communicator};
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
@@ -16,6 +17,8 @@ use pipewright::pipeline::executor::{
 use pipewright::pipeline::partition::partition;
 use pipewright::pipeline::schedule::{Kind, Schedule};
 use pipewright::serial::{SerialTrainer, TrainOptions, Trainer};
+use pipewright::shard::TpGroup;
+use pipewright::topology::{Axis, Layout, Topology};
 use pipewright::{invalid, Error, Result, Sequential};
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
@@ -75,6 +78,9 @@ pub struct TrainArgs {
     /// Pipeline stages (ranks as threads of this process).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,
+    /// Tensor-parallel ranks per stage (Megatron's split of the GPT: heads, MLP, vocabulary).
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub tp: usize,
     /// Pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble H1).
     #[arg(long, default_value = "1f1b")]
     pub schedule: String,
@@ -139,6 +145,10 @@ pub struct TrainArgs {
     pub block_size: Option<usize>,
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
+    /// GPT vocabulary (default: the task's); a larger one pads the vocabulary, for example to
+    /// a multiple of --tp. Padded ids never occur.
+    #[arg(long, value_parser = positive)]
+    pub vocab_size: Option<usize>,
     // CNN sizes.
     /// CNN channels of the first blocks.
     #[arg(long, default_value_t = 16, value_parser = positive)]
@@ -201,8 +211,29 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(String
                     "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
                 ));
             }
+            let vocab_size = a.vocab_size.unwrap_or(vocab);
+            if vocab_size < vocab {
+                return Err(invalid!(
+                    "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
+                ));
+            }
+            if !vocab_size.is_multiple_of(a.tp) {
+                let padded = vocab_size.div_ceil(a.tp) * a.tp;
+                return Err(invalid!(
+                    "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
+                     (padded ids never occur)",
+                    a.tp
+                ));
+            }
+            if !a.n_head.is_multiple_of(a.tp) {
+                return Err(invalid!(
+                    "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
+                    a.n_head,
+                    a.tp
+                ));
+            }
             let cfg = GptConfig {
-                vocab_size: vocab,
+                vocab_size,
                 block_size,
                 n_layer: a.n_layer,
                 n_head: a.n_head,
@@ -217,6 +248,11 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(String
                 channels, classes, ..
             },
         ) => {
+            if a.tp > 1 {
+                return Err(invalid!(
+                    "--tp splits the GPT's layers; the CNN has no tensor-parallel layers: use --tp 1"
+                ));
+            }
             let cfg = CnnConfig {
                 in_channels: channels,
                 classes,
@@ -341,7 +377,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     };
     let traces = match a.backend {
         crate::bench::Backend::Mpi => return run_mpi(&setup),
-        crate::bench::Backend::Local if a.pp == 1 => {
+        crate::bench::Backend::Local if a.pp * a.tp == 1 => {
             let dir = RunDir::create(&a.out)?;
             let stage = model.build(&Init::cpu(a.seed))?;
             let num_params = stage.num_params();
@@ -367,7 +403,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         }
         crate::bench::Backend::Local => {
             let dir = RunDir::create(&a.out)?;
-            local::run(a.pp, |comm| {
+            local::run(a.pp * a.tp, |comm| {
                 let master = comm.is_master();
                 setup.rank(Box::new(comm), master.then_some(&dir))
             })?
@@ -397,12 +433,14 @@ fn run_mpi(setup: &Setup) -> Result<()> {
     let (_mpi, world) = Mpi::init()?;
     let rank = world.rank();
     let result = (|| {
-        if world.size() != a.pp {
+        if world.size() != a.pp * a.tp {
             return Err(invalid!(
-                "mpirun started {} ranks but --pp is {}: start it with mpirun -np {}",
+                "mpirun started {} ranks but --pp {} x --tp {} needs {}: start it with mpirun -np {}",
                 world.size(),
                 a.pp,
-                a.pp
+                a.tp,
+                a.pp * a.tp,
+                a.pp * a.tp
             ));
         }
         let dir = if world.is_master() {
@@ -447,9 +485,38 @@ struct Setup<'a> {
 }
 
 impl Setup<'_> {
-    /// One pipeline rank: build its stages, train, return its trace.
+    /// One rank of the world (`comm`): build its stages and shards, train, return its trace.
     fn rank(&self, comm: Box<dyn Communicator>, dir: Option<&RunDir>) -> Result<Vec<TraceEvent>> {
         let a = self.a;
+        let topo = Topology::new(Layout::new(a.pp, a.tp, 1)?);
+        topo.layout().check_world(comm.size())?;
+        let tp = TpGroup::new(axis_group(comm.as_ref(), &topo, Axis::Tensor)?);
+        let init = Init::cpu(a.seed).with_tp(tp);
+        if a.pp == 1 {
+            let stage = self.model.build(&init)?;
+            let num_params = whole_params(&stage);
+            let optimizer = make_optimizer(a, stage.params())?;
+            let opts = TrainOptions {
+                seed: a.seed,
+                chunks: a.chunks,
+                clip: self.clip,
+                schedule: self.sched,
+                tied: self.tied.to_vec(),
+                deferred_batch_norm: a.deferred_batch_norm,
+            };
+            let mut trainer = SerialTrainer::new(stage, optimizer, opts)?;
+            let run = Run {
+                a,
+                task: self.task,
+                model: self.model,
+                tied: self.tied,
+                sched: self.sched,
+                num_params,
+            };
+            train_loop(&run, &mut trainer, dir)?;
+            return Ok(Vec::new());
+        }
+        let comm = axis_group(comm.as_ref(), &topo, Axis::Pipeline)?;
         let opts = PipelineOptions {
             chunks: a.chunks,
             schedule: self.kind,
@@ -462,9 +529,7 @@ impl Setup<'_> {
             recompute: self.recompute,
             deferred_batch_norm: a.deferred_batch_norm,
         };
-        let mut p = Pipeline::new(self.model, &Init::cpu(a.seed), comm, opts, |ps| {
-            make_optimizer(a, ps)
-        })?;
+        let mut p = Pipeline::new(self.model, &init, comm, opts, |ps| make_optimizer(a, ps))?;
         if a.trace.is_some() {
             p.enable_trace();
         }
@@ -479,6 +544,19 @@ impl Setup<'_> {
         train_loop(&run, &mut p, dir)?;
         Ok(p.take_trace())
     }
+}
+
+/// Scalars of the whole model a stage holds (a sharded parameter counts at its whole size).
+fn whole_params(stage: &pipewright::Stage) -> usize {
+    let shards: std::collections::HashMap<String, _> = stage.shards().into_iter().collect();
+    stage
+        .params()
+        .iter()
+        .map(|(n, v)| match shards.get(n) {
+            Some(s) => s.whole.iter().product(),
+            None => v.elem_count(),
+        })
+        .sum()
 }
 
 /// What every rank's training loop needs to know.
@@ -526,14 +604,16 @@ fn train_loop(run: &Run, trainer: &mut dyn Trainer, dir: Option<&RunDir>) -> Res
         TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
         TaskShape::Images { .. } => (a.batch_size, "samples"),
     };
-    let layout = if a.pp > 1 {
-        format!(
+    let mut layout = String::new();
+    if a.pp > 1 {
+        layout += &format!(
             ", pipeline pp={} {} virtual={}",
             a.pp, a.schedule, a.virtual_stages
-        )
-    } else {
-        String::new()
-    };
+        );
+    }
+    if a.tp > 1 {
+        layout += &format!(", tensor-parallel tp={}", a.tp);
+    }
     if let Some(dir) = dir {
         println!(
             "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in {} chunks{layout} -> {}",

@@ -333,3 +333,61 @@ fn a_pipelined_run_writes_the_serial_runs_losses() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+#[test]
+fn a_tensor_parallel_run_writes_the_serial_runs_losses() {
+    let common = [
+        "--n-layer",
+        "2",
+        "--n-head",
+        "4",
+        "--n-embd",
+        "16",
+        "--batch-size",
+        "8",
+        "--steps",
+        "4",
+        "--chunks",
+        "2",
+        "--dropout",
+        "0.1",
+    ];
+    let run = |name: &str, extra: &[&str]| {
+        let out = tmp(name);
+        let mut a: Vec<&str> = common.to_vec();
+        a.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        a.extend_from_slice(extra);
+        let o = train(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        let csv = std::fs::read_to_string(out.join("scalars.csv")).unwrap();
+        let _ = std::fs::remove_dir_all(out);
+        csv.lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(1).unwrap().parse::<f64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let serial = run("tp-serial", &[]);
+    for extra in [&["--tp", "2"][..], &["--tp", "2", "--pp", "2"]] {
+        let got = run("tp-split", extra);
+        assert_eq!(got.len(), serial.len());
+        for (a, b) in got.iter().zip(&serial) {
+            assert!(
+                ((a - b) / b).abs() < 1e-5,
+                "{extra:?}: {got:?} vs serial {serial:?}"
+            );
+        }
+    }
+    fails_with(&["--tp", "4", "--n-head", "4"], "pass --vocab-size 12");
+    fails_with(
+        &["--tp", "4", "--n-head", "2", "--vocab-size", "12"],
+        "--n-head 2 cannot be split over --tp 4",
+    );
+    fails_with(
+        &["--vocab-size", "8"],
+        "--vocab-size 8 is smaller than the task's vocabulary of 10",
+    );
+    fails_with(
+        &["--model", "cnn", "--task", "shapes", "--tp", "2"],
+        "the CNN has no tensor-parallel layers",
+    );
+}
