@@ -6,19 +6,19 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::comm::{axis_group, local, Communicator};
+use pipewright::candle_core::Tensor;
+use pipewright::comm::{local, Communicator};
+use pipewright::data_parallel::DistributedLoader;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
-use pipewright::nn::Init;
-use pipewright::pipeline::executor::{
-    chrome_trace, Pipeline, PipelineOptions, Recompute, TraceEvent,
-};
+use pipewright::pipeline::executor::{chrome_trace, Recompute, TraceEvent};
 use pipewright::pipeline::partition::partition;
 use pipewright::pipeline::schedule::{Kind, Schedule};
-use pipewright::serial::{SerialTrainer, TrainOptions, Trainer};
-use pipewright::shard::TpGroup;
-use pipewright::topology::{Axis, Layout, Topology};
+use pipewright::precision::Precision;
+use pipewright::serial::Trainer;
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Error, Result, Sequential};
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
@@ -66,9 +66,11 @@ pub struct TrainArgs {
     pub data: Option<PathBuf>,
     #[arg(long, default_value_t = 1000, value_parser = positive_u64)]
     pub steps: u64,
+    /// Rows of every step, over all data-parallel replicas.
     #[arg(long, default_value_t = 64, value_parser = positive)]
     pub batch_size: usize,
-    /// Micro-batches per batch (gradient accumulation; the same mathematics as one batch).
+    /// Micro-batches per batch, over all replicas (gradient accumulation; the same mathematics
+    /// as one batch): each of the --dp replicas takes --chunks / --dp of them.
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub chunks: usize,
     /// How ranks talk: threads of this process (local), or one process per rank under
@@ -81,6 +83,13 @@ pub struct TrainArgs {
     /// Tensor-parallel ranks per stage (Megatron's split of the GPT: heads, MLP, vocabulary).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub tp: usize,
+    /// Data-parallel replicas (each takes its rows of every batch; gradients are summed).
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub dp: usize,
+    /// What the model computes in: f32, bf16, or f16 (with dynamic loss scaling); the
+    /// optimizer keeps f32 master weights.
+    #[arg(long, default_value = "f32")]
+    pub precision: String,
     /// Pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble H1).
     #[arg(long, default_value = "1f1b")]
     pub schedule: String,
@@ -332,6 +341,9 @@ struct Summary {
     items_per_second: f64,
     items: &'static str,
     peak_memory_bytes: Option<u64>,
+    layout: String,
+    ranks: Vec<String>,
+    bubble_per_stage: Vec<f64>,
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -359,6 +371,22 @@ pub fn run(a: TrainArgs) -> Result<()> {
             ));
         }
     }
+    let precision: Precision = a.precision.parse()?;
+    if !a.batch_size.is_multiple_of(a.chunks) {
+        return Err(invalid!(
+            "--batch-size {} is not divisible by --chunks {}: micro-batches must be equal",
+            a.batch_size,
+            a.chunks
+        ));
+    }
+    if !a.chunks.is_multiple_of(a.dp) {
+        return Err(invalid!(
+            "--chunks {} is not a multiple of --dp {}: each replica takes --chunks / --dp of the \
+             batch's micro-batches",
+            a.chunks,
+            a.dp
+        ));
+    }
     if a.trace.is_some() && a.pp == 1 {
         return Err(invalid!(
             "--trace records pipeline actions: use it with --pp 2 or more"
@@ -374,41 +402,20 @@ pub fn run(a: TrainArgs) -> Result<()> {
         kind,
         recompute,
         clip,
+        precision,
     };
     let traces = match a.backend {
         crate::bench::Backend::Mpi => return run_mpi(&setup),
-        crate::bench::Backend::Local if a.pp * a.tp == 1 => {
-            let dir = RunDir::create(&a.out)?;
-            let stage = model.build(&Init::cpu(a.seed))?;
-            let num_params = stage.num_params();
-            let optimizer = make_optimizer(&a, stage.params())?;
-            let opts = TrainOptions {
-                seed: a.seed,
-                chunks: a.chunks,
-                clip,
-                schedule: sched,
-                tied: tied.clone(),
-                deferred_batch_norm: a.deferred_batch_norm,
-            };
-            let mut trainer = SerialTrainer::new(stage, optimizer, opts)?;
-            let run = Run {
-                a: &a,
-                task: task.as_ref(),
-                model: &model,
-                tied: &tied,
-                sched,
-                num_params,
-            };
-            return train_loop(&run, &mut trainer, Some(&dir));
-        }
         crate::bench::Backend::Local => {
             let dir = RunDir::create(&a.out)?;
-            local::run(a.pp * a.tp, |comm| {
+            let world = a.pp * a.tp * a.dp;
+            local::run(world, |comm| {
                 let master = comm.is_master();
                 setup.rank(Box::new(comm), master.then_some(&dir))
             })?
         }
     };
+    let traces: Vec<Vec<TraceEvent>> = traces.into_iter().flatten().collect();
     write_trace(&a, &traces)
 }
 
@@ -433,14 +440,14 @@ fn run_mpi(setup: &Setup) -> Result<()> {
     let (_mpi, world) = Mpi::init()?;
     let rank = world.rank();
     let result = (|| {
-        if world.size() != a.pp * a.tp {
+        let n = a.pp * a.tp * a.dp;
+        if world.size() != n {
             return Err(invalid!(
-                "mpirun started {} ranks but --pp {} x --tp {} needs {}: start it with mpirun -np {}",
+                "mpirun started {} ranks but --pp {} x --tp {} x --dp {} needs {n}: start it with mpirun -np {n}",
                 world.size(),
                 a.pp,
                 a.tp,
-                a.pp * a.tp,
-                a.pp * a.tp
+                a.dp
             ));
         }
         let dir = if world.is_master() {
@@ -453,7 +460,7 @@ fn run_mpi(setup: &Setup) -> Result<()> {
             if a.trace.is_some() {
                 eprintln!("note: under MPI the trace holds rank 0's actions only");
             }
-            write_trace(a, &[trace])?;
+            write_trace(a, &[trace.unwrap_or_default()])?;
         }
         Ok(())
     })();
@@ -482,81 +489,62 @@ struct Setup<'a> {
     kind: Kind,
     recompute: Recompute,
     clip: Option<f64>,
+    precision: Precision,
 }
 
 impl Setup<'_> {
-    /// One rank of the world (`comm`): build its stages and shards, train, return its trace.
-    fn rank(&self, comm: Box<dyn Communicator>, dir: Option<&RunDir>) -> Result<Vec<TraceEvent>> {
+    /// One rank of the world (`comm`): build its stages and shards, train on its replica's
+    /// rows, return its trace if it is the first rank of its stage (the one traced).
+    fn rank(
+        &self,
+        comm: Box<dyn Communicator>,
+        dir: Option<&RunDir>,
+    ) -> Result<Option<Vec<TraceEvent>>> {
         let a = self.a;
-        let topo = Topology::new(Layout::new(a.pp, a.tp, 1)?);
-        topo.layout().check_world(comm.size())?;
-        let tp = TpGroup::new(axis_group(comm.as_ref(), &topo, Axis::Tensor)?);
-        let init = Init::cpu(a.seed).with_tp(tp);
-        if a.pp == 1 {
-            let stage = self.model.build(&init)?;
-            let num_params = whole_params(&stage);
-            let optimizer = make_optimizer(a, stage.params())?;
-            let opts = TrainOptions {
-                seed: a.seed,
-                chunks: a.chunks,
-                clip: self.clip,
-                schedule: self.sched,
-                tied: self.tied.to_vec(),
-                deferred_batch_norm: a.deferred_batch_norm,
-            };
-            let mut trainer = SerialTrainer::new(stage, optimizer, opts)?;
-            let run = Run {
-                a,
-                task: self.task,
-                model: self.model,
-                tied: self.tied,
-                sched: self.sched,
-                num_params,
-            };
-            train_loop(&run, &mut trainer, dir)?;
-            return Ok(Vec::new());
-        }
-        let comm = axis_group(comm.as_ref(), &topo, Axis::Pipeline)?;
-        let opts = PipelineOptions {
-            chunks: a.chunks,
+        let layout = Layout::new(a.pp, a.tp, a.dp)?;
+        let opts = VarunaOptions {
+            shared_weights: self.tied.to_vec(),
+            precision: self.precision,
+            seed: a.seed,
             schedule: self.kind,
             virtual_stages: a.virtual_stages,
             balance: a.balance.clone(),
-            seed: a.seed,
-            tied: self.tied.to_vec(),
-            clip: self.clip,
-            lr: self.sched,
             recompute: self.recompute,
             deferred_batch_norm: a.deferred_batch_norm,
+            clip: self.clip,
+            lr: self.sched,
+            ..VarunaOptions::new(layout, a.batch_size, a.batch_size / a.chunks)
         };
-        let mut p = Pipeline::new(self.model, &init, comm, opts, |ps| make_optimizer(a, ps))?;
-        if a.trace.is_some() {
-            p.enable_trace();
+        let mut v = Varuna::new(self.model, comm, opts)?;
+        v.set_optimizer(|ps| make_optimizer(a, ps))?;
+        let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
+        if traced {
+            v.keep_trace();
         }
+        let c = v.coords();
+        let task = self.task;
+        let loader = DistributedLoader::new(
+            |step, rows| task.batch(step, rows),
+            a.batch_size,
+            c.dp_rank,
+            a.dp,
+            pipewright::candle_core::Device::Cpu,
+        )?;
         let run = Run {
             a,
             task: self.task,
             model: self.model,
             tied: self.tied,
             sched: self.sched,
-            num_params: p.total_params()?,
+            num_params: v.pipeline().total_params()?,
         };
-        train_loop(&run, &mut p, dir)?;
-        Ok(p.take_trace())
+        let done = train_loop(&run, &mut v, &|step| loader.batch(step), dir)?;
+        let bubbles = v.bubble_per_stage()?;
+        if let (Some(dir), Some(done)) = (dir, done) {
+            write_summary(a, dir, done, &v.describe()?, &bubbles)?;
+        }
+        Ok(traced.then(|| v.take_trace()))
     }
-}
-
-/// Scalars of the whole model a stage holds (a sharded parameter counts at its whole size).
-fn whole_params(stage: &pipewright::Stage) -> usize {
-    let shards: std::collections::HashMap<String, _> = stage.shards().into_iter().collect();
-    stage
-        .params()
-        .iter()
-        .map(|(n, v)| match shards.get(n) {
-            Some(s) => s.whole.iter().product(),
-            None => v.elem_count(),
-        })
-        .sum()
 }
 
 /// What every rank's training loop needs to know.
@@ -570,7 +558,13 @@ struct Run<'a> {
 }
 
 /// The training loop of one rank (every rank runs it; only the one given `dir` reports).
-fn train_loop(run: &Run, trainer: &mut dyn Trainer, dir: Option<&RunDir>) -> Result<()> {
+/// Returns the summary on the rank given `dir`.
+fn train_loop(
+    run: &Run,
+    trainer: &mut dyn Trainer,
+    batch: &dyn Fn(u64) -> Result<(Tensor, Tensor)>,
+    dir: Option<&RunDir>,
+) -> Result<Option<Summary>> {
     let (a, task) = (run.a, run.task);
     let num_params = run.num_params;
     let mut rec = match dir {
@@ -640,7 +634,7 @@ fn train_loop(run: &Run, trainer: &mut dyn Trainer, dir: Option<&RunDir>) -> Res
     let mut last_loss = f64::NAN;
     let mut metric = f64::NAN;
     for step in 0..a.steps {
-        let (x, y) = task.batch(step, a.batch_size)?;
+        let (x, y) = batch(step)?;
         let r = trainer.step(&x, &y)?;
         last_loss = r.loss;
         let last = step + 1 == a.steps;
@@ -674,12 +668,12 @@ fn train_loop(run: &Run, trainer: &mut dyn Trainer, dir: Option<&RunDir>) -> Res
         pb.inc(1);
     }
     pb.finish_and_clear();
-    let (Some(dir), Some(rec)) = (dir, rec.as_mut()) else {
-        return Ok(());
+    let (Some(_), Some(rec)) = (dir, rec.as_mut()) else {
+        return Ok(None);
     };
     rec.flush()?;
     let secs = start.elapsed().as_secs_f64();
-    let summary = Summary {
+    Ok(Some(Summary {
         steps: a.steps,
         final_loss: last_loss,
         metric_name: task.metric_name(),
@@ -688,17 +682,49 @@ fn train_loop(run: &Run, trainer: &mut dyn Trainer, dir: Option<&RunDir>) -> Res
         items_per_second: a.steps as f64 * items_per_step as f64 / secs,
         items,
         peak_memory_bytes: peak_memory_bytes(),
-    };
+        layout: String::new(),
+        ranks: Vec::new(),
+        bubble_per_stage: Vec::new(),
+    }))
+}
+
+/// Writes `summary.json` and prints the one-screen summary: the result, the layout, which
+/// rank holds what, and each stage's measured bubble.
+fn write_summary(
+    a: &TrainArgs,
+    dir: &RunDir,
+    mut summary: Summary,
+    ranks: &[String],
+    bubbles: &[f64],
+) -> Result<()> {
+    summary.layout = format!("pp={} tp={} dp={} {}", a.pp, a.tp, a.dp, a.precision);
+    summary.ranks = ranks.to_vec();
+    summary.bubble_per_stage = bubbles.to_vec();
     dir.write_json("summary.json", &summary)?;
     println!("──────── summary ────────");
     println!("run directory   {}", dir.path().display());
     println!("steps           {}", summary.steps);
     println!("final loss      {:.6}", summary.final_loss);
     println!("{:<15} {:.4}", summary.metric_name, summary.metric);
-    println!("time            {:.1} s", secs);
-    println!("throughput      {:.0} {items}/s", summary.items_per_second);
+    println!("time            {:.1} s", summary.seconds);
+    println!(
+        "throughput      {:.0} {}/s",
+        summary.items_per_second, summary.items
+    );
     if let Some(p) = summary.peak_memory_bytes {
         println!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
+    }
+    println!("layout          {}", summary.layout);
+    if ranks.len() > 1 {
+        for r in ranks {
+            println!("  {r}");
+        }
+        let b: Vec<String> = bubbles
+            .iter()
+            .enumerate()
+            .map(|(s, b)| format!("stage {s} {:.0}%", b * 100.0))
+            .collect();
+        println!("bubble          {} (time each stage waited)", b.join(", "));
     }
     Ok(())
 }

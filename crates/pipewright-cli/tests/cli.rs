@@ -335,7 +335,7 @@ fn a_pipelined_run_writes_the_serial_runs_losses() {
 }
 
 #[test]
-fn a_tensor_parallel_run_writes_the_serial_runs_losses() {
+fn every_layout_writes_the_serial_runs_losses() {
     let common = [
         "--n-layer",
         "2",
@@ -360,15 +360,32 @@ fn a_tensor_parallel_run_writes_the_serial_runs_losses() {
         let o = train(&a);
         assert!(o.status.success(), "{}", text(&o));
         let csv = std::fs::read_to_string(out.join("scalars.csv")).unwrap();
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
         let _ = std::fs::remove_dir_all(out);
-        csv.lines()
+        let losses = csv
+            .lines()
             .skip(1)
             .map(|l| l.split(',').nth(1).unwrap().parse::<f64>().unwrap())
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        (losses, summary)
     };
-    let serial = run("tp-serial", &[]);
-    for extra in [&["--tp", "2"][..], &["--tp", "2", "--pp", "2"]] {
-        let got = run("tp-split", extra);
+    let (serial, _) = run("tp-serial", &[]);
+    let layouts: [&[&str]; 4] = [
+        &["--tp", "2"],
+        &["--tp", "2", "--pp", "2"],
+        &["--dp", "2"],
+        &["--tp", "2", "--dp", "2"],
+    ];
+    for extra in layouts {
+        let (got, summary) = run("tp-split", extra);
+        let world = summary["ranks"].as_array().unwrap().len();
+        assert_eq!(
+            world,
+            extra[1].parse::<usize>().unwrap() * extra.get(3).map_or(1, |v| v.parse().unwrap())
+        );
+        assert!(summary["layout"].as_str().unwrap().ends_with(" f32"));
         assert_eq!(got.len(), serial.len());
         for (a, b) in got.iter().zip(&serial) {
             assert!(
@@ -390,4 +407,20 @@ fn a_tensor_parallel_run_writes_the_serial_runs_losses() {
         &["--model", "cnn", "--task", "shapes", "--tp", "2"],
         "the CNN has no tensor-parallel layers",
     );
+    fails_with(
+        &["--batch-size", "6", "--chunks", "4"],
+        "--batch-size 6 is not divisible by --chunks 4",
+    );
+    fails_with(
+        &["--batch-size", "6", "--chunks", "3", "--dp", "2"],
+        "--chunks 3 is not a multiple of --dp 2",
+    );
+    fails_with(
+        &["--precision", "f8"],
+        "unknown precision `f8`: use f32, bf16 or f16",
+    );
+    // Low precision runs end to end and reports it.
+    let (losses, summary) = run("bf16", &["--precision", "bf16", "--dp", "2"]);
+    assert_eq!(summary["layout"], "pp=1 tp=1 dp=2 bf16");
+    assert!(losses.iter().all(|l| l.is_finite()));
 }

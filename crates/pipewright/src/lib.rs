@@ -16,17 +16,23 @@
 //! - [`shard`]: tensor parallelism (TorchShard): `slice`, [`shard::ParallelLinear`],
 //!   [`shard::ParallelEmbedding`], vocabulary-parallel cross-entropy, collectives as autograd
 //!   ops, parallel-dim metadata, `collect_state_dict` / `relocate_state_dict`.
+//! - [`varuna`]: [`varuna::Varuna`], the one step over any pp x tp x dp layout, with
+//!   [`data_parallel`] (bucketed gradient sums, the distributed loader) and [`precision`]
+//!   (bf16/f16 with f32 masters, dynamic loss scaling).
 //! - [`Error`] / [`Result`]: every fallible call.
 
 pub mod comm;
+pub mod data_parallel;
 pub mod error;
 pub mod experiment;
 pub mod model;
 pub mod nn;
 pub mod pipeline;
+pub mod precision;
 pub mod serial;
 pub mod shard;
 pub mod topology;
+pub mod varuna;
 
 pub use candle_core;
 pub use error::{Error, Result};

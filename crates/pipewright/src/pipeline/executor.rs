@@ -84,6 +84,8 @@ pub struct TraceEvent {
     pub dur_us: f64,
     /// True when the action recomputed its forward first (traced as R plus the backward).
     pub recomputed: bool,
+    /// Microseconds of the action spent waiting for a neighbour's tensor (the rest computed).
+    pub wait_us: f64,
 }
 
 /// What a forward left for its backward.
@@ -122,7 +124,11 @@ pub struct Pipeline {
     /// sharded parameters.
     tp: TpGroup,
     sharded: Vec<String>,
-    optimizer: Box<dyn Optimizer>,
+    /// `None` until [`Pipeline::set_optimizer`] (the Varuna wrapper steps its own).
+    optimizer: Option<Box<dyn Optimizer>>,
+    /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout
+    /// masks are keyed by it, so a replica draws what a serial run draws for those rows.
+    mb_offset: usize,
     opts: PipelineOptions,
     step: u64,
     /// Activations held now and at most during the last step (micro-batches, all chunks).
@@ -136,6 +142,8 @@ pub struct Pipeline {
     /// Deferred weight gradients (zero-bubble schedules only).
     queue: Option<WeightGradQueue>,
     epoch: std::time::Instant,
+    /// Nanoseconds spent in receives, for [`TraceEvent::wait_us`].
+    waited_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Pipeline {
@@ -146,6 +154,19 @@ impl Pipeline {
         comm: Box<dyn Communicator>,
         opts: PipelineOptions,
         make_optimizer: impl FnOnce(Vec<(String, Var)>) -> Result<Box<dyn Optimizer>>,
+    ) -> Result<Self> {
+        let mut p = Self::without_optimizer(model, init, comm, opts)?;
+        p.optimizer = Some(make_optimizer(p.params.clone())?);
+        Ok(p)
+    }
+
+    /// Builds this rank's part with no optimizer: [`Pipeline::loss_and_grads`] works,
+    /// [`Pipeline::step`] needs [`Pipeline::set_optimizer`] first.
+    pub fn without_optimizer(
+        model: &Sequential,
+        init: &Init,
+        comm: Box<dyn Communicator>,
+        opts: PipelineOptions,
     ) -> Result<Self> {
         opts.lr.validate()?;
         let (p, v) = (comm.size(), opts.virtual_stages);
@@ -175,7 +196,6 @@ impl Pipeline {
             .iter()
             .flat_map(|(_, s)| crate::shard::register_ddp_parameters_to_ignore(s))
             .collect();
-        let optimizer = make_optimizer(params.clone())?;
         let total = 2 * (p * v + routes.len()) * (opts.chunks + 1);
         if total as u64 >= MAX_TAG {
             return Err(invalid!("{} micro-batches over {} model stages need more message tags than a communicator has", opts.chunks, p * v));
@@ -189,7 +209,8 @@ impl Pipeline {
             params,
             tp: init.tp.clone(),
             sharded,
-            optimizer,
+            optimizer: None,
+            mb_offset: 0,
             opts,
             step: 0,
             held: 0,
@@ -199,7 +220,42 @@ impl Pipeline {
             trace: None,
             epoch: std::time::Instant::now(),
             queue,
+            waited_ns: Default::default(),
         })
+    }
+
+    /// Sets the optimizer [`Pipeline::step`] uses (over [`Pipeline::params`]).
+    pub fn set_optimizer(&mut self, optimizer: Box<dyn Optimizer>) {
+        self.optimizer = Some(optimizer);
+    }
+
+    /// Numbers this rank's micro-batches from `offset` (its replica's first micro-batch in the
+    /// global batch), for seeded randomness.
+    pub fn set_micro_batch_offset(&mut self, offset: usize) {
+        self.mb_offset = offset;
+    }
+
+    /// The model stages this rank holds and their layer ranges.
+    pub fn own_stages(&self) -> Vec<(usize, Range<usize>)> {
+        self.chunks
+            .iter()
+            .map(|(k, _)| (*k, self.ranges[*k].clone()))
+            .collect()
+    }
+
+    /// How each sharded parameter of this rank's stages is split.
+    pub fn shards(&self) -> Vec<(String, crate::shard::Shard)> {
+        self.chunks.iter().flat_map(|(_, s)| s.shards()).collect()
+    }
+
+    /// The tensor-parallel group this rank's stages are split over.
+    pub fn tp(&self) -> &TpGroup {
+        &self.tp
+    }
+
+    /// The pipeline's communicator (this rank's stages and their neighbours).
+    pub fn comm(&self) -> &dyn Communicator {
+        self.comm.as_ref()
     }
 
     /// Layer ranges of every model stage.
@@ -258,8 +314,17 @@ impl Pipeline {
         self.peak_inputs
     }
 
-    fn loss(&self, out: &Tensor, y: &Tensor, total: usize, cx: &Cx) -> Result<Tensor> {
-        let (sum, _) = loss_sum(out, y, cx, &self.tp)?;
+    /// The micro-batch's loss over `total` (the batch's count of targets), in f32 whatever
+    /// the model computes in (a cast keeps the output's split mark in `cx`).
+    fn loss(&self, out: &Tensor, y: &Tensor, total: usize, cx: &mut Cx) -> Result<Tensor> {
+        let out = if out.dtype() == DType::F32 {
+            out.clone()
+        } else {
+            let o = out.to_dtype(DType::F32)?;
+            cx.set_parallel_dim(&o, cx.parallel_dim(out));
+            o
+        };
+        let (sum, _) = loss_sum(&out, y, cx, &self.tp)?;
         Ok((sum / total as f64)?)
     }
 
@@ -281,6 +346,18 @@ impl Pipeline {
         (base + (mb * self.routes.len() + i) * 2 + usize::from(backward)) as u64
     }
 
+    /// A receive whose waiting time counts as the running action's wait (see
+    /// [`TraceEvent::wait_us`]).
+    fn recv_timed(&self, src: usize, tag: u64) -> Result<Tensor> {
+        let t0 = std::time::Instant::now();
+        let t = self.comm.recv(src, tag)?;
+        self.waited_ns.fetch_add(
+            t0.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(t)
+    }
+
     /// Receives the skip tensors that model stage `k` pops from earlier stages.
     fn import_skips(&self, k: usize, mb: usize) -> Result<Vec<(usize, Var)>> {
         self.routes
@@ -288,9 +365,7 @@ impl Pipeline {
             .enumerate()
             .filter(|(_, r)| r.to == k)
             .map(|(i, r)| {
-                let t = self
-                    .comm
-                    .recv(self.rank_of(r.from), self.skip_tag(mb, i, false))?;
+                let t = self.recv_timed(self.rank_of(r.from), self.skip_tag(mb, i, false))?;
                 Ok((i, Var::from_tensor(&t)?))
             })
             .collect()
@@ -343,7 +418,22 @@ impl Pipeline {
     /// The loss of the batch and this rank's parameter gradients (tied pairs summed across
     /// their owners), without stepping.
     pub fn loss_and_grads(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads)> {
-        let (total, xs, ys) = split_batch(inputs, targets, self.opts.chunks)?;
+        let total = count_targets(targets)?;
+        self.loss_and_grads_with(inputs, targets, total, 1.0)
+    }
+
+    /// [`Pipeline::loss_and_grads`] of a batch that is part of a larger one: the loss is
+    /// divided by `denominator` (the larger batch's count of targets), and the gradients are
+    /// of the loss times `loss_scale` (dynamic loss scaling; the reported loss is unscaled).
+    pub fn loss_and_grads_with(
+        &mut self,
+        inputs: &Tensor,
+        targets: &Tensor,
+        denominator: usize,
+        loss_scale: f64,
+    ) -> Result<(f64, Grads)> {
+        let (_, xs, ys) = split_batch(inputs, targets, self.opts.chunks)?;
+        let total = denominator;
         if xs.len() != self.schedule.micro_batches {
             return Err(invalid!(
                 "a batch of {} rows splits into {} micro-batches, not the {} the schedule was built for: \
@@ -366,6 +456,7 @@ impl Pipeline {
         let actions = self.schedule.actions[self.comm.rank()].clone();
         for a in actions {
             let started = self.epoch.elapsed().as_secs_f64() * 1e6;
+            let waited_before = self.waited_ns.load(std::sync::atomic::Ordering::Relaxed);
             let mut recomputed = false;
             let (mb, c) = (a.mb(), a.chunk());
             let (k, stage) = (&self.chunks[c].0, &self.chunks[c].1);
@@ -375,13 +466,12 @@ impl Pipeline {
                     let (x, input) = if k == 0 {
                         (xs[mb].clone(), None)
                     } else {
-                        let x = self
-                            .comm
-                            .recv(self.rank_of(k - 1), self.tag(mb, k - 1, false))?;
+                        let x = self.recv_timed(self.rank_of(k - 1), self.tag(mb, k - 1, false))?;
                         let v = Var::from_tensor(&x)?;
                         (v.as_tensor().clone(), Some(v))
                     };
-                    let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
+                    let mut cx =
+                        Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
                     cx.defer_batch_stats = self.opts.deferred_batch_norm;
                     cx.weight_grads = self.queue.clone();
                     let imports = self.import_skips(k, mb)?;
@@ -391,7 +481,7 @@ impl Pipeline {
                         sends.push(self.comm.isend(t, to, self.skip_tag(mb, *i, false))?);
                     }
                     let output = if k == last {
-                        let l = self.loss(&out, &ys[mb], total, &cx)?;
+                        let l = self.loss(&out, &ys[mb], total, &mut cx)?;
                         loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                         l
                     } else {
@@ -438,13 +528,18 @@ impl Pipeline {
                             recomputed = true;
                             // The same context as the first forward: same dropout masks; layers
                             // with side effects (BatchNorm statistics) see is_recomputing().
-                            let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb);
+                            let mut cx = Cx::new(
+                                Mode::Train,
+                                self.opts.seed,
+                                self.step,
+                                mb + self.mb_offset,
+                            );
                             cx.set_recomputing(true);
                             cx.weight_grads = self.queue.clone();
                             let (out, exports) =
                                 self.run_stage(stage, k, &s.x, &s.imports, &mut cx)?;
                             let out = if k == last {
-                                self.loss(&out, &ys[mb], total, &cx)?
+                                self.loss(&out, &ys[mb], total, &mut cx)?
                             } else {
                                 out
                             };
@@ -454,14 +549,18 @@ impl Pipeline {
                     // One backward for the output and every skip sent on: the gradients that
                     // come back are injected as (tensor * gradient).sum().
                     let mut objective = if k == last {
-                        output
+                        if loss_scale == 1.0 {
+                            output
+                        } else {
+                            (output * loss_scale)?
+                        }
                     } else {
-                        let g = self.comm.recv(self.rank_of(k + 1), self.tag(mb, k, true))?;
+                        let g = self.recv_timed(self.rank_of(k + 1), self.tag(mb, k, true))?;
                         (output * g.detach())?.sum_all()?
                     };
                     for (i, t) in exports {
                         let from = self.rank_of(self.routes[i].to);
-                        let g = self.comm.recv(from, self.skip_tag(mb, i, true))?;
+                        let g = self.recv_timed(from, self.skip_tag(mb, i, true))?;
                         objective = (objective + (t * g.detach())?.sum_all()?)?;
                     }
                     let store = objective.backward()?;
@@ -499,7 +598,7 @@ impl Pipeline {
                     let queue = self.queue.as_ref().ok_or_else(|| {
                         invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
                     })?;
-                    grads.accumulate(queue.weight_grads(mb)?)?;
+                    grads.accumulate(queue.weight_grads(mb + self.mb_offset)?)?;
                     if awaiting_weight.remove(&(mb, c)) == Some(true) {
                         self.held -= 1;
                     }
@@ -513,6 +612,9 @@ impl Pipeline {
                     start_us: started,
                     dur_us: now - started,
                     recomputed,
+                    wait_us: (self.waited_ns.load(std::sync::atomic::Ordering::Relaxed)
+                        - waited_before) as f64
+                        / 1e3,
                 });
             }
         }
@@ -629,6 +731,30 @@ impl Pipeline {
         Ok(all.swap_remove(self.rank_of(last)))
     }
 
+    /// The global gradient norm of the model the pipeline holds, from this rank's `grads`
+    /// (collective over the pipeline and the tensor-parallel group): each tied pair and each
+    /// whole parameter counted once, each shard once.
+    pub fn grad_norm(&self, grads: &Grads) -> Result<f64> {
+        let sq = sum_sq_share(grads, &self.opts.tied, &self.sharded, self.tp.rank())?;
+        let sq = self.comm.all_reduce(
+            &Tensor::new(&[sq], &candle_core::Device::Cpu)?,
+            ReduceOp::Sum,
+        )?;
+        let sq = self.tp.all_reduce(&sq, ReduceOp::Sum)?;
+        Ok(sq.to_vec1::<f64>()?[0].max(0.0).sqrt())
+    }
+
+    /// Advances the step counter without an optimizer step (a step skipped on overflow keeps
+    /// its number, so this is for wrappers that step the optimizer themselves).
+    pub fn finish_step(&mut self) {
+        self.step += 1;
+    }
+
+    /// Steps taken.
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+
     /// One optimizer step on a batch.
     pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
         let (loss, mut grads) = self.loss_and_grads(inputs, targets)?;
@@ -638,19 +764,15 @@ impl Pipeline {
                 loss,
             });
         }
-        // Global norm over all ranks, each tied pair and each whole parameter counted once.
-        let sq = sum_sq_share(&grads, &self.opts.tied, &self.sharded, self.tp.rank())?;
-        let sq = self.comm.all_reduce(
-            &Tensor::new(&[sq], &candle_core::Device::Cpu)?,
-            ReduceOp::Sum,
-        )?;
-        let sq = self.tp.all_reduce(&sq, ReduceOp::Sum)?;
-        let grad_norm = sq.to_vec1::<f64>()?[0].max(0.0).sqrt();
+        let grad_norm = self.grad_norm(&grads)?;
         if let Some(max) = self.opts.clip {
             scale_to_norm(&mut grads, grad_norm, max)?;
         }
         let lr = self.opts.lr.lr_at(self.step);
-        self.optimizer.step(&grads, lr)?;
+        self.optimizer
+            .as_mut()
+            .ok_or_else(|| invalid!("the pipeline has no optimizer: call set_optimizer first"))?
+            .step(&grads, lr)?;
         let report = StepReport {
             step: self.step,
             loss,

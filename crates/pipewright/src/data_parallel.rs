@@ -1,0 +1,129 @@
+//! Data parallelism: replicas of the same stage and shard each take their own rows of the
+//! global batch, and their gradients are summed (PyTorch's DDP), in a few large flat buckets
+//! rather than one collective per parameter.
+//!
+//! Each replica divides its loss by the count of targets of the *global* batch, so the sum
+//! over replicas is exactly the gradient of the global batch's mean loss: a serial run's.
+//! Tied pairs are summed between their stages inside each replica first; being equal, they
+//! stay equal through the sum over replicas.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::comm::{Communicator, ReduceOp};
+use crate::nn::Grads;
+use crate::{invalid, Result};
+
+/// PyTorch DDP's default bucket: 25 MiB.
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// Sums `grads` over the replicas of `comm` in place, in buckets of about `bucket_bytes`
+/// (gradients in name order, flattened into one f32 buffer per bucket). Every member must hold
+/// gradients of the same names and shapes. Returns the number of collectives run.
+pub fn all_reduce_grads(
+    grads: &mut Grads,
+    comm: &dyn Communicator,
+    bucket_bytes: usize,
+) -> Result<usize> {
+    if comm.size() == 1 {
+        return Ok(0);
+    }
+    let names: Vec<(String, Vec<usize>)> = grads
+        .iter()
+        .map(|(n, g)| (n.clone(), g.dims().to_vec()))
+        .collect();
+    let mut buckets: Vec<Vec<(String, Vec<usize>)>> = Vec::new();
+    let mut bytes = usize::MAX;
+    for (n, dims) in names {
+        let size = dims.iter().product::<usize>() * 4;
+        if bytes >= bucket_bytes {
+            buckets.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        buckets
+            .last_mut()
+            .expect("a bucket was pushed")
+            .push((n, dims));
+    }
+    for bucket in &buckets {
+        let flat = bucket
+            .iter()
+            .map(|(n, _)| {
+                Ok(grads
+                    .get(n)
+                    .expect("listed")
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sum = comm.all_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
+        let mut at = 0;
+        for (n, dims) in bucket {
+            let len: usize = dims.iter().product();
+            let g = sum.narrow(0, at, len)?.reshape(dims.as_slice())?;
+            let dt = grads.get(n).expect("listed").dtype();
+            grads.insert(n.clone(), g.to_dtype(dt)?);
+            at += len;
+        }
+    }
+    Ok(buckets.len())
+}
+
+/// Rows `rank * n/size ..` of `t` (dim 0): replica `rank`'s part of a global batch. The rows
+/// must divide evenly.
+pub fn shard_batch(t: &Tensor, rank: usize, size: usize) -> Result<Tensor> {
+    let rows = t.dims().first().copied().unwrap_or(0);
+    if size == 0 || !rows.is_multiple_of(size) {
+        return Err(invalid!(
+            "a global batch of {rows} rows does not split evenly over {size} data-parallel replicas"
+        ));
+    }
+    let per = rows / size;
+    Ok(t.narrow(0, rank * per, per)?)
+}
+
+/// pystematic's data loader for data parallelism: each replica gets its own rows of every
+/// global batch, on its device. `batch_fn(step, rows)` must be deterministic (a task seeded
+/// once): every replica asks for the same global batch and keeps its part.
+pub struct DistributedLoader<F> {
+    batch_fn: F,
+    global_batch: usize,
+    rank: usize,
+    size: usize,
+    device: Device,
+}
+
+impl<F> DistributedLoader<F>
+where
+    F: Fn(u64, usize) -> Result<(Tensor, Tensor)>,
+{
+    pub fn new(
+        batch_fn: F,
+        global_batch: usize,
+        rank: usize,
+        size: usize,
+        device: Device,
+    ) -> Result<Self> {
+        if size == 0 || rank >= size || !global_batch.is_multiple_of(size) {
+            return Err(invalid!(
+                "a global batch of {global_batch} does not split evenly over {size} data-parallel replicas"
+            ));
+        }
+        Ok(Self {
+            batch_fn,
+            global_batch,
+            rank,
+            size,
+            device,
+        })
+    }
+
+    /// This replica's inputs and targets of global batch `step`.
+    pub fn batch(&self, step: u64) -> Result<(Tensor, Tensor)> {
+        let (x, y) = (self.batch_fn)(step, self.global_batch)?;
+        Ok((
+            shard_batch(&x, self.rank, self.size)?.to_device(&self.device)?,
+            shard_batch(&y, self.rank, self.size)?.to_device(&self.device)?,
+        ))
+    }
+}

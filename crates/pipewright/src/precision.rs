@@ -1,0 +1,178 @@
+//! Mixed precision (Varuna's `fp16`, apex's O2): the model computes in a low type (bf16 or
+//! f16) while the optimizer keeps f32 master weights and its state in f32. After every step the
+//! masters are cast into the model.
+//!
+//! f16 has a narrow range, so its gradients are computed of the loss times a scale
+//! ([`LossScaler`]): starting at 2^16, halved (and the step skipped) when any rank finds an
+//! inf or NaN, doubled after `growth_interval` clean steps. bf16 has f32's range and needs no
+//! scaling.
+
+use candle_core::{DType, Var};
+
+use crate::nn::Grads;
+use crate::{invalid, Error, Result};
+
+/// The type the model computes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "f32" | "fp32" => Precision::F32,
+            "bf16" => Precision::Bf16,
+            "f16" | "fp16" => Precision::F16,
+            _ => return Err(invalid!("unknown precision `{s}`: use f32, bf16 or f16")),
+        })
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+        })
+    }
+}
+
+impl Precision {
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::Bf16 => DType::BF16,
+            Precision::F16 => DType::F16,
+        }
+    }
+
+    /// Whether gradients need a loss scale (f16 only).
+    pub fn scales_loss(self) -> bool {
+        self == Precision::F16
+    }
+}
+
+/// Dynamic loss scaling (apex's `DynamicLossScaler`, PyTorch's `GradScaler`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossScaler {
+    scale: f64,
+    growth_interval: u64,
+    clean: u64,
+}
+
+impl LossScaler {
+    /// PyTorch's defaults: scale 2^16, doubled after 2000 clean steps.
+    pub fn new() -> Self {
+        Self::with(65536.0, 2000)
+    }
+
+    pub fn with(scale: f64, growth_interval: u64) -> Self {
+        Self {
+            scale,
+            growth_interval: growth_interval.max(1),
+            clean: 0,
+        }
+    }
+
+    pub fn scale(&self) -> f64 {
+        self.scale
+    }
+
+    /// After a step: an overflow halves the scale (the step is skipped), `growth_interval`
+    /// clean steps in a row double it.
+    pub fn update(&mut self, overflow: bool) {
+        if overflow {
+            self.scale = (self.scale / 2.0).max(1.0);
+            self.clean = 0;
+        } else {
+            self.clean += 1;
+            if self.clean == self.growth_interval {
+                self.scale *= 2.0;
+                self.clean = 0;
+            }
+        }
+    }
+}
+
+impl Default for LossScaler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Whether any gradient holds an inf or a NaN.
+pub fn has_overflow(grads: &Grads) -> Result<bool> {
+    for (_, g) in grads.iter() {
+        let s = g
+            .to_dtype(DType::F32)?
+            .abs()?
+            .sum_all()?
+            .to_scalar::<f32>()?;
+        if !s.is_finite() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Gradients in f32, multiplied by `factor` (the inverse loss scale).
+pub fn to_master_grads(grads: &Grads, factor: f64) -> Result<Grads> {
+    let mut out = Grads::new();
+    for (n, g) in grads.iter() {
+        let g = g.to_dtype(DType::F32)?;
+        out.insert(n.clone(), if factor == 1.0 { g } else { (g * factor)? });
+    }
+    Ok(out)
+}
+
+/// The model's parameters (in the compute type) and their f32 masters, by global name.
+pub struct MasterWeights {
+    model: Vec<(String, Var)>,
+    master: Vec<(String, Var)>,
+}
+
+impl MasterWeights {
+    /// `model`: the parameters the model computes with; `master`: f32 parameters of the same
+    /// names and shapes (the model's own when it computes in f32).
+    pub fn new(model: Vec<(String, Var)>, master: Vec<(String, Var)>) -> Result<Self> {
+        if model.len() != master.len() {
+            return Err(invalid!(
+                "{} model parameters but {} masters",
+                model.len(),
+                master.len()
+            ));
+        }
+        for ((a, m), (b, w)) in model.iter().zip(&master) {
+            if a != b || m.dims() != w.dims() || w.dtype() != DType::F32 {
+                return Err(invalid!(
+                    "master weight `{b}` {:?} {:?} does not match model parameter `{a}` {:?}",
+                    w.dims(),
+                    w.dtype(),
+                    m.dims()
+                ));
+            }
+        }
+        Ok(Self { model, master })
+    }
+
+    /// The f32 parameters the optimizer updates.
+    pub fn master(&self) -> &[(String, Var)] {
+        &self.master
+    }
+
+    /// Casts every master into its model parameter (nothing to do when they are the same).
+    pub fn sync(&self) -> Result<()> {
+        for ((_, m), (_, w)) in self.model.iter().zip(&self.master) {
+            if m.as_tensor().id() != w.as_tensor().id() {
+                m.set(&w.as_tensor().to_dtype(m.dtype())?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,518 @@
+//! The Varuna step: one object that trains a model over any pipeline x tensor x data layout,
+//! in f32, bf16 or f16, with the result of serial training.
+//!
+//! As Varuna's class: a model spec with cut points, a layout (or Varuna's
+//! `stage_to_rank_map`), a batch function for shapes, the global batch size, the chunk
+//! (micro-batch) size, the precision and the shared (tied) weights; then
+//! [`Varuna::set_optimizer`], [`Varuna::step`] (returns the loss and whether the step
+//! overflowed) and [`Varuna::evaluate`]. Every rank of the world makes one and calls `step`
+//! with its replica's rows of the global batch
+//! ([`crate::data_parallel::DistributedLoader`] gives them).
+//!
+//! One step: the pipeline runs its schedule on the replica's micro-batches (losses divided by
+//! the global batch's count of targets, times the loss scale); gradients become f32, are
+//! summed over the replicas in buckets and unscaled; every rank learns whether any rank found
+//! an inf or NaN, and all skip the step together if so; otherwise the global norm (each
+//! parameter once, over stages and shards) clips them, the optimizer steps the f32 masters and
+//! the masters are cast into the model.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use crate::comm::{axis_group, Communicator, ReduceOp};
+use crate::data_parallel::{all_reduce_grads, DEFAULT_BUCKET_BYTES};
+use crate::model::Sequential;
+use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
+use crate::nn::{Grads, Init};
+use crate::pipeline::executor::{Pipeline, PipelineOptions, Recompute, TraceEvent};
+use crate::pipeline::schedule::Kind;
+use crate::precision::{has_overflow, to_master_grads, LossScaler, MasterWeights, Precision};
+use crate::serial::{count_targets, StepReport, Trainer};
+use crate::shard::TpGroup;
+use crate::topology::{Axis, Coords, Layout, Topology};
+use crate::{invalid, Error, Result};
+
+/// Where ranks go.
+#[derive(Clone, Debug)]
+pub enum Placement {
+    /// pp x tp x dp, tp fastest (see [`crate::topology`]).
+    Layout(Layout),
+    /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...) with `tp`
+    /// consecutive ranks per shard group.
+    StageToRankMap { map: String, tp: usize },
+}
+
+/// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
+pub type BatchFn = Arc<dyn Fn(usize) -> Result<Tensor> + Send + Sync>;
+
+/// Everything [`Varuna::new`] needs besides the model and the world.
+#[derive(Clone)]
+pub struct VarunaOptions {
+    pub placement: Placement,
+    /// Rows of one step over all replicas.
+    pub global_batch_size: usize,
+    /// Rows of one micro-batch.
+    pub chunk_size: usize,
+    pub precision: Precision,
+    /// Parameter pairs kept equal (Varuna's `shared_weights`).
+    pub shared_weights: Vec<(String, String)>,
+    /// When given, a batch of `chunk_size` rows is run through the model (evaluation mode) at
+    /// construction, so that a shape error shows before training.
+    pub batch_fn: Option<BatchFn>,
+    pub seed: u64,
+    pub schedule: Kind,
+    pub virtual_stages: usize,
+    pub balance: Option<Vec<usize>>,
+    pub recompute: Recompute,
+    pub deferred_batch_norm: bool,
+    pub clip: Option<f64>,
+    pub lr: LrSchedule,
+    /// Used with f16 only.
+    pub loss_scaler: LossScaler,
+    pub bucket_bytes: usize,
+}
+
+impl VarunaOptions {
+    /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler and
+    /// DDP's 25 MiB buckets.
+    pub fn new(layout: Layout, global_batch_size: usize, chunk_size: usize) -> Self {
+        Self {
+            placement: Placement::Layout(layout),
+            global_batch_size,
+            chunk_size,
+            precision: Precision::F32,
+            shared_weights: Vec::new(),
+            batch_fn: None,
+            seed: 0,
+            schedule: Kind::OneFOneB,
+            virtual_stages: 1,
+            balance: None,
+            recompute: Recompute::Never,
+            deferred_batch_norm: false,
+            clip: None,
+            lr: LrSchedule::Constant { lr: 1e-3 },
+            loss_scaler: LossScaler::new(),
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+        }
+    }
+}
+
+/// What one [`Varuna::step`] did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepOutcome {
+    pub step: u64,
+    /// The global batch's mean loss (the same on every rank).
+    pub loss: f64,
+    /// Some rank found an inf or NaN gradient: every rank skipped the optimizer step.
+    pub overflow: bool,
+    /// Global gradient norm before clipping (NaN on an overflow).
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Loss scale used for this step (1 unless f16).
+    pub loss_scale: f64,
+    /// Counted targets of the global batch.
+    pub targets: usize,
+}
+
+type GradHook = Box<dyn FnMut(&mut Grads) + Send>;
+
+/// One rank of a pp x tp x dp training job.
+pub struct Varuna {
+    topo: Topology,
+    coords: Coords,
+    world: Box<dyn Communicator>,
+    dp: Box<dyn Communicator>,
+    pipeline: Pipeline,
+    masters: MasterWeights,
+    optimizer: Option<Box<dyn Optimizer>>,
+    opts: VarunaOptions,
+    scaler: Option<LossScaler>,
+    grad_hook: Option<GradHook>,
+    /// Seconds of pipeline actions and of whole steps, for the bubble fraction.
+    busy: f64,
+    wall: f64,
+    /// Executed pipeline actions, kept when [`Varuna::keep_trace`] asked for them.
+    trace: Option<Vec<TraceEvent>>,
+}
+
+impl Varuna {
+    /// Builds this rank's stages and shards of `model`; `world` spans every rank of the job.
+    pub fn new(
+        model: &Sequential,
+        world: Box<dyn Communicator>,
+        opts: VarunaOptions,
+    ) -> Result<Self> {
+        let topo = match &opts.placement {
+            Placement::Layout(l) => Topology::new(*l),
+            Placement::StageToRankMap { map, tp } => Topology::from_stage_to_rank_map(map, *tp)?,
+        };
+        let layout = topo.layout();
+        layout.check_world(world.size())?;
+        let per_step = layout.dp * opts.chunk_size;
+        if opts.chunk_size == 0
+            || opts.global_batch_size == 0
+            || !opts.global_batch_size.is_multiple_of(per_step)
+        {
+            return Err(invalid!(
+                "global batch size {} is not divisible by dp {} x chunk size {}: choose a multiple of {per_step}",
+                opts.global_batch_size,
+                layout.dp,
+                opts.chunk_size
+            ));
+        }
+        let chunks = opts.global_batch_size / per_step;
+        let coords = topo.coords(world.rank())?;
+        let tp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
+        let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
+        let dp = axis_group(world.as_ref(), &topo, Axis::Data)?;
+        let init = Init::new(Device::Cpu, opts.precision.dtype(), opts.seed).with_tp(tp.clone());
+        let popts = PipelineOptions {
+            chunks,
+            schedule: opts.schedule,
+            virtual_stages: opts.virtual_stages,
+            balance: opts.balance.clone(),
+            seed: opts.seed,
+            tied: opts.shared_weights.clone(),
+            clip: opts.clip,
+            lr: opts.lr,
+            recompute: opts.recompute,
+            deferred_batch_norm: opts.deferred_batch_norm,
+        };
+        let mut pipeline = Pipeline::without_optimizer(model, &init, pp, popts)?;
+        pipeline.set_micro_batch_offset(coords.dp_rank * chunks);
+        pipeline.enable_trace();
+        check_shared_weights(&pipeline, &opts.shared_weights)?;
+        let params = pipeline.params().to_vec();
+        let master = if opts.precision == Precision::F32 {
+            params.clone()
+        } else {
+            // The f32 values a serial run starts from (the model holds them rounded).
+            let f32_init = Init::cpu(opts.seed).with_tp(tp);
+            let mut m = Vec::new();
+            for (_, range) in pipeline.own_stages() {
+                m.extend(model.build_range(range, &f32_init)?.params());
+            }
+            m
+        };
+        let masters = MasterWeights::new(params, master)?;
+        masters.sync()?;
+        let scaler = opts
+            .precision
+            .scales_loss()
+            .then(|| opts.loss_scaler.clone());
+        let v = Self {
+            topo,
+            coords,
+            world,
+            dp,
+            pipeline,
+            masters,
+            optimizer: None,
+            opts,
+            scaler,
+            grad_hook: None,
+            busy: 0.0,
+            wall: 0.0,
+            trace: None,
+        };
+        if let Some(f) = v.opts.batch_fn.clone() {
+            let sample = f(v.opts.chunk_size)?;
+            v.evaluate(&sample).map_err(|e| {
+                invalid!(
+                    "a sample batch of {} rows does not run through the model: {e}",
+                    v.opts.chunk_size
+                )
+            })?;
+        }
+        Ok(v)
+    }
+
+    /// Registers the optimizer, made over this rank's f32 master parameters (Varuna's
+    /// `set_optimizer`; make it after the wrapper, it needs the parameters).
+    pub fn set_optimizer(
+        &mut self,
+        make: impl FnOnce(Vec<(String, Var)>) -> Result<Box<dyn Optimizer>>,
+    ) -> Result<()> {
+        self.optimizer = Some(make(self.masters.master().to_vec())?);
+        Ok(())
+    }
+
+    /// Called with this rank's f32 gradients (unscaled-by-nothing yet, before the sum over
+    /// replicas) every step: to inspect or change them (tests inject an overflow with it).
+    pub fn set_grad_hook(&mut self, hook: impl FnMut(&mut Grads) + Send + 'static) {
+        self.grad_hook = Some(Box::new(hook));
+    }
+
+    /// Keeps every executed pipeline action for [`Varuna::take_trace`] (a Chrome trace).
+    pub fn keep_trace(&mut self) {
+        self.trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The actions kept so far.
+    pub fn take_trace(&mut self) -> Vec<TraceEvent> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// This rank's (stage, tp rank, dp rank).
+    pub fn coords(&self) -> Coords {
+        self.coords
+    }
+
+    /// The pipeline this rank runs (its stages, shards and groups).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// Rows of the global batch this rank's replica takes each step.
+    pub fn replica_batch(&self) -> usize {
+        self.opts.global_batch_size / self.topo.layout().dp
+    }
+
+    /// The loss scale the next step uses (1 unless f16).
+    pub fn loss_scale(&self) -> f64 {
+        self.scaler.as_ref().map_or(1.0, |s| s.scale())
+    }
+
+    /// One training step on this replica's rows of the global batch (collective over the
+    /// world). Returns the global loss and whether the step was skipped for an overflow.
+    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepOutcome> {
+        if self.optimizer.is_none() {
+            return Err(invalid!("no optimizer: call set_optimizer before step"));
+        }
+        let rows = inputs.dims().first().copied().unwrap_or(0);
+        if rows != self.replica_batch() {
+            return Err(invalid!(
+                "step got {rows} rows but each of the {} replicas takes {} of the global batch of {}",
+                self.topo.layout().dp,
+                self.replica_batch(),
+                self.opts.global_batch_size
+            ));
+        }
+        let step = self.pipeline.steps_taken();
+        let mine = count_targets(targets)?;
+        let total = self.sum_dp_i64(mine as i64)? as usize;
+        if total == 0 {
+            return Err(invalid!(
+                "the global batch has no counted target: every target is ignored"
+            ));
+        }
+        let scale = self.loss_scale();
+        let started = Instant::now();
+        let (loss, grads) = self
+            .pipeline
+            .loss_and_grads_with(inputs, targets, total, scale)?;
+        self.wall += started.elapsed().as_secs_f64();
+        let events = self.pipeline.take_trace();
+        self.busy += events
+            .iter()
+            .map(|e| (e.dur_us - e.wait_us).max(0.0) * 1e-6)
+            .sum::<f64>();
+        if let Some(t) = self.trace.as_mut() {
+            t.extend(events);
+        }
+        let mut grads = to_master_grads(&grads, 1.0)?;
+        if let Some(hook) = self.grad_hook.as_mut() {
+            hook(&mut grads);
+        }
+        all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
+        let loss = self
+            .dp
+            .all_reduce(&Tensor::new(&[loss], &Device::Cpu)?, ReduceOp::Sum)?
+            .to_vec1::<f64>()?[0];
+        if scale != 1.0 {
+            grads.scale(1.0 / scale)?;
+        }
+        let found = has_overflow(&grads)? || !loss.is_finite();
+        let flag = Tensor::new(&[u32::from(found)], &Device::Cpu)?;
+        let overflow = self
+            .world
+            .all_reduce(&flag, ReduceOp::Max)?
+            .to_vec1::<u32>()?[0]
+            == 1;
+        let lr = self.opts.lr.lr_at(step);
+        let mut outcome = StepOutcome {
+            step,
+            loss,
+            overflow,
+            grad_norm: f64::NAN,
+            lr,
+            loss_scale: scale,
+            targets: total,
+        };
+        self.pipeline.finish_step();
+        if overflow {
+            match self.scaler.as_mut() {
+                Some(s) => {
+                    s.update(true);
+                    return Ok(outcome);
+                }
+                None if !loss.is_finite() => return Err(Error::NonFiniteLoss { step, loss }),
+                None => {
+                    return Err(invalid!(
+                    "a gradient is inf or NaN at step {step} ({} has no loss scaling to skip it): \
+                         lower the learning rate or enable clipping",
+                    self.opts.precision
+                ))
+                }
+            }
+        }
+        let norm = self.pipeline.grad_norm(&grads)?;
+        if let Some(max) = self.opts.clip {
+            scale_to_norm(&mut grads, norm, max)?;
+        }
+        self.optimizer
+            .as_mut()
+            .expect("checked above")
+            .step(&grads, lr)?;
+        self.masters.sync()?;
+        if let Some(s) = self.scaler.as_mut() {
+            s.update(false);
+        }
+        // DDP's broadcast_buffers: running statistics follow replica 0.
+        for (_, b) in self.pipeline.buffers() {
+            if self.dp.size() > 1 {
+                b.set(&self.dp.broadcast(b.as_tensor(), 0)?)?;
+            }
+        }
+        outcome.grad_norm = norm;
+        Ok(outcome)
+    }
+
+    /// Varuna's `evaluate`: evaluation-mode output (logits, whole) of the model for `inputs`,
+    /// on every rank (each replica computes it; collective over the replica's ranks).
+    pub fn evaluate(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.pipeline.predict(inputs)
+    }
+
+    /// Fraction of step time this rank spent not computing (between actions, or inside one
+    /// waiting for a neighbour's tensor), over the steps so far.
+    pub fn bubble_fraction(&self) -> f64 {
+        if self.wall > 0.0 {
+            (1.0 - self.busy / self.wall).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// [`Varuna::bubble_fraction`] per pipeline stage, averaged over the stage's ranks
+    /// (collective over the world).
+    pub fn bubble_per_stage(&self) -> Result<Vec<f64>> {
+        let me = Tensor::new(
+            &[self.coords.stage as f64, self.bubble_fraction()],
+            &Device::Cpu,
+        )?;
+        let all = self.world.all_gather(&me)?;
+        let pp = self.topo.layout().pp;
+        let (mut sum, mut n) = (vec![0.0; pp], vec![0usize; pp]);
+        for t in all {
+            let v = t.to_vec1::<f64>()?;
+            let s = v[0] as usize;
+            sum[s] += v[1];
+            n[s] += 1;
+        }
+        Ok(sum
+            .iter()
+            .zip(&n)
+            .map(|(s, n)| s / (*n).max(1) as f64)
+            .collect())
+    }
+
+    /// One line per rank of the world: its stage, the layers it holds, its shard and replica.
+    pub fn describe(&self) -> Result<Vec<String>> {
+        let l = self.topo.layout();
+        let ranges = self.pipeline.ranges();
+        (0..self.topo.world())
+            .map(|r| {
+                let c = self.topo.coords(r)?;
+                let layers: Vec<String> = (0..self.opts.virtual_stages)
+                    .map(|v| {
+                        let k = v * l.pp + c.stage;
+                        let rg = &ranges[k];
+                        format!("{}..{}", rg.start, rg.end)
+                    })
+                    .collect();
+                Ok(format!(
+                    "rank {r}: stage {} (layers {}), tp shard {}/{}, dp replica {}/{}",
+                    c.stage,
+                    layers.join(" + "),
+                    c.tp_rank,
+                    l.tp,
+                    c.dp_rank,
+                    l.dp
+                ))
+            })
+            .collect()
+    }
+
+    fn sum_dp_i64(&self, v: i64) -> Result<i64> {
+        Ok(self
+            .dp
+            .all_reduce(&Tensor::new(&[v], &Device::Cpu)?, ReduceOp::Sum)?
+            .to_vec1::<i64>()?[0])
+    }
+}
+
+/// Every shared pair names parameters of the model with equal shapes (collective over the
+/// pipeline: each rank tells the shapes of the members it holds).
+fn check_shared_weights(p: &Pipeline, shared: &[(String, String)]) -> Result<()> {
+    for (a, b) in shared {
+        let mut shapes = Vec::new();
+        for name in [a, b] {
+            let mine: Vec<i64> = p
+                .params()
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.dims().iter().map(|d| *d as i64).collect())
+                .unwrap_or_default();
+            let found = p.params().iter().any(|(n, _)| n == name);
+            let mut t = vec![i64::from(found)];
+            t.extend(mine);
+            let all = p
+                .comm()
+                .all_gather(&Tensor::new(t.as_slice(), &Device::Cpu)?)?;
+            let owner = all
+                .iter()
+                .map(|t| t.to_vec1::<i64>())
+                .collect::<candle_core::Result<Vec<_>>>()?
+                .into_iter()
+                .find(|v| v[0] == 1)
+                .ok_or_else(|| {
+                    invalid!("unknown tied parameter `{name}`: it is not a parameter of the model")
+                })?;
+            shapes.push(owner[1..].to_vec());
+        }
+        if shapes[0] != shapes[1] {
+            return Err(invalid!(
+                "tied parameters `{a}` {:?} and `{b}` {:?} differ in shape: only equal shapes can be shared",
+                shapes[0],
+                shapes[1]
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Trainer for Varuna {
+    /// [`Varuna::step`] as a [`StepReport`] (an overflow reports the loss with a NaN norm).
+    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
+        let o = Varuna::step(self, inputs, targets)?;
+        Ok(StepReport {
+            step: o.step,
+            loss: o.loss,
+            grad_norm: o.grad_norm,
+            lr: o.lr,
+            targets: o.targets,
+        })
+    }
+
+    fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
+        self.evaluate(inputs)
+            .and_then(|t| Ok(t.to_dtype(DType::F32)?))
+    }
+}
