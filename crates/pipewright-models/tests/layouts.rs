@@ -13,7 +13,7 @@ use pipewright::precision::{LossScaler, Precision};
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::shard::{part, Shard};
 use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::varuna::{Placement, Varuna, VarunaOptions};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TIED};
 
@@ -177,6 +177,44 @@ fn every_layout_trains_as_serial() {
             "{layout}: parameters held"
         );
     }
+}
+
+#[test]
+fn a_stage_to_rank_map_places_stages_anywhere() {
+    // Varuna's launcher format: stage 0 on ranks 2 and 3, stage 1 on ranks 0 and 1 (dp 2).
+    let (want, _) = serial();
+    let opts = VarunaOptions {
+        placement: Placement::StageToRankMap {
+            map: "2,3;0,1;".into(),
+            tp: 1,
+        },
+        ..options(Layout::new(2, 1, 2).unwrap())
+    };
+    let runs = parallel(Layout::new(2, 1, 2).unwrap(), opts, 2);
+    for (rank, (steps, _, _)) in runs.iter().enumerate() {
+        for (i, ((l, _, _), (wl, _))) in steps.iter().zip(&want).enumerate() {
+            assert!(
+                ((l - wl) / wl).abs() < 1e-5,
+                "rank {rank}: step {i} loss {l} vs serial {wl}"
+            );
+        }
+    }
+    let stages = local::run(4, |comm| {
+        let v = Varuna::new(
+            &gpt(cfg())?,
+            Box::new(comm),
+            VarunaOptions {
+                placement: Placement::StageToRankMap {
+                    map: "2,3;0,1;".into(),
+                    tp: 1,
+                },
+                ..options(Layout::new(2, 1, 2).unwrap())
+            },
+        )?;
+        Ok(v.coords().stage)
+    })
+    .unwrap();
+    assert_eq!(stages, [1, 1, 0, 0]);
 }
 
 #[test]
