@@ -14,19 +14,7 @@ pub const IGNORE_INDEX: i64 = -100;
 /// [`IGNORE_INDEX`]. Divide the sum by the count of the *whole* batch to get PyTorch's mean
 /// reduction, also when the batch is processed in micro-batches.
 pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, usize)> {
-    let classes = *logits
-        .dims()
-        .last()
-        .ok_or_else(|| invalid!("cross-entropy needs logits with a class dimension"))?;
-    let n = logits.elem_count() / classes.max(1);
-    if targets.elem_count() != n {
-        return Err(invalid!(
-            "cross-entropy: logits {:?} hold {n} rows but targets {:?} hold {}",
-            logits.dims(),
-            targets.dims(),
-            targets.elem_count()
-        ));
-    }
+    let (classes, n) = class_rows(logits, targets)?;
     let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
     let mut count = 0usize;
     let mut safe = Vec::with_capacity(n);
@@ -51,6 +39,25 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, u
     let picked = logp.gather(&idx, 1)?.squeeze(1)?;
     let mask = Tensor::from_vec(mask, n, dev)?.to_dtype(logits.dtype())?;
     Ok(((picked * mask)?.sum_all()?.neg()?, count))
+}
+
+/// The size of the class dimension of `logits` and how many rows of classes they hold, checked
+/// against the number of `targets`.
+pub fn class_rows(logits: &Tensor, targets: &Tensor) -> Result<(usize, usize)> {
+    let classes = *logits
+        .dims()
+        .last()
+        .ok_or_else(|| invalid!("cross-entropy needs logits with a class dimension"))?;
+    let n = logits.elem_count() / classes.max(1);
+    if targets.elem_count() != n {
+        return Err(invalid!(
+            "cross-entropy: logits {:?} hold {n} rows but targets {:?} hold {}",
+            logits.dims(),
+            targets.dims(),
+            targets.elem_count()
+        ));
+    }
+    Ok((classes, n))
 }
 
 /// Mean cross-entropy over the non-ignored targets (PyTorch's `F.cross_entropy`).

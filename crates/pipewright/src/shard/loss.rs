@@ -9,6 +9,7 @@ use super::ops::reduce_from_group;
 use super::TpGroup;
 use crate::comm::ReduceOp;
 use crate::model::Cx;
+use crate::nn::loss::class_rows;
 use crate::nn::{cross_entropy_sum, IGNORE_INDEX};
 use crate::{invalid, Result};
 
@@ -21,19 +22,7 @@ pub fn vocab_parallel_cross_entropy_sum(
     targets: &Tensor,
     group: &TpGroup,
 ) -> Result<(Tensor, usize)> {
-    let part = *logits
-        .dims()
-        .last()
-        .ok_or_else(|| invalid!("cross-entropy needs logits with a class dimension"))?;
-    let n = logits.elem_count() / part.max(1);
-    if targets.elem_count() != n {
-        return Err(invalid!(
-            "cross-entropy: logits {:?} hold {n} rows but targets {:?} hold {}",
-            logits.dims(),
-            targets.dims(),
-            targets.elem_count()
-        ));
-    }
+    let (part, n) = class_rows(logits, targets)?;
     let classes = part * group.size();
     let start = part * group.rank();
     let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
