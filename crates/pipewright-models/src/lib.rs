@@ -3,6 +3,7 @@
 
 pub mod cnn;
 pub mod gpt;
+pub mod parity;
 pub mod tasks;
 
 pub use cnn::{cnn, CnnConfig};

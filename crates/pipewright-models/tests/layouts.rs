@@ -1,136 +1,42 @@
-//! The Varuna step over pp x tp x dp layouts (ranks as threads) against serial training: the
-//! losses and gradient norms of 5 clipped AdamW steps and the final parameters agree within
-//! 1e-5; bf16 and f16 follow f32; an overflow on one rank makes every rank skip the step.
+//! The Varuna step over pp x tp x dp layouts (ranks as threads) against serial training
+//! ([`pipewright_models::parity`]): the losses and gradient norms of 5 clipped AdamW steps and
+//! the final parameters agree within 1e-5; bf16 and f16 follow f32; an overflow on one rank
+//! makes every rank skip the step.
 
-use std::collections::HashMap;
-
-use candle_core::{Tensor, Var};
+use candle_core::Var;
 use pipewright::comm::{local, Communicator};
 use pipewright::data_parallel::DistributedLoader;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::nn::{max_rel_diff, Init};
 use pipewright::precision::{LossScaler, Precision};
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::shard::{part, Shard};
 use pipewright::topology::Layout;
 use pipewright::varuna::{Placement, Varuna, VarunaOptions};
+use pipewright_models::parity::{worst_difference, ParityRun, RankResult};
 use pipewright_models::tasks::Adder;
-use pipewright_models::{gpt, GptConfig, Task, TIED};
+use pipewright_models::{gpt, GptConfig, Task};
 
-const SEED: u64 = 9;
 const GLOBAL: usize = 16;
-const CHUNK: usize = 2;
-const STEPS: u64 = 5;
 
 fn cfg() -> GptConfig {
-    GptConfig {
-        vocab_size: 16,
-        block_size: 6,
-        n_layer: 3,
-        n_head: 4,
-        n_embd: 16,
-        dropout: 0.1,
-    }
-}
-
-fn tied() -> Vec<(String, String)> {
-    vec![(TIED.0.into(), TIED.1.into())]
+    ParityRun::default().gpt
 }
 
 fn adamw(params: Vec<(String, Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
     Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
 }
 
-// At 1e-3 AdamW's per-element division keeps the last-bit differences of another summation
-// order (tensor- and data-parallel sums) well inside 1e-5 (see tests/tensor_parallel.rs).
-const LR: f64 = 1e-3;
-const CLIP: f64 = 0.05;
-
-/// Losses, gradient norms and final parameters of the serial run.
-fn serial() -> (Vec<(f64, f64)>, HashMap<String, Tensor>) {
-    let task = Adder::new(2, 0).unwrap();
-    let stage = gpt(cfg()).unwrap().build(&Init::cpu(SEED)).unwrap();
-    let opt = adamw(stage.params()).unwrap();
-    let mut t = SerialTrainer::new(
-        stage,
-        opt,
-        TrainOptions {
-            seed: SEED,
-            chunks: GLOBAL / CHUNK,
-            clip: Some(CLIP),
-            schedule: LrSchedule::Constant { lr: LR },
-            tied: tied(),
-            deferred_batch_norm: false,
-        },
-    )
-    .unwrap();
-    let steps = (0..STEPS)
-        .map(|s| {
-            let (x, y) = task.batch(s, GLOBAL).unwrap();
-            let r = t.step(&x, &y).unwrap();
-            (r.loss, r.grad_norm)
-        })
-        .collect();
-    let params = t
-        .model()
-        .params()
-        .into_iter()
-        .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
-        .collect();
-    (steps, params)
-}
-
 fn options(layout: Layout) -> VarunaOptions {
-    VarunaOptions {
-        shared_weights: tied(),
-        seed: SEED,
-        clip: Some(CLIP),
-        lr: LrSchedule::Constant { lr: LR },
-        ..VarunaOptions::new(layout, GLOBAL, CHUNK)
-    }
+    ParityRun::default().options(layout)
 }
 
-type RankRun = (
-    Vec<(f64, f64, bool)>,
-    Vec<(String, Tensor)>,
-    HashMap<String, Shard>,
-);
-
-/// Every rank's (loss, norm, overflow) per step, final parameters and shards.
-fn parallel(layout: Layout, opts: VarunaOptions, steps: u64) -> Vec<RankRun> {
-    let task = Adder::new(2, 0).unwrap();
-    local::run(layout.world(), |comm| {
-        let mut v = Varuna::new(&gpt(cfg())?, Box::new(comm), opts.clone())?;
-        v.set_optimizer(adamw)?;
-        let c = v.coords();
-        let loader = DistributedLoader::new(
-            |s, n| task.batch(s, n),
-            GLOBAL,
-            c.dp_rank,
-            layout.dp,
-            candle_core::Device::Cpu,
-        )?;
-        let mut out = Vec::new();
-        for s in 0..steps {
-            let (x, y) = loader.batch(s)?;
-            let o = v.step(&x, &y)?;
-            out.push((o.loss, o.grad_norm, o.overflow));
-        }
-        let params = v
-            .pipeline()
-            .params()
-            .iter()
-            .map(|(n, p)| (n.clone(), p.as_tensor().copy().unwrap()))
-            .collect();
-        let shards = v.pipeline().shards().into_iter().collect();
-        Ok((out, params, shards))
-    })
-    .unwrap()
+/// Every rank's result of `run` with `opts` on local threads.
+fn parallel(run: &ParityRun, world: usize, opts: VarunaOptions) -> Vec<RankResult> {
+    local::run(world, |comm| run.rank(Box::new(comm), opts.clone())).unwrap()
 }
 
 #[test]
 fn every_layout_trains_as_serial() {
-    let (want, want_params) = serial();
+    let run = ParityRun::default();
+    let want = run.serial().unwrap();
     for (pp, tp, dp) in [
         (1, 1, 1),
         (2, 1, 2),
@@ -140,40 +46,24 @@ fn every_layout_trains_as_serial() {
         (4, 1, 2),
     ] {
         let layout = Layout::new(pp, tp, dp).unwrap();
-        let runs = parallel(layout, options(layout), STEPS);
-        let mut seen = 0;
-        for (rank, (steps, params, shards)) in runs.iter().enumerate() {
-            let at = format!("{layout} rank {rank}");
-            for (i, ((l, n, o), (wl, wn))) in steps.iter().zip(&want).enumerate() {
-                assert!(!o, "{at}: step {i} overflowed");
-                assert!(
-                    ((l - wl) / wl).abs() < 1e-5,
-                    "{at}: step {i} loss {l} vs serial {wl}"
-                );
-                assert!(
-                    ((n - wn) / wn).abs() < 1e-5,
-                    "{at}: step {i} norm {n} vs serial {wn}"
-                );
-                assert!(
-                    *wn > CLIP,
-                    "clipping must be active for the comparison to mean anything"
-                );
-            }
-            for (name, p) in params {
-                let w = &want_params[name];
-                let w = match shards.get(name) {
-                    Some(s) => part(w, s.axis, s.stride, s.index, s.count).unwrap(),
-                    None => w.clone(),
-                };
-                let d = max_rel_diff(p, &w).unwrap();
-                assert!(d < 1e-5, "{at}: {name} differs by {d:e}");
-                seen += 1;
-            }
+        let ranks = parallel(&run, layout.world(), run.options(layout));
+        let mut held = 0;
+        for (rank, got) in ranks.iter().enumerate() {
+            let worst = worst_difference(got, &want).unwrap();
+            assert!(worst < 1e-5, "{layout} rank {rank}: off by {worst:e}");
+            assert!(
+                got.steps
+                    .iter()
+                    .zip(&want.steps)
+                    .all(|(g, w)| w.1 > run.clip && g.1 > run.clip),
+                "clipping must act"
+            );
+            held += got.params.len();
         }
         // Every parameter is held by tp * dp ranks (one stage's shard each).
         assert_eq!(
-            seen,
-            want_params.len() * tp * dp,
+            held,
+            want.params.len() * tp * dp,
             "{layout}: parameters held"
         );
     }
@@ -182,36 +72,26 @@ fn every_layout_trains_as_serial() {
 #[test]
 fn a_stage_to_rank_map_places_stages_anywhere() {
     // Varuna's launcher format: stage 0 on ranks 2 and 3, stage 1 on ranks 0 and 1 (dp 2).
-    let (want, _) = serial();
+    let run = ParityRun {
+        steps: 2,
+        ..ParityRun::default()
+    };
+    let want = run.serial().unwrap();
     let opts = VarunaOptions {
         placement: Placement::StageToRankMap {
             map: "2,3;0,1;".into(),
             tp: 1,
         },
-        ..options(Layout::new(2, 1, 2).unwrap())
+        ..run.options(Layout::new(2, 1, 2).unwrap())
     };
-    let runs = parallel(Layout::new(2, 1, 2).unwrap(), opts, 2);
-    for (rank, (steps, _, _)) in runs.iter().enumerate() {
-        for (i, ((l, _, _), (wl, _))) in steps.iter().zip(&want).enumerate() {
-            assert!(
-                ((l - wl) / wl).abs() < 1e-5,
-                "rank {rank}: step {i} loss {l} vs serial {wl}"
-            );
-        }
+    for (rank, got) in parallel(&run, 4, opts.clone()).iter().enumerate() {
+        let worst = worst_difference(got, &want).unwrap();
+        assert!(worst < 1e-5, "rank {rank}: off by {worst:e}");
     }
     let stages = local::run(4, |comm| {
-        let v = Varuna::new(
-            &gpt(cfg())?,
-            Box::new(comm),
-            VarunaOptions {
-                placement: Placement::StageToRankMap {
-                    map: "2,3;0,1;".into(),
-                    tp: 1,
-                },
-                ..options(Layout::new(2, 1, 2).unwrap())
-            },
-        )?;
-        Ok(v.coords().stage)
+        Ok(Varuna::new(&gpt(cfg())?, Box::new(comm), opts.clone())?
+            .coords()
+            .stage)
     })
     .unwrap();
     assert_eq!(stages, [1, 1, 0, 0]);
@@ -223,11 +103,15 @@ fn low_precision_follows_f32() {
     let mut base = options(layout);
     base.lr = LrSchedule::Constant { lr: 3e-3 };
     base.clip = Some(1.0);
+    let run = ParityRun {
+        steps: 50,
+        ..ParityRun::default()
+    };
     // (losses, steps that overflowed) of 50 steps.
     let curve = |opts: VarunaOptions| -> (Vec<f64>, Vec<u64>) {
-        let runs = parallel(layout, opts, 50);
-        let losses = runs[0].0.iter().map(|s| s.0).collect();
-        let skipped = (0..50).filter(|&i| runs[0].0[i as usize].2).collect();
+        let ranks = parallel(&run, layout.world(), opts);
+        let losses = ranks[0].steps.iter().map(|s| s.0).collect();
+        let skipped = (0..50).filter(|&i| ranks[0].steps[i as usize].2).collect();
         (losses, skipped)
     };
     let within = |what: &str, low: &[f64], f32: &[f64], from: usize| {

@@ -1,0 +1,60 @@
+//! A layout under Open MPI against serial training: `mpirun -np N layout_parity PP TP DP`.
+//! Every rank trains its part of a small GPT with the Varuna step (5 clipped AdamW steps) and
+//! also trains the serial model, then compares losses, gradient norms and its parameters with
+//! the serial ones. Rank 0 prints the worst relative difference and `1 passed, 0 failed` when
+//! it is below 1e-5; any failure aborts the job.
+
+use candle_core::{Device, Tensor};
+use pipewright::comm::mpi::Mpi;
+use pipewright::comm::{Communicator, ReduceOp};
+use pipewright::topology::Layout;
+use pipewright_models::parity::{worst_difference, ParityRun};
+
+fn main() {
+    let (_mpi, world) = match Mpi::init() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    let rank = world.rank();
+    let result = (|| -> pipewright::Result<Option<f64>> {
+        let args: Vec<usize> = std::env::args()
+            .skip(1)
+            .map(|a| {
+                a.parse()
+                    .map_err(|_| pipewright::invalid!("usage: layout_parity PP TP DP"))
+            })
+            .collect::<pipewright::Result<_>>()?;
+        let [pp, tp, dp] = args[..] else {
+            return Err(pipewright::invalid!("usage: layout_parity PP TP DP"));
+        };
+        let layout = Layout::new(pp, tp, dp)?;
+        let run = ParityRun::default();
+        let want = run.serial()?;
+        let all: Box<dyn Communicator> = world.split(&(0..world.size()).collect::<Vec<_>>())?;
+        let got = run.rank(Box::new(world), run.options(layout))?;
+        let worst = worst_difference(&got, &want)?;
+        let w = all.all_reduce(&Tensor::new(&[worst], &Device::Cpu)?, ReduceOp::Max)?;
+        let worst = w.to_vec1::<f64>()?[0];
+        Ok((all.rank() == 0).then_some(worst))
+    })();
+    match result {
+        Ok(Some(worst)) if worst < 1e-5 => {
+            println!("layout parity: every rank matches serial training within {worst:.2e}");
+            println!("1 passed, 0 failed");
+        }
+        Ok(Some(worst)) => {
+            println!("layout parity: a rank differs from serial training by {worst:.2e}");
+            println!("0 passed, 1 failed");
+            Mpi::abort(1);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: rank {rank}: {e}");
+            println!("0 passed, 1 failed");
+            Mpi::abort(1);
+        }
+    }
+}

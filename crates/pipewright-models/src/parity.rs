@@ -1,0 +1,196 @@
+//! The oracle check of a layout: a small GPT on the adder task trained serially and by one
+//! rank of a [`Varuna`] job, compared step by step and parameter by parameter. The tests run
+//! it on local threads; `examples/layout_parity.rs` runs it under `mpirun`.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor, Var};
+use pipewright::comm::Communicator;
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::nn::{max_rel_diff, Init};
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::shard::{part, Shard};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{invalid, Result};
+
+use crate::tasks::Adder;
+use crate::{gpt, GptConfig, Task, TIED};
+
+/// The run both sides make.
+#[derive(Clone, Debug)]
+pub struct ParityRun {
+    pub gpt: GptConfig,
+    pub seed: u64,
+    pub global_batch: usize,
+    pub chunk_size: usize,
+    pub steps: u64,
+    /// At 1e-3 AdamW's per-element division keeps the last-bit differences of other summation
+    /// orders (tensor- and data-parallel sums) well inside 1e-5.
+    pub lr: f64,
+    /// Small enough that clipping acts on every step.
+    pub clip: f64,
+}
+
+impl Default for ParityRun {
+    fn default() -> Self {
+        Self {
+            gpt: GptConfig {
+                vocab_size: 16,
+                block_size: 6,
+                n_layer: 3,
+                n_head: 4,
+                n_embd: 16,
+                dropout: 0.1,
+            },
+            seed: 9,
+            global_batch: 16,
+            chunk_size: 2,
+            steps: 5,
+            lr: 1e-3,
+            clip: 0.05,
+        }
+    }
+}
+
+/// (loss, gradient norm) of every step and the final parameters of the serial run.
+pub struct SerialResult {
+    pub steps: Vec<(f64, f64)>,
+    pub params: HashMap<String, Tensor>,
+}
+
+/// What one rank of the parallel run saw: (loss, norm, overflow) per step, its parameters
+/// and how its sharded ones are split.
+pub struct RankResult {
+    pub steps: Vec<(f64, f64, bool)>,
+    pub params: Vec<(String, Tensor)>,
+    pub shards: HashMap<String, Shard>,
+}
+
+fn adamw(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
+    Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
+}
+
+fn tied() -> Vec<(String, String)> {
+    vec![(TIED.0.into(), TIED.1.into())]
+}
+
+impl ParityRun {
+    /// The serial oracle: the same micro-batches (global batch / chunk size of them).
+    pub fn serial(&self) -> Result<SerialResult> {
+        let task = Adder::new(2, 0)?;
+        let stage = gpt(self.gpt)?.build(&Init::cpu(self.seed))?;
+        let opt = adamw(stage.params())?;
+        let mut t = SerialTrainer::new(
+            stage,
+            opt,
+            TrainOptions {
+                seed: self.seed,
+                chunks: self.global_batch / self.chunk_size,
+                clip: Some(self.clip),
+                schedule: LrSchedule::Constant { lr: self.lr },
+                tied: tied(),
+                deferred_batch_norm: false,
+            },
+        )?;
+        let mut steps = Vec::new();
+        for s in 0..self.steps {
+            let (x, y) = task.batch(s, self.global_batch)?;
+            let r = t.step(&x, &y)?;
+            steps.push((r.loss, r.grad_norm));
+        }
+        let params = t
+            .model()
+            .params()
+            .into_iter()
+            .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
+            .collect::<Result<_>>()?;
+        Ok(SerialResult { steps, params })
+    }
+
+    /// The Varuna options of this run for `layout`.
+    pub fn options(&self, layout: Layout) -> VarunaOptions {
+        VarunaOptions {
+            shared_weights: tied(),
+            seed: self.seed,
+            clip: Some(self.clip),
+            lr: LrSchedule::Constant { lr: self.lr },
+            ..VarunaOptions::new(layout, self.global_batch, self.chunk_size)
+        }
+    }
+
+    /// One rank of the parallel run (every rank of `world` calls it).
+    pub fn rank(&self, world: Box<dyn Communicator>, opts: VarunaOptions) -> Result<RankResult> {
+        let task = Adder::new(2, 0)?;
+        let dp = match &opts.placement {
+            pipewright::varuna::Placement::Layout(l) => l.dp,
+            pipewright::varuna::Placement::StageToRankMap { map, tp } => {
+                pipewright::topology::Topology::from_stage_to_rank_map(map, *tp)?
+                    .layout()
+                    .dp
+            }
+        };
+        let mut v = Varuna::new(&gpt(self.gpt)?, world, opts)?;
+        v.set_optimizer(adamw)?;
+        let loader = DistributedLoader::new(
+            |s, n| task.batch(s, n),
+            self.global_batch,
+            v.coords().dp_rank,
+            dp,
+            Device::Cpu,
+        )?;
+        let mut steps = Vec::new();
+        for s in 0..self.steps {
+            let (x, y) = loader.batch(s)?;
+            let o = v.step(&x, &y)?;
+            steps.push((o.loss, o.grad_norm, o.overflow));
+        }
+        let params = v
+            .pipeline()
+            .params()
+            .iter()
+            .map(|(n, p)| Ok((n.clone(), p.as_tensor().copy()?)))
+            .collect::<Result<_>>()?;
+        Ok(RankResult {
+            steps,
+            params,
+            shards: v.pipeline().shards().into_iter().collect(),
+        })
+    }
+}
+
+/// The largest relative difference between a rank's run and the serial one (losses, norms,
+/// and every parameter against the serial parameter's matching part); an error if a step
+/// overflowed, clipping did not act, or a parameter is missing.
+pub fn worst_difference(got: &RankResult, want: &SerialResult) -> Result<f64> {
+    let mut worst = 0.0f64;
+    if got.steps.len() != want.steps.len() {
+        return Err(invalid!(
+            "{} steps against {}",
+            got.steps.len(),
+            want.steps.len()
+        ));
+    }
+    for (i, ((l, n, o), (wl, wn))) in got.steps.iter().zip(&want.steps).enumerate() {
+        if *o {
+            return Err(invalid!("step {i} overflowed"));
+        }
+        if *wn <= 0.0 || !n.is_finite() {
+            return Err(invalid!("step {i}: gradient norm {n} against {wn}"));
+        }
+        worst = worst.max(((l - wl) / wl).abs()).max(((n - wn) / wn).abs());
+    }
+    for (name, p) in &got.params {
+        let w = want
+            .params
+            .get(name)
+            .ok_or_else(|| invalid!("`{name}` is not a parameter of the serial model"))?;
+        let w = match got.shards.get(name) {
+            Some(s) => part(w, s.axis, s.stride, s.index, s.count)?,
+            None => w.clone(),
+        };
+        worst = worst.max(max_rel_diff(p, &w)?);
+    }
+    Ok(worst)
+}
