@@ -347,6 +347,15 @@ struct Summary {
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
+    // Ranks on this machine: the threads of this process, or MPI's processes on this node.
+    let ranks_here = match a.backend {
+        crate::bench::Backend::Local => a.pp * a.tp * a.dp,
+        crate::bench::Backend::Mpi => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1),
+    };
+    pipewright::comm::size_thread_pools(ranks_here);
     if a.clip < 0.0 || !a.clip.is_finite() {
         return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
     }
