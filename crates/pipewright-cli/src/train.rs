@@ -368,18 +368,6 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let (model, tied) = make_model(&a, task.as_ref())?;
     let sched = schedule(&a);
     sched.validate()?;
-    if a.pp > 1 {
-        // Fail on a bad split or schedule before anything is written.
-        partition(&model, a.pp * a.virtual_stages, a.balance.as_deref())?;
-        Schedule::new(kind, a.pp, a.chunks, a.virtual_stages)?;
-        if a.batch_size < a.chunks {
-            return Err(invalid!(
-                "--batch-size {} is smaller than --chunks {}",
-                a.batch_size,
-                a.chunks
-            ));
-        }
-    }
     let precision: Precision = a.precision.parse()?;
     if !a.batch_size.is_multiple_of(a.chunks) {
         return Err(invalid!(
@@ -396,6 +384,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
             a.dp
         ));
     }
+    // Fail on a bad split or schedule before anything is written (each replica runs the
+    // schedule over its --chunks / --dp micro-batches).
+    partition(&model, a.pp * a.virtual_stages, a.balance.as_deref())?;
+    Schedule::new(kind, a.pp, a.chunks / a.dp, a.virtual_stages)?;
     if a.trace.is_some() && a.pp == 1 {
         return Err(invalid!(
             "--trace records pipeline actions: use it with --pp 2 or more"
