@@ -419,6 +419,10 @@ fn every_layout_writes_the_serial_runs_losses() {
         &["--precision", "f8"],
         "unknown precision `f8`: use f32, bf16 or f16",
     );
+    fails_with(
+        &["--virtual", "2"],
+        "--virtual 2 needs the interleaved schedule",
+    );
     // Low precision runs end to end and reports it.
     let (losses, summary) = run("bf16", &["--precision", "bf16", "--dp", "2"]);
     assert_eq!(summary["layout"], "pp=1 tp=1 dp=2 bf16");
