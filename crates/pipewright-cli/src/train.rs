@@ -531,15 +531,8 @@ impl Setup<'_> {
             a.dp,
             pipewright::candle_core::Device::Cpu,
         )?;
-        let run = Run {
-            a,
-            task: self.task,
-            model: self.model,
-            tied: self.tied,
-            sched: self.sched,
-            num_params: v.pipeline().total_params()?,
-        };
-        let done = train_loop(&run, &mut v, &|step| loader.batch(step), dir)?;
+        let num_params = v.pipeline().total_params()?;
+        let done = train_loop(self, num_params, &mut v, &|step| loader.batch(step), dir)?;
         let bubbles = v.bubble_per_stage()?;
         if let (Some(dir), Some(done)) = (dir, done) {
             write_summary(a, dir, done, &v.describe()?, &bubbles)?;
@@ -548,26 +541,16 @@ impl Setup<'_> {
     }
 }
 
-/// What every rank's training loop needs to know.
-struct Run<'a> {
-    a: &'a TrainArgs,
-    task: &'a dyn Task,
-    model: &'a Sequential,
-    tied: &'a [(String, String)],
-    sched: LrSchedule,
-    num_params: usize,
-}
-
 /// The training loop of one rank (every rank runs it; only the one given `dir` reports).
 /// Returns the summary on the rank given `dir`.
 fn train_loop(
-    run: &Run,
+    run: &Setup,
+    num_params: usize,
     trainer: &mut dyn Trainer,
     batch: &dyn Fn(u64) -> Result<(Tensor, Tensor)>,
     dir: Option<&RunDir>,
 ) -> Result<Option<Summary>> {
     let (a, task) = (run.a, run.task);
-    let num_params = run.num_params;
     let mut rec = match dir {
         Some(dir) => {
             dir.write_json(

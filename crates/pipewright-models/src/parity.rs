@@ -123,21 +123,13 @@ impl ParityRun {
     /// One rank of the parallel run (every rank of `world` calls it).
     pub fn rank(&self, world: Box<dyn Communicator>, opts: VarunaOptions) -> Result<RankResult> {
         let task = Adder::new(2, 0)?;
-        let dp = match &opts.placement {
-            pipewright::varuna::Placement::Layout(l) => l.dp,
-            pipewright::varuna::Placement::StageToRankMap { map, tp } => {
-                pipewright::topology::Topology::from_stage_to_rank_map(map, *tp)?
-                    .layout()
-                    .dp
-            }
-        };
         let mut v = Varuna::new(&gpt(self.gpt)?, world, opts)?;
         v.set_optimizer(adamw)?;
         let loader = DistributedLoader::new(
             |s, n| task.batch(s, n),
             self.global_batch,
             v.coords().dp_rank,
-            dp,
+            v.topology().layout().dp,
             Device::Cpu,
         )?;
         let mut steps = Vec::new();

@@ -106,19 +106,20 @@ impl Default for LossScaler {
     }
 }
 
-/// Whether any gradient holds an inf or a NaN.
+/// Whether any gradient holds an inf or a NaN (one sum of absolute values, read once).
 pub fn has_overflow(grads: &Grads) -> Result<bool> {
+    let mut total: Option<candle_core::Tensor> = None;
     for (_, g) in grads.iter() {
-        let s = g
-            .to_dtype(DType::F32)?
-            .abs()?
-            .sum_all()?
-            .to_scalar::<f32>()?;
-        if !s.is_finite() {
-            return Ok(true);
-        }
+        let s = g.to_dtype(DType::F32)?.abs()?.sum_all()?;
+        total = Some(match total {
+            None => s,
+            Some(t) => (t + s)?,
+        });
     }
-    Ok(false)
+    Ok(match total {
+        Some(t) => !t.to_scalar::<f32>()?.is_finite(),
+        None => false,
+    })
 }
 
 /// Gradients in f32, multiplied by `factor` (the inverse loss scale).

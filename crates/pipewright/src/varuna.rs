@@ -239,8 +239,8 @@ impl Varuna {
         Ok(())
     }
 
-    /// Called with this rank's f32 gradients (unscaled-by-nothing yet, before the sum over
-    /// replicas) every step: to inspect or change them (tests inject an overflow with it).
+    /// Called every step with this rank's f32, unscaled gradients, before the sum over
+    /// replicas: to inspect or change them (tests inject an overflow with it).
     pub fn set_grad_hook(&mut self, hook: impl FnMut(&mut Grads) + Send + 'static) {
         self.grad_hook = Some(Box::new(hook));
     }
@@ -316,7 +316,8 @@ impl Varuna {
         if let Some(t) = self.trace.as_mut() {
             t.extend(events);
         }
-        let mut grads = to_master_grads(&grads, 1.0)?;
+        // f32 and unscaled in one pass (the scale is a power of two: exact).
+        let mut grads = to_master_grads(&grads, 1.0 / scale)?;
         if let Some(hook) = self.grad_hook.as_mut() {
             hook(&mut grads);
         }
@@ -325,9 +326,6 @@ impl Varuna {
             .dp
             .all_reduce(&Tensor::new(&[loss], &Device::Cpu)?, ReduceOp::Sum)?
             .to_vec1::<f64>()?[0];
-        if scale != 1.0 {
-            grads.scale(1.0 / scale)?;
-        }
         let found = has_overflow(&grads)? || !loss.is_finite();
         let flag = Tensor::new(&[u32::from(found)], &Device::Cpu)?;
         let overflow = self
