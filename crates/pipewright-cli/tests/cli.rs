@@ -347,8 +347,8 @@ fn every_layout_writes_the_serial_runs_losses() {
         "8",
         "--steps",
         "4",
-        "--chunks",
-        "2",
+        "--chunk-size",
+        "4",
         "--dropout",
         "0.1",
     ];
@@ -409,11 +409,11 @@ fn every_layout_writes_the_serial_runs_losses() {
     );
     fails_with(
         &["--batch-size", "6", "--chunks", "4"],
-        "--batch-size 6 is not divisible by --chunks 4",
+        "--batch-size 6 does not split into --dp 1 replicas of --chunks 4",
     );
     fails_with(
-        &["--batch-size", "6", "--chunks", "3", "--dp", "2"],
-        "--chunks 3 is not a multiple of --dp 2",
+        &["--batch-size", "6", "--chunks", "2", "--dp", "2"],
+        "--batch-size 6 does not split into --dp 2 replicas of --chunks 2",
     );
     fails_with(
         &["--precision", "f8"],
@@ -421,7 +421,7 @@ fn every_layout_writes_the_serial_runs_losses() {
     );
     fails_with(
         &["--virtual", "2"],
-        "--virtual 2 needs the interleaved schedule",
+        "virtual_stages 2 needs the interleaved schedule",
     );
     // Low precision runs end to end and reports it.
     let (losses, summary) = run("bf16", &["--precision", "bf16", "--dp", "2"]);

@@ -1,4 +1,5 @@
-//! One training step (forward, backward, AdamW) of a GPT with d 512, 4 layers, 8 heads,
+//! One training step (forward, backward, AdamW) through the production step ([`Varuna`] at
+//! pp = tp = dp = 1) of a GPT with d 512, 4 layers, 8 heads,
 //! vocabulary 4096, sequence 256, batch 8, f32 on the CPU. Prints the median of the timed
 //! steps; `tools/bench_gpt_vs_torch.sh` runs it beside `tools/bench_torch.py` and prints the
 //! ratio. `PW_BENCH_STEPS` sets the number of timed steps (default 5).
@@ -6,9 +7,11 @@
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::nn::Init;
-use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::comm::local;
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::Batch;
 use pipewright_models::{gpt, GptConfig, TIED};
 use rand::{Rng, SeedableRng};
 
@@ -26,21 +29,12 @@ fn main() -> pipewright::Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let stage = gpt(cfg)?.build(&Init::cpu(0))?;
-    let n_params = stage.num_params();
-    let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default())?);
-    let mut t = SerialTrainer::new(
-        stage,
-        opt,
-        TrainOptions {
-            seed: 0,
-            chunks: 1,
-            clip: None,
-            schedule: LrSchedule::Constant { lr: 1e-4 },
-            tied: vec![(TIED.0.into(), TIED.1.into())],
-            deferred_batch_norm: false,
-        },
-    )?;
+    let opts = VarunaOptions {
+        shared_weights: vec![(TIED.0.into(), TIED.1.into())],
+        lr: LrSchedule::Constant { lr: 1e-4 },
+        ..VarunaOptions::new(Layout::new(1, 1, 1)?, batch, batch)
+    };
+    let model = gpt(cfg)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let ids: Vec<u32> = (0..batch * (seq + 1))
         .map(|_| rng.random_range(0..4096))
@@ -51,13 +45,23 @@ fn main() -> pipewright::Result<()> {
         .narrow(1, 1, seq)?
         .to_dtype(candle_core::DType::I64)?
         .contiguous()?;
-    t.step(&x, &y)?; // warm-up
-    let mut times = Vec::new();
-    for _ in 0..steps {
-        let s = Instant::now();
-        t.step(&x, &y)?;
-        times.push(s.elapsed().as_secs_f64() * 1e3);
-    }
+    let batch_of = Batch::pair(x, y);
+    let mut runs = local::run(1, |comm| {
+        let mut t = Varuna::new(&model, Box::new(comm), opts.clone())?;
+        t.set_optimizer(|ps| {
+            Ok(Box::new(AdamW::new(ps, AdamWConfig::default())?) as Box<dyn Optimizer>)
+        })?;
+        let n_params = t.pipeline().total_params()?;
+        t.step(&batch_of)?; // warm-up
+        let mut times = Vec::new();
+        for _ in 0..steps {
+            let s = Instant::now();
+            t.step(&batch_of)?;
+            times.push(s.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok((n_params, times))
+    })?;
+    let (n_params, mut times) = runs.remove(0);
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let median = times[times.len() / 2];
     println!(

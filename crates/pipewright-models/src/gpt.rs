@@ -6,7 +6,7 @@
 //! initialised from the same random stream and kept equal by summing their gradients, so that
 //! a first and a last pipeline stage can each own one.
 //!
-//! Built with a tensor-parallel group in its [`Init`] it is Megatron's GPT: the vocabulary of
+//! Built with a tensor-parallel group in its [`Build`] it is Megatron's GPT: the vocabulary of
 //! `wte` and `lm_head` split over the group (rank r's rows of both, so the tie holds shard by
 //! shard), attention heads split (`c_attn` column-parallel, `c_proj` row-parallel), the MLP
 //! split (`c_fc` column, `c_proj` row), and logits left split for the vocabulary-parallel
@@ -14,11 +14,11 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::{
-    gelu, join, CausalSelfAttention, Dropout, Embedding, Init, LayerNorm, Linear, Module,
+use pipewright::nn::{gelu, join, Dropout, Embedding, LayerNorm, Linear, Module};
+use pipewright::shard::{
+    CausalSelfAttention, ParallelDim, ParallelEmbedding, ParallelLinear, Shard,
 };
-use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear, Shard};
-use pipewright::{invalid, Error, Result};
+use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// The tied pair.
@@ -104,9 +104,9 @@ pub struct GptEmbed {
 }
 
 impl GptEmbed {
-    pub fn new(init: &Init, cfg: GptConfig) -> Result<Self> {
+    pub fn new(init: &Build, cfg: GptConfig) -> Result<Self> {
         Ok(Self {
-            wte: ParallelEmbedding::new(init, "wte", cfg.vocab_size, cfg.n_embd, 0.02)?,
+            wte: ParallelEmbedding::new(init, &init.tp, "wte", cfg.vocab_size, cfg.n_embd, 0.02)?,
             wpe: Embedding::new(init, "wpe", cfg.block_size, cfg.n_embd, 0.01)?,
             drop: Dropout::new("drop", cfg.dropout),
             block_size: cfg.block_size,
@@ -168,7 +168,7 @@ pub struct Block {
 }
 
 impl Block {
-    pub fn new(init: &Init, name: &str, cfg: GptConfig) -> Result<Self> {
+    pub fn new(init: &Build, name: &str, cfg: GptConfig) -> Result<Self> {
         let d = cfg.n_embd;
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
         Ok(Self {
@@ -176,6 +176,7 @@ impl Block {
             ln_1: LayerNorm::new(init, &join(name, "ln_1"), d, 1e-5)?,
             attn: CausalSelfAttention::new(
                 init,
+                &init.tp,
                 &join(name, "attn"),
                 d,
                 cfg.n_head,

@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor, Var};
 use pipewright::comm::Communicator;
 use pipewright::data_parallel::DistributedLoader;
+use pipewright::loss::CrossEntropy;
+use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::nn::{max_rel_diff, Init};
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::shard::{part, Shard};
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::{invalid, Result};
+use pipewright::{invalid, Batch, Build, Result};
 
 use crate::tasks::Adder;
 use crate::{gpt, GptConfig, Task, TIED};
@@ -80,7 +81,7 @@ impl ParityRun {
     /// The serial oracle: the same micro-batches (global batch / chunk size of them).
     pub fn serial(&self) -> Result<SerialResult> {
         let task = Adder::new(2, 0)?;
-        let stage = gpt(self.gpt)?.build(&Init::cpu(self.seed))?;
+        let stage = gpt(self.gpt)?.build(&Build::cpu(self.seed))?;
         let opt = adamw(stage.params())?;
         let mut t = SerialTrainer::new(
             stage,
@@ -92,12 +93,13 @@ impl ParityRun {
                 schedule: LrSchedule::Constant { lr: self.lr },
                 tied: tied(),
                 deferred_batch_norm: false,
+                loss: std::sync::Arc::new(CrossEntropy::default()),
             },
         )?;
         let mut steps = Vec::new();
         for s in 0..self.steps {
             let (x, y) = task.batch(s, self.global_batch)?;
-            let r = t.step(&x, &y)?;
+            let r = t.step(&Batch::pair(x, y))?;
             steps.push((r.loss, r.grad_norm));
         }
         let params = t
@@ -126,7 +128,7 @@ impl ParityRun {
         let mut v = Varuna::new(&gpt(self.gpt)?, world, opts)?;
         v.set_optimizer(adamw)?;
         let loader = DistributedLoader::new(
-            |s, n| task.batch(s, n),
+            |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
             self.global_batch,
             v.coords().dp_rank,
             v.topology().layout().dp,
@@ -134,8 +136,7 @@ impl ParityRun {
         )?;
         let mut steps = Vec::new();
         for s in 0..self.steps {
-            let (x, y) = loader.batch(s)?;
-            let o = v.step(&x, &y)?;
+            let o = v.step(&loader.batch(s)?)?;
             steps.push((o.loss, o.grad_norm, o.overflow));
         }
         let params = v

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 use pipewright::nn::optim::{LrSchedule, Sgd, SgdConfig};
-use pipewright::nn::Init;
 use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::{Batch, Build};
 use pipewright_models::{gpt, GptConfig, TIED};
 
 fn fixture() -> HashMap<String, Tensor> {
@@ -28,7 +28,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
         n_embd: c[4] as usize,
         dropout: 0.0,
     };
-    let stage = gpt(cfg).unwrap().build(&Init::cpu(0)).unwrap();
+    let stage = gpt(cfg).unwrap().build(&Build::cpu(0)).unwrap();
     let params = stage.params();
     // Every parameter of ours is in the fixture with the same shape, and nothing is left over.
     let fixture_names: Vec<&String> = f.keys().filter(|k| k.starts_with("param.")).collect();
@@ -55,6 +55,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
             schedule: LrSchedule::Constant { lr: 0.1 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
+            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
         },
     )
     .unwrap()
@@ -65,16 +66,11 @@ fn logits_loss_and_every_gradient_match_hf_gpt2() {
     let f = fixture();
     for chunks in [1, 2, 3] {
         let t = trainer(&f, chunks);
-        let logits = t
-            .predict(&f["input_ids"].to_dtype(candle_core::DType::U32).unwrap())
-            .unwrap();
+        let ids = f["input_ids"].to_dtype(candle_core::DType::U32).unwrap();
+        let batch = Batch::pair(ids, f["targets"].clone());
+        let logits = t.predict(&batch).unwrap();
         assert!(rel_diff(&logits, &f["logits"]) < 1e-5, "logits");
-        let (loss, grads, _) = t
-            .loss_and_grads(
-                &f["input_ids"].to_dtype(candle_core::DType::U32).unwrap(),
-                &f["targets"],
-            )
-            .unwrap();
+        let (loss, grads, _) = t.loss_and_grads(&batch).unwrap();
         let want = f["loss"].to_vec1::<f32>().unwrap()[0] as f64;
         assert!(
             ((loss - want) / want).abs() < 1e-5,

@@ -10,6 +10,7 @@ use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::precision::{LossScaler, Precision};
 use pipewright::topology::Layout;
 use pipewright::varuna::{Placement, Varuna, VarunaOptions};
+use pipewright::{Batch, Build};
 use pipewright_models::parity::{worst_difference, ParityRun, RankResult};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task};
@@ -178,13 +179,23 @@ fn low_precision_computes_in_the_low_type() {
                 },
             )?;
             let x = Adder::new(2, 0)?.batch(0, 2)?.0;
+            // The stage a rank builds computes in the low type; what predict hands back is f32.
+            let init = pipewright::nn::Init::new(candle_core::Device::Cpu, p.dtype(), 0);
+            let stage = gpt(cfg())?.build(&Build::new(init))?;
+            let out = stage
+                .forward(x.clone().into(), &mut pipewright::Cx::eval())?
+                .into_tensor("out")?;
+            assert_eq!(
+                v.predict(&Batch::input(x))?.dtype(),
+                candle_core::DType::F32
+            );
             Ok((
                 v.pipeline()
                     .params()
                     .iter()
                     .map(|(_, p)| p.dtype())
                     .collect::<Vec<_>>(),
-                v.pipeline().predict(&x)?.dtype(),
+                out.dtype(),
             ))
         })
         .unwrap();
@@ -223,7 +234,7 @@ fn an_overflow_on_one_rank_skips_the_step_everywhere() {
         });
         let c = v.coords();
         let loader = DistributedLoader::new(
-            |s, n| task.batch(s, n),
+            |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
             GLOBAL,
             c.dp_rank,
             2,
@@ -247,8 +258,7 @@ fn an_overflow_on_one_rank_skips_the_step_everywhere() {
         let mut out = Vec::new();
         for s in 0..3 {
             let before = snapshot(&v);
-            let (x, y) = loader.batch(s)?;
-            let o = v.step(&x, &y)?;
+            let o = v.step(&loader.batch(s)?)?;
             out.push((o.overflow, o.loss_scale, before == snapshot(&v)));
         }
         Ok((out, v.loss_scale()))
@@ -297,7 +307,7 @@ fn bad_layouts_batches_and_ties_are_clear_errors() {
         },
     );
     assert!(
-        e.contains("global batch size 7 is not divisible by dp 1 x chunk size 2"),
+        e.contains("global_batch_size 7 is not divisible by dp 1 x chunk_size 2"),
         "{e}"
     );
     let l2 = Layout::new(1, 1, 2).unwrap();
@@ -308,7 +318,7 @@ fn bad_layouts_batches_and_ties_are_clear_errors() {
             ..options(l2)
         },
     );
-    assert!(e.contains("not divisible by dp 2 x chunk size 2"), "{e}");
+    assert!(e.contains("not divisible by dp 2 x chunk_size 2"), "{e}");
     let e = err(
         2,
         VarunaOptions {

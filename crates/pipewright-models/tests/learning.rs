@@ -2,8 +2,8 @@
 //! well under a minute on two cores. Alone in its binary so no other test competes for cores.
 
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::nn::Init;
 use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::{Batch, Build};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TIED};
 
@@ -18,7 +18,7 @@ fn tiny_gpt_learns_two_digit_addition() {
         n_embd: 128,
         dropout: 0.0,
     };
-    let stage = gpt(cfg).unwrap().build(&Init::cpu(0)).unwrap();
+    let stage = gpt(cfg).unwrap().build(&Build::cpu(0)).unwrap();
     let opt = Box::new(
         AdamW::new(
             stage.params(),
@@ -45,16 +45,21 @@ fn tiny_gpt_learns_two_digit_addition() {
             },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
+            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
         },
     )
     .unwrap();
     let start = std::time::Instant::now();
-    let before = task.evaluate(&mut |x| t.predict(x)).unwrap();
+    let before = task
+        .evaluate(&mut |x| t.predict(&Batch::input(x.clone())))
+        .unwrap();
     for s in 0..steps {
         let (x, y) = task.batch(s, 64).unwrap();
-        t.step(&x, &y).unwrap();
+        t.step(&Batch::pair(x.clone(), y.clone())).unwrap();
     }
-    let acc = task.evaluate(&mut |x| t.predict(x)).unwrap();
+    let acc = task
+        .evaluate(&mut |x| t.predict(&Batch::input(x.clone())))
+        .unwrap();
     eprintln!(
         "adder accuracy {before} -> {acc} in {:.1} s",
         start.elapsed().as_secs_f64()

@@ -1,18 +1,23 @@
-//! Pipeline parity: a GPT split over pp ranks (threads) and trained with each schedule gives
-//! the serial run's losses, gradients and parameters.
+//! Pipeline parity through the one production step: a GPT and a CNN split over pp ranks
+//! (threads, pp-only layouts of [`Varuna`]) and trained with each schedule and recompute mode
+//! give the serial run's losses, gradients and parameters.
 
-use pipewright::nn::max_rel_diff;
-use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
 use pipewright::comm::local;
+use pipewright::loss::CrossEntropy;
+use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::nn::Init;
-use pipewright::pipeline::executor::{Pipeline, PipelineOptions, Recompute};
 use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::Recompute;
 use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{Batch, Build, Sequential};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TIED};
+use std::collections::HashMap;
 
 const SEED: u64 = 3;
 const BATCH: usize = 12;
@@ -28,22 +33,6 @@ fn cfg() -> GptConfig {
     }
 }
 
-/// The options the tests share; each test sets what it varies.
-fn options(chunks: usize, schedule: Kind) -> PipelineOptions {
-    PipelineOptions {
-        chunks,
-        schedule,
-        virtual_stages: 1,
-        balance: None,
-        seed: SEED,
-        tied: vec![],
-        clip: None,
-        lr: LrSchedule::Constant { lr: 1e-3 },
-        recompute: Recompute::Never,
-        deferred_batch_norm: false,
-    }
-}
-
 fn adamw(params: Vec<(String, candle_core::Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
     Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
 }
@@ -52,72 +41,120 @@ fn tied() -> Vec<(String, String)> {
     vec![(TIED.0.into(), TIED.1.into())]
 }
 
+/// (losses of 3 AdamW steps, then the sum of the evaluation output; step-0 gradients;
+/// final parameters and buffers).
 type Run = (Vec<f64>, HashMap<String, Tensor>, HashMap<String, Tensor>);
 
-/// Serial: step-0 gradients, then losses of 3 AdamW steps and the final parameters.
-fn serial(chunks: usize) -> Run {
-    let task = Adder::new(2, 0).unwrap();
-    let model = gpt(cfg()).unwrap();
-    let stage = model.build(&Init::cpu(SEED)).unwrap();
-    let opt = adamw(stage.params()).unwrap();
-    let mut t = SerialTrainer::new(
-        stage,
-        opt,
-        TrainOptions {
-            seed: SEED,
-            chunks,
-            clip: Some(0.5),
-            schedule: LrSchedule::Constant { lr: 1e-2 },
-            tied: tied(),
-            deferred_batch_norm: false,
-        },
-    )
-    .unwrap();
-    let (x, y) = task.batch(0, BATCH).unwrap();
-    let (_, g, _) = t.loss_and_grads(&x, &y).unwrap();
-    let grads = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
-    let losses = (0..3)
-        .map(|s| {
-            let (x, y) = task.batch(s, BATCH).unwrap();
-            t.step(&x, &y).unwrap().loss
-        })
-        .collect();
-    let params = t
-        .model()
-        .params()
-        .into_iter()
-        .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
-        .collect();
-    (losses, grads, params)
+/// One training run both sides make.
+#[derive(Clone)]
+struct Case {
+    model: Sequential,
+    batch: fn(u64) -> Batch,
+    tied: Vec<(String, String)>,
+    clip: Option<f64>,
+    chunks: usize,
+    deferred: bool,
 }
 
-fn pipelined(pp: usize, chunks: usize, kind: Kind, v: usize, recompute: Recompute) -> Run {
-    let task = Adder::new(2, 0).unwrap();
-    let model = gpt(cfg()).unwrap();
+fn adder_batch(s: u64) -> Batch {
+    let (x, y) = Adder::new(2, 0).unwrap().batch(s, BATCH).unwrap();
+    Batch::pair(x, y)
+}
+
+fn gpt_case(chunks: usize) -> Case {
+    Case {
+        model: gpt(cfg()).unwrap(),
+        batch: adder_batch,
+        tied: tied(),
+        clip: Some(0.5),
+        chunks,
+        deferred: false,
+    }
+}
+
+fn serial(c: &Case) -> Run {
+    let trainer = || {
+        let stage = c.model.build(&Build::cpu(SEED)).unwrap();
+        let opt = adamw(stage.params()).unwrap();
+        SerialTrainer::new(
+            stage,
+            opt,
+            TrainOptions {
+                seed: SEED,
+                chunks: c.chunks,
+                clip: c.clip,
+                schedule: LrSchedule::Constant { lr: 1e-2 },
+                tied: c.tied.clone(),
+                deferred_batch_norm: c.deferred,
+                loss: Arc::new(CrossEntropy::default()),
+            },
+        )
+        .unwrap()
+    };
+    // A fresh trainer's gradients are the first step's (a second forward would move BatchNorm
+    // statistics once more than the parallel side does).
+    let (_, g, _) = trainer().loss_and_grads(&(c.batch)(0)).unwrap();
+    let grads = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
+    let mut t = trainer();
+    let mut losses: Vec<f64> = (0..3)
+        .map(|s| t.step(&(c.batch)(s)).unwrap().loss)
+        .collect();
+    let out = t.predict(&(c.batch)(0)).unwrap();
+    losses.push(out.sum_all().unwrap().to_scalar::<f32>().unwrap() as f64);
+    let m = t.model();
+    let state = m
+        .params()
+        .into_iter()
+        .chain(m.buffers())
+        .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
+        .collect();
+    (losses, grads, state)
+}
+
+/// The Varuna options of `c` at `pp` pipeline ranks.
+fn options(c: &Case, pp: usize, kind: Kind, v: usize, recompute: Recompute) -> VarunaOptions {
+    VarunaOptions {
+        seed: SEED,
+        schedule: kind,
+        virtual_stages: v,
+        recompute,
+        shared_weights: c.tied.clone(),
+        clip: c.clip,
+        lr: LrSchedule::Constant { lr: 1e-2 },
+        deferred_batch_norm: c.deferred,
+        ..VarunaOptions::new(Layout::new(pp, 1, 1).unwrap(), BATCH, BATCH / c.chunks)
+    }
+}
+
+fn pipelined(c: &Case, pp: usize, kind: Kind, v: usize, recompute: Recompute) -> Run {
+    let opts = options(c, pp, kind, v, recompute);
     let per_rank = local::run(pp, |comm| {
-        let opts = PipelineOptions {
-            virtual_stages: v,
-            tied: tied(),
-            clip: Some(0.5),
-            lr: LrSchedule::Constant { lr: 1e-2 },
-            recompute,
-            ..options(chunks, kind)
-        };
-        let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
-        let (x, y) = task.batch(0, BATCH)?;
-        let (_, g) = p.loss_and_grads(&x, &y)?;
-        let grads: Vec<(String, Tensor)> = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
+        let mut p = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
+        p.set_optimizer(adamw)?;
+        let first: Arc<Mutex<Vec<(String, Tensor)>>> = Arc::default();
+        let keep = first.clone();
+        p.set_grad_hook(move |g| {
+            let mut k = keep.lock().unwrap();
+            if k.is_empty() {
+                k.extend(g.iter().map(|(n, g)| (n.clone(), g.clone())));
+            }
+        });
         let mut losses = Vec::new();
         for s in 0..3 {
-            let (x, y) = task.batch(s, BATCH)?;
-            losses.push(p.step(&x, &y)?.loss);
+            losses.push(p.step(&(c.batch)(s))?.loss);
         }
-        let params: Vec<(String, Tensor)> = p
+        let out = p.predict(&(c.batch)(0))?;
+        losses.push(out.sum_all()?.to_scalar::<f32>()? as f64);
+        let state: Vec<(String, Tensor)> = p
+            .pipeline()
             .params()
             .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().copy().unwrap()))
+            .cloned()
+            .chain(p.pipeline().buffers())
+            .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
             .collect();
-        Ok((losses, grads, params))
+        let grads = first.lock().unwrap().clone();
+        Ok((losses, grads, state))
     })
     .unwrap();
     let losses = per_rank[0].0.clone();
@@ -155,7 +192,7 @@ fn compare(what: &str, got: &Run, want: &Run) {
             let kind = if i == 0 {
                 "gradient"
             } else {
-                "parameter after 3 AdamW steps"
+                "parameter or buffer after 3 AdamW steps"
             };
             assert!(e < 1e-5, "{what}: {kind} `{n}` differs by {e:e}");
         }
@@ -165,14 +202,15 @@ fn compare(what: &str, got: &Run, want: &Run) {
 const RECOMPUTE: [Recompute; 3] = [Recompute::Never, Recompute::ExceptLast, Recompute::Always];
 
 #[test]
-fn gpipe_and_1f1b_match_serial_training_in_every_recompute_mode() {
+fn gpipe_1f1b_and_zero_bubble_match_serial_training_in_every_recompute_mode() {
     for chunks in [1, 3, 4] {
-        let want = serial(chunks);
+        let case = gpt_case(chunks);
+        let want = serial(&case);
         for pp in [1, 2, 4] {
             for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
                 for recompute in RECOMPUTE {
                     let what = format!("{kind} pp={pp} chunks={chunks} recompute {recompute:?}");
-                    compare(&what, &pipelined(pp, chunks, kind, 1, recompute), &want);
+                    compare(&what, &pipelined(&case, pp, kind, 1, recompute), &want);
                 }
             }
         }
@@ -182,87 +220,90 @@ fn gpipe_and_1f1b_match_serial_training_in_every_recompute_mode() {
 #[test]
 fn interleaved_matches_serial_training() {
     for (pp, chunks) in [(2, 4), (2, 2), (1, 3)] {
-        let want = serial(chunks);
+        let case = gpt_case(chunks);
+        let want = serial(&case);
         for recompute in RECOMPUTE {
             compare(
                 &format!("interleaved pp={pp} chunks={chunks} v=2 recompute {recompute:?}"),
-                &pipelined(pp, chunks, Kind::Interleaved, 2, recompute),
+                &pipelined(&case, pp, Kind::Interleaved, 2, recompute),
                 &want,
             );
         }
     }
 }
 
+/// Per rank: (most forward graphs, most stage inputs) held during one step.
+fn peaks(c: &Case, pp: usize, kind: Kind, recompute: Recompute) -> Vec<(usize, usize)> {
+    let opts = options(c, pp, kind, 1, recompute);
+    local::run(pp, |comm| {
+        let mut p = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
+        p.set_optimizer(adamw)?;
+        p.step(&(c.batch)(0))?;
+        Ok((p.pipeline().peak_activations(), p.pipeline().peak_inputs()))
+    })
+    .unwrap()
+}
+
 #[test]
 fn the_executor_holds_the_activations_its_schedule_promises() {
-    let task = Adder::new(2, 0).unwrap();
-    let model = gpt(cfg()).unwrap();
     let (pp, m) = (4, 6);
     for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
-        let peaks = local::run(pp, |comm| {
-            let opts = PipelineOptions {
-                tied: tied(),
-                ..options(m, kind)
-            };
-            let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
-            let (x, y) = task.batch(0, BATCH)?;
-            p.step(&x, &y)?;
-            Ok(p.peak_activations())
-        })
-        .unwrap();
+        let got: Vec<usize> = peaks(&gpt_case(m), pp, kind, Recompute::Never)
+            .into_iter()
+            .map(|p| p.0)
+            .collect();
         let want: Vec<usize> = match kind {
             Kind::GPipe => vec![m; pp],
             _ => (0..pp).map(|s| (pp - s).min(m)).collect(),
         };
-        assert_eq!(peaks, want, "{kind}");
+        assert_eq!(got, want, "{kind}");
     }
 }
 
 #[test]
 fn bad_pipeline_configurations_are_errors() {
-    let model = gpt(cfg()).unwrap();
-    let err = |kind: Kind, chunks: usize, balance: Option<Vec<usize>>| {
+    let case = gpt_case(2);
+    let err = |opts: VarunaOptions| {
         local::run(2, |comm| {
-            let opts = PipelineOptions {
-                balance: balance.clone(),
-                seed: 0,
-                tied: tied(),
-                ..options(chunks, kind)
-            };
-            Pipeline::new(&model, &Init::cpu(0), Box::new(comm), opts, adamw).map(|_| ())
+            Varuna::new(&case.model, Box::new(comm), opts.clone()).map(|_| ())
         })
         .unwrap_err()
         .to_string()
     };
+    let base = options(&case, 2, Kind::GPipe, 1, Recompute::Never);
+    let e = err(VarunaOptions {
+        balance: Some(vec![4, 3]),
+        ..base.clone()
+    });
+    assert!(e.contains("sums to 7 but the model has 6 segments"), "{e}");
+    let e = err(VarunaOptions {
+        chunk_size: 5,
+        ..base.clone()
+    });
     assert!(
-        err(Kind::GPipe, 2, Some(vec![4, 3])).contains("sums to 7 but the model has 6 segments")
+        e.contains("global_batch_size 12 is not divisible by dp 1 x chunk_size 5"),
+        "{e}"
     );
-    assert!(err(Kind::GPipe, 0, None).contains("at least one"));
+    let e = err(VarunaOptions {
+        schedule: Kind::Interleaved,
+        virtual_stages: 2,
+        chunk_size: 12,
+        ..base
+    });
+    assert!(e.contains("micro-batches"), "{e}");
 }
 
 #[test]
 fn always_recompute_holds_only_stage_inputs() {
-    let task = Adder::new(2, 0).unwrap();
-    let model = gpt(cfg()).unwrap();
     let (pp, m) = (2, 4);
     for (recompute, graphs) in [
         (Recompute::Always, vec![0, 0]),
         (Recompute::ExceptLast, vec![1, 1]),
         (Recompute::Never, vec![4, 4]),
     ] {
-        let got = local::run(pp, |comm| {
-            let opts = PipelineOptions {
-                tied: tied(),
-                recompute,
-                ..options(m, Kind::GPipe)
-            };
-            let mut p = Pipeline::new(&model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
-            let (x, y) = task.batch(0, BATCH)?;
-            p.step(&x, &y)?;
-            Ok((p.peak_activations(), p.peak_inputs()))
-        })
-        .unwrap();
-        let (a, i): (Vec<usize>, Vec<usize>) = got.into_iter().unzip();
+        let (a, i): (Vec<usize>, Vec<usize>) = peaks(&gpt_case(m), pp, Kind::GPipe, recompute)
+            .into_iter()
+            .unzip();
         assert_eq!(a, graphs, "{recompute:?}: forward graphs held");
         assert_eq!(
             i,
@@ -274,15 +315,10 @@ fn always_recompute_holds_only_stage_inputs() {
 
 mod cnn_pipeline {
     use super::*;
-    use pipewright::nn::optim::{AdamW, AdamWConfig};
     use pipewright_models::tasks::Shapes;
     use pipewright_models::{cnn, CnnConfig};
 
-    fn model() -> pipewright::Sequential {
-        with_skip(false)
-    }
-
-    fn with_skip(long_skip: bool) -> pipewright::Sequential {
+    fn with_skip(long_skip: bool) -> Sequential {
         cnn(CnnConfig {
             in_channels: 1,
             classes: 4,
@@ -294,116 +330,33 @@ mod cnn_pipeline {
         .unwrap()
     }
 
-    /// (losses, step-0 gradients, parameters and BatchNorm statistics after 3 steps).
-    fn serial(chunks: usize, deferred: bool) -> Run {
-        serial_of(&model(), chunks, deferred)
+    fn shapes_batch(s: u64) -> Batch {
+        let (x, y) = Shapes::new(8, 0).unwrap().batch(s, BATCH).unwrap();
+        Batch::pair(x, y)
     }
 
-    fn serial_of(model: &pipewright::Sequential, chunks: usize, deferred: bool) -> Run {
-        let task = Shapes::new(8, 0).unwrap();
-        let stage = model.build(&Init::cpu(SEED)).unwrap();
-        let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
-        let mut t = SerialTrainer::new(
-            stage,
-            opt,
-            TrainOptions {
-                seed: SEED,
-                chunks,
-                clip: None,
-                schedule: LrSchedule::Constant { lr: 1e-2 },
-                tied: vec![],
-                deferred_batch_norm: deferred,
-            },
-        )
-        .unwrap();
-        // This training forward moves BatchNorm statistics, as the pipeline side's does.
-        let (x, y) = task.batch(0, BATCH).unwrap();
-        let (_, g, _) = t.loss_and_grads(&x, &y).unwrap();
-        let grads = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
-        let mut losses: Vec<f64> = (0..3)
-            .map(|s| {
-                let (x, y) = task.batch(s, BATCH).unwrap();
-                t.step(&x, &y).unwrap().loss
-            })
-            .collect();
-        losses.push(
-            t.predict(&x)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap() as f64,
-        );
-        let m = t.model();
-        let state = m
-            .params()
-            .into_iter()
-            .chain(m.buffers())
-            .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
-            .collect();
-        (losses, grads, state)
-    }
-
-    fn piped(pp: usize, chunks: usize, kind: Kind, recompute: Recompute, deferred: bool) -> Run {
-        piped_of(&model(), pp, chunks, kind, recompute, deferred, 1)
-    }
-
-    fn piped_of(
-        model: &pipewright::Sequential,
-        pp: usize,
-        chunks: usize,
-        kind: Kind,
-        recompute: Recompute,
-        deferred: bool,
-        v: usize,
-    ) -> Run {
-        let task = Shapes::new(8, 0).unwrap();
-        let per_rank = local::run(pp, |comm| {
-            let opts = PipelineOptions {
-                virtual_stages: v,
-                lr: LrSchedule::Constant { lr: 1e-2 },
-                recompute,
-                deferred_batch_norm: deferred,
-                ..options(chunks, kind)
-            };
-            let mut p = Pipeline::new(model, &Init::cpu(SEED), Box::new(comm), opts, adamw)?;
-            let (x, y) = task.batch(0, BATCH)?;
-            let (_, g) = p.loss_and_grads(&x, &y)?;
-            let grads: Vec<(String, Tensor)> =
-                g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
-            let mut losses = Vec::new();
-            for s in 0..3 {
-                let (x, y) = task.batch(s, BATCH)?;
-                losses.push(p.step(&x, &y)?.loss);
-            }
-            let state: Vec<(String, Tensor)> = p
-                .params()
-                .iter()
-                .cloned()
-                .chain(p.buffers())
-                .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
-                .collect();
-            Ok((losses, grads, state))
-        })
-        .unwrap();
-        let losses = per_rank[0].0.clone();
-        (
-            losses,
-            per_rank.iter().flat_map(|r| r.1.clone()).collect(),
-            per_rank.iter().flat_map(|r| r.2.clone()).collect(),
-        )
+    fn case(chunks: usize, deferred: bool) -> Case {
+        Case {
+            model: with_skip(false),
+            batch: shapes_batch,
+            tied: vec![],
+            clip: None,
+            chunks,
+            deferred,
+        }
     }
 
     #[test]
     fn cnn_with_batch_norm_matches_serial_training() {
         for chunks in [1, 3, 4] {
-            let want = serial(chunks, false);
+            let c = case(chunks, false);
+            let want = serial(&c);
             for pp in [1, 2, 4] {
                 for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
                     for recompute in RECOMPUTE {
                         compare(
                             &format!("cnn {kind} pp={pp} chunks={chunks} recompute {recompute:?}"),
-                            &piped(pp, chunks, kind, recompute, false),
+                            &pipelined(&c, pp, kind, 1, recompute),
                             &want,
                         );
                     }
@@ -412,12 +365,12 @@ mod cnn_pipeline {
         }
         // Interleaved, v = 2 on 2 ranks: 4 model stages of the CNN's 5 layers.
         for chunks in [2, 4] {
-            let want = serial(chunks, false);
+            let c = case(chunks, false);
+            let want = serial(&c);
             for recompute in RECOMPUTE {
-                let got = piped_of(&model(), 2, chunks, Kind::Interleaved, recompute, false, 2);
                 compare(
                     &format!("cnn interleaved v=2 chunks={chunks} {recompute:?}"),
-                    &got,
+                    &pipelined(&c, 2, Kind::Interleaved, 2, recompute),
                     &want,
                 );
             }
@@ -426,10 +379,10 @@ mod cnn_pipeline {
 
     #[test]
     fn deferred_batch_norm_commits_whole_batch_statistics() {
-        let task = Shapes::new(8, 0).unwrap();
         let stats = |chunks: usize, deferred: bool| {
-            let stage = model().build(&Init::cpu(SEED)).unwrap();
-            let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
+            let c = case(chunks, deferred);
+            let stage = c.model.build(&Build::cpu(SEED)).unwrap();
+            let opt = adamw(stage.params()).unwrap();
             let t = SerialTrainer::new(
                 stage,
                 opt,
@@ -440,11 +393,11 @@ mod cnn_pipeline {
                     schedule: LrSchedule::Constant { lr: 1e-2 },
                     tied: vec![],
                     deferred_batch_norm: deferred,
+                    loss: Arc::new(CrossEntropy::default()),
                 },
             )
             .unwrap();
-            let (x, y) = task.batch(0, BATCH).unwrap();
-            t.loss_and_grads(&x, &y).unwrap();
+            t.loss_and_grads(&shapes_batch(0)).unwrap();
             t.model()
                 .buffers()
                 .into_iter()
@@ -472,28 +425,30 @@ mod cnn_pipeline {
             "without deferral, statistics are per micro-batch and differ"
         );
         // The pipeline commits the same statistics as the serial trainer.
-        let want = serial(4, true);
+        let c = case(4, true);
         compare(
             "cnn deferred batch norm pp=2",
-            &piped(2, 4, Kind::GPipe, Recompute::Never, true),
-            &want,
+            &pipelined(&c, 2, Kind::GPipe, 1, Recompute::Never),
+            &serial(&c),
         );
     }
 
     #[test]
     fn a_skip_connection_jumps_over_whole_stages() {
-        let model = with_skip(true);
-        let skips = model.skips().unwrap();
-        assert_eq!(skips.len(), 1);
+        let c = Case {
+            model: with_skip(true),
+            ..case(3, false)
+        };
+        assert_eq!(c.model.skips().unwrap().len(), 1);
         // 5 layers on 4 stages: [stem, blocks.0], [blocks.1], [blocks.2], [head]: the skip
         // leaves stage 0 and lands on stage 3, past two whole stages.
-        let want = serial_of(&model, 3, false);
+        let want = serial(&c);
         for (kind, recompute) in [
             (Kind::GPipe, Recompute::Never),
             (Kind::OneFOneB, Recompute::Never),
             (Kind::OneFOneB, Recompute::Always),
         ] {
-            let got = piped_of(&model, 4, 3, kind, recompute, false, 1);
+            let got = pipelined(&c, 4, kind, 1, recompute);
             compare(&format!("cnn long skip {kind} {recompute:?}"), &got, &want);
         }
         assert!(want.2.contains_key("head.skip.weight"));
@@ -502,7 +457,7 @@ mod cnn_pipeline {
 
 mod skip_misuse {
     use super::*;
-    use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+    use pipewright::model::{Activation, Cx, Layer, LayerSpec};
 
     /// A layer that stashes or pops a name (or does nothing), passing its input on.
     struct Probe {
@@ -585,12 +540,9 @@ mod skip_misuse {
             .cut()
             .push(spec(1, None, None));
         let e = local::run(2, |comm| {
-            let opts = PipelineOptions {
-                seed: 0,
-                ..options(1, Kind::GPipe)
-            };
-            let p = Pipeline::new(&undeclared, &Init::cpu(0), Box::new(comm), opts, adamw)?;
-            p.predict(&x).map(|_| ())
+            let opts = VarunaOptions::new(Layout::new(2, 1, 1)?, 2, 2);
+            let p = Varuna::new(&undeclared, Box::new(comm), opts)?;
+            p.predict(&Batch::input(x.clone())).map(|_| ())
         })
         .unwrap_err()
         .to_string();
@@ -605,7 +557,7 @@ mod skip_misuse {
 
 #[test]
 fn an_activation_without_the_batch_on_dim_0_is_refused_at_the_cut() {
-    use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+    use pipewright::model::{Activation, Cx, Layer, LayerSpec};
     struct Transpose;
     impl Layer for Transpose {
         fn name(&self) -> &str {
@@ -628,12 +580,9 @@ fn an_activation_without_the_batch_on_dim_0_is_refused_at_the_cut() {
     }));
     let x = Tensor::zeros((4, 3), candle_core::DType::F32, &candle_core::Device::Cpu).unwrap();
     let e = local::run(2, |comm| {
-        let opts = PipelineOptions {
-            seed: 0,
-            ..options(1, Kind::GPipe)
-        };
-        Pipeline::new(&m, &Init::cpu(0), Box::new(comm), opts, adamw)?
-            .evaluate(&x)
+        let opts = VarunaOptions::new(Layout::new(2, 1, 1)?, 4, 4);
+        Varuna::new(&m, Box::new(comm), opts)?
+            .predict(&Batch::input(x.clone()))
             .map(|_| ())
     })
     .unwrap_err()

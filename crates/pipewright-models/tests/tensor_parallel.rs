@@ -7,13 +7,14 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use pipewright::comm::{local, Communicator, Pending, ReduceOp};
+use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::nn::{max_rel_diff, Init};
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::shard::{
     collect_state_dict, load_state_dict, part, relocate_state_dict, state_dict, Shard, TpGroup,
 };
 use pipewright::Error;
+use pipewright::{Batch, Build};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TIED};
 
@@ -31,7 +32,7 @@ fn cfg() -> GptConfig {
     }
 }
 
-fn trainer(init: &Init, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
+fn trainer(init: &Build, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
     let stage = gpt(cfg)?.build(init)?;
     let opt: Box<dyn Optimizer> = Box::new(AdamW::new(stage.params(), AdamWConfig::default())?);
     SerialTrainer::new(
@@ -48,6 +49,7 @@ fn trainer(init: &Init, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
+            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
         },
     )
 }
@@ -66,13 +68,13 @@ struct Run {
 fn run(t: &mut SerialTrainer) -> pipewright::Result<Run> {
     let task = Adder::new(2, 0)?;
     let (x, y) = task.batch(0, BATCH)?;
-    let logits = t.predict(&x)?;
-    let (loss, g, _) = t.loss_and_grads(&x, &y)?;
+    let logits = t.predict(&Batch::input(x.clone()))?;
+    let (loss, g, _) = t.loss_and_grads(&Batch::pair(x.clone(), y.clone()))?;
     let grads = g.iter().map(|(n, g)| (n.clone(), g.clone())).collect();
     let mut steps = Vec::new();
     for s in 0..3 {
         let (x, y) = task.batch(s, BATCH)?;
-        let r = t.step(&x, &y)?;
+        let r = t.step(&Batch::pair(x.clone(), y.clone()))?;
         steps.push((r.loss, r.grad_norm));
     }
     let params = t
@@ -132,10 +134,10 @@ fn compare(tp: usize, rank: usize, got: &Run, want: &Run) {
 
 #[test]
 fn gpt_tensor_parallel_matches_serial() {
-    let want = run(&mut trainer(&Init::cpu(SEED), cfg()).unwrap()).unwrap();
+    let want = run(&mut trainer(&Build::cpu(SEED), cfg()).unwrap()).unwrap();
     for tp in [1, 2, 4] {
         let runs = local::run(tp, |comm| {
-            let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+            let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
             run(&mut trainer(&init, cfg())?)
         })
         .unwrap();
@@ -247,9 +249,9 @@ fn the_loss_never_gathers_the_vocabulary() {
             inner: Box::new(comm),
             largest: largest.clone(),
         };
-        let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(rec)));
+        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(rec)));
         let t = trainer(&init, cfg())?;
-        t.loss_and_grads(&x, &y)?;
+        t.loss_and_grads(&Batch::pair(x.clone(), y.clone()))?;
         Ok(largest.load(Ordering::SeqCst))
     })
     .unwrap();
@@ -265,7 +267,7 @@ fn the_loss_never_gathers_the_vocabulary() {
 
 #[test]
 fn state_dicts_collect_and_relocate_exactly() {
-    let serial = gpt(cfg()).unwrap().build(&Init::cpu(SEED)).unwrap();
+    let serial = gpt(cfg()).unwrap().build(&Build::cpu(SEED)).unwrap();
     // Not the initial values: a state that only a real round trip reproduces.
     let whole: Vec<(String, Tensor)> = state_dict(&serial)
         .into_iter()
@@ -273,7 +275,7 @@ fn state_dicts_collect_and_relocate_exactly() {
         .collect();
     for tp in [1, 2, 4] {
         let back = local::run(tp, |comm| {
-            let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+            let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
             let model = gpt(cfg())?.build(&init)?;
             // The initial shards are the serial initial values cut.
             let mine = relocate_state_dict(&model, &state_dict(&serial))?;
@@ -301,7 +303,7 @@ fn state_dicts_collect_and_relocate_exactly() {
     }
     // Collected at tp=4, relocated into tp=2: the model at tp=2 holds the same whole state.
     let at4 = local::run(4, |comm| {
-        let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
         let model = gpt(cfg())?.build(&init)?;
         load_state_dict(&model, &relocate_state_dict(&model, &whole)?)?;
         collect_state_dict(&model, &state_dict(&model))
@@ -309,7 +311,7 @@ fn state_dicts_collect_and_relocate_exactly() {
     .unwrap()
     .swap_remove(0);
     let at2 = local::run(2, |comm| {
-        let init = Init::cpu(SEED + 1).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED + 1).with_tp(TpGroup::new(Box::new(comm)));
         let model = gpt(cfg())?.build(&init)?;
         load_state_dict(&model, &relocate_state_dict(&model, &at4)?)?;
         collect_state_dict(&model, &state_dict(&model))
@@ -326,7 +328,7 @@ fn state_dicts_collect_and_relocate_exactly() {
 fn bad_splits_and_shapes_are_clear_errors() {
     // 4 heads over 8 ranks? n_embd 16 has 4 heads; vocabulary 10 over 4 ranks.
     let errs = local::run(4, |comm| {
-        let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
         let heads = gpt(GptConfig {
             n_head: 2,
             n_embd: 16,
@@ -344,7 +346,7 @@ fn bad_splits_and_shapes_are_clear_errors() {
         .map(|e| e.to_string());
         // A whole state loaded without relocating: shard shapes do not fit.
         let model = gpt(cfg())?.build(&init)?;
-        let whole = gpt(cfg())?.build(&Init::cpu(SEED))?;
+        let whole = gpt(cfg())?.build(&Build::cpu(SEED))?;
         let load = load_state_dict(&model, &state_dict(&whole)).err();
         let relocate_shard = relocate_state_dict(&model, &state_dict(&model)).err();
         Ok((heads, vocab, load, relocate_shard))

@@ -5,8 +5,8 @@
 use candle_core::{DType, Tensor};
 use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::nn::Init;
 use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::{Batch, Build};
 use pipewright_models::tasks::{Adder, Shapes};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TIED};
 
@@ -22,7 +22,7 @@ fn cfg(dropout: f64) -> GptConfig {
 }
 
 fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
-    let stage = gpt(c).unwrap().build(&Init::cpu(seed)).unwrap();
+    let stage = gpt(c).unwrap().build(&Build::cpu(seed)).unwrap();
     let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
     SerialTrainer::new(
         stage,
@@ -34,6 +34,7 @@ fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
             schedule: LrSchedule::Constant { lr: 3e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
+            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
         },
     )
     .unwrap()
@@ -54,8 +55,8 @@ fn any_layer_range_builds_the_weights_of_the_whole_model() {
     let model = gpt(cfg(0.0)).unwrap();
     assert_eq!(model.len(), 6);
     assert_eq!(model.cut_points(), &[1, 2, 3, 4]);
-    let whole = model.build(&Init::cpu(5)).unwrap();
-    let part = model.build_range(2..5, &Init::cpu(5)).unwrap();
+    let whole = model.build(&Build::cpu(5)).unwrap();
+    let part = model.build_range(2..5, &Build::cpu(5)).unwrap();
     let names: Vec<String> = part.params().into_iter().map(|(n, _)| n).collect();
     assert!(names
         .iter()
@@ -67,8 +68,8 @@ fn any_layer_range_builds_the_weights_of_the_whole_model() {
             "`{n}`"
         );
     }
-    assert!(model.build_range(3..3, &Init::cpu(5)).is_err());
-    assert!(model.build_range(4..9, &Init::cpu(5)).is_err());
+    assert!(model.build_range(3..3, &Build::cpu(5)).is_err());
+    assert!(model.build_range(4..9, &Build::cpu(5)).is_err());
 }
 
 #[test]
@@ -83,7 +84,7 @@ fn tied_weights_start_and_stay_equal() {
     let before = bits(t.model().param(TIED.0).unwrap().as_tensor());
     for step in 0..5 {
         let (x, y) = task.batch(step, 16).unwrap();
-        t.step(&x, &y).unwrap();
+        t.step(&Batch::pair(x.clone(), y.clone())).unwrap();
     }
     let m = t.model();
     let a = bits(m.param(TIED.0).unwrap().as_tensor());
@@ -103,7 +104,10 @@ fn same_seed_gives_bit_identical_losses() {
         (0..4)
             .map(|s| {
                 let (x, y) = task.batch(s, 8).unwrap();
-                t.step(&x, &y).unwrap().loss.to_bits()
+                t.step(&Batch::pair(x.clone(), y.clone()))
+                    .unwrap()
+                    .loss
+                    .to_bits()
             })
             .collect()
     };
@@ -116,8 +120,12 @@ fn accumulation_over_chunks_is_one_batch() {
     // Gradients: equal for every parameter (13 rows: chunks of 4, 4, 4, 1).
     let task = Adder::new(2, 3).unwrap();
     let (x, y) = task.batch(0, 13).unwrap();
-    let (l1, g1, _) = trainer(cfg(0.0), 4, 1).loss_and_grads(&x, &y).unwrap();
-    let (l4, g4, _) = trainer(cfg(0.0), 4, 4).loss_and_grads(&x, &y).unwrap();
+    let (l1, g1, _) = trainer(cfg(0.0), 4, 1)
+        .loss_and_grads(&Batch::pair(x.clone(), y.clone()))
+        .unwrap();
+    let (l4, g4, _) = trainer(cfg(0.0), 4, 4)
+        .loss_and_grads(&Batch::pair(x.clone(), y.clone()))
+        .unwrap();
     assert!(((l1 - l4) / l1).abs() < 1e-6, "loss {l1} vs {l4}");
     assert_eq!(g1.len(), g4.len());
     for (n, g) in g1.iter() {
@@ -128,7 +136,7 @@ fn accumulation_over_chunks_is_one_batch() {
     // would amplify float noise in gradients that are zero in exact arithmetic, such as the
     // key bias of attention, to full-size steps.)
     let sgd = |chunks: usize| {
-        let stage = gpt(cfg(0.0)).unwrap().build(&Init::cpu(4)).unwrap();
+        let stage = gpt(cfg(0.0)).unwrap().build(&Build::cpu(4)).unwrap();
         let opt = pipewright::nn::optim::Sgd::new(
             stage.params(),
             pipewright::nn::optim::SgdConfig {
@@ -147,12 +155,13 @@ fn accumulation_over_chunks_is_one_batch() {
                 schedule: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![(TIED.0.into(), TIED.1.into())],
                 deferred_batch_norm: false,
+                loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
             },
         )
         .unwrap();
         for s in 0..3 {
             let (x, y) = task.batch(s, 13).unwrap();
-            t.step(&x, &y).unwrap();
+            t.step(&Batch::pair(x.clone(), y.clone())).unwrap();
         }
         t
     };
@@ -175,7 +184,7 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
         long_skip: false,
     };
     let model = cnn(c).unwrap();
-    let stage = model.build(&Init::cpu(0)).unwrap();
+    let stage = model.build(&Build::cpu(0)).unwrap();
     assert!(stage
         .buffers()
         .iter()
@@ -192,14 +201,15 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
             schedule: LrSchedule::Constant { lr: 1e-2 },
             tied: vec![],
             deferred_batch_norm: false,
+            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
         },
     )
     .unwrap();
     let (x, y) = task.batch(0, 16).unwrap();
-    let first = t.step(&x, &y).unwrap().loss;
+    let first = t.step(&Batch::pair(x.clone(), y.clone())).unwrap().loss;
     let mut last = first;
     for s in 0..15 {
-        last = t.step(&x, &y).unwrap().loss;
+        last = t.step(&Batch::pair(x.clone(), y.clone())).unwrap().loss;
         assert!(last.is_finite(), "step {s}");
     }
     assert!(
@@ -213,7 +223,10 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
         .sum_all()
         .unwrap();
     assert!(moved.to_scalar::<f32>().unwrap() > 0.0);
-    assert_eq!(t.predict(&x).unwrap().dims(), &[16, 4]);
+    assert_eq!(
+        t.predict(&Batch::input(x.clone())).unwrap().dims(),
+        &[16, 4]
+    );
 }
 
 #[test]
@@ -225,7 +238,7 @@ fn bad_configurations_are_errors() {
     c = cfg(0.0);
     c.n_layer = 0;
     assert!(gpt(c).is_err());
-    let stage = gpt(cfg(0.0)).unwrap().build(&Init::cpu(0)).unwrap();
+    let stage = gpt(cfg(0.0)).unwrap().build(&Build::cpu(0)).unwrap();
     let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
     let e = SerialTrainer::new(
         stage,
@@ -237,6 +250,7 @@ fn bad_configurations_are_errors() {
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![("wte.weight".into(), "nope.weight".into())],
             deferred_batch_norm: false,
+            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
         },
     )
     .err()
@@ -246,7 +260,10 @@ fn bad_configurations_are_errors() {
     // A sequence longer than block_size names the layer and the flag.
     let t = trainer(cfg(0.0), 0, 1);
     let long = Tensor::zeros((1, 7), DType::U32, &candle_core::Device::Cpu).unwrap();
-    let e = t.predict(&long).unwrap_err().to_string();
+    let e = t
+        .predict(&Batch::input(long.clone()))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("embed") && e.contains("--block-size"), "{e}");
 }
 
@@ -255,7 +272,9 @@ fn gradient_norm_counts_a_tied_pair_once() {
     let task = Adder::new(2, 0).unwrap();
     let t = trainer(cfg(0.0), 2, 1);
     let (x, y) = task.batch(0, 8).unwrap();
-    let (_, mut g, _) = t.loss_and_grads(&x, &y).unwrap();
+    let (_, mut g, _) = t
+        .loss_and_grads(&Batch::pair(x.clone(), y.clone()))
+        .unwrap();
     let want: f64 = g
         .iter()
         .filter(|(n, _)| n.as_str() != TIED.1)

@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::batch::Batch;
 use crate::comm::{Communicator, ReduceOp};
 use crate::nn::Grads;
 use crate::{invalid, Result};
@@ -69,17 +70,17 @@ pub fn all_reduce_grads(
     Ok(buckets.len())
 }
 
-/// Rows `rank * n/size ..` of `t` (dim 0): replica `rank`'s part of a global batch. The rows
-/// must divide evenly.
-pub fn shard_batch(t: &Tensor, rank: usize, size: usize) -> Result<Tensor> {
-    let rows = t.dims().first().copied().unwrap_or(0);
+/// Rows `rank * n/size ..` of every tensor of `batch`: replica `rank`'s part of a global
+/// batch. The rows must divide evenly.
+pub fn shard_batch(batch: &Batch, rank: usize, size: usize) -> Result<Batch> {
+    let rows = batch.rows()?;
     if size == 0 || !rows.is_multiple_of(size) {
         return Err(invalid!(
             "a global batch of {rows} rows does not split evenly over {size} data-parallel replicas"
         ));
     }
     let per = rows / size;
-    Ok(t.narrow(0, rank * per, per)?)
+    batch.narrow(rank * per, per)
 }
 
 /// pystematic's data loader for data parallelism: each replica gets its own rows of every
@@ -95,8 +96,9 @@ pub struct DistributedLoader<F> {
 
 impl<F> DistributedLoader<F>
 where
-    F: Fn(u64, usize) -> Result<(Tensor, Tensor)>,
+    F: Fn(u64, usize) -> Result<Batch>,
 {
+    /// A loader of global batches of `global_batch` rows for replica `rank` of `size`.
     pub fn new(
         batch_fn: F,
         global_batch: usize,
@@ -118,12 +120,9 @@ where
         })
     }
 
-    /// This replica's inputs and targets of global batch `step`.
-    pub fn batch(&self, step: u64) -> Result<(Tensor, Tensor)> {
-        let (x, y) = (self.batch_fn)(step, self.global_batch)?;
-        Ok((
-            shard_batch(&x, self.rank, self.size)?.to_device(&self.device)?,
-            shard_batch(&y, self.rank, self.size)?.to_device(&self.device)?,
-        ))
+    /// This replica's rows of global batch `step`, on the loader's device.
+    pub fn batch(&self, step: u64) -> Result<Batch> {
+        let b = (self.batch_fn)(step, self.global_batch)?;
+        shard_batch(&b, self.rank, self.size)?.to_device(&self.device)
     }
 }

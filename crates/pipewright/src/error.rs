@@ -27,7 +27,7 @@ pub enum Error {
     },
 
     /// The loss stopped being a finite number.
-    #[error("loss is {loss} at step {step}: lower the learning rate, enable gradient clipping (--clip) or check the data")]
+    #[error("loss is {loss} at step {step}: lower the learning rate, enable gradient clipping or check the data")]
     NonFiniteLoss { step: u64, loss: f64 },
 
     /// A communication between ranks failed; the message names the ranks involved.

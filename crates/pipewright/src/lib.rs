@@ -1,12 +1,18 @@
 //! pipewright: pipeline, tensor and data parallel training on candle.
 //!
 //! The public API in one screen:
-//! - [`model`]: [`Layer`], [`LayerSpec`], [`Sequential`] (layer specs with cut points), [`Stage`]
-//!   (a built range of layers), [`Activation`], [`Cx`] (mode, recompute flag, skip stash).
-//! - [`nn`]: differentiable layers (Linear, Embedding, LayerNorm, GELU, causal attention,
-//!   dropout, Conv2d, BatchNorm2d, cross-entropy), [`nn::Init`] (name-keyed seeded init),
+//! - [`model`]: [`Layer`], [`LayerSpec`], [`Sequential`] (layer specs with cut points and the
+//!   inputs they take), [`Build`] (what a builder gets), [`Stage`] (a built range of layers),
+//!   [`Activation`] (a tensor or a tuple), [`Cx`] (mode, recompute flag, skip stash).
+//! - [`batch`]: [`Batch`], named tensors split into micro-batches.
+//! - [`loss`]: the [`Loss`] trait (a sum and the count it averages over), [`loss::CrossEntropy`]
+//!   (vocabulary-parallel when the output is split) and [`loss::Mse`].
+//! - [`device`]: a [`candle_core::Device`] by name, with a clear error when it is missing.
+//! - [`nn`]: local math: differentiable layers (Linear, Embedding, LayerNorm, GELU, dropout,
+//!   Conv2d, BatchNorm2d, cross-entropy), [`nn::Init`] (name-keyed seeded init),
 //!   [`nn::Grads`], and [`nn::optim`] (SGD, AdamW, schedules, clipping) with saveable state.
-//! - [`pipeline::microbatch`]: splitting batches into micro-batches.
+//! - [`pipeline`]: partitions, schedules as data, and the executor of one rank's actions
+//!   ([`pipeline::Pipeline`]: one batch's loss and gradients, no optimizer).
 //! - [`serial`]: [`serial::SerialTrainer`], single-device training, the oracle of every layout.
 //! - [`experiment`]: run directory, [`experiment::Recorder`] (TensorBoard + CSV).
 //! - [`topology`]: [`topology::Layout`] `{pp, tp, dp}`, [`topology::Topology`] (Varuna's
@@ -14,17 +20,22 @@
 //! - [`comm`]: the [`comm::Communicator`] trait (send/recv, all_reduce, all_gather,
 //!   reduce_scatter, broadcast, barrier, sub-groups) and [`comm::local`] (ranks as threads).
 //! - [`shard`]: tensor parallelism (TorchShard): `slice`, [`shard::ParallelLinear`],
-//!   [`shard::ParallelEmbedding`], vocabulary-parallel cross-entropy, collectives as autograd
+//!   [`shard::ParallelEmbedding`], [`shard::CausalSelfAttention`] (heads split),
+//!   vocabulary-parallel cross-entropy, collectives as autograd
 //!   ops, parallel-dim metadata, `collect_state_dict` / `relocate_state_dict`.
-//! - [`varuna`]: [`varuna::Varuna`], the one step over any pp x tp x dp layout, with
+//! - [`varuna`]: [`varuna::Varuna`], the one training step of the library, over any
+//!   pp x tp x dp layout (1 x 1 x 1 included), on any device, with
 //!   [`data_parallel`] (bucketed gradient sums, the distributed loader) and [`precision`]
 //!   (bf16/f16 with f32 masters, dynamic loss scaling).
 //! - [`Error`] / [`Result`]: every fallible call.
 
+pub mod batch;
 pub mod comm;
 pub mod data_parallel;
+pub mod device;
 pub mod error;
 pub mod experiment;
+pub mod loss;
 pub mod model;
 pub mod nn;
 pub mod pipeline;
@@ -34,6 +45,8 @@ pub mod shard;
 pub mod topology;
 pub mod varuna;
 
+pub use batch::Batch;
 pub use candle_core;
 pub use error::{Error, Result};
-pub use model::{Activation, Cx, Layer, LayerSpec, Mode, Sequential, Stage};
+pub use loss::Loss;
+pub use model::{Activation, Build, Cx, Layer, LayerSpec, Mode, Sequential, Stage};

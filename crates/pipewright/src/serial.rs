@@ -6,22 +6,23 @@
 //! Tied parameter pairs have their gradients summed and both members updated with the sum, so
 //! they start and stay equal.
 //!
-//! A model built with a tensor-parallel group ([`crate::nn::Init::with_tp`]) trains here too,
+//! A model built with a tensor-parallel group ([`crate::model::Build::with_tp`]) trains here too,
 //! one trainer per rank of the group: the loss is vocabulary-parallel when the logits are
 //! split, and the gradient norm counts every sharded parameter once over the group.
 
 use candle_core::{DType, Tensor, Var};
 
+use crate::batch::Batch;
 use crate::comm::ReduceOp;
+use crate::loss::SharedLoss;
 use crate::model::{Activation, Cx, Mode, Stage};
 use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
-use crate::nn::{Grads, IGNORE_INDEX};
-use crate::pipeline::microbatch;
-use crate::shard::{loss_sum, TpGroup};
+use crate::nn::{sum_sq_share, Grads};
+use crate::shard::whole_output;
 use crate::{invalid, Error, Result};
 
 /// Options of a [`SerialTrainer`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TrainOptions {
     pub seed: u64,
     pub chunks: usize,
@@ -31,6 +32,8 @@ pub struct TrainOptions {
     pub tied: Vec<(String, String)>,
     /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
     pub deferred_batch_norm: bool,
+    /// The objective (see [`crate::loss`]).
+    pub loss: SharedLoss,
 }
 
 /// What one optimizer step did.
@@ -42,25 +45,6 @@ pub struct StepReport {
     pub lr: f64,
     /// Counted targets (tokens or samples) in the batch.
     pub targets: usize,
-}
-
-/// Anything that trains a model step by step: the serial trainer, or one rank of a pipeline.
-/// Every rank of a parallel run calls these with the same batch.
-pub trait Trainer {
-    /// One optimizer step on a batch.
-    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport>;
-    /// Evaluation-mode logits of the whole model, on every rank.
-    fn predict(&self, inputs: &Tensor) -> Result<Tensor>;
-}
-
-impl Trainer for SerialTrainer {
-    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
-        SerialTrainer::step(self, inputs, targets)
-    }
-
-    fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
-        SerialTrainer::predict(self, inputs)
-    }
 }
 
 /// Trains a built model on one device.
@@ -78,7 +62,7 @@ impl SerialTrainer {
     pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
         opts.schedule.validate()?;
         if opts.chunks == 0 {
-            return Err(invalid!("--chunks must be at least 1"));
+            return Err(invalid!("chunks must be at least 1"));
         }
         let params = model.params();
         for (a, b) in &opts.tied {
@@ -124,16 +108,21 @@ impl SerialTrainer {
     }
 
     /// Loss of the whole batch and the gradient of every parameter (tied pairs summed), without
-    /// stepping the optimizer.
-    pub fn loss_and_grads(&self, inputs: &Tensor, targets: &Tensor) -> Result<(f64, Grads, usize)> {
-        let (total, xs, ys) = split_batch(inputs, targets, self.opts.chunks)?;
+    /// stepping the optimizer; also the count the loss averages over.
+    pub fn loss_and_grads(&self, batch: &Batch) -> Result<(f64, Grads, usize)> {
+        let total = self.opts.loss.count(batch)?;
+        if total == 0 {
+            return Err(invalid!(
+                "the batch has no counted target: every target is ignored"
+            ));
+        }
         let mut grads = Grads::new();
         let mut loss = 0.0;
-        for (i, (x, y)) in xs.into_iter().zip(ys).enumerate() {
+        for (i, mb) in batch.split(self.opts.chunks)?.into_iter().enumerate() {
             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
             cx.defer_batch_stats = self.opts.deferred_batch_norm;
-            let out = self.forward_cx(x, &mut cx)?;
-            let (sum, _) = loss_sum(&out, &y, &cx, self.model.tp())?;
+            let out = self.forward_cx(&mb, &mut cx)?;
+            let (sum, _) = self.opts.loss.sum(&out, &mb, &cx, self.model.tp())?;
             let l = (sum / total as f64)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let store = l.backward()?;
@@ -153,8 +142,8 @@ impl SerialTrainer {
     }
 
     /// One optimizer step on a batch.
-    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
-        let (loss, mut grads, total) = self.loss_and_grads(inputs, targets)?;
+    pub fn step(&mut self, batch: &Batch) -> Result<StepReport> {
+        let (loss, mut grads, total) = self.loss_and_grads(batch)?;
         if !loss.is_finite() {
             return Err(Error::NonFiniteLoss {
                 step: self.step,
@@ -184,22 +173,39 @@ impl SerialTrainer {
         Ok(report)
     }
 
-    /// Evaluation-mode forward (no dropout, running statistics); split logits are gathered.
-    pub fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
+    /// Evaluation-mode output of the whole model for `batch`'s inputs (no dropout, running
+    /// statistics); split logits are gathered.
+    pub fn predict(&self, batch: &Batch) -> Result<Tensor> {
         let mut cx = Cx::eval();
-        let out = self.forward_cx(inputs.clone(), &mut cx)?;
-        whole_output(&out, &cx, self.model.tp())
+        let out = self.forward_cx(batch, &mut cx)?;
+        whole_output(&out.into_tensor("model output")?, &cx, self.model.tp())
     }
 
-    fn forward_cx(&self, x: Tensor, cx: &mut Cx) -> Result<Tensor> {
-        let out = self.model.forward(Activation::Tensor(x), cx)?;
+    /// Evaluation-mode mean loss of `batch` (one pass, no micro-batches) and the whole output.
+    pub fn evaluate(&self, batch: &Batch) -> Result<(f64, Tensor)> {
+        let mut cx = Cx::eval();
+        let out = self.forward_cx(batch, &mut cx)?;
+        let (sum, count) = self.opts.loss.sum(&out, batch, &cx, self.model.tp())?;
+        if count == 0 {
+            return Err(invalid!(
+                "the batch has no counted target: every target is ignored"
+            ));
+        }
+        let loss = sum.to_dtype(DType::F64)?.to_scalar::<f64>()? / count as f64;
+        let out = whole_output(&out.into_tensor("model output")?, &cx, self.model.tp())?;
+        Ok((loss, out))
+    }
+
+    fn forward_cx(&self, batch: &Batch, cx: &mut Cx) -> Result<Activation> {
+        let x = Activation::from_batch(batch, self.model.input_names(), "the model")?;
+        let out = self.model.forward(x, cx)?;
         let left = cx.stashed();
         if !left.is_empty() {
             return Err(invalid!(
                 "skip connections {left:?} were stashed but never popped"
             ));
         }
-        out.into_tensor("model output")
+        Ok(out)
     }
 }
 
@@ -218,67 +224,4 @@ fn find<'a>(params: &'a [(String, Var)], name: &str) -> Result<&'a Var> {
         .iter()
         .find_map(|(n, v)| (n == name).then_some(v))
         .ok_or_else(|| invalid!("tied parameter `{name}` is not a parameter of the model"))
-}
-
-/// This rank's share of the squared gradient norm of a model split over a tensor-parallel
-/// group, so that the sum over the group is the norm of the whole model: sharded parameters
-/// count on every rank (each holds its part), whole ones on rank 0 only, and the second member
-/// of each tied pair nowhere.
-pub fn sum_sq_share(
-    grads: &Grads,
-    tied: &[(String, String)],
-    sharded: &[String],
-    tp_rank: usize,
-) -> Result<f64> {
-    let mut sq = 0.0;
-    for (name, g) in grads.iter() {
-        let second = tied.iter().any(|(_, b)| b == name);
-        if second || (tp_rank != 0 && !sharded.contains(name)) {
-            continue;
-        }
-        sq += g
-            .to_dtype(DType::F64)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f64>()?;
-    }
-    Ok(sq)
-}
-
-/// The whole model output: logits split over the tensor-parallel group (as the [`Cx`] of their
-/// forward marks them) are gathered, for prediction.
-pub fn whole_output(out: &Tensor, cx: &Cx, tp: &TpGroup) -> Result<Tensor> {
-    match cx.parallel_dim(out) {
-        Some(d) if tp.size() > 1 => {
-            let axis = crate::shard::normalize_dim(d, out.rank())?;
-            Ok(Tensor::cat(&tp.all_gather(&out.contiguous()?)?, axis)?)
-        }
-        _ => Ok(out.clone()),
-    }
-}
-
-/// The batch's count of counted targets and its micro-batches of inputs and targets; a batch
-/// with no counted target is an error.
-pub fn split_batch(
-    inputs: &Tensor,
-    targets: &Tensor,
-    chunks: usize,
-) -> Result<(usize, Vec<Tensor>, Vec<Tensor>)> {
-    let total = count_targets(targets)?;
-    if total == 0 {
-        return Err(invalid!(
-            "the batch has no counted target: every target is ignored"
-        ));
-    }
-    Ok((
-        total,
-        microbatch::split(inputs, chunks)?,
-        microbatch::split(targets, chunks)?,
-    ))
-}
-
-/// Number of targets that are not [`IGNORE_INDEX`].
-pub fn count_targets(targets: &Tensor) -> Result<usize> {
-    let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
-    Ok(t.iter().filter(|&&v| v != IGNORE_INDEX).count())
 }

@@ -8,6 +8,7 @@ use pipewright::data_parallel::{
 };
 use pipewright::nn::init::{normal_vec, rng_for};
 use pipewright::nn::Grads;
+use pipewright::Batch;
 
 fn grads(rank: usize) -> Grads {
     let mut g = Grads::new();
@@ -71,10 +72,10 @@ fn bucketed_sums_equal_per_parameter_sums() {
 
 #[test]
 fn each_replica_gets_its_rows_of_the_same_global_batch() {
-    let global = |step: u64, rows: usize| -> pipewright::Result<(Tensor, Tensor)> {
+    let global = |step: u64, rows: usize| -> pipewright::Result<Batch> {
         let x: Vec<u32> = (0..rows as u32).map(|r| r + 100 * step as u32).collect();
         let y: Vec<i64> = x.iter().map(|v| *v as i64).collect();
-        Ok((
+        Ok(Batch::pair(
             Tensor::from_vec(x, rows, &Device::Cpu)?,
             Tensor::from_vec(y, rows, &Device::Cpu)?,
         ))
@@ -82,10 +83,16 @@ fn each_replica_gets_its_rows_of_the_same_global_batch() {
     let mut seen = Vec::new();
     for rank in 0..4 {
         let l = DistributedLoader::new(global, 8, rank, 4, Device::Cpu).unwrap();
-        let (x, y) = l.batch(3).unwrap();
+        let b = l.batch(3).unwrap();
+        let (x, y) = (b.get("inputs").unwrap(), b.get("targets").unwrap());
         assert_eq!(
             x.to_vec1::<u32>().unwrap(),
-            l.batch(3).unwrap().0.to_vec1::<u32>().unwrap(),
+            l.batch(3)
+                .unwrap()
+                .get("inputs")
+                .unwrap()
+                .to_vec1::<u32>()
+                .unwrap(),
             "deterministic"
         );
         assert_eq!(y.dims(), [2]);
@@ -104,10 +111,9 @@ fn each_replica_gets_its_rows_of_the_same_global_batch() {
         err.contains("global batch of 6 does not split evenly over 4"),
         "{err}"
     );
-    assert!(shard_batch(
-        &Tensor::zeros(5, candle_core::DType::F32, &Device::Cpu).unwrap(),
-        0,
-        2
-    )
-    .is_err());
+    let odd = Batch::new().with(
+        "x",
+        Tensor::zeros(5, candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
+    assert!(shard_batch(&odd, 0, 2).is_err());
 }

@@ -8,9 +8,10 @@ use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Cx, Mode};
 use pipewright::nn::init::{normal_vec, rng_for};
 use pipewright::nn::{
-    cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, CausalSelfAttention,
-    Conv2d, Dropout, Embedding, Init, LayerNorm, Linear, Module,
+    cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, Conv2d, Dropout, Embedding,
+    Init, LayerNorm, Linear, Module,
 };
+use pipewright::shard::{CausalSelfAttention, TpGroup};
 use pipewright::Result;
 use rand::Rng;
 
@@ -147,7 +148,7 @@ fn gelu_is_gpt2_tanh_form() {
 #[test]
 fn causal_self_attention() {
     let x = var("x", &[2, 5, 8]);
-    let a = CausalSelfAttention::new(&init(), "attn", 8, 2, 0.0, 0.3).unwrap();
+    let a = CausalSelfAttention::new(&init(), &TpGroup::single(), "attn", 8, 2, 0.0, 0.3).unwrap();
     check("attention", &with_input(&x, a.params()), || {
         a.forward(&x, &mut Cx::new(Mode::Train, 0, 0, 0))
     });
@@ -156,7 +157,7 @@ fn causal_self_attention() {
 #[test]
 fn attention_is_causal() {
     // Changing a later token must not change earlier outputs.
-    let a = CausalSelfAttention::new(&init(), "attn", 8, 2, 0.0, 0.3).unwrap();
+    let a = CausalSelfAttention::new(&init(), &TpGroup::single(), "attn", 8, 2, 0.0, 0.3).unwrap();
     let mut cx = Cx::eval();
     let x = randn("x", &[1, 5, 8]);
     let y1 = a.forward(&x, &mut cx).unwrap();

@@ -8,15 +8,13 @@ use candle_core::{DType, Device, Tensor, Var};
 use pipewright::comm::local;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Mode, Sequential};
 use pipewright::nn::init::{normal_vec, rng_for};
-use pipewright::nn::{
-    cross_entropy_sum, max_rel_diff, Init, Linear, Module, WeightLayout, IGNORE_INDEX,
-};
+use pipewright::nn::{cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayout, IGNORE_INDEX};
 use pipewright::shard::{
     get_parallel_dim, part, reduce_from_group, register_ddp_parameters_to_ignore,
     register_parallel_attribute, register_parallel_dim, slice, vocab_parallel_cross_entropy_sum,
     ParallelDim, ParallelEmbedding, ParallelLinear, Shard, TpGroup,
 };
-use pipewright::Result;
+use pipewright::{Build, Result};
 
 const SEED: u64 = 11;
 
@@ -39,13 +37,13 @@ struct Out {
     dx: Option<Tensor>,
 }
 
-type Forward = dyn Fn(&Init, &Tensor, &mut Cx) -> Result<(Tensor, Vec<(String, Var)>, Vec<(String, Shard)>)>
+type Forward = dyn Fn(&Build, &Tensor, &mut Cx) -> Result<(Tensor, Vec<(String, Var)>, Vec<(String, Shard)>)>
     + Sync;
 
 /// Runs `f` on `x` and back-propagates `sum(y * R)` (for a split output, this rank's part of
 /// the sum, then summed over the group, so every rank holds the whole objective).
 fn forward_backward(
-    init: &Init,
+    init: &Build,
     x: &Tensor,
     f: &Forward,
     input_grad: bool,
@@ -90,11 +88,11 @@ fn forward_backward(
 }
 
 fn check(what: &str, x: &Tensor, f: &Forward, input_grad: bool, stride: usize) {
-    let want = forward_backward(&Init::cpu(SEED), x, f, input_grad, stride).unwrap();
+    let want = forward_backward(&Build::cpu(SEED), x, f, input_grad, stride).unwrap();
     assert!(!want.split);
     for tp in [1, 2, 4] {
         let got = local::run(tp, |comm| {
-            let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+            let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
             forward_backward(&init, x, f, input_grad, stride)
         })
         .unwrap();
@@ -129,8 +127,8 @@ fn check(what: &str, x: &Tensor, f: &Forward, input_grad: bool, stride: usize) {
 }
 
 fn linear(dim: Option<i64>, gather: bool) -> Box<Forward> {
-    Box::new(move |init: &Init, x: &Tensor, cx: &mut Cx| {
-        let l = ParallelLinear::new(init, "lin", 12, 8, true, dim)?.gather_output(gather);
+    Box::new(move |init: &Build, x: &Tensor, cx: &mut Cx| {
+        let l = ParallelLinear::new(init, &init.tp, "lin", 12, 8, true, dim)?.gather_output(gather);
         let y = l.forward(x, cx)?;
         Ok((y, l.params(), l.shards()))
     })
@@ -150,7 +148,7 @@ fn parallel_linear_every_dim() {
 #[test]
 fn column_then_row_as_megatron_mlp() {
     let x = randn("x", &[4, 8]);
-    let f: Box<Forward> = Box::new(|init: &Init, x: &Tensor, cx: &mut Cx| {
+    let f: Box<Forward> = Box::new(|init: &Build, x: &Tensor, cx: &mut Cx| {
         let fc = ParallelLinear::from_whole(
             Linear::conv1d(init, "fc", 8, 16, 0.5)?,
             Some(ParallelDim::Column),
@@ -180,7 +178,7 @@ fn strided_column_split_keeps_each_block() {
     // q | k | v columns: each rank gets its part of every block; gathered back in order.
     let x = randn("x", &[2, 3, 8]);
     for gather in [false, true] {
-        let f: Box<Forward> = Box::new(move |init: &Init, x: &Tensor, cx: &mut Cx| {
+        let f: Box<Forward> = Box::new(move |init: &Build, x: &Tensor, cx: &mut Cx| {
             let l = ParallelLinear::from_whole(
                 Linear::conv1d(init, "qkv", 8, 24, 0.3)?,
                 Some(ParallelDim::Column),
@@ -197,8 +195,8 @@ fn strided_column_split_keeps_each_block() {
 #[test]
 fn parallel_embedding_masks_other_ranks_ids() {
     let ids = Tensor::new(&[[0u32, 3, 7, 4], [1, 6, 2, 5], [7, 7, 0, 1]], &Device::Cpu).unwrap();
-    let f: Box<Forward> = Box::new(|init: &Init, ids: &Tensor, cx: &mut Cx| {
-        let e = ParallelEmbedding::new(init, "emb", 8, 5, 1.0)?;
+    let f: Box<Forward> = Box::new(|init: &Build, ids: &Tensor, cx: &mut Cx| {
+        let e = ParallelEmbedding::new(init, &init.tp, "emb", 8, 5, 1.0)?;
         let y = e.forward(&ids.to_dtype(DType::U32)?, cx)?;
         Ok((y, e.params(), e.shards()))
     });
@@ -211,8 +209,8 @@ fn parallel_embedding_masks_other_ranks_ids() {
     );
     // Out-of-range ids name the layer.
     let errs = local::run(2, |comm| {
-        let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
-        let e = ParallelEmbedding::new(&init, "emb", 8, 5, 1.0)?;
+        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let e = ParallelEmbedding::new(&init, &init.tp, "emb", 8, 5, 1.0)?;
         Ok(e.forward(&Tensor::new(&[8u32], &Device::Cpu)?, &Cx::eval())
             .unwrap_err()
             .to_string())
@@ -296,8 +294,8 @@ fn parallel_dims_of_tensors_and_parameters() {
         let col = register_parallel_attribute(&[20, 30], -1, WeightLayout::InOut, 1, &g)?;
         let row = register_parallel_attribute(&[20, 30], 0, WeightLayout::InOut, 1, &g)?;
         let torch = register_parallel_attribute(&[30, 20], -1, WeightLayout::OutIn, 1, &g)?;
-        let init = Init::cpu(SEED).with_tp(g);
-        let l = ParallelLinear::new(&init, "m", 30, 30, true, Some(-1))?;
+        let init = Build::cpu(SEED).with_tp(g);
+        let l = ParallelLinear::new(&init, &init.tp, "m", 30, 30, true, Some(-1))?;
         let input = Tensor::zeros((20, 30), DType::F32, &Device::Cpu)?;
         let mut cx = Cx::eval();
         let out = l.forward(&input, &mut cx)?;
@@ -357,11 +355,11 @@ fn ddp_ignores_exactly_the_sharded_parameters() {
     s.push(LayerSpec::new("layer2", |init| {
         Ok(Box::new(Lin(
             "layer2".into(),
-            ParallelLinear::new(init, "layer2", 20, 30, true, Some(-1))?,
+            ParallelLinear::new(init, &init.tp, "layer2", 20, 30, true, Some(-1))?,
         )) as Box<dyn Layer>)
     }));
     let lists = local::run(2, |comm| {
-        let init = Init::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
         Ok(register_ddp_parameters_to_ignore(&s.build(&init)?))
     })
     .unwrap();
@@ -369,7 +367,7 @@ fn ddp_ignores_exactly_the_sharded_parameters() {
         assert_eq!(l, ["layer2.weight", "layer2.bias"]);
     }
     // A whole model has nothing to ignore.
-    assert!(register_ddp_parameters_to_ignore(&s.build(&Init::cpu(SEED)).unwrap()).is_empty());
+    assert!(register_ddp_parameters_to_ignore(&s.build(&Build::cpu(SEED)).unwrap()).is_empty());
 }
 
 #[test]

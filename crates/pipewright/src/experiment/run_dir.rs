@@ -14,7 +14,7 @@ impl RunDir {
     pub fn create(path: &Path) -> Result<Self> {
         if path.join("params.json").exists() {
             return Err(invalid!(
-                "`{}` already holds a run (params.json exists): choose another --out or remove it",
+                "`{}` already holds a run (params.json exists): choose another directory or remove it",
                 path.display()
             ));
         }

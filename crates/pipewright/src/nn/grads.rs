@@ -102,3 +102,28 @@ pub fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
     let m = b.abs()?.max_all()?.to_scalar::<f64>()?;
     Ok(d / m.max(1e-30))
 }
+
+/// This rank's share of the squared gradient norm of a model split over a tensor-parallel
+/// group, so that the sum over the group is the norm of the whole model: sharded parameters
+/// count on every rank (each holds its part), whole ones on rank 0 only, and the second member
+/// of each tied pair nowhere (a tied pair is one parameter in PyTorch).
+pub fn sum_sq_share(
+    grads: &Grads,
+    tied: &[(String, String)],
+    sharded: &[String],
+    tp_rank: usize,
+) -> Result<f64> {
+    let mut sq = 0.0;
+    for (name, g) in grads.iter() {
+        let second = tied.iter().any(|(_, b)| b == name);
+        if second || (tp_rank != 0 && !sharded.contains(name)) {
+            continue;
+        }
+        sq += g
+            .to_dtype(candle_core::DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+    }
+    Ok(sq)
+}

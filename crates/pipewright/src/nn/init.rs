@@ -9,7 +9,6 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::shard::TpGroup;
 use crate::Result;
 
 /// 64-bit FNV-1a over a sequence of byte strings, used to derive seeds from names.
@@ -50,8 +49,6 @@ pub struct Init {
     pub device: Device,
     pub dtype: DType,
     pub seed: u64,
-    /// The tensor-parallel group parallel layers split over (a group of one by default).
-    pub tp: TpGroup,
 }
 
 impl Init {
@@ -60,15 +57,7 @@ impl Init {
             device,
             dtype,
             seed,
-            tp: TpGroup::single(),
         }
-    }
-
-    /// The same initialiser for the ranks of a tensor-parallel group: parallel layers build
-    /// this rank's shard of the values a serial run draws.
-    pub fn with_tp(mut self, tp: TpGroup) -> Self {
-        self.tp = tp;
-        self
     }
 
     /// A CPU f32 initialiser.

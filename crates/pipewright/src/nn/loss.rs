@@ -68,3 +68,9 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     }
     Ok((sum / count as f64)?)
 }
+
+/// Number of targets that are not [`IGNORE_INDEX`]: what [`cross_entropy_sum`] averages over.
+pub fn count_targets(targets: &Tensor) -> Result<usize> {
+    let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
+    Ok(t.iter().filter(|&&v| v != IGNORE_INDEX).count())
+}

@@ -3,7 +3,6 @@
 //! gradients silently stop), and optimizers whose state can be saved.
 
 pub mod activation;
-pub mod attention;
 pub mod batch_norm;
 pub mod conv;
 pub mod deferred;
@@ -17,26 +16,21 @@ pub mod loss;
 pub mod optim;
 
 pub use activation::{gelu, relu, residual, softmax_last_dim};
-pub use attention::CausalSelfAttention;
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
 pub use dropout::Dropout;
 pub use embedding::Embedding;
-pub use grads::{max_rel_diff, Grads};
+pub use grads::{max_rel_diff, sum_sq_share, Grads};
 pub use init::Init;
 pub use layer_norm::LayerNorm;
 pub use linear::{Linear, WeightLayout};
-pub use loss::{cross_entropy, cross_entropy_sum, IGNORE_INDEX};
+pub use loss::{count_targets, cross_entropy, cross_entropy_sum, IGNORE_INDEX};
 
 use candle_core::Var;
 
 /// Anything that owns named parameters.
 pub trait Module {
     fn params(&self) -> Vec<(String, Var)>;
-    /// How each tensor-parallel parameter is split (none: every parameter is whole).
-    fn shards(&self) -> Vec<(String, crate::shard::Shard)> {
-        Vec::new()
-    }
 }
 
 /// Joins a prefix and a name with a dot (`"h.3"`, `"attn"` -> `"h.3.attn"`).

@@ -1,49 +1,14 @@
-//! Splitting a batch into micro-batches and gathering outputs back (torchgpipe's
-//! `microbatch.py`).
+//! Splitting activations into micro-batches and gathering outputs back (torchgpipe's
+//! `microbatch.py`). Batches split with [`crate::batch::Batch::split`]; the row arithmetic
+//! ([`chunk_sizes`], [`split`]) lives in [`crate::batch`], the one place both the pipeline and
+//! the serial oracle take it from.
 
 use candle_core::Tensor;
 
+pub use crate::batch::{chunk_sizes, split};
+
 use crate::model::Activation;
 use crate::{invalid, Result};
-
-/// Sizes of the micro-batches of a batch of `batch` rows split into at most `chunks`:
-/// `torch.chunk` semantics, every chunk `ceil(batch / chunks)` rows but the last, so there may
-/// be fewer than `chunks` of them.
-pub fn chunk_sizes(batch: usize, chunks: usize) -> Result<Vec<usize>> {
-    if chunks == 0 {
-        return Err(invalid!("chunks must be at least 1"));
-    }
-    if batch == 0 {
-        return Err(invalid!("cannot split an empty batch into micro-batches"));
-    }
-    let size = batch.div_ceil(chunks);
-    let mut out = Vec::new();
-    let mut left = batch;
-    while left > 0 {
-        let s = size.min(left);
-        out.push(s);
-        left -= s;
-    }
-    Ok(out)
-}
-
-/// Splits `t` along dim 0 into micro-batches of [`chunk_sizes`].
-pub fn split(t: &Tensor, chunks: usize) -> Result<Vec<Tensor>> {
-    let b = t
-        .dims()
-        .first()
-        .copied()
-        .ok_or_else(|| invalid!("a 0-d tensor has no batch dimension to split"))?;
-    let mut start = 0;
-    chunk_sizes(b, chunks)?
-        .into_iter()
-        .map(|s| {
-            let c = t.narrow(0, start, s)?;
-            start += s;
-            Ok(c)
-        })
-        .collect()
-}
 
 /// Splits every tensor of an activation the same way; all must share the batch size.
 pub fn split_activation(x: &Activation, chunks: usize) -> Result<Vec<Activation>> {

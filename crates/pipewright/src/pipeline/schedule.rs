@@ -215,16 +215,16 @@ impl Schedule {
     /// per stage (interleaved only; otherwise 1).
     pub fn new(kind: Kind, p: usize, m: usize, v: usize) -> Result<Self> {
         if p == 0 || m == 0 || v == 0 {
-            return Err(invalid!("a schedule needs at least one stage, micro-batch and chunk (got pp={p}, chunks={m}, virtual={v})"));
+            return Err(invalid!("a schedule needs at least one stage, micro-batch and chunk (got pp={p}, micro-batches={m}, virtual_stages={v})"));
         }
         if v > 1 && kind != Kind::Interleaved {
             return Err(invalid!(
-                "--virtual {v} needs the interleaved schedule, not {kind}"
+                "virtual_stages {v} needs the interleaved schedule, not {kind}"
             ));
         }
         if kind == Kind::Interleaved && v > 1 && !m.is_multiple_of(p) {
             return Err(invalid!(
-                "the interleaved schedule sends micro-batches round in groups of pp: --chunks {m} must be a multiple of --pp {p}"
+                "the interleaved schedule sends micro-batches round in groups of pp: {m} micro-batches per replica must be a multiple of pp {p}"
             ));
         }
         let actions = (0..p)

@@ -73,6 +73,7 @@ impl ParallelLinear {
     /// stored `(out, in)`; `dim` is TorchShard's (`None`, `-1`/`1`, `0`).
     pub fn new(
         init: &Init,
+        group: &TpGroup,
         name: &str,
         inp: usize,
         out: usize,
@@ -80,7 +81,7 @@ impl ParallelLinear {
         dim: Option<i64>,
     ) -> Result<Self> {
         let whole = Linear::new(init, name, inp, out, bias)?;
-        Self::from_whole(whole, ParallelDim::from_torchshard(dim)?, 1, &init.tp)
+        Self::from_whole(whole, ParallelDim::from_torchshard(dim)?, 1, group)
     }
 
     /// This rank's part of `whole` split on `dim` over `group`. `stride` > 1 splits the output
@@ -214,8 +215,11 @@ impl Module for ParallelLinear {
         }
         v
     }
+}
 
-    fn shards(&self) -> Vec<(String, Shard)> {
+impl ParallelLinear {
+    /// How this layer's parameters are split over the group (none when whole).
+    pub fn shards(&self) -> Vec<(String, Shard)> {
         self.shards.clone()
     }
 }
@@ -236,9 +240,16 @@ pub struct ParallelEmbedding {
 impl ParallelEmbedding {
     /// Normal(0, std) table of `num` rows drawn as a serial [`Embedding`] draws it, this rank's
     /// rows kept. `num` must be a multiple of the group size.
-    pub fn new(init: &Init, name: &str, num: usize, dim: usize, std: f64) -> Result<Self> {
+    pub fn new(
+        init: &Init,
+        group: &TpGroup,
+        name: &str,
+        num: usize,
+        dim: usize,
+        std: f64,
+    ) -> Result<Self> {
         let whole = Embedding::new(init, name, num, dim, std)?;
-        Self::from_whole(whole, &init.tp)
+        Self::from_whole(whole, group)
     }
 
     /// This rank's rows of `whole`.
@@ -319,8 +330,11 @@ impl Module for ParallelEmbedding {
     fn params(&self) -> Vec<(String, Var)> {
         self.local.params()
     }
+}
 
-    fn shards(&self) -> Vec<(String, Shard)> {
+impl ParallelEmbedding {
+    /// How the table is split over the group (none when whole).
+    pub fn shards(&self) -> Vec<(String, Shard)> {
         self.shard
             .iter()
             .map(|s| (join(&self.name, "weight"), s.clone()))

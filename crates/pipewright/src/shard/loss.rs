@@ -8,9 +8,8 @@ use candle_core::{DType, Tensor, D};
 use super::ops::reduce_from_group;
 use super::TpGroup;
 use crate::comm::ReduceOp;
-use crate::model::Cx;
 use crate::nn::loss::class_rows;
-use crate::nn::{cross_entropy_sum, IGNORE_INDEX};
+use crate::nn::IGNORE_INDEX;
 use crate::{invalid, Result};
 
 /// Sum of the negative log-likelihoods of the non-ignored targets and their count, where
@@ -62,24 +61,4 @@ pub fn vocab_parallel_cross_entropy_sum(
     let nll = (sum_exp.log()? - target)?.squeeze(1)?;
     let counted = Tensor::from_vec(counted, n, dev)?.to_dtype(dt)?;
     Ok(((nll * counted)?.sum_all()?, count))
-}
-
-/// The summed cross-entropy of a model output: vocabulary-parallel when the forward marked
-/// the output split on its last dim over `group` (see [`super::register_parallel_dim`]),
-/// plain otherwise.
-pub fn loss_sum(
-    out: &Tensor,
-    targets: &Tensor,
-    cx: &Cx,
-    group: &TpGroup,
-) -> Result<(Tensor, usize)> {
-    match cx.parallel_dim(out) {
-        Some(d) if group.size() > 1 && (d == -1 || d == out.rank() as i64 - 1) => {
-            vocab_parallel_cross_entropy_sum(out, targets, group)
-        }
-        Some(d) => Err(invalid!(
-            "the model output is split on dim {d}; a loss needs it whole or split on its last dim"
-        )),
-        None => cross_entropy_sum(out, targets),
-    }
 }

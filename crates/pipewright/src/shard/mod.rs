@@ -2,12 +2,14 @@
 //! tensor-parallel group.
 //!
 //! - [`TpGroup`]: the group a layer is split over (a size-1 group means "not split"); it
-//!   travels in [`crate::nn::Init`] so that a layer builds only its own shard.
+//!   travels in [`crate::model::Build`] beside the initialiser, so that a layer builds only its
+//!   own shard.
 //! - [`slice`]: TorchShard's `slice`; [`part`] and [`assemble`] split and join along an axis,
 //!   also "strided" axes such as GPT's fused q|k|v columns.
 //! - [`ops`]: the collectives inside the layers, as autograd ops whose backward is the
 //!   conjugate collective (copy <-> all-reduce, gather <-> scatter).
 //! - [`layers`]: [`ParallelLinear`] (column, row or replicated) and [`ParallelEmbedding`].
+//! - [`attention`]: GPT-2's causal self-attention with its heads split over the group.
 //! - [`loss`]: vocabulary-parallel cross-entropy that never forms the full vocabulary.
 //! - [`attr`]: parallel-dim metadata of tensors and parameters ([`Shard`]).
 //! - [`state`]: collect and relocate state dicts between sharded and whole form.
@@ -16,6 +18,7 @@
 //! naming the layer (TorchShard and Megatron do the same; pad the vocabulary to a multiple of
 //! the group size).
 
+pub mod attention;
 pub mod attr;
 pub mod layers;
 pub mod loss;
@@ -29,9 +32,10 @@ use candle_core::Tensor;
 use crate::comm::Communicator;
 use crate::{invalid, Result};
 
+pub use attention::CausalSelfAttention;
 pub use attr::{get_parallel_dim, register_parallel_attribute, register_parallel_dim, Shard};
 pub use layers::{ParallelDim, ParallelEmbedding, ParallelLinear};
-pub use loss::{loss_sum, vocab_parallel_cross_entropy_sum};
+pub use loss::vocab_parallel_cross_entropy_sum;
 pub use ops::{copy_to_group, gather_from_group, reduce_from_group, scatter_to_group};
 pub use state::{
     collect_state_dict, load_state_dict, register_ddp_parameters_to_ignore, relocate_state_dict,
@@ -178,4 +182,18 @@ pub fn assemble(parts: &[Tensor], axis: usize, stride: usize) -> Result<Tensor> 
         }
     }
     Ok(Tensor::cat(&pieces, axis)?)
+}
+
+/// The whole model output: an output split over the tensor-parallel group (as the [`Cx`] of its
+/// forward marks it) is gathered; a whole one is returned as it is.
+///
+/// [`Cx`]: crate::model::Cx
+pub fn whole_output(out: &Tensor, cx: &crate::model::Cx, tp: &TpGroup) -> Result<Tensor> {
+    match cx.parallel_dim(out) {
+        Some(d) if tp.size() > 1 => {
+            let axis = normalize_dim(d, out.rank())?;
+            Ok(Tensor::cat(&tp.all_gather(&out.contiguous()?)?, axis)?)
+        }
+        _ => Ok(out.clone()),
+    }
 }

@@ -1,15 +1,15 @@
 //! Causal multi-head self-attention (GPT-2), with explicit softmax so gradients flow.
 //!
-//! Built with a tensor-parallel group ([`Init::tp`]) it is Megatron's attention: `c_attn` is
+//! Built with a tensor-parallel group of more than one rank it is Megatron's attention: `c_attn` is
 //! column-parallel with the heads split (each rank keeps its heads' q, k and v columns),
 //! `c_proj` row-parallel, so each rank attends with its own heads and one all-reduce joins
 //! them.
 
 use candle_core::{Device, Tensor, Var};
 
-use super::{join, softmax_last_dim, Dropout, Init, Linear, Module};
+use super::{ParallelDim, ParallelLinear, Shard, TpGroup};
 use crate::model::Cx;
-use crate::shard::{ParallelDim, ParallelLinear, Shard};
+use crate::nn::{join, softmax_last_dim, Dropout, Init, Linear, Module};
 use crate::{Error, Result};
 
 /// GPT-2 attention: `c_attn` projects to q, k, v (one `(d, 3d)` matrix), heads attend causally,
@@ -31,6 +31,7 @@ impl CausalSelfAttention {
     /// `proj_std` is the std of `c_proj` (GPT-2 scales it by 1/sqrt(2 n_layer)).
     pub fn new(
         init: &Init,
+        tp: &TpGroup,
         name: &str,
         n_embd: usize,
         n_head: usize,
@@ -43,7 +44,6 @@ impl CausalSelfAttention {
                 msg: format!("n_embd {n_embd} must be a multiple of n_head {n_head}"),
             });
         }
-        let tp = &init.tp;
         if !n_head.is_multiple_of(tp.size()) {
             return Err(Error::Layer {
                 layer: name.into(),
@@ -126,8 +126,11 @@ impl Module for CausalSelfAttention {
         v.extend(self.c_proj.params());
         v
     }
+}
 
-    fn shards(&self) -> Vec<(String, Shard)> {
+impl CausalSelfAttention {
+    /// How `c_attn` and `c_proj` are split over the group (none when whole).
+    pub fn shards(&self) -> Vec<(String, Shard)> {
         let mut v = self.c_attn.shards();
         v.extend(self.c_proj.shards());
         v

@@ -2,169 +2,29 @@
 //! with optional cut points.
 //!
 //! A model is described, not built: a [`Sequential`] is a list of [`LayerSpec`]s, each a named
-//! builder. [`Sequential::build_range`] materialises any contiguous range of layers alone (what
-//! a pipeline stage owns); parameters carry global names (`h.3.attn.c_attn.weight`) that do not
-//! depend on the range, and their initial values come from [`crate::nn::Init`], keyed by those
-//! names, so every split of a model starts from the same weights.
+//! builder, and the names of the batch tensors its first layer takes. [`Sequential::build_range`]
+//! materialises any contiguous range of layers alone (what a pipeline stage owns); parameters
+//! carry global names (`h.3.attn.c_attn.weight`) that do not depend on the range, and their
+//! initial values come from [`crate::nn::Init`], keyed by those names, so every split of a model
+//! starts from the same weights. A builder gets a [`Build`]: the initialiser (device, dtype,
+//! seed) and the tensor-parallel group its layer splits over.
 
-use std::collections::HashMap;
+mod activation;
+mod build;
+mod cx;
+
 use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::{Tensor, TensorId, Var};
+use candle_core::Var;
 
-use crate::nn::Init;
+pub use activation::Activation;
+pub use build::Build;
+pub use cx::{Cx, Mode};
+
+use crate::batch::Batch;
 use crate::shard::{Shard, TpGroup};
-use crate::{invalid, Error, Result};
-
-/// What flows between layers: one tensor or a tuple of tensors, batch on dim 0.
-#[derive(Clone, Debug)]
-pub enum Activation {
-    Tensor(Tensor),
-    Tuple(Vec<Tensor>),
-}
-
-impl From<Tensor> for Activation {
-    fn from(t: Tensor) -> Self {
-        Activation::Tensor(t)
-    }
-}
-
-impl Activation {
-    /// The single tensor, or an error naming `layer` if this is a tuple.
-    pub fn into_tensor(self, layer: &str) -> Result<Tensor> {
-        match self {
-            Activation::Tensor(t) => Ok(t),
-            Activation::Tuple(ts) => Err(Error::Layer {
-                layer: layer.to_string(),
-                msg: format!("expects one tensor, got a tuple of {}", ts.len()),
-            }),
-        }
-    }
-
-    /// Every tensor of the activation, in order.
-    pub fn tensors(&self) -> Vec<&Tensor> {
-        match self {
-            Activation::Tensor(t) => vec![t],
-            Activation::Tuple(ts) => ts.iter().collect(),
-        }
-    }
-
-    /// The batch size (dim 0 of the first tensor).
-    pub fn batch_size(&self) -> Result<usize> {
-        let t = self
-            .tensors()
-            .first()
-            .copied()
-            .ok_or_else(|| invalid!("an empty tuple has no batch dimension"))?
-            .clone();
-        Ok(t.dims().first().copied().unwrap_or(0))
-    }
-}
-
-/// Train or evaluation mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Train,
-    Eval,
-}
-
-/// Per-forward context handed to every layer: the mode, the step and micro-batch (so seeded
-/// randomness such as dropout is reproducible, also when recomputed), whether this forward is a
-/// recomputation, and the skip-connection stash.
-#[derive(Debug)]
-pub struct Cx {
-    pub mode: Mode,
-    pub seed: u64,
-    pub step: u64,
-    pub micro_batch: usize,
-    /// Deferred batch norm (torchgpipe): BatchNorm layers add this micro-batch's moments to the
-    /// batch's and move their running statistics once, at [`Layer::finish_batch`].
-    pub defer_batch_stats: bool,
-    /// Zero-bubble split backward: weight-bearing layers queue their weight gradients here
-    /// instead of computing them in the backward pass.
-    pub weight_grads: Option<crate::nn::deferred::WeightGradQueue>,
-    recomputing: bool,
-    stash: HashMap<String, Tensor>,
-    /// Activations split over the tensor-parallel group, by tensor (see [`crate::shard::attr`]).
-    parallel: HashMap<TensorId, i64>,
-}
-
-impl Cx {
-    pub fn new(mode: Mode, seed: u64, step: u64, micro_batch: usize) -> Self {
-        Self {
-            mode,
-            seed,
-            step,
-            micro_batch,
-            defer_batch_stats: false,
-            weight_grads: None,
-            recomputing: false,
-            stash: HashMap::new(),
-            parallel: HashMap::new(),
-        }
-    }
-
-    /// A context for inference: evaluation mode, no randomness.
-    pub fn eval() -> Self {
-        Self::new(Mode::Eval, 0, 0, 0)
-    }
-
-    pub fn is_training(&self) -> bool {
-        self.mode == Mode::Train
-    }
-
-    /// True while a forward pass is being recomputed for the backward pass (torchgpipe's
-    /// `is_recomputing`): layers with side effects (running statistics) must skip them.
-    pub fn is_recomputing(&self) -> bool {
-        self.recomputing
-    }
-
-    pub fn set_recomputing(&mut self, on: bool) {
-        self.recomputing = on;
-    }
-
-    /// Keeps `t` under `name` for a later layer (torchgpipe's `stash`).
-    pub fn stash(&mut self, layer: &str, name: &str, t: Tensor) -> Result<()> {
-        if self.stash.contains_key(name) {
-            return Err(Error::Layer {
-                layer: layer.into(),
-                msg: format!("stashes `{name}` twice in one forward; pop it before stashing again"),
-            });
-        }
-        self.stash.insert(name.to_string(), t);
-        Ok(())
-    }
-
-    /// Takes the tensor stashed under `name` (torchgpipe's `pop`).
-    pub fn pop(&mut self, layer: &str, name: &str) -> Result<Tensor> {
-        self.stash.remove(name).ok_or_else(|| Error::Layer {
-            layer: layer.into(),
-            msg: format!("pops `{name}` but no earlier layer stashed it"),
-        })
-    }
-
-    /// Marks `t` as split on `dim` over the tensor-parallel group (`None` clears the mark);
-    /// see [`crate::shard::register_parallel_dim`].
-    pub fn set_parallel_dim(&mut self, t: &Tensor, dim: Option<i64>) {
-        match dim {
-            Some(d) => self.parallel.insert(t.id(), d),
-            None => self.parallel.remove(&t.id()),
-        };
-    }
-
-    /// The dim `t` is split on over the tensor-parallel group, `None` when whole.
-    pub fn parallel_dim(&self, t: &Tensor) -> Option<i64> {
-        self.parallel.get(&t.id()).copied()
-    }
-
-    /// Names still stashed (a forward that ends with any is an error: they were never popped).
-    pub fn stashed(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.stash.keys().cloned().collect();
-        v.sort();
-        v
-    }
-}
+use crate::{invalid, Result};
 
 /// One built layer. Parameters are [`Var`]s with global names.
 pub trait Layer: Send + Sync {
@@ -188,7 +48,7 @@ pub trait Layer: Send + Sync {
     }
 }
 
-type BuildFn = dyn Fn(&Init) -> Result<Box<dyn Layer>> + Send + Sync;
+type BuildFn = dyn Fn(&Build) -> Result<Box<dyn Layer>> + Send + Sync;
 
 /// A named builder of one layer, with the skip connections it stashes and pops (torchgpipe's
 /// `@skippable(stash=[...], pop=[...])`), so that a pipeline can route them between stages.
@@ -209,7 +69,7 @@ impl std::fmt::Debug for LayerSpec {
 impl LayerSpec {
     pub fn new(
         name: impl Into<String>,
-        build: impl Fn(&Init) -> Result<Box<dyn Layer>> + Send + Sync + 'static,
+        build: impl Fn(&Build) -> Result<Box<dyn Layer>> + Send + Sync + 'static,
     ) -> Self {
         Self {
             name: name.into(),
@@ -235,24 +95,52 @@ impl LayerSpec {
         &self.name
     }
 
-    pub fn build(&self, init: &Init) -> Result<Box<dyn Layer>> {
-        (self.build)(init)
+    /// Builds the layer.
+    pub fn build(&self, b: &Build) -> Result<Box<dyn Layer>> {
+        (self.build)(b)
     }
 }
 
-/// An ordered list of layer specs with optional cut points.
+/// An ordered list of layer specs with optional cut points, and the batch tensors the first
+/// layer takes.
 ///
 /// A cut point `k` marks the boundary before layer `k` as a place where the model may be split.
-/// Without cut points every boundary may be a stage boundary.
-#[derive(Clone, Debug, Default)]
+/// Without cut points every boundary may be a stage boundary. The first layer receives the
+/// batch tensor named [`Batch::INPUTS`] unless [`Sequential::inputs`] names others (one name:
+/// a tensor; several: a tuple in that order).
+#[derive(Clone, Debug)]
 pub struct Sequential {
     specs: Vec<LayerSpec>,
     cut_points: Vec<usize>,
+    inputs: Vec<String>,
+}
+
+impl Default for Sequential {
+    fn default() -> Self {
+        Self {
+            specs: Vec::new(),
+            cut_points: Vec::new(),
+            inputs: vec![Batch::INPUTS.to_string()],
+        }
+    }
 }
 
 impl Sequential {
+    /// An empty model taking [`Batch::INPUTS`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Names the batch tensors the first layer takes (Varuna's inputs of `get_batch_fn`'s
+    /// dict): one name gives the layer a tensor, several a tuple in this order.
+    pub fn inputs(&mut self, names: &[&str]) -> &mut Self {
+        self.inputs = names.iter().map(|n| n.to_string()).collect();
+        self
+    }
+
+    /// The batch tensors the first layer takes.
+    pub fn input_names(&self) -> &[String] {
+        &self.inputs
     }
 
     /// Appends a layer.
@@ -332,12 +220,12 @@ impl Sequential {
     }
 
     /// Builds every layer.
-    pub fn build(&self, init: &Init) -> Result<Stage> {
-        self.build_range(0..self.len(), init)
+    pub fn build(&self, b: &Build) -> Result<Stage> {
+        self.build_range(0..self.len(), b)
     }
 
     /// Builds layers `range` alone: what a pipeline stage owns.
-    pub fn build_range(&self, range: Range<usize>, init: &Init) -> Result<Stage> {
+    pub fn build_range(&self, range: Range<usize>, b: &Build) -> Result<Stage> {
         if range.start >= range.end || range.end > self.len() {
             return Err(invalid!(
                 "layer range {range:?} is empty or outside the model's {} layers",
@@ -346,12 +234,13 @@ impl Sequential {
         }
         let layers = self.specs[range.clone()]
             .iter()
-            .map(|s| s.build(init))
+            .map(|s| s.build(b))
             .collect::<Result<Vec<_>>>()?;
         Ok(Stage {
             range,
             layers,
-            tp: init.tp.clone(),
+            tp: b.tp.clone(),
+            inputs: self.inputs.clone(),
         })
     }
 }
@@ -371,6 +260,7 @@ pub struct Stage {
     range: Range<usize>,
     layers: Vec<Box<dyn Layer>>,
     tp: TpGroup,
+    inputs: Vec<String>,
 }
 
 impl Stage {
@@ -396,6 +286,11 @@ impl Stage {
     /// Every buffer with its global name.
     pub fn buffers(&self) -> Vec<(String, Var)> {
         self.layers.iter().flat_map(|l| l.buffers()).collect()
+    }
+
+    /// The batch tensors the model's first layer takes ([`Sequential::inputs`]).
+    pub fn input_names(&self) -> &[String] {
+        &self.inputs
     }
 
     /// The tensor-parallel group the stage was built for.

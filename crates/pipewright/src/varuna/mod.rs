@@ -16,105 +16,25 @@
 //! parameter once, over stages and shards) clips them, the optimizer steps the f32 masters and
 //! the masters are cast into the model.
 
-use std::sync::Arc;
+mod options;
+
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 
+pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
+
+use crate::batch::Batch;
 use crate::comm::{axis_group, Communicator, ReduceOp};
-use crate::data_parallel::{all_reduce_grads, DEFAULT_BUCKET_BYTES};
-use crate::model::Sequential;
-use crate::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
+use crate::data_parallel::all_reduce_grads;
+use crate::model::{Build, Sequential};
+use crate::nn::optim::{scale_to_norm, Optimizer};
 use crate::nn::{Grads, Init};
-use crate::pipeline::executor::{Pipeline, PipelineOptions, Recompute, TraceEvent};
-use crate::pipeline::schedule::Kind;
+use crate::pipeline::{Pipeline, PipelineOptions, TraceEvent};
 use crate::precision::{has_overflow, to_master_grads, LossScaler, MasterWeights, Precision};
-use crate::serial::{count_targets, StepReport, Trainer};
 use crate::shard::TpGroup;
-use crate::topology::{Axis, Coords, Layout, Topology};
+use crate::topology::{Axis, Coords, Topology};
 use crate::{invalid, Error, Result};
-
-/// Where ranks go.
-#[derive(Clone, Debug)]
-pub enum Placement {
-    /// pp x tp x dp, tp fastest (see [`crate::topology`]).
-    Layout(Layout),
-    /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...) with `tp`
-    /// consecutive ranks per shard group.
-    StageToRankMap { map: String, tp: usize },
-}
-
-/// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
-pub type BatchFn = Arc<dyn Fn(usize) -> Result<Tensor> + Send + Sync>;
-
-/// Everything [`Varuna::new`] needs besides the model and the world.
-#[derive(Clone)]
-pub struct VarunaOptions {
-    pub placement: Placement,
-    /// Rows of one step over all replicas.
-    pub global_batch_size: usize,
-    /// Rows of one micro-batch.
-    pub chunk_size: usize,
-    pub precision: Precision,
-    /// Parameter pairs kept equal (Varuna's `shared_weights`).
-    pub shared_weights: Vec<(String, String)>,
-    /// When given, a batch of `chunk_size` rows is run through the model (evaluation mode) at
-    /// construction, so that a shape error shows before training.
-    pub batch_fn: Option<BatchFn>,
-    pub seed: u64,
-    pub schedule: Kind,
-    pub virtual_stages: usize,
-    pub balance: Option<Vec<usize>>,
-    pub recompute: Recompute,
-    pub deferred_batch_norm: bool,
-    pub clip: Option<f64>,
-    pub lr: LrSchedule,
-    /// Used with f16 only.
-    pub loss_scaler: LossScaler,
-    pub bucket_bytes: usize,
-}
-
-impl VarunaOptions {
-    /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler and
-    /// DDP's 25 MiB buckets.
-    pub fn new(layout: Layout, global_batch_size: usize, chunk_size: usize) -> Self {
-        Self {
-            placement: Placement::Layout(layout),
-            global_batch_size,
-            chunk_size,
-            precision: Precision::F32,
-            shared_weights: Vec::new(),
-            batch_fn: None,
-            seed: 0,
-            schedule: Kind::OneFOneB,
-            virtual_stages: 1,
-            balance: None,
-            recompute: Recompute::Never,
-            deferred_batch_norm: false,
-            clip: None,
-            lr: LrSchedule::Constant { lr: 1e-3 },
-            loss_scaler: LossScaler::new(),
-            bucket_bytes: DEFAULT_BUCKET_BYTES,
-        }
-    }
-}
-
-/// What one [`Varuna::step`] did.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StepOutcome {
-    pub step: u64,
-    /// The global batch's mean loss (the same on every rank).
-    pub loss: f64,
-    /// Some rank found an inf or NaN gradient: every rank skipped the optimizer step.
-    pub overflow: bool,
-    /// Global gradient norm before clipping (NaN on an overflow).
-    pub grad_norm: f64,
-    pub lr: f64,
-    /// Loss scale used for this step (1 unless f16).
-    pub loss_scale: f64,
-    /// Counted targets of the global batch.
-    pub targets: usize,
-}
 
 type GradHook = Box<dyn FnMut(&mut Grads) + Send>;
 
@@ -138,36 +58,22 @@ pub struct Varuna {
 }
 
 impl Varuna {
-    /// Builds this rank's stages and shards of `model`; `world` spans every rank of the job.
+    /// Builds this rank's stages and shards of `model` on `opts.device`; `world` spans every
+    /// rank of the job.
     pub fn new(
         model: &Sequential,
         world: Box<dyn Communicator>,
         opts: VarunaOptions,
     ) -> Result<Self> {
-        let topo = match &opts.placement {
-            Placement::Layout(l) => Topology::new(*l),
-            Placement::StageToRankMap { map, tp } => Topology::from_stage_to_rank_map(map, *tp)?,
-        };
-        let layout = topo.layout();
-        layout.check_world(world.size())?;
-        let per_step = layout.dp * opts.chunk_size;
-        if opts.chunk_size == 0
-            || opts.global_batch_size == 0
-            || !opts.global_batch_size.is_multiple_of(per_step)
-        {
-            return Err(invalid!(
-                "global batch size {} is not divisible by dp {} x chunk size {}: choose a multiple of {per_step}",
-                opts.global_batch_size,
-                layout.dp,
-                opts.chunk_size
-            ));
-        }
-        let chunks = opts.global_batch_size / per_step;
+        opts.validate(world.size())?;
+        let topo = opts.topology()?;
+        let chunks = opts.chunks()?;
         let coords = topo.coords(world.rank())?;
         let tp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
         let dp = axis_group(world.as_ref(), &topo, Axis::Data)?;
-        let init = Init::new(Device::Cpu, opts.precision.dtype(), opts.seed).with_tp(tp.clone());
+        let init = Init::new(opts.device.clone(), opts.precision.dtype(), opts.seed);
+        let build = Build::new(init).with_tp(tp.clone());
         let popts = PipelineOptions {
             chunks,
             schedule: opts.schedule,
@@ -175,24 +81,22 @@ impl Varuna {
             balance: opts.balance.clone(),
             seed: opts.seed,
             tied: opts.shared_weights.clone(),
-            clip: opts.clip,
-            lr: opts.lr,
             recompute: opts.recompute,
             deferred_batch_norm: opts.deferred_batch_norm,
         };
-        let mut pipeline = Pipeline::without_optimizer(model, &init, pp, popts)?;
+        let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
         pipeline.set_micro_batch_offset(coords.dp_rank * chunks);
         pipeline.enable_trace();
-        check_shared_weights(&pipeline, &opts.shared_weights)?;
         let params = pipeline.params().to_vec();
         let master = if opts.precision == Precision::F32 {
             params.clone()
         } else {
             // The f32 values a serial run starts from (the model holds them rounded).
-            let f32_init = Init::cpu(opts.seed).with_tp(tp);
+            let f32_init = Init::new(opts.device.clone(), Precision::F32.dtype(), opts.seed);
+            let f32_build = Build::new(f32_init).with_tp(tp);
             let mut m = Vec::new();
             for (_, range) in pipeline.own_stages() {
-                m.extend(model.build_range(range, &f32_init)?.params());
+                m.extend(model.build_range(range, &f32_build)?.params());
             }
             m
         };
@@ -219,7 +123,7 @@ impl Varuna {
         };
         if let Some(f) = v.opts.batch_fn.clone() {
             let sample = f(v.opts.chunk_size)?;
-            v.evaluate(&sample).map_err(|e| {
+            v.predict(&sample).map_err(|e| {
                 invalid!(
                     "a sample batch of {} rows does not run through the model: {e}",
                     v.opts.chunk_size
@@ -279,13 +183,29 @@ impl Varuna {
         self.scaler.as_ref().map_or(1.0, |s| s.scale())
     }
 
+    /// The device this rank computes on.
+    pub fn device(&self) -> &Device {
+        &self.opts.device
+    }
+
+    /// Checks that `batch` holds what the model's first stage and the loss ask for (on every
+    /// rank, so that all ranks fail alike instead of some waiting on others).
+    fn check_batch(&self, batch: &Batch, with_targets: bool) -> Result<()> {
+        batch.require_all(self.pipeline.input_names(), "the model's first stage")?;
+        if with_targets {
+            batch.require_all(&self.opts.loss.targets(), "the loss")?;
+        }
+        batch.rows().map(|_| ())
+    }
+
     /// One training step on this replica's rows of the global batch (collective over the
     /// world). Returns the global loss and whether the step was skipped for an overflow.
-    pub fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepOutcome> {
+    pub fn step(&mut self, batch: &Batch) -> Result<StepOutcome> {
         if self.optimizer.is_none() {
             return Err(invalid!("no optimizer: call set_optimizer before step"));
         }
-        let rows = inputs.dims().first().copied().unwrap_or(0);
+        self.check_batch(batch, true)?;
+        let rows = batch.rows()?;
         if rows != self.replica_batch() {
             return Err(invalid!(
                 "step got {rows} rows but each of the {} replicas takes {} of the global batch of {}",
@@ -294,8 +214,9 @@ impl Varuna {
                 self.opts.global_batch_size
             ));
         }
+        let batch = batch.to_device(&self.opts.device)?;
         let step = self.pipeline.steps_taken();
-        let mine = count_targets(targets)?;
+        let mine = self.opts.loss.count(&batch)?;
         let total = self.sum_dp_i64(mine as i64)? as usize;
         if total == 0 {
             return Err(invalid!(
@@ -304,9 +225,7 @@ impl Varuna {
         }
         let scale = self.loss_scale();
         let started = Instant::now();
-        let (loss, grads) = self
-            .pipeline
-            .loss_and_grads_with(inputs, targets, total, scale)?;
+        let (loss, grads) = self.pipeline.loss_and_grads(&batch, total, scale)?;
         self.wall += started.elapsed().as_secs_f64();
         let events = self.pipeline.take_trace();
         self.busy += events
@@ -382,10 +301,33 @@ impl Varuna {
         Ok(outcome)
     }
 
-    /// Varuna's `evaluate`: evaluation-mode output (logits, whole) of the model for `inputs`,
+    /// Varuna's `evaluate`: the evaluation-mode mean loss of `batch` (as given, one pass, no
+    /// micro-batches) and, with `keep_output`, the last stage's output (f32, whole), the same
     /// on every rank (each replica computes it; collective over the replica's ranks).
-    pub fn evaluate(&self, inputs: &Tensor) -> Result<Tensor> {
-        self.pipeline.predict(inputs)
+    pub fn evaluate(&self, batch: &Batch, keep_output: bool) -> Result<Evaluation> {
+        self.check_batch(batch, true)?;
+        let batch = batch.to_device(&self.opts.device)?;
+        let r = self.pipeline.forward_only(&batch, true, keep_output)?;
+        let (sum, count) = r.loss.expect("asked for the loss");
+        if count == 0 {
+            return Err(invalid!(
+                "the batch has no counted target: every target is ignored"
+            ));
+        }
+        Ok(Evaluation {
+            loss: sum / count as f64,
+            count,
+            output: r.output,
+        })
+    }
+
+    /// The evaluation-mode output (f32, whole) of the model for `batch`'s inputs, on every
+    /// rank; the batch needs no targets.
+    pub fn predict(&self, batch: &Batch) -> Result<Tensor> {
+        self.check_batch(batch, false)?;
+        let batch = batch.to_device(&self.opts.device)?;
+        let r = self.pipeline.forward_only(&batch, false, true)?;
+        Ok(r.output.expect("asked for the output"))
     }
 
     /// Fraction of step time this rank spent not computing (between actions, or inside one
@@ -453,64 +395,5 @@ impl Varuna {
             .dp
             .all_reduce(&Tensor::new(&[v], &Device::Cpu)?, ReduceOp::Sum)?
             .to_vec1::<i64>()?[0])
-    }
-}
-
-/// Every shared pair names parameters of the model with equal shapes (collective over the
-/// pipeline: each rank tells the shapes of the members it holds).
-fn check_shared_weights(p: &Pipeline, shared: &[(String, String)]) -> Result<()> {
-    for (a, b) in shared {
-        let mut shapes = Vec::new();
-        for name in [a, b] {
-            let mine: Vec<i64> = p
-                .params()
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.dims().iter().map(|d| *d as i64).collect())
-                .unwrap_or_default();
-            let found = p.params().iter().any(|(n, _)| n == name);
-            let mut t = vec![i64::from(found)];
-            t.extend(mine);
-            let all = p
-                .comm()
-                .all_gather(&Tensor::new(t.as_slice(), &Device::Cpu)?)?;
-            let owner = all
-                .iter()
-                .map(|t| t.to_vec1::<i64>())
-                .collect::<candle_core::Result<Vec<_>>>()?
-                .into_iter()
-                .find(|v| v[0] == 1)
-                .ok_or_else(|| {
-                    invalid!("unknown tied parameter `{name}`: it is not a parameter of the model")
-                })?;
-            shapes.push(owner[1..].to_vec());
-        }
-        if shapes[0] != shapes[1] {
-            return Err(invalid!(
-                "tied parameters `{a}` {:?} and `{b}` {:?} differ in shape: only equal shapes can be shared",
-                shapes[0],
-                shapes[1]
-            ));
-        }
-    }
-    Ok(())
-}
-
-impl Trainer for Varuna {
-    /// [`Varuna::step`] as a [`StepReport`] (an overflow reports the loss with a NaN norm).
-    fn step(&mut self, inputs: &Tensor, targets: &Tensor) -> Result<StepReport> {
-        let o = Varuna::step(self, inputs, targets)?;
-        Ok(StepReport {
-            step: o.step,
-            loss: o.loss,
-            grad_norm: o.grad_norm,
-            lr: o.lr,
-            targets: o.targets,
-        })
-    }
-
-    fn predict(&self, inputs: &Tensor) -> Result<Tensor> {
-        self.evaluate(inputs)
-            .and_then(|t| Ok(t.to_dtype(DType::F32)?))
     }
 }

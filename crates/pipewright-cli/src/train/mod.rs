@@ -1,0 +1,224 @@
+//! `pipewright train`: a reference model on a task, on one device or split over pipeline (pp),
+//! tensor-parallel (tp) and data-parallel (dp) ranks: threads of this process, or processes
+//! under mpirun. Every layout, serial included, trains through [`Varuna`].
+
+mod args;
+mod report;
+
+use pipewright::comm::{local, Communicator};
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::experiment::RunDir;
+use pipewright::nn::optim::LrSchedule;
+use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::{chrome_trace, Recompute, TraceEvent};
+use pipewright::precision::Precision;
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{invalid, Batch, Error, Result, Sequential};
+use pipewright_models::Task;
+
+pub use args::TrainArgs;
+use args::{make_model, make_optimizer, make_task, schedule};
+use report::{train_loop, write_summary};
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    // Ranks on this machine: the threads of this process, or MPI's processes on this node.
+    let ranks_here = match a.backend {
+        crate::bench::Backend::Local => a.pp * a.tp * a.dp,
+        crate::bench::Backend::Mpi => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1),
+    };
+    pipewright::comm::size_thread_pools(ranks_here);
+    if a.clip < 0.0 || !a.clip.is_finite() {
+        return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
+    }
+    if !(0.0..=1.0).contains(&a.min_lr_ratio) {
+        return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
+    }
+    let task = make_task(&a)?;
+    let (model, tied) = make_model(&a, task.as_ref())?;
+    let chunk_size = chunk_size(&a)?;
+    let opts = VarunaOptions {
+        shared_weights: tied.clone(),
+        precision: a.precision.parse::<Precision>()?,
+        seed: a.seed,
+        schedule: a.schedule.parse::<Kind>()?,
+        virtual_stages: a.virtual_stages,
+        balance: a.balance.clone(),
+        recompute: a.recompute.parse::<Recompute>()?,
+        deferred_batch_norm: a.deferred_batch_norm,
+        clip: (a.clip > 0.0).then_some(a.clip),
+        lr: schedule(&a),
+        ..VarunaOptions::new(Layout::new(a.pp, a.tp, a.dp)?, a.batch_size, chunk_size)
+    };
+    // Fail on a bad layout, split, schedule or device before anything is written.
+    opts.validate(a.pp * a.tp * a.dp)?;
+    pipewright::pipeline::partition::partition(
+        &model,
+        a.pp * a.virtual_stages,
+        a.balance.as_deref(),
+    )?;
+    pipewright::device::device(&a.device, 0)?;
+    if a.trace.is_some() && a.pp == 1 {
+        return Err(invalid!(
+            "--trace records pipeline actions: use it with --pp 2 or more"
+        ));
+    }
+    let setup = Setup {
+        a: &a,
+        task: task.as_ref(),
+        model: &model,
+        tied: &tied,
+        sched: opts.lr,
+        chunk_size,
+        opts: opts.clone(),
+    };
+    let traces = match a.backend {
+        crate::bench::Backend::Mpi => return run_mpi(&setup),
+        crate::bench::Backend::Local => {
+            let dir = RunDir::create(&a.out)?;
+            let world = a.pp * a.tp * a.dp;
+            local::run(world, |comm| {
+                let (master, local_rank) = (comm.is_master(), comm.rank());
+                setup.rank(Box::new(comm), local_rank, master.then_some(&dir))
+            })?
+        }
+    };
+    let traces: Vec<Vec<TraceEvent>> = traces.into_iter().flatten().collect();
+    write_trace(&a, &traces)
+}
+
+fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
+    if let Some(path) = &a.trace {
+        std::fs::write(path, chrome_trace(traces))
+            .map_err(|e| Error::io("cannot write trace", path, e))?;
+        println!(
+            "trace           {} (open in https://ui.perfetto.dev)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// One process per rank under `mpirun -np P`: rank 0 writes the run directory. A rank that
+/// fails ends the whole job (MPI would otherwise leave the others waiting).
+#[cfg(feature = "mpi")]
+fn run_mpi(setup: &Setup) -> Result<()> {
+    use pipewright::comm::mpi::Mpi;
+    let a = setup.a;
+    let (_mpi, world) = Mpi::init()?;
+    let rank = world.rank();
+    let result = (|| {
+        let n = a.pp * a.tp * a.dp;
+        if world.size() != n {
+            return Err(invalid!(
+                "mpirun started {} ranks but --pp {} x --tp {} x --dp {} needs {n}: start it with mpirun -np {n}",
+                world.size(),
+                a.pp,
+                a.tp,
+                a.dp
+            ));
+        }
+        let dir = if world.is_master() {
+            Some(RunDir::create(&a.out)?)
+        } else {
+            None
+        };
+        let local_rank = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let trace = setup.rank(Box::new(world), local_rank, dir.as_ref())?;
+        if rank == 0 {
+            if a.trace.is_some() {
+                eprintln!("note: under MPI the trace holds rank 0's actions only");
+            }
+            write_trace(a, &[trace.unwrap_or_default()])?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        eprintln!("error: rank {rank}: {e}");
+        Mpi::abort(1);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_: &Setup) -> Result<()> {
+    Err(invalid!(
+        "this pipewright was built without MPI: build with `--features mpi` (tools/install-mpi.sh \
+         installs Open MPI) and start it under `mpirun -np P`"
+    ))
+}
+
+/// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
+/// `--chunks` micro-batches each.
+fn chunk_size(a: &TrainArgs) -> Result<usize> {
+    if let Some(s) = a.chunk_size {
+        return Ok(s);
+    }
+    let per = a.dp * a.chunks;
+    if !a.batch_size.is_multiple_of(per) {
+        return Err(invalid!(
+            "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
+             micro-batches: choose a batch size that is a multiple of {per}",
+            a.batch_size,
+            a.dp,
+            a.chunks
+        ));
+    }
+    Ok(a.batch_size / per)
+}
+
+/// Everything a rank needs to build its part and train.
+pub struct Setup<'a> {
+    a: &'a TrainArgs,
+    task: &'a dyn Task,
+    model: &'a Sequential,
+    tied: &'a [(String, String)],
+    sched: LrSchedule,
+    chunk_size: usize,
+    opts: VarunaOptions,
+}
+
+impl Setup<'_> {
+    /// One rank of the world (`comm`): build its stages and shards, train on its replica's
+    /// rows, return its trace if it is the first rank of its stage (the one traced).
+    fn rank(
+        &self,
+        comm: Box<dyn Communicator>,
+        local_rank: usize,
+        dir: Option<&RunDir>,
+    ) -> Result<Option<Vec<TraceEvent>>> {
+        let a = self.a;
+        let opts = VarunaOptions {
+            device: pipewright::device::device(&a.device, local_rank)?,
+            ..self.opts.clone()
+        };
+        let mut v = Varuna::new(self.model, comm, opts)?;
+        v.set_optimizer(|ps| make_optimizer(a, ps))?;
+        let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
+        if traced {
+            v.keep_trace();
+        }
+        let c = v.coords();
+        let task = self.task;
+        let loader = DistributedLoader::new(
+            |step, rows| task.batch(step, rows).map(|(x, y)| Batch::pair(x, y)),
+            a.batch_size,
+            c.dp_rank,
+            a.dp,
+            v.device().clone(),
+        )?;
+        let num_params = v.pipeline().total_params()?;
+        let done = train_loop(self, num_params, &mut v, &|step| loader.batch(step), dir)?;
+        let bubbles = v.bubble_per_stage()?;
+        if let (Some(dir), Some(done)) = (dir, done) {
+            write_summary(a, dir, done, &v.describe()?, &bubbles)?;
+        }
+        Ok(traced.then(|| v.take_trace()))
+    }
+}

@@ -1,0 +1,216 @@
+//! What a run writes and prints: `params.json`, the scalars, the progress bar, and the
+//! one-screen summary (`summary.json`).
+
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::experiment::recorder::ScalarRow;
+use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
+use pipewright::nn::optim::LrSchedule;
+use pipewright::varuna::Varuna;
+use pipewright::{Batch, Result};
+use pipewright_models::TaskShape;
+use serde::Serialize;
+
+use super::{Setup, TrainArgs};
+
+/// `params.json`: every flag and what they made.
+#[derive(Serialize)]
+pub struct Params<'a> {
+    pipewright_version: &'static str,
+    #[serde(flatten)]
+    args: &'a TrainArgs,
+    task_shape: String,
+    num_params: usize,
+    layers: Vec<String>,
+    cut_points: Vec<usize>,
+    tied: Vec<(String, String)>,
+    lr_schedule: LrSchedule,
+}
+
+/// `summary.json`: the result, the layout and where the time went.
+#[derive(Serialize)]
+pub struct Summary {
+    steps: u64,
+    final_loss: f64,
+    metric_name: &'static str,
+    metric: f64,
+    seconds: f64,
+    items_per_second: f64,
+    items: &'static str,
+    peak_memory_bytes: Option<u64>,
+    layout: String,
+    ranks: Vec<String>,
+    bubble_per_stage: Vec<f64>,
+}
+
+/// The training loop of one rank (every rank runs it; only the one given `dir` reports).
+/// Returns the summary on the rank given `dir`.
+pub fn train_loop(
+    run: &Setup,
+    num_params: usize,
+    trainer: &mut Varuna,
+    batch: &dyn Fn(u64) -> Result<Batch>,
+    dir: Option<&RunDir>,
+) -> Result<Option<Summary>> {
+    let (a, task) = (run.a, run.task);
+    let mut rec = match dir {
+        Some(dir) => {
+            dir.write_json(
+                "params.json",
+                &Params {
+                    pipewright_version: env!("CARGO_PKG_VERSION"),
+                    args: a,
+                    task_shape: format!("{:?}", task.shape()),
+                    num_params,
+                    layers: run
+                        .model
+                        .specs()
+                        .iter()
+                        .map(|s| s.name().to_string())
+                        .collect(),
+                    cut_points: run.model.cut_points().to_vec(),
+                    tied: run.tied.to_vec(),
+                    lr_schedule: run.sched,
+                },
+            )?;
+            Some(Recorder::create(
+                dir.path(),
+                &format!("eval/{}", task.metric_name()),
+            )?)
+        }
+        None => None,
+    };
+    let (items_per_step, items) = match task.shape() {
+        TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
+        TaskShape::Images { .. } => (a.batch_size, "samples"),
+    };
+    let mut layout = String::new();
+    if a.pp > 1 {
+        layout += &format!(
+            ", pipeline pp={} {} virtual={}",
+            a.pp, a.schedule, a.virtual_stages
+        );
+    }
+    if a.tp > 1 {
+        layout += &format!(", tensor-parallel tp={}", a.tp);
+    }
+    if let Some(dir) = dir {
+        println!(
+            "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in micro-batches of {}{layout} -> {}",
+            a.model,
+            task.name(),
+            a.steps,
+            a.batch_size,
+            run.chunk_size,
+            dir.path().display()
+        );
+    }
+    let pb = if dir.is_some() {
+        ProgressBar::new(a.steps)
+    } else {
+        ProgressBar::hidden()
+    };
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} step {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .expect("valid template"),
+    );
+    let start = Instant::now();
+    let mut last_loss = f64::NAN;
+    let mut metric = f64::NAN;
+    for step in 0..a.steps {
+        let r = trainer.step(&batch(step)?)?;
+        last_loss = r.loss;
+        let last = step + 1 == a.steps;
+        let eval_now = (step + 1) % a.eval_every == 0 || last;
+        let m = if eval_now {
+            metric = task.evaluate(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
+            let line = format!(
+                "step {:>6}  loss {:.4}  {} {:.4}",
+                step + 1,
+                r.loss,
+                task.metric_name(),
+                metric
+            );
+            if dir.is_some() {
+                pb.suspend(|| println!("{line}"));
+            }
+            Some(metric)
+        } else {
+            None
+        };
+        if let Some(rec) = rec.as_mut().filter(|_| step % a.log_every == 0 || eval_now) {
+            rec.record(ScalarRow {
+                step,
+                loss: r.loss,
+                lr: r.lr,
+                metric: m,
+            })?;
+        }
+        let rate = (step + 1) as f64 * items_per_step as f64 / start.elapsed().as_secs_f64();
+        pb.set_message(format!("loss {:.4} | {:.0} {items}/s", r.loss, rate));
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let (Some(_), Some(rec)) = (dir, rec.as_mut()) else {
+        return Ok(None);
+    };
+    rec.flush()?;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(Some(Summary {
+        steps: a.steps,
+        final_loss: last_loss,
+        metric_name: task.metric_name(),
+        metric,
+        seconds: secs,
+        items_per_second: a.steps as f64 * items_per_step as f64 / secs,
+        items,
+        peak_memory_bytes: peak_memory_bytes(),
+        layout: String::new(),
+        ranks: Vec::new(),
+        bubble_per_stage: Vec::new(),
+    }))
+}
+
+/// Writes `summary.json` and prints the one-screen summary: the result, the layout, which
+/// rank holds what, and each stage's measured bubble.
+pub fn write_summary(
+    a: &TrainArgs,
+    dir: &RunDir,
+    mut summary: Summary,
+    ranks: &[String],
+    bubbles: &[f64],
+) -> Result<()> {
+    summary.layout = format!("pp={} tp={} dp={} {}", a.pp, a.tp, a.dp, a.precision);
+    summary.ranks = ranks.to_vec();
+    summary.bubble_per_stage = bubbles.to_vec();
+    dir.write_json("summary.json", &summary)?;
+    println!("──────── summary ────────");
+    println!("run directory   {}", dir.path().display());
+    println!("steps           {}", summary.steps);
+    println!("final loss      {:.6}", summary.final_loss);
+    println!("{:<15} {:.4}", summary.metric_name, summary.metric);
+    println!("time            {:.1} s", summary.seconds);
+    println!(
+        "throughput      {:.0} {}/s",
+        summary.items_per_second, summary.items
+    );
+    if let Some(p) = summary.peak_memory_bytes {
+        println!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
+    }
+    println!("layout          {}", summary.layout);
+    if ranks.len() > 1 {
+        for r in ranks {
+            println!("  {r}");
+        }
+        let b: Vec<String> = bubbles
+            .iter()
+            .enumerate()
+            .map(|(s, b)| format!("stage {s} {:.0}%", b * 100.0))
+            .collect();
+        println!("bubble          {} (time each stage waited)", b.join(", "));
+    }
+    Ok(())
+}

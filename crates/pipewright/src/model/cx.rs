@@ -1,0 +1,111 @@
+//! [`Cx`]: the per-forward context every layer gets, and the [`Mode`].
+
+use std::collections::HashMap;
+
+use candle_core::{Tensor, TensorId};
+
+use crate::{Error, Result};
+
+/// Train or evaluation mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Train,
+    Eval,
+}
+
+/// Per-forward context handed to every layer: the mode, the step and micro-batch (so seeded
+/// randomness such as dropout is reproducible, also when recomputed), whether this forward is a
+/// recomputation, and the skip-connection stash.
+#[derive(Debug)]
+pub struct Cx {
+    pub mode: Mode,
+    pub seed: u64,
+    pub step: u64,
+    pub micro_batch: usize,
+    /// Deferred batch norm (torchgpipe): BatchNorm layers add this micro-batch's moments to the
+    /// batch's and move their running statistics once, at [`Layer::finish_batch`].
+    pub defer_batch_stats: bool,
+    /// Zero-bubble split backward: weight-bearing layers queue their weight gradients here
+    /// instead of computing them in the backward pass.
+    pub weight_grads: Option<crate::nn::deferred::WeightGradQueue>,
+    recomputing: bool,
+    stash: HashMap<String, Tensor>,
+    /// Activations split over the tensor-parallel group, by tensor (see [`crate::shard::attr`]).
+    parallel: HashMap<TensorId, i64>,
+}
+
+impl Cx {
+    pub fn new(mode: Mode, seed: u64, step: u64, micro_batch: usize) -> Self {
+        Self {
+            mode,
+            seed,
+            step,
+            micro_batch,
+            defer_batch_stats: false,
+            weight_grads: None,
+            recomputing: false,
+            stash: HashMap::new(),
+            parallel: HashMap::new(),
+        }
+    }
+
+    /// A context for inference: evaluation mode, no randomness.
+    pub fn eval() -> Self {
+        Self::new(Mode::Eval, 0, 0, 0)
+    }
+
+    pub fn is_training(&self) -> bool {
+        self.mode == Mode::Train
+    }
+
+    /// True while a forward pass is being recomputed for the backward pass (torchgpipe's
+    /// `is_recomputing`): layers with side effects (running statistics) must skip them.
+    pub fn is_recomputing(&self) -> bool {
+        self.recomputing
+    }
+
+    pub fn set_recomputing(&mut self, on: bool) {
+        self.recomputing = on;
+    }
+
+    /// Keeps `t` under `name` for a later layer (torchgpipe's `stash`).
+    pub fn stash(&mut self, layer: &str, name: &str, t: Tensor) -> Result<()> {
+        if self.stash.contains_key(name) {
+            return Err(Error::Layer {
+                layer: layer.into(),
+                msg: format!("stashes `{name}` twice in one forward; pop it before stashing again"),
+            });
+        }
+        self.stash.insert(name.to_string(), t);
+        Ok(())
+    }
+
+    /// Takes the tensor stashed under `name` (torchgpipe's `pop`).
+    pub fn pop(&mut self, layer: &str, name: &str) -> Result<Tensor> {
+        self.stash.remove(name).ok_or_else(|| Error::Layer {
+            layer: layer.into(),
+            msg: format!("pops `{name}` but no earlier layer stashed it"),
+        })
+    }
+
+    /// Marks `t` as split on `dim` over the tensor-parallel group (`None` clears the mark);
+    /// see [`crate::shard::register_parallel_dim`].
+    pub fn set_parallel_dim(&mut self, t: &Tensor, dim: Option<i64>) {
+        match dim {
+            Some(d) => self.parallel.insert(t.id(), d),
+            None => self.parallel.remove(&t.id()),
+        };
+    }
+
+    /// The dim `t` is split on over the tensor-parallel group, `None` when whole.
+    pub fn parallel_dim(&self, t: &Tensor) -> Option<i64> {
+        self.parallel.get(&t.id()).copied()
+    }
+
+    /// Names still stashed (a forward that ends with any is an error: they were never popped).
+    pub fn stashed(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.stash.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,157 @@
+//! What a [`super::Varuna`] is made with and what its calls return.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use crate::batch::Batch;
+use crate::data_parallel::DEFAULT_BUCKET_BYTES;
+use crate::loss::{CrossEntropy, SharedLoss};
+use crate::nn::optim::LrSchedule;
+use crate::pipeline::schedule::{Kind, Schedule};
+use crate::pipeline::Recompute;
+use crate::precision::{LossScaler, Precision};
+use crate::topology::{Layout, Topology};
+use crate::{invalid, Result};
+
+/// Where ranks go.
+#[derive(Clone, Debug)]
+pub enum Placement {
+    /// pp x tp x dp, tp fastest (see [`crate::topology`]).
+    Layout(Layout),
+    /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...) with `tp`
+    /// consecutive ranks per shard group.
+    StageToRankMap { map: String, tp: usize },
+}
+
+/// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
+pub type BatchFn = Arc<dyn Fn(usize) -> Result<Batch> + Send + Sync>;
+
+/// Everything [`Varuna::new`] needs besides the model and the world.
+#[derive(Clone)]
+pub struct VarunaOptions {
+    pub placement: Placement,
+    /// Rows of one step over all replicas.
+    pub global_batch_size: usize,
+    /// Rows of one micro-batch.
+    pub chunk_size: usize,
+    pub precision: Precision,
+    /// Parameter pairs kept equal (Varuna's `shared_weights`).
+    pub shared_weights: Vec<(String, String)>,
+    /// When given, a batch of `chunk_size` rows is run through the model (evaluation mode) at
+    /// construction, so that a shape error shows before training.
+    pub batch_fn: Option<BatchFn>,
+    pub seed: u64,
+    pub schedule: Kind,
+    pub virtual_stages: usize,
+    pub balance: Option<Vec<usize>>,
+    pub recompute: Recompute,
+    pub deferred_batch_norm: bool,
+    pub clip: Option<f64>,
+    pub lr: LrSchedule,
+    /// Used with f16 only.
+    pub loss_scaler: LossScaler,
+    pub bucket_bytes: usize,
+    /// The objective, computed on the last stage (Varuna's model returns its loss; here the
+    /// loss is given apart, see [`crate::loss`]). Cross-entropy against
+    /// [`Batch::TARGETS`] by default.
+    pub loss: SharedLoss,
+    /// Where this rank computes (Varuna's `device=local_rank`): every parameter, activation
+    /// and gradient of the rank lives there.
+    pub device: Device,
+}
+
+impl VarunaOptions {
+    /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler and
+    /// DDP's 25 MiB buckets.
+    pub fn new(layout: Layout, global_batch_size: usize, chunk_size: usize) -> Self {
+        Self {
+            placement: Placement::Layout(layout),
+            global_batch_size,
+            chunk_size,
+            precision: Precision::F32,
+            shared_weights: Vec::new(),
+            batch_fn: None,
+            seed: 0,
+            schedule: Kind::OneFOneB,
+            virtual_stages: 1,
+            balance: None,
+            recompute: Recompute::Never,
+            deferred_batch_norm: false,
+            clip: None,
+            lr: LrSchedule::Constant { lr: 1e-3 },
+            loss_scaler: LossScaler::new(),
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            loss: Arc::new(CrossEntropy::default()),
+            device: Device::Cpu,
+        }
+    }
+
+    /// The layout the placement describes.
+    pub fn topology(&self) -> Result<Topology> {
+        match &self.placement {
+            Placement::Layout(l) => Ok(Topology::new(*l)),
+            Placement::StageToRankMap { map, tp } => Topology::from_stage_to_rank_map(map, *tp),
+        }
+    }
+
+    /// Micro-batches each data-parallel replica splits its rows into.
+    pub fn chunks(&self) -> Result<usize> {
+        let dp = self.topology()?.layout().dp;
+        let per_step = dp * self.chunk_size;
+        if self.chunk_size == 0
+            || self.global_batch_size == 0
+            || !self.global_batch_size.is_multiple_of(per_step)
+        {
+            return Err(invalid!(
+                "global_batch_size {} is not divisible by dp {dp} x chunk_size {}: choose a \
+                 multiple of {per_step}",
+                self.global_batch_size,
+                self.chunk_size
+            ));
+        }
+        Ok(self.global_batch_size / per_step)
+    }
+
+    /// Every check that needs no model: the placement fits a world of `world` ranks, the
+    /// global batch splits into replicas and micro-batches, the schedule exists for the
+    /// pipeline, the learning-rate schedule is valid. [`Varuna::new`] calls it; call it first
+    /// to fail before creating anything.
+    ///
+    /// [`Varuna::new`]: super::Varuna::new
+    pub fn validate(&self, world: usize) -> Result<()> {
+        let topo = self.topology()?;
+        topo.layout().check_world(world)?;
+        let chunks = self.chunks()?;
+        Schedule::new(self.schedule, topo.layout().pp, chunks, self.virtual_stages)?;
+        self.lr.validate()
+    }
+}
+
+/// What one [`Varuna::step`] did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepOutcome {
+    pub step: u64,
+    /// The global batch's mean loss (the same on every rank).
+    pub loss: f64,
+    /// Some rank found an inf or NaN gradient: every rank skipped the optimizer step.
+    pub overflow: bool,
+    /// Global gradient norm before clipping (NaN on an overflow).
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Loss scale used for this step (1 unless f16).
+    pub loss_scale: f64,
+    /// Counted targets of the global batch.
+    pub targets: usize,
+}
+
+/// What [`super::Varuna::evaluate`] returns (the same on every rank).
+#[derive(Clone, Debug)]
+pub struct Evaluation {
+    /// The batch's mean loss in evaluation mode.
+    pub loss: f64,
+    /// The count the loss averages over.
+    pub count: usize,
+    /// The last stage's output (f32, whole), when asked for.
+    pub output: Option<Tensor>,
+}
