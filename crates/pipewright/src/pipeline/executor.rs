@@ -21,15 +21,15 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use super::backward::{Saved, Step};
+use super::io::check_arity;
 use super::partition::partition;
 use super::recompute::Recompute;
 use super::schedule::{Action, Kind, Schedule};
 use super::skip::Skips;
 use super::tied::Tied;
 use super::trace::TraceEvent;
-use super::transfer::{
-    inject_gradients, recv_activation, send_activation, send_gradients, Received, Tags,
-};
+use super::transfer::{send_activation, Tags};
 use crate::batch::Batch;
 use crate::comm::{Communicator, Pending, ReduceOp};
 use crate::loss::{output_in_f32, SharedLoss};
@@ -55,22 +55,6 @@ pub struct PipelineOptions {
     pub recompute: Recompute,
     /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
     pub deferred_batch_norm: bool,
-}
-
-/// What a forward left for its backward.
-struct Saved {
-    /// The stage input as the layers saw it (for a recomputation).
-    input: Activation,
-    /// Its received floating-point tensors as variables (their gradients go back); empty on
-    /// the first stage, whose input is the batch's.
-    vars: Vec<Option<Var>>,
-    /// The stage output (to inject the incoming gradient) or, on the last stage, the loss;
-    /// `None` when the forward is to be recomputed.
-    output: Option<Activation>,
-    /// Skip tensors received from earlier stages (their gradients go back there).
-    imports: Vec<(usize, Var)>,
-    /// Skip tensors sent to later stages (their gradients come back); `None` when recomputed.
-    exports: Option<Vec<(usize, Tensor)>>,
 }
 
 /// One rank of a pipeline.
@@ -107,7 +91,7 @@ pub struct Pipeline {
     queue: Option<WeightGradQueue>,
     epoch: Instant,
     /// Nanoseconds spent in receives, for [`TraceEvent::wait_us`].
-    waited_ns: AtomicU64,
+    pub(super) waited_ns: AtomicU64,
 }
 
 impl Pipeline {
@@ -264,65 +248,9 @@ impl Pipeline {
         k % self.schedule.stages
     }
 
-    /// A receive whose waiting time counts as the running action's wait (see
-    /// [`TraceEvent::wait_us`]).
-    pub(super) fn recv_timed(&self, src: usize, tag: u64) -> Result<Tensor> {
-        let t0 = Instant::now();
-        let t = self.comm.recv(src, tag)?;
-        self.waited_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(t)
-    }
-
-    /// Receives the skip tensors that model stage `k` pops from earlier stages.
-    pub(super) fn import_skips(&self, k: usize, mb: usize) -> Result<Vec<(usize, Var)>> {
-        self.skips
-            .into_stage(k)
-            .map(|(i, r)| {
-                let tag = Tags::tensor(self.tags.skip(mb, i, false));
-                let t = self.recv_timed(self.rank_of(r.from), tag)?;
-                Ok((i, Var::from_tensor(&t.to_device(&self.device)?)?))
-            })
-            .collect()
-    }
-
-    /// Sends the skip tensors model stage `k` exports to the stages that pop them.
-    pub(super) fn export_skips(
-        &self,
-        mb: usize,
-        exports: &[(usize, Tensor)],
-        sends: &mut Vec<Pending<()>>,
-    ) -> Result<()> {
-        for (i, t) in exports {
-            let to = self.rank_of(self.skips.routes()[*i].to);
-            let tag = Tags::tensor(self.tags.skip(mb, *i, false));
-            sends.push(self.comm.isend(t, to, tag)?);
-        }
-        Ok(())
-    }
-
-    /// The first stage's input for micro-batch `mb`, or the previous stage's output.
-    fn stage_input(&self, k: usize, mb: usize, batch: &Batch) -> Result<Received> {
-        if k == 0 {
-            let x = Activation::from_batch(batch, self.input_names(), "model stage 0")?;
-            return Ok(Received {
-                activation: x,
-                vars: Vec::new(),
-            });
-        }
-        let recv = |src, tag| self.recv_timed(src, tag);
-        let msg = self.tags.activation(mb, k - 1, false);
-        Received::new(recv_activation(
-            &recv,
-            self.rank_of(k - 1),
-            msg,
-            &self.device,
-        )?)
-    }
-
     /// Runs model stage `k` in training mode; on the last stage the output becomes the
     /// micro-batch's loss over `denominator`.
-    fn train_forward(
+    pub(super) fn train_forward(
         &self,
         (k, mb): (usize, usize),
         x: Activation,
@@ -428,65 +356,12 @@ impl Pipeline {
                         invalid!("stage {k}: backward of micro-batch {mb} before its forward")
                     })?;
                     let kept = s.output.is_some();
-                    let (output, exports) = match (s.output, s.exports) {
-                        (Some(o), Some(e)) => (o, e),
-                        _ => {
-                            recomputed = true;
-                            let (mb_batch, x) = (&mbs[mb], s.input.clone());
-                            self.train_forward((k, mb), x, &s.imports, mb_batch, denominator, true)?
-                        }
+                    let ctx = Step {
+                        batch: &mbs[mb],
+                        denominator,
+                        loss_scale,
                     };
-                    let recv = |src, tag| self.recv_timed(src, tag);
-                    // One backward for the output and every skip sent on: the gradients that
-                    // come back are injected as (tensor * gradient).sum().
-                    let mut objective = if k == last {
-                        let l = output.into_tensor("loss")?;
-                        Some(if loss_scale == 1.0 {
-                            l
-                        } else {
-                            (l * loss_scale)?
-                        })
-                    } else {
-                        let msg = self.tags.activation(mb, k, true);
-                        inject_gradients(&recv, &output, self.rank_of(k + 1), msg)?
-                    };
-                    for (i, t) in exports {
-                        let from = self.rank_of(self.skips.routes()[i].to);
-                        let g = recv(from, Tags::tensor(self.tags.skip(mb, i, true)))?;
-                        let term = (t * g.to_device(&self.device)?.detach())?.sum_all()?;
-                        objective = Some(match objective {
-                            Some(o) => (o + term)?,
-                            None => term,
-                        });
-                    }
-                    let objective = objective.ok_or_else(|| {
-                        invalid!(
-                            "model stage {k} passes no floating-point tensor on: there is no \
-                             gradient to carry back through it"
-                        )
-                    })?;
-                    let store = objective.backward()?;
-                    grads.accumulate(Grads::from_store(&store, &self.chunks[c].1.params()))?;
-                    if k > 0 {
-                        let (to, msg) =
-                            (self.rank_of(k - 1), self.tags.activation(mb, k - 1, true));
-                        sends.extend(send_gradients(
-                            self.comm.as_ref(),
-                            &s.vars,
-                            &store,
-                            to,
-                            msg,
-                        )?);
-                    }
-                    for (i, v) in &s.imports {
-                        let g = match store.get(v.as_tensor()) {
-                            Some(g) => g.clone(),
-                            None => v.as_tensor().zeros_like()?,
-                        };
-                        let from = self.rank_of(self.skips.routes()[*i].from);
-                        let tag = Tags::tensor(self.tags.skip(mb, *i, true));
-                        sends.push(self.comm.isend(&g, from, tag)?);
-                    }
+                    recomputed = self.backward(s, (k, mb, c), &ctx, &mut grads, &mut sends)?;
                     // Under a split backward the activations stay until the weight gradient.
                     if matches!(a, Action::BackwardInput { .. }) {
                         awaiting_weight.insert((mb, c), kept);
@@ -554,33 +429,5 @@ impl Pipeline {
     /// Steps taken.
     pub fn steps_taken(&self) -> u64 {
         self.step
-    }
-}
-
-/// Checks that model stage `k` passes the same kind of activation (arity, tuple or not) for
-/// micro-batch `mb` as for the first micro-batch of the step.
-fn check_arity(
-    seen: &mut HashMap<usize, (usize, usize, bool)>,
-    k: usize,
-    mb: usize,
-    out: &Activation,
-) -> Result<()> {
-    let (first, n, tuple) = *seen.entry(k).or_insert((mb, out.arity(), out.is_tuple()));
-    if (n, tuple) != (out.arity(), out.is_tuple()) {
-        return Err(invalid!(
-            "model stage {k} passes {} for micro-batch {mb} but {} for micro-batch {first}: what \
-             crosses a cut point must keep its arity",
-            describe(out.arity(), out.is_tuple()),
-            describe(n, tuple)
-        ));
-    }
-    Ok(())
-}
-
-fn describe(n: usize, tuple: bool) -> String {
-    if tuple {
-        format!("a tuple of {n} tensors")
-    } else {
-        "one tensor".into()
     }
 }

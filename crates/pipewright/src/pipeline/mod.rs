@@ -6,12 +6,15 @@
 //! [`transfer`], skip routing in [`skip`], tied weights in [`tied`], recomputation in
 //! [`recompute`], evaluation in [`evaluate`] and traces in [`trace`].
 
+mod backward;
 pub mod evaluate;
 pub mod executor;
+mod io;
 pub mod microbatch;
 pub mod partition;
 pub mod recompute;
 pub mod schedule;
+pub mod simulate;
 pub mod skip;
 pub mod tied;
 pub mod trace;

@@ -1,0 +1,114 @@
+//! The backward of one micro-batch on one model stage: re-run the forward if it was not kept
+//! ([`super::recompute`]), inject the gradients that come back from the next stage and from
+//! skip connections sent on, run candle's backward once, and send the input's and imported
+//! skips' gradients back.
+
+use candle_core::{Tensor, Var};
+
+use super::executor::Pipeline;
+use super::transfer::{inject_gradients, send_gradients, Tags};
+use crate::batch::Batch;
+use crate::comm::Pending;
+use crate::model::Activation;
+use crate::nn::Grads;
+use crate::{invalid, Result};
+
+/// What a forward left for its backward.
+pub(super) struct Saved {
+    /// The stage input as the layers saw it (for a recomputation).
+    pub input: Activation,
+    /// Its received floating-point tensors as variables (their gradients go back); empty on
+    /// the first stage, whose input is the batch's.
+    pub vars: Vec<Option<Var>>,
+    /// The stage output (to inject the incoming gradient) or, on the last stage, the loss;
+    /// `None` when the forward is to be recomputed.
+    pub output: Option<Activation>,
+    /// Skip tensors received from earlier stages (their gradients go back there).
+    pub imports: Vec<(usize, Var)>,
+    /// Skip tensors sent to later stages (their gradients come back); `None` when recomputed.
+    pub exports: Option<Vec<(usize, Tensor)>>,
+}
+
+/// What a step's backward actions share: the micro-batch, the count the loss is divided by,
+/// and the loss scale.
+pub(super) struct Step<'a> {
+    pub batch: &'a Batch,
+    pub denominator: usize,
+    pub loss_scale: f64,
+}
+
+impl Pipeline {
+    /// The backward of micro-batch `mb` on model stage `k` (chunk `c` of this rank): adds its
+    /// parameter gradients to `grads` and queues the sends of its input gradients. Returns
+    /// whether the forward was recomputed.
+    pub(super) fn backward(
+        &self,
+        s: Saved,
+        (k, mb, c): (usize, usize, usize),
+        ctx: &Step<'_>,
+        grads: &mut Grads,
+        sends: &mut Vec<Pending<()>>,
+    ) -> Result<bool> {
+        let last = self.stages() - 1;
+        let mut recomputed = false;
+        let (output, exports) = match (s.output, s.exports) {
+            (Some(o), Some(e)) => (o, e),
+            _ => {
+                recomputed = true;
+                let (mb_batch, x) = (ctx.batch, s.input.clone());
+                self.train_forward((k, mb), x, &s.imports, mb_batch, ctx.denominator, true)?
+            }
+        };
+        let recv = |src, tag| self.recv_timed(src, tag);
+        // One backward for the output and every skip sent on: the gradients that
+        // come back are injected as (tensor * gradient).sum().
+        let mut objective = if k == last {
+            let l = output.into_tensor("loss")?;
+            Some(if ctx.loss_scale == 1.0 {
+                l
+            } else {
+                (l * ctx.loss_scale)?
+            })
+        } else {
+            let msg = self.tags.activation(mb, k, true);
+            inject_gradients(&recv, &output, self.rank_of(k + 1), msg)?
+        };
+        for (i, t) in exports {
+            let from = self.rank_of(self.skips.routes()[i].to);
+            let g = recv(from, Tags::tensor(self.tags.skip(mb, i, true)))?;
+            let term = (t * g.to_device(&self.device)?.detach())?.sum_all()?;
+            objective = Some(match objective {
+                Some(o) => (o + term)?,
+                None => term,
+            });
+        }
+        let objective = objective.ok_or_else(|| {
+            invalid!(
+                "model stage {k} passes no floating-point tensor on: there is no \
+                 gradient to carry back through it"
+            )
+        })?;
+        let store = objective.backward()?;
+        grads.accumulate(Grads::from_store(&store, &self.chunks[c].1.params()))?;
+        if k > 0 {
+            let (to, msg) = (self.rank_of(k - 1), self.tags.activation(mb, k - 1, true));
+            sends.extend(send_gradients(
+                self.comm.as_ref(),
+                &s.vars,
+                &store,
+                to,
+                msg,
+            )?);
+        }
+        for (i, v) in &s.imports {
+            let g = match store.get(v.as_tensor()) {
+                Some(g) => g.clone(),
+                None => v.as_tensor().zeros_like()?,
+            };
+            let from = self.rank_of(self.skips.routes()[*i].from);
+            let tag = Tags::tensor(self.tags.skip(mb, *i, true));
+            sends.push(self.comm.isend(&g, from, tag)?);
+        }
+        Ok(recomputed)
+    }
+}

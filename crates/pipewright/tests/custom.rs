@@ -1,0 +1,248 @@
+//! Bring-your-own-model checks on the example's model (`examples/custom_model.rs`, included
+//! here so that the test runs exactly what the example documents): pp=2 x dp=2 against serial
+//! training, a tuple of f32 and u8 crossing a cut forward and backward, an explicit device, and
+//! clear errors for what a user can get wrong.
+
+#[allow(dead_code)]
+#[path = "../examples/custom_model.rs"]
+mod custom_model;
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{DType, Device, Tensor, Var};
+use custom_model::{batch, model, train_parallel, train_serial, CHUNK_SIZE, GLOBAL_BATCH};
+use pipewright::comm::local;
+use pipewright::loss::Mse;
+use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::nn::{max_rel_diff, Grads};
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{Batch, Build, Result};
+
+fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
+    Ok(Box::new(Sgd::new(params, SgdConfig::default())?))
+}
+
+fn options(layout: Layout) -> VarunaOptions {
+    VarunaOptions {
+        loss: Arc::new(Mse::new("y")),
+        lr: LrSchedule::Constant { lr: 0.1 },
+        device: Device::Cpu,
+        ..VarunaOptions::new(layout, GLOBAL_BATCH, CHUNK_SIZE)
+    }
+}
+
+#[test]
+fn the_example_trains_pp2_dp2_to_the_serial_losses() {
+    let serial = train_serial(8).unwrap();
+    let parallel = train_parallel(Layout::new(2, 1, 2).unwrap(), 8).unwrap();
+    for (s, (a, b)) in serial.iter().zip(&parallel).enumerate() {
+        assert!(
+            ((a - b) / a).abs() < 1e-5,
+            "step {s}: {serial:?} vs {parallel:?}"
+        );
+    }
+    // The run learned something the oracle also learned: the loss moved.
+    assert_ne!(serial[0], serial[7]);
+}
+
+/// Serial: the first batch's loss, gradients and evaluation output, and the parameters after
+/// two SGD steps.
+fn serial_reference() -> (f64, Grads, Tensor, Vec<(String, Tensor)>) {
+    let stage = model().build(&Build::cpu(0)).unwrap();
+    let opt = sgd(stage.params()).unwrap();
+    let mut t = SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed: 0,
+            chunks: GLOBAL_BATCH / CHUNK_SIZE,
+            clip: None,
+            schedule: LrSchedule::Constant { lr: 0.1 },
+            tied: vec![],
+            deferred_batch_norm: false,
+            loss: Arc::new(Mse::new("y")),
+        },
+    )
+    .unwrap();
+    let b0 = batch(0, GLOBAL_BATCH).unwrap();
+    let (loss, grads, _) = t.loss_and_grads(&b0).unwrap();
+    let out = t.predict(&b0).unwrap();
+    t.step(&b0).unwrap();
+    t.step(&batch(1, GLOBAL_BATCH).unwrap()).unwrap();
+    let params = t
+        .model()
+        .params()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
+        .collect();
+    (loss, grads, out, params)
+}
+
+#[test]
+fn a_tuple_of_f32_and_u8_crosses_the_cut_forward_and_backward_exactly() {
+    let (loss, grads, out, params) = serial_reference();
+    let runs = local::run(2, |comm| {
+        let mut v = Varuna::new(&model(), Box::new(comm), options(Layout::new(2, 1, 1)?))?;
+        v.set_optimizer(sgd)?;
+        let first: Arc<Mutex<Option<Grads>>> = Arc::default();
+        let keep = first.clone();
+        v.set_grad_hook(move |g| {
+            keep.lock().unwrap().get_or_insert_with(|| g.clone());
+        });
+        let b0 = batch(0, GLOBAL_BATCH)?;
+        let got_out = v.predict(&b0)?;
+        let got_loss = v.step(&b0)?.loss;
+        v.step(&batch(1, GLOBAL_BATCH)?)?;
+        // Every parameter lives on the device the options named.
+        assert!(v
+            .pipeline()
+            .params()
+            .iter()
+            .all(|(_, p)| p.device().is_cpu()));
+        let ps: Vec<(String, Tensor)> = v
+            .pipeline()
+            .params()
+            .iter()
+            .map(|(n, p)| (n.clone(), p.as_tensor().copy().unwrap()))
+            .collect();
+        let g = first.lock().unwrap().clone().unwrap();
+        Ok((got_loss, got_out, g, ps))
+    })
+    .unwrap();
+    for (rank, (l, o, g, ps)) in runs.iter().enumerate() {
+        assert!(
+            ((l - loss) / loss).abs() < 1e-6,
+            "rank {rank}: loss {l} vs {loss}"
+        );
+        assert!(max_rel_diff(o, &out).unwrap() < 1e-6, "rank {rank}: output");
+        assert!(!g.is_empty());
+        for (n, t) in g.iter() {
+            let e = max_rel_diff(t, grads.get(n).unwrap()).unwrap();
+            assert!(e < 1e-6, "rank {rank}: gradient of `{n}` differs by {e:e}");
+        }
+        for (n, p) in ps {
+            let w = &params.iter().find(|(m, _)| m == n).unwrap().1;
+            let e = max_rel_diff(p, w).unwrap();
+            assert!(
+                e < 1e-6,
+                "rank {rank}: `{n}` after 2 steps differs by {e:e}"
+            );
+        }
+    }
+    // Stage 0 holds the encoder, stage 1 the head: the gradient of the encoder came back
+    // through the f32 half of the tuple.
+    assert!(runs[0].2.get("encoder.weight").is_some());
+    assert!(runs[1].2.get("head.weight").is_some());
+}
+
+/// The error every rank of a pp=2 run of `m` reports for `b`.
+fn step_error(m: &Sequential, b: Batch) -> String {
+    local::run(2, |comm| {
+        let mut v = Varuna::new(m, Box::new(comm), options(Layout::new(2, 1, 1)?))?;
+        v.set_optimizer(sgd)?;
+        v.step(&b).map(|_| ())
+    })
+    .unwrap_err()
+    .to_string()
+}
+
+fn without(name: &str) -> Batch {
+    let full = batch(0, GLOBAL_BATCH).unwrap();
+    let mut b = Batch::new();
+    for (n, t) in full.iter().filter(|(n, _)| *n != name) {
+        b.insert(n, t.clone());
+    }
+    b
+}
+
+#[test]
+fn what_a_user_gets_wrong_is_a_clear_error() {
+    let e = step_error(&model(), without("y"));
+    assert!(
+        e.contains("the loss asks for the batch tensor `y` but the batch holds only [\"features\", \"mask\"]"),
+        "{e}"
+    );
+    let e = step_error(&model(), without("mask"));
+    assert!(
+        e.contains("the model's first stage asks for the batch tensor `mask`"),
+        "{e}"
+    );
+    // A stage whose output is a tuple for one micro-batch and a tensor for the next.
+    struct Fickle;
+    impl Layer for Fickle {
+        fn name(&self) -> &str {
+            "fickle"
+        }
+        fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+            let t = x.into_tensors().remove(0);
+            Ok(if cx.micro_batch == 0 {
+                Activation::Tuple(vec![t.clone(), t])
+            } else {
+                t.into()
+            })
+        }
+        fn params(&self) -> Vec<(String, Var)> {
+            Vec::new()
+        }
+    }
+    struct First;
+    impl Layer for First {
+        fn name(&self) -> &str {
+            "first"
+        }
+        fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+            Ok(x.into_tensors().remove(0).into())
+        }
+        fn params(&self) -> Vec<(String, Var)> {
+            Vec::new()
+        }
+    }
+    let mut m = Sequential::new();
+    m.inputs(&["features"]);
+    m.push(LayerSpec::new("fickle", |_| {
+        Ok(Box::new(Fickle) as Box<dyn Layer>)
+    }))
+    .cut();
+    m.push(LayerSpec::new("first", |_| {
+        Ok(Box::new(First) as Box<dyn Layer>)
+    }));
+    let b = batch(0, GLOBAL_BATCH).unwrap();
+    let e = step_error(&m, b.clone());
+    assert!(
+        e.contains(
+            "model stage 0 passes one tensor for micro-batch 1 but a tuple of 2 tensors for \
+             micro-batch 0: what crosses a cut point must keep its arity"
+        ),
+        "{e}"
+    );
+    // Rows that disagree between batch tensors.
+    let short = b.clone().with(
+        "y",
+        Tensor::zeros((3, 1), DType::F32, &Device::Cpu).unwrap(),
+    );
+    let e = step_error(&model(), short);
+    assert!(
+        e.contains("batch tensor `y` has 3 rows but `features` has 16"),
+        "{e}"
+    );
+    // Devices by name.
+    let e = pipewright::device::device("tpu", 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("unknown device `tpu`: use cpu, cuda or cuda:N"),
+        "{e}"
+    );
+    if !candle_core::utils::cuda_is_available() {
+        let e = pipewright::device::device("cuda", 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("this build of pipewright has no CUDA support"),
+            "{e}"
+        );
+    }
+}
