@@ -11,8 +11,8 @@ bin=target/pipewright-mpi
 cp target/release/pipewright "$bin"
 out=target/mpi-parity/$(echo "$*" | tr -c 'a-z0-9' '_')
 rm -rf "$out"
-args=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunks 4 --steps 6 --eval-every 3 --schedule 1f1b --dropout 0.1 "$@")
-serial=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunks 4 --steps 6 --eval-every 3 --dropout 0.1)
+args=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 --schedule 1f1b --dropout 0.1 "$@")
+serial=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 --dropout 0.1)
 "$bin" "${serial[@]}" --out "$out/serial" >/dev/null
 "$bin" "${args[@]}" --out "$out/local" >/dev/null
 bash tools/mpirun.sh "$np" "$bin" "${args[@]}" --backend mpi --out "$out/mpi" >/dev/null

@@ -1,0 +1,195 @@
+//! Every command the README shows runs: each `pipewright ...` line of its `sh` blocks (and the
+//! main job) runs here with 2 steps and its outputs are checked; every other line (mpirun,
+//! cargo builds, examples) must be one `.ci/run` runs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The command lines of the README's `sh` blocks, comments stripped.
+fn readme_commands() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            inside = line == "```sh";
+            continue;
+        }
+        let cmd = line.split(" #").next().unwrap().trim();
+        if inside && !cmd.is_empty() && !cmd.starts_with('#') {
+            out.push(cmd.to_string());
+        }
+    }
+    out
+}
+
+/// The main job's `cargo run ... -- ARGS` as `pipewright ARGS`.
+const MAIN_JOB: &str = "cargo run --release -p pipewright-cli -- ";
+
+/// `args` with `--steps` set to 2, `--out`, `--trace` and `--svg` in `dir`, and `--data`
+/// relative to the repository.
+fn shrink(args: &[&str], dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        out.push(a.to_string());
+        let value = match *a {
+            "--steps" => Some("2".to_string()),
+            "--out" | "--trace" | "--svg" => {
+                let v = it.next().unwrap();
+                Some(dir.join(v.replace('/', "_")).display().to_string())
+            }
+            "--data" => Some(root().join(it.next().unwrap()).display().to_string()),
+            _ => None,
+        };
+        if let Some(v) = value {
+            if *a == "--steps" {
+                it.next();
+            }
+            out.push(v);
+        }
+    }
+    if args[0] == "train" && !args.contains(&"--help") && !args.contains(&"--steps") {
+        out.extend(["--steps".to_string(), "2".to_string()]);
+    }
+    out
+}
+
+fn value_of<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let i = args.iter().position(|a| a == flag)?;
+    args.get(i + 1).map(String::as_str)
+}
+
+/// Checks what a command wrote.
+fn check_outputs(args: &[String], stdout: &str) {
+    if args[0] == "train" && args.iter().any(|a| a == "--help") {
+        assert!(
+            stdout.contains("--chunk-size") && stdout.contains("--device"),
+            "{stdout}"
+        );
+        return;
+    }
+    if args[0] == "train" {
+        let out = Path::new(value_of(args, "--out").unwrap());
+        let csv = std::fs::read_to_string(out.join("scalars.csv")).unwrap();
+        let rows: Vec<&str> = csv.lines().skip(1).collect();
+        assert_eq!(rows.len(), 2, "{args:?}: {csv}");
+        for r in rows {
+            let loss: f64 = r.split(',').nth(1).unwrap().parse().unwrap();
+            assert!(loss.is_finite() && loss > 0.0, "{args:?}: {r}");
+        }
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
+                .unwrap();
+        let pp: usize = value_of(args, "--pp").map_or(1, |v| v.parse().unwrap());
+        assert_eq!(summary["bubble_per_stage"].as_array().unwrap().len(), pp);
+    }
+    if let Some(svg) = value_of(args, "--svg") {
+        let pp: usize = value_of(args, "--pp").unwrap().parse().unwrap();
+        let chunks: usize = value_of(args, "--chunks").unwrap().parse().unwrap();
+        check_svg(Path::new(svg), pp, chunks);
+    }
+    if let Some(trace) = value_of(args, "--trace") {
+        let pp: usize = value_of(args, "--pp").unwrap().parse().unwrap();
+        let chunks: usize = value_of(args, "--chunks").unwrap().parse().unwrap();
+        check_trace(Path::new(trace), pp, chunks);
+    }
+    if args[0] == "bench" {
+        assert!(
+            stdout.contains("all_reduce") && stdout.contains("send/recv"),
+            "{stdout}"
+        );
+    }
+}
+
+/// A zero-bubble timeline: one labelled row per stage, and on each row one box per F, I and W
+/// of every micro-batch.
+fn check_svg(path: &Path, pp: usize, chunks: usize) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("the SVG parses as XML");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let labels: Vec<f64> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text") && n.text().is_some_and(|t| t.starts_with("stage ")))
+        .map(|n| n.attribute("y").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(labels.len(), pp, "one row per stage");
+    let mut rows: Vec<f64> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("rect") && n.attribute("x").is_some())
+        .map(|n| n.attribute("y").unwrap().parse().unwrap())
+        .collect();
+    rows.sort_by(f64::total_cmp);
+    rows.dedup();
+    assert_eq!(rows.len(), pp, "action boxes on {} rows", rows.len());
+    for y in rows {
+        let n = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("rect") && n.attribute("y") == Some(&y.to_string()))
+            .count();
+        assert_eq!(
+            n,
+            3 * chunks,
+            "row at y={y}: F, I and W of every micro-batch"
+        );
+    }
+}
+
+/// A zero-bubble trace: every stage's track has F, I and W events, one per micro-batch and
+/// step.
+fn check_trace(path: &Path, pp: usize, chunks: usize) {
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    for stage in 0..pp {
+        for letter in ["F", "I", "W"] {
+            let n = events
+                .iter()
+                .filter(|e| e["ph"] == "X" && e["tid"] == stage && e["cat"] == letter)
+                .count();
+            assert_eq!(n, 2 * chunks, "stage {stage}: {letter} events of 2 steps");
+        }
+    }
+}
+
+#[test]
+fn every_readme_command_runs() {
+    let dir = std::env::temp_dir().join(format!("pw-readme-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
+    let mut ran = 0;
+    for cmd in readme_commands() {
+        let line = cmd
+            .strip_prefix(MAIN_JOB)
+            .map(|r| format!("pipewright {r}"));
+        let Some(rest) = line.as_deref().unwrap_or(&cmd).strip_prefix("pipewright ") else {
+            assert!(
+                ci.lines().any(|l| l.trim() == cmd),
+                "the README shows `{cmd}` but .ci/run does not run it"
+            );
+            continue;
+        };
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let args = shrink(&words, &dir);
+        let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+            .args(&args)
+            .current_dir(root())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            o.status.success(),
+            "`{cmd}` failed:\n{stdout}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        check_outputs(&args, &stdout);
+        ran += 1;
+    }
+    assert!(ran >= 15, "ran {ran} commands");
+    let _ = std::fs::remove_dir_all(dir);
+}
