@@ -136,23 +136,32 @@ fn adamw(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
 
 const LR: f64 = 1e-2;
 
-/// Losses of `steps` steps of serial training (the oracle), at the same micro-batch size.
-pub fn train_serial(steps: u64) -> Result<Vec<f64>> {
+/// Makes an optimizer over named parameters.
+pub type MakeOptimizer = fn(Vec<(String, Var)>) -> Result<Box<dyn Optimizer>>;
+
+/// The serial oracle of the model at the parallel run's micro-batch size, with the optimizer
+/// `make` makes and learning rate `lr`.
+pub fn serial_trainer(make: MakeOptimizer, lr: f64) -> Result<SerialTrainer> {
     let stage = model().build(&Build::cpu(0))?;
-    let opt = adamw(stage.params())?;
-    let mut t = SerialTrainer::new(
+    let opt = make(stage.params())?;
+    SerialTrainer::new(
         stage,
         opt,
         TrainOptions {
             seed: 0,
             chunks: GLOBAL_BATCH / CHUNK_SIZE,
             clip: None,
-            schedule: LrSchedule::Constant { lr: LR },
+            schedule: LrSchedule::Constant { lr },
             tied: vec![],
             deferred_batch_norm: false,
             loss: Arc::new(Mse::new("y")),
         },
-    )?;
+    )
+}
+
+/// Losses of `steps` steps of serial training (the oracle), at the same micro-batch size.
+pub fn train_serial(steps: u64) -> Result<Vec<f64>> {
+    let mut t = serial_trainer(adamw, LR)?;
     (0..steps)
         .map(|s| Ok(t.step(&batch(s, GLOBAL_BATCH)?)?.loss))
         .collect()

@@ -10,16 +10,17 @@ mod custom_model;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor, Var};
-use custom_model::{batch, model, train_parallel, train_serial, CHUNK_SIZE, GLOBAL_BATCH};
+use custom_model::{
+    batch, model, serial_trainer, train_parallel, train_serial, CHUNK_SIZE, GLOBAL_BATCH,
+};
 use pipewright::comm::local;
 use pipewright::loss::Mse;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::{max_rel_diff, Grads};
-use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::{Batch, Build, Result};
+use pipewright::{Batch, Result};
 
 fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
     Ok(Box::new(Sgd::new(params, SgdConfig::default())?))
@@ -51,22 +52,7 @@ fn the_example_trains_pp2_dp2_to_the_serial_losses() {
 /// Serial: the first batch's loss, gradients and evaluation output, and the parameters after
 /// two SGD steps.
 fn serial_reference() -> (f64, Grads, Tensor, Vec<(String, Tensor)>) {
-    let stage = model().build(&Build::cpu(0)).unwrap();
-    let opt = sgd(stage.params()).unwrap();
-    let mut t = SerialTrainer::new(
-        stage,
-        opt,
-        TrainOptions {
-            seed: 0,
-            chunks: GLOBAL_BATCH / CHUNK_SIZE,
-            clip: None,
-            schedule: LrSchedule::Constant { lr: 0.1 },
-            tied: vec![],
-            deferred_batch_norm: false,
-            loss: Arc::new(Mse::new("y")),
-        },
-    )
-    .unwrap();
+    let mut t = serial_trainer(sgd, 0.1).unwrap();
     let b0 = batch(0, GLOBAL_BATCH).unwrap();
     let (loss, grads, _) = t.loss_and_grads(&b0).unwrap();
     let out = t.predict(&b0).unwrap();

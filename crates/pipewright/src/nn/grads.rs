@@ -76,15 +76,7 @@ impl Grads {
 
     /// Sum of squares of every gradient (f64).
     pub fn sum_sq(&self) -> Result<f64> {
-        let mut s = 0.0;
-        for g in self.0.values() {
-            s += g
-                .to_dtype(candle_core::DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
-        }
-        Ok(s)
+        self.0.values().map(sum_sq).sum()
     }
 
     /// The global L2 norm.
@@ -119,11 +111,15 @@ pub fn sum_sq_share(
         if second || (tp_rank != 0 && !sharded.contains(name)) {
             continue;
         }
-        sq += g
-            .to_dtype(candle_core::DType::F64)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f64>()?;
+        sq += sum_sq(g)?;
     }
     Ok(sq)
+}
+
+/// The sum of squares of `t`'s elements, in f64.
+fn sum_sq(t: &Tensor) -> Result<f64> {
+    Ok(t.to_dtype(candle_core::DType::F64)?
+        .sqr()?
+        .sum_all()?
+        .to_scalar::<f64>()?)
 }
