@@ -22,7 +22,7 @@ fn every_schedule_is_complete_and_deadlock_free() {
                     }
                     Err(e) => {
                         assert!(v > 1 && m % p != 0, "p={p} m={m} v={v}: {e}");
-                        assert!(e.to_string().contains("multiple of --pp"), "{e}");
+                        assert!(e.to_string().contains("must be a multiple of pp"), "{e}");
                     }
                 }
             }

@@ -54,12 +54,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         ..VarunaOptions::new(Layout::new(a.pp, a.tp, a.dp)?, a.batch_size, chunk_size)
     };
     // Fail on a bad layout, split, schedule or device before anything is written.
-    opts.validate(a.pp * a.tp * a.dp)?;
-    pipewright::pipeline::partition::partition(
-        &model,
-        a.pp * a.virtual_stages,
-        a.balance.as_deref(),
-    )?;
+    opts.validate(&model, a.pp * a.tp * a.dp)?;
     pipewright::device::device(&a.device, 0)?;
     if a.trace.is_some() && a.pp == 1 {
         return Err(invalid!(

@@ -65,7 +65,7 @@ impl Varuna {
         world: Box<dyn Communicator>,
         opts: VarunaOptions,
     ) -> Result<Self> {
-        opts.validate(world.size())?;
+        opts.validate(model, world.size())?;
         let topo = opts.topology()?;
         let chunks = opts.chunks()?;
         let coords = topo.coords(world.rank())?;

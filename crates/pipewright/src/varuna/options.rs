@@ -7,7 +7,9 @@ use candle_core::{Device, Tensor};
 use crate::batch::Batch;
 use crate::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::loss::{CrossEntropy, SharedLoss};
+use crate::model::Sequential;
 use crate::nn::optim::LrSchedule;
+use crate::pipeline::partition::partition;
 use crate::pipeline::schedule::{Kind, Schedule};
 use crate::pipeline::Recompute;
 use crate::precision::{LossScaler, Precision};
@@ -113,17 +115,21 @@ impl VarunaOptions {
         Ok(self.global_batch_size / per_step)
     }
 
-    /// Every check that needs no model: the placement fits a world of `world` ranks, the
+    /// Every check that builds nothing: the placement fits a world of `world` ranks, the
     /// global batch splits into replicas and micro-batches, the schedule exists for the
-    /// pipeline, the learning-rate schedule is valid. [`Varuna::new`] calls it; call it first
-    /// to fail before creating anything.
+    /// pipeline, `model` splits into its stages (balance, cut points) with well-declared skip
+    /// connections, the learning-rate schedule is valid. [`Varuna::new`] calls it; call it
+    /// first to fail before creating anything.
     ///
     /// [`Varuna::new`]: super::Varuna::new
-    pub fn validate(&self, world: usize) -> Result<()> {
+    pub fn validate(&self, model: &Sequential, world: usize) -> Result<()> {
         let topo = self.topology()?;
         topo.layout().check_world(world)?;
         let chunks = self.chunks()?;
-        Schedule::new(self.schedule, topo.layout().pp, chunks, self.virtual_stages)?;
+        let pp = topo.layout().pp;
+        Schedule::new(self.schedule, pp, chunks, self.virtual_stages)?;
+        partition(model, pp * self.virtual_stages, self.balance.as_deref())?;
+        model.skips()?;
         self.lr.validate()
     }
 }
