@@ -30,6 +30,7 @@
 //! - [`Error`] / [`Result`]: every fallible call.
 
 pub mod batch;
+pub mod checkpoint;
 pub mod comm;
 pub mod data_parallel;
 pub mod device;

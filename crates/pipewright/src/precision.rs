@@ -58,8 +58,9 @@ impl Precision {
     }
 }
 
-/// Dynamic loss scaling (apex's `DynamicLossScaler`, PyTorch's `GradScaler`).
-#[derive(Clone, Debug, PartialEq)]
+/// Dynamic loss scaling (apex's `DynamicLossScaler`, PyTorch's `GradScaler`); saved in
+/// checkpoints.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LossScaler {
     scale: f64,
     growth_interval: u64,

@@ -12,7 +12,10 @@
 
 use candle_core::{DType, Tensor, Var};
 
+use std::path::{Path, PathBuf};
+
 use crate::batch::Batch;
+use crate::checkpoint::{self, CheckpointOptions, Header, Owned, Reader};
 use crate::comm::ReduceOp;
 use crate::loss::SharedLoss;
 use crate::model::{Activation, Cx, Mode, Stage};
@@ -51,8 +54,9 @@ pub struct StepReport {
 pub struct SerialTrainer {
     model: Stage,
     params: Vec<(String, Var)>,
-    /// Names of the tensor-parallel (sharded) parameters.
+    /// Names of the tensor-parallel (sharded) parameters, and how they are split.
     sharded: Vec<String>,
+    shards: Vec<(String, crate::shard::Shard)>,
     optimizer: Box<dyn Optimizer>,
     opts: TrainOptions,
     step: u64,
@@ -78,6 +82,7 @@ impl SerialTrainer {
         }
         Ok(Self {
             sharded: crate::shard::register_ddp_parameters_to_ignore(&model),
+            shards: model.shards(),
             model,
             params,
             optimizer,
@@ -171,6 +176,79 @@ impl SerialTrainer {
         };
         self.step += 1;
         Ok(report)
+    }
+
+    fn owned(&self) -> Owned<'_> {
+        let tp = self.model.tp();
+        Owned {
+            rank: tp.rank(),
+            params: &self.params,
+            shards: &self.shards,
+            buffers: self.model.buffers(),
+            write_whole: tp.rank() == 0,
+            write_shards: true,
+        }
+    }
+
+    /// Saves the model, optimizer state and step into `<root>/step-NNNNNNNN` in the format of
+    /// [`crate::checkpoint`] (the 1 x 1 x 1 case of a Varuna checkpoint; collective over the
+    /// tensor-parallel group when the model is split).
+    pub fn checkpoint(&self, root: &Path, opts: &CheckpointOptions) -> Result<PathBuf> {
+        let o = self.owned();
+        let state = self.optimizer.state_dict()?;
+        let optimizer_step = match state.get("step") {
+            Some(t) => t.flatten_all()?.to_vec1::<i64>()?[0] as u64,
+            None => 0,
+        };
+        let tp = self.model.tp();
+        let header = Header {
+            layout: crate::topology::Layout::new(1, tp.size(), 1)?,
+            precision: "f32".into(),
+            world: tp.size(),
+            step: self.step,
+            state: serde_json::json!({
+                "step": self.step,
+                "optimizer_step": optimizer_step,
+                "lr_schedule": self.opts.schedule,
+                "loss_scaler": null,
+                "seed": self.opts.seed,
+                "extra": opts.extra,
+            }),
+            meta: opts.meta.clone(),
+            keep: opts.keep,
+        };
+        checkpoint::save_now(
+            tp.comm(),
+            root,
+            header,
+            o.snapshot(self.optimizer.as_ref())?,
+        )
+    }
+
+    /// Loads a checkpoint saved from any layout (see [`crate::checkpoint`]) and returns the
+    /// step training goes on from.
+    pub fn load_checkpoint(&mut self, path: &Path) -> Result<u64> {
+        let r = Reader::open(path)?;
+        let o = Owned {
+            rank: self.model.tp().rank(),
+            params: &self.params,
+            shards: &self.shards,
+            buffers: self.model.buffers(),
+            write_whole: false,
+            write_shards: false,
+        };
+        if self.model.tp().size() == 1 {
+            r.check_model(&o.param_shapes())?;
+        }
+        let field = |k: &str| {
+            r.state()[k].as_u64().ok_or_else(|| {
+                Error::State(format!("`{}`: state.json has no `{k}`", r.dir().display()))
+            })
+        };
+        let (step, optimizer_step) = (field("step")?, field("optimizer_step")?);
+        o.restore(&r, self.optimizer.as_mut(), optimizer_step)?;
+        self.step = step;
+        Ok(step)
     }
 
     /// Evaluation-mode output of the whole model for `batch`'s inputs (no dropout, running

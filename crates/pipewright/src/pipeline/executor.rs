@@ -430,4 +430,9 @@ impl Pipeline {
     pub fn steps_taken(&self) -> u64 {
         self.step
     }
+
+    /// Sets the steps taken (when resuming from a checkpoint).
+    pub fn set_steps_taken(&mut self, step: u64) {
+        self.step = step;
+    }
 }

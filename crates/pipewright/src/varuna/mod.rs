@@ -16,12 +16,14 @@
 //! parameter once, over stages and shards) clips them, the optimizer steps the f32 masters and
 //! the masters are cast into the model.
 
+mod checkpoint;
 mod options;
 
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
 
+pub use checkpoint::TrainState;
 pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 
 use crate::batch::Batch;
@@ -55,6 +57,10 @@ pub struct Varuna {
     wall: f64,
     /// Executed pipeline actions, kept when [`Varuna::keep_trace`] asked for them.
     trace: Option<Vec<TraceEvent>>,
+    /// A checkpoint whose files are being written in the background.
+    pending: Option<crate::checkpoint::Pending>,
+    /// How this rank's sharded parameters are split.
+    shards: Vec<(String, crate::shard::Shard)>,
 }
 
 impl Varuna {
@@ -100,6 +106,7 @@ impl Varuna {
             }
             m
         };
+        let shards = pipeline.shards();
         let masters = MasterWeights::new(params, master)?;
         masters.sync()?;
         let scaler = opts
@@ -120,6 +127,8 @@ impl Varuna {
             busy: 0.0,
             wall: 0.0,
             trace: None,
+            pending: None,
+            shards,
         };
         if let Some(f) = v.opts.batch_fn.clone() {
             let sample = f(v.opts.chunk_size)?;
@@ -141,6 +150,11 @@ impl Varuna {
     ) -> Result<()> {
         self.optimizer = Some(make(self.masters.master().to_vec())?);
         Ok(())
+    }
+
+    /// The optimizer, once [`Varuna::set_optimizer`] made it.
+    pub fn optimizer(&self) -> Option<&dyn Optimizer> {
+        self.optimizer.as_deref()
     }
 
     /// Called every step with this rank's f32, unscaled gradients, before the sum over

@@ -1,0 +1,386 @@
+//! Checkpoints that outlive layouts: 20 steps with a checkpoint at step 10 and a fresh job
+//! resuming from it give the uninterrupted run's losses, parameters and optimizer state bit
+//! for bit at the same layout (dropout on, f16's loss scaler too), and within 1e-5 at another
+//! layout; damaged, foreign and unwritable checkpoints are clear errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Tensor, Var};
+use pipewright::checkpoint::{self, CheckpointOptions};
+use pipewright::comm::{local, Communicator};
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
+use pipewright::precision::{LossScaler, Precision};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::Batch;
+use pipewright_models::parity::ParityRun;
+use pipewright_models::tasks::Adder;
+use pipewright_models::{gpt, GptConfig, Task};
+
+const STEPS: u64 = 20;
+const SAVE_AT: u64 = 10;
+
+fn adamw(params: Vec<(String, Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
+    Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pw-ckpt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// What a run ends with, over all ranks: losses of its steps and every parameter and optimizer
+/// tensor by (global name, rank's part).
+#[derive(Debug, PartialEq)]
+struct End {
+    losses: Vec<f64>,
+    state: BTreeMap<String, Vec<f32>>,
+    scale: f64,
+}
+
+fn cfg(dropout: f64) -> GptConfig {
+    GptConfig {
+        dropout,
+        ..ParityRun::default().gpt
+    }
+}
+
+fn options(layout: Layout, precision: Precision) -> VarunaOptions {
+    VarunaOptions {
+        precision,
+        loss_scaler: LossScaler::with(1024.0, 3),
+        ..ParityRun::default().options(layout)
+    }
+}
+
+/// Steps `from..to` at `layout`, after loading `resume` if given, saving into `save` after step
+/// `SAVE_AT` if given.
+fn run(
+    c: GptConfig,
+    opts: VarunaOptions,
+    from: u64,
+    to: u64,
+    resume: Option<&Path>,
+    save: Option<&Path>,
+) -> End {
+    let layout = opts.topology().unwrap().layout();
+    let task = Adder::new(2, 0).unwrap();
+    let per_rank = local::run(layout.world(), |comm| {
+        let rank = comm.rank();
+        let mut v = Varuna::new(&gpt(c)?, Box::new(comm), opts.clone())?;
+        v.set_optimizer(adamw)?;
+        if let Some(p) = resume {
+            assert_eq!(v.load_checkpoint(p)?.step, from);
+        }
+        let loader = DistributedLoader::new(
+            |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
+            opts.global_batch_size,
+            v.coords().dp_rank,
+            layout.dp,
+            candle_core::Device::Cpu,
+        )?;
+        let mut losses = Vec::new();
+        for s in from..to {
+            losses.push(v.step(&loader.batch(s)?)?.loss);
+            if s + 1 == SAVE_AT {
+                if let Some(root) = save {
+                    let dir = v.checkpoint(root, &CheckpointOptions::default())?;
+                    assert!(dir.ends_with("step-00000010"), "{}", dir.display());
+                }
+            }
+        }
+        let mut state = BTreeMap::new();
+        for (n, p) in v.pipeline().params() {
+            state.insert(format!("{n}@{rank}"), flat(p.as_tensor()));
+        }
+        for (k, t) in v.optimizer().unwrap().state_dict()? {
+            state.insert(format!("opt.{k}@{rank}"), flat(&t));
+        }
+        Ok((losses, state, v.loss_scale()))
+    })
+    .unwrap();
+    let mut end = End {
+        losses: per_rank[0].0.clone(),
+        state: BTreeMap::new(),
+        scale: per_rank[0].2,
+    };
+    for (_, s, _) in per_rank {
+        end.state.extend(s);
+    }
+    end
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+#[test]
+fn resuming_at_the_same_layout_is_bit_identical() {
+    for (i, (l, precision)) in [
+        ((1, 1, 1), Precision::F32),
+        ((2, 2, 1), Precision::F32),
+        ((2, 1, 2), Precision::F32),
+        ((2, 2, 2), Precision::F32),
+        ((2, 1, 1), Precision::F16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let opts = options(Layout::new(l.0, l.1, l.2).unwrap(), precision);
+        let root = tmp(&format!("same-{i}"));
+        let whole = run(cfg(0.1), opts.clone(), 0, STEPS, None, Some(&root));
+        let resumed = run(cfg(0.1), opts, SAVE_AT, STEPS, Some(&root), None);
+        assert_eq!(
+            resumed.losses,
+            whole.losses[SAVE_AT as usize..],
+            "{l:?} {precision}: losses of steps 11-20"
+        );
+        assert_eq!(resumed.state, whole.state, "{l:?} {precision}: final state");
+        assert_eq!(resumed.scale, whole.scale, "{l:?} {precision}: loss scale");
+        let _ = std::fs::remove_dir_all(root);
+    }
+}
+
+fn within(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (a, b) in got.iter().zip(want) {
+        assert!(((a - b) / b).abs() < 1e-5, "{what}: {got:?} vs {want:?}");
+    }
+}
+
+#[test]
+fn resuming_at_another_layout_continues_the_run() {
+    let f32 = Precision::F32;
+    let layout = |p, t, d| Layout::new(p, t, d).unwrap();
+    let root = tmp("other");
+    let whole = run(
+        cfg(0.0),
+        options(layout(2, 2, 1), f32),
+        0,
+        STEPS,
+        None,
+        Some(&root),
+    );
+    let tail = &whole.losses[SAVE_AT as usize..];
+    for (p, t, d) in [(1, 1, 1), (4, 1, 1), (1, 2, 2), (1, 1, 4)] {
+        let got = run(
+            cfg(0.0),
+            options(layout(p, t, d), f32),
+            SAVE_AT,
+            STEPS,
+            Some(&root),
+            None,
+        );
+        within(&format!("(2,2,1) -> ({p},{t},{d})"), &got.losses, tail);
+    }
+    let root2 = tmp("other2");
+    let whole = run(
+        cfg(0.0),
+        options(layout(1, 1, 1), f32),
+        0,
+        STEPS,
+        None,
+        Some(&root2),
+    );
+    let got = run(
+        cfg(0.0),
+        options(layout(2, 2, 2), f32),
+        SAVE_AT,
+        STEPS,
+        Some(&root2),
+        None,
+    );
+    within(
+        "(1,1,1) -> (2,2,2)",
+        &got.losses,
+        &whole.losses[SAVE_AT as usize..],
+    );
+    for r in [root, root2] {
+        let _ = std::fs::remove_dir_all(r);
+    }
+}
+
+/// One saved checkpoint of the tiny GPT at (2,1,1); its directory.
+fn saved(name: &str) -> PathBuf {
+    let root = tmp(name);
+    run(
+        cfg(0.0),
+        options(Layout::new(2, 1, 1).unwrap(), Precision::F32),
+        0,
+        SAVE_AT,
+        None,
+        Some(&root),
+    );
+    root
+}
+
+fn load_error(c: GptConfig, path: &Path) -> String {
+    local::run(2, |comm| {
+        let opts = options(Layout::new(2, 1, 1)?, Precision::F32);
+        let mut v = Varuna::new(&gpt(c)?, Box::new(comm), opts)?;
+        v.set_optimizer(adamw)?;
+        v.load_checkpoint(path).map(|_| ())
+    })
+    .unwrap_err()
+    .to_string()
+}
+
+#[test]
+fn a_flipped_byte_is_found_by_verify_and_by_load() {
+    let root = saved("flip");
+    let dir = checkpoint::resolve(&root).unwrap();
+    assert!(checkpoint::verify(&root).is_ok());
+    let m = checkpoint::Manifest::read(&dir).unwrap();
+    let (name, e) = m
+        .tensors
+        .iter()
+        .find(|(n, _)| n.as_str() == "h.1.mlp.c_fc.weight")
+        .unwrap();
+    let part = &e.parts[0];
+    let file = dir.join(&part.file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[(part.begin + 5) as usize] ^= 0x10;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = checkpoint::verify(&root).unwrap_err().to_string();
+    assert!(e.contains(&part.file) && e.contains(name), "{e}");
+    let e = load_error(cfg(0.0), &root);
+    assert!(e.contains(&part.file) && e.contains(name), "{e}");
+    // state.json too.
+    let state = dir.join("state.json");
+    let mut s = std::fs::read(&state).unwrap();
+    s[3] ^= 0x01;
+    std::fs::write(&state, s).unwrap();
+    let e = checkpoint::verify(&root).unwrap_err().to_string();
+    assert!(e.contains("state.json") && e.contains("checksum"), "{e}");
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[test]
+fn a_checkpoint_of_another_model_names_the_tensors() {
+    let root = saved("foreign");
+    let bigger = GptConfig {
+        n_layer: 4,
+        n_embd: 24,
+        ..cfg(0.0)
+    };
+    let e = load_error(bigger, &root);
+    assert!(e.contains("checkpoint of another model"), "{e}");
+    assert!(
+        e.contains("`h.3.ln_1.weight` [24] is in the model but not in the checkpoint"),
+        "{e}"
+    );
+    assert!(
+        e.contains("`wte.weight` is [16, 16] in the checkpoint but [16, 24] in the model"),
+        "{e}"
+    );
+    let fewer = GptConfig {
+        n_layer: 2,
+        ..cfg(0.0)
+    };
+    let e = load_error(fewer, &root);
+    assert!(
+        e.contains("`h.2.attn.c_attn.weight` [16, 48] is in the checkpoint but not in the model"),
+        "{e}"
+    );
+    let e = load_error(cfg(0.0), &root.join("nothing-here"));
+    assert!(e.contains("no checkpoint at"), "{e}");
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[test]
+fn an_unwritable_place_is_an_error_that_keeps_earlier_checkpoints() {
+    let root = saved("unwritable");
+    let before = checkpoint::resolve(&root).unwrap();
+    // A file where the next checkpoint's temporary directory must go.
+    std::fs::write(root.join(".step-00000020.tmp"), b"in the way").unwrap();
+    let opts = options(Layout::new(2, 1, 1).unwrap(), Precision::F32);
+    let e = local::run(2, |comm| {
+        let mut v = Varuna::new(&gpt(cfg(0.0))?, Box::new(comm), opts.clone())?;
+        v.set_optimizer(adamw)?;
+        v.load_checkpoint(&root)?;
+        let task = Adder::new(2, 0)?;
+        for s in SAVE_AT..20 {
+            let (x, y) = task.batch(s, 16)?;
+            v.step(&Batch::pair(x, y))?;
+        }
+        v.checkpoint(&root, &CheckpointOptions::default())
+            .map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(".step-00000020.tmp"), "{e}");
+    assert_eq!(
+        checkpoint::resolve(&root).unwrap(),
+        before,
+        "latest is unchanged"
+    );
+    assert!(checkpoint::verify(&root).is_ok());
+    // Under a regular file nothing can be created at all.
+    let under_file = root.join("latest").join("sub");
+    let e = local::run(1, |comm| {
+        let opts = options(Layout::new(1, 1, 1)?, Precision::F32);
+        let mut v = Varuna::new(&gpt(cfg(0.0))?, Box::new(comm), opts)?;
+        v.set_optimizer(adamw)?;
+        v.checkpoint(&under_file, &CheckpointOptions::default())
+            .map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cannot create checkpoint directory"), "{e}");
+    let _ = std::fs::remove_dir_all(root);
+}
+
+#[test]
+fn keep_removes_the_oldest_and_async_saves_equal_sync_ones() {
+    let (sync_root, async_root) = (tmp("keep-sync"), tmp("keep-async"));
+    let opts = options(Layout::new(2, 1, 1).unwrap(), Precision::F32);
+    let task = Adder::new(2, 0).unwrap();
+    let losses = |root: &Path, background: bool| {
+        local::run(2, |comm| {
+            let mut v = Varuna::new(&gpt(cfg(0.1))?, Box::new(comm), opts.clone())?;
+            v.set_optimizer(adamw)?;
+            let keep = CheckpointOptions {
+                keep: Some(2),
+                ..Default::default()
+            };
+            let mut out = Vec::new();
+            for s in 0..8 {
+                let (x, y) = task.batch(s, 16)?;
+                out.push(v.step(&Batch::pair(x, y))?.loss);
+                if background {
+                    v.checkpoint_async(root, &keep)?;
+                } else {
+                    v.checkpoint(root, &keep)?;
+                }
+            }
+            v.finish_checkpoint()?;
+            Ok(out)
+        })
+        .unwrap()
+        .remove(0)
+    };
+    assert_eq!(losses(&sync_root, false), losses(&async_root, true));
+    for root in [&sync_root, &async_root] {
+        let mut steps = checkpoint::list(root).unwrap();
+        steps.sort();
+        assert_eq!(steps, vec![7, 8], "{}", root.display());
+        assert!(checkpoint::resolve(root)
+            .unwrap()
+            .ends_with("step-00000008"));
+    }
+    // Both hold the same bytes.
+    let a = checkpoint::Manifest::read(&checkpoint::resolve(&sync_root).unwrap()).unwrap();
+    let b = checkpoint::Manifest::read(&checkpoint::resolve(&async_root).unwrap()).unwrap();
+    assert_eq!(a.files, b.files);
+    for r in [sync_root, async_root] {
+        let _ = std::fs::remove_dir_all(r);
+    }
+}

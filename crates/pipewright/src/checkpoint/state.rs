@@ -1,0 +1,168 @@
+//! What a trainer owns, as a checkpoint sees it: f32 parameters (or masters) with their
+//! splits, the optimizer's state split as its parameters, and buffers. One code path takes it
+//! into a [`Snapshot`] and puts it back from a [`Reader`], for the Varuna step (any layout)
+//! and the serial trainer (the 1 x 1 x 1 case) alike.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor, Var};
+
+use super::format::Kind;
+use super::load::Reader;
+use super::save::{Held, Snapshot, Split};
+use crate::nn::optim::{Optimizer, StateDict};
+use crate::shard::Shard;
+use crate::{Error, Result};
+
+/// One rank's trainable state.
+pub struct Owned<'a> {
+    /// World rank.
+    pub rank: usize,
+    /// Parameters in f32 (the masters under low precision), with global names.
+    pub params: &'a [(String, Var)],
+    /// How the sharded ones are split.
+    pub shards: &'a [(String, Shard)],
+    pub buffers: Vec<(String, Var)>,
+    /// This rank writes the whole tensors it holds (first tensor-parallel rank of the first
+    /// replica).
+    pub write_whole: bool,
+    /// This rank writes its shards (first replica).
+    pub write_shards: bool,
+}
+
+impl Owned<'_> {
+    fn split(&self, name: &str) -> (Split, Option<Vec<usize>>) {
+        match self.shards.iter().find(|(n, _)| n == name) {
+            Some((_, s)) => (
+                Split {
+                    axis: s.axis,
+                    stride: s.stride,
+                    index: s.index,
+                    count: s.count,
+                },
+                Some(s.whole.clone()),
+            ),
+            None => (Split::WHOLE, None),
+        }
+    }
+
+    /// Every parameter's global name and whole shape.
+    pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.params
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.clone(),
+                    self.split(n).1.unwrap_or_else(|| v.dims().to_vec()),
+                )
+            })
+            .collect()
+    }
+
+    /// Copies of what this rank writes (parameters, `optimizer`'s state, buffers), taken off
+    /// the training tensors so training may go on while they are written.
+    pub fn snapshot(&self, optimizer: &dyn Optimizer) -> Result<Snapshot> {
+        let state = optimizer.state_dict()?;
+        let mut tensors = Vec::new();
+        for (name, var) in self.params {
+            let (split, whole) = self.split(name);
+            let writes = if whole.is_some() {
+                self.write_shards
+            } else {
+                self.write_whole
+            };
+            if !writes {
+                continue;
+            }
+            let whole = whole.unwrap_or_else(|| var.dims().to_vec());
+            let mut held = |name: &str, kind: Kind, t: &Tensor| -> Result<()> {
+                tensors.push(Held {
+                    name: name.to_string(),
+                    kind,
+                    whole: whole.clone(),
+                    split,
+                    value: t.to_dtype(DType::F32)?.copy()?,
+                });
+                Ok(())
+            };
+            held(name, Kind::Param, var.as_tensor())?;
+            for key in optimizer_keys(&state, name) {
+                held(&key, Kind::Optimizer, &state[&key])?;
+            }
+        }
+        if self.write_whole {
+            for (name, b) in &self.buffers {
+                tensors.push(Held {
+                    name: name.clone(),
+                    kind: Kind::Buffer,
+                    whole: b.dims().to_vec(),
+                    split: Split::WHOLE,
+                    value: b.as_tensor().to_dtype(DType::F32)?.copy()?,
+                });
+            }
+        }
+        Ok(Snapshot {
+            rank: self.rank,
+            tensors,
+            params: self.param_shapes(),
+        })
+    }
+
+    /// Puts the parameters, `optimizer`'s state (its step `optimizer_step`) and the buffers
+    /// back from `r`, each in this rank's split, dtype and device.
+    pub fn restore(
+        &self,
+        r: &Reader,
+        optimizer: &mut dyn Optimizer,
+        optimizer_step: u64,
+    ) -> Result<()> {
+        let mut state: StateDict = StateDict::new();
+        state.insert(
+            "step".into(),
+            Tensor::new(&[optimizer_step as i64], &candle_core::Device::Cpu)?,
+        );
+        let mut values: HashMap<String, Tensor> = HashMap::new();
+        for (name, var) in self.params {
+            let (split, _) = self.split(name);
+            let t = r.read(name, split)?;
+            if t.dims() != var.dims() {
+                return Err(Error::State(format!(
+                    "`{name}` reads as {:?} but this rank holds {:?}",
+                    t.dims(),
+                    var.dims()
+                )));
+            }
+            values.insert(
+                name.clone(),
+                t.to_dtype(var.dtype())?.to_device(var.device())?,
+            );
+            for key in r.entries_of(name, Kind::Optimizer) {
+                state.insert(key.clone(), r.read(&key, split)?.to_device(var.device())?);
+            }
+        }
+        let mut buffers = Vec::new();
+        for (name, b) in &self.buffers {
+            let t = r.read_whole(name)?;
+            buffers.push(t.to_dtype(b.dtype())?.to_device(b.device())?);
+        }
+        // Every read succeeded and the optimizer took its state: only now change the model.
+        optimizer.load_state_dict(&state)?;
+        for (name, var) in self.params {
+            var.set(&values[name])?;
+        }
+        for ((_, b), t) in self.buffers.iter().zip(buffers) {
+            b.set(&t)?;
+        }
+        Ok(())
+    }
+}
+
+/// The optimizer-state keys of parameter `name` (`<name>.<entry>`, no further dot).
+fn optimizer_keys(state: &StateDict, name: &str) -> Vec<String> {
+    let p = format!("{name}.");
+    state
+        .keys()
+        .filter(|k| k.strip_prefix(&p).is_some_and(|r| !r.contains('.')))
+        .cloned()
+        .collect()
+}

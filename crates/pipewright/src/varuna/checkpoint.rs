@@ -1,0 +1,165 @@
+//! Varuna's `checkpoint` / `load_checkpoint`: save from any layout, resume into any other (see
+//! [`crate::checkpoint`] for the format).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Varuna;
+use crate::checkpoint::{self, CheckpointOptions, Header, Owned, Reader};
+use crate::nn::optim::LrSchedule;
+use crate::precision::LossScaler;
+use crate::{invalid, Error, Result};
+
+/// `state.json` of a Varuna checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Steps taken (skipped overflow steps included): the next step's number, which keys
+    /// dropout masks and the data order.
+    pub step: u64,
+    /// Optimizer steps taken (skipped steps excluded).
+    pub optimizer_step: u64,
+    pub lr_schedule: LrSchedule,
+    pub loss_scaler: Option<LossScaler>,
+    pub seed: u64,
+    /// What the caller added ([`CheckpointOptions::extra`]).
+    #[serde(default)]
+    pub extra: serde_json::Value,
+}
+
+impl Varuna {
+    fn owned(&self) -> Owned<'_> {
+        let c = self.coords;
+        Owned {
+            rank: self.world.rank(),
+            params: self.masters.master(),
+            shards: &self.shards,
+            buffers: self.pipeline.buffers(),
+            write_whole: c.dp_rank == 0 && c.tp_rank == 0,
+            write_shards: c.dp_rank == 0,
+        }
+    }
+
+    fn header(&self, opts: &CheckpointOptions) -> Result<Header> {
+        let optimizer = self
+            .optimizer
+            .as_ref()
+            .ok_or_else(|| invalid!("no optimizer: call set_optimizer before checkpoint"))?;
+        let optimizer_step = optimizer
+            .state_dict()?
+            .get("step")
+            .map(|t| t.flatten_all()?.to_vec1::<i64>())
+            .transpose()?
+            .and_then(|v| v.first().copied())
+            .unwrap_or(0) as u64;
+        let state = TrainState {
+            step: self.pipeline.steps_taken(),
+            optimizer_step,
+            lr_schedule: self.opts.lr,
+            loss_scaler: self.scaler.clone(),
+            seed: self.opts.seed,
+            extra: opts.extra.clone(),
+        };
+        Ok(Header {
+            layout: self.topo.layout(),
+            precision: self.opts.precision.to_string(),
+            world: self.world.size(),
+            step: state.step,
+            state: serde_json::to_value(&state).map_err(|e| invalid!("checkpoint: {e}"))?,
+            meta: opts.meta.clone(),
+            keep: opts.keep,
+        })
+    }
+
+    /// Saves this job's state into `<root>/step-NNNNNNNN` (collective over the world): the
+    /// f32 parameters, the optimizer state, buffers, the step and the loss scaler. Waits for a
+    /// background save first. Returns the checkpoint's directory.
+    pub fn checkpoint(&mut self, root: &Path, opts: &CheckpointOptions) -> Result<PathBuf> {
+        self.finish_checkpoint()?;
+        let header = self.header(opts)?;
+        let snap = self
+            .owned()
+            .snapshot(self.optimizer.as_deref().expect("checked"))?;
+        checkpoint::save_now(Some(self.world.as_ref()), root, header, snap)
+    }
+
+    /// [`Varuna::checkpoint`] with the files written by a background thread: the state is
+    /// copied off the training tensors now, training goes on, and the next checkpoint,
+    /// [`Varuna::finish_checkpoint`] or [`Varuna::load_checkpoint`] completes it (collective).
+    pub fn checkpoint_async(&mut self, root: &Path, opts: &CheckpointOptions) -> Result<()> {
+        self.finish_checkpoint()?;
+        let header = self.header(opts)?;
+        let snap = self
+            .owned()
+            .snapshot(self.optimizer.as_deref().expect("checked"))?;
+        self.pending = Some(checkpoint::start(
+            Some(self.world.as_ref()),
+            root,
+            header,
+            snap,
+        )?);
+        Ok(())
+    }
+
+    /// Completes a background save, if one is under way (collective); its directory.
+    pub fn finish_checkpoint(&mut self) -> Result<Option<PathBuf>> {
+        match self.pending.take() {
+            Some(p) => checkpoint::finish(Some(self.world.as_ref()), p).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Loads the checkpoint at `path` (a `step-NNNNNNNN` directory, or a directory of them
+    /// whose `latest` is taken), saved from any layout and precision, into this rank's stages
+    /// and shards (collective over the world). Returns the step training goes on from.
+    pub fn load_checkpoint(&mut self, path: &Path) -> Result<TrainState> {
+        self.finish_checkpoint()?;
+        let opened = Reader::open(path);
+        // Every rank's parameters, so that a model mismatch is named whole on every rank.
+        let mine = serde_json::to_vec(&self.owned().param_shapes())
+            .map_err(|e| invalid!("checkpoint: {e}"))?;
+        let all = checkpoint::agree(Some(self.world.as_ref()), Ok(mine))?;
+        let mut params = Vec::new();
+        for bytes in all {
+            let p: Vec<(String, Vec<usize>)> =
+                serde_json::from_slice(&bytes).map_err(|e| invalid!("checkpoint: {e}"))?;
+            params.extend(p);
+        }
+        params.sort();
+        params.dedup();
+        let loaded = opened.and_then(|r| {
+            r.check_model(&params)?;
+            let state: TrainState = serde_json::from_value(r.state().clone()).map_err(|e| {
+                Error::State(format!(
+                    "`{}`: state.json is not a training state: {e}",
+                    r.dir().display()
+                ))
+            })?;
+            let optimizer = self.optimizer.as_deref_mut().ok_or_else(|| {
+                invalid!("no optimizer: call set_optimizer before load_checkpoint")
+            })?;
+            let owned = Owned {
+                rank: self.world.rank(),
+                params: self.masters.master(),
+                shards: &self.shards,
+                buffers: self.pipeline.buffers(),
+                write_whole: false,
+                write_shards: false,
+            };
+            owned.restore(&r, optimizer, state.optimizer_step)?;
+            Ok(state)
+        });
+        let status = loaded
+            .as_ref()
+            .map(|_| Vec::new())
+            .map_err(|e| Error::State(e.to_string()));
+        checkpoint::agree(Some(self.world.as_ref()), status)?;
+        let state = loaded?;
+        self.masters.sync()?;
+        self.pipeline.set_steps_taken(state.step);
+        if self.scaler.is_some() {
+            self.scaler = state.loss_scaler.clone().or_else(|| self.scaler.clone());
+        }
+        Ok(state)
+    }
+}
