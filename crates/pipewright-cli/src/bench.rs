@@ -14,7 +14,7 @@ pub enum BenchCommand {
     Comm(CommArgs),
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// Threads of this process (`--world` of them).

@@ -1,6 +1,7 @@
 //! The `pipewright` command line.
 
 mod bench;
+mod ckpt;
 mod schedule;
 mod train;
 
@@ -24,9 +25,13 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Print (and draw) a pipeline schedule's timeline with its bubble fraction.
     Schedule(schedule::ScheduleArgs),
-    /// Measure throughput (`bench comm`: send/recv and all-reduce bandwidth).
+    /// Measure throughput (`bench comm`: send/recv and all-reduce bandwidth; `bench ckpt`:
+    /// checkpoint save and load beside plain file I/O).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Inspect, verify, reshard and export checkpoints.
+    #[command(subcommand)]
+    Ckpt(ckpt::CkptCommand),
 }
 
 fn main() {
@@ -35,6 +40,7 @@ fn main() {
         Command::Train(args) => train::run(*args),
         Command::Bench(b) => bench::run(b),
         Command::Schedule(a) => schedule::run(a),
+        Command::Ckpt(c) => ckpt::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -8,16 +8,16 @@ use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdC
 use pipewright::{invalid, Result, Sequential};
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     Gpt,
     Cnn,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
     Adder,
@@ -26,14 +26,14 @@ pub enum TaskKind {
     Shapes,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
     Adamw,
     Sgd,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScheduleKind {
     Constant,
@@ -41,7 +41,7 @@ pub enum ScheduleKind {
 }
 
 /// Every flag of a run; written to `params.json`.
-#[derive(Args, Debug, Serialize)]
+#[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "gpt")]
     pub model: ModelKind,
@@ -63,6 +63,22 @@ pub struct TrainArgs {
     /// becomes --batch-size / (--dp x --chunk-size).
     #[arg(long, value_parser = positive)]
     pub chunk_size: Option<usize>,
+    /// Save a checkpoint every N steps (0: never) into --checkpoint-dir.
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    /// Where checkpoints go (default: <out>/checkpoints).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Keep only the newest K checkpoints.
+    #[arg(long, value_parser = positive)]
+    pub keep: Option<usize>,
+    /// Write checkpoint files in a background thread while training goes on.
+    #[arg(long)]
+    pub async_checkpoint: bool,
+    /// Go on from a checkpoint: its directory, or `latest` (the newest complete one in
+    /// --checkpoint-dir). Any layout and precision may resume any other.
+    #[arg(long)]
+    pub resume: Option<String>,
     /// Where each rank computes: cpu, or cuda (GPU ordinal = the rank's local rank; needs a
     /// build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
@@ -207,8 +223,32 @@ pub fn make_task(a: &TrainArgs) -> Result<Box<dyn Task>> {
     })
 }
 
-/// The model the flags describe, for `task`, with its tied pairs.
-pub fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(String, String)>)> {
+/// A model by its configuration: what a checkpoint stores to rebuild it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelConfig {
+    /// The GPT, and the task's vocabulary (the GPT's may be padded beyond it).
+    Gpt {
+        gpt: GptConfig,
+        vocab: usize,
+    },
+    Cnn {
+        cnn: CnnConfig,
+    },
+}
+
+impl ModelConfig {
+    /// The model and its tied pairs.
+    pub fn build(&self) -> Result<(Sequential, Vec<(String, String)>)> {
+        Ok(match self {
+            ModelConfig::Gpt { gpt: cfg, .. } => (gpt(*cfg)?, vec![(TIED.0.into(), TIED.1.into())]),
+            ModelConfig::Cnn { cnn: cfg } => (cnn(*cfg)?, Vec::new()),
+        })
+    }
+}
+
+/// The model the flags describe, for `task`.
+pub fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
     match (a.model, task.shape()) {
         (ModelKind::Gpt, TaskShape::Tokens { vocab, seq_len }) => {
             let block_size = a.block_size.unwrap_or(seq_len);
@@ -246,7 +286,7 @@ pub fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(St
                 n_embd: a.n_embd,
                 dropout: a.dropout,
             };
-            Ok((gpt(cfg)?, vec![(TIED.0.into(), TIED.1.into())]))
+            Ok(ModelConfig::Gpt { gpt: cfg, vocab })
         }
         (
             ModelKind::Cnn,
@@ -267,7 +307,7 @@ pub fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<(Sequential, Vec<(St
                 blocks_per_stage: 2,
                 long_skip: a.long_skip,
             };
-            Ok((cnn(cfg)?, Vec::new()))
+            Ok(ModelConfig::Cnn { cnn: cfg })
         }
         (ModelKind::Gpt, _) => Err(invalid!(
             "--model gpt needs a token task (adder, sort, text), not {}",

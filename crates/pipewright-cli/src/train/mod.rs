@@ -14,11 +14,14 @@ use pipewright::pipeline::{chrome_trace, Recompute, TraceEvent};
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
+use std::path::PathBuf;
+
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use pipewright_models::Task;
 
-pub use args::TrainArgs;
-use args::{make_model, make_optimizer, make_task, schedule};
+pub use args::make_optimizer;
+use args::{make_model, make_task, schedule};
+pub use args::{ModelConfig, TrainArgs};
 use report::{train_loop, write_summary};
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -38,7 +41,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
     }
     let task = make_task(&a)?;
-    let (model, tied) = make_model(&a, task.as_ref())?;
+    let model_config = make_model(&a, task.as_ref())?;
+    let (model, tied) = model_config.build()?;
+    let resume = a
+        .resume
+        .as_deref()
+        .map(|r| resume_path(&a, r))
+        .transpose()?;
     let chunk_size = chunk_size(&a)?;
     let opts = VarunaOptions {
         shared_weights: tied.clone(),
@@ -69,11 +78,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         sched: opts.lr,
         chunk_size,
         opts: opts.clone(),
+        meta: serde_json::json!({"args": &a, "model": model_config}),
+        resume,
     };
     let traces = match a.backend {
         crate::bench::Backend::Mpi => return run_mpi(&setup),
         crate::bench::Backend::Local => {
-            let dir = RunDir::create(&a.out)?;
+            let dir = run_dir(&a)?;
             let world = a.pp * a.tp * a.dp;
             local::run(world, |comm| {
                 let (master, local_rank) = (comm.is_master(), comm.rank());
@@ -117,7 +128,7 @@ fn run_mpi(setup: &Setup) -> Result<()> {
             ));
         }
         let dir = if world.is_master() {
-            Some(RunDir::create(&a.out)?)
+            Some(run_dir(a)?)
         } else {
             None
         };
@@ -149,6 +160,32 @@ fn run_mpi(_: &Setup) -> Result<()> {
     ))
 }
 
+/// The run directory: a new one, or, when resuming, the run being continued.
+fn run_dir(a: &TrainArgs) -> Result<RunDir> {
+    if a.resume.is_some() && a.out.join("params.json").exists() {
+        RunDir::open(&a.out)
+    } else {
+        RunDir::create(&a.out)
+    }
+}
+
+/// Where checkpoints go: `--checkpoint-dir`, or `<out>/checkpoints`.
+pub fn checkpoint_dir(a: &TrainArgs) -> PathBuf {
+    a.checkpoint_dir
+        .clone()
+        .unwrap_or_else(|| a.out.join("checkpoints"))
+}
+
+/// The checkpoint `--resume` names (`latest`: the newest in the checkpoint directory).
+fn resume_path(a: &TrainArgs, r: &str) -> Result<PathBuf> {
+    let p = if r == "latest" {
+        checkpoint_dir(a)
+    } else {
+        PathBuf::from(r)
+    };
+    pipewright::checkpoint::resolve(&p)
+}
+
 /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
 /// `--chunks` micro-batches each.
 fn chunk_size(a: &TrainArgs) -> Result<usize> {
@@ -177,6 +214,9 @@ pub struct Setup<'a> {
     sched: LrSchedule,
     chunk_size: usize,
     opts: VarunaOptions,
+    /// What checkpoints store to rebuild the run (`ckpt reshard`, `ckpt export`).
+    meta: serde_json::Value,
+    resume: Option<PathBuf>,
 }
 
 impl Setup<'_> {
@@ -195,6 +235,10 @@ impl Setup<'_> {
         };
         let mut v = Varuna::new(self.model, comm, opts)?;
         v.set_optimizer(|ps| make_optimizer(a, ps))?;
+        let start = match &self.resume {
+            Some(p) => v.load_checkpoint(p)?.step,
+            None => 0,
+        };
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();
@@ -209,7 +253,14 @@ impl Setup<'_> {
             v.device().clone(),
         )?;
         let num_params = v.pipeline().total_params()?;
-        let done = train_loop(self, num_params, &mut v, &|step| loader.batch(step), dir)?;
+        let done = train_loop(
+            self,
+            num_params,
+            &mut v,
+            start,
+            &|step| loader.batch(step),
+            dir,
+        )?;
         let bubbles = v.bubble_per_stage()?;
         if let (Some(dir), Some(done)) = (dir, done) {
             write_summary(a, dir, done, &v.describe()?, &bubbles)?;

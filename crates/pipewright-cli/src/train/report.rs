@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
 use pipewright::nn::optim::LrSchedule;
@@ -50,6 +51,7 @@ pub fn train_loop(
     run: &Setup,
     num_params: usize,
     trainer: &mut Varuna,
+    first: u64,
     batch: &dyn Fn(u64) -> Result<Batch>,
     dir: Option<&RunDir>,
 ) -> Result<Option<Summary>> {
@@ -74,10 +76,12 @@ pub fn train_loop(
                     lr_schedule: run.sched,
                 },
             )?;
-            Some(Recorder::create(
-                dir.path(),
-                &format!("eval/{}", task.metric_name()),
-            )?)
+            let tag = format!("eval/{}", task.metric_name());
+            Some(if run.resume.is_some() {
+                Recorder::resume(dir.path(), &tag, first)?
+            } else {
+                Recorder::create(dir.path(), &tag)?
+            })
         }
         None => None,
     };
@@ -111,6 +115,7 @@ pub fn train_loop(
     } else {
         ProgressBar::hidden()
     };
+    pb.set_position(first);
     pb.set_style(
         ProgressStyle::with_template(
             "{bar:30} step {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
@@ -120,7 +125,7 @@ pub fn train_loop(
     let start = Instant::now();
     let mut last_loss = f64::NAN;
     let mut metric = f64::NAN;
-    for step in 0..a.steps {
+    for step in first..a.steps {
         let r = trainer.step(&batch(step)?)?;
         last_loss = r.loss;
         let last = step + 1 == a.steps;
@@ -149,11 +154,19 @@ pub fn train_loop(
                 metric: m,
             })?;
         }
-        let rate = (step + 1) as f64 * items_per_step as f64 / start.elapsed().as_secs_f64();
+        if a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0 {
+            if let Some(rec) = rec.as_mut() {
+                rec.flush()?;
+            }
+            save(run, trainer, step + 1)?;
+        }
+        let done = step + 1 - first;
+        let rate = done as f64 * items_per_step as f64 / start.elapsed().as_secs_f64();
         pb.set_message(format!("loss {:.4} | {:.0} {items}/s", r.loss, rate));
         pb.inc(1);
     }
     pb.finish_and_clear();
+    trainer.finish_checkpoint()?;
     let (Some(_), Some(rec)) = (dir, rec.as_mut()) else {
         return Ok(None);
     };
@@ -165,7 +178,7 @@ pub fn train_loop(
         metric_name: task.metric_name(),
         metric,
         seconds: secs,
-        items_per_second: a.steps as f64 * items_per_step as f64 / secs,
+        items_per_second: a.steps.saturating_sub(first) as f64 * items_per_step as f64 / secs,
         items,
         peak_memory_bytes: peak_memory_bytes(),
         layout: String::new(),
@@ -213,4 +226,22 @@ pub fn write_summary(
         println!("bubble          {} (time each stage waited)", b.join(", "));
     }
     Ok(())
+}
+
+/// A checkpoint after `next` steps into the run's checkpoint directory (in the background with
+/// `--async-checkpoint`); it stores what `ckpt reshard` and `ckpt export` need to rebuild the
+/// run.
+fn save(run: &Setup, trainer: &mut Varuna, next: u64) -> Result<()> {
+    let a = run.a;
+    let opts = CheckpointOptions {
+        keep: a.keep,
+        meta: run.meta.clone(),
+        extra: serde_json::json!({ "next_step": next }),
+    };
+    let root = super::checkpoint_dir(a);
+    if a.async_checkpoint {
+        trainer.checkpoint_async(&root, &opts)
+    } else {
+        trainer.checkpoint(&root, &opts).map(|_| ())
+    }
 }

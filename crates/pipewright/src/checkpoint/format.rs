@@ -151,7 +151,20 @@ pub type Range = (u64, u64, String);
 /// Writes `blobs` as one safetensors file at `path` (fsynced) and returns each blob's
 /// [`Range`], and the whole file's SHA-256.
 pub fn write_safetensors(path: &Path, blobs: &[Blob]) -> Result<(Vec<Range>, String)> {
+    write_safetensors_with(path, blobs, None)
+}
+
+/// [`write_safetensors`] with the file's `__metadata__` (Hugging Face's loaders want
+/// `{"format": "pt"}`).
+pub fn write_safetensors_with(
+    path: &Path,
+    blobs: &[Blob],
+    metadata: Option<serde_json::Value>,
+) -> Result<(Vec<Range>, String)> {
     let mut header = serde_json::Map::new();
+    if let Some(m) = metadata {
+        header.insert("__metadata__".into(), m);
+    }
     let mut at = 0u64;
     for (name, shape, bytes) in blobs {
         let end = at + bytes.len() as u64;

@@ -29,6 +29,20 @@ impl RunDir {
         })
     }
 
+    /// Opens the run in `path` to go on with it (a resumed run); it must hold one.
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.join("params.json").exists() {
+            return Err(invalid!(
+                "`{}` holds no run (no params.json) to go on with",
+                path.display()
+            ));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
     }

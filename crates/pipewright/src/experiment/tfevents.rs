@@ -146,7 +146,13 @@ impl EventWriter {
         let host = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "localhost".into());
-        let path = dir.join(format!("events.out.tfevents.{}.{host}", now() as u64));
+        let mut path = dir.join(format!("events.out.tfevents.{}.{host}", now() as u64));
+        // A resumed run within the same second keeps the earlier file.
+        let mut n = 1;
+        while path.exists() {
+            path = dir.join(format!("events.out.tfevents.{}.{host}.{n}", now() as u64));
+            n += 1;
+        }
         let file = File::create(&path).map_err(|e| Error::io("cannot create", &path, e))?;
         let mut w = Self {
             path,
