@@ -12,6 +12,8 @@ use pipewright::{invalid, Result};
 pub enum BenchCommand {
     /// Send/recv (ping-pong between ranks 0 and 1) and all-reduce bandwidth in GB/s.
     Comm(CommArgs),
+    /// Checkpoint save and load GB/s beside plain file I/O, and the stall of an async save.
+    Ckpt(crate::bench_ckpt::CkptBenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -173,7 +175,10 @@ fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
-    let BenchCommand::Comm(a) = cmd;
+    let a = match cmd {
+        BenchCommand::Comm(a) => a,
+        BenchCommand::Ckpt(a) => return crate::bench_ckpt::run(a),
+    };
     if a.iters == 0 || a.sizes.is_empty() || a.sizes.contains(&0) {
         return Err(invalid!("--iters and every --sizes entry must be positive"));
     }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use pipewright::checkpoint::format::{f32_bytes, write_safetensors_with, Blob};
+use pipewright::checkpoint::format::{f32_data, write_safetensors_with, Blob};
 use pipewright::checkpoint::{self, CheckpointOptions, Kind, Reader};
 use pipewright::comm::local;
 use pipewright::precision::Precision;
@@ -158,10 +158,17 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     Ok(())
 }
 
+/// A tensor to export: name, shape, values.
+type Owned = (String, Vec<usize>, Vec<f32>);
+
 /// Every parameter, whole, into `path` (atomically).
-fn write_params(path: &Path, blobs: &[Blob], metadata: Option<serde_json::Value>) -> Result<()> {
+fn write_params(path: &Path, owned: &[Owned], metadata: Option<serde_json::Value>) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    write_safetensors_with(&tmp, blobs, metadata)?;
+    let blobs: Vec<Blob> = owned
+        .iter()
+        .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
+        .collect();
+    write_safetensors_with(&tmp, &blobs, metadata)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into", path, e))?;
     Ok(())
 }
@@ -172,7 +179,7 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
     for (n, e) in &r.manifest().tensors {
         if e.kind == Kind::Param {
             let t = r.read_whole(n)?;
-            blobs.push((n.clone(), t.dims().to_vec(), f32_bytes(&t)?));
+            blobs.push((n.clone(), t.dims().to_vec(), f32_data(&t)?));
         }
     }
     write_params(out, &blobs, None)?;
@@ -210,7 +217,7 @@ fn export_hf_gpt2(dir: &Path, out: &Path) -> Result<()> {
         } else {
             format!("transformer.{n}")
         };
-        blobs.push((name, t.dims().to_vec(), f32_bytes(&t)?));
+        blobs.push((name, t.dims().to_vec(), f32_data(&t)?));
     }
     write_params(
         &out.join("model.safetensors"),

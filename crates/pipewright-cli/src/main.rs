@@ -1,6 +1,7 @@
 //! The `pipewright` command line.
 
 mod bench;
+mod bench_ckpt;
 mod ckpt;
 mod schedule;
 mod train;

@@ -136,20 +136,36 @@ pub fn sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-/// A tensor's elements as little-endian f32 bytes.
-pub fn f32_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let v: Vec<f32> = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
-    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+// Files hold little-endian f32; this build writes and reads its own f32 memory as is.
+#[cfg(target_endian = "big")]
+compile_error!("pipewright checkpoints assume a little-endian machine");
+
+/// A tensor's elements as f32, in row-major order (one copy).
+pub fn f32_data(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
 }
 
-/// A tensor to write: (name, shape, f32 bytes).
-pub type Blob = (String, Vec<usize>, Vec<u8>);
+/// A tensor to write: (name, shape, f32 elements).
+pub type Blob<'a> = (&'a str, &'a [usize], &'a [f32]);
 
 /// Where a blob landed: its absolute byte range in the file and its SHA-256.
 pub type Range = (u64, u64, String);
 
+/// The checksum of a checkpoint file: SHA-256 over its first `data_start` bytes (length and
+/// header) followed by the SHA-256 digests of its tensors' bytes in file order. Any changed
+/// byte changes it, and every byte is hashed once (the tensors' digests name a damaged
+/// tensor).
+fn file_checksum(head: &[u8], part_digests: &[Vec<u8>]) -> String {
+    let mut h = Sha256::new();
+    h.update(head);
+    for d in part_digests {
+        h.update(d);
+    }
+    hex(&h.finalize())
+}
+
 /// Writes `blobs` as one safetensors file at `path` (fsynced) and returns each blob's
-/// [`Range`], and the whole file's SHA-256.
+/// [`Range`], and the file's checksum.
 pub fn write_safetensors(path: &Path, blobs: &[Blob]) -> Result<(Vec<Range>, String)> {
     write_safetensors_with(path, blobs, None)
 }
@@ -166,10 +182,10 @@ pub fn write_safetensors_with(
         header.insert("__metadata__".into(), m);
     }
     let mut at = 0u64;
-    for (name, shape, bytes) in blobs {
-        let end = at + bytes.len() as u64;
+    for (name, shape, data) in blobs {
+        let end = at + 4 * data.len() as u64;
         header.insert(
-            name.clone(),
+            name.to_string(),
             serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, end]}),
         );
         at = end;
@@ -178,71 +194,107 @@ pub fn write_safetensors_with(
     while !(h.len() + 8).is_multiple_of(8) {
         h.push(b' ');
     }
-    let start = 8 + h.len() as u64;
-    let mut file_hash = Sha256::new();
-    let mut f = std::fs::File::create(path).map_err(|e| Error::io("cannot create", path, e))?;
-    let mut put = |b: &[u8]| -> Result<()> {
-        file_hash.update(b);
+    let head = [&(h.len() as u64).to_le_bytes()[..], &h].concat();
+    let mut f = std::io::BufWriter::with_capacity(
+        8 << 20,
+        std::fs::File::create(path).map_err(|e| Error::io("cannot create", path, e))?,
+    );
+    let mut put = |b: &[u8]| {
         f.write_all(b)
             .map_err(|e| Error::io("cannot write", path, e))
     };
-    put(&(h.len() as u64).to_le_bytes())?;
-    put(&h)?;
-    let mut ranges = Vec::with_capacity(blobs.len());
-    let mut at = start;
-    for (_, _, bytes) in blobs {
-        put(bytes)?;
-        ranges.push((at, at + bytes.len() as u64, sha256(bytes)));
-        at += bytes.len() as u64;
-    }
-    f.sync_all()
+    put(&head)?;
+    // The digests are computed beside the writes, on the other core.
+    let digests: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hashing = s.spawn(|| {
+            blobs
+                .iter()
+                .map(|(_, _, d)| Sha256::digest(bytemuck::cast_slice::<f32, u8>(d)).to_vec())
+                .collect::<Vec<_>>()
+        });
+        let written = blobs
+            .iter()
+            .try_for_each(|(_, _, d)| put(bytemuck::cast_slice(d)));
+        let digests = hashing.join().expect("hashing does not panic");
+        written.map(|_| digests)
+    })?;
+    let file = f
+        .into_inner()
+        .map_err(|e| Error::io("cannot write", path, e.into_error()))?;
+    file.sync_all()
         .map_err(|e| Error::io("cannot sync", path, e))?;
-    Ok((ranges, hex(&file_hash.finalize())))
+    let mut ranges = Vec::with_capacity(blobs.len());
+    let mut at = head.len() as u64;
+    for ((_, _, data), d) in blobs.iter().zip(&digests) {
+        let len = 4 * data.len() as u64;
+        ranges.push((at, at + len, hex(d)));
+        at += len;
+    }
+    Ok((ranges, file_checksum(&head, &digests)))
 }
 
 /// Reads part `p` of tensor `name` from the checkpoint in `dir`, checking its checksum.
 pub fn read_part(dir: &Path, name: &str, p: &Part) -> Result<Tensor> {
     let path = dir.join(&p.file);
+    let n: usize = p.shape.iter().product();
+    if p.end - p.begin != 4 * n as u64 {
+        return Err(Error::State(format!(
+            "`{}`: tensor `{name}` has {} bytes for shape {:?}",
+            path.display(),
+            p.end - p.begin,
+            p.shape
+        )));
+    }
     let mut f = std::fs::File::open(&path).map_err(|e| Error::io("cannot open", &path, e))?;
-    let mut bytes = vec![0u8; (p.end - p.begin) as usize];
+    let mut v = vec![0f32; n];
     f.seek(SeekFrom::Start(p.begin))
-        .and_then(|_| f.read_exact(&mut bytes))
+        .and_then(|_| f.read_exact(bytemuck::cast_slice_mut(&mut v)))
         .map_err(|e| Error::io("cannot read", &path, e))?;
-    if sha256(&bytes) != p.sha256 {
+    if sha256(bytemuck::cast_slice(&v)) != p.sha256 {
         return Err(Error::State(format!(
             "`{}` is damaged: the bytes of tensor `{name}` do not match their checksum",
             path.display()
         )));
     }
-    let n: usize = p.shape.iter().product();
-    if bytes.len() != 4 * n {
-        return Err(Error::State(format!(
-            "`{}`: tensor `{name}` has {} bytes for shape {:?}",
-            path.display(),
-            bytes.len(),
-            p.shape
-        )));
-    }
-    let v: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
     Ok(Tensor::from_vec(v, p.shape.as_slice(), &Device::Cpu)?)
 }
 
-/// SHA-256 of a whole file, in hex.
+/// The checksum of a safetensors file written by [`write_safetensors`] (see
+/// `file_checksum`), recomputed from its bytes.
 pub fn file_sha256(path: &Path) -> Result<String> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io("cannot open", path, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| Error::io("cannot read", path, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
+    let bytes = std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))?;
+    let damaged = || {
+        Error::State(format!(
+            "`{}` is damaged: its header is unreadable",
+            path.display()
+        ))
+    };
+    let n = u64::from_le_bytes(
+        bytes
+            .get(..8)
+            .ok_or_else(damaged)?
+            .try_into()
+            .expect("8 bytes"),
+    ) as usize;
+    let head = bytes.get(..8 + n).ok_or_else(damaged)?;
+    let header: serde_json::Value = serde_json::from_slice(&head[8..]).map_err(|_| damaged())?;
+    let mut ranges: Vec<(usize, usize)> = header
+        .as_object()
+        .ok_or_else(damaged)?
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(_, v)| {
+            let o = &v["data_offsets"];
+            Some((o[0].as_u64()? as usize, o[1].as_u64()? as usize))
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(damaged)?;
+    ranges.sort();
+    let data = &bytes[8 + n..];
+    let digests = ranges
+        .iter()
+        .map(|&(b, e)| Some(Sha256::digest(data.get(b..e)?).to_vec()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(damaged)?;
+    Ok(file_checksum(head, &digests))
 }

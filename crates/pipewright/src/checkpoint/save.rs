@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::agree;
 use super::format::{
-    f32_bytes, fingerprint, write_safetensors, Blob, Kind, Manifest, Part, TensorEntry,
+    f32_data, fingerprint, write_safetensors, Blob, Kind, Manifest, Part, TensorEntry,
     FORMAT_VERSION,
 };
 use crate::comm::Communicator;
@@ -40,15 +40,36 @@ impl Split {
     };
 }
 
-/// One tensor a rank holds: its global name, kind, whole shape, split and values (a copy, so
-/// training can go on while it is written).
+/// One tensor a rank holds: its global name, kind, whole shape, split, and its part's shape
+/// and values (a copy, so training can go on while it is written).
 #[derive(Clone, Debug)]
 pub struct Held {
     pub name: String,
     pub kind: Kind,
     pub whole: Vec<usize>,
     pub split: Split,
-    pub value: Tensor,
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl Held {
+    /// Copies `t`'s values.
+    pub fn new(
+        name: &str,
+        kind: Kind,
+        whole: Vec<usize>,
+        split: Split,
+        t: &Tensor,
+    ) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            kind,
+            whole,
+            split,
+            shape: t.dims().to_vec(),
+            data: f32_data(t)?,
+        })
+    }
 }
 
 /// What one rank contributes to a checkpoint.
@@ -125,24 +146,18 @@ pub fn write(root: &Path, step: u64, snap: &Snapshot) -> Result<Written> {
         return Ok(w);
     }
     let file = format!("rank-{:05}.safetensors", snap.rank);
-    let blobs = snap
+    let blobs: Vec<Blob> = snap
         .tensors
         .iter()
-        .map(|h| {
-            Ok((
-                h.name.clone(),
-                h.value.dims().to_vec(),
-                f32_bytes(&h.value)?,
-            ))
-        })
-        .collect::<Result<Vec<Blob>>>()?;
+        .map(|h| (h.name.as_str(), h.shape.as_slice(), h.data.as_slice()))
+        .collect();
     let (ranges, sum) = write_safetensors(&tmp_dir(root, step).join(&file), &blobs)?;
     for (h, (begin, end, sha256)) in snap.tensors.iter().zip(ranges) {
         let part = Part {
             file: file.clone(),
             begin,
             end,
-            shape: h.value.dims().to_vec(),
+            shape: h.shape.clone(),
             axis: h.split.axis,
             stride: h.split.stride,
             index: h.split.index,

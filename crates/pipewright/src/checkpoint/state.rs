@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Tensor, Var};
+use candle_core::{Tensor, Var};
 
 use super::format::Kind;
 use super::load::Reader;
@@ -76,13 +76,7 @@ impl Owned<'_> {
             }
             let whole = whole.unwrap_or_else(|| var.dims().to_vec());
             let mut held = |name: &str, kind: Kind, t: &Tensor| -> Result<()> {
-                tensors.push(Held {
-                    name: name.to_string(),
-                    kind,
-                    whole: whole.clone(),
-                    split,
-                    value: t.to_dtype(DType::F32)?.copy()?,
-                });
+                tensors.push(Held::new(name, kind, whole.clone(), split, t)?);
                 Ok(())
             };
             held(name, Kind::Param, var.as_tensor())?;
@@ -92,13 +86,14 @@ impl Owned<'_> {
         }
         if self.write_whole {
             for (name, b) in &self.buffers {
-                tensors.push(Held {
-                    name: name.clone(),
-                    kind: Kind::Buffer,
-                    whole: b.dims().to_vec(),
-                    split: Split::WHOLE,
-                    value: b.as_tensor().to_dtype(DType::F32)?.copy()?,
-                });
+                let whole = b.dims().to_vec();
+                tensors.push(Held::new(
+                    name,
+                    Kind::Buffer,
+                    whole,
+                    Split::WHOLE,
+                    b.as_tensor(),
+                )?);
             }
         }
         Ok(Snapshot {
