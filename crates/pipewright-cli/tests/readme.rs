@@ -30,31 +30,45 @@ fn readme_commands() -> Vec<String> {
 /// The main job's `cargo run ... -- ARGS` as `pipewright ARGS`.
 const MAIN_JOB: &str = "cargo run --release -p pipewright-cli -- ";
 
-/// `args` with `--steps` set to 2, `--out`, `--trace` and `--svg` in `dir`, and `--data`
+/// Where a README path goes in the test's directory `dir`: `runs/NAME/rest` becomes
+/// `dir/runs_NAME/rest`, anything else `dir/<path with / as _>`.
+fn place(path: &str, dir: &Path) -> String {
+    let p = match path.strip_prefix("runs/").map(|r| r.split_once('/')) {
+        Some(Some((first, rest))) => dir.join(format!("runs_{first}")).join(rest),
+        Some(None) => dir.join(format!("runs_{}", &path[5..])),
+        None => dir.join(path.replace('/', "_")),
+    };
+    p.display().to_string()
+}
+
+/// `args` with `--steps` set to 2 (3 when resuming, so that one more step runs), a checkpoint
+/// every step, `--out`, `--trace`, `--svg` and `runs/...` arguments in `dir`, and `--data`
 /// relative to the repository.
 fn shrink(args: &[&str], dir: &Path) -> Vec<String> {
+    let steps = if args.contains(&"--resume") { "3" } else { "2" };
     let mut out: Vec<String> = Vec::new();
-    let mut it = args.iter();
+    let mut it = args.iter().peekable();
     while let Some(a) = it.next() {
-        out.push(a.to_string());
+        let next = it.peek().map(|v| v.to_string()).unwrap_or_default();
         let value = match *a {
-            "--steps" => Some("2".to_string()),
-            "--out" | "--trace" | "--svg" => {
-                let v = it.next().unwrap();
-                Some(dir.join(v.replace('/', "_")).display().to_string())
-            }
-            "--data" => Some(root().join(it.next().unwrap()).display().to_string()),
+            "--steps" => Some(steps.to_string()),
+            "--checkpoint-every" => Some("1".to_string()),
+            "--out" | "--trace" | "--svg" => Some(place(&next, dir)),
+            "--data" => Some(root().join(&next).display().to_string()),
             _ => None,
         };
-        if let Some(v) = value {
-            if *a == "--steps" {
+        match value {
+            Some(v) => {
+                out.push(a.to_string());
+                out.push(v);
                 it.next();
             }
-            out.push(v);
+            None if a.starts_with("runs/") => out.push(place(a, dir)),
+            None => out.push(a.to_string()),
         }
     }
     if args[0] == "train" && !args.contains(&"--help") && !args.contains(&"--steps") {
-        out.extend(["--steps".to_string(), "2".to_string()]);
+        out.extend(["--steps".to_string(), steps.to_string()]);
     }
     out
 }
@@ -77,7 +91,8 @@ fn check_outputs(args: &[String], stdout: &str) {
         let out = Path::new(value_of(args, "--out").unwrap());
         let csv = std::fs::read_to_string(out.join("scalars.csv")).unwrap();
         let rows: Vec<&str> = csv.lines().skip(1).collect();
-        assert_eq!(rows.len(), 2, "{args:?}: {csv}");
+        let steps: usize = value_of(args, "--steps").unwrap().parse().unwrap();
+        assert_eq!(rows.len(), steps, "{args:?}: {csv}");
         for r in rows {
             let loss: f64 = r.split(',').nth(1).unwrap().parse().unwrap();
             assert!(loss.is_finite() && loss > 0.0, "{args:?}: {r}");
@@ -98,11 +113,51 @@ fn check_outputs(args: &[String], stdout: &str) {
         let chunks: usize = value_of(args, "--chunks").unwrap().parse().unwrap();
         check_trace(Path::new(trace), pp, chunks);
     }
-    if args[0] == "bench" {
+    if args[..2] == ["bench", "comm"] {
         assert!(
             stdout.contains("all_reduce") && stdout.contains("send/recv"),
             "{stdout}"
         );
+    }
+    if args[..2] == ["bench", "ckpt"] {
+        assert!(
+            stdout.contains("plain sequential write") && stdout.contains("async save"),
+            "{stdout}"
+        );
+    }
+    if args[0] == "ckpt" {
+        check_ckpt(args, stdout);
+    }
+}
+
+/// What each `ckpt` command must have said or written.
+fn check_ckpt(args: &[String], stdout: &str) {
+    match args[1].as_str() {
+        "inspect" => assert!(
+            stdout.contains(" saved at pp=") && stdout.contains("wte.weight"),
+            "{stdout}"
+        ),
+        "verify" => assert!(stdout.starts_with("ok:"), "{stdout}"),
+        "reshard" => {
+            let out = Path::new(value_of(args, "--out").unwrap());
+            let latest = std::fs::read_to_string(out.join("latest")).unwrap();
+            let m = std::fs::read_to_string(out.join(latest.trim()).join("manifest.json")).unwrap();
+            assert!(m.contains("\"tp\": 2") && m.contains("\"pp\": 2"), "{m}");
+        }
+        "export" => {
+            let out = Path::new(value_of(args, "--out").unwrap());
+            let file = if value_of(args, "--format") == Some("hf-gpt2") {
+                assert!(out.join("config.json").exists());
+                out.join("model.safetensors")
+            } else {
+                out.to_path_buf()
+            };
+            let bytes = std::fs::read(file).unwrap();
+            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let header = String::from_utf8_lossy(&bytes[8..8 + n]).to_string();
+            assert!(header.contains("wte.weight"), "{header}");
+        }
+        other => panic!("the README shows `ckpt {other}`, which this test does not check"),
     }
 }
 
