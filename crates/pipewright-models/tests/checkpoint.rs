@@ -384,3 +384,80 @@ fn keep_removes_the_oldest_and_async_saves_equal_sync_ones() {
         let _ = std::fs::remove_dir_all(r);
     }
 }
+
+#[test]
+fn the_serial_trainer_and_varuna_share_one_format_across_precisions() {
+    use pipewright::loss::CrossEntropy;
+    use pipewright::nn::optim::LrSchedule;
+    use pipewright::serial::{SerialTrainer, TrainOptions};
+    use pipewright::Build;
+    let task = Adder::new(2, 0).unwrap();
+    let batch = |s: u64| {
+        let (x, y) = task.batch(s, 16).unwrap();
+        Batch::pair(x, y)
+    };
+    let trainer = || {
+        let run = ParityRun::default();
+        let stage = gpt(cfg(0.0)).unwrap().build(&Build::cpu(run.seed)).unwrap();
+        let opt = adamw(stage.params()).unwrap();
+        SerialTrainer::new(
+            stage,
+            opt,
+            TrainOptions {
+                seed: run.seed,
+                chunks: 8,
+                clip: Some(run.clip),
+                schedule: LrSchedule::Constant { lr: run.lr },
+                tied: vec![("wte.weight".into(), "lm_head.weight".into())],
+                deferred_batch_norm: false,
+                loss: std::sync::Arc::new(CrossEntropy::default()),
+            },
+        )
+        .unwrap()
+    };
+    // Serial saves at step 10; the f32 Varuna at (2,2,1) and a bf16 one at (2,1,1) resume.
+    let root = tmp("serial");
+    let mut t = trainer();
+    for s in 0..SAVE_AT {
+        t.step(&batch(s)).unwrap();
+    }
+    t.checkpoint(&root, &CheckpointOptions::default()).unwrap();
+    let serial_tail: Vec<f64> = (SAVE_AT..STEPS)
+        .map(|s| t.step(&batch(s)).unwrap().loss)
+        .collect();
+    let f32_opts = options(Layout::new(2, 2, 1).unwrap(), Precision::F32);
+    let got = run(cfg(0.0), f32_opts, SAVE_AT, STEPS, Some(&root), None);
+    within("serial -> (2,2,1)", &got.losses, &serial_tail);
+    let bf16_opts = options(Layout::new(2, 1, 1).unwrap(), Precision::Bf16);
+    let got = run(cfg(0.0), bf16_opts, SAVE_AT, STEPS, Some(&root), None);
+    for (a, b) in got.losses.iter().zip(&serial_tail) {
+        assert!(
+            ((a - b) / b).abs() < 2e-2,
+            "serial f32 -> bf16: {:?} vs {serial_tail:?}",
+            got.losses
+        );
+    }
+    // And back: Varuna at (2,2,1) saves, the serial trainer resumes.
+    let root2 = tmp("to-serial");
+    let whole = run(
+        cfg(0.0),
+        options(Layout::new(2, 2, 1).unwrap(), Precision::F32),
+        0,
+        STEPS,
+        None,
+        Some(&root2),
+    );
+    let mut t = trainer();
+    assert_eq!(t.load_checkpoint(&root2).unwrap(), SAVE_AT);
+    let tail: Vec<f64> = (SAVE_AT..STEPS)
+        .map(|s| t.step(&batch(s)).unwrap().loss)
+        .collect();
+    within(
+        "(2,2,1) -> serial",
+        &tail,
+        &whole.losses[SAVE_AT as usize..],
+    );
+    for r in [root, root2] {
+        let _ = std::fs::remove_dir_all(r);
+    }
+}
