@@ -215,14 +215,13 @@ pub fn finish(comm: Option<&dyn Communicator>, p: Pending) -> Result<PathBuf> {
     save::finish(comm, &p.root, &p.header, written)
 }
 
-/// A synchronous save (collective).
+/// A synchronous save (collective): [`start`] and [`finish`] at once.
 pub fn save_now(
     comm: Option<&dyn Communicator>,
     root: &Path,
     header: Header,
     snap: Snapshot,
 ) -> Result<PathBuf> {
-    save::prepare(comm, root, header.step)?;
-    let written = save::write(root, header.step, &snap);
-    save::finish(comm, root, &header, written)
+    let pending = start(comm, root, header, snap)?;
+    finish(comm, pending)
 }
