@@ -241,6 +241,8 @@ fn export_hf_gpt2(dir: &Path, out: &Path) -> Result<()> {
         "layer_norm_epsilon": 1e-5,
         "initializer_range": 0.02,
         "tie_word_embeddings": true,
+        "bos_token_id": null,
+        "eos_token_id": null,
         "torch_dtype": "float32",
     });
     let text = serde_json::to_string_pretty(&config).map_err(|e| invalid!("{e}"))?;
