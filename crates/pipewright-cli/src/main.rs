@@ -3,6 +3,7 @@
 mod bench;
 mod bench_ckpt;
 mod ckpt;
+mod launch;
 mod schedule;
 mod train;
 
@@ -33,6 +34,14 @@ enum Command {
     /// Inspect, verify, reshard and export checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
+    /// Start a program's ranks under mpirun and restart them when one dies.
+    Launch(launch::LaunchArgs),
+    /// (What `launch` runs in each rank: torchrun's variables, then the program.)
+    #[command(hide = true)]
+    RankEnv {
+        #[arg(last = true, required = true)]
+        program: Vec<String>,
+    },
 }
 
 fn main() {
@@ -42,6 +51,8 @@ fn main() {
         Command::Bench(b) => bench::run(b),
         Command::Schedule(a) => schedule::run(a),
         Command::Ckpt(c) => ckpt::run(c),
+        Command::Launch(a) => launch::run(a),
+        Command::RankEnv { program } => launch::rank_env(&program),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

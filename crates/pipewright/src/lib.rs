@@ -34,6 +34,7 @@ pub mod checkpoint;
 pub mod comm;
 pub mod data_parallel;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod experiment;
 pub mod loss;

@@ -84,7 +84,8 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// How ranks talk: threads of this process (local), or one process per rank under
-    /// `mpirun -np P` (mpi; build with `--features mpi`).
+    /// `mpirun -np P` (mpi; build with `--features mpi`). Under mpirun or `pipewright launch`
+    /// it is always mpi.
     #[arg(long, value_enum, default_value = "local")]
     pub backend: crate::bench::Backend,
     /// Pipeline stages (ranks as threads of this process).

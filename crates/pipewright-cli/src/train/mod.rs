@@ -26,6 +26,11 @@ use report::{train_loop, write_summary};
 
 pub fn run(a: TrainArgs) -> Result<()> {
     // Ranks on this machine: the threads of this process, or MPI's processes on this node.
+    // Under mpirun (or `pipewright launch`) every process is one rank.
+    let mut a = a;
+    if pipewright::dist::Env::under_mpi() {
+        a.backend = crate::bench::Backend::Mpi;
+    }
     let ranks_here = match a.backend {
         crate::bench::Backend::Local => a.pp * a.tp * a.dp,
         crate::bench::Backend::Mpi => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
@@ -43,11 +48,14 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let task = make_task(&a)?;
     let model_config = make_model(&a, task.as_ref())?;
     let (model, tied) = model_config.build()?;
-    let resume = a
-        .resume
-        .as_deref()
-        .map(|r| resume_path(&a, r))
-        .transpose()?;
+    let restart = pipewright::dist::Env::from_env().restart;
+    let resume = match a.resume.as_deref() {
+        Some(r) => Some(resume_path(&a, r)?),
+        // A restarted attempt of an elastic run goes on from its newest checkpoint, if any.
+        None if restart > 0 => resume_path(&a, "latest").ok(),
+        None => None,
+    };
+    let continuing = (a.resume.is_some() || restart > 0) && a.out.join("params.json").exists();
     let chunk_size = chunk_size(&a)?;
     let opts = VarunaOptions {
         shared_weights: tied.clone(),
@@ -80,11 +88,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
         opts: opts.clone(),
         meta: serde_json::json!({"args": &a, "model": model_config}),
         resume,
+        continuing,
     };
     let traces = match a.backend {
         crate::bench::Backend::Mpi => return run_mpi(&setup),
         crate::bench::Backend::Local => {
-            let dir = run_dir(&a)?;
+            let dir = run_dir(&setup)?;
             let world = a.pp * a.tp * a.dp;
             local::run(world, |comm| {
                 let (master, local_rank) = (comm.is_master(), comm.rank());
@@ -128,7 +137,7 @@ fn run_mpi(setup: &Setup) -> Result<()> {
             ));
         }
         let dir = if world.is_master() {
-            Some(run_dir(a)?)
+            Some(run_dir(setup)?)
         } else {
             None
         };
@@ -160,12 +169,13 @@ fn run_mpi(_: &Setup) -> Result<()> {
     ))
 }
 
-/// The run directory: a new one, or, when resuming, the run being continued.
-fn run_dir(a: &TrainArgs) -> Result<RunDir> {
-    if a.resume.is_some() && a.out.join("params.json").exists() {
-        RunDir::open(&a.out)
+/// The run directory: a new one, or the run being continued (resumed, or restarted by an
+/// elastic launcher).
+fn run_dir(setup: &Setup) -> Result<RunDir> {
+    if setup.continuing {
+        RunDir::open(&setup.a.out)
     } else {
-        RunDir::create(&a.out)
+        RunDir::create(&setup.a.out)
     }
 }
 
@@ -217,6 +227,8 @@ pub struct Setup<'a> {
     /// What checkpoints store to rebuild the run (`ckpt reshard`, `ckpt export`).
     meta: serde_json::Value,
     resume: Option<PathBuf>,
+    /// The run directory holds this run already: its scalars go on from the resumed step.
+    continuing: bool,
 }
 
 impl Setup<'_> {

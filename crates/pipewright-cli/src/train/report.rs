@@ -77,7 +77,7 @@ pub fn train_loop(
                 },
             )?;
             let tag = format!("eval/{}", task.metric_name());
-            Some(if run.resume.is_some() {
+            Some(if run.continuing {
                 Recorder::resume(dir.path(), &tag, first)?
             } else {
                 Recorder::create(dir.path(), &tag)?

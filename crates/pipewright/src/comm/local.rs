@@ -455,6 +455,22 @@ impl Communicator for LocalComm {
 }
 
 impl LocalComm {
+    /// A world of one rank: this thread alone (what a program started by nothing gets).
+    pub fn single() -> Self {
+        LocalComm {
+            world: Arc::new(World {
+                size: 1,
+                state: Mutex::new(State::default()),
+                cv: Condvar::new(),
+                timeout: default_timeout(),
+            }),
+            group: 0,
+            members: Arc::new(vec![0]),
+            rank: 0,
+            seq: AtomicU64::new(0),
+        }
+    }
+
     /// Number of ranks in the whole process world.
     pub fn world_size(&self) -> usize {
         self.world.size

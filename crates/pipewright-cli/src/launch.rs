@@ -1,0 +1,240 @@
+//! `pipewright launch`: starts a program's ranks with Open MPI's `mpirun` and restarts them
+//! when one dies (torchrun's `--max-restarts`). Every rank sees torchrun's variables (`RANK`,
+//! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT`)
+//! beside Open MPI's, and `PIPEWRIGHT_RESTART=<attempt>` on a restart, so that the program
+//! goes on from its newest checkpoint (`pipewright train` does by itself). Each attempt is
+//! recorded in `launch.json`.
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use pipewright::{invalid, Error, Result};
+use serde::Serialize;
+
+#[derive(Args)]
+pub struct LaunchArgs {
+    /// Ranks on this machine.
+    #[arg(long)]
+    pub nproc_per_node: Option<usize>,
+    /// An Open MPI host file (`host slots=N` lines), read again before every attempt.
+    #[arg(long, conflicts_with = "nproc_per_node")]
+    pub hostfile: Option<PathBuf>,
+    /// Hosts and their slots in Open MPI's syntax (`a:4,b:4`).
+    #[arg(long, conflicts_with_all = ["nproc_per_node", "hostfile"])]
+    pub hosts: Option<String>,
+    /// Attempts after the first when a rank dies.
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: u32,
+    /// Where `launch.json` goes (default: the program's `--out`, else this directory).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// More arguments for mpirun (repeat it for each).
+    #[arg(long, allow_hyphen_values = true)]
+    pub mpirun_arg: Vec<String>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    pub program: Vec<String>,
+}
+
+/// One attempt, as `launch.json` records it.
+#[derive(Serialize)]
+struct Attempt {
+    attempt: u32,
+    started: f64,
+    ended: f64,
+    world: usize,
+    /// The program's newest complete checkpoint when the attempt started (what it resumes
+    /// from), if it keeps them in `<run dir>/checkpoints`.
+    resumed_from: Option<String>,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    ended_because: String,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The slots of a host file or a `--hosts` list.
+fn slots(a: &LaunchArgs) -> Result<usize> {
+    if let Some(n) = a.nproc_per_node {
+        return Ok(n);
+    }
+    let parse = |spec: &str, n: Option<&str>| -> Result<usize> {
+        n.map_or(Ok(1), |v| v.trim().parse::<usize>())
+            .map_err(|_| invalid!("cannot read the slots of `{spec}`"))
+    };
+    if let Some(h) = &a.hosts {
+        return h
+            .split(',')
+            .map(|spec| parse(spec, spec.split(':').nth(1)))
+            .sum();
+    }
+    if let Some(f) = &a.hostfile {
+        let text = std::fs::read_to_string(f).map_err(|e| Error::io("cannot read", f, e))?;
+        return text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                parse(
+                    l,
+                    l.split("slots=")
+                        .nth(1)
+                        .and_then(|s| s.split_whitespace().next()),
+                )
+            })
+            .sum();
+    }
+    Err(invalid!(
+        "say where the ranks run: --nproc-per-node N, --hostfile FILE or --hosts a:4,b:4"
+    ))
+}
+
+/// The program's `--out`, where `launch.json` goes by default.
+fn run_dir(a: &LaunchArgs) -> PathBuf {
+    if let Some(d) = &a.run_dir {
+        return d.clone();
+    }
+    a.program
+        .iter()
+        .position(|w| w == "--out")
+        .and_then(|i| a.program.get(i + 1))
+        .map_or_else(|| PathBuf::from("."), PathBuf::from)
+}
+
+fn latest_checkpoint(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join("checkpoints").join("latest"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(29500, |a| a.port())
+}
+
+pub fn run(a: LaunchArgs) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("cannot find", "pipewright", e))?;
+    let dir = run_dir(&a);
+    let port = free_port().to_string();
+    let mut attempts: Vec<Attempt> = Vec::new();
+    for attempt in 0..=a.max_restarts {
+        let world = slots(&a)?;
+        let mut cmd = Command::new("mpirun");
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("PIPEWRIGHT_RESTART", attempt.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .args([
+                "--oversubscribe",
+                "--mca",
+                "btl_vader_single_copy_mechanism",
+                "none",
+            ]);
+        if let Some(f) = &a.hostfile {
+            cmd.arg("--hostfile").arg(f);
+        }
+        if let Some(h) = &a.hosts {
+            cmd.args(["--host", h]);
+        }
+        cmd.args(["-np", &world.to_string()])
+            .args([
+                "-x",
+                "PIPEWRIGHT_RESTART",
+                "-x",
+                "MASTER_ADDR",
+                "-x",
+                "MASTER_PORT",
+            ])
+            .args(&a.mpirun_arg)
+            .arg(&exe)
+            .arg("rank-env")
+            .arg("--")
+            .args(&a.program);
+        let resumed_from = latest_checkpoint(&dir);
+        let started = now();
+        eprintln!(
+            "pipewright launch: attempt {attempt}: {world} ranks{}",
+            resumed_from
+                .as_ref()
+                .map_or(String::new(), |c| format!(", from {c}"))
+        );
+        let status = cmd.status().map_err(|e| {
+            Error::io(
+                "cannot start",
+                "mpirun (tools/install-mpi.sh installs Open MPI)",
+                e,
+            )
+        })?;
+        let ended_because = match (status.code(), status.signal()) {
+            (Some(0), _) => "finished".to_string(),
+            (Some(c), _) => format!("exit code {c} (a rank failed or was killed)"),
+            (None, Some(s)) => format!("signal {s}"),
+            (None, None) => "unknown".to_string(),
+        };
+        attempts.push(Attempt {
+            attempt,
+            started,
+            ended: now(),
+            world,
+            resumed_from,
+            exit_code: status.code(),
+            signal: status.signal(),
+            ended_because,
+        });
+        record(&dir, &attempts)?;
+        if status.success() {
+            return Ok(());
+        }
+    }
+    let summary: Vec<String> = attempts
+        .iter()
+        .map(|t| {
+            format!(
+                "attempt {} ({} ranks): {}",
+                t.attempt, t.world, t.ended_because
+            )
+        })
+        .collect();
+    Err(invalid!(
+        "every attempt failed ({} restarts allowed): {}",
+        a.max_restarts,
+        summary.join("; ")
+    ))
+}
+
+/// Writes `launch.json` atomically.
+fn record(dir: &Path, attempts: &[Attempt]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+    let text = serde_json::to_string_pretty(&serde_json::json!({ "attempts": attempts }))
+        .map_err(|e| invalid!("{e}"))?;
+    let (tmp, path) = (dir.join(".launch.json.tmp"), dir.join("launch.json"));
+    std::fs::write(&tmp, text).map_err(|e| Error::io("cannot write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into", &path, e))
+}
+
+/// `pipewright rank-env -- PROGRAM ARGS`: what the launcher runs in each rank: sets torchrun's
+/// variables from Open MPI's and becomes the program.
+pub fn rank_env(program: &[String]) -> Result<()> {
+    let env = pipewright::dist::Env::from_env();
+    let Some((prog, args)) = program.split_first() else {
+        return Err(invalid!("rank-env needs a program to run"));
+    };
+    let err = Command::new(prog)
+        .args(args)
+        .env("RANK", env.rank.to_string())
+        .env("LOCAL_RANK", env.local_rank.to_string())
+        .env("WORLD_SIZE", env.world_size.to_string())
+        .env("LOCAL_WORLD_SIZE", env.local_world_size.to_string())
+        .env("NODE_RANK", env.node_rank.to_string())
+        .exec();
+    Err(Error::io("cannot run", prog, err))
+}

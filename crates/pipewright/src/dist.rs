@@ -1,0 +1,155 @@
+//! Who this process is, from whatever started it (pystematic's and torchrun's launch
+//! parameters): `pipewright launch` and torchrun (`RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+//! `LOCAL_WORLD_SIZE`, `NODE_RANK`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI's `mpirun`
+//! (`OMPI_COMM_WORLD_*`), Slurm's `srun` (`SLURM_PROCID`, ...), or nothing (a world of one);
+//! and [`init`], which gives a program its world communicator.
+//!
+//! A restarted attempt of an elastic run sees `PIPEWRIGHT_RESTART=<attempt>` (1, 2, ...): the
+//! program goes on from its newest complete checkpoint.
+
+use crate::comm::Communicator;
+use crate::Result;
+
+/// This process's place in the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Env {
+    pub rank: usize,
+    pub world_size: usize,
+    /// The rank among the processes of this machine.
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    /// This machine's index.
+    pub node_rank: usize,
+    /// The attempt of an elastic run (0: the first).
+    pub restart: u32,
+    /// What started the process: `torchrun` (also `pipewright launch`), `mpirun`, `srun` or
+    /// `none`.
+    pub launcher: &'static str,
+}
+
+fn var(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+impl Env {
+    /// Reads the environment (see the module documentation for the order).
+    pub fn from_env() -> Self {
+        let restart = var("PIPEWRIGHT_RESTART").unwrap_or(0) as u32;
+        let read = |rank: &str, size: &str, local: &str, local_size: &str, node: Option<&str>| {
+            let (rank, world_size) = (var(rank)?, var(size)?);
+            let local_rank = var(local).unwrap_or(0);
+            let local_world_size = var(local_size).unwrap_or(world_size).max(1);
+            let node_rank = node.and_then(var).unwrap_or(rank / local_world_size);
+            Some((rank, world_size, local_rank, local_world_size, node_rank))
+        };
+        let found = [
+            (
+                "torchrun",
+                read(
+                    "RANK",
+                    "WORLD_SIZE",
+                    "LOCAL_RANK",
+                    "LOCAL_WORLD_SIZE",
+                    Some("NODE_RANK"),
+                ),
+            ),
+            (
+                "mpirun",
+                read(
+                    "OMPI_COMM_WORLD_RANK",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE",
+                    None,
+                ),
+            ),
+            (
+                "srun",
+                read(
+                    "SLURM_PROCID",
+                    "SLURM_NTASKS",
+                    "SLURM_LOCALID",
+                    "SLURM_NTASKS_PER_NODE",
+                    Some("SLURM_NODEID"),
+                ),
+            ),
+        ]
+        .into_iter()
+        .find_map(|(l, v)| v.map(|v| (l, v)));
+        match found {
+            Some((launcher, (rank, world_size, local_rank, local_world_size, node_rank))) => Self {
+                rank,
+                world_size,
+                local_rank,
+                local_world_size,
+                node_rank,
+                restart,
+                launcher,
+            },
+            None => Self {
+                rank: 0,
+                world_size: 1,
+                local_rank: 0,
+                local_world_size: 1,
+                node_rank: 0,
+                restart,
+                launcher: "none",
+            },
+        }
+    }
+
+    /// Whether Open MPI started this process (directly or under `pipewright launch`).
+    pub fn under_mpi() -> bool {
+        std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
+    }
+}
+
+/// A program's world: its communicator, and MPI kept alive while it is.
+pub struct World {
+    pub comm: Box<dyn Communicator>,
+    #[cfg(feature = "mpi")]
+    _mpi: Option<crate::comm::mpi::Mpi>,
+}
+
+/// The world communicator of this process: over Open MPI when `mpirun` (or `pipewright
+/// launch`) started it, a world of one otherwise. Under mpirun without the `mpi` feature it is
+/// an error that says how to build.
+pub fn init() -> Result<World> {
+    if Env::under_mpi() {
+        #[cfg(feature = "mpi")]
+        {
+            let (mpi, comm) = crate::comm::mpi::Mpi::init()?;
+            return Ok(World {
+                comm: Box::new(comm),
+                _mpi: Some(mpi),
+            });
+        }
+        #[cfg(not(feature = "mpi"))]
+        return Err(crate::invalid!(
+            "this process was started by mpirun but pipewright was built without MPI: build \
+             with the `mpi` feature (tools/install-mpi.sh installs Open MPI)"
+        ));
+    }
+    Ok(World {
+        comm: Box::new(crate::comm::local::LocalComm::single()),
+        #[cfg(feature = "mpi")]
+        _mpi: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_started_by_nothing_is_a_world_of_one() {
+        // The test runner sets none of the launchers' variables.
+        if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_none() && std::env::var_os("RANK").is_none()
+        {
+            let e = Env::from_env();
+            assert_eq!((e.rank, e.world_size, e.launcher), (0, 1, "none"));
+            let w = init().unwrap();
+            assert_eq!((w.comm.rank(), w.comm.size()), (0, 1));
+        }
+    }
+}
