@@ -4,7 +4,14 @@
 # 2. a rank killed with SIGKILL after the step-10 checkpoint: the launcher restarts the job,
 #    which goes on from its newest checkpoint; exit 0, one scalars row per step, and the final
 #    parameters bit-identical to an uninterrupted run's;
-# 3. a rank that always fails with --max-restarts 1: non-zero exit naming both attempts.
+# 3. a rank that always fails with --max-restarts 1: non-zero exit naming both attempts;
+# 4. SIGTERM to the launcher: the ranks save the step they are at and exit 0; a relaunch with
+#    --resume latest ends bit-identical to the uninterrupted run;
+# 5. a rank stopped with SIGSTOP: found by the heartbeat, the attempt ended and restarted;
+# 6. the host file shrinks from 4 slots to 2 after a kill and grows back after another: the
+#    attempts morph the layout and the 30 losses stay within 1e-5 of the uninterrupted run's;
+# 7. two machines simulated on this one (../shared/MULTINODE.md): ranks see NODE_RANK 0 and 1
+#    and train to the threads run's losses.
 # Prints a pass/fail line per check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,11 +57,94 @@ same=$?
 [ "$code" -eq 0 ] && [ "$attempts" -eq 2 ] && [ "$steps" = "$(seq -s ' ' 0 29) " ] && [ "$same" -eq 0 ]
 check "a rank killed after step 10 (exit $code, $attempts attempts, final parameters identical: $([ $same -eq 0 ] && echo yes || echo no))" $?
 
+# Waits until the run in $1 has a checkpoint of step $2 or later.
+wait_for_step() {
+  for _ in $(seq 1200); do
+    local l
+    l=$(cat "$1/checkpoints/latest" 2>/dev/null | sed 's/step-0*//')
+    [ -n "$l" ] && [ "$l" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# Kills (signal $2) one rank of the launcher $1's current attempt.
+signal_rank() {
+  local m
+  m=$(pgrep -P "$1" mpirun | head -1)
+  kill "-$2" "$(pgrep -P "$m" | tail -1)"
+}
+same_as_whole() { # run directory: its final parameters equal the uninterrupted run's
+  "$bin" ckpt export "$1/checkpoints" --format safetensors --out "$1.safetensors" >/dev/null &&
+    cmp -s "$out/whole.safetensors" "$1.safetensors"
+}
+
 # 3. A rank that always fails: both attempts named, non-zero exit.
 msg=$("$bin" launch --nproc-per-node 2 --max-restarts 1 --run-dir "$out/failing" -- sh -c 'test "$RANK" != 1' 2>&1)
 code=$?
 [ "$code" -ne 0 ] && grep -q "attempt 0 (2 ranks)" <<<"$msg" && grep -q "attempt 1 (2 ranks)" <<<"$msg"
 check "a rank that always fails ends the launch after --max-restarts 1" $?
+
+# 4. Preemption.
+"$bin" launch --nproc-per-node 4 -- "$bin" "${big[@]}" --out "$out/pre" >"$out/pre.log" 2>&1 &
+launcher=$!
+wait_for_step "$out/pre" 10
+kill -TERM "$launcher"
+wait "$launcher"
+code=$?
+saved=$(sed 's/step-0*//' "$out/pre/checkpoints/latest")
+grep -q '"preempted: saved and stopped"' "$out/pre/launch.json"
+noted=$?
+"$bin" launch --nproc-per-node 4 -- "$bin" "${big[@]}" --resume latest --out "$out/pre" >>"$out/pre.log" 2>&1
+again=$?
+[ "$code" -eq 0 ] && [ "$noted" -eq 0 ] && [ "$again" -eq 0 ] && same_as_whole "$out/pre"
+check "SIGTERM to the launcher: saved step $saved, exit $code; the relaunch ends bit for bit" $?
+
+# 5. A hung rank.
+"$bin" launch --nproc-per-node 4 --heartbeat-timeout 4 --max-restarts 1 -- "$bin" "${big[@]}" --out "$out/hang" >"$out/hang.log" 2>&1 &
+launcher=$!
+wait_for_step "$out/hang" 10
+signal_rank "$launcher" STOP
+wait "$launcher"
+code=$?
+grep -q '"heartbeat: rank' "$out/hang/launch.json"
+found=$?
+[ "$code" -eq 0 ] && [ "$found" -eq 0 ] && same_as_whole "$out/hang"
+check "a rank stopped with SIGSTOP is found by the heartbeat, restarted, and the run ends bit for bit" $?
+
+# 6. Shrink and grow.
+hosts=$out/hostfile
+echo "localhost slots=4" >"$hosts"
+"$bin" launch --hostfile "$hosts" --max-restarts 3 -- "$bin" "${big[@]}" --out "$out/morph" >"$out/morph.log" 2>&1 &
+launcher=$!
+wait_for_step "$out/morph" 10
+echo "localhost slots=2" >"$hosts"
+signal_rank "$launcher" KILL
+sleep 1
+wait_for_step "$out/morph" 20
+echo "localhost slots=4" >"$hosts"
+signal_rank "$launcher" KILL
+wait "$launcher"
+code=$?
+worlds=$(grep '"world"' "$out/morph/launch.json" | tr -dc '0-9\n' | tr '\n' ' ')
+worst=$(paste -d, <(cut -d, -f2 "$out/whole/scalars.csv") <(cut -d, -f2 "$out/morph/scalars.csv") |
+  awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++ } END { if (n != 30) w = 1; printf "%.2e", w }')
+[ "$code" -eq 0 ] && [ "$worlds" = "4 2 4 " ] && awk -v w="$worst" 'BEGIN { exit !(w < 1e-5) }'
+check "4 -> 2 -> 4 slots (worlds: $worlds): 30 losses within $worst of the uninterrupted run" $?
+
+# 7. Two machines simulated on this one.
+grep -q ' nodea$' /etc/hosts || echo "127.0.0.2 nodea" >>/etc/hosts
+grep -q ' nodeb$' /etc/hosts || echo "127.0.0.3 nodeb" >>/etc/hosts
+printf 'nodea slots=2\nnodeb slots=2\n' >"$out/two-nodes"
+fake=$(cd ../shared/tools && pwd)/fake-ssh
+net=(--mpirun-arg=--mca --mpirun-arg=plm_rsh_agent "--mpirun-arg=$fake" --mpirun-arg=--mca --mpirun-arg=rtc
+  --mpirun-arg=^hwloc --mpirun-arg=--mca --mpirun-arg=btl --mpirun-arg=tcp,self --mpirun-arg=--mca
+  --mpirun-arg=btl_tcp_if_include --mpirun-arg=lo --mpirun-arg=--mca --mpirun-arg=oob_tcp_if_include --mpirun-arg=lo)
+nodes=$("$bin" launch --hostfile "$out/two-nodes" "${net[@]}" --run-dir "$out/nodes" -- sh -c 'echo "node $NODE_RANK"' 2>/dev/null | sort -u | tr '\n' ' ')
+"$bin" launch --hostfile "$out/two-nodes" "${net[@]}" -- "$bin" "${small[@]}" --pp 2 --tp 2 --steps 8 --out "$out/two" >"$out/two.log" 2>&1
+code=$?
+[ "$code" -eq 0 ] && [ "$nodes" = "node 0 node 1 " ] &&
+  diff -q <(cut -d, -f1-3 "$out/threads/scalars.csv") <(cut -d, -f1-3 "$out/two/scalars.csv") >/dev/null
+check "two simulated machines ($nodes): the threads run's losses" $?
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -7,8 +7,10 @@
 
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use pipewright::{invalid, Error, Result};
@@ -31,6 +33,10 @@ pub struct LaunchArgs {
     /// Where `launch.json` goes (default: the program's `--out`, else this directory).
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
+    /// Seconds a rank may go without finishing a step (its heartbeat) before the attempt is
+    /// ended and restarted as hung (0: never).
+    #[arg(long, default_value_t = 300.0)]
+    pub heartbeat_timeout: f64,
     /// More arguments for mpirun (repeat it for each).
     #[arg(long, allow_hyphen_values = true)]
     pub mpirun_arg: Vec<String>,
@@ -125,12 +131,21 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     let dir = run_dir(&a);
     let port = free_port().to_string();
     let mut attempts: Vec<Attempt> = Vec::new();
+    // SIGTERM (an eviction notice) is passed to the ranks as SIGUSR1, which mpirun forwards:
+    // each saves at the end of its step and stops, and the launch ends.
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())
+        .map_err(|e| Error::io("cannot watch for signals", "SIGTERM", e))?;
     for attempt in 0..=a.max_restarts {
         let world = slots(&a)?;
+        let beats = dir.join(".heartbeat");
+        let _ = std::fs::remove_dir_all(&beats);
+        std::fs::create_dir_all(&beats).map_err(|e| Error::io("cannot create", &beats, e))?;
         let mut cmd = Command::new("mpirun");
         cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .env("PIPEWRIGHT_RESTART", attempt.to_string())
+            .env("PIPEWRIGHT_HEARTBEAT_DIR", &beats)
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", &port)
             .args([
@@ -145,20 +160,22 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         if let Some(h) = &a.hosts {
             cmd.args(["--host", h]);
         }
-        cmd.args(["-np", &world.to_string()])
-            .args([
-                "-x",
-                "PIPEWRIGHT_RESTART",
-                "-x",
-                "MASTER_ADDR",
-                "-x",
-                "MASTER_PORT",
-            ])
-            .args(&a.mpirun_arg)
+        cmd.args(["-np", &world.to_string()]);
+        for v in [
+            "PIPEWRIGHT_RESTART",
+            "PIPEWRIGHT_HEARTBEAT_DIR",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ] {
+            cmd.args(["-x", v]);
+        }
+        cmd.args(&a.mpirun_arg)
             .arg(&exe)
             .arg("rank-env")
             .arg("--")
-            .args(&a.program);
+            .args(&a.program)
+            // Its own process group, so that a hung attempt can be ended whole.
+            .process_group(0);
         let resumed_from = latest_checkpoint(&dir);
         let started = now();
         eprintln!(
@@ -167,18 +184,23 @@ pub fn run(a: LaunchArgs) -> Result<()> {
                 .as_ref()
                 .map_or(String::new(), |c| format!(", from {c}"))
         );
-        let status = cmd.status().map_err(|e| {
+        let mut child = cmd.spawn().map_err(|e| {
             Error::io(
                 "cannot start",
                 "mpirun (tools/install-mpi.sh installs Open MPI)",
                 e,
             )
         })?;
-        let ended_because = match (status.code(), status.signal()) {
-            (Some(0), _) => "finished".to_string(),
-            (Some(c), _) => format!("exit code {c} (a rank failed or was killed)"),
-            (None, Some(s)) => format!("signal {s}"),
-            (None, None) => "unknown".to_string(),
+        let (status, hung) = watch(&mut child, &stop, &beats, world, a.heartbeat_timeout)?;
+        let ended_because = match (hung.clone(), status.code(), status.signal()) {
+            (Some(why), _, _) => why,
+            (None, Some(0), _) if stop.load(Ordering::Relaxed) => {
+                "preempted: saved and stopped".to_string()
+            }
+            (None, Some(0), _) => "finished".to_string(),
+            (None, Some(c), _) => format!("exit code {c} (a rank failed or was killed)"),
+            (None, None, Some(s)) => format!("signal {s}"),
+            (None, None, None) => "unknown".to_string(),
         };
         attempts.push(Attempt {
             attempt,
@@ -191,8 +213,11 @@ pub fn run(a: LaunchArgs) -> Result<()> {
             ended_because,
         });
         record(&dir, &attempts)?;
-        if status.success() {
+        if status.success() && hung.is_none() {
             return Ok(());
+        }
+        if stop.load(Ordering::Relaxed) {
+            return Err(invalid!("stopped by SIGTERM before the ranks could save"));
         }
     }
     let summary: Vec<String> = attempts
@@ -209,6 +234,80 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         a.max_restarts,
         summary.join("; ")
     ))
+}
+
+/// Waits for mpirun: forwards a preemption notice, and ends the attempt (every process of its
+/// group) when a rank's heartbeat is older than `timeout` seconds. Returns the exit status and,
+/// for a hang, why it was ended.
+fn watch(
+    child: &mut Child,
+    stop: &AtomicBool,
+    beats: &Path,
+    world: usize,
+    timeout: f64,
+) -> Result<(ExitStatus, Option<String>)> {
+    let started = Instant::now();
+    let mut forwarded = false;
+    loop {
+        if let Some(s) = child
+            .try_wait()
+            .map_err(|e| Error::io("cannot wait for", "mpirun", e))?
+        {
+            return Ok((s, None));
+        }
+        if stop.load(Ordering::Relaxed) && !forwarded {
+            // SAFETY: signalling a child process this launcher started.
+            unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+            forwarded = true;
+        }
+        if timeout > 0.0 {
+            let silent = (0..world).find_map(|r| {
+                let last = std::fs::metadata(beats.join(format!("rank-{r}")))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .unwrap_or_else(|| started.elapsed());
+                (last.as_secs_f64() > timeout).then_some((r, last.as_secs_f64()))
+            });
+            if let Some((r, secs)) = silent {
+                // The ranks (mpirun's children, in process groups of their own), then mpirun's
+                // group. SAFETY: signalling processes this launcher started.
+                for pid in children(child.id()) {
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                let s = child
+                    .wait()
+                    .map_err(|e| Error::io("cannot wait for", "mpirun", e))?;
+                let why =
+                    format!("heartbeat: rank {r} finished no step for {secs:.0} s (hung); ended");
+                return Ok((s, Some(why)));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children(pid: u32) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()?
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
 
 /// Writes `launch.json` atomically.

@@ -104,6 +104,18 @@ impl Env {
     }
 }
 
+/// Reports that this rank finished `step` to a launcher watching for hung ranks: writes the
+/// step to `$PIPEWRIGHT_HEARTBEAT_DIR/rank-<RANK>` (nothing when the variable is unset).
+pub fn heartbeat(step: u64) -> Result<()> {
+    let Some(dir) = std::env::var_os("PIPEWRIGHT_HEARTBEAT_DIR") else {
+        return Ok(());
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let path = dir.join(format!("rank-{}", Env::from_env().rank));
+    std::fs::write(&path, step.to_string())
+        .map_err(|e| crate::Error::io("cannot write heartbeat", &path, e))
+}
+
 /// A program's world: its communicator, and MPI kept alive while it is.
 pub struct World {
     pub comm: Box<dyn Communicator>,

@@ -56,6 +56,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
         None => None,
     };
     let continuing = (a.resume.is_some() || restart > 0) && a.out.join("params.json").exists();
+    let env = pipewright::dist::Env::from_env();
+    if env.restart > 0 && env.world_size != a.pp * a.tp * a.dp {
+        morph(&mut a, env.world_size, &model_config, &model)?;
+    }
     let chunk_size = chunk_size(&a)?;
     let opts = VarunaOptions {
         shared_weights: tied.clone(),
@@ -89,6 +93,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         meta: serde_json::json!({"args": &a, "model": model_config}),
         resume,
         continuing,
+        stop: preemption_flag()?,
     };
     let traces = match a.backend {
         crate::bench::Backend::Mpi => return run_mpi(&setup),
@@ -169,6 +174,17 @@ fn run_mpi(_: &Setup) -> Result<()> {
     ))
 }
 
+/// A flag SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards through
+/// mpirun) set.
+fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
+        signal_hook::flag::register(sig, flag.clone())
+            .map_err(|e| Error::io("cannot watch for signals", "SIGTERM", e))?;
+    }
+    Ok(flag)
+}
+
 /// The run directory: a new one, or the run being continued (resumed, or restarted by an
 /// elastic launcher).
 fn run_dir(setup: &Setup) -> Result<RunDir> {
@@ -194,6 +210,41 @@ fn resume_path(a: &TrainArgs, r: &str) -> Result<PathBuf> {
         PathBuf::from(r)
     };
     pipewright::checkpoint::resolve(&p)
+}
+
+/// Morphing (Varuna): a restarted attempt given a world of another size takes the layout for
+/// it closest to the flags' (the same tp, then the same pp, then the nearest) that keeps the
+/// global batch and the micro-batch size and fits the model (heads and vocabulary divisible by
+/// tp, enough cut points for pp).
+fn morph(a: &mut TrainArgs, world: usize, config: &ModelConfig, model: &Sequential) -> Result<()> {
+    let chunk = chunk_size(a)?;
+    let divisors = |n: usize| (1..=n).filter(move |d| n.is_multiple_of(*d));
+    let mut candidates: Vec<(usize, usize, usize)> = divisors(world)
+        .flat_map(|tp| divisors(world / tp).map(move |pp| (pp, tp, world / (tp * pp))))
+        .collect();
+    candidates
+        .sort_by_key(|&(pp, tp, _)| (tp != a.tp, pp != a.pp, tp.abs_diff(a.tp), pp.abs_diff(a.pp)));
+    let fits = |&(pp, tp, dp): &(usize, usize, usize)| {
+        let tp_ok = match config {
+            ModelConfig::Gpt { gpt, .. } => {
+                gpt.n_head.is_multiple_of(tp) && gpt.vocab_size.is_multiple_of(tp)
+            }
+            ModelConfig::Cnn { .. } => tp == 1,
+        };
+        tp_ok
+            && a.batch_size.is_multiple_of(dp * chunk)
+            && pipewright::pipeline::partition::partition(model, pp * a.virtual_stages, None)
+                .is_ok()
+    };
+    let (pp, tp, dp) = candidates.into_iter().find(fits).ok_or_else(|| {
+        invalid!("no layout of {world} ranks fits the model and a batch of {} in micro-batches of {chunk}", a.batch_size)
+    })?;
+    eprintln!(
+        "pipewright train: morphing from pp={} tp={} dp={} to pp={pp} tp={tp} dp={dp} for a world of {world}",
+        a.pp, a.tp, a.dp
+    );
+    (a.pp, a.tp, a.dp, a.chunk_size, a.balance) = (pp, tp, dp, Some(chunk), None);
+    Ok(())
 }
 
 /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
@@ -229,6 +280,8 @@ pub struct Setup<'a> {
     resume: Option<PathBuf>,
     /// The run directory holds this run already: its scalars go on from the resumed step.
     continuing: bool,
+    /// Set by SIGTERM or SIGUSR1: save at the end of the current step and stop.
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Setup<'_> {

@@ -125,6 +125,7 @@ pub fn train_loop(
     let start = Instant::now();
     let mut last_loss = f64::NAN;
     let mut metric = f64::NAN;
+    let mut done_steps = first;
     for step in first..a.steps {
         let r = trainer.step(&batch(step)?)?;
         last_loss = r.loss;
@@ -154,11 +155,23 @@ pub fn train_loop(
                 metric: m,
             })?;
         }
-        if a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0 {
+        let saving = a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0;
+        // A preemption notice on any rank (SIGTERM, or SIGUSR1 from `pipewright launch`):
+        // every rank finishes this step, saves it and ends the run.
+        let stop = trainer.any_rank(run.stop.load(std::sync::atomic::Ordering::Relaxed))?;
+        if saving || stop {
             if let Some(rec) = rec.as_mut() {
                 rec.flush()?;
             }
-            save(run, trainer, step + 1)?;
+            save(run, trainer, step + 1, a.async_checkpoint && !stop)?;
+        }
+        pipewright::dist::heartbeat(step + 1)?;
+        done_steps = step + 1;
+        if stop {
+            if dir.is_some() {
+                pb.suspend(|| println!("preempted: saved step {} and stopping", step + 1));
+            }
+            break;
         }
         let done = step + 1 - first;
         let rate = done as f64 * items_per_step as f64 / start.elapsed().as_secs_f64();
@@ -173,12 +186,12 @@ pub fn train_loop(
     rec.flush()?;
     let secs = start.elapsed().as_secs_f64();
     Ok(Some(Summary {
-        steps: a.steps,
+        steps: done_steps,
         final_loss: last_loss,
         metric_name: task.metric_name(),
         metric,
         seconds: secs,
-        items_per_second: a.steps.saturating_sub(first) as f64 * items_per_step as f64 / secs,
+        items_per_second: done_steps.saturating_sub(first) as f64 * items_per_step as f64 / secs,
         items,
         peak_memory_bytes: peak_memory_bytes(),
         layout: String::new(),
@@ -228,10 +241,9 @@ pub fn write_summary(
     Ok(())
 }
 
-/// A checkpoint after `next` steps into the run's checkpoint directory (in the background with
-/// `--async-checkpoint`); it stores what `ckpt reshard` and `ckpt export` need to rebuild the
-/// run.
-fn save(run: &Setup, trainer: &mut Varuna, next: u64) -> Result<()> {
+/// A checkpoint after `next` steps into the run's checkpoint directory (in the background when
+/// `background`); it stores what `ckpt reshard` and `ckpt export` need to rebuild the run.
+fn save(run: &Setup, trainer: &mut Varuna, next: u64, background: bool) -> Result<()> {
     let a = run.a;
     let opts = CheckpointOptions {
         keep: a.keep,
@@ -239,7 +251,7 @@ fn save(run: &Setup, trainer: &mut Varuna, next: u64) -> Result<()> {
         extra: serde_json::json!({ "next_step": next }),
     };
     let root = super::checkpoint_dir(a);
-    if a.async_checkpoint {
+    if background {
         trainer.checkpoint_async(&root, &opts)
     } else {
         trainer.checkpoint(&root, &opts).map(|_| ())

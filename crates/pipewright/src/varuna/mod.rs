@@ -152,6 +152,13 @@ impl Varuna {
         Ok(())
     }
 
+    /// Whether `flag` is set on any rank of the world (collective): so that every rank acts on
+    /// one rank's notice (a preemption signal) at the same step.
+    pub fn any_rank(&self, flag: bool) -> Result<bool> {
+        let t = Tensor::new(&[u32::from(flag)], &Device::Cpu)?;
+        Ok(self.world.all_reduce(&t, ReduceOp::Max)?.to_vec1::<u32>()?[0] == 1)
+    }
+
     /// The optimizer, once [`Varuna::set_optimizer`] made it.
     pub fn optimizer(&self) -> Option<&dyn Optimizer> {
         self.optimizer.as_deref()
