@@ -119,8 +119,20 @@ pub fn heartbeat(step: u64) -> Result<()> {
 /// A program's world: its communicator, and MPI kept alive while it is.
 pub struct World {
     pub comm: Box<dyn Communicator>,
+    guard: Guard,
+}
+
+/// Keeps MPI initialised while it lives (MPI is finalised when it drops).
+pub struct Guard {
     #[cfg(feature = "mpi")]
     _mpi: Option<crate::comm::mpi::Mpi>,
+}
+
+impl World {
+    /// The communicator, to hand on, and the guard to keep while it is used.
+    pub fn into_parts(self) -> (Box<dyn Communicator>, Guard) {
+        (self.comm, self.guard)
+    }
 }
 
 /// The world communicator of this process: over Open MPI when `mpirun` (or `pipewright
@@ -133,7 +145,7 @@ pub fn init() -> Result<World> {
             let (mpi, comm) = crate::comm::mpi::Mpi::init()?;
             return Ok(World {
                 comm: Box::new(comm),
-                _mpi: Some(mpi),
+                guard: Guard { _mpi: Some(mpi) },
             });
         }
         #[cfg(not(feature = "mpi"))]
@@ -144,8 +156,10 @@ pub fn init() -> Result<World> {
     }
     Ok(World {
         comm: Box::new(crate::comm::local::LocalComm::single()),
-        #[cfg(feature = "mpi")]
-        _mpi: None,
+        guard: Guard {
+            #[cfg(feature = "mpi")]
+            _mpi: None,
+        },
     })
 }
 

@@ -127,8 +127,8 @@ fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
 #[cfg(feature = "mpi")]
 fn run_mpi(setup: &Setup) -> Result<()> {
     use pipewright::comm::mpi::Mpi;
+    let (world, _guard) = pipewright::dist::init()?.into_parts();
     let a = setup.a;
-    let (_mpi, world) = Mpi::init()?;
     let rank = world.rank();
     let result = (|| {
         let n = a.pp * a.tp * a.dp;
@@ -150,7 +150,7 @@ fn run_mpi(setup: &Setup) -> Result<()> {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let trace = setup.rank(Box::new(world), local_rank, dir.as_ref())?;
+        let trace = setup.rank(world, local_rank, dir.as_ref())?;
         if rank == 0 {
             if a.trace.is_some() {
                 eprintln!("note: under MPI the trace holds rank 0's actions only");
