@@ -27,13 +27,15 @@ pub struct Env {
     pub launcher: &'static str,
 }
 
-fn var(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.trim().parse().ok()
-}
-
 impl Env {
     /// Reads the environment (see the module documentation for the order).
     pub fn from_env() -> Self {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`Env::from_env`] over any source of variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Self {
+        let var = |name: &str| -> Option<usize> { get(name)?.trim().parse().ok() };
         let restart = var("PIPEWRIGHT_RESTART").unwrap_or(0) as u32;
         let read = |rank: &str, size: &str, local: &str, local_size: &str, node: Option<&str>| {
             let (rank, world_size) = (var(rank)?, var(size)?);
@@ -166,6 +168,56 @@ pub fn init() -> Result<World> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Env {
+        Env::from_vars(|n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn every_launcher_is_read() {
+        let t = env(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("NODE_RANK", "1"),
+            ("PIPEWRIGHT_RESTART", "2"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+        ]);
+        assert_eq!(
+            (t.rank, t.world_size, t.local_rank, t.local_world_size),
+            (5, 8, 1, 4)
+        );
+        assert_eq!((t.node_rank, t.restart, t.launcher), (1, 2, "torchrun"));
+        let m = env(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]);
+        // Two ranks a node: rank 3 is on the second.
+        assert_eq!(
+            (m.rank, m.local_rank, m.node_rank, m.launcher),
+            (3, 1, 1, "mpirun")
+        );
+        let s = env(&[
+            ("SLURM_PROCID", "6"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "2"),
+            ("SLURM_NTASKS_PER_NODE", "4"),
+            ("SLURM_NODEID", "1"),
+        ]);
+        assert_eq!(
+            (s.rank, s.world_size, s.node_rank, s.launcher),
+            (6, 8, 1, "srun")
+        );
+        let none = env(&[("RANK", "two")]);
+        assert_eq!((none.rank, none.world_size, none.launcher), (0, 1, "none"));
+    }
 
     #[test]
     fn a_process_started_by_nothing_is_a_world_of_one() {
