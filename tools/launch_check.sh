@@ -11,7 +11,8 @@
 # 6. the host file shrinks from 4 slots to 2 after a kill and grows back after another: the
 #    attempts morph the layout and the 30 losses stay within 1e-5 of the uninterrupted run's;
 # 7. two machines simulated on this one (../shared/MULTINODE.md): ranks see NODE_RANK 0 and 1
-#    and train to the threads run's losses.
+#    and train to the threads run's losses;
+# 8. --hosts in Open MPI's syntax: its slots make the world.
 # Prints a pass/fail line per check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -100,7 +101,7 @@ again=$?
 check "SIGTERM to the launcher: saved step $saved, exit $code; the relaunch ends bit for bit" $?
 
 # 5. A hung rank.
-"$bin" launch --nproc-per-node 4 --heartbeat-timeout 4 --max-restarts 1 -- "$bin" "${big[@]}" --out "$out/hang" >"$out/hang.log" 2>&1 &
+"$bin" launch --nproc-per-node 4 --heartbeat-timeout 8 --max-restarts 1 -- "$bin" "${big[@]}" --out "$out/hang" >"$out/hang.log" 2>&1 &
 launcher=$!
 wait_for_step "$out/hang" 10
 signal_rank "$launcher" STOP
@@ -145,6 +146,11 @@ code=$?
 [ "$code" -eq 0 ] && [ "$nodes" = "node 0 node 1 " ] &&
   diff -q <(cut -d, -f1-3 "$out/threads/scalars.csv") <(cut -d, -f1-3 "$out/two/scalars.csv") >/dev/null
 check "two simulated machines ($nodes): the threads run's losses" $?
+
+# 8. --hosts.
+ranks=$("$bin" launch --hosts localhost:3 --run-dir "$out/hosts" -- sh -c 'echo "$RANK/$WORLD_SIZE"' 2>/dev/null | sort | tr '\n' ' ')
+[ "$ranks" = "0/3 1/3 2/3 " ]
+check "--hosts localhost:3 starts ranks $ranks" $?
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
