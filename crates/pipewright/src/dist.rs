@@ -13,10 +13,13 @@ use crate::Result;
 /// This process's place in the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Env {
+    /// This process's rank in the world.
     pub rank: usize,
+    /// Ranks in the world.
     pub world_size: usize,
     /// The rank among the processes of this machine.
     pub local_rank: usize,
+    /// Processes on this machine.
     pub local_world_size: usize,
     /// This machine's index.
     pub node_rank: usize,
@@ -120,6 +123,7 @@ pub fn heartbeat(step: u64) -> Result<()> {
 
 /// A program's world: its communicator, and MPI kept alive while it is.
 pub struct World {
+    /// Every rank of the job.
     pub comm: Box<dyn Communicator>,
     guard: Guard,
 }

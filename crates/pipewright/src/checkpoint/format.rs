@@ -34,13 +34,21 @@ pub enum Kind {
 /// along `axis` (in `stride` blocks, see [`crate::shard::part`]); a whole tensor is part 0 of 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Part {
+    /// The file holding it, in the checkpoint's directory.
     pub file: String,
+    /// Its first byte in the file.
     pub begin: u64,
+    /// One past its last byte.
     pub end: u64,
+    /// The part's shape.
     pub shape: Vec<usize>,
+    /// The split axis (0 for a whole tensor).
     pub axis: usize,
+    /// Blocks of the axis split separately (GPT's q|k|v: 3).
     pub stride: usize,
+    /// Which part this is.
     pub index: usize,
+    /// Of how many.
     pub count: usize,
     /// SHA-256 of the part's bytes.
     pub sha256: String,
@@ -49,21 +57,30 @@ pub struct Part {
 /// One tensor of the model's state, layout-free: its global name's whole shape and its parts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorEntry {
+    /// Parameter, optimizer state or buffer.
     pub kind: Kind,
+    /// The whole tensor's shape.
     pub shape: Vec<usize>,
+    /// As stored (`F32`).
     pub dtype: String,
+    /// Its parts, by index.
     pub parts: Vec<Part>,
 }
 
 /// `manifest.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the writer.
     pub format_version: u32,
     /// SHA-256 over the model's parameter names and whole shapes (see [`fingerprint`]).
     pub fingerprint: String,
+    /// The layout it was saved from.
     pub layout: Layout,
+    /// The precision it was trained in (`f32`, `bf16`, `f16`).
     pub precision: String,
+    /// Ranks of the saving job.
     pub world: usize,
+    /// Steps taken when it was saved.
     pub step: u64,
     /// Every tensor by global name.
     pub tensors: BTreeMap<String, TensorEntry>,

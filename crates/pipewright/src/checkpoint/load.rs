@@ -48,6 +48,7 @@ impl Reader {
         &self.dir
     }
 
+    /// `manifest.json`.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }

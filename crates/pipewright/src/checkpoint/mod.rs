@@ -136,9 +136,13 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
 /// What [`verify`] found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Verified {
+    /// The checkpoint checked.
     pub dir: PathBuf,
+    /// Files whose checksums matched.
     pub files: usize,
+    /// Tensors read whole.
     pub tensors: usize,
+    /// Bytes of tensor data.
     pub bytes: u64,
 }
 

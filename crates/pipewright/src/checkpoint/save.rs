@@ -24,9 +24,13 @@ use crate::{Error, Result};
 /// blocks (part 0 of 1 when whole).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Split {
+    /// The split axis.
     pub axis: usize,
+    /// Blocks of the axis split separately.
     pub stride: usize,
+    /// Which part.
     pub index: usize,
+    /// Of how many.
     pub count: usize,
 }
 
@@ -44,11 +48,17 @@ impl Split {
 /// and values (a copy, so training can go on while it is written).
 #[derive(Clone, Debug)]
 pub struct Held {
+    /// Global name.
     pub name: String,
+    /// Parameter, optimizer state or buffer.
     pub kind: Kind,
+    /// The whole tensor's shape.
     pub whole: Vec<usize>,
+    /// Which part of it this rank holds.
     pub split: Split,
+    /// The part's shape.
     pub shape: Vec<usize>,
+    /// The part's values, row-major.
     pub data: Vec<f32>,
 }
 
@@ -86,9 +96,13 @@ pub struct Snapshot {
 /// What the checkpoint describes besides tensors.
 #[derive(Clone, Debug)]
 pub struct Header {
+    /// The saving job's layout.
     pub layout: Layout,
+    /// Its precision.
     pub precision: String,
+    /// Its ranks.
     pub world: usize,
+    /// Steps taken (names the directory).
     pub step: u64,
     /// `state.json`.
     pub state: serde_json::Value,
@@ -101,8 +115,11 @@ pub struct Header {
 /// What a rank wrote: its file's name and checksum and each tensor's part.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Written {
+    /// The file written and its checksum (none on ranks that write nothing).
     pub file: Option<(String, String)>,
+    /// Each tensor written: name, kind, whole shape, part.
     pub parts: Vec<(String, Kind, Vec<usize>, Part)>,
+    /// Every parameter of the rank with its whole shape (for the fingerprint).
     pub params: Vec<(String, Vec<usize>)>,
 }
 

@@ -22,6 +22,7 @@ pub struct Owned<'a> {
     pub params: &'a [(String, Var)],
     /// How the sharded ones are split.
     pub shards: &'a [(String, Shard)],
+    /// Buffers (BatchNorm running statistics), whole.
     pub buffers: Vec<(String, Var)>,
     /// This rank writes the whole tensors it holds (first tensor-parallel rank of the first
     /// replica).

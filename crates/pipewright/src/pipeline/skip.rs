@@ -14,6 +14,7 @@ use crate::{invalid, Result};
 /// A skip connection whose ends sit on different model stages.
 #[derive(Clone, Debug)]
 pub struct Route {
+    /// The skip's name.
     pub name: String,
     /// Model stage that stashes it.
     pub from: usize,

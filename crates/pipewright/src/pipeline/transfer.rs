@@ -107,7 +107,9 @@ pub fn recv_activation(
 /// A received activation made differentiable: each floating-point tensor becomes a variable
 /// whose gradient goes back to the sender; integer tensors stay as they are.
 pub struct Received {
+    /// The activation the stage computes with.
     pub activation: Activation,
+    /// Its floating-point tensors as variables (`None` for integer ones).
     pub vars: Vec<Option<Var>>,
 }
 

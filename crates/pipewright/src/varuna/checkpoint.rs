@@ -19,8 +19,11 @@ pub struct TrainState {
     pub step: u64,
     /// Optimizer steps taken (skipped steps excluded).
     pub optimizer_step: u64,
+    /// The learning-rate schedule it trained with.
     pub lr_schedule: LrSchedule,
+    /// The loss scaler's state (f16 only).
     pub loss_scaler: Option<LossScaler>,
+    /// The run's seed.
     pub seed: u64,
     /// What the caller added ([`CheckpointOptions::extra`]).
     #[serde(default)]

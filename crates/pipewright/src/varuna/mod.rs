@@ -180,6 +180,7 @@ impl Varuna {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// The job's placement of ranks.
     pub fn topology(&self) -> &Topology {
         &self.topo
     }

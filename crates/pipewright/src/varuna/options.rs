@@ -23,7 +23,12 @@ pub enum Placement {
     Layout(Layout),
     /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...) with `tp`
     /// consecutive ranks per shard group.
-    StageToRankMap { map: String, tp: usize },
+    StageToRankMap {
+        /// Ranks of each stage.
+        map: String,
+        /// Ranks per shard group.
+        tp: usize,
+    },
 }
 
 /// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
@@ -32,27 +37,38 @@ pub type BatchFn = Arc<dyn Fn(usize) -> Result<Batch> + Send + Sync>;
 /// Everything [`Varuna::new`] needs besides the model and the world.
 #[derive(Clone)]
 pub struct VarunaOptions {
+    /// Where ranks go.
     pub placement: Placement,
     /// Rows of one step over all replicas.
     pub global_batch_size: usize,
     /// Rows of one micro-batch.
     pub chunk_size: usize,
+    /// What the model computes in.
     pub precision: Precision,
     /// Parameter pairs kept equal (Varuna's `shared_weights`).
     pub shared_weights: Vec<(String, String)>,
     /// When given, a batch of `chunk_size` rows is run through the model (evaluation mode) at
     /// construction, so that a shape error shows before training.
     pub batch_fn: Option<BatchFn>,
+    /// Seeds initialisation, dropout and everything random.
     pub seed: u64,
+    /// The pipeline schedule.
     pub schedule: Kind,
+    /// Model chunks per pipeline rank (interleaved schedule).
     pub virtual_stages: usize,
+    /// Layers (or segments between cut points) per model stage; uniform if `None`.
     pub balance: Option<Vec<usize>>,
+    /// Activation recomputation.
     pub recompute: Recompute,
+    /// BatchNorm statistics move once per batch (torchgpipe's deferred batch norm).
     pub deferred_batch_norm: bool,
+    /// Clip the global gradient norm to this.
     pub clip: Option<f64>,
+    /// The learning rate by step.
     pub lr: LrSchedule,
     /// Used with f16 only.
     pub loss_scaler: LossScaler,
+    /// Bytes per gradient bucket summed over replicas.
     pub bucket_bytes: usize,
     /// The objective, computed on the last stage (Varuna's model returns its loss; here the
     /// loss is given apart, see [`crate::loss`]). Cross-entropy against
@@ -137,6 +153,7 @@ impl VarunaOptions {
 /// What one [`Varuna::step`] did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOutcome {
+    /// The step's number.
     pub step: u64,
     /// The global batch's mean loss (the same on every rank).
     pub loss: f64,
@@ -144,6 +161,7 @@ pub struct StepOutcome {
     pub overflow: bool,
     /// Global gradient norm before clipping (NaN on an overflow).
     pub grad_norm: f64,
+    /// The learning rate the step used.
     pub lr: f64,
     /// Loss scale used for this step (1 unless f16).
     pub loss_scale: f64,
