@@ -1,5 +1,6 @@
 //! The `pipewright` command line.
 
+mod balance;
 mod bench;
 mod bench_ckpt;
 mod ckpt;
@@ -31,6 +32,8 @@ enum Command {
     /// checkpoint save and load beside plain file I/O).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The balance (layers per stage) of a cost vector that minimises the slowest stage.
+    Balance(balance::BalanceArgs),
     /// Inspect, verify, reshard and export checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
@@ -51,6 +54,7 @@ fn main() {
         Command::Bench(b) => bench::run(b),
         Command::Schedule(a) => schedule::run(a),
         Command::Ckpt(c) => ckpt::run(c),
+        Command::Balance(a) => balance::run(a),
         Command::Launch(a) => launch::run(a),
         Command::RankEnv { program } => launch::rank_env(&program),
     };

@@ -125,6 +125,14 @@ fn check_outputs(args: &[String], stdout: &str) {
             "{stdout}"
         );
     }
+    if args[0] == "balance" {
+        // 3,1,4,1,5,9,2,6 over 3: no split has a slowest stage under 14 (9 | 5,9 | 8 ties
+        // with 14 | 9 | 8; earlier stages take more).
+        assert!(
+            stdout.starts_with("balance 5,1,2") && stdout.contains("time 14"),
+            "{stdout}"
+        );
+    }
     if args[0] == "ckpt" {
         check_ckpt(args, stdout);
     }

@@ -41,6 +41,7 @@ pub mod loss;
 pub mod model;
 pub mod nn;
 pub mod pipeline;
+pub mod plan;
 pub mod precision;
 pub mod serial;
 pub mod shard;
