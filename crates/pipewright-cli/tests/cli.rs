@@ -307,15 +307,22 @@ fn a_pipelined_run_writes_the_serial_runs_losses() {
         std::fs::read_to_string(out.join("scalars.csv")).unwrap()
     };
     let a = run(&serial, &[]);
-    for schedule in ["gpipe", "1f1b"] {
+    for extra in [
+        &["--schedule", "gpipe"][..],
+        &["--schedule", "1f1b"],
+        &["--balance", "size"],
+        &["--balance", "time"],
+    ] {
         let _ = std::fs::remove_dir_all(&piped);
-        let b = run(&piped, &["--pp", "2", "--schedule", schedule]);
+        let mut args = vec!["--pp", "2"];
+        args.extend_from_slice(extra);
+        let b = run(&piped, &args);
         let losses = |s: &str| {
             s.lines()
                 .map(|l| l.split(',').nth(1).unwrap().to_string())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(losses(&a), losses(&b), "{schedule}");
+        assert_eq!(losses(&a), losses(&b), "{extra:?}");
     }
     fails_with(
         &["--pp", "9", "--n-layer", "2"],

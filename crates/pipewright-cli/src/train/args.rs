@@ -117,9 +117,11 @@ pub struct TrainArgs {
     /// Write a Chrome trace of the pipeline's actions (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
-    /// Layers (or segments between cut points) per model stage, comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub balance: Option<Vec<usize>>,
+    /// Layers (or segments between cut points) per model stage: a list (`3,2`), or `time`
+    /// (`auto`) or `size` to profile the model on one micro-batch here and take the balance
+    /// whose slowest (largest) stage is least.
+    #[arg(long)]
+    pub balance: Option<String>,
     /// Peak learning rate.
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,

@@ -67,7 +67,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         seed: a.seed,
         schedule: a.schedule.parse::<Kind>()?,
         virtual_stages: a.virtual_stages,
-        balance: a.balance.clone(),
+        balance: balance(&a, task.as_ref(), &model, chunk_size)?,
         recompute: a.recompute.parse::<Recompute>()?,
         deferred_batch_norm: a.deferred_batch_norm,
         clip: (a.clip > 0.0).then_some(a.clip),
@@ -247,6 +247,42 @@ fn morph(a: &mut TrainArgs, world: usize, config: &ModelConfig, model: &Sequenti
     Ok(())
 }
 
+/// `--balance`: a list, or profiled by time or size on one micro-batch of the task.
+fn balance(
+    a: &TrainArgs,
+    task: &dyn Task,
+    model: &Sequential,
+    chunk: usize,
+) -> Result<Option<Vec<usize>>> {
+    use pipewright::plan::{balance_by, By};
+    let by = match a.balance.as_deref() {
+        None => return Ok(None),
+        Some("time" | "auto") => By::Time,
+        Some("size") => By::Size,
+        Some(list) => {
+            let parsed = list
+                .split(',')
+                .map(|s| s.trim().parse::<usize>())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|_| {
+                    invalid!("--balance {list}: give layers per stage (3,2), time or size")
+                })?;
+            return Ok(Some(parsed));
+        }
+    };
+    let (x, y) = task.batch(0, chunk)?;
+    let build = pipewright::Build::cpu(a.seed);
+    let stages = a.pp * a.virtual_stages;
+    let b = balance_by(by, model, &build, &Batch::pair(x, y), stages)?;
+    let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
+    let by = format!("{by:?}").to_lowercase();
+    println!(
+        "balance by {by}: {} (layers or segments per stage)",
+        list.join(",")
+    );
+    Ok(Some(b))
+}
+
 /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
 /// `--chunks` micro-batches each.
 fn chunk_size(a: &TrainArgs) -> Result<usize> {
@@ -328,7 +364,8 @@ impl Setup<'_> {
         )?;
         let bubbles = v.bubble_per_stage()?;
         if let (Some(dir), Some(done)) = (dir, done) {
-            write_summary(a, dir, done, &v.describe()?, &bubbles)?;
+            let balance: Vec<usize> = v.pipeline().ranges().iter().map(|r| r.len()).collect();
+            write_summary(a, dir, done, &v.describe()?, &bubbles, &balance)?;
         }
         Ok(traced.then(|| v.take_trace()))
     }

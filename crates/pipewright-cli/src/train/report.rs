@@ -43,6 +43,8 @@ pub struct Summary {
     layout: String,
     ranks: Vec<String>,
     bubble_per_stage: Vec<f64>,
+    /// Layers per model stage.
+    balance: Vec<usize>,
 }
 
 /// The training loop of one rank (every rank runs it; only the one given `dir` reports).
@@ -197,6 +199,7 @@ pub fn train_loop(
         layout: String::new(),
         ranks: Vec::new(),
         bubble_per_stage: Vec::new(),
+        balance: Vec::new(),
     }))
 }
 
@@ -208,8 +211,10 @@ pub fn write_summary(
     mut summary: Summary,
     ranks: &[String],
     bubbles: &[f64],
+    balance: &[usize],
 ) -> Result<()> {
     summary.layout = format!("pp={} tp={} dp={} {}", a.pp, a.tp, a.dp, a.precision);
+    summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();
     dir.write_json("summary.json", &summary)?;
@@ -227,6 +232,8 @@ pub fn write_summary(
         println!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
     }
     println!("layout          {}", summary.layout);
+    let b: Vec<String> = balance.iter().map(|n| n.to_string()).collect();
+    println!("balance         {} (layers per model stage)", b.join(","));
     if ranks.len() > 1 {
         for r in ranks {
             println!("  {r}");

@@ -26,6 +26,27 @@ pub fn uniform_balance(units: usize, stages: usize) -> Result<Vec<usize>> {
         .collect())
 }
 
+/// The boundaries of the units a balance counts: every layer boundary, or only the cut points
+/// (with 0 and the model's length at the ends).
+pub fn unit_bounds(model: &Sequential) -> Vec<usize> {
+    if model.cut_points().is_empty() {
+        (0..=model.len()).collect()
+    } else {
+        std::iter::once(0)
+            .chain(model.cut_points().iter().copied())
+            .chain(std::iter::once(model.len()))
+            .collect()
+    }
+}
+
+/// Per-layer `costs` summed over the units a balance counts (see [`unit_bounds`]).
+pub fn unit_costs(model: &Sequential, costs: &[f64]) -> Vec<f64> {
+    unit_bounds(model)
+        .windows(2)
+        .map(|w| costs[w[0]..w[1]].iter().sum())
+        .collect()
+}
+
 /// Layer ranges of `stages` stages of `model`: from `balance` if given, else uniform; over
 /// segments between cut points if the model has any, else over layers.
 pub fn partition(
@@ -33,15 +54,7 @@ pub fn partition(
     stages: usize,
     balance: Option<&[usize]>,
 ) -> Result<Vec<Range<usize>>> {
-    // Unit boundaries: every layer boundary, or only the cut points.
-    let bounds: Vec<usize> = if model.cut_points().is_empty() {
-        (0..=model.len()).collect()
-    } else {
-        std::iter::once(0)
-            .chain(model.cut_points().iter().copied())
-            .chain(std::iter::once(model.len()))
-            .collect()
-    };
+    let bounds = unit_bounds(model);
     let units = bounds.len() - 1;
     let what = if model.cut_points().is_empty() {
         "layers"
