@@ -27,6 +27,11 @@
 //!   pp x tp x dp layout (1 x 1 x 1 included), on any device, with
 //!   [`data_parallel`] (bucketed gradient sums, the distributed loader) and [`precision`]
 //!   (bf16/f16 with f32 masters, dynamic loss scaling).
+//! - [`checkpoint`]: layout-free checkpoints (manifest, safetensors parts, atomic save, load
+//!   into any layout, verify); `Varuna::checkpoint` / `load_checkpoint` use it.
+//! - [`dist`]: who this process is (torchrun, `mpirun`, Slurm or nothing), `dist::init()` for
+//!   the world communicator, heartbeats for `pipewright launch`.
+//! - [`plan`]: profiling layers and balancing stages by time or size.
 //! - [`Error`] / [`Result`]: every fallible call.
 
 pub mod batch;
