@@ -5,6 +5,7 @@ mod bench;
 mod bench_ckpt;
 mod ckpt;
 mod launch;
+mod profile;
 mod schedule;
 mod train;
 
@@ -32,6 +33,8 @@ enum Command {
     /// checkpoint save and load beside plain file I/O).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Profile each layer of a model at a few micro-batch sizes (time, bytes) into a JSON file.
+    Profile(Box<profile::ProfileArgs>),
     /// The balance (layers per stage) of a cost vector that minimises the slowest stage.
     Balance(balance::BalanceArgs),
     /// Inspect, verify, reshard and export checkpoints.
@@ -55,6 +58,7 @@ fn main() {
         Command::Schedule(a) => schedule::run(a),
         Command::Ckpt(c) => ckpt::run(c),
         Command::Balance(a) => balance::run(a),
+        Command::Profile(a) => profile::run(*a),
         Command::Launch(a) => launch::run(a),
         Command::RankEnv { program } => launch::rank_env(&program),
     };

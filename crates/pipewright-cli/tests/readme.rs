@@ -125,6 +125,21 @@ fn check_outputs(args: &[String], stdout: &str) {
             "{stdout}"
         );
     }
+    if args[0] == "profile" {
+        let path = value_of(args, "--out").unwrap();
+        let p: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        // The default GPT: embed, h.0, h.1, ln_f, lm_head; cuts after embed and each block.
+        let layers = p["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 5, "{p}");
+        assert_eq!(p["cuts"].as_array().unwrap().len(), 3, "{p}");
+        let bytes = |i: usize| layers[i]["param_bytes"].as_u64().unwrap();
+        assert_eq!(bytes(1), bytes(2), "the blocks are alike");
+        assert!(bytes(1) > 50 * bytes(0), "a block outweighs the embedding");
+        assert!(layers
+            .iter()
+            .all(|l| l["forward"]["per_sample_s"].as_f64().unwrap() >= 0.0));
+    }
     if args[0] == "balance" {
         // 3,1,4,1,5,9,2,6 over 3: no split has a slowest stage under 14 (9 | 5,9 | 8 ties
         // with 14 | 9 | 8; earlier stages take more).

@@ -20,8 +20,8 @@ use pipewright::{invalid, Batch, Error, Result, Sequential};
 use pipewright_models::Task;
 
 pub use args::make_optimizer;
-use args::{make_model, make_task, schedule};
-pub use args::{ModelConfig, TrainArgs};
+use args::schedule;
+pub use args::{make_model, make_task, ModelConfig, TrainArgs};
 use report::{train_loop, write_summary};
 
 pub fn run(a: TrainArgs) -> Result<()> {
