@@ -130,13 +130,7 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     let (args, model_config) = stored_run(&r)?;
     let (model, tied) = model_config.build()?;
     let layout = Layout::new(a.pp, a.tp, a.dp)?;
-    if !args.batch_size.is_multiple_of(a.dp) {
-        return Err(invalid!(
-            "the run's batch of {} rows does not split over --dp {}",
-            args.batch_size,
-            a.dp
-        ));
-    }
+    // One micro-batch per replica; `Varuna::new` says so if the batch does not split.
     let opts = VarunaOptions {
         shared_weights: tied,
         precision: r.manifest().precision.parse::<Precision>()?,

@@ -54,9 +54,8 @@ pub struct StepReport {
 pub struct SerialTrainer {
     model: Stage,
     params: Vec<(String, Var)>,
-    /// Names of the tensor-parallel (sharded) parameters, and how they are split.
+    /// Names of the tensor-parallel (sharded) parameters.
     sharded: Vec<String>,
-    shards: Vec<(String, crate::shard::Shard)>,
     optimizer: Box<dyn Optimizer>,
     opts: TrainOptions,
     step: u64,
@@ -82,7 +81,6 @@ impl SerialTrainer {
         }
         Ok(Self {
             sharded: crate::shard::register_ddp_parameters_to_ignore(&model),
-            shards: model.shards(),
             model,
             params,
             optimizer,
@@ -183,7 +181,7 @@ impl SerialTrainer {
         Owned {
             rank: tp.rank(),
             params: &self.params,
-            shards: &self.shards,
+            shards: self.model.shards(),
             buffers: self.model.buffers(),
             write_whole: tp.rank() == 0,
             write_shards: true,
@@ -229,14 +227,7 @@ impl SerialTrainer {
     /// step training goes on from.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<u64> {
         let r = Reader::open(path)?;
-        let o = Owned {
-            rank: self.model.tp().rank(),
-            params: &self.params,
-            shards: &self.shards,
-            buffers: self.model.buffers(),
-            write_whole: false,
-            write_shards: false,
-        };
+        let o = self.owned();
         if self.model.tp().size() == 1 {
             r.check_model(&o.param_shapes())?;
         }
@@ -246,7 +237,8 @@ impl SerialTrainer {
             })
         };
         let (step, optimizer_step) = (field("step")?, field("optimizer_step")?);
-        o.restore(&r, self.optimizer.as_mut(), optimizer_step)?;
+        let restored = o.read(&r, optimizer_step)?;
+        restored.apply(self.optimizer.as_mut())?;
         self.step = step;
         Ok(step)
     }

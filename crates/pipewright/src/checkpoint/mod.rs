@@ -28,7 +28,7 @@ use candle_core::{Device, Tensor};
 pub use format::{Kind, Manifest};
 pub use load::Reader;
 pub use save::{step_dir, Header, Held, Snapshot, Split, Written};
-pub use state::Owned;
+pub use state::{Owned, Restored};
 
 use crate::comm::Communicator;
 use crate::{Error, Result};

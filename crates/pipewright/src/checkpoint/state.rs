@@ -3,8 +3,6 @@
 //! into a [`Snapshot`] and puts it back from a [`Reader`], for the Varuna step (any layout)
 //! and the serial trainer (the 1 x 1 x 1 case) alike.
 
-use std::collections::HashMap;
-
 use candle_core::{Tensor, Var};
 
 use super::format::Kind;
@@ -21,7 +19,7 @@ pub struct Owned<'a> {
     /// Parameters in f32 (the masters under low precision), with global names.
     pub params: &'a [(String, Var)],
     /// How the sharded ones are split.
-    pub shards: &'a [(String, Shard)],
+    pub shards: Vec<(String, Shard)>,
     /// Buffers (BatchNorm running statistics), whole.
     pub buffers: Vec<(String, Var)>,
     /// This rank writes the whole tensors it holds (first tensor-parallel rank of the first
@@ -104,20 +102,16 @@ impl Owned<'_> {
         })
     }
 
-    /// Puts the parameters, `optimizer`'s state (its step `optimizer_step`) and the buffers
-    /// back from `r`, each in this rank's split, dtype and device.
-    pub fn restore(
-        &self,
-        r: &Reader,
-        optimizer: &mut dyn Optimizer,
-        optimizer_step: u64,
-    ) -> Result<()> {
+    /// Reads this rank's part of every parameter and buffer and the optimizer state (its
+    /// step `optimizer_step`) from `r`, in this rank's split, dtype and device; nothing changes
+    /// until [`Restored::apply`].
+    pub fn read(&self, r: &Reader, optimizer_step: u64) -> Result<Restored> {
         let mut state: StateDict = StateDict::new();
         state.insert(
             "step".into(),
             Tensor::new(&[optimizer_step as i64], &candle_core::Device::Cpu)?,
         );
-        let mut values: HashMap<String, Tensor> = HashMap::new();
+        let mut values = Vec::new();
         for (name, var) in self.params {
             let (split, _) = self.split(name);
             let t = r.read(name, split)?;
@@ -128,26 +122,35 @@ impl Owned<'_> {
                     var.dims()
                 )));
             }
-            values.insert(
-                name.clone(),
+            values.push((
+                var.clone(),
                 t.to_dtype(var.dtype())?.to_device(var.device())?,
-            );
+            ));
             for key in r.entries_of(name, Kind::Optimizer) {
                 state.insert(key.clone(), r.read(&key, split)?.to_device(var.device())?);
             }
         }
-        let mut buffers = Vec::new();
         for (name, b) in &self.buffers {
             let t = r.read_whole(name)?;
-            buffers.push(t.to_dtype(b.dtype())?.to_device(b.device())?);
+            values.push((b.clone(), t.to_dtype(b.dtype())?.to_device(b.device())?));
         }
-        // Every read succeeded and the optimizer took its state: only now change the model.
-        optimizer.load_state_dict(&state)?;
-        for (name, var) in self.params {
-            var.set(&values[name])?;
-        }
-        for ((_, b), t) in self.buffers.iter().zip(buffers) {
-            b.set(&t)?;
+        Ok(Restored { values, state })
+    }
+}
+
+/// What [`Owned::read`] read, to put in place.
+pub struct Restored {
+    values: Vec<(Var, Tensor)>,
+    state: StateDict,
+}
+
+impl Restored {
+    /// Gives `optimizer` its state and only then (it may refuse) sets the parameters and
+    /// buffers.
+    pub fn apply(self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        optimizer.load_state_dict(&self.state)?;
+        for (var, t) in self.values {
+            var.set(&t)?;
         }
         Ok(())
     }

@@ -413,7 +413,7 @@ impl Pipeline {
     /// (collective over the pipeline and the tensor-parallel group): each tied pair and each
     /// whole parameter counted once, each shard once.
     pub fn grad_norm(&self, grads: &Grads) -> Result<f64> {
-        let sq = sum_sq_share(grads, &self.tied.pairs(), &self.sharded, self.tp.rank())?;
+        let sq = sum_sq_share(grads, self.tied.pairs(), &self.sharded, self.tp.rank())?;
         let sq = self
             .comm
             .all_reduce(&Tensor::new(&[sq], &Device::Cpu)?, ReduceOp::Sum)?;

@@ -16,6 +16,8 @@ use crate::{invalid, Result};
 #[derive(Clone, Debug, Default)]
 pub struct Tied {
     pairs: Vec<Pair>,
+    /// The pairs by name, as given (what gradient norms skip the second member of).
+    names: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug)]
@@ -51,15 +53,15 @@ impl Tied {
                 owner_b,
             });
         }
-        Ok(Self { pairs: out })
+        Ok(Self {
+            pairs: out,
+            names: pairs.to_vec(),
+        })
     }
 
     /// The pairs, as given.
-    pub fn pairs(&self) -> Vec<(String, String)> {
-        self.pairs
-            .iter()
-            .map(|p| (p.a.clone(), p.b.clone()))
-            .collect()
+    pub fn pairs(&self) -> &[(String, String)] {
+        &self.names
     }
 
     /// Sums each pair's gradients between its owners, first member's plus second's on both,

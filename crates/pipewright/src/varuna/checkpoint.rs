@@ -36,7 +36,7 @@ impl Varuna {
         Owned {
             rank: self.world.rank(),
             params: self.masters.master(),
-            shards: &self.shards,
+            shards: self.pipeline.shards(),
             buffers: self.pipeline.buffers(),
             write_whole: c.dp_rank == 0 && c.tp_rank == 0,
             write_shards: c.dp_rank == 0,
@@ -138,18 +138,11 @@ impl Varuna {
                     r.dir().display()
                 ))
             })?;
+            let restored = self.owned().read(&r, state.optimizer_step)?;
             let optimizer = self.optimizer.as_deref_mut().ok_or_else(|| {
                 invalid!("no optimizer: call set_optimizer before load_checkpoint")
             })?;
-            let owned = Owned {
-                rank: self.world.rank(),
-                params: self.masters.master(),
-                shards: &self.shards,
-                buffers: self.pipeline.buffers(),
-                write_whole: false,
-                write_shards: false,
-            };
-            owned.restore(&r, optimizer, state.optimizer_step)?;
+            restored.apply(optimizer)?;
             Ok(state)
         });
         let status = loaded

@@ -59,8 +59,6 @@ pub struct Varuna {
     trace: Option<Vec<TraceEvent>>,
     /// A checkpoint whose files are being written in the background.
     pending: Option<crate::checkpoint::Pending>,
-    /// How this rank's sharded parameters are split.
-    shards: Vec<(String, crate::shard::Shard)>,
 }
 
 impl Varuna {
@@ -106,7 +104,6 @@ impl Varuna {
             }
             m
         };
-        let shards = pipeline.shards();
         let masters = MasterWeights::new(params, master)?;
         masters.sync()?;
         let scaler = opts
@@ -128,7 +125,6 @@ impl Varuna {
             wall: 0.0,
             trace: None,
             pending: None,
-            shards,
         };
         if let Some(f) = v.opts.batch_fn.clone() {
             let sample = f(v.opts.chunk_size)?;
@@ -212,12 +208,13 @@ impl Varuna {
 
     /// Checks that `batch` holds what the model's first stage and the loss ask for (on every
     /// rank, so that all ranks fail alike instead of some waiting on others).
-    fn check_batch(&self, batch: &Batch, with_targets: bool) -> Result<()> {
+    /// Returns the batch's rows.
+    fn check_batch(&self, batch: &Batch, with_targets: bool) -> Result<usize> {
         batch.require_all(self.pipeline.input_names(), "the model's first stage")?;
         if with_targets {
             batch.require_all(&self.opts.loss.targets(), "the loss")?;
         }
-        batch.rows().map(|_| ())
+        batch.rows()
     }
 
     /// One training step on this replica's rows of the global batch (collective over the
@@ -226,8 +223,7 @@ impl Varuna {
         if self.optimizer.is_none() {
             return Err(invalid!("no optimizer: call set_optimizer before step"));
         }
-        self.check_batch(batch, true)?;
-        let rows = batch.rows()?;
+        let rows = self.check_batch(batch, true)?;
         if rows != self.replica_batch() {
             return Err(invalid!(
                 "step got {rows} rows but each of the {} replicas takes {} of the global batch of {}",
