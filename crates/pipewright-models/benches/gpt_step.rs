@@ -2,7 +2,9 @@
 //! pp = tp = dp = 1) of a GPT with d 512, 4 layers, 8 heads,
 //! vocabulary 4096, sequence 256, batch 8, f32 on the CPU. Prints the median of the timed
 //! steps; `tools/bench_gpt_vs_torch.sh` runs it beside `tools/bench_torch.py` and prints the
-//! ratio. `PW_BENCH_STEPS` sets the number of timed steps (default 5).
+//! ratio. `PW_BENCH_STEPS` sets the number of timed steps (default 5). Under
+//! `tools/profile_gpt_step.sh`, `PW_PERF_CTL` names `perf record`'s control FIFO: the timed
+//! steps alone are sampled (not the model's construction or the warm-up).
 
 use std::time::Instant;
 
@@ -54,11 +56,13 @@ fn main() -> pipewright::Result<()> {
         let n_params = t.pipeline().total_params()?;
         t.step(&batch_of)?; // warm-up
         let mut times = Vec::new();
+        perf_control("enable");
         for _ in 0..steps {
             let s = Instant::now();
             t.step(&batch_of)?;
             times.push(s.elapsed().as_secs_f64() * 1e3);
         }
+        perf_control("disable");
         Ok((n_params, times))
     })?;
     let (n_params, mut times) = runs.remove(0);
@@ -69,4 +73,14 @@ fn main() -> pipewright::Result<()> {
     );
     println!("pipewright_median_ms {median:.1}");
     Ok(())
+}
+
+/// Writes `cmd` to `perf record`'s control FIFO when `PW_PERF_CTL` names one.
+fn perf_control(cmd: &str) {
+    if let Ok(path) = std::env::var("PW_PERF_CTL") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(path) {
+            let _ = writeln!(f, "{cmd}");
+        }
+    }
 }

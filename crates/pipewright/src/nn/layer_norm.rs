@@ -1,12 +1,16 @@
-//! Layer normalisation over the last dimension, written with differentiable ops.
+//! Layer normalisation over the last dimension.
 
 use candle_core::{Tensor, Var, D};
 
 use super::{join, Init, Module};
-use crate::Result;
+use crate::{kernels, Result};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias`, biased variance, as `torch.nn.LayerNorm`.
+/// On the CPU one fused kernel forward and one backward; elsewhere composed ops.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    if kernels::fused(x) && weight.dtype() == x.dtype() && bias.dtype() == x.dtype() {
+        return Ok(kernels::layer_norm::layer_norm(x, weight, bias, eps)?);
+    }
     let mean = x.mean_keepdim(D::Minus1)?;
     let xc = x.broadcast_sub(&mean)?;
     let var = xc.sqr()?.mean_keepdim(D::Minus1)?;

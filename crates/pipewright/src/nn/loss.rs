@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor};
 
 use super::activation::log_softmax_last_dim;
-use crate::{invalid, Result};
+use crate::{invalid, kernels, Result};
 
 /// Targets equal to this are ignored (PyTorch's default `ignore_index`).
 pub const IGNORE_INDEX: i64 = -100;
@@ -32,6 +32,10 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, u
             mask.push(1f32);
             count += 1;
         }
+    }
+    if kernels::fused(logits) {
+        let nll = kernels::cross_entropy::nll_rows(&logits.reshape((n, classes))?, t)?;
+        return Ok((nll.sum_all()?, count));
     }
     let dev = logits.device();
     let logp = log_softmax_last_dim(&logits.reshape((n, classes))?)?;

@@ -1,6 +1,7 @@
-//! Differentiable building blocks that candle lacks for training, written with ops whose
-//! backward candle implements (never `candle_nn`'s fused layer norm, softmax or sdpa, whose
-//! gradients silently stop), and optimizers whose state can be saved.
+//! Differentiable building blocks that candle lacks for training (never `candle_nn`'s fused
+//! layer norm, softmax or sdpa, whose gradients silently stop), and optimizers whose state can
+//! be saved. On the CPU GELU, LayerNorm, softmax, cross-entropy and AdamW run as fused kernels
+//! with their own backward; elsewhere as ops whose backward candle implements.
 
 pub mod activation;
 pub mod batch_norm;
@@ -15,7 +16,7 @@ pub mod linear;
 pub mod loss;
 pub mod optim;
 
-pub use activation::{gelu, relu, residual, softmax_last_dim};
+pub use activation::{causal_mask, gelu, relu, residual, scaled_softmax, softmax_last_dim};
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
 pub use dropout::Dropout;

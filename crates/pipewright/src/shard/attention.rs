@@ -5,11 +5,11 @@
 //! `c_proj` row-parallel, so each rank attends with its own heads and one all-reduce joins
 //! them.
 
-use candle_core::{Device, Tensor, Var};
+use candle_core::{Tensor, Var};
 
 use super::{ParallelDim, ParallelLinear, Shard, TpGroup};
 use crate::model::Cx;
-use crate::nn::{join, softmax_last_dim, Dropout, Init, Linear, Module};
+use crate::nn::{join, scaled_softmax, Dropout, Init, Linear, Module};
 use crate::{Error, Result};
 
 /// GPT-2 attention: `c_attn` projects to q, k, v (one `(d, 3d)` matrix), heads attend causally,
@@ -90,9 +90,7 @@ impl CausalSelfAttention {
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = (q.matmul(&k.t()?)? * scale)?;
-        let att = att.broadcast_add(&causal_mask(t, x.dtype(), x.device())?)?;
-        let att = softmax_last_dim(&att)?;
+        let att = scaled_softmax(&q.matmul(&k.t()?)?, scale, true)?;
         // The serial run's mask, this rank's heads of it.
         let parts = self.n_head / h;
         let att = self
@@ -102,22 +100,6 @@ impl CausalSelfAttention {
         let y = self.c_proj.forward(&y, cx)?;
         self.resid_dropout.forward(&y, cx)
     }
-}
-
-/// `(t, t)` additive mask: 0 on and below the diagonal, -inf above.
-pub fn causal_mask(t: usize, dtype: candle_core::DType, device: &Device) -> Result<Tensor> {
-    let m: Vec<f32> = (0..t * t)
-        .map(|i| {
-            if i % t > i / t {
-                f32::NEG_INFINITY
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    Ok(Tensor::from_vec(m, (t, t), &Device::Cpu)?
-        .to_dtype(dtype)?
-        .to_device(device)?)
 }
 
 impl Module for CausalSelfAttention {

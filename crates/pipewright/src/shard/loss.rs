@@ -1,7 +1,8 @@
 //! Cross-entropy over logits whose classes (the vocabulary) are split over the tensor-parallel
 //! group, computed without ever forming the whole vocabulary (Megatron's
 //! `vocab_parallel_cross_entropy`): the row maximum, the target's logit and the sum of
-//! exponentials are all-reduced as one number per row.
+//! exponentials are all-reduced as one number per row (on the CPU the sum and the target's
+//! logit come from one fused kernel, forward and backward).
 
 use candle_core::{DType, Tensor, D};
 
@@ -10,7 +11,7 @@ use super::TpGroup;
 use crate::comm::ReduceOp;
 use crate::nn::loss::class_rows;
 use crate::nn::IGNORE_INDEX;
-use crate::{invalid, Result};
+use crate::{invalid, kernels, Result};
 
 /// Sum of the negative log-likelihoods of the non-ignored targets and their count, where
 /// `logits` `(..., classes / T)` hold this rank's contiguous range of classes (rank `r` holds
@@ -53,12 +54,22 @@ pub fn vocab_parallel_cross_entropy_sum(
     let z = logits.reshape((n, part))?;
     // The shift cancels in the loss and its gradient: a constant.
     let m = group.all_reduce(&z.max_keepdim(D::Minus1)?.detach(), ReduceOp::Max)?;
+    let counted = Tensor::from_vec(counted, n, dev)?.to_dtype(dt)?;
+    if kernels::fused(&z) {
+        let mine = local
+            .iter()
+            .zip(&here)
+            .map(|(&j, &h)| (h == 1.0).then_some(j as usize))
+            .collect();
+        let pairs = reduce_from_group(&kernels::cross_entropy::partial_sums(&z, &m, mine)?, group)?;
+        let nll = (pairs.narrow(1, 0, 1)?.log()? - pairs.narrow(1, 1, 1)?)?.squeeze(1)?;
+        return Ok(((nll * counted)?.sum_all()?, count));
+    }
     let shifted = z.broadcast_sub(&m)?;
     let sum_exp = reduce_from_group(&shifted.exp()?.sum_keepdim(D::Minus1)?, group)?;
     let idx = Tensor::from_vec(local, (n, 1), dev)?;
     let here = Tensor::from_vec(here, (n, 1), dev)?.to_dtype(dt)?;
     let target = reduce_from_group(&(shifted.gather(&idx, 1)? * here)?, group)?;
     let nll = (sum_exp.log()? - target)?.squeeze(1)?;
-    let counted = Tensor::from_vec(counted, n, dev)?.to_dtype(dt)?;
     Ok(((nll * counted)?.sum_all()?, count))
 }

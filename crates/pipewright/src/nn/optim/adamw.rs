@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor, Var};
 
 use super::{decays, read_step, state_entry, step_tensor, Optimizer, StateDict};
+use crate::kernels::adamw::{self, AdamWStep};
 use crate::nn::Grads;
 use crate::{invalid, Result};
 
@@ -28,7 +29,8 @@ impl Default for AdamWConfig {
 
 /// AdamW exactly as `torch.optim.AdamW`: decoupled decay `p *= 1 - lr*wd`, bias-corrected
 /// moments, `eps` added after the square root of the corrected second moment. Moments are
-/// kept in f32 whatever the parameter's type.
+/// kept in f32 whatever the parameter's type. An f32 parameter on the CPU is updated in place
+/// in one pass (the same f32 operations, fused); others by tensor ops.
 pub struct AdamW {
     params: Vec<(String, Var)>,
     decay: Vec<bool>,
@@ -90,6 +92,21 @@ impl Optimizer for AdamW {
         for ((name, var), &decay) in self.params.iter().zip(&self.decay) {
             let Some(g) = grads.get(name) else { continue };
             let g = g.detach().to_dtype(DType::F32)?;
+            if adamw::applies(var.as_tensor()) {
+                let c = AdamWStep {
+                    decay: (decay && weight_decay != 0.0).then_some(1.0 - lr * weight_decay),
+                    beta1,
+                    beta2,
+                    inv_bc2_sqrt: 1.0 / bc2_sqrt,
+                    eps,
+                    step_size,
+                };
+                let (m, v) =
+                    adamw::update(var.as_tensor(), &g, self.m.get(name), self.v.get(name), c)?;
+                self.m.insert(name.clone(), m);
+                self.v.insert(name.clone(), v);
+                continue;
+            }
             let mut p = var.as_tensor().detach().to_dtype(DType::F32)?;
             if decay && weight_decay != 0.0 {
                 p = (p * (1.0 - lr * weight_decay))?;

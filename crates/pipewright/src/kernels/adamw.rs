@@ -1,0 +1,153 @@
+//! AdamW in one pass per parameter: the parameter updated in place and both moments written
+//! while each element is read once, with exactly the f32 arithmetic, operation for operation,
+//! of the composed update in `nn::optim::adamw` (so the trajectories stay bit-for-bit those of
+//! the `torch.optim` fixtures).
+
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+
+use super::{par, slice, Out, BLOCK};
+
+const NAME: &str = "pipewright-adamw";
+
+/// One step's coefficients, rounded to f32 as candle's `affine` rounds them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdamWStep {
+    /// `1 - lr * weight_decay` when this parameter decays.
+    pub decay: Option<f64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// `1 / sqrt(1 - beta2^t)`.
+    pub inv_bc2_sqrt: f64,
+    pub eps: f64,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f64,
+}
+
+/// Whether [`update`] takes `p`: an f32 parameter on the CPU.
+pub(crate) fn applies(p: &Tensor) -> bool {
+    p.device().is_cpu() && p.dtype() == DType::F32 && p.is_contiguous()
+}
+
+/// Updates `p` in place from its f32 gradient `g` and moments `m`, `v` (none before the first
+/// step) and returns the new moments.
+pub(crate) fn update(
+    p: &Tensor,
+    g: &Tensor,
+    m: Option<&Tensor>,
+    v: Option<&Tensor>,
+    c: AdamWStep,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let g = g.contiguous()?;
+    let (m, v) = (
+        m.map(Tensor::contiguous).transpose()?,
+        v.map(Tensor::contiguous).transpose()?,
+    );
+    let n = p.elem_count();
+    let (sg, lg) = g.storage_and_layout();
+    let gs = cpu_f32(&sg, lg)?;
+    let ms = m.as_ref().map(|m| m.storage_and_layout());
+    let vs = v.as_ref().map(|v| v.storage_and_layout());
+    let ms = ms.as_ref().map(|(s, l)| cpu_f32(s, l)).transpose()?;
+    let vs = vs.as_ref().map(|(s, l)| cpu_f32(s, l)).transpose()?;
+    for (what, len) in [
+        ("gradient", Some(gs.len())),
+        ("exp_avg", ms.map(<[f32]>::len)),
+        ("exp_avg_sq", vs.map(<[f32]>::len)),
+    ] {
+        if let Some(len) = len.filter(|&l| l != n) {
+            candle_core::bail!("{NAME}: {what} holds {len} elements, the parameter {n}");
+        }
+    }
+    let op = Update {
+        g: gs,
+        m: ms,
+        v: vs,
+        c,
+        out: std::sync::Mutex::new(None),
+    };
+    p.inplace_op1(&op)?;
+    let (m1, v1) = op.out.into_inner().unwrap().expect("the CPU update ran");
+    let dev = p.device();
+    Ok((
+        Tensor::from_vec(m1, p.shape(), dev)?,
+        Tensor::from_vec(v1, p.shape(), dev)?,
+    ))
+}
+
+fn cpu_f32<'a>(s: &'a Storage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+    match s {
+        Storage::Cpu(c) => slice(c, l, NAME),
+        _ => candle_core::bail!("{NAME}: expects CPU tensors"),
+    }
+}
+
+struct Update<'a> {
+    g: &'a [f32],
+    m: Option<&'a [f32]>,
+    v: Option<&'a [f32]>,
+    c: AdamWStep,
+    out: std::sync::Mutex<Option<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl InplaceOp1 for Update<'_> {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle_core::Result<()> {
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{NAME}: parameter not contiguous")))?;
+        let p = match s {
+            CpuStorage::F32(p) => &mut p[a..b],
+            other => candle_core::bail!(
+                "{NAME}: expects an f32 parameter, got {:?}",
+                candle_core::backend::BackendStorage::dtype(other)
+            ),
+        };
+        let n = p.len();
+        let f = |x: f64| x as f32;
+        let c = self.c;
+        let (decay, b1, c1, b2, c2) = (
+            c.decay.map(f),
+            f(c.beta1),
+            f(1.0 - c.beta1),
+            f(c.beta2),
+            f(1.0 - c.beta2),
+        );
+        let (inv, eps, step) = (f(c.inv_bc2_sqrt), f(c.eps), f(c.step_size));
+        let (mut m1, mut v1) = (Out::<f32>::new(n), Out::<f32>::new(n));
+        let (mo, vo, po) = (m1.rows(), v1.rows(), super::Rows(p.as_mut_ptr()));
+        par(n.div_ceil(BLOCK), |blocks| {
+            let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
+            // SAFETY: blocks are disjoint and within `n`, for all three buffers.
+            let (p, m, v) = unsafe { (po.get(r.clone()), mo.get(r.clone()), vo.get(r.clone())) };
+            for (k, i) in r.enumerate() {
+                let g = self.g[i];
+                // Each line is one of the composed update's tensor ops (affine: x * mul + add).
+                let mut x = p[k];
+                if let Some(d) = decay {
+                    x = x * d + 0.0;
+                }
+                let gm = g * c1 + 0.0;
+                let mk = match self.m {
+                    Some(m) => (m[i] * b1 + 0.0) + gm,
+                    None => gm,
+                };
+                let gv = (g * g) * c2 + 0.0;
+                let vk = match self.v {
+                    Some(v) => (v[i] * b2 + 0.0) + gv,
+                    None => gv,
+                };
+                let denom = (vk.sqrt() * inv + 0.0) * 1.0 + eps;
+                p[k] = x - ((mk / denom) * step + 0.0);
+                m[k] = mk;
+                v[k] = vk;
+            }
+        });
+        // SAFETY: the blocks covered `0..n` of both moments.
+        let moments = unsafe { (m1.into_vec(n), v1.into_vec(n)) };
+        *self.out.lock().unwrap() = Some(moments);
+        Ok(())
+    }
+}

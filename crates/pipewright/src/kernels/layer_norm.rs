@@ -1,0 +1,202 @@
+//! LayerNorm over the last dimension, fused: each row's mean and reciprocal standard deviation
+//! computed once, the output written in the same pass; the backward recomputes both from the
+//! row (one extra read of the row, no saved tensors) and writes the input's gradient and
+//! each row block's share of the weight and bias gradients in one pass.
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+
+use super::{dispatch, par, slice, storage, Out, Real};
+
+const NAME: &str = "pipewright-layer-norm";
+
+/// Row blocks the backward sums weight and bias gradients over: fixed, so the sums are the
+/// same whatever the number of threads.
+const GRAD_BLOCKS: usize = 32;
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` of a CPU f32/f64 tensor (biased variance,
+/// as `torch.nn.LayerNorm`), with a fused backward for `x`, `weight` and `bias`.
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> candle_core::Result<Tensor> {
+    let cols = x.dim(candle_core::D::Minus1)?;
+    let x2 = x.contiguous()?.reshape(((), cols))?;
+    let y = x2.apply_op3(
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        LayerNorm { eps },
+    )?;
+    y.reshape(x.shape())
+}
+
+struct LayerNorm {
+    eps: f64,
+}
+
+struct LayerNormGrad {
+    eps: f64,
+}
+
+/// The mean and 1 / sqrt(var + eps) of `row`.
+fn stats<T: Real>(row: &[T], eps: T) -> (T, T) {
+    let n = T::from(row.len()).unwrap();
+    let mean = row.iter().copied().sum::<T>() / n;
+    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / n;
+    (mean, (var + eps).sqrt().recip())
+}
+
+fn forward<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
+    let cols = w.len();
+    let rows = x.len() / cols;
+    let eps = T::from(eps).unwrap();
+    let mut out = Out::new(x.len());
+    let o = out.rows();
+    par(rows, |r| {
+        for i in r {
+            let row = &x[i * cols..(i + 1) * cols];
+            let (mean, rstd) = stats(row, eps);
+            // SAFETY: row i is this call's alone.
+            let y = unsafe { o.get(i * cols..(i + 1) * cols) };
+            for j in 0..cols {
+                y[j] = (row[j] - mean) * rstd * w[j] + b[j];
+            }
+        }
+    });
+    // SAFETY: every row was written.
+    unsafe { out.into_vec(x.len()) }
+}
+
+/// `[dx (rows x cols) | dw (cols) | db (cols)]` in one buffer.
+fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
+    let cols = w.len();
+    let rows = x.len() / cols;
+    let eps = T::from(eps).unwrap();
+    let n = T::from(cols).unwrap();
+    let blocks = GRAD_BLOCKS.min(rows.max(1));
+    let per = rows.div_ceil(blocks);
+    let total = x.len() + 2 * cols;
+    let mut out = Out::new(total);
+    let dx = out.rows();
+    // Each block's weight and bias gradient sums, then added in block order.
+    let mut partial = vec![T::zero(); blocks * 2 * cols];
+    let pr = partial.as_mut_ptr() as usize;
+    par(blocks, |bs| {
+        for blk in bs {
+            // SAFETY: block blk's part of `partial` is this call's alone.
+            let part = unsafe {
+                std::slice::from_raw_parts_mut((pr as *mut T).add(blk * 2 * cols), 2 * cols)
+            };
+            let (dw, db) = part.split_at_mut(cols);
+            for i in blk * per..((blk + 1) * per).min(rows) {
+                let row = &x[i * cols..(i + 1) * cols];
+                let gr = &g[i * cols..(i + 1) * cols];
+                let (mean, rstd) = stats(row, eps);
+                let (mut s1, mut s2) = (T::zero(), T::zero());
+                for j in 0..cols {
+                    let xh = (row[j] - mean) * rstd;
+                    let gw = gr[j] * w[j];
+                    s1 += gw;
+                    s2 += gw * xh;
+                    dw[j] += gr[j] * xh;
+                    db[j] += gr[j];
+                }
+                let (m1, m2) = (s1 / n, s2 / n);
+                // SAFETY: row i is this call's alone.
+                let d = unsafe { dx.get(i * cols..(i + 1) * cols) };
+                for j in 0..cols {
+                    let xh = (row[j] - mean) * rstd;
+                    d[j] = rstd * (gr[j] * w[j] - m1 - xh * m2);
+                }
+            }
+        }
+    });
+    // SAFETY: the tail after dx is written here, by this thread alone.
+    let sums = unsafe { dx.get(x.len()..total) };
+    sums.copy_from_slice(&partial[..2 * cols]);
+    for part in partial.chunks(2 * cols).skip(1) {
+        for (s, &p) in sums.iter_mut().zip(part) {
+            *s += p;
+        }
+    }
+    // SAFETY: every row of dx and the tail were written.
+    unsafe { out.into_vec(total) }
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let cols = lx.dims()[1];
+        if lw.dims() != [cols] || lb.dims() != [cols] {
+            candle_core::bail!(
+                "{NAME}: weight {:?} and bias {:?} must have the {cols} elements of a row",
+                lw.dims(),
+                lb.dims()
+            );
+        }
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(forward::<T>(
+                slice(sx, lx, NAME)?,
+                slice(sw, lw, NAME)?,
+                slice(sb, lb, NAME)?,
+                self.eps
+            )),
+            lx.shape().clone()
+        )))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (rows, cols) = x.dims2()?;
+        let packed = x.apply_op3_no_bwd(w, &g.contiguous()?, &LayerNormGrad { eps: self.eps })?;
+        let dx = packed.narrow(0, 0, rows * cols)?.reshape((rows, cols))?;
+        let dw = packed.narrow(0, rows * cols, cols)?;
+        let db = packed.narrow(0, rows * cols + cols, cols)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+impl CustomOp3 for LayerNormGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-layer-norm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = lx.shape().elem_count() + 2 * lw.shape().elem_count();
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(backward::<T>(
+                slice(sx, lx, NAME)?,
+                slice(sw, lw, NAME)?,
+                slice(sg, lg, NAME)?,
+                self.eps
+            )),
+            Shape::from(n)
+        )))
+    }
+}

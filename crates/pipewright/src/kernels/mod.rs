@@ -1,0 +1,140 @@
+//! Fused CPU kernels: each operation one pass over its rows forward and one pass backward,
+//! parallel over rows on candle's CPU pool (the pool its element-wise ops use).
+//!
+//! candle composes GELU, LayerNorm, softmax and cross-entropy from a dozen element-wise ops
+//! each, forward and backward, every one allocating and walking a whole tensor; on the
+//! benchmark GPT that was more of a training step than the matrix products. Here each is a
+//! candle custom op whose backward is itself one fused op. They run for f32 and f64 tensors on
+//! the CPU; other devices and dtypes take the composed ops, which compute the same function
+//! (and are the oracle of the tests).
+
+pub(crate) mod adamw;
+pub(crate) mod cross_entropy;
+pub(crate) mod gelu;
+pub(crate) mod layer_norm;
+pub(crate) mod softmax;
+
+use std::ops::Range;
+
+use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
+
+/// The element types the kernels are written for.
+pub(crate) trait Real:
+    num_traits::Float
+    + WithDType
+    + Send
+    + Sync
+    + std::iter::Sum
+    + std::ops::AddAssign
+    + std::ops::SubAssign
+    + std::ops::MulAssign
+{
+}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// The largest element of `row` (minus infinity when empty).
+pub(crate) fn row_max<T: Real>(row: &[T]) -> T {
+    row.iter()
+        .fold(T::neg_infinity(), |a, &b| num_traits::Float::max(a, b))
+}
+
+/// Whether `t` takes the fused kernels: an f32 or f64 tensor on the CPU.
+pub(crate) fn fused(t: &Tensor) -> bool {
+    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+}
+
+/// The elements of a contiguous `layout` of `storage` (the wrappers make inputs contiguous).
+pub(crate) fn slice<'a, T: WithDType>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> candle_core::Result<&'a [T]> {
+    let data = T::cpu_storage_as_slice(storage)?;
+    match layout.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("{op}: expects a contiguous input"),
+    }
+}
+
+/// An output buffer that disjoint ranges of rows fill from the pool's threads.
+pub(crate) struct Out<T> {
+    buf: Vec<T>,
+}
+
+/// The base pointer of an [`Out`], shareable across the pool's threads.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<T>(*mut T);
+// SAFETY: every user writes only its own disjoint range of rows (see `Rows::get`).
+unsafe impl<T> Send for Rows<T> {}
+unsafe impl<T> Sync for Rows<T> {}
+
+impl<T: Copy> Out<T> {
+    /// Room for `n` elements, not initialised: every element is written before `into_vec`.
+    pub(crate) fn new(n: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(n),
+        }
+    }
+
+    pub(crate) fn rows(&mut self) -> Rows<T> {
+        Rows(self.buf.as_mut_ptr())
+    }
+
+    /// The buffer, once the caller has written all `n` elements.
+    ///
+    /// # Safety
+    /// Every one of the `n` elements of [`Out::new`] must have been written.
+    pub(crate) unsafe fn into_vec(mut self, n: usize) -> Vec<T> {
+        self.buf.set_len(n);
+        self.buf
+    }
+}
+
+impl<T> Rows<T> {
+    /// Elements `range` of the buffer.
+    ///
+    /// # Safety
+    /// `range` lies within the buffer and no other thread touches it meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn get(&self, range: Range<usize>) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(range.start), range.len())
+    }
+}
+
+/// Runs `f` over ranges covering `0..n` (rows or blocks of elements), on candle's CPU pool.
+pub(crate) fn par(n: usize, f: impl Fn(Range<usize>) + Sync) {
+    candle_core::utils::barrier_pool().execute_chunked(n, f)
+}
+
+/// Elements per parallel unit of the element-wise kernels.
+pub(crate) const BLOCK: usize = 16 * 1024;
+
+/// `f(storage as T)` for the f32 and f64 storages; an error naming `op` for the others.
+macro_rules! dispatch {
+    ($op:expr, $s:expr, |$v:ident : T| $body:expr) => {
+        match $s {
+            candle_core::CpuStorage::F32(_) => {
+                type T = f32;
+                let $v: &CpuStorage = $s;
+                $body
+            }
+            candle_core::CpuStorage::F64(_) => {
+                type T = f64;
+                let $v: &CpuStorage = $s;
+                $body
+            }
+            other => candle_core::bail!(
+                "{}: no kernel for {:?}",
+                $op,
+                candle_core::backend::BackendStorage::dtype(other)
+            ),
+        }
+    };
+}
+pub(crate) use dispatch;
+
+/// A tensor of `shape` (`T`'s dtype) from `data`.
+pub(crate) fn storage<T: WithDType>(data: Vec<T>) -> CpuStorage {
+    T::to_cpu_storage_owned(data)
+}

@@ -1,0 +1,160 @@
+//! Softmax over the last dimension, fused with the scale of attention scores and, for
+//! attention, the causal mask: the masked scores are never read, their probabilities written
+//! as zeros, and no (T x T) mask tensor is built or added.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+
+use super::{dispatch, par, row_max, slice, storage, Out, Real};
+
+const NAME: &str = "pipewright-softmax";
+
+/// `softmax(scale * x)` over the last dimension of a CPU f32/f64 tensor, with a fused
+/// backward. `causal`: `x` is `(..., queries, keys)` with `keys >= queries`, and query `i`
+/// sees keys `0..=i + keys - queries` (the last `queries` keys are the queries' own positions).
+pub(crate) fn softmax(x: &Tensor, scale: f64, causal: bool) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op1(Softmax { scale, causal })
+}
+
+#[derive(Clone, Copy)]
+struct Softmax {
+    scale: f64,
+    causal: bool,
+}
+
+impl Softmax {
+    /// Row length, queries per matrix, and how many keys row `i` of a matrix sees.
+    fn geometry(&self, l: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+        let dims = l.dims();
+        let keys = *dims.last().unwrap_or(&1);
+        let queries = if dims.len() >= 2 {
+            dims[dims.len() - 2]
+        } else {
+            1
+        };
+        if self.causal && keys < queries {
+            candle_core::bail!(
+                "{NAME}: a causal softmax needs keys ({keys}) >= queries ({queries})"
+            );
+        }
+        Ok((keys.max(1), queries.max(1), keys.saturating_sub(queries)))
+    }
+
+    /// Keys row `r` sees.
+    fn seen(&self, r: usize, keys: usize, queries: usize, offset: usize) -> usize {
+        if self.causal {
+            r % queries + offset + 1
+        } else {
+            keys
+        }
+    }
+
+    fn forward<T: Real>(&self, x: &[T], keys: usize, queries: usize, offset: usize) -> Vec<T> {
+        let scale = T::from(self.scale).unwrap();
+        let mut out = Out::new(x.len());
+        let o = out.rows();
+        par(x.len() / keys, |r| {
+            for i in r {
+                let row = &x[i * keys..(i + 1) * keys];
+                let n = self.seen(i, keys, queries, offset);
+                // SAFETY: row i is this call's alone.
+                let y = unsafe { o.get(i * keys..(i + 1) * keys) };
+                let m = row_max(&row[..n]);
+                let mut sum = T::zero();
+                for j in 0..n {
+                    let e = ((row[j] - m) * scale).exp();
+                    y[j] = e;
+                    sum += e;
+                }
+                let inv = sum.recip();
+                for v in &mut y[..n] {
+                    *v *= inv;
+                }
+                for v in &mut y[n..] {
+                    *v = T::zero();
+                }
+            }
+        });
+        // SAFETY: every row was written.
+        unsafe { out.into_vec(x.len()) }
+    }
+
+    /// `scale * y * (g - sum(g * y))` row by row.
+    fn backward<T: Real>(
+        &self,
+        y: &[T],
+        g: &[T],
+        keys: usize,
+        queries: usize,
+        offset: usize,
+    ) -> Vec<T> {
+        let scale = T::from(self.scale).unwrap();
+        let mut out = Out::new(y.len());
+        let o = out.rows();
+        par(y.len() / keys, |r| {
+            for i in r {
+                let (yr, gr) = (&y[i * keys..(i + 1) * keys], &g[i * keys..(i + 1) * keys]);
+                let n = self.seen(i, keys, queries, offset);
+                // SAFETY: row i is this call's alone.
+                let d = unsafe { o.get(i * keys..(i + 1) * keys) };
+                let dot = (0..n).map(|j| yr[j] * gr[j]).sum::<T>();
+                for j in 0..n {
+                    d[j] = scale * yr[j] * (gr[j] - dot);
+                }
+                for v in &mut d[n..] {
+                    *v = T::zero();
+                }
+            }
+        });
+        // SAFETY: every row was written.
+        unsafe { out.into_vec(y.len()) }
+    }
+}
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (keys, queries, offset) = self.geometry(l)?;
+        dispatch!(NAME, s, |s: T| Ok((
+            storage(self.forward::<T>(slice(s, l, NAME)?, keys, queries, offset)),
+            l.shape().clone()
+        )))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(
+            y.apply_op2_no_bwd(&g.contiguous()?, &SoftmaxGrad(*self))?,
+        ))
+    }
+}
+
+/// `scale * y * (g - sum(g * y))` row by row.
+struct SoftmaxGrad(Softmax);
+
+impl CustomOp2 for SoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-softmax-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sy: &CpuStorage,
+        ly: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (keys, queries, offset) = self.0.geometry(ly)?;
+        dispatch!(NAME, sy, |sy: T| Ok((
+            storage(self.0.backward::<T>(
+                slice(sy, ly, NAME)?,
+                slice(sg, lg, NAME)?,
+                keys,
+                queries,
+                offset
+            )),
+            ly.shape().clone()
+        )))
+    }
+}

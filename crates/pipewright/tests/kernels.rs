@@ -1,0 +1,251 @@
+//! The fused CPU kernels against the composed candle ops they replace, in f32: GELU, LayerNorm,
+//! (causal, scaled) softmax and cross-entropy forward and backward within f32 rounding, and
+//! AdamW bit for bit over several steps. (Their f64 gradients are checked against finite
+//! differences in `gradcheck.rs`.)
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use pipewright::nn::init::{normal_vec, rng_for};
+use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
+use pipewright::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax, Grads, LayerNorm};
+use pipewright::nn::{Init, Module};
+
+fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
+    let n = shape.iter().product();
+    let v: Vec<f32> = normal_vec(&mut rng_for(5, key), n, 0.0, std)
+        .into_iter()
+        .map(|x| x as f32)
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// Largest |a - b| over the largest |b|.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    pipewright::nn::max_rel_diff(a, b).unwrap()
+}
+
+/// Output and input gradient of `f` at `x` for the loss `sum(f(x) * r)`.
+fn run(x: &Tensor, r: &Tensor, f: impl Fn(&Tensor) -> Tensor) -> (Tensor, Tensor) {
+    let v = Var::from_tensor(x).unwrap();
+    let y = f(v.as_tensor());
+    let g = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
+    (y, g.get(v.as_tensor()).unwrap().clone())
+}
+
+fn composed_softmax(x: &Tensor) -> Tensor {
+    let m = x.max_keepdim(D::Minus1).unwrap().detach();
+    let e = x.broadcast_sub(&m).unwrap().exp().unwrap();
+    e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap()
+}
+
+#[test]
+fn gelu_matches_the_tanh_formula() {
+    // Inputs from -6 to 6: both tails and the bend.
+    let x = (randn("gelu", &[64, 96], 2.5)).clamp(-6f32, 6f32).unwrap();
+    let r = randn("gelu/r", &[64, 96], 1.0);
+    let (y, g) = run(&x, &r, |x| gelu(x).unwrap());
+    let (wy, wg) = run(&x, &r, |x| x.gelu().unwrap());
+    assert!(rel(&y, &wy) < 1e-6, "gelu forward off by {}", rel(&y, &wy));
+    assert!(rel(&g, &wg) < 1e-5, "gelu backward off by {}", rel(&g, &wg));
+}
+
+#[test]
+fn layer_norm_matches_the_composed_formula() {
+    let init = Init::new(Device::Cpu, DType::F32, 3);
+    let ln = LayerNorm::new(&init, "ln", 80, 1e-5).unwrap();
+    // Non-trivial gain and bias, and rows with an offset (where one-pass variance would fail).
+    for (_, p) in ln.params() {
+        p.set(&(randn("ln/p", p.dims(), 1.0) + 1.0).unwrap())
+            .unwrap();
+    }
+    let x = (randn("ln/x", &[3, 40, 80], 2.0) + 5.0).unwrap();
+    let r = randn("ln/r", &[3, 40, 80], 1.0);
+    let (w, b) = (ln.params()[0].1.clone(), ln.params()[1].1.clone());
+    let composed = |x: &Tensor| {
+        let mean = x.mean_keepdim(D::Minus1).unwrap();
+        let xc = x.broadcast_sub(&mean).unwrap();
+        let var = xc.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+        let xn = xc
+            .broadcast_div(&(var + 1e-5).unwrap().sqrt().unwrap())
+            .unwrap();
+        xn.broadcast_mul(w.as_tensor())
+            .unwrap()
+            .broadcast_add(b.as_tensor())
+            .unwrap()
+    };
+    let grads = |f: &dyn Fn(&Tensor) -> Tensor| {
+        let v = Var::from_tensor(&x).unwrap();
+        let y = f(v.as_tensor());
+        let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let get = |t: &Tensor| g.get(t).unwrap().clone();
+        (
+            y,
+            get(v.as_tensor()),
+            get(w.as_tensor()),
+            get(b.as_tensor()),
+        )
+    };
+    let got = grads(&|x| ln.forward(x).unwrap());
+    let want = grads(&composed);
+    for (what, a, b, tol) in [
+        ("output", &got.0, &want.0, 1e-5),
+        ("input gradient", &got.1, &want.1, 1e-4),
+        ("weight gradient", &got.2, &want.2, 1e-5),
+        ("bias gradient", &got.3, &want.3, 1e-5),
+    ] {
+        assert!(rel(a, b) < tol, "layer norm {what} off by {}", rel(a, b));
+    }
+}
+
+#[test]
+fn causal_softmax_matches_scale_mask_and_softmax() {
+    // 2 x 3 heads of 5 queries over 7 keys: query i sees keys 0..=i+2.
+    let x = randn("sm/x", &[2, 3, 5, 7], 3.0);
+    let r = randn("sm/r", &[2, 3, 5, 7], 1.0);
+    let scale = 0.125;
+    let (y, g) = run(&x, &r, |x| scaled_softmax(x, scale, true).unwrap());
+    let mask = causal_mask(5, 7, DType::F32, &Device::Cpu).unwrap();
+    let (wy, wg) = run(&x, &r, |x| {
+        composed_softmax(&(x * scale).unwrap().broadcast_add(&mask).unwrap())
+    });
+    assert!(
+        rel(&y, &wy) < 1e-6,
+        "softmax forward off by {}",
+        rel(&y, &wy)
+    );
+    assert!(
+        rel(&g, &wg) < 1e-5,
+        "softmax backward off by {}",
+        rel(&g, &wg)
+    );
+    // Masked probabilities are exact zeros; every row sums to one.
+    let v: Vec<f32> = y.flatten_all().unwrap().to_vec1().unwrap();
+    for (row, p) in v.chunks(7).enumerate() {
+        let seen = row % 5 + 3;
+        assert!(p[seen..].iter().all(|&q| q == 0.0), "row {row}: {p:?}");
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+    // A causal softmax needs keys >= queries; a scale must be positive.
+    assert!(scaled_softmax(&randn("sm/bad", &[4, 3], 1.0), 1.0, true).is_err());
+    assert!(scaled_softmax(&x, 0.0, false).is_err());
+}
+
+#[test]
+fn cross_entropy_matches_log_softmax_and_gather() {
+    let logits = randn("ce/x", &[24, 50], 4.0);
+    let mut t: Vec<i64> = (0..24).map(|i| (i * 7 % 50) as i64).collect();
+    t[3] = -100;
+    t[10] = -100;
+    let targets = Tensor::from_vec(t.clone(), 24, &Device::Cpu).unwrap();
+    let one = Tensor::ones((), DType::F32, &Device::Cpu).unwrap();
+    let (loss, g) = run(&logits, &one, |x| cross_entropy_sum(x, &targets).unwrap().0);
+    let (wloss, wg) = run(&logits, &one, |x| {
+        let m = x.max_keepdim(1).unwrap().detach();
+        let s = x.broadcast_sub(&m).unwrap();
+        let lse = s.exp().unwrap().sum_keepdim(1).unwrap().log().unwrap();
+        let logp = s.broadcast_sub(&lse).unwrap();
+        let (idx, keep): (Vec<u32>, Vec<f32>) = t
+            .iter()
+            .map(|&v| if v < 0 { (0, 0.0) } else { (v as u32, 1.0) })
+            .unzip();
+        let idx = Tensor::from_vec(idx, (24, 1), &Device::Cpu).unwrap();
+        let keep = Tensor::from_vec(keep, 24, &Device::Cpu).unwrap();
+        let picked = logp.gather(&idx, 1).unwrap().squeeze(1).unwrap();
+        (picked * keep).unwrap().sum_all().unwrap().neg().unwrap()
+    });
+    assert!(
+        rel(&loss, &wloss) < 1e-6,
+        "loss off by {}",
+        rel(&loss, &wloss)
+    );
+    assert!(rel(&g, &wg) < 1e-5, "gradient off by {}", rel(&g, &wg));
+    // Ignored rows get no gradient.
+    let rows: Vec<Vec<f32>> = g.to_vec2().unwrap();
+    assert!(rows[3].iter().chain(&rows[10]).all(|&v| v == 0.0));
+}
+
+/// The composed AdamW update (the code the kernel replaced), one tensor op per line.
+#[allow(clippy::too_many_arguments)]
+fn composed_adamw(
+    p: &Tensor,
+    g: &Tensor,
+    m: Option<&Tensor>,
+    v: Option<&Tensor>,
+    lr: f64,
+    step: i32,
+    decay: bool,
+    cfg: AdamWConfig,
+) -> (Tensor, Tensor, Tensor) {
+    let bc1 = 1.0 - cfg.beta1.powi(step);
+    let bc2_sqrt = (1.0 - cfg.beta2.powi(step)).sqrt();
+    let mut p = p.clone();
+    if decay {
+        p = (p * (1.0 - lr * cfg.weight_decay)).unwrap();
+    }
+    let m = match m {
+        Some(m) => ((m * cfg.beta1).unwrap() + (g * (1.0 - cfg.beta1)).unwrap()).unwrap(),
+        None => (g * (1.0 - cfg.beta1)).unwrap(),
+    };
+    let g2 = g.sqr().unwrap();
+    let v = match v {
+        Some(v) => ((v * cfg.beta2).unwrap() + (g2 * (1.0 - cfg.beta2)).unwrap()).unwrap(),
+        None => (g2 * (1.0 - cfg.beta2)).unwrap(),
+    };
+    let denom = ((v.sqrt().unwrap() / bc2_sqrt).unwrap() + cfg.eps).unwrap();
+    let p = (p - ((&m / denom).unwrap() * (lr / bc1)).unwrap()).unwrap();
+    (p, m, v)
+}
+
+#[test]
+fn adamw_is_bit_for_bit_the_composed_update() {
+    let cfg = AdamWConfig::default();
+    let w = Var::from_tensor(&randn("adam/w", &[70, 33], 0.02)).unwrap();
+    let b = Var::from_tensor(&randn("adam/b", &[33], 0.02)).unwrap();
+    let mut opt = AdamW::new(vec![("w".into(), w.clone()), ("b".into(), b.clone())], cfg).unwrap();
+    let mut want: Vec<(Tensor, Option<Tensor>, Option<Tensor>)> = [&w, &b]
+        .iter()
+        .map(|v| (v.as_tensor().copy().unwrap(), None, None))
+        .collect();
+    for step in 1..=4 {
+        let lr = 1e-3 * step as f64;
+        let mut grads = Grads::new();
+        for (k, (name, var)) in [("w", &w), ("b", &b)].into_iter().enumerate() {
+            // Gradients over many magnitudes, tiny ones included (where eps matters).
+            let g = (randn(&format!("adam/g{step}{name}"), var.dims(), 1.0)
+                * 10f64.powi(-(step + 2 * k as i32)))
+            .unwrap();
+            let (p, m, v) = &want[k];
+            let next = composed_adamw(p, &g, m.as_ref(), v.as_ref(), lr, step, k == 0, cfg);
+            want[k] = (next.0, Some(next.1), Some(next.2));
+            grads.insert(name, g);
+        }
+        opt.step(&grads, lr).unwrap();
+        for (k, var) in [&w, &b].into_iter().enumerate() {
+            let got: Vec<u32> = var
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            let exp: Vec<u32> = want[k]
+                .0
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            assert_eq!(got, exp, "step {step}: parameter {k} differs");
+        }
+    }
+    // The saved moments are the composed ones too.
+    let state = opt.state_dict().unwrap();
+    for (name, k) in [("w", 0), ("b", 1)] {
+        for (key, t) in [("exp_avg", &want[k].1), ("exp_avg_sq", &want[k].2)] {
+            let got = &state[&format!("{name}.{key}")];
+            assert_eq!(rel(got, t.as_ref().unwrap()), 0.0, "{name}.{key}");
+        }
+    }
+}
