@@ -9,6 +9,7 @@
 //! (and are the oracle of the tests).
 
 pub(crate) mod adamw;
+pub(crate) mod bias;
 pub(crate) mod cross_entropy;
 pub(crate) mod gelu;
 pub(crate) mod layer_norm;

@@ -5,7 +5,7 @@ use candle_core::{Tensor, Var};
 use super::deferred::{WeightGradQueue, Work};
 use super::{join, Init, Module};
 use crate::model::Cx;
-use crate::{Error, Result};
+use crate::{kernels, Error, Result};
 
 /// How the weight matrix is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,15 +172,24 @@ impl Linear {
                         b.narrow(0, r.start, r.len())?.detach(),
                         b.narrow(0, r.end, n - r.end)?,
                     ];
-                    y.broadcast_add(&Tensor::cat(&parts, 0)?)?
+                    add_bias(&y, &Tensor::cat(&parts, 0)?)?
                 }
-                _ => y.broadcast_add(b)?,
+                _ => add_bias(&y, b)?,
             };
         }
         let mut out_dims = dims;
         *out_dims.last_mut().unwrap() = self.out_features;
         Ok(y.reshape(out_dims)?)
     }
+}
+
+/// `y + b` on every row: on the CPU a fused op whose backward sums the bias gradient over
+/// contiguous rows.
+fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if kernels::fused(y) && b.dtype() == y.dtype() {
+        return Ok(kernels::bias::bias_add(y, b)?);
+    }
+    Ok(y.broadcast_add(b)?)
 }
 
 impl Module for Linear {
