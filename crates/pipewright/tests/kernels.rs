@@ -249,3 +249,90 @@ fn adamw_is_bit_for_bit_the_composed_update() {
         }
     }
 }
+
+#[test]
+fn fused_attention_matches_heads_scores_and_softmax() {
+    use pipewright::model::{Cx, Mode};
+    use pipewright::shard::{CausalSelfAttention, TpGroup};
+    let (b, t, d, heads) = (2, 9, 24, 3);
+    let init = Init::new(Device::Cpu, DType::F32, 11);
+    let a =
+        CausalSelfAttention::new(&init, &TpGroup::single(), "attn", d, heads, 0.0, 0.3).unwrap();
+    let params = a.params();
+    let p = |name: &str| {
+        params
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+            .as_tensor()
+            .clone()
+    };
+    let x = randn("attn/x", &[b, t, d], 1.0);
+    let r = randn("attn/r", &[b, t, d], 1.0);
+    // Each head's attention written out with candle's ops.
+    let composed = |x: &Tensor| {
+        let qkv = x
+            .broadcast_matmul(&p("attn.c_attn.weight"))
+            .unwrap()
+            .broadcast_add(&p("attn.c_attn.bias"))
+            .unwrap();
+        let hd = d / heads;
+        let head = |i: usize| {
+            qkv.narrow(2, i * d, d)
+                .unwrap()
+                .reshape((b, t, heads, hd))
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .contiguous()
+                .unwrap()
+        };
+        let (q, k, v) = (head(0), head(1), head(2));
+        let s = (q.matmul(&k.t().unwrap()).unwrap() / (hd as f64).sqrt()).unwrap();
+        let s = s
+            .broadcast_add(&causal_mask(t, t, DType::F32, &Device::Cpu).unwrap())
+            .unwrap();
+        let y = composed_softmax(&s).matmul(&v).unwrap();
+        let y = y.transpose(1, 2).unwrap().reshape((b, t, d)).unwrap();
+        y.broadcast_matmul(&p("attn.c_proj.weight"))
+            .unwrap()
+            .broadcast_add(&p("attn.c_proj.bias"))
+            .unwrap()
+    };
+    let grads = |f: &dyn Fn(&Tensor) -> Tensor| {
+        let v = Var::from_tensor(&x).unwrap();
+        let y = f(v.as_tensor());
+        let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut all = vec![y, g.get(v.as_tensor()).unwrap().clone()];
+        for (_, p) in &params {
+            all.push(g.get(p.as_tensor()).unwrap().clone());
+        }
+        all
+    };
+    let got = grads(&|x| a.forward(x, &mut Cx::new(Mode::Train, 0, 0, 0)).unwrap());
+    let want = grads(&composed);
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        // The key bias has an exact zero gradient (softmax ignores shifts): compare absolutely.
+        let tol = if k == 0 { 1e-5 } else { 1e-4 };
+        let d = (g - w)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let m = w
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            d <= tol * m.max(1e-3),
+            "output/gradient {k} off by {d} (scale {m})"
+        );
+    }
+}

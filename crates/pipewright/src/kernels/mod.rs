@@ -9,6 +9,7 @@
 //! (and are the oracle of the tests).
 
 pub(crate) mod adamw;
+pub(crate) mod attention;
 pub(crate) mod bias;
 pub(crate) mod cross_entropy;
 pub(crate) mod gelu;
@@ -93,6 +94,12 @@ impl<T: Copy> Out<T> {
 }
 
 impl<T> Rows<T> {
+    /// The buffer's start, for writers (such as a strided matrix product) whose parts are
+    /// disjoint but not ranges.
+    pub(crate) fn ptr(&self) -> *mut T {
+        self.0
+    }
+
     /// Elements `range` of the buffer.
     ///
     /// # Safety

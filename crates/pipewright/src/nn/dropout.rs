@@ -23,6 +23,11 @@ impl Dropout {
         }
     }
 
+    /// Whether [`Dropout::forward`] changes anything in `cx` (p > 0 and training).
+    pub fn is_active(&self, cx: &Cx) -> bool {
+        self.p != 0.0 && cx.is_training()
+    }
+
     pub fn forward(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
         self.forward_part(x, cx, 0, 0, 1)
     }
@@ -38,7 +43,7 @@ impl Dropout {
         index: usize,
         count: usize,
     ) -> Result<Tensor> {
-        if self.p == 0.0 || !cx.is_training() {
+        if !self.is_active(cx) {
             return Ok(x.clone());
         }
         let mut whole = x.dims().to_vec();

@@ -10,7 +10,7 @@ use candle_core::{Tensor, Var};
 use super::{ParallelDim, ParallelLinear, Shard, TpGroup};
 use crate::model::Cx;
 use crate::nn::{join, scaled_softmax, Dropout, Init, Linear, Module};
-use crate::{Error, Result};
+use crate::{kernels, Error, Result};
 
 /// GPT-2 attention: `c_attn` projects to q, k, v (one `(d, 3d)` matrix), heads attend causally,
 /// `c_proj` projects back. Parameter names follow Hugging Face GPT-2.
@@ -81,6 +81,13 @@ impl CausalSelfAttention {
         let hd = c / self.n_head;
         let (h, lc) = (self.local_heads, self.local_heads * hd);
         let qkv = self.c_attn.forward(x, cx)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        if kernels::fused(&qkv) && !self.attn_dropout.is_active(cx) {
+            // One fused op from the packed q | k | v to the heads' joined outputs.
+            let y = kernels::attention::causal_attention(&qkv, h, scale)?;
+            let y = self.c_proj.forward(&y, cx)?;
+            return self.resid_dropout.forward(&y, cx);
+        }
         let heads = |i: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(2, i * lc, lc)?
@@ -89,7 +96,6 @@ impl CausalSelfAttention {
                 .contiguous()?)
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-        let scale = 1.0 / (hd as f64).sqrt();
         let att = scaled_softmax(&q.matmul(&k.t()?)?, scale, true)?;
         // The serial run's mask, this rank's heads of it.
         let parts = self.n_head / h;

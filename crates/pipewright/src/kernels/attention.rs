@@ -1,0 +1,280 @@
+//! Causal self-attention over a packed `(batch, time, 3 * width)` q | k | v tensor in one op,
+//! flash-style: each (batch, head) pair computes its `(time x time)` scores, softmax and
+//! output in scratch memory that never becomes a tensor, and the backward recomputes them.
+//! The separate path builds a dozen graph nodes per layer (three narrows whose gradients are
+//! padded to the whole packed tensor, head transposes and copies, the stored scores and
+//! probabilities); this one is one node whose gradient is the packed tensor's, written once.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use gemm::{gemm, Parallelism};
+
+use super::{dispatch, par, row_max, slice, storage, Out, Real};
+
+const NAME: &str = "pipewright-attention";
+
+/// `softmax(q k^T * scale, causal) v` for every head of CPU f32/f64 `qkv`
+/// `(batch, time, 3 * heads * head_dim)` (q, k, v in thirds, heads contiguous within each),
+/// giving `(batch, time, heads * head_dim)`.
+pub(crate) fn causal_attention(
+    qkv: &Tensor,
+    heads: usize,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    qkv.contiguous()?.apply_op1(Attention { heads, scale })
+}
+
+#[derive(Clone, Copy)]
+struct Attention {
+    heads: usize,
+    scale: f64,
+}
+
+/// Where one (batch, head) pair's q, k and v start, and the strides of the packed tensor.
+#[derive(Clone, Copy)]
+struct Geometry {
+    t: usize,
+    hd: usize,
+    /// Width of one third (q, k or v): heads * head_dim.
+    lc: usize,
+}
+
+impl Geometry {
+    fn of(l: &Layout, heads: usize) -> candle_core::Result<Self> {
+        let (_, t, c3) = l.shape().dims3()?;
+        if heads == 0 || c3 % (3 * heads) != 0 {
+            candle_core::bail!("{NAME}: {c3} packed columns do not hold 3 x {heads} heads");
+        }
+        Ok(Self {
+            t,
+            hd: c3 / (3 * heads),
+            lc: c3 / 3,
+        })
+    }
+
+    /// Offset in the packed tensor of part `which` (0 q, 1 k, 2 v) of `unit` = b * heads + h.
+    fn part(&self, unit: usize, heads: usize, which: usize) -> usize {
+        let (b, h) = (unit / heads, unit % heads);
+        b * self.t * 3 * self.lc + which * self.lc + h * self.hd
+    }
+}
+
+/// `dst (m x n) = lhs (m x k) * rhs (k x n)`, strides as (row, column), on this thread.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm<T: Real>(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut T,
+    (drs, dcs): (usize, usize),
+    lhs: *const T,
+    (lrs, lcs): (usize, usize),
+    rhs: *const T,
+    (rrs, rcs): (usize, usize),
+) {
+    gemm(
+        m,
+        n,
+        k,
+        dst,
+        dcs as isize,
+        drs as isize,
+        false,
+        lhs,
+        lcs as isize,
+        lrs as isize,
+        rhs,
+        rcs as isize,
+        rrs as isize,
+        T::zero(),
+        T::one(),
+        false,
+        false,
+        false,
+        Parallelism::None,
+    );
+}
+
+impl Attention {
+    /// The probabilities of one unit into `p` (t x t), scores computed there first.
+    fn probabilities<T: Real>(&self, x: &[T], g: Geometry, unit: usize, p: &mut [T]) {
+        let (t, hd, rs) = (g.t, g.hd, 3 * g.lc);
+        let (q, k) = (g.part(unit, self.heads, 0), g.part(unit, self.heads, 1));
+        // SAFETY: q and k rows lie within `x`; p holds t * t elements.
+        unsafe {
+            let xp = x.as_ptr();
+            mm(
+                (t, t, hd),
+                p.as_mut_ptr(),
+                (t, 1),
+                xp.add(q),
+                (rs, 1),
+                xp.add(k),
+                (1, rs),
+            );
+        }
+        let scale = T::from(self.scale).unwrap();
+        for (i, row) in p.chunks_mut(t).enumerate() {
+            let m = row_max(&row[..=i]);
+            let mut sum = T::zero();
+            for v in &mut row[..=i] {
+                *v = ((*v - m) * scale).exp();
+                sum += *v;
+            }
+            let inv = sum.recip();
+            row[..=i].iter_mut().for_each(|v| *v *= inv);
+            row[i + 1..].fill(T::zero());
+        }
+    }
+
+    fn forward<T: Real>(&self, x: &[T], g: Geometry, batch: usize) -> Vec<T> {
+        let (t, lc) = (g.t, g.lc);
+        let n = batch * t * lc;
+        let mut out = Out::<T>::new(n);
+        let o = out.rows();
+        par(batch * self.heads, |units| {
+            let mut p = vec![T::zero(); t * t];
+            for u in units {
+                self.probabilities(x, g, u, &mut p);
+                let (b, h) = (u / self.heads, u % self.heads);
+                let v = g.part(u, self.heads, 2);
+                // SAFETY: unit u alone writes its head's columns of batch b's rows.
+                unsafe {
+                    let dst = o.ptr().add(b * t * lc + h * g.hd);
+                    mm(
+                        (t, g.hd, t),
+                        dst,
+                        (lc, 1),
+                        p.as_ptr(),
+                        (t, 1),
+                        x.as_ptr().add(v),
+                        (3 * lc, 1),
+                    );
+                }
+            }
+        });
+        // SAFETY: every unit wrote its columns of every row.
+        unsafe { out.into_vec(n) }
+    }
+
+    /// The packed gradient `(batch, time, 3 lc)` from the output's gradient `dy`.
+    fn backward<T: Real>(&self, x: &[T], dy: &[T], g: Geometry, batch: usize) -> Vec<T> {
+        let (t, hd, lc) = (g.t, g.hd, g.lc);
+        let rs = 3 * lc;
+        let n = x.len();
+        let scale = T::from(self.scale).unwrap();
+        let mut out = Out::<T>::new(n);
+        let o = out.rows();
+        par(batch * self.heads, |units| {
+            let (mut p, mut dp) = (vec![T::zero(); t * t], vec![T::zero(); t * t]);
+            for u in units {
+                self.probabilities(x, g, u, &mut p);
+                let (b, h) = (u / self.heads, u % self.heads);
+                let (q, k, v) = (
+                    g.part(u, self.heads, 0),
+                    g.part(u, self.heads, 1),
+                    g.part(u, self.heads, 2),
+                );
+                let dyu = b * t * lc + h * hd;
+                // SAFETY: unit u alone writes its head's q, k and v columns of batch b's rows;
+                // every read lies within `x`, `dy` and the scratch matrices.
+                unsafe {
+                    let (xp, gp, dst) = (x.as_ptr(), dy.as_ptr(), o.ptr());
+                    // dV = P^T dY
+                    mm(
+                        (t, hd, t),
+                        dst.add(v),
+                        (rs, 1),
+                        p.as_ptr(),
+                        (1, t),
+                        gp.add(dyu),
+                        (lc, 1),
+                    );
+                    // dP = dY V^T
+                    mm(
+                        (t, t, hd),
+                        dp.as_mut_ptr(),
+                        (t, 1),
+                        gp.add(dyu),
+                        (lc, 1),
+                        xp.add(v),
+                        (1, rs),
+                    );
+                    // dS = scale * P * (dP - sum(dP * P)), in dp.
+                    for (pr, dr) in p.chunks(t).zip(dp.chunks_mut(t)) {
+                        let dot = pr.iter().zip(dr.iter()).map(|(&a, &b)| a * b).sum::<T>();
+                        for (d, &pv) in dr.iter_mut().zip(pr) {
+                            *d = scale * pv * (*d - dot);
+                        }
+                    }
+                    // dQ = dS K, dK = dS^T Q
+                    mm(
+                        (t, hd, t),
+                        dst.add(q),
+                        (rs, 1),
+                        dp.as_ptr(),
+                        (t, 1),
+                        xp.add(k),
+                        (rs, 1),
+                    );
+                    mm(
+                        (t, hd, t),
+                        dst.add(k),
+                        (rs, 1),
+                        dp.as_ptr(),
+                        (1, t),
+                        xp.add(q),
+                        (rs, 1),
+                    );
+                }
+            }
+        });
+        // SAFETY: every unit wrote its q, k and v columns of every row.
+        unsafe { out.into_vec(n) }
+    }
+}
+
+impl CustomOp1 for Attention {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = Geometry::of(l, self.heads)?;
+        let batch = l.dims()[0];
+        dispatch!(NAME, s, |s: T| Ok((
+            storage(self.forward::<T>(slice(s, l, NAME)?, g, batch)),
+            Shape::from((batch, g.t, g.lc))
+        )))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(
+            &dy.contiguous()?,
+            &AttentionGrad(*self),
+        )?))
+    }
+}
+
+struct AttentionGrad(Attention);
+
+impl CustomOp2 for AttentionGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-attention-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = Geometry::of(lx, self.0.heads)?;
+        let batch = lx.dims()[0];
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(
+                self.0
+                    .backward::<T>(slice(sx, lx, NAME)?, slice(sg, lg, NAME)?, g, batch)
+            ),
+            lx.shape().clone()
+        )))
+    }
+}
