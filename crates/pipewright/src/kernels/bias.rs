@@ -37,7 +37,7 @@ fn forward<T: Real>(y: &[T], b: &[T]) -> Vec<T> {
 }
 
 /// The column sums of `g` `(rows, n)`: each block of rows summed, then the blocks in order.
-fn column_sums<T: Real>(g: &[T], n: usize) -> Vec<T> {
+pub(crate) fn column_sums<T: Real>(g: &[T], n: usize) -> Vec<T> {
     let rows = g.len() / n;
     let blocks = BLOCKS.min(rows.max(1));
     let per = rows.div_ceil(blocks);

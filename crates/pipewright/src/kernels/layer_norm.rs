@@ -21,14 +21,13 @@ pub(crate) fn layer_norm(
     bias: &Tensor,
     eps: f64,
 ) -> candle_core::Result<Tensor> {
-    let cols = x.dim(candle_core::D::Minus1)?;
-    let x2 = x.contiguous()?.reshape(((), cols))?;
-    let y = x2.apply_op3(
+    // Any leading dimensions: the op sees rows of the last one (no reshape nodes, whose
+    // gradients would cost a pass each).
+    x.contiguous()?.apply_op3(
         &weight.contiguous()?,
         &bias.contiguous()?,
         LayerNorm { eps },
-    )?;
-    y.reshape(x.shape())
+    )
 }
 
 struct LayerNorm {
@@ -138,7 +137,7 @@ impl CustomOp3 for LayerNorm {
         sb: &CpuStorage,
         lb: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let cols = lx.dims()[1];
+        let cols = *lx.dims().last().unwrap_or(&0);
         if lw.dims() != [cols] || lb.dims() != [cols] {
             candle_core::bail!(
                 "{NAME}: weight {:?} and bias {:?} must have the {cols} elements of a row",
@@ -165,11 +164,12 @@ impl CustomOp3 for LayerNorm {
         _y: &Tensor,
         g: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (rows, cols) = x.dims2()?;
+        let n = x.elem_count();
+        let cols = w.elem_count();
         let packed = x.apply_op3_no_bwd(w, &g.contiguous()?, &LayerNormGrad { eps: self.eps })?;
-        let dx = packed.narrow(0, 0, rows * cols)?.reshape((rows, cols))?;
-        let dw = packed.narrow(0, rows * cols, cols)?;
-        let db = packed.narrow(0, rows * cols + cols, cols)?;
+        let dx = packed.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = packed.narrow(0, n, cols)?;
+        let db = packed.narrow(0, n + cols, cols)?;
         Ok((Some(dx), Some(dw), Some(db)))
     }
 }

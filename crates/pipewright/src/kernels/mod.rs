@@ -14,6 +14,7 @@ pub(crate) mod bias;
 pub(crate) mod cross_entropy;
 pub(crate) mod gelu;
 pub(crate) mod layer_norm;
+pub(crate) mod linear;
 pub(crate) mod softmax;
 
 use std::ops::Range;

@@ -138,6 +138,20 @@ impl Linear {
                 ),
             });
         }
+        let bias = self.bias_tensor()?;
+        if defer.is_none()
+            && kernels::fused(x)
+            && self.weight.dtype() == x.dtype()
+            && bias.as_ref().is_none_or(|b| b.dtype() == x.dtype())
+        {
+            let out_in = self.layout == WeightLayout::OutIn;
+            return Ok(kernels::linear::linear(
+                x,
+                self.weight.as_tensor(),
+                bias.as_ref(),
+                out_in,
+            )?);
+        }
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_features))?;
         let weight = match defer {
@@ -162,29 +176,36 @@ impl Linear {
                 work,
             )?;
         }
-        if let Some(b) = &self.bias {
-            let b = b.as_tensor();
-            y = match &self.inert_bias {
-                Some(r) if !r.is_empty() => {
-                    let n = self.out_features;
-                    let parts = [
-                        b.narrow(0, 0, r.start)?,
-                        b.narrow(0, r.start, r.len())?.detach(),
-                        b.narrow(0, r.end, n - r.end)?,
-                    ];
-                    add_bias(&y, &Tensor::cat(&parts, 0)?)?
-                }
-                _ => add_bias(&y, b)?,
-            };
+        if let Some(b) = &bias {
+            y = add_bias(&y, b)?;
         }
         let mut out_dims = dims;
         *out_dims.last_mut().unwrap() = self.out_features;
         Ok(y.reshape(out_dims)?)
     }
+
+    /// The bias as the output adds it: with the inert part (see [`Linear::inert_bias`]) a
+    /// constant, so its gradient is an exact zero.
+    fn bias_tensor(&self) -> Result<Option<Tensor>> {
+        let Some(b) = &self.bias else { return Ok(None) };
+        let b = b.as_tensor();
+        Ok(Some(match &self.inert_bias {
+            Some(r) if !r.is_empty() => {
+                let n = self.out_features;
+                let parts = [
+                    b.narrow(0, 0, r.start)?,
+                    b.narrow(0, r.start, r.len())?.detach(),
+                    b.narrow(0, r.end, n - r.end)?,
+                ];
+                Tensor::cat(&parts, 0)?
+            }
+            _ => b.clone(),
+        }))
+    }
 }
 
 /// `y + b` on every row: on the CPU a fused op whose backward sums the bias gradient over
-/// contiguous rows.
+/// contiguous rows (the deferred weight-gradient path, whose product stays separate).
 fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
     if kernels::fused(y) && b.dtype() == y.dtype() {
         return Ok(kernels::bias::bias_add(y, b)?);
