@@ -113,11 +113,11 @@ impl Attention {
         let scale = T::from(self.scale).unwrap();
         for (i, row) in p.chunks_mut(t).enumerate() {
             let m = row_max(&row[..=i]);
-            let mut sum = T::zero();
             for v in &mut row[..=i] {
-                *v = ((*v - m) * scale).exp();
-                sum += *v;
+                *v = (*v - m) * scale;
             }
+            T::exp_slice(&mut row[..=i]);
+            let sum = row[..=i].iter().copied().sum::<T>();
             let inv = sum.recip();
             row[..=i].iter_mut().for_each(|v| *v *= inv);
             row[i + 1..].fill(T::zero());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::{dispatch, par, row_max, slice, storage, Out, Real};
+use super::{dispatch, par, row_max, slice, storage, sum_exp, Out, Real};
 use crate::nn::IGNORE_INDEX;
 
 const NAME: &str = "pipewright-cross-entropy";
@@ -28,7 +28,7 @@ struct CrossEntropy {
 /// The row's log-sum-exp.
 fn lse<T: Real>(row: &[T]) -> T {
     let m = row_max(row);
-    m + row.iter().map(|&v| (v - m).exp()).sum::<T>().ln()
+    m + sum_exp(row, m).ln()
 }
 
 fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
@@ -64,12 +64,11 @@ fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize) -> Vec<T> {
             }
             let row = &x[i * classes..(i + 1) * classes];
             let m = row_max(row);
-            let mut sum = T::zero();
-            for j in 0..classes {
-                let e = (row[j] - m).exp();
-                d[j] = e;
-                sum += e;
+            for (dv, &v) in d.iter_mut().zip(row) {
+                *dv = v - m;
             }
+            T::exp_slice(d);
+            let sum = d.iter().copied().sum::<T>();
             let scale = g[i] / sum;
             for v in d.iter_mut() {
                 *v *= scale;
@@ -172,7 +171,7 @@ fn partial_forward<T: Real>(x: &[T], m: &[T], local: &[Option<usize>], classes: 
         let pairs = unsafe { o.get(2 * r.start..2 * r.end) };
         for (k, i) in r.enumerate() {
             let row = &x[i * classes..(i + 1) * classes];
-            pairs[2 * k] = row.iter().map(|&v| (v - m[i]).exp()).sum::<T>();
+            pairs[2 * k] = sum_exp(row, m[i]);
             pairs[2 * k + 1] = local[i].map_or(T::zero(), |j| row[j] - m[i]);
         }
     });
@@ -196,7 +195,11 @@ fn partial_backward<T: Real>(
             // SAFETY: row i is this call's alone.
             let d = unsafe { o.get(i * classes..(i + 1) * classes) };
             for (dv, &v) in d.iter_mut().zip(row) {
-                *dv = g[2 * i] * (v - m[i]).exp();
+                *dv = v - m[i];
+            }
+            T::exp_slice(d);
+            for dv in d.iter_mut() {
+                *dv *= g[2 * i];
             }
             if let Some(j) = local[i] {
                 d[j] += g[2 * i + 1];

@@ -32,17 +32,23 @@ fn map<T: Real>(n: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Vec<T> {
 
 /// `0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u))`: written so, GELU has no cancellation where
 /// `tanh(u)` is near -1 (negative inputs), so small outputs keep their relative precision
-/// instead of being multiples of the rounding error of `1 + tanh(u)`. Returns `exp(-2u)`.
+/// instead of being multiples of the rounding error of `1 + tanh(u)`. Writes `exp(-2u)` of
+/// each `x` into `out`.
 #[inline]
-fn e2u<T: Real>(v: T) -> T {
+fn e2u<T: Real>(x: &[T], out: &mut [T]) {
     let (k, c) = (T::from(K).unwrap(), T::from(C).unwrap());
-    (-(k + k) * (v + c * v * v * v)).exp()
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = -(k + k) * (v + c * v * v * v);
+    }
+    T::exp_slice_exact(out);
 }
 
 fn forward<T: Real>(x: &[T]) -> Vec<T> {
     map(x.len(), |start, out| {
-        for (o, &v) in out.iter_mut().zip(&x[start..]) {
-            *o = v / (T::one() + e2u(v));
+        let x = &x[start..start + out.len()];
+        e2u(x, out);
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v / (T::one() + *o);
         }
     })
 }
@@ -53,8 +59,10 @@ fn backward<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
     let k2 = T::from(2.0 * K).unwrap();
     let c3 = T::from(3.0 * C).unwrap();
     map(x.len(), |start, out| {
-        for ((o, &v), &gv) in out.iter_mut().zip(&x[start..]).zip(&g[start..]) {
-            let e = e2u(v);
+        let (x, g) = (&x[start..start + out.len()], &g[start..start + out.len()]);
+        e2u(x, out);
+        for ((o, &v), &gv) in out.iter_mut().zip(x).zip(g) {
+            let e = *o;
             let s = one / (one + e);
             // 1 - s = e s; where e overflows, s is 0 and so is the derivative.
             let s1 = if e.is_finite() { e * s } else { one };

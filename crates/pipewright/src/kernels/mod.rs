@@ -12,6 +12,7 @@ pub(crate) mod adamw;
 pub(crate) mod attention;
 pub(crate) mod bias;
 pub(crate) mod cross_entropy;
+pub(crate) mod exp;
 pub(crate) mod gelu;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
@@ -31,6 +32,7 @@ pub(crate) trait Real:
     + std::ops::AddAssign
     + std::ops::SubAssign
     + std::ops::MulAssign
+    + exp::ExpSlice
 {
 }
 impl Real for f32 {}
@@ -40,6 +42,21 @@ impl Real for f64 {}
 pub(crate) fn row_max<T: Real>(row: &[T]) -> T {
     row.iter()
         .fold(T::neg_infinity(), |a, &b| num_traits::Float::max(a, b))
+}
+
+/// `sum_j exp(row_j - m)`, the exponentials vectorised a block at a time.
+pub(crate) fn sum_exp<T: Real>(row: &[T], m: T) -> T {
+    let mut buf = [T::zero(); 256];
+    let mut s = T::zero();
+    for c in row.chunks(buf.len()) {
+        let b = &mut buf[..c.len()];
+        for (d, &v) in b.iter_mut().zip(c) {
+            *d = v - m;
+        }
+        T::exp_slice(b);
+        s += b.iter().copied().sum::<T>();
+    }
+    s
 }
 
 /// Whether `t` takes the fused kernels: an f32 or f64 tensor on the CPU.

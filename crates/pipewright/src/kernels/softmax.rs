@@ -59,12 +59,11 @@ impl Softmax {
                 // SAFETY: row i is this call's alone.
                 let y = unsafe { o.get(i * keys..(i + 1) * keys) };
                 let m = row_max(&row[..n]);
-                let mut sum = T::zero();
                 for j in 0..n {
-                    let e = ((row[j] - m) * scale).exp();
-                    y[j] = e;
-                    sum += e;
+                    y[j] = (row[j] - m) * scale;
                 }
+                T::exp_slice(&mut y[..n]);
+                let sum = y[..n].iter().copied().sum::<T>();
                 let inv = sum.recip();
                 for v in &mut y[..n] {
                     *v *= inv;
