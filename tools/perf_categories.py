@@ -12,6 +12,9 @@ CATEGORIES = [
     ("fused: softmax", r"kernels::softmax"),
     ("fused: cross_entropy", r"kernels::cross_entropy"),
     ("fused: bias", r"kernels::bias"),
+    ("fused: attention (softmax part)", r"kernels::attention"),
+    ("fused: exp", r"kernels::exp"),
+    ("fused: linear (outside gemm)", r"kernels::linear"),
     ("optimizer", r"kernels::adam|kernels::sgd|nn::optim"),
     ("other fused kernels", r"pipewright::kernels"),
     ("allocation, page faults, zeroing", r"clear_page|page_fault|do_anonymous|memset|malloc|"

@@ -108,46 +108,114 @@ impl InplaceOp1 for Update<'_> {
         let n = p.len();
         let f = |x: f64| x as f32;
         let c = self.c;
-        let (decay, b1, c1, b2, c2) = (
-            c.decay.map(f),
-            f(c.beta1),
-            f(1.0 - c.beta1),
-            f(c.beta2),
-            f(1.0 - c.beta2),
-        );
-        let (inv, eps, step) = (f(c.inv_bc2_sqrt), f(c.eps), f(c.step_size));
+        let k = Coeffs {
+            decay: c.decay.map(f),
+            b1: f(c.beta1),
+            c1: f(1.0 - c.beta1),
+            b2: f(c.beta2),
+            c2: f(1.0 - c.beta2),
+            inv: f(c.inv_bc2_sqrt),
+            eps: f(c.eps),
+            step: f(c.step_size),
+        };
+        // Before the first step the moments are zero, which gives the same bits as the
+        // composed update's first step (0 * b + 0 + x = x, and x is never -0).
+        let zeros = match (self.m, self.v) {
+            (Some(_), Some(_)) => Vec::new(),
+            _ => vec![0f32; n],
+        };
+        let (m0, v0) = (self.m.unwrap_or(&zeros), self.v.unwrap_or(&zeros));
         let (mut m1, mut v1) = (Out::<f32>::new(n), Out::<f32>::new(n));
         let (mo, vo, po) = (m1.rows(), v1.rows(), super::Rows(p.as_mut_ptr()));
         par(n.div_ceil(BLOCK), |blocks| {
             let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
             // SAFETY: blocks are disjoint and within `n`, for all three buffers.
             let (p, m, v) = unsafe { (po.get(r.clone()), mo.get(r.clone()), vo.get(r.clone())) };
-            for (k, i) in r.enumerate() {
-                let g = self.g[i];
-                // Each line is one of the composed update's tensor ops (affine: x * mul + add).
-                let mut x = p[k];
-                if let Some(d) = decay {
-                    x = x * d + 0.0;
-                }
-                let gm = g * c1 + 0.0;
-                let mk = match self.m {
-                    Some(m) => (m[i] * b1 + 0.0) + gm,
-                    None => gm,
-                };
-                let gv = (g * g) * c2 + 0.0;
-                let vk = match self.v {
-                    Some(v) => (v[i] * b2 + 0.0) + gv,
-                    None => gv,
-                };
-                let denom = (vk.sqrt() * inv + 0.0) * 1.0 + eps;
-                p[k] = x - ((mk / denom) * step + 0.0);
-                m[k] = mk;
-                v[k] = vk;
-            }
+            let (g, m0, v0) = (&self.g[r.clone()], &m0[r.clone()], &v0[r]);
+            k.apply(p, m, v, g, m0, v0);
         });
         // SAFETY: the blocks covered `0..n` of both moments.
         let moments = unsafe { (m1.into_vec(n), v1.into_vec(n)) };
         *self.out.lock().unwrap() = Some(moments);
         Ok(())
+    }
+}
+
+/// One step's f32 coefficients.
+#[derive(Clone, Copy)]
+struct Coeffs {
+    decay: Option<f32>,
+    b1: f32,
+    c1: f32,
+    b2: f32,
+    c2: f32,
+    inv: f32,
+    eps: f32,
+    step: f32,
+}
+
+impl Coeffs {
+    /// The update of one block, compiled for AVX-512 and AVX2 too and chosen at run time.
+    fn apply(
+        &self,
+        p: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+        m0: &[f32],
+        v0: &[f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512(
+                c: &Coeffs,
+                a: (&mut [f32], &mut [f32], &mut [f32]),
+                b: (&[f32], &[f32], &[f32]),
+            ) {
+                c.update(a, b)
+            }
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2(
+                c: &Coeffs,
+                a: (&mut [f32], &mut [f32], &mut [f32]),
+                b: (&[f32], &[f32], &[f32]),
+            ) {
+                c.update(a, b)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                return unsafe { avx512(self, (p, m, v), (g, m0, v0)) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { avx2(self, (p, m, v), (g, m0, v0)) };
+            }
+        }
+        self.update((p, m, v), (g, m0, v0))
+    }
+
+    /// Each line is one of the composed update's tensor ops (affine: `x * mul + add`); without
+    /// fused multiply-adds (Rust never contracts), so the bits are the composed ones.
+    #[inline(always)]
+    fn update(
+        &self,
+        (p, m, v): (&mut [f32], &mut [f32], &mut [f32]),
+        (g, m0, v0): (&[f32], &[f32], &[f32]),
+    ) {
+        let c = *self;
+        for (((((pk, mk), vk), &g), &m0), &v0) in p.iter_mut().zip(m).zip(v).zip(g).zip(m0).zip(v0)
+        {
+            let mut x = *pk;
+            if let Some(d) = c.decay {
+                x = x * d + 0.0;
+            }
+            let m1 = (m0 * c.b1 + 0.0) + (g * c.c1 + 0.0);
+            let v1 = (v0 * c.b2 + 0.0) + ((g * g) * c.c2 + 0.0);
+            let denom = (v1.sqrt() * c.inv + 0.0) * 1.0 + c.eps;
+            *pk = x - ((m1 / denom) * c.step + 0.0);
+            *mk = m1;
+            *vk = v1;
+        }
     }
 }

@@ -87,7 +87,11 @@ pub(crate) fn exp_via_f64(x: f32) -> f32 {
     ] {
         p = p * r + c;
     }
-    (p * f64::from_bits(((n as i64 + 1023) as u64) << 52)) as f32
+    // SAFETY: n is an integer in [-126, 128] (x was clamped). Unchecked, the conversion
+    // vectorises (`as` saturates, lane by lane); through i32, as AVX-512F converts f64 lanes to
+    // i32 ones (to i64 needs AVX-512DQ).
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    (p * f64::from_bits(((n + 1023) as u64) << 52)) as f32
 }
 
 impl ExpSlice for f32 {
@@ -126,7 +130,10 @@ pub(crate) fn exp(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // SAFETY: n is an integer in [-126, 128] (x was clamped); unchecked, the conversion
+    // vectorises (`as` saturates, lane by lane).
+    let n = unsafe { n.to_int_unchecked::<i32>() };
+    y * f32::from_bits(((n + 127) as u32) << 23)
 }
 
 #[cfg(test)]
