@@ -51,7 +51,6 @@ enum Command {
 }
 
 fn main() {
-    pipewright::memory::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train(args) => train::run(*args),

@@ -31,7 +31,6 @@
 //!   into any layout, verify); `Varuna::checkpoint` / `load_checkpoint` use it.
 //! - [`dist`]: who this process is (torchrun, `mpirun`, Slurm or nothing), `dist::init()` for
 //!   the world communicator, heartbeats for `pipewright launch`.
-//! - [`memory`]: the allocator setting that keeps large freed blocks for the next step.
 //! - [`plan`]: profiling layers and balancing stages by time or size.
 //! - [`Error`] / [`Result`]: every fallible call.
 
@@ -45,7 +44,6 @@ pub mod error;
 pub mod experiment;
 mod kernels;
 pub mod loss;
-pub mod memory;
 pub mod model;
 pub mod nn;
 pub mod pipeline;

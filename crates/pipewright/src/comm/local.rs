@@ -140,7 +140,6 @@ where
     if world == 0 {
         return Err(Error::Invalid("a world needs at least one rank".into()));
     }
-    crate::memory::keep_freed_memory();
     let shared = Arc::new(World {
         size: world,
         state: Mutex::new(State::default()),

@@ -129,7 +129,7 @@ impl Attention {
         let n = batch * t * lc;
         let mut out = Out::<T>::new(n);
         let o = out.rows();
-        par(batch * self.heads, |units| {
+        par(batch * self.heads, batch * self.heads * t * t, |units| {
             let mut p = vec![T::zero(); t * t];
             for u in units {
                 self.probabilities(x, g, u, &mut p);
@@ -162,7 +162,7 @@ impl Attention {
         let scale = T::from(self.scale).unwrap();
         let mut out = Out::<T>::new(n);
         let o = out.rows();
-        par(batch * self.heads, |units| {
+        par(batch * self.heads, batch * self.heads * t * t, |units| {
             let (mut p, mut dp) = (vec![T::zero(); t * t], vec![T::zero(); t * t]);
             for u in units {
                 self.probabilities(x, g, u, &mut p);

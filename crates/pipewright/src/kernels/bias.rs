@@ -23,7 +23,7 @@ fn forward<T: Real>(y: &[T], b: &[T]) -> Vec<T> {
     let n = b.len();
     let mut out = Out::new(y.len());
     let o = out.rows();
-    par(y.len() / n, |r| {
+    par(y.len() / n, y.len(), |r| {
         // SAFETY: these rows are this call's alone.
         let dst = unsafe { o.get(r.start * n..r.end * n) };
         for (d, s) in dst.chunks_mut(n).zip(y[r.start * n..r.end * n].chunks(n)) {
@@ -43,7 +43,7 @@ pub(crate) fn column_sums<T: Real>(g: &[T], n: usize) -> Vec<T> {
     let per = rows.div_ceil(blocks);
     let mut partial = Out::new(blocks * n);
     let p = partial.rows();
-    par(blocks, |bs| {
+    par(blocks, g.len(), |bs| {
         for blk in bs {
             // SAFETY: block blk's sums are this call's alone.
             let acc = unsafe { p.get(blk * n..(blk + 1) * n) };

@@ -35,7 +35,7 @@ fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
     let rows = t.len();
     let mut out = Out::new(rows);
     let o = out.rows();
-    par(rows, |r| {
+    par(rows, x.len(), |r| {
         // SAFETY: these rows' losses are this call's alone.
         let nll = unsafe { o.get(r.clone()) };
         for (k, i) in r.enumerate() {
@@ -54,7 +54,7 @@ fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
 fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize) -> Vec<T> {
     let mut out = Out::new(x.len());
     let o = out.rows();
-    par(t.len(), |r| {
+    par(t.len(), x.len(), |r| {
         for i in r {
             // SAFETY: row i is this call's alone.
             let d = unsafe { o.get(i * classes..(i + 1) * classes) };
@@ -166,7 +166,7 @@ fn partial_forward<T: Real>(x: &[T], m: &[T], local: &[Option<usize>], classes: 
     let rows = local.len();
     let mut out = Out::new(2 * rows);
     let o = out.rows();
-    par(rows, |r| {
+    par(rows, x.len(), |r| {
         // SAFETY: these rows' pairs are this call's alone.
         let pairs = unsafe { o.get(2 * r.start..2 * r.end) };
         for (k, i) in r.enumerate() {
@@ -189,7 +189,7 @@ fn partial_backward<T: Real>(
 ) -> Vec<T> {
     let mut out = Out::new(x.len());
     let o = out.rows();
-    par(local.len(), |r| {
+    par(local.len(), x.len(), |r| {
         for i in r {
             let row = &x[i * classes..(i + 1) * classes];
             // SAFETY: row i is this call's alone.

@@ -21,7 +21,7 @@ struct GeluGrad;
 fn map<T: Real>(n: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Vec<T> {
     let mut out = Out::new(n);
     let rows = out.rows();
-    par(n.div_ceil(BLOCK), |blocks| {
+    par(n.div_ceil(BLOCK), n, |blocks| {
         let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
         // SAFETY: blocks are disjoint and within `n`.
         f(r.start, unsafe { rows.get(r) });

@@ -52,7 +52,7 @@ fn forward<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
     let eps = T::from(eps).unwrap();
     let mut out = Out::new(x.len());
     let o = out.rows();
-    par(rows, |r| {
+    par(rows, x.len(), |r| {
         for i in r {
             let row = &x[i * cols..(i + 1) * cols];
             let (mean, rstd) = stats(row, eps);
@@ -81,7 +81,7 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
     // Each block's weight and bias gradient sums, then added in block order.
     let mut partial = vec![T::zero(); blocks * 2 * cols];
     let pr = partial.as_mut_ptr() as usize;
-    par(blocks, |bs| {
+    par(blocks, x.len(), |bs| {
         for blk in bs {
             // SAFETY: block blk's part of `partial` is this call's alone.
             let part = unsafe {

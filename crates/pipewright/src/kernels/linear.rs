@@ -52,9 +52,10 @@ fn sizes(lx: &Layout, lw: &Layout, out_in: bool) -> candle_core::Result<(usize, 
     Ok((lx.shape().elem_count() / inp, inp, wo))
 }
 
-fn threads() -> Parallelism {
+/// The pool's threads for a product of `flops` multiply-adds; small ones stay on this thread.
+fn threads(flops: usize) -> Parallelism {
     match candle_core::utils::get_num_threads() {
-        n if n > 1 => Parallelism::Rayon(n),
+        n if n > 1 && flops >= 64 * 64 * 64 => Parallelism::Rayon(n),
         _ => Parallelism::None,
     }
 }
@@ -103,7 +104,7 @@ fn mm<T: Real>(
             false,
             false,
             false,
-            threads(),
+            threads(m * n * k),
         )
     }
 }

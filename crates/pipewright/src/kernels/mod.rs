@@ -128,10 +128,20 @@ impl<T> Rows<T> {
     }
 }
 
-/// Runs `f` over ranges covering `0..n` (rows or blocks of elements), on candle's CPU pool.
-pub(crate) fn par(n: usize, f: impl Fn(Range<usize>) + Sync) {
-    candle_core::utils::barrier_pool().execute_chunked(n, f)
+/// Runs `f` over ranges covering `0..n` (rows or blocks of elements), on candle's CPU pool
+/// when the op touches at least [`PAR_MIN`] elements (`elems`), else on this thread.
+pub(crate) fn par(n: usize, elems: usize, f: impl Fn(Range<usize>) + Sync) {
+    if elems < PAR_MIN || n <= 1 {
+        f(0..n)
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(n, f)
+    }
 }
+
+/// Ops over fewer elements run on the calling thread (candle's own threshold for its
+/// element-wise ops): waking the pool costs more than the work, and ranks running as threads
+/// of one process would queue for the pool, which serves one caller at a time.
+pub(crate) const PAR_MIN: usize = 64 * 1024;
 
 /// Elements per parallel unit of the element-wise kernels.
 pub(crate) const BLOCK: usize = 16 * 1024;

@@ -52,7 +52,7 @@ impl Softmax {
         let scale = T::from(self.scale).unwrap();
         let mut out = Out::new(x.len());
         let o = out.rows();
-        par(x.len() / keys, |r| {
+        par(x.len() / keys, x.len(), |r| {
             for i in r {
                 let row = &x[i * keys..(i + 1) * keys];
                 let n = self.seen(i, keys, queries, offset);
@@ -89,7 +89,7 @@ impl Softmax {
         let scale = T::from(self.scale).unwrap();
         let mut out = Out::new(y.len());
         let o = out.rows();
-        par(y.len() / keys, |r| {
+        par(y.len() / keys, y.len(), |r| {
             for i in r {
                 let (yr, gr) = (&y[i * keys..(i + 1) * keys], &g[i * keys..(i + 1) * keys]);
                 let n = self.seen(i, keys, queries, offset);

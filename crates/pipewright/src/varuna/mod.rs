@@ -70,7 +70,6 @@ impl Varuna {
         opts: VarunaOptions,
     ) -> Result<Self> {
         opts.validate(model, world.size())?;
-        crate::memory::keep_freed_memory();
         let topo = opts.topology()?;
         let chunks = opts.chunks()?;
         let coords = topo.coords(world.rank())?;
