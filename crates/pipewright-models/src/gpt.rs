@@ -14,7 +14,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::{gelu, join, Dropout, Embedding, LayerNorm, Linear, Module};
+use pipewright::nn::{join, Dropout, Embedding, LayerNorm, Linear, Module};
 use pipewright::shard::{
     CausalSelfAttention, ParallelDim, ParallelEmbedding, ParallelLinear, Shard,
 };
@@ -190,13 +190,15 @@ impl Block {
                 1,
                 &init.tp,
             )?,
+            // GELU folded into the second layer (fused on the CPU, never stored).
             c_proj: ParallelLinear::from_whole(
                 Linear::conv1d(init, &join(name, "mlp.c_proj"), 4 * d, d, proj_std)?,
                 Some(ParallelDim::Row),
                 1,
                 &init.tp,
             )?
-            .input_is_parallel(true),
+            .input_is_parallel(true)
+            .map_local(Linear::gelu_input),
             drop: Dropout::new(&join(name, "mlp.dropout"), cfg.dropout),
         })
     }
@@ -210,7 +212,7 @@ impl Layer for Block {
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
         let x = (&x + self.attn.forward(&self.ln_1.forward(&x)?, cx)?)?;
-        let h = gelu(&self.c_fc.forward(&self.ln_2.forward(&x)?, cx)?)?;
+        let h = self.c_fc.forward(&self.ln_2.forward(&x)?, cx)?;
         let h = self.drop.forward(&self.c_proj.forward(&h, cx)?, cx)?;
         Ok((x + h)?.into())
     }

@@ -93,6 +93,16 @@ fn linear_both_layouts() {
     check("conv1d linear", &with_input(&x, c.params()), || {
         c.forward(&x)
     });
+    let g = Linear::conv1d(&init(), "mlp.c_proj", 5, 6, 0.5)
+        .unwrap()
+        .gelu_input();
+    check("linear of gelu", &with_input(&x, g.params()), || {
+        g.forward(&x)
+    });
+    let n = Linear::new(&init(), "head", 5, 4, false).unwrap();
+    check("linear without bias", &with_input(&x, n.params()), || {
+        n.forward(&x)
+    });
 }
 
 #[test]

@@ -49,6 +49,61 @@ fn gelu_matches_the_tanh_formula() {
 }
 
 #[test]
+fn linear_matches_matmul_and_bias_in_both_layouts_with_and_without_gelu() {
+    use pipewright::nn::Linear;
+    let init = Init::new(Device::Cpu, DType::F32, 4);
+    let x = randn("lin/x", &[3, 20, 48], 1.5);
+    let r = randn("lin/r", &[3, 20, 40], 1.0);
+    let layers = [
+        Linear::new(&init, "a", 48, 40, true).unwrap(),
+        Linear::conv1d(&init, "b", 48, 40, 0.3).unwrap(),
+        Linear::conv1d(&init, "c", 48, 40, 0.3)
+            .unwrap()
+            .gelu_input(),
+        Linear::new(&init, "d", 48, 40, false).unwrap(),
+    ];
+    for (k, l) in layers.iter().enumerate() {
+        let params = l.params();
+        let composed = |x: &Tensor| {
+            let x = if k == 2 { x.gelu().unwrap() } else { x.clone() };
+            let w = params[0].1.as_tensor();
+            let w = if k == 1 || k == 2 {
+                w.clone()
+            } else {
+                w.t().unwrap()
+            };
+            let y = x.broadcast_matmul(&w).unwrap();
+            match params.get(1) {
+                Some((_, b)) => y.broadcast_add(b.as_tensor()).unwrap(),
+                None => y,
+            }
+        };
+        let grads = |f: &dyn Fn(&Tensor) -> Tensor| {
+            let v = Var::from_tensor(&x).unwrap();
+            let y = f(v.as_tensor());
+            let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let mut all = vec![y, g.get(v.as_tensor()).unwrap().clone()];
+            all.extend(
+                params
+                    .iter()
+                    .map(|(_, p)| g.get(p.as_tensor()).unwrap().clone()),
+            );
+            all
+        };
+        let got = grads(&|x| l.forward(x).unwrap());
+        let want = grads(&composed);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                rel(g, w) < 1e-5,
+                "layer {k}, output/gradient {i} off by {}",
+                rel(g, w)
+            );
+        }
+    }
+}
+
+#[test]
 fn layer_norm_matches_the_composed_formula() {
     let init = Init::new(Device::Cpu, DType::F32, 3);
     let ln = LayerNorm::new(&init, "ln", 80, 1e-5).unwrap();

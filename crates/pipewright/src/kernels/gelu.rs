@@ -43,7 +43,8 @@ fn e2u<T: Real>(x: &[T], out: &mut [T]) {
     T::exp_slice_exact(out);
 }
 
-fn forward<T: Real>(x: &[T]) -> Vec<T> {
+/// GELU of every element of `x`.
+pub(crate) fn forward<T: Real>(x: &[T]) -> Vec<T> {
     map(x.len(), |start, out| {
         let x = &x[start..start + out.len()];
         e2u(x, out);
@@ -69,6 +70,33 @@ fn backward<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
             *o = gv * (s + v * s * s1 * k2 * (one + c3 * v * v));
         }
     })
+}
+
+/// GELU of every element of `x` and its derivative there, from one exponential each.
+pub(crate) fn values_and_slopes<T: Real>(x: &[T]) -> (Vec<T>, Vec<T>) {
+    let one = T::one();
+    let k2 = T::from(2.0 * K).unwrap();
+    let c3 = T::from(3.0 * C).unwrap();
+    let n = x.len();
+    let (mut a, mut d) = (Out::new(n), Out::new(n));
+    let (ar, dr) = (a.rows(), d.rows());
+    par(n.div_ceil(BLOCK), n, |blocks| {
+        let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
+        // SAFETY: blocks are disjoint and within `n`, in both buffers.
+        let (av, dv) = unsafe { (ar.get(r.clone()), dr.get(r.clone())) };
+        let x = &x[r];
+        e2u(x, dv);
+        for ((a, d), &v) in av.iter_mut().zip(dv.iter_mut()).zip(x) {
+            let e = *d;
+            let s = one / (one + e);
+            let s1 = if e.is_finite() { e * s } else { one };
+            // As `forward` computes it, so the backward's GELU is the forward's, bit for bit.
+            *a = v / (one + e);
+            *d = s + v * s * s1 * k2 * (one + c3 * v * v);
+        }
+    });
+    // SAFETY: the blocks covered `0..n` of both.
+    unsafe { (a.into_vec(n), d.into_vec(n)) }
 }
 
 impl CustomOp1 for Gelu {

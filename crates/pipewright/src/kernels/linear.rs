@@ -8,21 +8,25 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
 use super::bias::column_sums;
-use super::{dispatch, slice, storage, Out, Real};
+use super::{dispatch, gelu, par, slice, storage, Out, Real, Rows, BLOCK};
 
 const NAME: &str = "pipewright-linear";
 
 /// `x W^T + b` (`out_in`: `W` is `(out, in)`, as `torch.nn.Linear`) or `x W + b` (`W` is
 /// `(in, out)`, as GPT-2's `Conv1D`) for CPU f32/f64 tensors, with a fused backward.
+/// `gelu`: the product takes `gelu(x)`, computed on the fly and never stored (the backward
+/// computes it again, with its slope, from one exponential per element).
 pub(crate) fn linear(
     x: &Tensor,
     w: &Tensor,
     b: Option<&Tensor>,
     out_in: bool,
+    gelu: bool,
 ) -> candle_core::Result<Tensor> {
     let op = Linear {
         out_in,
         bias: b.is_some(),
+        gelu,
     };
     let (x, w) = (x.contiguous()?, w.contiguous()?);
     match b {
@@ -35,6 +39,7 @@ pub(crate) fn linear(
 struct Linear {
     out_in: bool,
     bias: bool,
+    gelu: bool,
 }
 
 /// The sizes `(rows, in, out)` of `x` and `w`, checked.
@@ -120,6 +125,13 @@ impl Linear {
     }
 
     fn forward<T: Real>(&self, x: &[T], w: &[T], b: Option<&[T]>, out: usize) -> Vec<T> {
+        let activated;
+        let x = if self.gelu {
+            activated = gelu::forward(x);
+            &activated[..]
+        } else {
+            x
+        };
         let inp = w.len() / out;
         let rows = x.len() / inp;
         let mut y = match b {
@@ -147,6 +159,14 @@ impl Linear {
 
     /// `[dx | dW (stored as W) | db]`.
     fn backward<T: Real>(&self, x: &[T], w: &[T], g: &[T], out: usize) -> Vec<T> {
+        let (activated, slopes);
+        let x = if self.gelu {
+            (activated, slopes) = gelu::values_and_slopes(x);
+            &activated[..]
+        } else {
+            slopes = Vec::new();
+            x
+        };
         let inp = w.len() / out;
         let rows = x.len() / inp;
         let n = x.len() + w.len() + if self.bias { out } else { 0 };
@@ -163,6 +183,16 @@ impl Linear {
         } else {
             // dW (in x out) = x^T g
             mm((inp, out, rows), dw, false, x, (1, inp), g, (out, 1));
+        }
+        if self.gelu {
+            // Through GELU: dx = (g W^T) * gelu'(x).
+            let (d, n) = (Rows(dx.as_mut_ptr()), dx.len());
+            par(n.div_ceil(BLOCK), n, |blocks| {
+                let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
+                // SAFETY: blocks are disjoint and within dx.
+                let d = unsafe { d.get(r.clone()) };
+                d.iter_mut().zip(&slopes[r]).for_each(|(v, &s)| *v *= s);
+            });
         }
         if self.bias {
             db.copy_from_slice(&column_sums(g, out));

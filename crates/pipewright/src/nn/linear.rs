@@ -27,6 +27,8 @@ pub struct Linear {
     out_features: usize,
     /// Outputs whose bias cannot change the model's output (see [`Linear::inert_bias`]).
     inert_bias: Option<std::ops::Range<usize>>,
+    /// GELU applied to the input first (see [`Linear::gelu_input`]).
+    gelu_input: bool,
 }
 
 impl Linear {
@@ -77,6 +79,7 @@ impl Linear {
             in_features: inp,
             out_features: out,
             inert_bias: None,
+            gelu_input: false,
         })
     }
 
@@ -92,6 +95,15 @@ impl Linear {
     /// any two ways of summing the same numbers).
     pub fn inert_bias(mut self, outputs: std::ops::Range<usize>) -> Self {
         self.inert_bias = Some(outputs);
+        self
+    }
+
+    /// Applies GPT-2's GELU (tanh form) to the input before the product: `gelu(x) W + b`, the
+    /// second layer of a transformer's MLP with its activation folded in. On the CPU the
+    /// activation is computed inside the fused product and never stored (the backward computes
+    /// it again with its slope); elsewhere it is [`crate::nn::gelu`] then the product.
+    pub fn gelu_input(mut self) -> Self {
+        self.gelu_input = true;
         self
     }
 
@@ -150,8 +162,16 @@ impl Linear {
                 self.weight.as_tensor(),
                 bias.as_ref(),
                 out_in,
+                self.gelu_input,
             )?);
         }
+        let activated;
+        let x = if self.gelu_input {
+            activated = super::gelu(x)?;
+            &activated
+        } else {
+            x
+        };
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_features))?;
         let weight = match defer {
@@ -206,7 +226,7 @@ impl Linear {
 
 /// `y + b` on every row: on the CPU a fused op whose backward sums the bias gradient over
 /// contiguous rows (the deferred weight-gradient path, whose product stays separate).
-fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
+pub(crate) fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
     if kernels::fused(y) && b.dtype() == y.dtype() {
         return Ok(kernels::bias::bias_add(y, b)?);
     }

@@ -199,7 +199,7 @@ impl ParallelLinear {
                 };
                 let y = reduce_from_group(&self.local.forward_cx(&x, cx)?, g)?;
                 match &self.row_bias {
-                    Some(b) => Ok(y.broadcast_add(b.as_tensor())?),
+                    Some(b) => crate::nn::linear::add_bias(&y, b.as_tensor()),
                     None => Ok(y),
                 }
             }
