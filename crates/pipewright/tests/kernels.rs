@@ -391,3 +391,32 @@ fn fused_attention_matches_heads_scores_and_softmax() {
         );
     }
 }
+
+#[test]
+fn gradient_norms_match_an_f64_sum_of_squares() {
+    let mut grads = Grads::new();
+    // Large enough for several blocks on several threads, plus a small one and an f64 one.
+    grads.insert("a", randn("norm/a", &[300, 1000], 0.1));
+    grads.insert("b", randn("norm/b", &[7], 3.0));
+    grads.insert(
+        "c",
+        randn("norm/c", &[50, 50], 1.0)
+            .to_dtype(DType::F64)
+            .unwrap(),
+    );
+    let want: f64 = grads
+        .iter()
+        .map(|(_, g)| {
+            let v: Vec<f64> = g
+                .flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            v.iter().map(|x| x * x).sum::<f64>()
+        })
+        .sum();
+    let got = grads.sum_sq().unwrap();
+    assert!((got - want).abs() <= 1e-12 * want, "{got} against {want}");
+}

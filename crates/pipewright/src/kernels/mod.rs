@@ -16,6 +16,7 @@ pub(crate) mod exp;
 pub(crate) mod gelu;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
+pub(crate) mod reduce;
 pub(crate) mod softmax;
 
 use std::ops::Range;

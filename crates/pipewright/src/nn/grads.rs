@@ -118,6 +118,9 @@ pub fn sum_sq_share(
 
 /// The sum of squares of `t`'s elements, in f64.
 fn sum_sq(t: &Tensor) -> Result<f64> {
+    if let Some(s) = crate::kernels::reduce::sum_sq(t)? {
+        return Ok(s);
+    }
     Ok(t.to_dtype(candle_core::DType::F64)?
         .sqr()?
         .sum_all()?

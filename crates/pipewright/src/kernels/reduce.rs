@@ -1,0 +1,45 @@
+//! The sum of squares of a tensor (gradient norms, clipping) in one pass, in f64, without the
+//! f64 copy and the squared copy the composed `to_dtype(F64).sqr().sum_all()` allocates (for
+//! a model's gradients, twice the model's size in f64, every step).
+
+use candle_core::{DType, Storage, Tensor};
+
+use super::{par, slice, Out, Real, BLOCK};
+
+/// `sum(t^2)` accumulated in f64, for a CPU f32/f64 tensor (None for other tensors). Blocks of
+/// elements are summed separately and then in order, so the result does not depend on the
+/// number of threads.
+pub(crate) fn sum_sq(t: &Tensor) -> candle_core::Result<Option<f64>> {
+    if !super::fused(t) {
+        return Ok(None);
+    }
+    let t = t.contiguous()?;
+    let (s, l) = t.storage_and_layout();
+    let Storage::Cpu(s) = &*s else {
+        return Ok(None);
+    };
+    Ok(Some(match t.dtype() {
+        DType::F32 => blocks::<f32>(slice(s, l, "sum_sq")?),
+        _ => blocks::<f64>(slice(s, l, "sum_sq")?),
+    }))
+}
+
+fn blocks<T: Real>(x: &[T]) -> f64 {
+    let n = x.len();
+    let nb = n.div_ceil(BLOCK);
+    let mut partial = Out::<f64>::new(nb);
+    let p = partial.rows();
+    par(nb, n, |bs| {
+        for b in bs {
+            let v = &x[b * BLOCK..((b + 1) * BLOCK).min(n)];
+            let sq = v
+                .iter()
+                .map(|&e| candle_core::WithDType::to_f64(e).powi(2))
+                .sum();
+            // SAFETY: block b's sum is this call's alone.
+            unsafe { p.get(b..b + 1)[0] = sq };
+        }
+    });
+    // SAFETY: every block's sum was written.
+    unsafe { partial.into_vec(nb) }.iter().sum()
+}
