@@ -92,23 +92,40 @@ unsafe fn mm<T: Real>(
     );
 }
 
+/// Query (and key) blocks: query block `qb` only needs keys `0..(qb + 1) * BLOCK`, so the
+/// products skip the masked upper triangle block by block (10 of 16 blocks at 256 positions).
+const BLOCK: usize = 64;
+
+/// The query rows of each block and how many keys they see: `(first row, rows, keys)`.
+fn blocks(t: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    (0..t.div_ceil(BLOCK)).map(move |b| {
+        let r0 = b * BLOCK;
+        let rows = BLOCK.min(t - r0);
+        (r0, rows, r0 + rows)
+    })
+}
+
 impl Attention {
-    /// The probabilities of one unit into `p` (t x t), scores computed there first.
+    /// The probabilities of one unit into `p` (t x t, row i valid in `0..` the end of its
+    /// block, zero after i), scores computed there first.
     fn probabilities<T: Real>(&self, x: &[T], g: Geometry, unit: usize, p: &mut [T]) {
         let (t, hd, rs) = (g.t, g.hd, 3 * g.lc);
         let (q, k) = (g.part(unit, self.heads, 0), g.part(unit, self.heads, 1));
-        // SAFETY: q and k rows lie within `x`; p holds t * t elements.
-        unsafe {
-            let xp = x.as_ptr();
-            mm(
-                (t, t, hd),
-                p.as_mut_ptr(),
-                (t, 1),
-                xp.add(q),
-                (rs, 1),
-                xp.add(k),
-                (1, rs),
-            );
+        let xp = x.as_ptr();
+        for (r0, rows, keys) in blocks(t) {
+            // SAFETY: q's rows r0.. and k's rows ..keys lie within `x`; p holds t * t.
+            unsafe {
+                let (dst, lhs) = (p.as_mut_ptr().add(r0 * t), xp.add(q + r0 * rs));
+                mm(
+                    (rows, keys, hd),
+                    dst,
+                    (t, 1),
+                    lhs,
+                    (rs, 1),
+                    xp.add(k),
+                    (1, rs),
+                );
+            }
         }
         let scale = T::from(self.scale).unwrap();
         for (i, row) in p.chunks_mut(t).enumerate() {
@@ -125,7 +142,7 @@ impl Attention {
     }
 
     fn forward<T: Real>(&self, x: &[T], g: Geometry, batch: usize) -> Vec<T> {
-        let (t, lc) = (g.t, g.lc);
+        let (t, lc, hd) = (g.t, g.lc, g.hd);
         let n = batch * t * lc;
         let mut out = Out::<T>::new(n);
         let o = out.rows();
@@ -135,18 +152,14 @@ impl Attention {
                 self.probabilities(x, g, u, &mut p);
                 let (b, h) = (u / self.heads, u % self.heads);
                 let v = g.part(u, self.heads, 2);
-                // SAFETY: unit u alone writes its head's columns of batch b's rows.
-                unsafe {
-                    let dst = o.ptr().add(b * t * lc + h * g.hd);
-                    mm(
-                        (t, g.hd, t),
-                        dst,
-                        (lc, 1),
-                        p.as_ptr(),
-                        (t, 1),
-                        x.as_ptr().add(v),
-                        (3 * lc, 1),
-                    );
+                for (r0, rows, keys) in blocks(t) {
+                    // SAFETY: unit u alone writes its head's columns of batch b's rows; the
+                    // reads lie within `p` and `x`.
+                    unsafe {
+                        let dst = o.ptr().add(b * t * lc + r0 * lc + h * hd);
+                        let (pp, vp) = (p.as_ptr().add(r0 * t), x.as_ptr().add(v));
+                        mm((rows, hd, keys), dst, (lc, 1), pp, (t, 1), vp, (3 * lc, 1));
+                    }
                 }
             }
         });
@@ -173,56 +186,55 @@ impl Attention {
                     g.part(u, self.heads, 2),
                 );
                 let dyu = b * t * lc + h * hd;
-                // SAFETY: unit u alone writes its head's q, k and v columns of batch b's rows;
-                // every read lies within `x`, `dy` and the scratch matrices.
-                unsafe {
-                    let (xp, gp, dst) = (x.as_ptr(), dy.as_ptr(), o.ptr());
-                    // dV = P^T dY
-                    mm(
-                        (t, hd, t),
-                        dst.add(v),
-                        (rs, 1),
-                        p.as_ptr(),
-                        (1, t),
-                        gp.add(dyu),
-                        (lc, 1),
-                    );
-                    // dP = dY V^T
-                    mm(
-                        (t, t, hd),
-                        dp.as_mut_ptr(),
-                        (t, 1),
-                        gp.add(dyu),
-                        (lc, 1),
-                        xp.add(v),
-                        (1, rs),
-                    );
-                    // dS = scale * P * (dP - sum(dP * P)), in dp.
-                    for (pr, dr) in p.chunks(t).zip(dp.chunks_mut(t)) {
-                        let dot = pr.iter().zip(dr.iter()).map(|(&a, &b)| a * b).sum::<T>();
-                        for (d, &pv) in dr.iter_mut().zip(pr) {
-                            *d = scale * pv * (*d - dot);
-                        }
+                let (xp, gp, dst) = (x.as_ptr(), dy.as_ptr(), o.ptr());
+                // SAFETY (every block below): unit u alone writes its head's q, k and v columns
+                // of batch b's rows; every read lies within `x`, `dy`, `p` and `dp`.
+                for (r0, rows, keys) in blocks(t) {
+                    // dP = dY V^T, this block's rows over the keys they see.
+                    unsafe {
+                        let (d, l) = (dp.as_mut_ptr().add(r0 * t), gp.add(dyu + r0 * lc));
+                        mm((rows, keys, hd), d, (t, 1), l, (lc, 1), xp.add(v), (1, rs));
                     }
-                    // dQ = dS K, dK = dS^T Q
-                    mm(
-                        (t, hd, t),
-                        dst.add(q),
-                        (rs, 1),
-                        dp.as_ptr(),
-                        (t, 1),
-                        xp.add(k),
-                        (rs, 1),
-                    );
-                    mm(
-                        (t, hd, t),
-                        dst.add(k),
-                        (rs, 1),
-                        dp.as_ptr(),
-                        (1, t),
-                        xp.add(q),
-                        (rs, 1),
-                    );
+                    // dS = scale * P * (dP - sum(dP * P)), in dp (zero after the diagonal).
+                    for i in r0..r0 + rows {
+                        let (pr, dr) = (&p[i * t..i * t + keys], &mut dp[i * t..i * t + keys]);
+                        let dot = (0..=i).map(|j| pr[j] * dr[j]).sum::<T>();
+                        for j in 0..=i {
+                            dr[j] = scale * pr[j] * (dr[j] - dot);
+                        }
+                        dr[i + 1..].fill(T::zero());
+                    }
+                    // dQ = dS K
+                    unsafe {
+                        let (d, l) = (dst.add(q + r0 * rs), dp.as_ptr().add(r0 * t));
+                        mm((rows, hd, keys), d, (rs, 1), l, (t, 1), xp.add(k), (rs, 1));
+                    }
+                }
+                for (c0, cols, _) in blocks(t) {
+                    // Key block c0..: only queries c0.. see it. dV = P^T dY, dK = dS^T Q.
+                    let m = t - c0;
+                    unsafe {
+                        let (d, l) = (dst.add(v + c0 * rs), p.as_ptr().add(c0 * t + c0));
+                        mm(
+                            (cols, hd, m),
+                            d,
+                            (rs, 1),
+                            l,
+                            (1, t),
+                            gp.add(dyu + c0 * lc),
+                            (lc, 1),
+                        );
+                        let (d, l) = (dst.add(k + c0 * rs), dp.as_ptr().add(c0 * t + c0));
+                        mm(
+                            (cols, hd, m),
+                            d,
+                            (rs, 1),
+                            l,
+                            (1, t),
+                            xp.add(q + c0 * rs),
+                            (rs, 1),
+                        );
+                    }
                 }
             }
         });
