@@ -52,15 +52,17 @@ fn gelu_matches_the_tanh_formula() {
 fn linear_matches_matmul_and_bias_in_both_layouts_with_and_without_gelu() {
     use pipewright::nn::Linear;
     let init = Init::new(Device::Cpu, DType::F32, 4);
-    let x = randn("lin/x", &[3, 20, 48], 1.5);
-    let r = randn("lin/r", &[3, 20, 40], 1.0);
+    // 300 rows: big enough for the products to be split in bands over the pool's threads,
+    // the last band partial.
+    let x = randn("lin/x", &[3, 100, 96], 1.5);
+    let r = randn("lin/r", &[3, 100, 40], 1.0);
     let layers = [
-        Linear::new(&init, "a", 48, 40, true).unwrap(),
-        Linear::conv1d(&init, "b", 48, 40, 0.3).unwrap(),
-        Linear::conv1d(&init, "c", 48, 40, 0.3)
+        Linear::new(&init, "a", 96, 40, true).unwrap(),
+        Linear::conv1d(&init, "b", 96, 40, 0.3).unwrap(),
+        Linear::conv1d(&init, "c", 96, 40, 0.3)
             .unwrap()
             .gelu_input(),
-        Linear::new(&init, "d", 48, 40, false).unwrap(),
+        Linear::new(&init, "d", 96, 40, false).unwrap(),
     ];
     for (k, l) in layers.iter().enumerate() {
         let params = l.params();

@@ -57,14 +57,6 @@ fn sizes(lx: &Layout, lw: &Layout, out_in: bool) -> candle_core::Result<(usize, 
     Ok((lx.shape().elem_count() / inp, inp, wo))
 }
 
-/// The pool's threads for a product of `flops` multiply-adds; small ones stay on this thread.
-fn threads(flops: usize) -> Parallelism {
-    match candle_core::utils::get_num_threads() {
-        n if n > 1 && flops >= 64 * 64 * 64 => Parallelism::Rayon(n),
-        _ => Parallelism::None,
-    }
-}
-
 /// `dst (m x n) (+)= lhs (m x k) rhs (k x n)`, strides as (row, column).
 #[allow(clippy::too_many_arguments)]
 fn mm<T: Real>(
@@ -88,29 +80,45 @@ fn mm<T: Real>(
     assert!(dst.len() >= m * n && lhs.len() > (m - 1) * lrs + (k - 1) * lcs);
     assert!(rhs.len() > (k - 1) * rrs + (n - 1) * rcs);
     let alpha = if accumulate { T::one() } else { T::zero() };
-    // SAFETY: the assertions bound every element the strides reach.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lcs as isize,
-            lrs as isize,
-            rhs.as_ptr(),
-            rcs as isize,
-            rrs as isize,
-            alpha,
-            T::one(),
-            false,
-            false,
-            false,
-            threads(m * n * k),
-        )
+    let out = Rows(dst.as_mut_ptr());
+    let run = |rows: std::ops::Range<usize>, par: Parallelism| {
+        // SAFETY: the assertions bound every element the strides reach; each call writes only
+        // its own rows of dst.
+        unsafe {
+            gemm(
+                rows.len(),
+                n,
+                k,
+                out.ptr().add(rows.start * n),
+                1,
+                n as isize,
+                accumulate,
+                lhs.as_ptr().add(rows.start * lrs),
+                lcs as isize,
+                lrs as isize,
+                rhs.as_ptr(),
+                rcs as isize,
+                rrs as isize,
+                alpha,
+                T::one(),
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    // One band of rows per thread of candle's pool, each a single-threaded product: the
+    // kernels and the products then share one pool (gemm's own threads are rayon's, whose
+    // workers spun against the pool's on the same cores; measured 6-10 % of a GPT step).
+    let threads = candle_core::utils::get_num_threads();
+    if threads > 1 && m * n * k >= 64 * 64 * 64 {
+        let band = m.div_ceil(threads).next_multiple_of(16);
+        super::par(m.div_ceil(band), usize::MAX, |bs| {
+            run(bs.start * band..(bs.end * band).min(m), Parallelism::None)
+        });
+    } else {
+        run(0..m, Parallelism::None)
     }
 }
 
