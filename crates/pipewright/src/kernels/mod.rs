@@ -2,11 +2,14 @@
 //! parallel over rows on candle's CPU pool (the pool its element-wise ops use).
 //!
 //! candle composes GELU, LayerNorm, softmax and cross-entropy from a dozen element-wise ops
-//! each, forward and backward, every one allocating and walking a whole tensor; on the
-//! benchmark GPT that was more of a training step than the matrix products. Here each is a
-//! candle custom op whose backward is itself one fused op. They run for f32 and f64 tensors on
-//! the CPU; other devices and dtypes take the composed ops, which compute the same function
-//! (and are the oracle of the tests).
+//! each, forward and backward, every one allocating and walking a whole tensor, and every
+//! graph node costs its backward a zero-filled gradient and an addition; on the benchmark GPT
+//! that was more of a training step than the matrix products. Here each of GELU, LayerNorm,
+//! softmax, causal attention, cross-entropy, the linear layer and the bias add is one candle
+//! custom op whose backward is itself one fused op; AdamW and gradient norms are one pass each.
+//! They run for f32 (and f64, for the finite-difference tests) on the CPU; other devices and
+//! dtypes take the composed ops, which compute the same function (and are the oracle of
+//! `tests/kernels.rs`).
 
 pub(crate) mod adamw;
 pub(crate) mod attention;
