@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 
-use super::{par, slice, Out, BLOCK};
+use super::{par_elems, slice, Out};
 
 const NAME: &str = "pipewright-adamw";
 
@@ -127,8 +127,7 @@ impl InplaceOp1 for Update<'_> {
         let (m0, v0) = (self.m.unwrap_or(&zeros), self.v.unwrap_or(&zeros));
         let (mut m1, mut v1) = (Out::<f32>::new(n), Out::<f32>::new(n));
         let (mo, vo, po) = (m1.rows(), v1.rows(), super::Rows(p.as_mut_ptr()));
-        par(n.div_ceil(BLOCK), n, |blocks| {
-            let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
+        par_elems(n, |r| {
             // SAFETY: blocks are disjoint and within `n`, for all three buffers.
             let (p, m, v) = unsafe { (po.get(r.clone()), mo.get(r.clone()), vo.get(r.clone())) };
             let (g, m0, v0) = (&self.g[r.clone()], &m0[r.clone()], &v0[r]);

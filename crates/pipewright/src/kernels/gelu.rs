@@ -2,7 +2,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::{dispatch, par, slice, storage, Out, Real, BLOCK};
+use super::{dispatch, par_elems, slice, storage, Out, Real};
 
 const NAME: &str = "pipewright-gelu";
 /// sqrt(2 / pi)
@@ -21,9 +21,8 @@ struct GeluGrad;
 fn map<T: Real>(n: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Vec<T> {
     let mut out = Out::new(n);
     let rows = out.rows();
-    par(n.div_ceil(BLOCK), n, |blocks| {
-        let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
-        // SAFETY: blocks are disjoint and within `n`.
+    par_elems(n, |r| {
+        // SAFETY: the ranges are disjoint and within `n`.
         f(r.start, unsafe { rows.get(r) });
     });
     // SAFETY: the blocks cover `0..n`.
@@ -54,45 +53,43 @@ pub(crate) fn forward<T: Real>(x: &[T]) -> Vec<T> {
     })
 }
 
-/// `s + x s (1 - s) 2u'` with `s = 1 / (1 + exp(-2u))`, `u' = sqrt(2/pi) (1 + 3 0.044715 x^2)`.
-fn backward<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
+/// GELU's derivative at `v` from `e = exp(-2u)`: `s + x s (1 - s) 2u'` with
+/// `s = 1 / (1 + e)`, `u' = sqrt(2/pi) (1 + 3 0.044715 x^2)`.
+#[inline]
+fn slope<T: Real>(v: T, e: T) -> T {
     let one = T::one();
-    let k2 = T::from(2.0 * K).unwrap();
-    let c3 = T::from(3.0 * C).unwrap();
+    let (k2, c3) = (T::from(2.0 * K).unwrap(), T::from(3.0 * C).unwrap());
+    let s = one / (one + e);
+    // 1 - s = e s; where e overflows, s is 0 and so is the derivative.
+    let s1 = if e.is_finite() { e * s } else { one };
+    s + v * s * s1 * k2 * (one + c3 * v * v)
+}
+
+fn backward<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
     map(x.len(), |start, out| {
         let (x, g) = (&x[start..start + out.len()], &g[start..start + out.len()]);
         e2u(x, out);
         for ((o, &v), &gv) in out.iter_mut().zip(x).zip(g) {
-            let e = *o;
-            let s = one / (one + e);
-            // 1 - s = e s; where e overflows, s is 0 and so is the derivative.
-            let s1 = if e.is_finite() { e * s } else { one };
-            *o = gv * (s + v * s * s1 * k2 * (one + c3 * v * v));
+            *o = gv * slope(v, *o);
         }
     })
 }
 
 /// GELU of every element of `x` and its derivative there, from one exponential each.
 pub(crate) fn values_and_slopes<T: Real>(x: &[T]) -> (Vec<T>, Vec<T>) {
-    let one = T::one();
-    let k2 = T::from(2.0 * K).unwrap();
-    let c3 = T::from(3.0 * C).unwrap();
     let n = x.len();
     let (mut a, mut d) = (Out::new(n), Out::new(n));
     let (ar, dr) = (a.rows(), d.rows());
-    par(n.div_ceil(BLOCK), n, |blocks| {
-        let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
-        // SAFETY: blocks are disjoint and within `n`, in both buffers.
+    par_elems(n, |r| {
+        // SAFETY: the ranges are disjoint and within `n`, in both buffers.
         let (av, dv) = unsafe { (ar.get(r.clone()), dr.get(r.clone())) };
         let x = &x[r];
         e2u(x, dv);
         for ((a, d), &v) in av.iter_mut().zip(dv.iter_mut()).zip(x) {
             let e = *d;
-            let s = one / (one + e);
-            let s1 = if e.is_finite() { e * s } else { one };
             // As `forward` computes it, so the backward's GELU is the forward's, bit for bit.
-            *a = v / (one + e);
-            *d = s + v * s * s1 * k2 * (one + c3 * v * v);
+            *a = v / (T::one() + e);
+            *d = slope(v, e);
         }
     });
     // SAFETY: the blocks covered `0..n` of both.

@@ -8,7 +8,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
 use super::bias::column_sums;
-use super::{dispatch, gelu, par, slice, storage, Out, Real, Rows, BLOCK};
+use super::{dispatch, gelu, par_elems, slice, storage, Out, Real, Rows};
 
 const NAME: &str = "pipewright-linear";
 
@@ -195,8 +195,7 @@ impl Linear {
         if self.gelu {
             // Through GELU: dx = (g W^T) * gelu'(x).
             let (d, n) = (Rows(dx.as_mut_ptr()), dx.len());
-            par(n.div_ceil(BLOCK), n, |blocks| {
-                let r = blocks.start * BLOCK..(blocks.end * BLOCK).min(n);
+            par_elems(n, |r| {
                 // SAFETY: blocks are disjoint and within dx.
                 let d = unsafe { d.get(r.clone()) };
                 d.iter_mut().zip(&slopes[r]).for_each(|(v, &s)| *v *= s);
@@ -232,6 +231,26 @@ impl Linear {
         Ok(v)
     }
 
+    /// The forward of either arity: the sizes checked, the product by element type.
+    fn cpu(
+        &self,
+        (sx, lx): (&CpuStorage, &Layout),
+        (sw, lw): (&CpuStorage, &Layout),
+        bias: Option<(&CpuStorage, &Layout)>,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, _, out) = sizes(lx, lw, self.out_in)?;
+        if let Some((_, lb)) = bias.filter(|(_, lb)| lb.dims() != [out]) {
+            candle_core::bail!("{NAME}: bias {:?} for {out} outputs", lb.dims());
+        }
+        dispatch!(NAME, sx, |sx: T| {
+            let b = bias.map(|(sb, lb)| slice(sb, lb, NAME)).transpose()?;
+            Ok((
+                storage(self.forward::<T>(slice(sx, lx, NAME)?, slice(sw, lw, NAME)?, b, out)),
+                Self::out_shape(lx, out),
+            ))
+        })
+    }
+
     fn out_shape(lx: &Layout, out: usize) -> Shape {
         let mut d = lx.dims().to_vec();
         *d.last_mut().unwrap() = out;
@@ -251,11 +270,7 @@ impl CustomOp2 for Linear {
         sw: &CpuStorage,
         lw: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (_, _, out) = sizes(lx, lw, self.out_in)?;
-        dispatch!(NAME, sx, |sx: T| Ok((
-            storage(self.forward::<T>(slice(sx, lx, NAME)?, slice(sw, lw, NAME)?, None, out)),
-            Self::out_shape(lx, out)
-        )))
+        self.cpu((sx, lx), (sw, lw), None)
     }
 
     fn bwd(
@@ -284,19 +299,7 @@ impl CustomOp3 for Linear {
         sb: &CpuStorage,
         lb: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (_, _, out) = sizes(lx, lw, self.out_in)?;
-        if lb.dims() != [out] {
-            candle_core::bail!("{NAME}: bias {:?} for {out} outputs", lb.dims());
-        }
-        dispatch!(NAME, sx, |sx: T| Ok((
-            storage(self.forward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sw, lw, NAME)?,
-                Some(slice(sb, lb, NAME)?),
-                out
-            )),
-            Self::out_shape(lx, out)
-        )))
+        self.cpu((sx, lx), (sw, lw), Some((sb, lb)))
     }
 
     fn bwd(

@@ -142,6 +142,14 @@ pub(crate) fn par(n: usize, elems: usize, f: impl Fn(Range<usize>) + Sync) {
     }
 }
 
+/// Runs `f` over disjoint ranges of elements covering `0..n`, [`BLOCK`] elements at a time (the
+/// element-wise kernels' [`par`]).
+pub(crate) fn par_elems(n: usize, f: impl Fn(Range<usize>) + Sync) {
+    par(n.div_ceil(BLOCK), n, |blocks| {
+        f(blocks.start * BLOCK..(blocks.end * BLOCK).min(n))
+    })
+}
+
 /// Ops over fewer elements run on the calling thread (candle's own threshold for its
 /// element-wise ops): waking the pool costs more than the work, and ranks running as threads
 /// of one process would queue for the pool, which serves one caller at a time.

@@ -17,26 +17,27 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, u
     let (classes, n) = class_rows(logits, targets)?;
     let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
     let mut count = 0usize;
-    let mut safe = Vec::with_capacity(n);
-    let mut mask = Vec::with_capacity(n);
     for &v in &t {
         if v == IGNORE_INDEX {
-            safe.push(0u32);
-            mask.push(0f32);
-        } else if v < 0 || v as usize >= classes {
+            continue;
+        }
+        if v < 0 || v as usize >= classes {
             return Err(invalid!(
                 "cross-entropy: target {v} is outside 0..{classes} (use {IGNORE_INDEX} to ignore a position)"
             ));
-        } else {
-            safe.push(v as u32);
-            mask.push(1f32);
-            count += 1;
         }
+        count += 1;
     }
     if kernels::fused(logits) {
         let nll = kernels::cross_entropy::nll_rows(&logits.reshape((n, classes))?, t)?;
         return Ok((nll.sum_all()?, count));
     }
+    let kept = |v: i64| v != IGNORE_INDEX;
+    let safe: Vec<u32> = t
+        .iter()
+        .map(|&v| if kept(v) { v as u32 } else { 0 })
+        .collect();
+    let mask: Vec<f32> = t.iter().map(|&v| f32::from(u8::from(kept(v)))).collect();
     let dev = logits.device();
     let logp = log_softmax_last_dim(&logits.reshape((n, classes))?)?;
     let idx = Tensor::from_vec(safe, (n, 1), dev)?;

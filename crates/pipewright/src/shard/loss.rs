@@ -27,13 +27,12 @@ pub fn vocab_parallel_cross_entropy_sum(
     let start = part * group.rank();
     let t: Vec<i64> = targets.flatten_all()?.to_dtype(DType::I64)?.to_vec1()?;
     let mut count = 0usize;
-    let mut local = Vec::with_capacity(n);
-    let mut here = Vec::with_capacity(n);
+    // Each row's target as an index into this rank's part of the classes, if it is there.
+    let mut mine: Vec<Option<usize>> = Vec::with_capacity(n);
     let mut counted = Vec::with_capacity(n);
     for &v in &t {
         if v == IGNORE_INDEX {
-            local.push(0u32);
-            here.push(0f32);
+            mine.push(None);
             counted.push(0f32);
             continue;
         }
@@ -43,9 +42,7 @@ pub fn vocab_parallel_cross_entropy_sum(
             ));
         }
         let v = v as usize;
-        let mine = (start..start + part).contains(&v);
-        local.push(if mine { (v - start) as u32 } else { 0 });
-        here.push(if mine { 1.0 } else { 0.0 });
+        mine.push((start..start + part).contains(&v).then(|| v - start));
         counted.push(1.0);
         count += 1;
     }
@@ -56,17 +53,17 @@ pub fn vocab_parallel_cross_entropy_sum(
     let m = group.all_reduce(&z.max_keepdim(D::Minus1)?.detach(), ReduceOp::Max)?;
     let counted = Tensor::from_vec(counted, n, dev)?.to_dtype(dt)?;
     if kernels::fused(&z) {
-        let mine = local
-            .iter()
-            .zip(&here)
-            .map(|(&j, &h)| (h == 1.0).then_some(j as usize))
-            .collect();
         let pairs = reduce_from_group(&kernels::cross_entropy::partial_sums(&z, &m, mine)?, group)?;
         let nll = (pairs.narrow(1, 0, 1)?.log()? - pairs.narrow(1, 1, 1)?)?.squeeze(1)?;
         return Ok(((nll * counted)?.sum_all()?, count));
     }
     let shifted = z.broadcast_sub(&m)?;
     let sum_exp = reduce_from_group(&shifted.exp()?.sum_keepdim(D::Minus1)?, group)?;
+    let local: Vec<u32> = mine.iter().map(|j| j.unwrap_or(0) as u32).collect();
+    let here: Vec<f32> = mine
+        .iter()
+        .map(|j| f32::from(u8::from(j.is_some())))
+        .collect();
     let idx = Tensor::from_vec(local, (n, 1), dev)?;
     let here = Tensor::from_vec(here, (n, 1), dev)?.to_dtype(dt)?;
     let target = reduce_from_group(&(shifted.gather(&idx, 1)? * here)?, group)?;
