@@ -70,8 +70,12 @@ fn time(
     Ok(s.elapsed().as_secs_f64() / (per_call * iters) as f64)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+/// The middle value of `v` (the upper one of an even count; NaN when empty).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 

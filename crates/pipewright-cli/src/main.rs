@@ -5,6 +5,7 @@ mod bench;
 mod bench_ckpt;
 mod ckpt;
 mod launch;
+mod plan;
 mod profile;
 mod schedule;
 mod train;
@@ -35,6 +36,9 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Profile each layer of a model at a few micro-batch sizes (time, bytes) into a JSON file.
     Profile(Box<profile::ProfileArgs>),
+    /// Choose a layout: every pp x tp x dp, micro-batch size, schedule and recompute mode
+    /// under a memory cap, ranked by predicted step time (`--measure`: trained here too).
+    Plan(Box<plan::PlanArgs>),
     /// The balance (layers per stage) of a cost vector that minimises the slowest stage.
     Balance(balance::BalanceArgs),
     /// Inspect, verify, reshard and export checkpoints.
@@ -59,6 +63,7 @@ fn main() {
         Command::Ckpt(c) => ckpt::run(c),
         Command::Balance(a) => balance::run(a),
         Command::Profile(a) => profile::run(*a),
+        Command::Plan(a) => plan::run(*a),
         Command::Launch(a) => launch::run(a),
         Command::RankEnv { program } => launch::rank_env(&program),
     };

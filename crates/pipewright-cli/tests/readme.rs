@@ -132,13 +132,24 @@ fn check_outputs(args: &[String], stdout: &str) {
         // The default GPT: embed, h.0, h.1, ln_f, lm_head; cuts after embed and each block.
         let layers = p["layers"].as_array().unwrap();
         assert_eq!(layers.len(), 5, "{p}");
-        assert_eq!(p["cuts"].as_array().unwrap().len(), 3, "{p}");
-        let bytes = |i: usize| layers[i]["param_bytes"].as_u64().unwrap();
-        assert_eq!(bytes(1), bytes(2), "the blocks are alike");
-        assert!(bytes(1) > 50 * bytes(0), "a block outweighs the embedding");
+        assert_eq!(p["bounds"], serde_json::json!([0, 1, 2, 3, 5]), "{p}");
+        let num = |i: usize, k: &str| layers[i][k].as_f64().unwrap();
+        assert_eq!(num(1, "params"), num(2, "params"), "the blocks are alike");
+        assert!(
+            num(1, "params") > 50.0 * num(0, "params"),
+            "a block outweighs the embedding"
+        );
+        // d 128, 4 heads: a block's output is 128 f32 per token; it keeps more than that for
+        // its backward (q|k|v, the MLP's hidden layer, the norms).
+        let tokens = num(1, "output_bytes_per_sample") / (128.0 * 4.0);
+        assert!(tokens >= 1.0 && tokens.fract() == 0.0, "{tokens}");
+        assert!(num(1, "kept_bytes_per_sample") > 8.0 * num(1, "output_bytes_per_sample"));
         assert!(layers
             .iter()
             .all(|l| l["forward"]["per_sample_s"].as_f64().unwrap() >= 0.0));
+    }
+    if args[0] == "plan" {
+        check_plan(args, stdout);
     }
     if args[0] == "balance" {
         // 3,1,4,1,5,9,2,6 over 3: no split has a slowest stage under 14 (9 | 5,9 | 8 ties
@@ -150,6 +161,37 @@ fn check_outputs(args: &[String], stdout: &str) {
     }
     if args[0] == "ckpt" {
         check_ckpt(args, stdout);
+    }
+}
+
+/// What `plan` must have printed: a ranked table, each layout's ranks making the world, and
+/// (with --measure) the measured rows.
+fn check_plan(args: &[String], stdout: &str) {
+    let world: usize = value_of(args, "--world").unwrap().parse().unwrap();
+    let top: usize = value_of(args, "--top").map_or(5, |t| t.parse().unwrap());
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|w| w.starts_with("pp="))
+        })
+        .collect();
+    assert!(!rows.is_empty() && rows.len() <= top, "{stdout}");
+    for row in &rows {
+        let axes: usize = row
+            .split_whitespace()
+            .skip(1)
+            .take(3)
+            .map(|a| a.split('=').nth(1).unwrap().parse::<usize>().unwrap())
+            .product();
+        assert_eq!(axes, world, "{row}");
+    }
+    if args.iter().any(|a| a == "--measure") {
+        let measured = stdout
+            .lines()
+            .filter(|l| l.contains('%') && l.matches("ms").count() == 2);
+        assert_eq!(measured.count(), rows.len(), "{stdout}");
     }
 }
 

@@ -21,7 +21,7 @@ use pipewright_models::Task;
 
 pub use args::make_optimizer;
 use args::schedule;
-pub use args::{make_model, make_task, ModelConfig, TrainArgs};
+pub use args::{make_model, make_task, positive, ModelConfig, TrainArgs};
 use report::{train_loop, write_summary};
 
 pub fn run(a: TrainArgs) -> Result<()> {

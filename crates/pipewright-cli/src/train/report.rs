@@ -37,6 +37,8 @@ pub struct Summary {
     metric_name: &'static str,
     metric: f64,
     seconds: f64,
+    /// The median of the steps' own times (evaluation and checkpoints left out).
+    median_step_seconds: f64,
     items_per_second: f64,
     items: &'static str,
     peak_memory_bytes: Option<u64>,
@@ -128,8 +130,12 @@ pub fn train_loop(
     let mut last_loss = f64::NAN;
     let mut metric = f64::NAN;
     let mut done_steps = first;
+    let mut step_times = Vec::new();
     for step in first..a.steps {
-        let r = trainer.step(&batch(step)?)?;
+        let b = batch(step)?;
+        let t = Instant::now();
+        let r = trainer.step(&b)?;
+        step_times.push(t.elapsed().as_secs_f64());
         last_loss = r.loss;
         let last = step + 1 == a.steps;
         let eval_now = (step + 1) % a.eval_every == 0 || last;
@@ -193,6 +199,7 @@ pub fn train_loop(
         metric_name: task.metric_name(),
         metric,
         seconds: secs,
+        median_step_seconds: crate::bench::median(step_times),
         items_per_second: done_steps.saturating_sub(first) as f64 * items_per_step as f64 / secs,
         items,
         peak_memory_bytes: peak_memory_bytes(),
@@ -224,6 +231,10 @@ pub fn write_summary(
     println!("final loss      {:.6}", summary.final_loss);
     println!("{:<15} {:.4}", summary.metric_name, summary.metric);
     println!("time            {:.1} s", summary.seconds);
+    println!(
+        "step time       {:.1} ms (median)",
+        summary.median_step_seconds * 1e3
+    );
     println!(
         "throughput      {:.0} {}/s",
         summary.items_per_second, summary.items

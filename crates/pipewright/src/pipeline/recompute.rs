@@ -31,6 +31,16 @@ impl std::str::FromStr for Recompute {
     }
 }
 
+impl std::fmt::Display for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Recompute::Always => "always",
+            Recompute::ExceptLast => "except_last",
+            Recompute::Never => "never",
+        })
+    }
+}
+
 impl Recompute {
     /// Whether micro-batch `mb` of `micro_batches` keeps its forward graph for the backward.
     pub fn keeps(self, mb: usize, micro_batches: usize) -> bool {

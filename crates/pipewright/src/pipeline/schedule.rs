@@ -253,8 +253,19 @@ impl Schedule {
 
     /// Checks the lists and simulates them under `costs`.
     pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
+        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0)
+    }
+
+    /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
+    /// action and `transfer(from, to)` seconds for what crosses from one model stage to
+    /// another (the planner's costs: every stage its own durations, the links their delays).
+    pub fn simulate_with(
+        &self,
+        cost: &dyn Fn(usize, &Action) -> f64,
+        transfer: &dyn Fn(usize, usize) -> f64,
+    ) -> Result<Simulation> {
         validate_complete(self)?;
-        run(self, costs)
+        run(self, cost, transfer)
     }
 
     /// [`Schedule::simulate`] under [`Costs::unit`].

@@ -27,7 +27,7 @@ impl Costs {
         }
     }
 
-    fn of(&self, a: &Action) -> f64 {
+    pub(super) fn of(&self, a: &Action) -> f64 {
         match a {
             Action::Forward { .. } => self.forward,
             Action::Backward { .. } => self.backward,
@@ -106,48 +106,54 @@ pub(super) fn validate_complete(s: &Schedule) -> Result<()> {
 }
 
 /// Runs the lists in order on every stage; an action starts when its stage is free and what
-/// it needs is done. Fails, naming what each stuck stage waits for, if no stage can move.
-pub(super) fn run(s: &Schedule, costs: Costs) -> Result<Simulation> {
-    let p = s.stages;
+/// it needs is done, plus `transfer(from, to)` seconds when what it needs was made on another
+/// model stage (an activation or gradient crossing a cut). `cost(k, a)` is the duration of `a`
+/// on model stage `k`. Fails, naming what each stuck stage waits for, if no stage can move.
+pub(super) fn run(
+    s: &Schedule,
+    cost: &dyn Fn(usize, &Action) -> f64,
+    transfer: &dyn Fn(usize, usize) -> f64,
+) -> Result<Simulation> {
+    let (p, m) = (s.stages, s.micro_batches);
     let last = p * s.chunks_per_stage - 1;
-    // (model stage, mb) -> finish time of its forward / of its input gradient.
-    let mut fwd: HashMap<(usize, usize), f64> = HashMap::new();
-    let mut grad: HashMap<(usize, usize), f64> = HashMap::new();
+    // Finish time of the forward / of the input gradient of (model stage k, mb) at k * m + mb.
+    let mut fwd: Vec<Option<f64>> = vec![None; (last + 1) * m];
+    let mut grad: Vec<Option<f64>> = vec![None; (last + 1) * m];
     let mut ptr = vec![0usize; p];
     let mut free = vec![0f64; p];
     let mut spans: Vec<Vec<Span>> = vec![Vec::new(); p];
-    let needs = |a: &Action, k: usize| -> Vec<(bool, (usize, usize))> {
-        // (is forward table, key)
-        let mb = a.mb();
+    // What an action on model stage k needs: (is forward table, model stage, micro-batch).
+    let needs = |a: &Action, k: usize| -> ([(bool, usize); 2], usize) {
         match a {
-            Action::Forward { .. } if k > 0 => vec![(true, (k - 1, mb))],
-            Action::Forward { .. } => vec![],
+            Action::Forward { .. } if k > 0 => ([(true, k - 1), (true, k - 1)], 1),
+            Action::Forward { .. } => ([(true, k); 2], 0),
             Action::Backward { .. } | Action::BackwardInput { .. } if k < last => {
-                vec![(true, (k, mb)), (false, (k + 1, mb))]
+                ([(true, k), (false, k + 1)], 2)
             }
-            Action::Backward { .. } | Action::BackwardInput { .. } => vec![(true, (k, mb))],
-            Action::BackwardWeight { .. } => vec![(false, (k, mb))],
+            Action::Backward { .. } | Action::BackwardInput { .. } => ([(true, k); 2], 1),
+            Action::BackwardWeight { .. } => ([(false, k); 2], 1),
         }
     };
     loop {
         let mut moved = false;
         for r in 0..p {
-            while let Some(a) = s.actions[r].get(ptr[r]) {
+            'list: while let Some(a) = s.actions[r].get(ptr[r]) {
                 let k = s.model_stage(r, a.chunk());
-                let deps = needs(a, k);
-                let times: Option<Vec<f64>> = deps
-                    .iter()
-                    .map(|(is_f, key)| if *is_f { fwd.get(key) } else { grad.get(key) }.copied())
-                    .collect();
-                let Some(times) = times else { break };
-                let start = times.into_iter().fold(free[r], f64::max);
-                let end = start + costs.of(a);
+                let (deps, n) = needs(a, k);
+                let mut start = free[r];
+                for &(is_f, ks) in &deps[..n] {
+                    let table = if is_f { &fwd } else { &grad };
+                    let Some(t) = table[ks * m + a.mb()] else {
+                        break 'list;
+                    };
+                    let hop = if ks == k { 0.0 } else { transfer(ks, k) };
+                    start = start.max(t + hop);
+                }
+                let end = start + cost(k, a);
                 match a {
-                    Action::Forward { .. } => {
-                        fwd.insert((k, a.mb()), end);
-                    }
+                    Action::Forward { .. } => fwd[k * m + a.mb()] = Some(end),
                     Action::Backward { .. } | Action::BackwardInput { .. } => {
-                        grad.insert((k, a.mb()), end);
+                        grad[k * m + a.mb()] = Some(end)
                     }
                     Action::BackwardWeight { .. } => {}
                 }
@@ -169,19 +175,18 @@ pub(super) fn run(s: &Schedule, costs: Costs) -> Result<Simulation> {
                 .filter_map(|r| {
                     s.actions[r].get(ptr[r]).map(|a| {
                         let k = s.model_stage(r, a.chunk());
-                        let waits: Vec<String> = needs(a, k)
+                        let (deps, n) = needs(a, k);
+                        let waits: Vec<String> = deps[..n]
                             .iter()
-                            .filter(|(is_f, key)| {
-                                !(if *is_f {
-                                    fwd.contains_key(key)
-                                } else {
-                                    grad.contains_key(key)
-                                })
+                            .filter(|(is_f, ks)| {
+                                let table = if *is_f { &fwd } else { &grad };
+                                table[ks * m + a.mb()].is_none()
                             })
-                            .map(|(is_f, (ks, mb))| {
+                            .map(|(is_f, ks)| {
                                 format!(
-                                    "{} of micro-batch {mb} on model stage {ks}",
-                                    if *is_f { "forward" } else { "gradient" }
+                                    "{} of micro-batch {} on model stage {ks}",
+                                    if *is_f { "forward" } else { "gradient" },
+                                    a.mb()
                                 )
                             })
                             .collect();

@@ -1,16 +1,31 @@
-//! Planning: which layers each stage gets, and (later) which layout a job should use.
+//! Planning: which layers each stage gets, what a layout will cost, and which layout a job
+//! should use.
 //!
-//! - [`profile`]: each layer's forward and backward time, parameter and activation bytes.
+//! - [`profile`]: each layer's forward and backward time, parameter and activation bytes,
+//!   measured here; [`Transformer`]: the same from a model's shapes and a [`Hardware`] file.
 //! - [`balance_by`]: profile, then balance by time or by size.
 //! - [`balance`]: the contiguous split of per-layer (or per-segment) costs over pipeline stages
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
 //!   `balance_by_size` over given costs).
+//! - [`estimate`]: one layout's predicted step time, bubble and peak memory per stage, the
+//!   schedule replayed by the simulator with the profiled costs.
+//! - [`search`]: AutoConfig, every layout under a memory cap ranked by predicted step time.
 
 pub mod balance;
+pub mod costs;
+pub mod estimate;
+pub mod hardware;
 pub mod profile;
+pub mod search;
+pub mod transformer;
 
 pub use balance::{balance_cost, stage_costs};
-pub use profile::{profile_layers, LayerCost};
+pub use costs::{Fit, LayerProfile, Profile, Timing};
+pub use estimate::{estimate, Candidate, Cluster, Estimate};
+pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
+pub use profile::{measure, profile_layers, LayerCost};
+pub use search::{search, Request};
+pub use transformer::Transformer;
 
 use crate::batch::Batch;
 use crate::model::{Build, Sequential};

@@ -5,12 +5,16 @@
 
 use std::time::Instant;
 
-use candle_core::{Tensor, Var};
+use std::collections::HashMap;
+
+use candle_core::{Storage, Tensor, TensorId, Var};
 use serde::Serialize;
 
+use super::costs::{Fit, LayerProfile, Profile, Timing};
 use crate::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
-use crate::Result;
+use crate::pipeline::partition::unit_bounds;
+use crate::{invalid, Result};
 
 /// What one layer costs for one micro-batch.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -25,6 +29,9 @@ pub struct LayerCost {
     pub param_bytes: usize,
     /// Bytes of its output for the micro-batch.
     pub activation_bytes: usize,
+    /// Bytes its forward keeps for the backward (every tensor of its autograd graph but its
+    /// parameters and input, each storage counted once).
+    pub kept_bytes: usize,
 }
 
 impl LayerCost {
@@ -44,6 +51,22 @@ fn bytes(t: &Tensor) -> usize {
     t.elem_count() * t.dtype().size_in_bytes()
 }
 
+/// Bytes of the tensors of `root`'s graph other than `leaves` (parameters and inputs): views
+/// share their storage, which counts once at its largest view.
+fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
+    let mut by_storage: HashMap<usize, usize> = HashMap::new();
+    for t in root.sorted_nodes() {
+        if leaves.contains(&t.id()) {
+            continue;
+        }
+        let (storage, _) = t.storage_and_layout();
+        let key = &*storage as *const Storage as usize;
+        let b = by_storage.entry(key).or_default();
+        *b = (*b).max(bytes(t));
+    }
+    by_storage.values().sum()
+}
+
 /// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the fastest
 /// of `repeats` timings of each layer's forward and backward.
 pub fn profile_layers(
@@ -59,6 +82,8 @@ pub fn profile_layers(
     for layer in stage.layers() {
         let (mut forward_s, mut backward_s) = (f64::INFINITY, f64::INFINITY);
         let mut y = None;
+        let mut kept_bytes = 0;
+        let params: Vec<TensorId> = layer.params().iter().map(|(_, v)| v.id()).collect();
         for _ in 0..repeats.max(1) {
             // A fresh leaf for every float input: the backward stops at this layer.
             let tuple = x.is_tuple();
@@ -73,6 +98,7 @@ pub fn profile_layers(
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let input_ids: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
             // A stash a later layer pops stays for it (skip connections).
             let t0 = Instant::now();
             let got = layer.forward(Activation::from_tensors(inputs, tuple), &mut cx)?;
@@ -86,11 +112,15 @@ pub fn profile_layers(
                 });
             }
             let t2 = Instant::now();
-            if let Some(o) = objective {
+            if let Some(o) = &objective {
                 o.backward()?;
             }
             forward_s = forward_s.min((t1 - t0).as_secs_f64());
             backward_s = backward_s.min(t2.elapsed().as_secs_f64());
+            if let Some(o) = &objective {
+                let leaves: Vec<TensorId> = params.iter().chain(&input_ids).copied().collect();
+                kept_bytes = graph_bytes(o, &leaves);
+            }
             y = Some(got);
         }
         let y = y.expect("at least one repeat");
@@ -104,10 +134,92 @@ pub fn profile_layers(
                 .map(|(_, v)| bytes(v.as_tensor()))
                 .sum(),
             activation_bytes: y.tensors().into_iter().map(bytes).sum(),
+            kept_bytes,
         });
         let tuple = y.is_tuple();
         let next = y.tensors().into_iter().map(|t| t.detach()).collect();
         x = Activation::from_tensors(next, tuple);
     }
     Ok(out)
+}
+
+/// A [`Profile`] of `model` measured here: every layer timed at each micro-batch size of
+/// `sizes` (`batch(rows)` makes one), its forward and backward fitted as fixed + per-sample
+/// seconds; its output and kept bytes per sample from the largest size. `tp_divides` are what
+/// a tensor-parallel size must divide (heads, vocabulary), `source` says where it ran.
+///
+/// The profile runs at tp = 1. Under tensor parallelism a layer with parameters is taken to
+/// split as Megatron's blocks do: time, parameters and kept bytes divided by tp except its
+/// input and output (kept whole), and two all-reduces of its output per forward and per
+/// backward.
+pub fn measure(
+    model: &Sequential,
+    build: &Build,
+    batch: &dyn Fn(usize) -> Result<Batch>,
+    sizes: &[usize],
+    tp_divides: Vec<usize>,
+    source: String,
+) -> Result<Profile> {
+    if sizes.is_empty() || sizes.contains(&0) {
+        return Err(invalid!(
+            "profile sizes must list positive micro-batch sizes"
+        ));
+    }
+    let mut runs = Vec::new();
+    for &rows in sizes {
+        runs.push(profile_layers(model, build, &batch(rows)?, 3)?);
+    }
+    let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
+    let dtype_bytes = model
+        .build(build)?
+        .layers()
+        .iter()
+        .flat_map(|l| l.params())
+        .map(|(_, v)| v.dtype().size_in_bytes())
+        .next()
+        .unwrap_or(4);
+    let layers = (0..runs[0].len())
+        .map(|i| {
+            let measured: Vec<Timing> = sizes
+                .iter()
+                .zip(&runs)
+                .map(|(&rows, r)| Timing {
+                    rows,
+                    forward_s: r[i].forward_s,
+                    backward_s: r[i].backward_s,
+                })
+                .collect();
+            let fit = |f: fn(&Timing) -> f64| {
+                Fit::through(
+                    &measured
+                        .iter()
+                        .map(|t| (t.rows as f64, f(t)))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let l = &runs[last][i];
+            let output = l.activation_bytes as f64 / big;
+            let kept = l.kept_bytes as f64 / big;
+            let split = l.param_bytes > 0;
+            LayerProfile {
+                name: l.name.clone(),
+                params: (l.param_bytes / dtype_bytes) as u64,
+                tp_split: split,
+                forward: fit(|t| t.forward_s),
+                backward: fit(|t| t.backward_s),
+                output_bytes_per_sample: output,
+                kept_bytes_per_sample: kept,
+                kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
+                tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
+                measured,
+            }
+        })
+        .collect();
+    Ok(Profile {
+        source,
+        dtype_bytes,
+        layers,
+        bounds: unit_bounds(model),
+        tp_divides,
+    })
 }

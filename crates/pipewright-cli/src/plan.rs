@@ -1,0 +1,298 @@
+//! `pipewright plan`: AutoConfig. Every pp x tp x dp layout of `--world` ranks, with every
+//! micro-batch size, schedule and recompute mode, predicted from a profile (`--profile`, made
+//! by `pipewright profile`) or from the GPT's shapes (the model flags of `train`) on a
+//! hardware description, kept when each rank fits in `--memory`, ranked by predicted step
+//! time. `--measure` trains the top candidates here for a few steps and prints what they took
+//! beside the prediction.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use clap::Args;
+use pipewright::plan::{
+    format_bytes, parse_bytes, search, Cluster, Estimate, Hardware, Profile, Request, Transformer,
+};
+use pipewright::{invalid, Error, Result};
+
+use crate::profile::tp_divides;
+use crate::train::{make_model, make_task, ModelConfig, TrainArgs};
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// The model (and, for `--measure`, the run) as `train` takes them; `--batch-size` is the
+    /// global batch, `--precision` what it computes in.
+    #[command(flatten)]
+    pub train: TrainArgs,
+    /// Ranks (devices) of the job.
+    #[arg(long, value_parser = crate::train::positive)]
+    pub world: usize,
+    /// Memory per device, with a unit (4GiB, 512MiB; default: the hardware's).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// A profile written by `pipewright profile` (default: the GPT's shapes on --hardware).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// A hardware file, or a built-in one: cpu-2core (this kind of machine) or h100-node.
+    #[arg(long, default_value = "cpu-2core")]
+    pub hardware: String,
+    /// Nodes the ranks are spread over (default: as many as the devices need).
+    #[arg(long, value_parser = crate::train::positive)]
+    pub nodes: Option<usize>,
+    /// How many of the best layouts to print.
+    #[arg(long, default_value_t = 5, value_parser = crate::train::positive)]
+    pub top: usize,
+    /// Train each printed layout here for --steps steps (threads) and add what it took.
+    #[arg(long)]
+    pub measure: bool,
+}
+
+/// The profile the flags ask for.
+fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
+    if let Some(path) = &p.profile {
+        return Profile::load(path);
+    }
+    let a = &p.train;
+    let task = make_task(a)?;
+    let config = make_model(a, task.as_ref())?;
+    let ModelConfig::Gpt { gpt, .. } = &config else {
+        return Err(invalid!(
+            "only the GPT is planned from its shapes: profile this model with `pipewright profile \
+             ... --out FILE` and pass --profile FILE"
+        ));
+    };
+    let shape = Transformer {
+        n_layer: gpt.n_layer,
+        d_model: gpt.n_embd,
+        n_head: gpt.n_head,
+        vocab: gpt.vocab_size,
+        seq: gpt.block_size,
+    };
+    let dtype_bytes = if a.precision == "f32" { 4 } else { 2 };
+    let mut profile = shape.profile(hw, dtype_bytes)?;
+    profile.tp_divides = tp_divides(&config);
+    Ok(profile)
+}
+
+pub fn run(p: PlanArgs) -> Result<()> {
+    let hw = Hardware::load(&p.hardware)?;
+    let memory = match &p.memory {
+        Some(m) => parse_bytes(m)?,
+        None => hw.memory_bytes(),
+    };
+    let nodes = p
+        .nodes
+        .unwrap_or_else(|| p.world.div_ceil(hw.devices_per_node));
+    if !p.world.is_multiple_of(nodes) {
+        return Err(invalid!(
+            "--world {} does not spread evenly over --nodes {nodes}",
+            p.world
+        ));
+    }
+    let profile = profile(&p, &hw)?;
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: p.world / nodes,
+    };
+    let req = Request {
+        world: p.world,
+        memory_bytes: memory as f64,
+        global_batch: p.train.batch_size,
+        top: p.top,
+    };
+    let best = search(&profile, &cluster, &req)?;
+    println!(
+        "plan for {} ranks on {nodes} node(s) of {}, {} per device; profile: {}",
+        p.world,
+        hw.name,
+        format_bytes(memory as f64),
+        profile.source
+    );
+    println!(
+        "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:<12} {:>11} {:>7} {:>11}",
+        "rank",
+        "layout",
+        "mbs",
+        "chunks",
+        "schedule",
+        "recomp",
+        "balance",
+        "step",
+        "bubble",
+        "peak/rank"
+    );
+    for (i, e) in best.iter().enumerate() {
+        let c = &e.candidate;
+        let schedule = if c.virtual_stages > 1 {
+            format!("{} v{}", c.schedule, c.virtual_stages)
+        } else {
+            c.schedule.to_string()
+        };
+        println!(
+            "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:<12} {:>11} {:>6.1}% {:>11}",
+            i + 1,
+            c.layout.to_string(),
+            c.micro_batch,
+            c.micro_batches,
+            schedule,
+            c.recompute.to_string(),
+            balance_text(&e.balance),
+            seconds(e.step_s),
+            e.bubble * 100.0,
+            format_bytes(e.max_peak_bytes())
+        );
+    }
+    if p.measure {
+        measure(&p, &hw, &best)?;
+    }
+    Ok(())
+}
+
+fn balance_text(b: &[usize]) -> String {
+    let s = b.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    if s.len() > 12 {
+        format!("{} stages", b.len())
+    } else {
+        s
+    }
+}
+
+fn seconds(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} ms", s * 1e3)
+    }
+}
+
+/// The command line of `train` for `a`: every flag with its value (clap's own names).
+pub fn train_argv(a: &TrainArgs) -> Result<Vec<String>> {
+    let values = serde_json::to_value(a).map_err(|e| invalid!("{e}"))?;
+    let cmd = TrainArgs::augment_args(clap::Command::new("train"));
+    let mut argv = Vec::new();
+    for arg in cmd.get_arguments() {
+        let (Some(long), Some(v)) = (arg.get_long(), values.get(arg.get_id().as_str())) else {
+            continue;
+        };
+        match v {
+            serde_json::Value::Null | serde_json::Value::Bool(false) => {}
+            serde_json::Value::Bool(true) => argv.push(format!("--{long}")),
+            serde_json::Value::String(s) => argv.extend([format!("--{long}"), s.clone()]),
+            other => argv.extend([format!("--{long}"), other.to_string()]),
+        }
+    }
+    Ok(argv)
+}
+
+/// Trains each of `best` here and prints its measured median step and peak memory beside
+/// the prediction.
+fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
+    println!(
+        "{:<4} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
+        "rank", "predicted", "measured", "error", "pred. peak", "meas. peak", "error"
+    );
+    for (i, e) in best.iter().enumerate() {
+        let c = &e.candidate;
+        let mut a = p.train.clone();
+        a.pp = c.layout.pp;
+        a.tp = c.layout.tp;
+        a.dp = c.layout.dp;
+        a.chunks = c.micro_batches;
+        a.chunk_size = None;
+        a.schedule = c.schedule.to_string();
+        a.virtual_stages = c.virtual_stages;
+        a.recompute = c.recompute.to_string();
+        a.balance = Some(
+            e.balance
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        a.eval_every = a.steps;
+        a.out = p.train.out.join(format!("candidate-{}", i + 1));
+        let out = Command::new(&exe)
+            .arg("train")
+            .args(train_argv(&a)?)
+            .output()
+            .map_err(|e| invalid!("cannot run {}: {e}", exe.display()))?;
+        if !out.status.success() {
+            return Err(invalid!(
+                "candidate {} did not train: {}",
+                i + 1,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let path = a.out.join("summary.json");
+        let text =
+            std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
+        let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
+        let step = s["median_step_seconds"].as_f64().unwrap_or(f64::NAN);
+        let peak = s["peak_memory_bytes"].as_f64().unwrap_or(f64::NAN);
+        // Threads share one process: its peak holds every rank, the runtime once.
+        let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);
+        println!(
+            "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
+            i + 1,
+            seconds(e.step_s),
+            seconds(step),
+            (e.step_s / step - 1.0) * 100.0,
+            format_bytes(predicted_peak),
+            format_bytes(peak),
+            (predicted_peak / peak - 1.0) * 100.0
+        );
+    }
+    Ok(())
+}
+
+/// The predicted peak of one process holding all `world` ranks as threads: every rank's
+/// peak, with the runtime counted once.
+fn predicted_process_peak(e: &Estimate, world: usize, runtime: f64) -> f64 {
+    let per_stage_ranks = (world / e.peak_bytes.len()) as f64;
+    let ranks: f64 = e
+        .peak_bytes
+        .iter()
+        .map(|b| (b - runtime) * per_stage_ranks)
+        .sum();
+    ranks + runtime
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        a: TrainArgs,
+    }
+
+    #[test]
+    fn train_argv_parses_back_to_the_same_arguments() {
+        let mut w = Wrapper::parse_from([
+            "x",
+            "--pp",
+            "2",
+            "--virtual",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--lr-schedule",
+            "constant",
+            "--async-checkpoint",
+            "--balance",
+            "1,3",
+            "--lr",
+            "0.003",
+        ]);
+        w.a.recompute = "always".into();
+        let argv = train_argv(&w.a).unwrap();
+        let back = Wrapper::parse_from(std::iter::once("x".to_string()).chain(argv));
+        assert_eq!(
+            serde_json::to_value(&back.a).unwrap(),
+            serde_json::to_value(&w.a).unwrap()
+        );
+    }
+}

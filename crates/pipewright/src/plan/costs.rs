@@ -1,0 +1,162 @@
+//! A model's costs layer by layer, measured on this machine ([`super::measure`]) or derived
+//! from its shapes ([`super::Transformer`]): what the planner balances, simulates and searches.
+//! Saved as JSON by `pipewright profile` and read back by `pipewright plan --profile`.
+
+use std::ops::Range;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{invalid, Error, Result};
+
+/// Seconds as a straight line in the micro-batch's rows: `fixed_s + per_sample_s * rows`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fit {
+    pub fixed_s: f64,
+    pub per_sample_s: f64,
+}
+
+impl Fit {
+    /// Seconds for a micro-batch of `rows`.
+    pub fn at(&self, rows: usize) -> f64 {
+        self.fixed_s + self.per_sample_s * rows as f64
+    }
+
+    /// The least-squares line through `(rows, seconds)`. A negative per-sample cost is the
+    /// noise of a layer too cheap to time, and becomes none.
+    pub fn through(points: &[(f64, f64)]) -> Fit {
+        let n = points.len().max(1) as f64;
+        let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let per_sample_s = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+        Fit {
+            fixed_s: (my - per_sample_s * mx).max(0.0),
+            per_sample_s,
+        }
+    }
+}
+
+/// One timing a measured profile was fitted to.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timing {
+    pub rows: usize,
+    pub forward_s: f64,
+    pub backward_s: f64,
+}
+
+/// What one layer costs on one device, without tensor parallelism.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerProfile {
+    pub name: String,
+    /// Parameters (elements).
+    pub params: u64,
+    /// Whether tensor parallelism splits the layer: its time, parameters and the kept bytes
+    /// beyond [`LayerProfile::kept_whole_bytes_per_sample`] divide by the tp size.
+    pub tp_split: bool,
+    /// Forward seconds.
+    pub forward: Fit,
+    /// Backward seconds (input and weight gradients).
+    pub backward: Fit,
+    /// Bytes of the output per sample: what crosses a cut after this layer.
+    pub output_bytes_per_sample: f64,
+    /// Bytes a micro-batch keeps from this layer's forward until its backward, per sample.
+    pub kept_bytes_per_sample: f64,
+    /// The part of the kept bytes that tensor parallelism does not split.
+    pub kept_whole_bytes_per_sample: f64,
+    /// Bytes per sample all-reduced over the tp group in the forward, and again in the
+    /// backward, when the layer is split.
+    pub tp_all_reduce_bytes_per_sample: f64,
+    /// The timings the fits came from (measured profiles).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<Timing>,
+}
+
+/// A model's layers with their costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Where the numbers come from (a machine, or "shapes on <hardware>").
+    pub source: String,
+    /// Bytes of one element of the computation (4 for f32, 2 for bf16 and f16).
+    pub dtype_bytes: usize,
+    pub layers: Vec<LayerProfile>,
+    /// Where the model may be cut: layer indices, the first 0 and the last the layer count
+    /// (every layer, or the segments between cut points).
+    pub bounds: Vec<usize>,
+    /// A tensor-parallel size must divide each of these (attention heads, ...).
+    pub tp_divides: Vec<usize>,
+}
+
+impl Profile {
+    /// Reads and checks a profile written by [`Profile::save`] (`pipewright profile`).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let p: Profile = serde_json::from_str(&text).map_err(|e| {
+            invalid!(
+                "profile {} is malformed: {e} (write one with `pipewright profile --out FILE`)",
+                path.display()
+            )
+        })?;
+        p.check(&path.display().to_string())?;
+        Ok(p)
+    }
+
+    /// Writes the profile as JSON.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| invalid!("{e}"))?;
+        std::fs::write(path, text).map_err(|e| Error::io("cannot write", path, e))
+    }
+
+    /// Checks the profile; `what` names it in errors.
+    pub fn check(&self, what: &str) -> Result<()> {
+        let n = self.layers.len();
+        let b = &self.bounds;
+        if n == 0 {
+            return Err(invalid!("profile {what} has no layers"));
+        }
+        if b.first() != Some(&0) || b.last() != Some(&n) || b.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(invalid!(
+                "profile {what}: bounds must rise from 0 to the layer count {n}, got {b:?}"
+            ));
+        }
+        if self.dtype_bytes == 0 || self.tp_divides.contains(&0) {
+            return Err(invalid!(
+                "profile {what}: dtype_bytes and tp_divides must be positive"
+            ));
+        }
+        for l in &self.layers {
+            let values = [
+                l.forward.fixed_s,
+                l.forward.per_sample_s,
+                l.backward.fixed_s,
+                l.backward.per_sample_s,
+                l.output_bytes_per_sample,
+                l.kept_bytes_per_sample,
+                l.kept_whole_bytes_per_sample,
+                l.tp_all_reduce_bytes_per_sample,
+            ];
+            if values.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+                return Err(invalid!(
+                    "profile {what}: layer {} has a negative or non-finite cost",
+                    l.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Units the model may be split into (layers, or segments between cut points).
+    pub fn units(&self) -> usize {
+        self.bounds.len() - 1
+    }
+
+    /// The layers of units `u`.
+    pub fn unit_layers(&self, u: Range<usize>) -> Range<usize> {
+        self.bounds[u.start]..self.bounds[u.end]
+    }
+}

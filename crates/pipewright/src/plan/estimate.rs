@@ -1,0 +1,221 @@
+//! Predicting one layout's training step from a [`Profile`] and a [`Hardware`] description:
+//! the layers balanced over the model stages by time, the schedule's action lists replayed by
+//! the simulator with every stage's own durations and the links' delays, then the
+//! data-parallel gradient all-reduce and the optimizer; and each pipeline rank's peak memory
+//! (parameters with their gradients and optimizer state, the activations of the micro-batches
+//! in flight under the recompute mode, and one backward's gradients).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::balance::balance_cost;
+use super::costs::Profile;
+use super::hardware::{Hardware, Link};
+use crate::pipeline::schedule::{Action, Kind, Schedule, Simulation};
+use crate::pipeline::Recompute;
+use crate::topology::Layout;
+use crate::Result;
+
+/// Bytes per parameter a rank keeps besides its activations: the parameter, its gradient,
+/// the running sum of the micro-batches' gradients and AdamW's two moments, 4 bytes each
+/// (half precision keeps f32 master weights in place of the sum's width).
+pub const STATE_BYTES_PER_PARAM: f64 = 20.0;
+
+/// Bytes the optimizer streams per parameter (reads parameter, gradient and two moments,
+/// writes three of them back).
+const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
+
+/// One point of the search: a layout and how its batch is cut and scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    pub layout: Layout,
+    /// Rows of one micro-batch.
+    pub micro_batch: usize,
+    /// Micro-batches per data-parallel replica (`chunks`).
+    pub micro_batches: usize,
+    #[serde(serialize_with = "display")]
+    pub schedule: Kind,
+    /// Model chunks per pipeline rank (interleaved).
+    pub virtual_stages: usize,
+    #[serde(serialize_with = "display")]
+    pub recompute: Recompute,
+}
+
+fn display<T: fmt::Display, S: serde::Serializer>(
+    v: &T,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Where a job runs: the machines and how many ranks share a node.
+#[derive(Clone, Copy, Debug)]
+pub struct Cluster<'a> {
+    pub hardware: &'a Hardware,
+    /// Ranks placed on one node (tp fastest, then dp, then pp: `topology`'s order).
+    pub ranks_per_node: usize,
+}
+
+impl Cluster<'_> {
+    /// How many ranks take turns on each device (1 when every rank has its own).
+    fn share(&self) -> f64 {
+        (self.ranks_per_node as f64 / self.hardware.devices_per_node as f64).max(1.0)
+    }
+
+    /// The link of a group whose members lie within `span` consecutive ranks.
+    fn link(&self, span: usize) -> Link {
+        if span <= self.ranks_per_node {
+            self.hardware.intra_node
+        } else {
+            self.hardware.inter_node
+        }
+    }
+}
+
+/// A predicted step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub candidate: Candidate,
+    /// Units (layers or segments) of each model stage.
+    pub balance: Vec<usize>,
+    /// Seconds of one training step.
+    pub step_s: f64,
+    /// Idle share of the pipeline ranks' time in the schedule.
+    pub bubble: f64,
+    /// Peak bytes of each pipeline rank.
+    pub peak_bytes: Vec<f64>,
+}
+
+impl Estimate {
+    /// The largest peak of any rank.
+    pub fn max_peak_bytes(&self) -> f64 {
+        self.peak_bytes.iter().copied().fold(0.0, f64::max)
+    }
+}
+
+/// One model stage's costs for one micro-batch.
+struct StageCost {
+    forward: f64,
+    backward: f64,
+    params: f64,
+    kept: f64,
+    input: f64,
+    output: f64,
+}
+
+/// The costs of model stage layers `layers` for one micro-batch of `rows` at tp size `tp`.
+fn stage_cost(
+    p: &Profile,
+    c: &Cluster,
+    tp: usize,
+    rows: usize,
+    units: std::ops::Range<usize>,
+) -> StageCost {
+    let layers = p.unit_layers(units);
+    let tp_link = c.link(tp);
+    let mut s = StageCost {
+        forward: 0.0,
+        backward: 0.0,
+        params: 0.0,
+        kept: 0.0,
+        input: if layers.start == 0 {
+            0.0
+        } else {
+            p.layers[layers.start - 1].output_bytes_per_sample * rows as f64
+        },
+        output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64,
+    };
+    for l in &p.layers[layers] {
+        let t = if l.tp_split { tp as f64 } else { 1.0 };
+        let comm = if l.tp_split && tp > 1 {
+            tp_link.all_reduce(tp, l.tp_all_reduce_bytes_per_sample * rows as f64)
+        } else {
+            0.0
+        };
+        s.forward += l.forward.at(rows) / t * c.share() + comm;
+        s.backward += l.backward.at(rows) / t * c.share() + comm;
+        s.params += l.params as f64 / t;
+        let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
+        s.kept += (whole + (l.kept_bytes_per_sample - whole) / t) * rows as f64;
+    }
+    s
+}
+
+/// Predicts `cand`'s step for `profile` on `cluster`; also returns the simulated schedule
+/// (its spans in seconds, for drawing).
+pub fn estimate(
+    profile: &Profile,
+    cluster: &Cluster,
+    cand: &Candidate,
+) -> Result<(Estimate, Simulation)> {
+    let Layout { pp, tp, dp } = cand.layout;
+    let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
+    let stages = pp * v;
+    let units = profile.units();
+    let unit_time: Vec<f64> = (0..units)
+        .map(|u| {
+            let s = stage_cost(profile, cluster, tp, rows, u..u + 1);
+            s.forward + s.backward
+        })
+        .collect();
+    let balance = balance_cost(&unit_time, stages)?;
+    let mut start = 0;
+    let costs: Vec<StageCost> = balance
+        .iter()
+        .map(|&n| {
+            let c = stage_cost(profile, cluster, tp, rows, start..start + n);
+            start += n;
+            c
+        })
+        .collect();
+    let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
+    let cost = |k: usize, a: &Action| {
+        let c = &costs[k];
+        let again = if recomputes(a.mb()) { c.forward } else { 0.0 };
+        match a {
+            Action::Forward { .. } => c.forward,
+            Action::Backward { .. } => c.backward + again,
+            Action::BackwardInput { .. } => c.backward / 2.0 + again,
+            Action::BackwardWeight { .. } => c.backward / 2.0,
+        }
+    };
+    let pp_link = cluster.link(pp * tp * dp);
+    let transfer = |from: usize, to: usize| pp_link.p2p(costs[from.min(to)].output);
+    let sim = Schedule::new(cand.schedule, pp, m, v)?.simulate_with(&cost, &transfer)?;
+    let hw = cluster.hardware;
+    let dp_link = cluster.link(tp * dp);
+    let mut after = 0f64;
+    let mut peak_bytes = Vec::with_capacity(pp);
+    for r in 0..pp {
+        let mine: Vec<&StageCost> = (0..v).map(|c| &costs[c * pp + r]).collect();
+        let params: f64 = mine.iter().map(|c| c.params).sum();
+        let grads = dp_link.all_reduce(dp, params * 4.0);
+        let optimizer =
+            params * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s * cluster.share();
+        after = after.max(grads + optimizer);
+        let kept_max = mine.iter().map(|c| c.kept).fold(0.0, f64::max);
+        let kept_mean = mine.iter().map(|c| c.kept).sum::<f64>() / v as f64;
+        let input_mean = mine.iter().map(|c| c.input).sum::<f64>() / v as f64;
+        let in_flight = sim.peak_in_flight[r] as f64;
+        // A recomputed micro-batch keeps its stage input until its backward runs the forward
+        // again; the backward then holds that micro-batch's activations and their gradients.
+        let held = match cand.recompute {
+            Recompute::Never => in_flight * kept_mean,
+            Recompute::Always => in_flight * input_mean + kept_max,
+            Recompute::ExceptLast => (in_flight - 1.0).max(0.0) * input_mean + 2.0 * kept_max,
+        };
+        peak_bytes
+            .push(hw.runtime_bytes() as f64 + params * STATE_BYTES_PER_PARAM + held + kept_max);
+    }
+    Ok((
+        Estimate {
+            candidate: *cand,
+            balance,
+            step_s: sim.makespan + after,
+            bubble: sim.bubble,
+            peak_bytes,
+        },
+        sim,
+    ))
+}

@@ -1,0 +1,205 @@
+//! The machines a plan is for: a small JSON file per kind of node (devices per node, each
+//! device's memory, peak FLOP/s, memory bandwidth, and the links inside and between nodes),
+//! and byte sizes with units (`4GiB`, `512MiB`) as the planner reads and prints them.
+//!
+//! Two files ship with the crate (`hardware/*.json`, also built in by name): `h100-node` (8
+//! H100 SXM per node, NVLink inside, 400 Gb/s InfiniBand between) and `cpu-2core` (the 2-core
+//! machine pipewright's CI runs on, where every rank of a job shares one CPU).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{invalid, Error, Result};
+
+/// A link between devices: a message of `b` bytes takes `latency_s + b / bandwidth`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Seconds before the first byte arrives.
+    pub latency_s: f64,
+    /// Bytes per second of one device's share of the link.
+    pub bandwidth_bytes_per_s: f64,
+}
+
+impl Link {
+    /// Seconds to send `bytes` from one device to another.
+    pub fn p2p(&self, bytes: f64) -> f64 {
+        self.latency_s + bytes / self.bandwidth_bytes_per_s
+    }
+
+    /// Seconds of a ring all-reduce of `bytes` over `n` devices: 2 (n - 1) steps, each
+    /// moving `bytes / n` (what NCCL's and Open MPI's ring algorithms cost).
+    pub fn all_reduce(&self, n: usize, bytes: f64) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let steps = 2.0 * (n - 1) as f64;
+        steps * (self.latency_s + bytes / n as f64 / self.bandwidth_bytes_per_s)
+    }
+}
+
+/// One kind of node of a cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hardware {
+    /// What the file describes (printed with the plan).
+    pub name: String,
+    /// Devices that compute side by side in one node. Ranks beyond this share the devices
+    /// (a CPU node is one device: its ranks share its cores).
+    pub devices_per_node: usize,
+    /// Memory of one device, with a unit (`80GiB`).
+    pub memory: String,
+    /// Peak FLOP/s of one device in f32, and in bf16/f16.
+    pub peak_flops_f32: f64,
+    pub peak_flops_half: f64,
+    /// Share of the peak that the matrix products of a training step reach.
+    pub efficiency: f64,
+    /// Bytes per second the element-wise work of a step streams through memory.
+    pub memory_bandwidth_bytes_per_s: f64,
+    /// Bytes a rank holds before its first tensor (the runtime, a CUDA context), with a unit.
+    pub runtime_memory: String,
+    /// Between devices of one node.
+    pub intra_node: Link,
+    /// Between nodes (one device's share of its node's network).
+    pub inter_node: Link,
+}
+
+const PRESETS: [(&str, &str); 2] = [
+    ("h100-node", include_str!("../../hardware/h100-node.json")),
+    ("cpu-2core", include_str!("../../hardware/cpu-2core.json")),
+];
+
+impl Hardware {
+    /// A built-in description by name (`h100-node`, `cpu-2core`) or a JSON file.
+    pub fn load(name_or_path: &str) -> Result<Self> {
+        if let Some((_, text)) = PRESETS.iter().find(|(n, _)| *n == name_or_path) {
+            return Self::parse(text, name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                invalid!(
+                    "no hardware file `{name_or_path}`: give a JSON file or one of {}",
+                    PRESETS.map(|p| p.0).join(", ")
+                )
+            } else {
+                Error::io("cannot read", path, e)
+            }
+        })?;
+        Self::parse(&text, name_or_path)
+    }
+
+    /// Parses and checks a description; `what` names it in errors.
+    pub fn parse(text: &str, what: &str) -> Result<Self> {
+        let hw: Hardware = serde_json::from_str(text)
+            .map_err(|e| invalid!("hardware file {what} is malformed: {e}"))?;
+        hw.check(what)?;
+        Ok(hw)
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        let bad = |field: &str| invalid!("hardware file {what}: {field} must be positive");
+        if self.devices_per_node == 0 {
+            return Err(bad("devices_per_node"));
+        }
+        for (field, v) in [
+            ("peak_flops_f32", self.peak_flops_f32),
+            ("peak_flops_half", self.peak_flops_half),
+            (
+                "memory_bandwidth_bytes_per_s",
+                self.memory_bandwidth_bytes_per_s,
+            ),
+            (
+                "intra_node.bandwidth_bytes_per_s",
+                self.intra_node.bandwidth_bytes_per_s,
+            ),
+            (
+                "inter_node.bandwidth_bytes_per_s",
+                self.inter_node.bandwidth_bytes_per_s,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(bad(field));
+            }
+        }
+        if !(self.efficiency > 0.0 && self.efficiency <= 1.0) {
+            return Err(invalid!(
+                "hardware file {what}: efficiency is a share of the peak, in (0, 1]"
+            ));
+        }
+        for (field, l) in [
+            ("intra_node", self.intra_node),
+            ("inter_node", self.inter_node),
+        ] {
+            if !(l.latency_s.is_finite() && l.latency_s >= 0.0) {
+                return Err(invalid!(
+                    "hardware file {what}: {field}.latency_s must be zero or more seconds"
+                ));
+            }
+        }
+        for (field, v) in [
+            ("memory", &self.memory),
+            ("runtime_memory", &self.runtime_memory),
+        ] {
+            parse_bytes(v).map_err(|e| invalid!("hardware file {what}: {field}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Memory of one device in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        parse_bytes(&self.memory).expect("checked when loaded")
+    }
+
+    /// What a rank holds before its first tensor, in bytes.
+    pub fn runtime_bytes(&self) -> u64 {
+        parse_bytes(&self.runtime_memory).expect("checked when loaded")
+    }
+
+    /// Peak FLOP/s of one device computing in `half` precision or in f32.
+    pub fn peak_flops(&self, half: bool) -> f64 {
+        if half {
+            self.peak_flops_half
+        } else {
+            self.peak_flops_f32
+        }
+    }
+}
+
+const UNITS: [(&str, u64); 9] = [
+    ("TiB", 1 << 40),
+    ("GiB", 1 << 30),
+    ("MiB", 1 << 20),
+    ("KiB", 1 << 10),
+    ("TB", 1_000_000_000_000),
+    ("GB", 1_000_000_000),
+    ("MB", 1_000_000),
+    ("KB", 1_000),
+    ("B", 1),
+];
+
+/// Bytes from a size with a unit: `4GiB`, `512MiB`, `1.5GB`, `1000` (bytes).
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mult) = UNITS
+        .iter()
+        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n.trim(), *m)))
+        .unwrap_or((t, 1));
+    match num.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok((v * mult as f64).round() as u64),
+        _ => Err(invalid!(
+            "`{s}` is not a size: write a positive number with a unit, like 4GiB or 512MiB"
+        )),
+    }
+}
+
+/// `bytes` in the largest binary unit that keeps it at 1 or more (`1.5 GiB`).
+pub fn format_bytes(bytes: f64) -> String {
+    for (u, m) in &UNITS[..4] {
+        if bytes >= *m as f64 {
+            return format!("{:.1} {u}", bytes / *m as f64);
+        }
+    }
+    format!("{bytes:.0} B")
+}

@@ -1,0 +1,137 @@
+//! AutoConfig (Varuna's, and what Megatron users do by hand): every pp x tp x dp layout of a
+//! world, every micro-batch size, schedule and recompute mode, predicted by
+//! [`estimate`](super::estimate::estimate), kept when each rank fits in the memory cap, and
+//! ranked by step time.
+
+use super::costs::Profile;
+use super::estimate::{estimate, Candidate, Cluster, Estimate};
+use super::hardware::format_bytes;
+use crate::pipeline::schedule::Kind;
+use crate::pipeline::Recompute;
+use crate::topology::Layout;
+use crate::{invalid, Result};
+
+/// What to plan for.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Ranks (devices) of the job.
+    pub world: usize,
+    /// Memory each rank may use, in bytes.
+    pub memory_bytes: f64,
+    /// Rows of every step over all data-parallel replicas.
+    pub global_batch: usize,
+    /// The best `top` candidates are returned.
+    pub top: usize,
+}
+
+fn divisors(n: usize) -> impl Iterator<Item = usize> {
+    (1..=n).filter(move |d| n.is_multiple_of(*d))
+}
+
+/// Micro-batch sizes tried for `rows` per replica: the powers of two that divide it, and
+/// `rows` itself.
+fn micro_batch_sizes(rows: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..usize::BITS)
+        .map(|i| 1usize << i)
+        .take_while(|&s| s <= rows)
+        .filter(|s| rows.is_multiple_of(*s))
+        .collect();
+    if v.last() != Some(&rows) {
+        v.push(rows);
+    }
+    v
+}
+
+/// Every candidate of `req`'s world for a model of `units` units whose tp size must divide
+/// each of `tp_divides`.
+pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for pp in divisors(req.world).filter(|&pp| pp <= units) {
+        let rest = req.world / pp;
+        for tp in divisors(rest).filter(|tp| tp_divides.iter().all(|d| d.is_multiple_of(*tp))) {
+            let dp = rest / tp;
+            if !req.global_batch.is_multiple_of(dp) {
+                continue;
+            }
+            let rows = req.global_batch / dp;
+            for micro_batch in micro_batch_sizes(rows) {
+                let m = rows / micro_batch;
+                let mut schedules = vec![(Kind::OneFOneB, 1)];
+                if pp > 1 {
+                    schedules.extend([(Kind::GPipe, 1), (Kind::ZeroBubbleH1, 1)]);
+                    if units >= 2 * pp && m.is_multiple_of(pp) {
+                        schedules.push((Kind::Interleaved, 2));
+                    }
+                }
+                for (schedule, virtual_stages) in schedules {
+                    for recompute in [Recompute::Never, Recompute::Always] {
+                        out.push(Candidate {
+                            layout: Layout { pp, tp, dp },
+                            micro_batch,
+                            micro_batches: m,
+                            schedule,
+                            virtual_stages,
+                            recompute,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The `req.top` fastest candidates that fit in `req.memory_bytes`, fastest first (ties: the
+/// smaller peak). Errors say why none is left: a world the model cannot be split over, or
+/// the smallest memory cap any layout needs.
+pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec<Estimate>> {
+    if req.world == 0 || req.global_batch == 0 || req.top == 0 {
+        return Err(invalid!("world, global batch and top must be positive"));
+    }
+    let all = candidates(req, profile.units(), &profile.tp_divides);
+    if all.is_empty() {
+        return Err(invalid!(
+            "a world of {} cannot be split for this model: pp must divide it and be at most the \
+             model's {} units, tp must divide what is left and each of {:?}, and dp must divide \
+             the global batch {}; choose another world size or global batch",
+            req.world,
+            profile.units(),
+            profile.tp_divides,
+            req.global_batch
+        ));
+    }
+    let mut fits: Vec<Estimate> = Vec::new();
+    let mut smallest: Option<Estimate> = None;
+    for c in &all {
+        let (e, _) = estimate(profile, cluster, c)?;
+        if e.max_peak_bytes() <= req.memory_bytes {
+            fits.push(e);
+        } else if smallest
+            .as_ref()
+            .is_none_or(|s| e.max_peak_bytes() < s.max_peak_bytes())
+        {
+            smallest = Some(e);
+        }
+    }
+    if fits.is_empty() {
+        let s = smallest.expect("some candidate was estimated");
+        return Err(invalid!(
+            "no layout fits in {} per device: the smallest cap that works is {} ({} bytes: {} \
+             micro-batch {} {} recompute {})",
+            format_bytes(req.memory_bytes),
+            format_bytes(s.max_peak_bytes()),
+            s.max_peak_bytes().ceil(),
+            s.candidate.layout,
+            s.candidate.micro_batch,
+            s.candidate.schedule,
+            s.candidate.recompute
+        ));
+    }
+    fits.sort_by(|a, b| {
+        a.step_s
+            .total_cmp(&b.step_s)
+            .then(a.max_peak_bytes().total_cmp(&b.max_peak_bytes()))
+    });
+    fits.truncate(req.top);
+    Ok(fits)
+}

@@ -1,0 +1,273 @@
+//! The planner's predictions against hand-derived step times and memory, its search against
+//! the cases it must refuse, and a GPT-3-sized plan for 1024 H100s.
+
+use std::time::Instant;
+
+use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::Recompute;
+use pipewright::plan::{
+    estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, LayerProfile, Link, Profile,
+    Request, Transformer,
+};
+use pipewright::topology::Layout;
+
+/// A hardware file with links of `latency_s` and no bandwidth limit worth the name.
+fn hardware(latency_s: f64) -> Hardware {
+    let link = Link {
+        latency_s,
+        bandwidth_bytes_per_s: 1e30,
+    };
+    Hardware {
+        name: "test".into(),
+        devices_per_node: 8,
+        memory: "1GiB".into(),
+        peak_flops_f32: 1e12,
+        peak_flops_half: 1e12,
+        efficiency: 1.0,
+        memory_bandwidth_bytes_per_s: 1e9,
+        runtime_memory: "1MiB".into(),
+        intra_node: link,
+        inter_node: link,
+    }
+}
+
+/// `n` alike layers: forward `f` and backward `b` seconds per sample, `params` parameters,
+/// `kept` bytes kept per sample, 100 output bytes per sample.
+fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
+    let layer = |i: usize| LayerProfile {
+        name: format!("l{i}"),
+        params,
+        tp_split: true,
+        forward: Fit {
+            fixed_s: 0.0,
+            per_sample_s: f,
+        },
+        backward: Fit {
+            fixed_s: 0.0,
+            per_sample_s: b,
+        },
+        output_bytes_per_sample: 100.0,
+        kept_bytes_per_sample: kept,
+        kept_whole_bytes_per_sample: 0.0,
+        tp_all_reduce_bytes_per_sample: 0.0,
+        measured: Vec::new(),
+    };
+    Profile {
+        source: "test".into(),
+        dtype_bytes: 4,
+        layers: (0..n).map(layer).collect(),
+        bounds: (0..=n).collect(),
+        tp_divides: vec![4],
+    }
+}
+
+fn candidate(pp: usize, m: usize, rows: usize, schedule: Kind, recompute: Recompute) -> Candidate {
+    Candidate {
+        layout: Layout { pp, tp: 1, dp: 1 },
+        micro_batch: rows,
+        micro_batches: m,
+        schedule,
+        virtual_stages: 1,
+        recompute,
+    }
+}
+
+#[test]
+fn one_stage_costs_every_micro_batch_then_the_optimizer() {
+    let hw = hardware(0.0);
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: 1,
+    };
+    let p = profile(2, 1e-3, 2e-3, 1000, 50.0);
+    let (m, rows) = (4, 2);
+    let (e, _) = estimate(
+        &p,
+        &cluster,
+        &candidate(1, m, rows, Kind::OneFOneB, Recompute::Never),
+    )
+    .unwrap();
+    // Two layers of (1 + 2) ms per sample; AdamW streams 28 bytes per parameter at 1 GB/s.
+    let step = m as f64 * rows as f64 * 2.0 * 3e-3 + 2000.0 * 28.0 / 1e9;
+    assert!((e.step_s - step).abs() < 1e-12, "{} vs {step}", e.step_s);
+    // 1 MiB runtime, 20 bytes per parameter, one micro-batch held and its backward's gradients.
+    let peak = 1048576.0 + 2000.0 * 20.0 + 2.0 * (2.0 * 50.0 * rows as f64);
+    assert_eq!(e.peak_bytes, vec![peak]);
+    assert_eq!(e.bubble, 0.0);
+    // Recomputing runs every forward twice.
+    let (r, _) = estimate(
+        &p,
+        &cluster,
+        &candidate(1, m, rows, Kind::OneFOneB, Recompute::Always),
+    )
+    .unwrap();
+    let extra = m as f64 * rows as f64 * 2.0 * 1e-3;
+    assert!((r.step_s - step - extra).abs() < 1e-12);
+}
+
+#[test]
+fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
+    // GPipe over 2 alike stages of forward f and backward b with a hop of t:
+    // (m + 1)(f + b) + 2t (derived by hand: the second stage's forwards end at (m + 1)f + t,
+    // its backwards then run back to back, the first stage's last backward ends one b and
+    // one hop after the second stage's).
+    let t = 5e-4;
+    let hw = hardware(t);
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: 2,
+    };
+    let p = profile(2, 1e-3, 3e-3, 0, 10.0);
+    let m = 6;
+    let (e, sim) = estimate(
+        &p,
+        &cluster,
+        &candidate(2, m, 1, Kind::GPipe, Recompute::Never),
+    )
+    .unwrap();
+    let (f, b) = (1e-3, 3e-3);
+    let want = (m as f64 + 1.0) * (f + b) + 2.0 * t;
+    assert!((e.step_s - want).abs() < 1e-12, "{} vs {want}", e.step_s);
+    assert_eq!(e.balance, vec![1, 1]);
+    // GPipe holds every micro-batch on both stages; 1F1B at most p - s.
+    assert_eq!(sim.peak_in_flight, vec![m, m]);
+    let (o, _) = estimate(
+        &p,
+        &cluster,
+        &candidate(2, m, 1, Kind::OneFOneB, Recompute::Never),
+    )
+    .unwrap();
+    assert!(o.peak_bytes[0] < e.peak_bytes[0] && o.peak_bytes[1] < e.peak_bytes[1]);
+    // Beyond the runtime and one backward's gradients (10 bytes), what the micro-batches hold.
+    let held = |e: &pipewright::plan::Estimate, s: usize| e.peak_bytes[s] - 1048576.0 - 10.0;
+    assert_eq!(held(&e, 0), m as f64 * 10.0);
+    assert_eq!(held(&o, 0), 2.0 * 10.0);
+}
+
+#[test]
+fn a_model_too_big_for_one_stage_gets_more_stages() {
+    let hw = hardware(1e-5);
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: 4,
+    };
+    // Four layers of 2.5 M parameters at 20 bytes each: 200 MB on one rank, 50 MB on four.
+    let p = profile(4, 1e-3, 2e-3, 2_500_000, 1000.0);
+    let mut req = Request {
+        world: 4,
+        memory_bytes: 150e6,
+        global_batch: 8,
+        top: 50,
+    };
+    let plans = search(&p, &cluster, &req).unwrap();
+    assert!(plans
+        .iter()
+        .all(|e| e.candidate.layout.pp * e.candidate.layout.tp >= 2));
+    assert!(plans.iter().all(|e| e.max_peak_bytes() <= 150e6));
+    // Below the smallest layout's need: the error names the cap that works, and that cap does.
+    req.memory_bytes = 10e6;
+    let err = search(&p, &cluster, &req).unwrap_err().to_string();
+    assert!(err.contains("the smallest cap that works is"), "{err}");
+    let bytes: f64 = err
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split(" bytes")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    req.memory_bytes = bytes;
+    let plans = search(&p, &cluster, &req).unwrap();
+    assert_eq!(plans[0].max_peak_bytes(), bytes);
+    assert_eq!(
+        plans[0].candidate.layout.pp * plans[0].candidate.layout.tp,
+        4
+    );
+}
+
+#[test]
+fn a_world_the_model_cannot_use_is_refused() {
+    let hw = hardware(0.0);
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: 3,
+    };
+    // 2 layers, tp must divide 4, the batch of 8 rows: 3 ranks fit no axis.
+    let req = Request {
+        world: 3,
+        memory_bytes: 1e12,
+        global_batch: 8,
+        top: 1,
+    };
+    let err = search(&profile(2, 1e-3, 1e-3, 10, 1.0), &cluster, &req).unwrap_err();
+    assert!(
+        err.to_string().contains("cannot be split for this model"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gpt3_on_1024_h100s_plans_like_megatron_in_seconds() {
+    let hw = Hardware::load("h100-node").unwrap();
+    let profile = Transformer::gpt3_175b().profile(&hw, 2).unwrap();
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: 8,
+    };
+    let req = Request {
+        world: 1024,
+        memory_bytes: hw.memory_bytes() as f64,
+        global_batch: 1536,
+        top: 5,
+    };
+    let t = Instant::now();
+    let plans = search(&profile, &cluster, &req).unwrap();
+    let took = t.elapsed().as_secs_f64();
+    assert!(took < 10.0, "planning took {took} s");
+    let best = plans[0].candidate.layout;
+    // Tensor parallelism fills a node's NVLink, pipeline stages cross nodes.
+    assert_eq!(best.tp, 8, "{best}");
+    assert!(best.pp >= 4 && best.dp >= 2, "{best}");
+    // 175 B parameters: about 6 x 175e9 x tokens FLOPs at half of 1024 x 989 TFLOP/s at best.
+    let ideal = 6.0 * 175e9 * 1536.0 * 2048.0 / (1024.0 * 989e12 * 0.5);
+    assert!(
+        plans[0].step_s > ideal && plans[0].step_s < 2.0 * ideal,
+        "{}",
+        plans[0].step_s
+    );
+    assert!((Transformer::gpt3_175b().params() as f64 - 174.6e9).abs() < 1e9);
+}
+
+#[test]
+fn bad_hardware_and_profile_files_are_named() {
+    let err = Hardware::parse("{\"name\": \"x\"}", "x.json").unwrap_err();
+    assert!(err.to_string().contains("x.json is malformed"), "{err}");
+    let mut hw = hardware(0.0);
+    hw.inter_node.bandwidth_bytes_per_s = -1.0;
+    let text = serde_json::to_string(&hw).unwrap();
+    let err = Hardware::parse(&text, "y.json").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("inter_node.bandwidth_bytes_per_s must be positive"),
+        "{err}"
+    );
+    let err = Hardware::load("no-such-node").unwrap_err();
+    assert!(err.to_string().contains("h100-node"), "{err}");
+    assert_eq!(parse_bytes("4GiB").unwrap(), 4 << 30);
+    assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+    assert!(parse_bytes("lots").is_err());
+
+    let dir = std::env::temp_dir().join(format!("pw-autoconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("p.json");
+    std::fs::write(&path, "{\"layers\": 3}").unwrap();
+    let err = Profile::load(&path).unwrap_err();
+    assert!(err.to_string().contains("is malformed"), "{err}");
+    let mut p = profile(2, 1e-3, 1e-3, 1, 1.0);
+    p.bounds = vec![0, 3];
+    p.save(&path).unwrap();
+    let err = Profile::load(&path).unwrap_err();
+    assert!(err.to_string().contains("bounds must rise"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
