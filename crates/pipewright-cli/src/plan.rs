@@ -10,7 +10,8 @@ use std::process::Command;
 
 use clap::Args;
 use pipewright::plan::{
-    format_bytes, parse_bytes, search, Cluster, Estimate, Hardware, Profile, Request, Transformer,
+    format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Profile,
+    Request, Transformer,
 };
 use pipewright::{invalid, Error, Result};
 
@@ -44,6 +45,10 @@ pub struct PlanArgs {
     /// Train each printed layout here for --steps steps (threads) and add what it took.
     #[arg(long)]
     pub measure: bool,
+    /// Predict only these layouts instead of searching, each written as
+    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never` (repeat the flag for more).
+    #[arg(long)]
+    pub candidate: Vec<String>,
 }
 
 /// The profile the flags ask for.
@@ -93,13 +98,32 @@ pub fn run(p: PlanArgs) -> Result<()> {
         hardware: &hw,
         ranks_per_node: p.world / nodes,
     };
+    let pins = p
+        .candidate
+        .iter()
+        .map(|s| parse_candidate(s, p.train.batch_size))
+        .collect::<Result<Vec<_>>>()?;
     let req = Request {
         world: p.world,
         memory_bytes: memory as f64,
         global_batch: p.train.batch_size,
-        top: p.top,
+        top: if pins.is_empty() { p.top } else { pins.len() },
     };
-    let best = search(&profile, &cluster, &req)?;
+    if p.profile.is_some() && profile.threads != cluster.threads_per_rank() {
+        eprintln!(
+            "warning: the profile was timed with {} CPU threads, the ranks will have {}: times \
+             are scaled as if linear in threads; for better predictions profile with \
+             RAYON_NUM_THREADS={}",
+            profile.threads,
+            cluster.threads_per_rank(),
+            cluster.threads_per_rank()
+        );
+    }
+    let best = if pins.is_empty() {
+        search(&profile, &cluster, &req)?
+    } else {
+        rank(&profile, &cluster, &req, pins)?
+    };
     println!(
         "plan for {} ranks on {nodes} node(s) of {}, {} per device; profile: {}",
         p.world,
@@ -228,7 +252,7 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
             std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
         let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
         let step = s["median_step_seconds"].as_f64().unwrap_or(f64::NAN);
-        let peak = s["peak_memory_bytes"].as_f64().unwrap_or(f64::NAN);
+        let peak = s["training_peak_memory_bytes"].as_f64().unwrap_or(f64::NAN);
         // Threads share one process: its peak holds every rank, the runtime once.
         let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);
         println!(

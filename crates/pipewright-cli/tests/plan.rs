@@ -39,11 +39,12 @@ fn a_model_over_the_cap_at_one_stage_is_planned_onto_two_and_trains() {
         !o.status.success() && err.contains("the smallest cap that works is"),
         "{err}"
     );
+    // "... the smallest cap that works is 27.2 MiB (28478590 bytes: pp=2 ...)".
     let bytes = err
-        .split('(')
-        .nth(1)
+        .split(" bytes:")
+        .next()
         .unwrap()
-        .split(" bytes")
+        .rsplit('(')
         .next()
         .unwrap()
         .to_string();

@@ -20,6 +20,7 @@ fn hardware(latency_s: f64) -> Hardware {
     Hardware {
         name: "test".into(),
         devices_per_node: 8,
+        cores_per_device: 1,
         memory: "1GiB".into(),
         peak_flops_f32: 1e12,
         peak_flops_half: 1e12,
@@ -58,6 +59,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         layers: (0..n).map(layer).collect(),
         bounds: (0..=n).collect(),
         tp_divides: vec![4],
+        threads: 1,
     }
 }
 
@@ -168,15 +170,14 @@ fn a_model_too_big_for_one_stage_gets_more_stages() {
     req.memory_bytes = 10e6;
     let err = search(&p, &cluster, &req).unwrap_err().to_string();
     assert!(err.contains("the smallest cap that works is"), "{err}");
-    let bytes: f64 = err
-        .split('(')
-        .nth(1)
-        .unwrap()
-        .split(" bytes")
+    let bytes = err
+        .split(" bytes:")
         .next()
         .unwrap()
-        .parse()
+        .rsplit('(')
+        .next()
         .unwrap();
+    let bytes: f64 = bytes.parse().unwrap();
     req.memory_bytes = bytes;
     let plans = search(&p, &cluster, &req).unwrap();
     assert_eq!(plans[0].max_peak_bytes(), bytes);

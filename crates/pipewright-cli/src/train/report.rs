@@ -42,6 +42,9 @@ pub struct Summary {
     items_per_second: f64,
     items: &'static str,
     peak_memory_bytes: Option<u64>,
+    /// The process's peak before its first evaluation: training's own (the task's greedy
+    /// decoding can hold more).
+    training_peak_memory_bytes: Option<u64>,
     layout: String,
     ranks: Vec<String>,
     bubble_per_stage: Vec<f64>,
@@ -131,6 +134,7 @@ pub fn train_loop(
     let mut metric = f64::NAN;
     let mut done_steps = first;
     let mut step_times = Vec::new();
+    let mut training_peak = None;
     for step in first..a.steps {
         let b = batch(step)?;
         let t = Instant::now();
@@ -139,6 +143,9 @@ pub fn train_loop(
         last_loss = r.loss;
         let last = step + 1 == a.steps;
         let eval_now = (step + 1) % a.eval_every == 0 || last;
+        if eval_now && training_peak.is_none() {
+            training_peak = peak_memory_bytes();
+        }
         let m = if eval_now {
             metric = task.evaluate(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
             let line = format!(
@@ -203,6 +210,7 @@ pub fn train_loop(
         items_per_second: done_steps.saturating_sub(first) as f64 * items_per_step as f64 / secs,
         items,
         peak_memory_bytes: peak_memory_bytes(),
+        training_peak_memory_bytes: training_peak,
         layout: String::new(),
         ranks: Vec::new(),
         bubble_per_stage: Vec::new(),
@@ -241,6 +249,12 @@ pub fn write_summary(
     );
     if let Some(p) = summary.peak_memory_bytes {
         println!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
+    }
+    if let Some(p) = summary.training_peak_memory_bytes {
+        println!(
+            "training peak   {:.1} MiB (before the first evaluation)",
+            p as f64 / (1024.0 * 1024.0)
+        );
     }
     println!("layout          {}", summary.layout);
     let b: Vec<String> = balance.iter().map(|n| n.to_string()).collect();

@@ -90,6 +90,14 @@ pub struct Profile {
     pub bounds: Vec<usize>,
     /// A tensor-parallel size must divide each of these (attention heads, ...).
     pub tp_divides: Vec<usize>,
+    /// CPU threads each layer was timed with (candle's pool; 1 for a GPU). A run's ranks
+    /// should have as many for the times to hold (`pipewright plan` warns otherwise).
+    #[serde(default = "one")]
+    pub threads: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Profile {
@@ -124,9 +132,9 @@ impl Profile {
                 "profile {what}: bounds must rise from 0 to the layer count {n}, got {b:?}"
             ));
         }
-        if self.dtype_bytes == 0 || self.tp_divides.contains(&0) {
+        if self.dtype_bytes == 0 || self.threads == 0 || self.tp_divides.contains(&0) {
             return Err(invalid!(
-                "profile {what}: dtype_bytes and tp_divides must be positive"
+                "profile {what}: dtype_bytes, threads and tp_divides must be positive"
             ));
         }
         for l in &self.layers {

@@ -58,9 +58,25 @@ pub struct Cluster<'a> {
 }
 
 impl Cluster<'_> {
-    /// How many ranks take turns on each device (1 when every rank has its own).
-    fn share(&self) -> f64 {
-        (self.ranks_per_node as f64 / self.hardware.devices_per_node as f64).max(1.0)
+    /// Ranks on one device.
+    fn ranks_per_device(&self) -> usize {
+        self.ranks_per_node.div_ceil(self.hardware.devices_per_node)
+    }
+
+    /// CPU threads each rank gets: its share of the device's cores, at least one (what
+    /// `comm::size_thread_pools` gives a run's ranks).
+    pub fn threads_per_rank(&self) -> usize {
+        (self.hardware.cores_per_device / self.ranks_per_device()).max(1)
+    }
+
+    /// How much slower than the profile each rank computes when all of them do at once: the
+    /// threads of a device's ranks over its cores (at least 1), times the profile's threads
+    /// over the rank's (as if time scaled linearly with threads, which it does not quite:
+    /// profile with the rank's thread count).
+    fn slowdown(&self, profile_threads: usize) -> f64 {
+        let threads = self.ranks_per_device() * self.threads_per_rank();
+        let shared = (threads as f64 / self.hardware.cores_per_device as f64).max(1.0);
+        shared * profile_threads as f64 / self.threads_per_rank() as f64
     }
 
     /// The link of a group whose members lie within `span` consecutive ranks.
@@ -114,6 +130,7 @@ fn stage_cost(
 ) -> StageCost {
     let layers = p.unit_layers(units);
     let tp_link = c.link(tp);
+    let slow = c.slowdown(p.threads);
     let mut s = StageCost {
         forward: 0.0,
         backward: 0.0,
@@ -133,8 +150,8 @@ fn stage_cost(
         } else {
             0.0
         };
-        s.forward += l.forward.at(rows) / t * c.share() + comm;
-        s.backward += l.backward.at(rows) / t * c.share() + comm;
+        s.forward += l.forward.at(rows) / t * slow + comm;
+        s.backward += l.backward.at(rows) / t * slow + comm;
         s.params += l.params as f64 / t;
         let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
         s.kept += (whole + (l.kept_bytes_per_sample - whole) / t) * rows as f64;
@@ -191,8 +208,8 @@ pub fn estimate(
         let mine: Vec<&StageCost> = (0..v).map(|c| &costs[c * pp + r]).collect();
         let params: f64 = mine.iter().map(|c| c.params).sum();
         let grads = dp_link.all_reduce(dp, params * 4.0);
-        let optimizer =
-            params * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s * cluster.share();
+        let optimizer = params * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
+            * cluster.slowdown(hw.cores_per_device);
         after = after.max(grads + optimizer);
         let kept_max = mine.iter().map(|c| c.kept).fold(0.0, f64::max);
         let kept_mean = mine.iter().map(|c| c.kept).sum::<f64>() / v as f64;

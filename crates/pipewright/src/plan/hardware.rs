@@ -48,6 +48,10 @@ pub struct Hardware {
     /// Devices that compute side by side in one node. Ranks beyond this share the devices
     /// (a CPU node is one device: its ranks share its cores).
     pub devices_per_node: usize,
+    /// Cores of one device that ranks sharing it divide among themselves (a CPU's cores; 1
+    /// for a GPU, whose ranks each have their own).
+    #[serde(default = "one")]
+    pub cores_per_device: usize,
     /// Memory of one device, with a unit (`80GiB`).
     pub memory: String,
     /// Peak FLOP/s of one device in f32, and in bf16/f16.
@@ -63,6 +67,10 @@ pub struct Hardware {
     pub intra_node: Link,
     /// Between nodes (one device's share of its node's network).
     pub inter_node: Link,
+}
+
+fn one() -> usize {
+    1
 }
 
 const PRESETS: [(&str, &str); 2] = [
@@ -102,6 +110,9 @@ impl Hardware {
         let bad = |field: &str| invalid!("hardware file {what}: {field} must be positive");
         if self.devices_per_node == 0 {
             return Err(bad("devices_per_node"));
+        }
+        if self.cores_per_device == 0 {
+            return Err(bad("cores_per_device"));
         }
         for (field, v) in [
             ("peak_flops_f32", self.peak_flops_f32),

@@ -24,7 +24,7 @@ pub use costs::{Fit, LayerProfile, Profile, Timing};
 pub use estimate::{estimate, Candidate, Cluster, Estimate};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use profile::{measure, profile_layers, LayerCost};
-pub use search::{search, Request};
+pub use search::{parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
 
 use crate::batch::Batch;

@@ -143,7 +143,8 @@ pub fn profile_layers(
     Ok(out)
 }
 
-/// A [`Profile`] of `model` measured here: every layer timed at each micro-batch size of
+/// A [`Profile`] of `model` measured here (with candle's pool as sized now: set
+/// `RAYON_NUM_THREADS` to the threads each rank of the planned runs will have): every layer timed at each micro-batch size of
 /// `sizes` (`batch(rows)` makes one), its forward and backward fitted as fixed + per-sample
 /// seconds; its output and kept bytes per sample from the largest size. `tp_divides` are what
 /// a tensor-parallel size must divide (heads, vocabulary), `source` says where it ran.
@@ -221,5 +222,6 @@ pub fn measure(
         layers,
         bounds: unit_bounds(model),
         tp_divides,
+        threads: candle_core::utils::get_num_threads(),
     })
 }

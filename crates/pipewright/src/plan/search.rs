@@ -81,14 +81,112 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
     out
 }
 
+/// A candidate written as `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never` (`virtual=2`
+/// with the interleaved schedule; left out: pp, tp, dp and virtual 1, mbs the replica's
+/// rows, 1f1b, never) for a global batch of `global_batch` rows.
+pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
+    let mut c = Candidate {
+        layout: Layout {
+            pp: 1,
+            tp: 1,
+            dp: 1,
+        },
+        micro_batch: 0,
+        micro_batches: 0,
+        schedule: Kind::OneFOneB,
+        virtual_stages: 1,
+        recompute: Recompute::Never,
+    };
+    for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
+        let (k, v) = part.trim().split_once('=').ok_or_else(|| {
+            invalid!("`{part}` in candidate `{spec}` is not key=value (pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never)")
+        })?;
+        let n = || -> Result<usize> {
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| invalid!("{k} in candidate `{spec}` must be a positive integer"))
+        };
+        match k {
+            "pp" => c.layout.pp = n()?,
+            "tp" => c.layout.tp = n()?,
+            "dp" => c.layout.dp = n()?,
+            "mbs" => c.micro_batch = n()?,
+            "virtual" => c.virtual_stages = n()?,
+            "schedule" => c.schedule = v.parse()?,
+            "recompute" => c.recompute = v.parse()?,
+            _ => {
+                return Err(invalid!(
+                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, dp, mbs, schedule, virtual, recompute"
+                ))
+            }
+        }
+    }
+    let dp = c.layout.dp;
+    if !global_batch.is_multiple_of(dp) {
+        return Err(invalid!(
+            "candidate `{spec}`: dp {dp} does not divide the global batch {global_batch}"
+        ));
+    }
+    let rows = global_batch / dp;
+    if c.micro_batch == 0 {
+        c.micro_batch = rows;
+    }
+    if !rows.is_multiple_of(c.micro_batch) {
+        return Err(invalid!(
+            "candidate `{spec}`: micro-batches of {} rows do not divide a replica's {rows}",
+            c.micro_batch
+        ));
+    }
+    c.micro_batches = rows / c.micro_batch;
+    Ok(c)
+}
+
 /// The `req.top` fastest candidates that fit in `req.memory_bytes`, fastest first (ties: the
 /// smaller peak). Errors say why none is left: a world the model cannot be split over, or
 /// the smallest memory cap any layout needs.
 pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec<Estimate>> {
+    rank(
+        profile,
+        cluster,
+        req,
+        candidates(req, profile.units(), &profile.tp_divides),
+    )
+}
+
+/// [`search`] among the given candidates only (each checked against the world and model).
+pub fn rank(
+    profile: &Profile,
+    cluster: &Cluster,
+    req: &Request,
+    all: Vec<Candidate>,
+) -> Result<Vec<Estimate>> {
     if req.world == 0 || req.global_batch == 0 || req.top == 0 {
         return Err(invalid!("world, global batch and top must be positive"));
     }
-    let all = candidates(req, profile.units(), &profile.tp_divides);
+    for c in &all {
+        let Layout { pp, tp, dp } = c.layout;
+        if pp * tp * dp != req.world {
+            return Err(invalid!(
+                "{} is not a layout of {} ranks",
+                c.layout,
+                req.world
+            ));
+        }
+        if pp * c.virtual_stages > profile.units() {
+            return Err(invalid!(
+                "{} with {} chunks per stage needs more than the model's {} units",
+                c.layout,
+                c.virtual_stages,
+                profile.units()
+            ));
+        }
+        if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {
+            return Err(invalid!(
+                "tp {tp} does not divide {d} (heads or vocabulary)"
+            ));
+        }
+    }
     if all.is_empty() {
         return Err(invalid!(
             "a world of {} cannot be split for this model: pp must divide it and be at most the \

@@ -133,6 +133,8 @@ impl Transformer {
             layers,
             bounds: (0..=n).collect(),
             tp_divides: vec![self.n_head],
+            // The peak is the whole device's.
+            threads: hw.cores_per_device,
         })
     }
 }
