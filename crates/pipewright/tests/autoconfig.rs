@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::schedule::{Action, Kind, Schedule};
 use pipewright::pipeline::Recompute;
 use pipewright::plan::{
     estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, LayerProfile, Link, Profile,
@@ -47,6 +47,8 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
             fixed_s: 0.0,
             per_sample_s: b,
         },
+        backward_input: None,
+        backward_weight: None,
         output_bytes_per_sample: 100.0,
         kept_bytes_per_sample: kept,
         kept_whole_bytes_per_sample: 0.0,
@@ -144,6 +146,28 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     let held = |e: &pipewright::plan::Estimate, s: usize| e.peak_bytes[s] - 1048576.0 - 10.0;
     assert_eq!(held(&e, 0), m as f64 * 10.0);
     assert_eq!(held(&o, 0), 2.0 * 10.0);
+}
+
+#[test]
+fn ranks_sharing_one_processor_take_turns() {
+    // GPipe, 2 stages, 2 micro-batches, forward f and backward b. Alone: (m + 1)(f + b).
+    // On one processor (1 slot) the two stages' overlapping actions run at half speed, and
+    // nothing overlaps with idle time, so the step is all the work in a row: 2 m (f + b).
+    let (f, b) = (1.0, 3.0);
+    let s = Schedule::new(Kind::GPipe, 2, 2, 1).unwrap();
+    let cost = |_: usize, a: &Action| match a {
+        Action::Forward { .. } => f,
+        _ => b,
+    };
+    let none = |_: usize, _: usize| 0.0;
+    let alone = s.simulate_with(&cost, &none, f64::INFINITY).unwrap();
+    assert_eq!(alone.makespan, 3.0 * (f + b));
+    assert_eq!(s.simulate_with(&cost, &none, 2.0).unwrap(), alone);
+    let shared = s.simulate_with(&cost, &none, 1.0).unwrap();
+    assert_eq!(shared.makespan, 4.0 * (f + b));
+    // Stage 0's second forward ran beside stage 1's first: both took 2 f.
+    let second = shared.spans[0][1];
+    assert_eq!((second.start, second.end), (f, 3.0 * f));
 }
 
 #[test]

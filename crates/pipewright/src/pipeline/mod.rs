@@ -13,6 +13,7 @@ mod io;
 pub mod microbatch;
 pub mod partition;
 pub mod recompute;
+mod replay;
 pub mod schedule;
 pub mod simulate;
 pub mod skip;

@@ -9,7 +9,8 @@
 
 use std::fmt;
 
-use super::simulate::{run, validate_complete};
+use super::replay::run;
+use super::simulate::validate_complete;
 pub use super::simulate::{Costs, Simulation, Span};
 use crate::{invalid, Error, Result};
 
@@ -253,19 +254,22 @@ impl Schedule {
 
     /// Checks the lists and simulates them under `costs`.
     pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
-        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0)
+        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, f64::INFINITY)
     }
 
     /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
     /// action and `transfer(from, to)` seconds for what crosses from one model stage to
-    /// another (the planner's costs: every stage its own durations, the links their delays).
+    /// another (the planner's costs: every stage its own durations, the links their delays),
+    /// with `slots` ranks computing at full speed at once (ranks sharing a CPU slow each other
+    /// down; infinity when every rank has its own device).
     pub fn simulate_with(
         &self,
         cost: &dyn Fn(usize, &Action) -> f64,
         transfer: &dyn Fn(usize, usize) -> f64,
+        slots: f64,
     ) -> Result<Simulation> {
         validate_complete(self)?;
-        run(self, cost, transfer)
+        run(self, cost, transfer, slots)
     }
 
     /// [`Schedule::simulate`] under [`Costs::unit`].

@@ -105,130 +105,41 @@ pub(super) fn validate_complete(s: &Schedule) -> Result<()> {
     Ok(())
 }
 
-/// Runs the lists in order on every stage; an action starts when its stage is free and what
-/// it needs is done, plus `transfer(from, to)` seconds when what it needs was made on another
-/// model stage (an activation or gradient crossing a cut). `cost(k, a)` is the duration of `a`
-/// on model stage `k`. Fails, naming what each stuck stage waits for, if no stage can move.
-pub(super) fn run(
-    s: &Schedule,
-    cost: &dyn Fn(usize, &Action) -> f64,
-    transfer: &dyn Fn(usize, usize) -> f64,
-) -> Result<Simulation> {
-    let (p, m) = (s.stages, s.micro_batches);
-    let last = p * s.chunks_per_stage - 1;
-    // Finish time of the forward / of the input gradient of (model stage k, mb) at k * m + mb.
-    let mut fwd: Vec<Option<f64>> = vec![None; (last + 1) * m];
-    let mut grad: Vec<Option<f64>> = vec![None; (last + 1) * m];
-    let mut ptr = vec![0usize; p];
-    let mut free = vec![0f64; p];
-    let mut spans: Vec<Vec<Span>> = vec![Vec::new(); p];
-    // What an action on model stage k needs: (is forward table, model stage, micro-batch).
-    let needs = |a: &Action, k: usize| -> ([(bool, usize); 2], usize) {
-        match a {
-            Action::Forward { .. } if k > 0 => ([(true, k - 1), (true, k - 1)], 1),
-            Action::Forward { .. } => ([(true, k); 2], 0),
-            Action::Backward { .. } | Action::BackwardInput { .. } if k < last => {
-                ([(true, k), (false, k + 1)], 2)
-            }
-            Action::Backward { .. } | Action::BackwardInput { .. } => ([(true, k); 2], 1),
-            Action::BackwardWeight { .. } => ([(false, k); 2], 1),
-        }
-    };
-    loop {
-        let mut moved = false;
-        for r in 0..p {
-            'list: while let Some(a) = s.actions[r].get(ptr[r]) {
-                let k = s.model_stage(r, a.chunk());
-                let (deps, n) = needs(a, k);
-                let mut start = free[r];
-                for &(is_f, ks) in &deps[..n] {
-                    let table = if is_f { &fwd } else { &grad };
-                    let Some(t) = table[ks * m + a.mb()] else {
-                        break 'list;
-                    };
-                    let hop = if ks == k { 0.0 } else { transfer(ks, k) };
-                    start = start.max(t + hop);
-                }
-                let end = start + cost(k, a);
-                match a {
-                    Action::Forward { .. } => fwd[k * m + a.mb()] = Some(end),
-                    Action::Backward { .. } | Action::BackwardInput { .. } => {
-                        grad[k * m + a.mb()] = Some(end)
+impl Simulation {
+    /// The simulation of `s` whose actions took `spans` (per rank, in order), ending at
+    /// `makespan`: its bubble and the micro-batches each rank holds at once.
+    pub(super) fn from_spans(s: &Schedule, spans: Vec<Vec<Span>>, makespan: f64) -> Self {
+        let p = s.stages;
+        let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
+        let bubble = if makespan > 0.0 {
+            1.0 - busy / (p as f64 * makespan)
+        } else {
+            0.0
+        };
+        let peak_in_flight = s
+            .actions
+            .iter()
+            .map(|list| {
+                let (mut now, mut peak) = (0i64, 0i64);
+                for a in list {
+                    match a {
+                        Action::Forward { .. } => now += 1,
+                        Action::Backward { .. } | Action::BackwardWeight { .. } => now -= 1,
+                        Action::BackwardInput { .. } => {}
                     }
-                    Action::BackwardWeight { .. } => {}
+                    peak = peak.max(now);
                 }
-                spans[r].push(Span {
-                    start,
-                    end,
-                    action: *a,
-                });
-                free[r] = end;
-                ptr[r] += 1;
-                moved = true;
-            }
-        }
-        if (0..p).all(|r| ptr[r] == s.actions[r].len()) {
-            break;
-        }
-        if !moved {
-            let stuck: Vec<String> = (0..p)
-                .filter_map(|r| {
-                    s.actions[r].get(ptr[r]).map(|a| {
-                        let k = s.model_stage(r, a.chunk());
-                        let (deps, n) = needs(a, k);
-                        let waits: Vec<String> = deps[..n]
-                            .iter()
-                            .filter(|(is_f, ks)| {
-                                let table = if *is_f { &fwd } else { &grad };
-                                table[ks * m + a.mb()].is_none()
-                            })
-                            .map(|(is_f, ks)| {
-                                format!(
-                                    "{} of micro-batch {} on model stage {ks}",
-                                    if *is_f { "forward" } else { "gradient" },
-                                    a.mb()
-                                )
-                            })
-                            .collect();
-                        format!("stage {r} at {a} waits for {}", waits.join(", "))
-                    })
-                })
-                .collect();
-            return Err(invalid!("schedule deadlocks: {}", stuck.join("; ")));
+                peak as usize
+            })
+            .collect();
+        Simulation {
+            spans,
+            makespan,
+            bubble,
+            peak_in_flight,
         }
     }
-    let makespan = free.iter().copied().fold(0.0, f64::max);
-    let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
-    let bubble = if makespan > 0.0 {
-        1.0 - busy / (p as f64 * makespan)
-    } else {
-        0.0
-    };
-    let peak_in_flight = s
-        .actions
-        .iter()
-        .map(|list| {
-            let (mut now, mut peak) = (0i64, 0i64);
-            for a in list {
-                match a {
-                    Action::Forward { .. } => now += 1,
-                    Action::Backward { .. } | Action::BackwardWeight { .. } => now -= 1,
-                    Action::BackwardInput { .. } => {}
-                }
-                peak = peak.max(now);
-            }
-            peak as usize
-        })
-        .collect();
-    Ok(Simulation {
-        spans,
-        makespan,
-        bubble,
-        peak_in_flight,
-    })
-}
 
-impl Simulation {
     /// One row per stage, one cell per time unit (costs must be whole numbers).
     pub fn timeline(&self) -> String {
         let width = self

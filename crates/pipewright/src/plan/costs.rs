@@ -46,6 +46,8 @@ pub struct Timing {
     pub rows: usize,
     pub forward_s: f64,
     pub backward_s: f64,
+    pub backward_input_s: f64,
+    pub backward_weight_s: f64,
 }
 
 /// What one layer costs on one device, without tensor parallelism.
@@ -62,6 +64,13 @@ pub struct LayerProfile {
     pub forward: Fit,
     /// Backward seconds (input and weight gradients).
     pub backward: Fit,
+    /// Seconds of the zero-bubble split backward's input gradients (default: half the
+    /// backward) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward_input: Option<Fit>,
+    /// ... and of its deferred weight gradients (default: half the backward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward_weight: Option<Fit>,
     /// Bytes of the output per sample: what crosses a cut after this layer.
     pub output_bytes_per_sample: f64,
     /// Bytes a micro-batch keeps from this layer's forward until its backward, per sample.
@@ -138,6 +147,7 @@ impl Profile {
             ));
         }
         for l in &self.layers {
+            let split = [l.backward_input, l.backward_weight].into_iter().flatten();
             let values = [
                 l.forward.fixed_s,
                 l.forward.per_sample_s,
@@ -148,7 +158,12 @@ impl Profile {
                 l.kept_whole_bytes_per_sample,
                 l.tp_all_reduce_bytes_per_sample,
             ];
-            if values.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+            let split_values = split.flat_map(|f| [f.fixed_s, f.per_sample_s]);
+            if values
+                .into_iter()
+                .chain(split_values)
+                .any(|v| !(v.is_finite() && v >= 0.0))
+            {
                 return Err(invalid!(
                     "profile {what}: layer {} has a negative or non-finite cost",
                     l.name

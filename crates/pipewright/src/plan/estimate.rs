@@ -10,7 +10,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::balance::balance_cost;
-use super::costs::Profile;
+use super::costs::{Fit, Profile};
 use super::hardware::{Hardware, Link};
 use crate::pipeline::schedule::{Action, Kind, Schedule, Simulation};
 use crate::pipeline::Recompute;
@@ -69,14 +69,18 @@ impl Cluster<'_> {
         (self.hardware.cores_per_device / self.ranks_per_device()).max(1)
     }
 
-    /// How much slower than the profile each rank computes when all of them do at once: the
-    /// threads of a device's ranks over its cores (at least 1), times the profile's threads
-    /// over the rank's (as if time scaled linearly with threads, which it does not quite:
-    /// profile with the rank's thread count).
-    fn slowdown(&self, profile_threads: usize) -> f64 {
+    /// The share of a device's ranks that can compute at full speed at once: its cores over
+    /// their threads, at most 1.
+    fn concurrent_share(&self) -> f64 {
         let threads = self.ranks_per_device() * self.threads_per_rank();
-        let shared = (threads as f64 / self.hardware.cores_per_device as f64).max(1.0);
-        shared * profile_threads as f64 / self.threads_per_rank() as f64
+        (self.hardware.cores_per_device as f64 / threads as f64).min(1.0)
+    }
+
+    /// How much slower than the profile a rank computes alone: the profile's threads over
+    /// the rank's (as if time scaled linearly with threads, which it does not quite: profile
+    /// with the rank's thread count).
+    fn thread_ratio(&self, profile_threads: usize) -> f64 {
+        profile_threads as f64 / self.threads_per_rank() as f64
     }
 
     /// The link of a group whose members lie within `span` consecutive ranks.
@@ -114,6 +118,9 @@ impl Estimate {
 struct StageCost {
     forward: f64,
     backward: f64,
+    /// The split backward's input and weight parts (zero-bubble schedules).
+    backward_input: f64,
+    backward_weight: f64,
     params: f64,
     kept: f64,
     input: f64,
@@ -130,10 +137,12 @@ fn stage_cost(
 ) -> StageCost {
     let layers = p.unit_layers(units);
     let tp_link = c.link(tp);
-    let slow = c.slowdown(p.threads);
+    let slow = c.thread_ratio(p.threads);
     let mut s = StageCost {
         forward: 0.0,
         backward: 0.0,
+        backward_input: 0.0,
+        backward_weight: 0.0,
         params: 0.0,
         kept: 0.0,
         input: if layers.start == 0 {
@@ -151,7 +160,11 @@ fn stage_cost(
             0.0
         };
         s.forward += l.forward.at(rows) / t * slow + comm;
-        s.backward += l.backward.at(rows) / t * slow + comm;
+        let b = l.backward.at(rows);
+        s.backward += b / t * slow + comm;
+        let part = |f: Option<Fit>| f.map_or(b / 2.0, |f| f.at(rows)) / t * slow;
+        s.backward_input += part(l.backward_input) + comm;
+        s.backward_weight += part(l.backward_weight);
         s.params += l.params as f64 / t;
         let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
         s.kept += (whole + (l.kept_bytes_per_sample - whole) / t) * rows as f64;
@@ -193,13 +206,20 @@ pub fn estimate(
         match a {
             Action::Forward { .. } => c.forward,
             Action::Backward { .. } => c.backward + again,
-            Action::BackwardInput { .. } => c.backward / 2.0 + again,
-            Action::BackwardWeight { .. } => c.backward / 2.0,
+            Action::BackwardInput { .. } => c.backward_input + again,
+            Action::BackwardWeight { .. } => c.backward_weight,
         }
     };
     let pp_link = cluster.link(pp * tp * dp);
     let transfer = |from: usize, to: usize| pp_link.p2p(costs[from.min(to)].output);
-    let sim = Schedule::new(cand.schedule, pp, m, v)?.simulate_with(&cost, &transfer)?;
+    // Every pipeline rank stands for its stage's tp x dp ranks, busy and idle together: a
+    // share of them computing at full speed at once is that share of the pipeline ranks.
+    let slots = if cluster.concurrent_share() < 1.0 {
+        cluster.concurrent_share() * pp as f64
+    } else {
+        f64::INFINITY
+    };
+    let sim = Schedule::new(cand.schedule, pp, m, v)?.simulate_with(&cost, &transfer, slots)?;
     let hw = cluster.hardware;
     let dp_link = cluster.link(tp * dp);
     let mut after = 0f64;
@@ -209,7 +229,8 @@ pub fn estimate(
         let params: f64 = mine.iter().map(|c| c.params).sum();
         let grads = dp_link.all_reduce(dp, params * 4.0);
         let optimizer = params * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
-            * cluster.slowdown(hw.cores_per_device);
+            * cluster.thread_ratio(hw.cores_per_device)
+            / cluster.concurrent_share();
         after = after.max(grads + optimizer);
         let kept_max = mine.iter().map(|c| c.kept).fold(0.0, f64::max);
         let kept_mean = mine.iter().map(|c| c.kept).sum::<f64>() / v as f64;

@@ -13,6 +13,7 @@ use serde::Serialize;
 use super::costs::{Fit, LayerProfile, Profile, Timing};
 use crate::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
+use crate::nn::deferred::WeightGradQueue;
 use crate::pipeline::partition::unit_bounds;
 use crate::{invalid, Result};
 
@@ -25,6 +26,10 @@ pub struct LayerCost {
     pub forward_s: f64,
     /// Seconds of its backward (the fastest of the repeats).
     pub backward_s: f64,
+    /// Seconds of its split backward's input gradients (zero-bubble schedules) ...
+    pub backward_input_s: f64,
+    /// ... and of its deferred weight gradients.
+    pub backward_weight_s: f64,
     /// Bytes of its parameters.
     pub param_bytes: usize,
     /// Bytes of its output for the micro-batch.
@@ -67,8 +72,60 @@ fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
     by_storage.values().sum()
 }
 
+/// One timed pass of `layer` on `x`: forward and backward seconds, then (with `split`, the
+/// zero-bubble split backward) the seconds of the deferred weight gradients, its output and
+/// the bytes its graph keeps.
+fn pass(
+    layer: &dyn crate::Layer,
+    x: &Activation,
+    cx: &mut Cx,
+    split: bool,
+) -> Result<(f64, f64, f64, Activation, usize)> {
+    let queue = WeightGradQueue::new();
+    cx.weight_grads = split.then(|| queue.clone());
+    // A fresh leaf for every float input: the backward stops at this layer.
+    let inputs = x
+        .tensors()
+        .into_iter()
+        .map(|t| {
+            Ok(if t.dtype().is_float() {
+                Var::from_tensor(&t.detach())?.as_tensor().clone()
+            } else {
+                t.clone()
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
+    leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
+    let t0 = Instant::now();
+    // (A stash a later layer pops stays in `cx` for it: skip connections.)
+    let got = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
+    let forward = t0.elapsed().as_secs_f64();
+    let mut objective: Option<Tensor> = None;
+    for t in got.tensors().into_iter().filter(|t| t.dtype().is_float()) {
+        let s = t.sum_all()?;
+        objective = Some(match objective {
+            Some(o) => (o + s)?,
+            None => s,
+        });
+    }
+    let t1 = Instant::now();
+    if let Some(o) = &objective {
+        o.backward()?;
+    }
+    let backward = t1.elapsed().as_secs_f64();
+    let t2 = Instant::now();
+    if split {
+        queue.weight_grads(0)?;
+    }
+    let weight = t2.elapsed().as_secs_f64();
+    let kept = objective.map_or(0, |o| graph_bytes(&o, &leaves));
+    Ok((forward, backward, weight, got, kept))
+}
+
 /// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the fastest
-/// of `repeats` timings of each layer's forward and backward.
+/// of `repeats` timings of each layer's forward and backward, and of its split backward's
+/// input and weight parts.
 pub fn profile_layers(
     model: &Sequential,
     build: &Build,
@@ -80,54 +137,25 @@ pub fn profile_layers(
     let mut cx = Cx::new(Mode::Train, 0, 0, 0);
     let mut out = Vec::new();
     for layer in stage.layers() {
-        let (mut forward_s, mut backward_s) = (f64::INFINITY, f64::INFINITY);
+        let mut best = [f64::INFINITY; 4];
         let mut y = None;
         let mut kept_bytes = 0;
-        let params: Vec<TensorId> = layer.params().iter().map(|(_, v)| v.id()).collect();
         for _ in 0..repeats.max(1) {
-            // A fresh leaf for every float input: the backward stops at this layer.
-            let tuple = x.is_tuple();
-            let inputs = x
-                .tensors()
-                .into_iter()
-                .map(|t| {
-                    Ok(if t.dtype().is_float() {
-                        Var::from_tensor(&t.detach())?.as_tensor().clone()
-                    } else {
-                        t.clone()
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let input_ids: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
-            // A stash a later layer pops stays for it (skip connections).
-            let t0 = Instant::now();
-            let got = layer.forward(Activation::from_tensors(inputs, tuple), &mut cx)?;
-            let t1 = Instant::now();
-            let mut objective: Option<Tensor> = None;
-            for t in got.tensors().into_iter().filter(|t| t.dtype().is_float()) {
-                let s = t.sum_all()?;
-                objective = Some(match objective {
-                    Some(o) => (o + s)?,
-                    None => s,
-                });
+            let (_, bi, bw, _, _) = pass(layer.as_ref(), &x, &mut cx, true)?;
+            let (f, b, _, got, kept) = pass(layer.as_ref(), &x, &mut cx, false)?;
+            for (slot, t) in best.iter_mut().zip([f, b, bi, bw]) {
+                *slot = slot.min(t);
             }
-            let t2 = Instant::now();
-            if let Some(o) = &objective {
-                o.backward()?;
-            }
-            forward_s = forward_s.min((t1 - t0).as_secs_f64());
-            backward_s = backward_s.min(t2.elapsed().as_secs_f64());
-            if let Some(o) = &objective {
-                let leaves: Vec<TensorId> = params.iter().chain(&input_ids).copied().collect();
-                kept_bytes = graph_bytes(o, &leaves);
-            }
+            kept_bytes = kept;
             y = Some(got);
         }
         let y = y.expect("at least one repeat");
         out.push(LayerCost {
             name: layer.name().to_string(),
-            forward_s,
-            backward_s,
+            forward_s: best[0],
+            backward_s: best[1],
+            backward_input_s: best[2],
+            backward_weight_s: best[3],
             param_bytes: layer
                 .params()
                 .iter()
@@ -188,6 +216,8 @@ pub fn measure(
                     rows,
                     forward_s: r[i].forward_s,
                     backward_s: r[i].backward_s,
+                    backward_input_s: r[i].backward_input_s,
+                    backward_weight_s: r[i].backward_weight_s,
                 })
                 .collect();
             let fit = |f: fn(&Timing) -> f64| {
@@ -208,6 +238,8 @@ pub fn measure(
                 tp_split: split,
                 forward: fit(|t| t.forward_s),
                 backward: fit(|t| t.backward_s),
+                backward_input: Some(fit(|t| t.backward_input_s)),
+                backward_weight: Some(fit(|t| t.backward_weight_s)),
                 output_bytes_per_sample: output,
                 kept_bytes_per_sample: kept,
                 kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },

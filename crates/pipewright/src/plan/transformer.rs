@@ -87,6 +87,8 @@ impl Transformer {
                         fixed_s: 0.0,
                         per_sample_s: 2.0 * fwd,
                     },
+                    backward_input: None,
+                    backward_weight: None,
                     output_bytes_per_sample: s * h * q,
                     kept_bytes_per_sample: kept,
                     kept_whole_bytes_per_sample: kept_whole,

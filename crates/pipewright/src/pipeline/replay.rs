@@ -1,0 +1,197 @@
+//! Replaying a schedule's action lists in time: each pipeline rank runs its list in order, an
+//! action starting when its rank is free and what it needs has arrived (the forward of the
+//! model stage before, the gradient of the one after, plus the hop between them). Ranks that
+//! share processors (several ranks on one CPU) slow each other down: with `slots` ranks able
+//! to compute at full speed at once, `b` busy ranks each progress at `min(1, slots / b)`.
+//!
+//! Every running action progresses at the same rate, so they are kept in a heap by the
+//! amount of work done (at full speed) at which they end; rates change only at events.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::schedule::{Action, Schedule};
+use super::simulate::{Simulation, Span};
+use crate::{invalid, Result};
+
+/// An f64 that orders (never NaN here: costs and times are finite).
+#[derive(Clone, Copy)]
+struct Time(f64);
+
+impl PartialEq for Time {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Time {}
+
+impl PartialOrd for Time {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Time {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// What an action on model stage `k` needs: (is a forward, model stage), `n` of them.
+fn needs(a: &Action, k: usize, last: usize) -> ([(bool, usize); 2], usize) {
+    match a {
+        Action::Forward { .. } if k > 0 => ([(true, k - 1); 2], 1),
+        Action::Forward { .. } => ([(true, k); 2], 0),
+        Action::Backward { .. } | Action::BackwardInput { .. } if k < last => {
+            ([(true, k), (false, k + 1)], 2)
+        }
+        Action::Backward { .. } | Action::BackwardInput { .. } => ([(true, k); 2], 1),
+        Action::BackwardWeight { .. } => ([(false, k); 2], 1),
+    }
+}
+
+/// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
+/// `transfer(from, to)` seconds for what crosses between model stages, `slots` ranks
+/// computing at full speed at once (infinity: every rank has its own processor). Fails,
+/// naming what each stuck rank waits for, when no rank can move.
+pub(super) fn run(
+    s: &Schedule,
+    cost: &dyn Fn(usize, &Action) -> f64,
+    transfer: &dyn Fn(usize, usize) -> f64,
+    slots: f64,
+) -> Result<Simulation> {
+    let (p, m) = (s.stages, s.micro_batches);
+    let last = p * s.chunks_per_stage - 1;
+    // When the forward / the input gradient of (model stage k, mb) ended, at k * m + mb.
+    let mut fwd: Vec<Option<f64>> = vec![None; (last + 1) * m];
+    let mut grad: Vec<Option<f64>> = vec![None; (last + 1) * m];
+    let mut ptr = vec![0usize; p];
+    let mut spans: Vec<Vec<Span>> = vec![Vec::new(); p];
+    let mut started = vec![0f64; p];
+    // Queued or running: not to be queued again until its action ends.
+    let mut active = vec![false; p];
+    // Ranks whose next action can start, by when; running actions, by the work at which
+    // they end.
+    let mut ready: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
+    let mut running: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
+    let (mut now, mut work) = (0f64, 0f64);
+    // Queues rank r's next action if what it needs is known.
+    let check = |r: usize,
+                 now: f64,
+                 ptr: &[usize],
+                 fwd: &[Option<f64>],
+                 grad: &[Option<f64>],
+                 active: &mut [bool],
+                 ready: &mut BinaryHeap<Reverse<(Time, usize)>>| {
+        if active[r] {
+            return;
+        }
+        let Some(a) = s.actions[r].get(ptr[r]) else {
+            return;
+        };
+        let k = s.model_stage(r, a.chunk());
+        let (deps, n) = needs(a, k, last);
+        let mut at = now;
+        for &(is_f, ks) in &deps[..n] {
+            let table = if is_f { fwd } else { grad };
+            let Some(t) = table[ks * m + a.mb()] else {
+                return;
+            };
+            at = at.max(t + if ks == k { 0.0 } else { transfer(ks, k) });
+        }
+        active[r] = true;
+        ready.push(Reverse((Time(at), r)));
+    };
+    for r in 0..p {
+        check(r, 0.0, &ptr, &fwd, &grad, &mut active, &mut ready);
+    }
+    loop {
+        let rate = if running.is_empty() {
+            1.0
+        } else {
+            (slots / running.len() as f64).min(1.0)
+        };
+        let next_end = running
+            .peek()
+            .map(|Reverse((w, _))| now + (w.0 - work) / rate);
+        let next_start = ready.peek().map(|Reverse((t, _))| t.0.max(now));
+        match (next_start, next_end) {
+            (Some(t), end) if end.is_none_or(|e| t <= e) => {
+                let Reverse((_, r)) = ready.pop().expect("peeked");
+                work += (t - now) * rate;
+                now = t;
+                let a = s.actions[r][ptr[r]];
+                started[r] = now;
+                let w = cost(s.model_stage(r, a.chunk()), &a).max(0.0);
+                running.push(Reverse((Time(work + w), r)));
+            }
+            (_, Some(end)) => {
+                let Reverse((w, r)) = running.pop().expect("peeked");
+                work = w.0;
+                now = end;
+                let a = s.actions[r][ptr[r]];
+                let k = s.model_stage(r, a.chunk());
+                match a {
+                    Action::Forward { .. } => fwd[k * m + a.mb()] = Some(now),
+                    Action::Backward { .. } | Action::BackwardInput { .. } => {
+                        grad[k * m + a.mb()] = Some(now)
+                    }
+                    Action::BackwardWeight { .. } => {}
+                }
+                spans[r].push(Span {
+                    start: started[r],
+                    end: now,
+                    action: a,
+                });
+                ptr[r] += 1;
+                active[r] = false;
+                // Who may move now: this rank, and the ranks of the neighbouring stages.
+                let neighbours = [Some(k), k.checked_sub(1), (k < last).then_some(k + 1)];
+                for ks in neighbours.into_iter().flatten() {
+                    check(ks % p, now, &ptr, &fwd, &grad, &mut active, &mut ready);
+                }
+            }
+            _ => break,
+        }
+    }
+    if (0..p).any(|r| ptr[r] < s.actions[r].len()) {
+        return Err(deadlock(s, &ptr, &fwd, &grad));
+    }
+    let makespan = spans.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
+    Ok(Simulation::from_spans(s, spans, makespan))
+}
+
+/// The error of a schedule where no rank can move: what each stuck rank waits for.
+fn deadlock(
+    s: &Schedule,
+    ptr: &[usize],
+    fwd: &[Option<f64>],
+    grad: &[Option<f64>],
+) -> crate::Error {
+    let (m, last) = (s.micro_batches, s.stages * s.chunks_per_stage - 1);
+    let stuck: Vec<String> = (0..s.stages)
+        .filter_map(|r| {
+            s.actions[r].get(ptr[r]).map(|a| {
+                let k = s.model_stage(r, a.chunk());
+                let (deps, n) = needs(a, k, last);
+                let waits: Vec<String> = deps[..n]
+                    .iter()
+                    .filter(|(is_f, ks)| {
+                        let table = if *is_f { fwd } else { grad };
+                        table[ks * m + a.mb()].is_none()
+                    })
+                    .map(|(is_f, ks)| {
+                        format!(
+                            "{} of micro-batch {} on model stage {ks}",
+                            if *is_f { "forward" } else { "gradient" },
+                            a.mb()
+                        )
+                    })
+                    .collect();
+                format!("stage {r} at {a} waits for {}", waits.join(", "))
+            })
+        })
+        .collect();
+    invalid!("schedule deadlocks: {}", stuck.join("; "))
+}
