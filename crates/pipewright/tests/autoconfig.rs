@@ -52,6 +52,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         output_bytes_per_sample: 100.0,
         kept_bytes_per_sample: kept,
         kept_whole_bytes_per_sample: 0.0,
+        deferred_bytes_per_sample: 0.0,
         tp_all_reduce_bytes_per_sample: 0.0,
         measured: Vec::new(),
     };

@@ -139,6 +139,15 @@ impl WeightGradQueue {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
+    /// Bytes of the output gradients waiting in the queue (what a split backward holds beyond
+    /// the forward's activations until the weight gradients run).
+    pub fn pending_bytes(&self) -> usize {
+        let q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        q.iter()
+            .map(|e| e.grad.elem_count() * e.grad.dtype().size_in_bytes())
+            .sum()
+    }
+
     /// The weight gradients of micro-batch `mb`, computed now (and removed from the queue).
     pub fn weight_grads(&self, mb: usize) -> Result<Grads> {
         let mine: Vec<Entry> = {

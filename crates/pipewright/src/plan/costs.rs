@@ -75,6 +75,10 @@ pub struct LayerProfile {
     pub output_bytes_per_sample: f64,
     /// Bytes a micro-batch keeps from this layer's forward until its backward, per sample.
     pub kept_bytes_per_sample: f64,
+    /// Bytes per sample the zero-bubble split backward holds from the input gradients to the
+    /// weight gradients beyond the kept ones (the queued output gradients).
+    #[serde(default)]
+    pub deferred_bytes_per_sample: f64,
     /// The part of the kept bytes that tensor parallelism does not split.
     pub kept_whole_bytes_per_sample: f64,
     /// Bytes per sample all-reduced over the tp group in the forward, and again in the
@@ -156,6 +160,7 @@ impl Profile {
                 l.output_bytes_per_sample,
                 l.kept_bytes_per_sample,
                 l.kept_whole_bytes_per_sample,
+                l.deferred_bytes_per_sample,
                 l.tp_all_reduce_bytes_per_sample,
             ];
             let split_values = split.flat_map(|f| [f.fixed_s, f.per_sample_s]);

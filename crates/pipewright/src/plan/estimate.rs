@@ -123,6 +123,8 @@ struct StageCost {
     backward_weight: f64,
     params: f64,
     kept: f64,
+    /// What the split backward holds until the weight gradients (zero-bubble schedules).
+    deferred: f64,
     input: f64,
     output: f64,
 }
@@ -145,6 +147,7 @@ fn stage_cost(
         backward_weight: 0.0,
         params: 0.0,
         kept: 0.0,
+        deferred: 0.0,
         input: if layers.start == 0 {
             0.0
         } else {
@@ -168,6 +171,7 @@ fn stage_cost(
         s.params += l.params as f64 / t;
         let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
         s.kept += (whole + (l.kept_bytes_per_sample - whole) / t) * rows as f64;
+        s.deferred += l.deferred_bytes_per_sample / t * rows as f64;
     }
     s
 }
@@ -238,11 +242,15 @@ pub fn estimate(
         let in_flight = sim.peak_in_flight[r] as f64;
         // A recomputed micro-batch keeps its stage input until its backward runs the forward
         // again; the backward then holds that micro-batch's activations and their gradients.
-        let held = match cand.recompute {
+        let mut held = match cand.recompute {
             Recompute::Never => in_flight * kept_mean,
             Recompute::Always => in_flight * input_mean + kept_max,
             Recompute::ExceptLast => (in_flight - 1.0).max(0.0) * input_mean + 2.0 * kept_max,
         };
+        // The split backward's queued output gradients wait for their weight gradients.
+        if cand.schedule == Kind::ZeroBubbleH1 {
+            held += in_flight * mine.iter().map(|c| c.deferred).sum::<f64>() / v as f64;
+        }
         peak_bytes
             .push(hw.runtime_bytes() as f64 + params * STATE_BYTES_PER_PARAM + held + kept_max);
     }

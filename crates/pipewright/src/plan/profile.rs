@@ -37,6 +37,9 @@ pub struct LayerCost {
     /// Bytes its forward keeps for the backward (every tensor of its autograd graph but its
     /// parameters and input, each storage counted once).
     pub kept_bytes: usize,
+    /// Bytes the zero-bubble split backward holds until the weight gradients run (the
+    /// output gradients of its weight-bearing ops).
+    pub deferred_bytes: usize,
 }
 
 impl LayerCost {
@@ -73,8 +76,8 @@ fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
 }
 
 /// One timed pass of `layer` on `x`: forward and backward seconds, then (with `split`, the
-/// zero-bubble split backward) the seconds of the deferred weight gradients, its output and
-/// the bytes its graph keeps.
+/// zero-bubble split backward) the seconds of the deferred weight gradients, its output, and
+/// the bytes its graph keeps (with `split`: the bytes of the queued output gradients).
 fn pass(
     layer: &dyn crate::Layer,
     x: &Activation,
@@ -114,12 +117,18 @@ fn pass(
         o.backward()?;
     }
     let backward = t1.elapsed().as_secs_f64();
+    let deferred = queue.pending_bytes();
     let t2 = Instant::now();
     if split {
         queue.weight_grads(0)?;
     }
     let weight = t2.elapsed().as_secs_f64();
-    let kept = objective.map_or(0, |o| graph_bytes(&o, &leaves));
+    // Kept: what the graph holds; with the split backward, the queued output gradients.
+    let kept = if split {
+        deferred
+    } else {
+        objective.map_or(0, |o| graph_bytes(&o, &leaves))
+    };
     Ok((forward, backward, weight, got, kept))
 }
 
@@ -139,9 +148,10 @@ pub fn profile_layers(
     for layer in stage.layers() {
         let mut best = [f64::INFINITY; 4];
         let mut y = None;
-        let mut kept_bytes = 0;
+        let (mut kept_bytes, mut deferred_bytes) = (0, 0);
         for _ in 0..repeats.max(1) {
-            let (_, bi, bw, _, _) = pass(layer.as_ref(), &x, &mut cx, true)?;
+            let (_, bi, bw, _, deferred) = pass(layer.as_ref(), &x, &mut cx, true)?;
+            deferred_bytes = deferred;
             let (f, b, _, got, kept) = pass(layer.as_ref(), &x, &mut cx, false)?;
             for (slot, t) in best.iter_mut().zip([f, b, bi, bw]) {
                 *slot = slot.min(t);
@@ -163,6 +173,7 @@ pub fn profile_layers(
                 .sum(),
             activation_bytes: y.tensors().into_iter().map(bytes).sum(),
             kept_bytes,
+            deferred_bytes,
         });
         let tuple = y.is_tuple();
         let next = y.tensors().into_iter().map(|t| t.detach()).collect();
@@ -242,6 +253,7 @@ pub fn measure(
                 backward_weight: Some(fit(|t| t.backward_weight_s)),
                 output_bytes_per_sample: output,
                 kept_bytes_per_sample: kept,
+                deferred_bytes_per_sample: l.deferred_bytes as f64 / big,
                 kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
                 tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
                 measured,

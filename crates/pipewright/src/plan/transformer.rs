@@ -71,9 +71,12 @@ impl Transformer {
         let flops_per_s = hw.peak_flops(dtype_bytes == 2) * hw.efficiency;
         let bw = hw.memory_bandwidth_bytes_per_s;
         // Forward seconds per sample: the products, then the element-wise passes (about three
-        // reads and writes of what the layer keeps); the backward does twice both.
+        // reads and writes of what the layer keeps); the backward does twice both. Per token,
+        // `kept` and `kept_whole` in hidden-size units, `deferred` in elements.
         let layer =
-            |name: String, params: f64, flops: f64, kept: f64, kept_whole: f64, all_reduce: f64| {
+            |name: String, params: f64, flops: f64, kept: f64, kept_whole: f64, deferred: f64| {
+                let (kept, kept_whole) = (kept * s * h * q, kept_whole * s * h * q);
+                let all_reduces = if name.starts_with("h.") { 2.0 } else { 1.0 };
                 let fwd = flops / flops_per_s + 3.0 * kept / bw;
                 LayerProfile {
                     name,
@@ -92,30 +95,27 @@ impl Transformer {
                     output_bytes_per_sample: s * h * q,
                     kept_bytes_per_sample: kept,
                     kept_whole_bytes_per_sample: kept_whole,
-                    tp_all_reduce_bytes_per_sample: all_reduce,
+                    deferred_bytes_per_sample: deferred * s * q,
+                    // Megatron's two all-reduces of the hidden state per block (one in the
+                    // embedding and in the head).
+                    tp_all_reduce_bytes_per_sample: all_reduces * s * h * q,
                     measured: Vec::new(),
                 }
             };
-        let mut layers = vec![layer(
-            "embedding".into(),
-            v * h + s * h,
-            0.0,
-            s * h * q,
-            s * h * q,
-            s * h * q,
-        )];
+        let mut layers = vec![layer("embedding".into(), v * h + s * h, 0.0, 1.0, 1.0, h)];
         for i in 0..self.n_layer {
             // q|k|v, the projection and the MLP (24 s h^2) and the causal attention's two
             // products over the lower triangle (2 s^2 h); kept: the input, both norms, the
             // projection and MLP outputs and the residual sum whole (6 h per token), q|k|v, the
-            // attention output and the MLP's hidden layer split (8 h).
+            // attention output and the MLP's hidden layer split (8 h); the split backward
+            // holds the four products' output gradients (9 h).
             layers.push(layer(
                 format!("h.{i}"),
                 12.0 * h * h + 13.0 * h,
                 24.0 * s * h * h + 2.0 * s * s * h,
-                14.0 * s * h * q,
-                6.0 * s * h * q,
-                2.0 * s * h * q,
+                14.0,
+                6.0,
+                9.0 * h,
             ));
         }
         // The final norm and the head (tied to the embedding, so a separate stage holds a
@@ -124,9 +124,9 @@ impl Transformer {
             "head".into(),
             v * h + 2.0 * h,
             2.0 * s * h * v,
-            (2.0 * h + v) * s * q,
-            2.0 * s * h * q,
-            s * h * q,
+            2.0 + v / h,
+            2.0,
+            v,
         ));
         let n = layers.len();
         Ok(Profile {
