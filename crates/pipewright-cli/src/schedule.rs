@@ -1,11 +1,17 @@
-//! `pipewright schedule`: a schedule's action lists as a timeline, under unit costs
-//! (forward 1, backward 2, its input and weight halves 1 each).
+//! `pipewright schedule`: a schedule's action lists as a timeline. Under unit costs (forward
+//! 1, backward 2, its input and weight halves 1 each) by default; with `--profile`, the
+//! planner's prediction in real seconds (every stage's own durations, the links' delays,
+//! ranks sharing a CPU), and with `--trace` a measured step drawn beneath it.
 
 use std::path::PathBuf;
 
 use clap::Args;
-use pipewright::pipeline::schedule::{Kind, Schedule};
-use pipewright::{Error, Result};
+use pipewright::pipeline::read_chrome_trace;
+use pipewright::pipeline::schedule::{Kind, Schedule, Simulation};
+use pipewright::pipeline::simulate::svg_panels;
+use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Hardware, Profile};
+use pipewright::topology::Layout;
+use pipewright::{invalid, Error, Result};
 
 #[derive(Args)]
 pub struct ScheduleArgs {
@@ -24,6 +30,79 @@ pub struct ScheduleArgs {
     /// Also draw the timeline into this SVG file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Predict the timeline in seconds from this profile (`pipewright profile`).
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// With --profile: rows per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    pub mbs: usize,
+    /// With --profile: tensor-parallel and data-parallel sizes of the layout.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    #[arg(long, default_value_t = 1)]
+    pub dp: usize,
+    /// With --profile: activation recomputation (always, except_last, never).
+    #[arg(long, default_value = "never")]
+    pub recompute: String,
+    /// With --profile: a hardware file or a built-in one (cpu-2core, h100-node).
+    #[arg(long, default_value = "cpu-2core")]
+    pub hardware: String,
+    /// With --profile: nodes the ranks are spread over.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// Draw this measured step (a `pipewright train --trace` file, its last step) under the
+    /// prediction.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+/// The timeline under the planner's costs, with its title.
+fn predicted(a: &ScheduleArgs, kind: Kind) -> Result<(String, Simulation)> {
+    let path = a.profile.as_ref().expect("asked with --profile");
+    let profile = Profile::load(path)?;
+    let hw = Hardware::load(&a.hardware)?;
+    let world = a.pp * a.tp * a.dp;
+    if a.nodes == 0 || !world.is_multiple_of(a.nodes) {
+        return Err(invalid!(
+            "{world} ranks do not spread evenly over --nodes {}",
+            a.nodes
+        ));
+    }
+    let cluster = Cluster {
+        hardware: &hw,
+        ranks_per_node: world / a.nodes,
+    };
+    let cand = Candidate {
+        layout: Layout {
+            pp: a.pp,
+            tp: a.tp,
+            dp: a.dp,
+        },
+        micro_batch: a.mbs,
+        micro_batches: a.chunks,
+        schedule: kind,
+        virtual_stages: a.r#virtual,
+        recompute: a.recompute.parse()?,
+    };
+    let (e, sim) = estimate(&profile, &cluster, &cand)?;
+    println!(
+        "predicted step {:.2} ms (pipeline {:.2} ms), balance {:?}",
+        e.step_s * 1e3,
+        sim.makespan * 1e3,
+        e.balance
+    );
+    for (r, (idle, peak)) in sim.idle_per_stage().iter().zip(&e.peak_bytes).enumerate() {
+        println!(
+            "  stage {r}: idle {:.1} %, peak memory {}",
+            idle * 100.0,
+            format_bytes(*peak)
+        );
+    }
+    let title = format!(
+        "predicted: {kind} pp={} tp={} dp={} chunks={} x {} rows",
+        a.pp, a.tp, a.dp, a.chunks, a.mbs
+    );
+    Ok((title, sim))
 }
 
 pub fn run(a: ScheduleArgs) -> Result<()> {
@@ -35,15 +114,45 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         a.pp, a.chunks, a.r#virtual
     );
     println!("{title}: complete and deadlock-free");
-    print!("{}", sim.timeline());
-    println!(
-        "time {} units, bubble {:.1} %, activations held per stage {:?}",
-        sim.makespan,
-        sim.bubble * 100.0,
-        sim.peak_in_flight
-    );
+    if a.profile.is_none() && a.trace.is_some() {
+        return Err(invalid!(
+            "--trace is drawn beside a prediction: give --profile too"
+        ));
+    }
+    let mut panels = vec![(title, sim)];
+    if a.profile.is_some() {
+        panels = vec![predicted(&a, kind)?];
+        if let Some(path) = &a.trace {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+            let measured = read_chrome_trace(&text, None)?;
+            println!(
+                "measured step (last in the trace): pipeline {:.2} ms",
+                measured.makespan * 1e3
+            );
+            panels.push((format!("measured: {}", path.display()), measured));
+        }
+    } else {
+        let sim = &panels[0].1;
+        print!("{}", sim.timeline());
+        println!(
+            "time {} units, bubble {:.1} %, activations held per stage {:?}",
+            sim.makespan,
+            sim.bubble * 100.0,
+            sim.peak_in_flight
+        );
+    }
     if let Some(path) = &a.svg {
-        std::fs::write(path, sim.svg(&title)).map_err(|e| Error::io("cannot write", path, e))?;
+        let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
+        // Unit costs: 28 pixels a unit; seconds: the longest timeline 1000 pixels wide.
+        let unit = if a.profile.is_some() && longest > 0.0 {
+            1000.0 / longest
+        } else {
+            28.0
+        };
+        let refs: Vec<(&str, &Simulation)> = panels.iter().map(|(t, s)| (t.as_str(), s)).collect();
+        std::fs::write(path, svg_panels(&refs, unit))
+            .map_err(|e| Error::io("cannot write", path, e))?;
         println!("drew {}", path.display());
     }
     Ok(())

@@ -106,7 +106,15 @@ fn check_outputs(args: &[String], stdout: &str) {
     if let Some(svg) = value_of(args, "--svg") {
         let pp: usize = value_of(args, "--pp").unwrap().parse().unwrap();
         let chunks: usize = value_of(args, "--chunks").unwrap().parse().unwrap();
-        check_svg(Path::new(svg), pp, chunks);
+        // A prediction with a measured trace beneath it: two panels of pp rows each.
+        let panels = 1 + usize::from(value_of(args, "--trace").is_some());
+        // zb1: F, I and W of every micro-batch; otherwise F and B.
+        let per_mb = if value_of(args, "--schedule") == Some("zb1") {
+            3
+        } else {
+            2
+        };
+        check_svg(Path::new(svg), pp * panels, per_mb * chunks);
     }
     if let Some(trace) = value_of(args, "--trace") {
         let pp: usize = value_of(args, "--pp").unwrap().parse().unwrap();
@@ -228,7 +236,7 @@ fn check_ckpt(args: &[String], stdout: &str) {
 
 /// A zero-bubble timeline: one labelled row per stage, and on each row one box per F, I and W
 /// of every micro-batch.
-fn check_svg(path: &Path, pp: usize, chunks: usize) {
+fn check_svg(path: &Path, rows_wanted: usize, per_row: usize) {
     let text = std::fs::read_to_string(path).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("the SVG parses as XML");
     assert_eq!(doc.root_element().tag_name().name(), "svg");
@@ -237,7 +245,7 @@ fn check_svg(path: &Path, pp: usize, chunks: usize) {
         .filter(|n| n.has_tag_name("text") && n.text().is_some_and(|t| t.starts_with("stage ")))
         .map(|n| n.attribute("y").unwrap().parse().unwrap())
         .collect();
-    assert_eq!(labels.len(), pp, "one row per stage");
+    assert_eq!(labels.len(), rows_wanted, "one row per stage");
     let mut rows: Vec<f64> = doc
         .descendants()
         .filter(|n| n.has_tag_name("rect") && n.attribute("x").is_some())
@@ -245,16 +253,20 @@ fn check_svg(path: &Path, pp: usize, chunks: usize) {
         .collect();
     rows.sort_by(f64::total_cmp);
     rows.dedup();
-    assert_eq!(rows.len(), pp, "action boxes on {} rows", rows.len());
+    assert_eq!(
+        rows.len(),
+        rows_wanted,
+        "action boxes on {} rows",
+        rows.len()
+    );
     for y in rows {
         let n = doc
             .descendants()
             .filter(|n| n.has_tag_name("rect") && n.attribute("y") == Some(&y.to_string()))
             .count();
         assert_eq!(
-            n,
-            3 * chunks,
-            "row at y={y}: F, I and W of every micro-batch"
+            n, per_row,
+            "row at y={y}: every action of every micro-batch"
         );
     }
 }

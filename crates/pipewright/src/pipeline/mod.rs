@@ -23,4 +23,4 @@ pub mod transfer;
 
 pub use executor::{Pipeline, PipelineOptions};
 pub use recompute::Recompute;
-pub use trace::{chrome_trace, TraceEvent};
+pub use trace::{chrome_trace, read_chrome_trace, TraceEvent};

@@ -165,18 +165,51 @@ impl Simulation {
         out
     }
 
-    /// The timeline as an SVG picture.
+    /// The timeline as an SVG picture, one time unit 28 pixels wide.
     pub fn svg(&self, title: &str) -> String {
-        let (unit, row, top, left) = (28.0, 30.0, 34.0, 70.0);
-        let w = left + self.makespan * unit + 10.0;
-        let h = top + self.spans.len() as f64 * row + 10.0;
-        let mut s = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"11\">\n\
-             <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-             <text x=\"8\" y=\"20\" font-size=\"13\">{title} — bubble {:.1} %</text>\n",
-            self.bubble * 100.0
-        );
-        for (r, spans) in self.spans.iter().enumerate() {
+        svg_panels(&[(title, self)], 28.0)
+    }
+
+    /// Each stage's idle share of the step: 1 - its busy time / the makespan.
+    pub fn idle_per_stage(&self) -> Vec<f64> {
+        self.spans
+            .iter()
+            .map(|row| {
+                let busy: f64 = row.iter().map(|s| s.end - s.start).sum();
+                if self.makespan > 0.0 {
+                    1.0 - busy / self.makespan
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+}
+
+/// Timelines stacked in one SVG picture on one time scale, `unit` pixels per time unit (a
+/// prediction above a measured trace, say): each panel its title and bubble, then a row per
+/// stage with a box per action.
+pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
+    let (row, head, left) = (30.0, 34.0, 70.0);
+    let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
+    let w = left + longest * unit + 10.0;
+    let h: f64 = panels
+        .iter()
+        .map(|p| head + p.1.spans.len() as f64 * row + 10.0)
+        .sum();
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let mut top = 0.0;
+    for (title, sim) in panels {
+        s.push_str(&format!(
+            "<text x=\"8\" y=\"{}\" font-size=\"13\">{title} — bubble {:.1} %</text>\n",
+            top + 20.0,
+            sim.bubble * 100.0
+        ));
+        top += head;
+        for (r, spans) in sim.spans.iter().enumerate() {
             let y = top + r as f64 * row;
             s.push_str(&format!(
                 "<text x=\"8\" y=\"{}\">stage {r}</text>\n",
@@ -194,7 +227,7 @@ impl Simulation {
                 s.push_str(&format!(
                     "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{color}\" stroke=\"white\"/>\
                      <text x=\"{}\" y=\"{}\" fill=\"white\" text-anchor=\"middle\">{}</text>\n",
-                    wd - 1.0,
+                    (wd - 1.0).max(0.5),
                     row - 4.0,
                     x + wd / 2.0,
                     y + row * 0.6,
@@ -202,7 +235,8 @@ impl Simulation {
                 ));
             }
         }
-        s.push_str("</svg>\n");
-        s
+        top += sim.spans.len() as f64 * row + 10.0;
     }
+    s.push_str("</svg>\n");
+    s
 }
