@@ -32,23 +32,33 @@ pub struct CommArgs {
     /// Ranks of the local backend.
     #[arg(long, default_value_t = 2)]
     pub world: usize,
-    /// Buffer sizes in MiB of f32.
+    /// Buffer sizes in MiB of f32 (fractions too: 0.01 is about 10 KB).
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
-    pub sizes: Vec<usize>,
+    pub sizes: Vec<f64>,
     /// Timed repetitions per round (after one warm-up); rows report the median of 5 rounds.
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
+    /// Write the link fitted to pipewright's timings (latency + bytes / bandwidth, for
+    /// send/recv and for all-reduce at this world size) to this JSON file, for
+    /// `pipewright plan --link` (use a small and a large size).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
 /// One measured row: seconds per operation.
 pub struct Row {
-    pub mib: usize,
+    pub mib: f64,
     pub op: &'static str,
     pub secs: f64,
 }
 
-fn gbps(mib: usize, secs: f64) -> f64 {
-    (mib * 1024 * 1024) as f64 / secs / 1e9
+/// f32 elements of a buffer of `mib` MiB (at least one).
+fn elements(mib: f64) -> usize {
+    ((mib * 1024.0 * 1024.0 / 4.0).round() as usize).max(1)
+}
+
+fn gbps(mib: f64, secs: f64) -> f64 {
+    (elements(mib) * 4) as f64 / secs / 1e9
 }
 
 /// Rounds of alternating measurements; each row reports the median round.
@@ -87,8 +97,8 @@ struct Ops<'a> {
 }
 
 impl Ops<'_> {
-    fn new(comm: &dyn Communicator, mib: usize) -> Result<Ops<'_>> {
-        let n = mib * 1024 * 1024 / 4;
+    fn new(comm: &dyn Communicator, mib: f64) -> Result<Ops<'_>> {
+        let n = elements(mib);
         Ok(Ops {
             comm,
             t: Tensor::ones(n, pipewright::candle_core::DType::F32, &Device::Cpu)?,
@@ -116,7 +126,7 @@ impl Ops<'_> {
 }
 
 /// Times send/recv and all-reduce through `comm` (every rank calls it).
-pub fn measure(comm: &dyn Communicator, sizes: &[usize], iters: usize) -> Result<Vec<Row>> {
+pub fn measure(comm: &dyn Communicator, sizes: &[f64], iters: usize) -> Result<Vec<Row>> {
     if comm.size() < 2 {
         return Err(invalid!("the communication bench needs at least 2 ranks"));
     }
@@ -148,10 +158,10 @@ fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
     println!("pipewright bench comm: backend {backend}, {world} ranks, f32 buffers");
     match raw {
         None => {
-            println!("{:>9}  {:<11} {:>12}", "size", "op", "GB/s");
+            println!("{:>12}  {:<11} {:>12}", "size", "op", "GB/s");
             for r in rows {
                 println!(
-                    "{:>5} MiB  {:<11} {:>12.2}",
+                    "{:>8} MiB  {:<11} {:>12.2}",
                     r.mib,
                     r.op,
                     gbps(r.mib, r.secs)
@@ -160,13 +170,13 @@ fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
         }
         Some(raw) => {
             println!(
-                "{:>9}  {:<11} {:>16} {:>13} {:>7}",
+                "{:>12}  {:<11} {:>16} {:>13} {:>7}",
                 "size", "op", "pipewright GB/s", "raw MPI GB/s", "ratio"
             );
             for (r, m) in rows.iter().zip(raw) {
                 let (a, b) = (gbps(r.mib, r.secs), gbps(m.mib, m.secs));
                 println!(
-                    "{:>5} MiB  {:<11} {:>16.2} {:>13.2} {:>7.2}",
+                    "{:>8} MiB  {:<11} {:>16.2} {:>13.2} {:>7.2}",
                     r.mib,
                     r.op,
                     a,
@@ -183,18 +193,47 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Comm(a) => a,
         BenchCommand::Ckpt(a) => return crate::bench_ckpt::run(a),
     };
-    if a.iters == 0 || a.sizes.is_empty() || a.sizes.contains(&0) {
+    if a.iters == 0 || a.sizes.is_empty() || a.sizes.iter().any(|s| s.is_nan() || *s <= 0.0) {
         return Err(invalid!("--iters and every --sizes entry must be positive"));
     }
     match a.backend {
         Backend::Local => {
             let (sizes, iters) = (a.sizes.clone(), a.iters);
             let mut out = pipewright::comm::local::run(a.world, |c| measure(&c, &sizes, iters))?;
-            print("local", a.world, &out.swap_remove(0), None);
-            Ok(())
+            let rows = out.swap_remove(0);
+            print("local", a.world, &rows, None);
+            write_link(&a, &rows, a.world)
         }
         Backend::Mpi => mpi_bench(&a),
     }
+}
+
+/// Writes the link fitted to `rows` to `--out`, if given.
+fn write_link(a: &CommArgs, rows: &[Row], world: usize) -> Result<()> {
+    let Some(path) = &a.out else {
+        return Ok(());
+    };
+    if a.sizes.len() < 2 {
+        return Err(invalid!(
+            "--out fits latency and bandwidth: give at least two --sizes, a small and a large"
+        ));
+    }
+    let points = |op: &str| -> Vec<(f64, f64)> {
+        rows.iter()
+            .filter(|r| r.op == op)
+            .map(|r| ((elements(r.mib) * 4) as f64, r.secs))
+            .collect()
+    };
+    let link = pipewright::plan::Link::fit(&points("send/recv"), &points("all_reduce"), world);
+    let text = serde_json::to_string_pretty(&link).map_err(|e| invalid!("{e}"))?;
+    std::fs::write(path, text).map_err(|e| pipewright::Error::io("cannot write", path, e))?;
+    println!(
+        "wrote {}: send/recv {:.1} us + bytes / {:.2} GB/s",
+        path.display(),
+        link.latency_s * 1e6,
+        link.bandwidth_bytes_per_s / 1e9
+    );
+    Ok(())
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -224,7 +263,7 @@ fn mpi_bench(a: &CommArgs) -> Result<()> {
     let (mut ours, mut raw) = (Vec::new(), Vec::new());
     for &mib in &a.sizes {
         let ops = Ops::new(&world, mib)?;
-        let n = mib * 1024 * 1024 / 4;
+        let n = elements(mib);
         let send = vec![1f32; n];
         let mut recv = vec![0f32; n];
         let mut raw_pingpong = || -> Result<()> {
@@ -283,6 +322,7 @@ fn mpi_bench(a: &CommArgs) -> Result<()> {
     }
     if world.is_master() {
         print("mpi", world.size(), &ours, Some(&raw));
+        write_link(a, &ours, world.size())?;
     }
     Ok(())
 }

@@ -10,8 +10,8 @@ use std::process::Command;
 
 use clap::Args;
 use pipewright::plan::{
-    format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Profile,
-    Request, Transformer,
+    format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Link,
+    Profile, Request, Transformer,
 };
 use pipewright::{invalid, Error, Result};
 
@@ -36,6 +36,10 @@ pub struct PlanArgs {
     /// A hardware file, or a built-in one: cpu-2core (this kind of machine) or h100-node.
     #[arg(long, default_value = "cpu-2core")]
     pub hardware: String,
+    /// The link between ranks of a node as measured here (`pipewright bench comm --out FILE`),
+    /// in place of the hardware file's.
+    #[arg(long)]
+    pub link: Option<PathBuf>,
     /// Nodes the ranks are spread over (default: as many as the devices need).
     #[arg(long, value_parser = crate::train::positive)]
     pub nodes: Option<usize>,
@@ -79,7 +83,10 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
 }
 
 pub fn run(p: PlanArgs) -> Result<()> {
-    let hw = Hardware::load(&p.hardware)?;
+    let mut hw = Hardware::load(&p.hardware)?;
+    if let Some(path) = &p.link {
+        hw.intra_node = Link::load(path)?;
+    }
     let memory = match &p.memory {
         Some(m) => parse_bytes(m)?,
         None => hw.memory_bytes(),

@@ -9,7 +9,7 @@ use clap::Args;
 use pipewright::pipeline::read_chrome_trace;
 use pipewright::pipeline::schedule::{Kind, Schedule, Simulation};
 use pipewright::pipeline::simulate::svg_panels;
-use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Hardware, Profile};
+use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Hardware, Link, Profile};
 use pipewright::topology::Layout;
 use pipewright::{invalid, Error, Result};
 
@@ -47,6 +47,10 @@ pub struct ScheduleArgs {
     /// With --profile: a hardware file or a built-in one (cpu-2core, h100-node).
     #[arg(long, default_value = "cpu-2core")]
     pub hardware: String,
+    /// With --profile: the link between ranks of a node as measured here (`pipewright bench comm --out FILE`),
+    /// in place of the hardware file's.
+    #[arg(long)]
+    pub link: Option<PathBuf>,
     /// With --profile: nodes the ranks are spread over.
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
@@ -60,7 +64,10 @@ pub struct ScheduleArgs {
 fn predicted(a: &ScheduleArgs, kind: Kind) -> Result<(String, Simulation)> {
     let path = a.profile.as_ref().expect("asked with --profile");
     let profile = Profile::load(path)?;
-    let hw = Hardware::load(&a.hardware)?;
+    let mut hw = Hardware::load(&a.hardware)?;
+    if let Some(path) = &a.link {
+        hw.intra_node = Link::load(path)?;
+    }
     let world = a.pp * a.tp * a.dp;
     if a.nodes == 0 || !world.is_multiple_of(a.nodes) {
         return Err(invalid!(

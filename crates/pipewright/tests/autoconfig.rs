@@ -16,6 +16,7 @@ fn hardware(latency_s: f64) -> Hardware {
     let link = Link {
         latency_s,
         bandwidth_bytes_per_s: 1e30,
+        all_reduce: None,
     };
     Hardware {
         name: "test".into(),
@@ -263,6 +264,23 @@ fn gpt3_on_1024_h100s_plans_like_megatron_in_seconds() {
         plans[0].step_s
     );
     assert!((Transformer::gpt3_175b().params() as f64 - 174.6e9).abs() < 1e9);
+}
+
+#[test]
+fn a_link_fitted_to_timings_predicts_them() {
+    // 10 us + bytes / 1 GB/s one way; the all-reduce over 2 ranks 30 us + bytes / 2 GB/s.
+    let p2p: Vec<(f64, f64)> = [1e3, 1e5, 1e7].map(|b| (b, 1e-5 + b / 1e9)).to_vec();
+    let ar: Vec<(f64, f64)> = [1e3, 1e5, 1e7].map(|b| (b, 3e-5 + b / 2e9)).to_vec();
+    let link = Link::fit(&p2p, &ar, 2);
+    assert!(
+        (link.latency_s - 1e-5).abs() < 1e-12
+            && (link.bandwidth_bytes_per_s / 1e9 - 1.0).abs() < 1e-9
+    );
+    assert!((link.p2p(4e6) - (1e-5 + 4e-3)).abs() < 1e-12);
+    // At the measured size the measured all-reduce, elsewhere the ring over the link.
+    assert!((link.all_reduce(2, 4e6) - (3e-5 + 2e-3)).abs() < 1e-12);
+    let ring = 6.0 * (1e-5 + 1e6 / 1e9);
+    assert!((link.all_reduce(4, 4e6) - ring).abs() < 1e-12);
 }
 
 #[test]

@@ -20,9 +20,59 @@ pub struct Link {
     pub latency_s: f64,
     /// Bytes per second of one device's share of the link.
     pub bandwidth_bytes_per_s: f64,
+    /// An all-reduce measured over this link (`pipewright bench comm --out`), used for groups
+    /// of its size instead of the ring formula.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_reduce: Option<AllReduce>,
 }
 
+/// An all-reduce of `b` bytes over `world` ranks measured to take `latency_s + b / bandwidth`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllReduce {
+    pub world: usize,
+    pub latency_s: f64,
+    pub bandwidth_bytes_per_s: f64,
+}
+
+/// The most a fitted bandwidth may be (a zero-copy transfer fits an infinite one).
+const FASTEST: f64 = 1e18;
+
 impl Link {
+    /// The link and its all-reduce fitted (least squares, `seconds = latency + bytes /
+    /// bandwidth`) to timings of `(bytes, seconds)`: one-way transfers and all-reduces over
+    /// `world` ranks (`pipewright bench comm`).
+    pub fn fit(p2p: &[(f64, f64)], all_reduce: &[(f64, f64)], world: usize) -> Self {
+        let line = |points: &[(f64, f64)]| {
+            let f = super::costs::Fit::through(points);
+            (f.fixed_s, 1.0 / f.per_sample_s.max(1.0 / FASTEST))
+        };
+        let (latency_s, bandwidth_bytes_per_s) = line(p2p);
+        let (l, b) = line(all_reduce);
+        Link {
+            latency_s,
+            bandwidth_bytes_per_s,
+            all_reduce: Some(AllReduce {
+                world,
+                latency_s: l,
+                bandwidth_bytes_per_s: b,
+            }),
+        }
+    }
+
+    /// Reads a link written by `pipewright bench comm --out`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let link: Link = serde_json::from_str(&text).map_err(|e| {
+            invalid!(
+                "link file {} is malformed: {e} (write one with `pipewright bench comm --out FILE`)",
+                path.display()
+            )
+        })?;
+        check_link(&link, &path.display().to_string(), "link")?;
+        Ok(link)
+    }
+
     /// Seconds to send `bytes` from one device to another.
     pub fn p2p(&self, bytes: f64) -> f64 {
         self.latency_s + bytes / self.bandwidth_bytes_per_s
@@ -33,6 +83,9 @@ impl Link {
     pub fn all_reduce(&self, n: usize, bytes: f64) -> f64 {
         if n <= 1 {
             return 0.0;
+        }
+        if let Some(m) = self.all_reduce.filter(|m| m.world == n) {
+            return m.latency_s + bytes / m.bandwidth_bytes_per_s;
         }
         let steps = 2.0 * (n - 1) as f64;
         steps * (self.latency_s + bytes / n as f64 / self.bandwidth_bytes_per_s)
@@ -121,14 +174,6 @@ impl Hardware {
                 "memory_bandwidth_bytes_per_s",
                 self.memory_bandwidth_bytes_per_s,
             ),
-            (
-                "intra_node.bandwidth_bytes_per_s",
-                self.intra_node.bandwidth_bytes_per_s,
-            ),
-            (
-                "inter_node.bandwidth_bytes_per_s",
-                self.inter_node.bandwidth_bytes_per_s,
-            ),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(bad(field));
@@ -143,11 +188,7 @@ impl Hardware {
             ("intra_node", self.intra_node),
             ("inter_node", self.inter_node),
         ] {
-            if !(l.latency_s.is_finite() && l.latency_s >= 0.0) {
-                return Err(invalid!(
-                    "hardware file {what}: {field}.latency_s must be zero or more seconds"
-                ));
-            }
+            check_link(&l, &format!("hardware file {what}"), field)?;
         }
         for (field, v) in [
             ("memory", &self.memory),
@@ -176,6 +217,32 @@ impl Hardware {
             self.peak_flops_f32
         }
     }
+}
+
+/// Checks `l`, field `field` of the file `what`: bandwidths positive, latencies zero or more.
+fn check_link(l: &Link, what: &str, field: &str) -> Result<()> {
+    let mut values = vec![("", l.latency_s, l.bandwidth_bytes_per_s)];
+    if let Some(m) = l.all_reduce {
+        if m.world < 2 {
+            return Err(invalid!(
+                "{what}: {field}.all_reduce.world must be 2 or more"
+            ));
+        }
+        values.push((".all_reduce", m.latency_s, m.bandwidth_bytes_per_s));
+    }
+    for (sub, latency, bandwidth) in values {
+        if !(bandwidth.is_finite() && bandwidth > 0.0) {
+            return Err(invalid!(
+                "{what}: {field}{sub}.bandwidth_bytes_per_s must be positive"
+            ));
+        }
+        if !(latency.is_finite() && latency >= 0.0) {
+            return Err(invalid!(
+                "{what}: {field}{sub}.latency_s must be zero or more seconds"
+            ));
+        }
+    }
+    Ok(())
 }
 
 const UNITS: [(&str, u64); 9] = [
