@@ -17,6 +17,9 @@ pub struct ProfileArgs {
     /// Micro-batch sizes (rows) to time.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     pub sizes: Vec<usize>,
+    /// Tensor-parallel sizes to time as such (ranks as threads here); others are modelled.
+    #[arg(long = "tp-sizes", value_delimiter = ',', default_value = "1")]
+    pub tp_sizes: Vec<usize>,
 }
 
 /// What a tensor-parallel size must divide for the model `train` builds from `config`.
@@ -42,6 +45,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
         &Build::cpu(a.seed),
         &batch,
         &p.sizes,
+        &p.tp_sizes,
         tp_divides(&config),
         source,
     )?;

@@ -84,9 +84,26 @@ pub struct LayerProfile {
     /// Bytes per sample all-reduced over the tp group in the forward, and again in the
     /// backward, when the layer is split.
     pub tp_all_reduce_bytes_per_sample: f64,
+    /// What one rank's shard costs at tensor-parallel sizes measured as such (its
+    /// collectives included); other sizes are modelled from the fields above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split: Vec<SplitCost>,
     /// The timings the fits came from (measured profiles).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<Timing>,
+}
+
+/// One rank's shard of a layer at a measured tensor-parallel size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitCost {
+    pub tp: usize,
+    /// Parameters of the shard.
+    pub params: u64,
+    pub forward: Fit,
+    pub backward: Fit,
+    pub backward_input: Fit,
+    pub backward_weight: Fit,
 }
 
 /// A model's layers with their costs.

@@ -15,15 +15,17 @@ pub mod balance;
 pub mod costs;
 pub mod estimate;
 pub mod hardware;
+pub mod measure;
 pub mod profile;
 pub mod search;
 pub mod transformer;
 
 pub use balance::{balance_cost, stage_costs};
-pub use costs::{Fit, LayerProfile, Profile, Timing};
+pub use costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use estimate::{estimate, Candidate, Cluster, Estimate};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
-pub use profile::{measure, profile_layers, LayerCost};
+pub use measure::measure;
+pub use profile::{profile_layers, LayerCost};
 pub use search::{parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
 

@@ -10,12 +10,10 @@ use std::collections::HashMap;
 use candle_core::{Storage, Tensor, TensorId, Var};
 use serde::Serialize;
 
-use super::costs::{Fit, LayerProfile, Profile, Timing};
 use crate::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
 use crate::nn::deferred::WeightGradQueue;
-use crate::pipeline::partition::unit_bounds;
-use crate::{invalid, Result};
+use crate::Result;
 
 /// What one layer costs for one micro-batch.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -180,92 +178,4 @@ pub fn profile_layers(
         x = Activation::from_tensors(next, tuple);
     }
     Ok(out)
-}
-
-/// A [`Profile`] of `model` measured here (with candle's pool as sized now: set
-/// `RAYON_NUM_THREADS` to the threads each rank of the planned runs will have): every layer timed at each micro-batch size of
-/// `sizes` (`batch(rows)` makes one), its forward and backward fitted as fixed + per-sample
-/// seconds; its output and kept bytes per sample from the largest size. `tp_divides` are what
-/// a tensor-parallel size must divide (heads, vocabulary), `source` says where it ran.
-///
-/// The profile runs at tp = 1. Under tensor parallelism a layer with parameters is taken to
-/// split as Megatron's blocks do: time, parameters and kept bytes divided by tp except its
-/// input and output (kept whole), and two all-reduces of its output per forward and per
-/// backward.
-pub fn measure(
-    model: &Sequential,
-    build: &Build,
-    batch: &dyn Fn(usize) -> Result<Batch>,
-    sizes: &[usize],
-    tp_divides: Vec<usize>,
-    source: String,
-) -> Result<Profile> {
-    if sizes.is_empty() || sizes.contains(&0) {
-        return Err(invalid!(
-            "profile sizes must list positive micro-batch sizes"
-        ));
-    }
-    let mut runs = Vec::new();
-    for &rows in sizes {
-        runs.push(profile_layers(model, build, &batch(rows)?, 3)?);
-    }
-    let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
-    let dtype_bytes = model
-        .build(build)?
-        .layers()
-        .iter()
-        .flat_map(|l| l.params())
-        .map(|(_, v)| v.dtype().size_in_bytes())
-        .next()
-        .unwrap_or(4);
-    let layers = (0..runs[0].len())
-        .map(|i| {
-            let measured: Vec<Timing> = sizes
-                .iter()
-                .zip(&runs)
-                .map(|(&rows, r)| Timing {
-                    rows,
-                    forward_s: r[i].forward_s,
-                    backward_s: r[i].backward_s,
-                    backward_input_s: r[i].backward_input_s,
-                    backward_weight_s: r[i].backward_weight_s,
-                })
-                .collect();
-            let fit = |f: fn(&Timing) -> f64| {
-                Fit::through(
-                    &measured
-                        .iter()
-                        .map(|t| (t.rows as f64, f(t)))
-                        .collect::<Vec<_>>(),
-                )
-            };
-            let l = &runs[last][i];
-            let output = l.activation_bytes as f64 / big;
-            let kept = l.kept_bytes as f64 / big;
-            let split = l.param_bytes > 0;
-            LayerProfile {
-                name: l.name.clone(),
-                params: (l.param_bytes / dtype_bytes) as u64,
-                tp_split: split,
-                forward: fit(|t| t.forward_s),
-                backward: fit(|t| t.backward_s),
-                backward_input: Some(fit(|t| t.backward_input_s)),
-                backward_weight: Some(fit(|t| t.backward_weight_s)),
-                output_bytes_per_sample: output,
-                kept_bytes_per_sample: kept,
-                deferred_bytes_per_sample: l.deferred_bytes as f64 / big,
-                kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
-                tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
-                measured,
-            }
-        })
-        .collect();
-    Ok(Profile {
-        source,
-        dtype_bytes,
-        layers,
-        bounds: unit_bounds(model),
-        tp_divides,
-        threads: candle_core::utils::get_num_threads(),
-    })
 }

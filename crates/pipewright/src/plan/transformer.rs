@@ -99,6 +99,7 @@ impl Transformer {
                     // Megatron's two all-reduces of the hidden state per block (one in the
                     // embedding and in the head).
                     tp_all_reduce_bytes_per_sample: all_reduces * s * h * q,
+                    split: Vec::new(),
                     measured: Vec::new(),
                 }
             };

@@ -1,0 +1,145 @@
+//! A [`Profile`] measured on this machine: every layer of a model timed at a few micro-batch
+//! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
+//! per-sample seconds, with its parameter, output, kept and deferred bytes.
+
+use super::costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
+use super::profile::{profile_layers, LayerCost};
+use crate::batch::Batch;
+use crate::comm::local;
+use crate::model::{Build, Sequential};
+use crate::pipeline::partition::unit_bounds;
+use crate::shard::TpGroup;
+use crate::{invalid, Result};
+
+/// The least-squares lines of `field` of layer `i` over `runs` (one per size).
+fn fit(sizes: &[usize], runs: &[Vec<LayerCost>], i: usize, field: fn(&LayerCost) -> f64) -> Fit {
+    let points: Vec<(f64, f64)> = sizes
+        .iter()
+        .zip(runs)
+        .map(|(&rows, r)| (rows as f64, field(&r[i])))
+        .collect();
+    Fit::through(&points)
+}
+
+/// Every layer profiled on `tp` ranks as threads of a tensor-parallel group at each size:
+/// per size, rank 0's costs (its shard; every rank runs the same collectives).
+fn profile_split(
+    model: &Sequential,
+    build: &Build,
+    batches: &[Batch],
+    tp: usize,
+) -> Result<Vec<Vec<LayerCost>>> {
+    batches
+        .iter()
+        .map(|b| {
+            let mut per_rank = local::run(tp, |c| {
+                let build = build.clone().with_tp(TpGroup::new(Box::new(c)));
+                profile_layers(model, &build, b, 3)
+            })?;
+            Ok(per_rank.swap_remove(0))
+        })
+        .collect()
+}
+
+/// A [`Profile`] of `model` measured here (with candle's pool as sized now: set
+/// `RAYON_NUM_THREADS` to the threads each rank of the planned runs will have): every layer
+/// timed at each micro-batch size of `sizes` (`batch(rows)` makes one), its forward, backward
+/// and split backward fitted as fixed + per-sample seconds; its output, kept and deferred bytes
+/// per sample from the largest size. Each tensor-parallel size of `tp_sizes` beyond 1 is
+/// timed too, its ranks as threads of this process with their collectives (rank 0's shard;
+/// times and parameters only: memory is modelled from the unsplit layer).
+/// `tp_divides` are what a tensor-parallel size must divide (heads, vocabulary), `source`
+/// says where it ran.
+///
+/// A tp size not measured is modelled as Megatron's blocks split: a layer with parameters
+/// divides its time, parameters and kept bytes by tp except its input and output (kept
+/// whole), and all-reduces twice its output per forward and per backward.
+pub fn measure(
+    model: &Sequential,
+    build: &Build,
+    batch: &dyn Fn(usize) -> Result<Batch>,
+    sizes: &[usize],
+    tp_sizes: &[usize],
+    tp_divides: Vec<usize>,
+    source: String,
+) -> Result<Profile> {
+    if sizes.is_empty() || sizes.contains(&0) || tp_sizes.contains(&0) {
+        return Err(invalid!(
+            "profile sizes and tensor-parallel sizes must be positive"
+        ));
+    }
+    let batches = sizes
+        .iter()
+        .map(|&r| batch(r))
+        .collect::<Result<Vec<_>>>()?;
+    let runs = batches
+        .iter()
+        .map(|b| profile_layers(model, build, b, 3))
+        .collect::<Result<Vec<_>>>()?;
+    let mut splits = Vec::new();
+    for &tp in tp_sizes.iter().filter(|&&t| t > 1) {
+        splits.push((tp, profile_split(model, build, &batches, tp)?));
+    }
+    let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
+    let dtype_bytes = model
+        .build(build)?
+        .layers()
+        .iter()
+        .flat_map(|l| l.params())
+        .map(|(_, v)| v.dtype().size_in_bytes())
+        .next()
+        .unwrap_or(4);
+    let layers = (0..runs[0].len())
+        .map(|i| {
+            let measured: Vec<Timing> = sizes
+                .iter()
+                .zip(&runs)
+                .map(|(&rows, r)| Timing {
+                    rows,
+                    forward_s: r[i].forward_s,
+                    backward_s: r[i].backward_s,
+                    backward_input_s: r[i].backward_input_s,
+                    backward_weight_s: r[i].backward_weight_s,
+                })
+                .collect();
+            let l = &runs[last][i];
+            let output = l.activation_bytes as f64 / big;
+            let kept = l.kept_bytes as f64 / big;
+            let split = l.param_bytes > 0;
+            LayerProfile {
+                name: l.name.clone(),
+                params: (l.param_bytes / dtype_bytes) as u64,
+                tp_split: split,
+                forward: fit(sizes, &runs, i, |c| c.forward_s),
+                backward: fit(sizes, &runs, i, |c| c.backward_s),
+                backward_input: Some(fit(sizes, &runs, i, |c| c.backward_input_s)),
+                backward_weight: Some(fit(sizes, &runs, i, |c| c.backward_weight_s)),
+                output_bytes_per_sample: output,
+                kept_bytes_per_sample: kept,
+                deferred_bytes_per_sample: l.deferred_bytes as f64 / big,
+                kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
+                tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
+                split: splits
+                    .iter()
+                    .map(|(tp, r)| SplitCost {
+                        tp: *tp,
+                        params: (r[last][i].param_bytes / dtype_bytes) as u64,
+                        forward: fit(sizes, r, i, |c| c.forward_s),
+                        backward: fit(sizes, r, i, |c| c.backward_s),
+                        backward_input: fit(sizes, r, i, |c| c.backward_input_s),
+                        backward_weight: fit(sizes, r, i, |c| c.backward_weight_s),
+                    })
+                    .collect(),
+                measured,
+            }
+        })
+        .collect();
+    Ok(Profile {
+        source,
+        dtype_bytes,
+        layers,
+        bounds: unit_bounds(model),
+        tp_divides,
+        threads: candle_core::utils::get_num_threads(),
+    })
+}
