@@ -33,9 +33,6 @@ pub struct PlanArgs {
     /// A profile written by `pipewright profile` (default: the GPT's shapes on --hardware).
     #[arg(long)]
     pub profile: Option<PathBuf>,
-    /// A hardware file, or a built-in one: cpu-2core (this kind of machine) or h100-node.
-    #[arg(long, default_value = "cpu-2core")]
-    pub hardware: String,
     /// The link between ranks of a node as measured here (`pipewright bench comm --out FILE`),
     /// in place of the hardware file's.
     #[arg(long)]
@@ -62,8 +59,13 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
     }
     let a = &p.train;
     let task = make_task(a)?;
-    let config = make_model(a, task.as_ref())?;
-    let ModelConfig::Gpt { gpt, .. } = &config else {
+    shapes_profile(&make_model(a, task.as_ref())?, &a.precision, hw)
+}
+
+/// The profile of `config`'s GPT from its shapes computing in `precision` on `hw` (only the
+/// GPT has shapes the planner knows).
+pub fn shapes_profile(config: &ModelConfig, precision: &str, hw: &Hardware) -> Result<Profile> {
+    let ModelConfig::Gpt { gpt, .. } = config else {
         return Err(invalid!(
             "only the GPT is planned from its shapes: profile this model with `pipewright profile \
              ... --out FILE` and pass --profile FILE"
@@ -76,14 +78,14 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
         vocab: gpt.vocab_size,
         seq: gpt.block_size,
     };
-    let dtype_bytes = if a.precision == "f32" { 4 } else { 2 };
+    let dtype_bytes = if precision == "f32" { 4 } else { 2 };
     let mut profile = shape.profile(hw, dtype_bytes)?;
-    profile.tp_divides = tp_divides(&config);
+    profile.tp_divides = tp_divides(config);
     Ok(profile)
 }
 
 pub fn run(p: PlanArgs) -> Result<()> {
-    let mut hw = Hardware::load(&p.hardware)?;
+    let mut hw = Hardware::load(&p.train.hardware)?;
     if let Some(path) = &p.link {
         hw.intra_node = Link::load(path)?;
     }

@@ -107,6 +107,11 @@ pub struct TrainArgs {
     /// Model chunks per pipeline stage (interleaved schedule).
     #[arg(long = "virtual", default_value_t = 1, value_parser = positive)]
     pub virtual_stages: usize,
+    /// The machines the planner assumes when it chooses a layout (`plan`, and morphing to a
+    /// new world under `launch`): a hardware file, or a built-in one: cpu-2core (this kind of
+    /// machine) or h100-node.
+    #[arg(long, default_value = "cpu-2core")]
+    pub hardware: String,
     /// Activation recomputation: always, except_last or never.
     #[arg(long, default_value = "never")]
     pub recompute: String,

@@ -3,6 +3,7 @@
 //! under mpirun. Every layout, serial included, trains through [`Varuna`].
 
 mod args;
+mod morph;
 mod report;
 
 use pipewright::comm::{local, Communicator};
@@ -58,7 +59,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let continuing = (a.resume.is_some() || restart > 0) && a.out.join("params.json").exists();
     let env = pipewright::dist::Env::from_env();
     if env.restart > 0 && env.world_size != a.pp * a.tp * a.dp {
-        morph(&mut a, env.world_size, &model_config, &model)?;
+        morph::morph(&mut a, &env, &model_config, &model)?;
     }
     let chunk_size = chunk_size(&a)?;
     let opts = VarunaOptions {
@@ -212,41 +213,6 @@ fn resume_path(a: &TrainArgs, r: &str) -> Result<PathBuf> {
     pipewright::checkpoint::resolve(&p)
 }
 
-/// Morphing (Varuna): a restarted attempt given a world of another size takes the layout for
-/// it closest to the flags' (the same tp, then the same pp, then the nearest) that keeps the
-/// global batch and the micro-batch size and fits the model (heads and vocabulary divisible by
-/// tp, enough cut points for pp).
-fn morph(a: &mut TrainArgs, world: usize, config: &ModelConfig, model: &Sequential) -> Result<()> {
-    let chunk = chunk_size(a)?;
-    let divisors = |n: usize| (1..=n).filter(move |d| n.is_multiple_of(*d));
-    let mut candidates: Vec<(usize, usize, usize)> = divisors(world)
-        .flat_map(|tp| divisors(world / tp).map(move |pp| (pp, tp, world / (tp * pp))))
-        .collect();
-    candidates
-        .sort_by_key(|&(pp, tp, _)| (tp != a.tp, pp != a.pp, tp.abs_diff(a.tp), pp.abs_diff(a.pp)));
-    let fits = |&(pp, tp, dp): &(usize, usize, usize)| {
-        let tp_ok = match config {
-            ModelConfig::Gpt { gpt, .. } => {
-                gpt.n_head.is_multiple_of(tp) && gpt.vocab_size.is_multiple_of(tp)
-            }
-            ModelConfig::Cnn { .. } => tp == 1,
-        };
-        tp_ok
-            && a.batch_size.is_multiple_of(dp * chunk)
-            && pipewright::pipeline::partition::partition(model, pp * a.virtual_stages, None)
-                .is_ok()
-    };
-    let (pp, tp, dp) = candidates.into_iter().find(fits).ok_or_else(|| {
-        invalid!("no layout of {world} ranks fits the model and a batch of {} in micro-batches of {chunk}", a.batch_size)
-    })?;
-    eprintln!(
-        "pipewright train: morphing from pp={} tp={} dp={} to pp={pp} tp={tp} dp={dp} for a world of {world}",
-        a.pp, a.tp, a.dp
-    );
-    (a.pp, a.tp, a.dp, a.chunk_size, a.balance) = (pp, tp, dp, Some(chunk), None);
-    Ok(())
-}
-
 /// `--balance`: a list, or profiled by time or size on one micro-batch of the task.
 fn balance(
     a: &TrainArgs,
@@ -285,7 +251,7 @@ fn balance(
 
 /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
 /// `--chunks` micro-batches each.
-fn chunk_size(a: &TrainArgs) -> Result<usize> {
+pub(crate) fn chunk_size(a: &TrainArgs) -> Result<usize> {
     if let Some(s) = a.chunk_size {
         return Ok(s);
     }
