@@ -37,6 +37,10 @@ pub enum Error {
     /// A saved state does not fit the object it is loaded into.
     #[error("cannot load state: {0}")]
     State(String),
+
+    /// The command line asked for help (or the version): the text to print, not a failure.
+    #[error("{0}")]
+    Help(String),
 }
 
 /// `Result` with [`Error`].

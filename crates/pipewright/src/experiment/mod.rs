@@ -1,12 +1,23 @@
-//! The experiment around a run (pystematic's context): the run directory with its parameters,
-//! the [`Recorder`] for scalars (TensorBoard events and CSV) and resource readings.
+//! Experiments as programs (pystematic-torch): an [`Experiment`] with declared [`Param`]s and a
+//! body run by every rank with its [`Context`] (registered [`Stateful`] items and the trainer,
+//! saved and restored together), the [`SmartDataLoader`] over a user's [`Dataset`], the run
+//! directory with its parameters, and the [`Recorder`] for scalars (TensorBoard events and
+//! CSV) and resource readings.
 
+pub mod context;
+pub mod loader;
+pub mod params;
 pub mod recorder;
 pub mod run_dir;
+pub mod runner;
 pub mod tfevents;
 
+pub use context::{Context, Counter, Stateful};
+pub use loader::{Dataset, SmartDataLoader};
+pub use params::{Param, ParamType, Params};
 pub use recorder::Recorder;
 pub use run_dir::RunDir;
+pub use runner::Experiment;
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
 pub fn peak_memory_bytes() -> Option<u64> {

@@ -1,0 +1,270 @@
+//! pystematic's example as a pipewright experiment: a small classifier of 2-D points (a tanh
+//! layer, a cut, a sigmoid read-out), binary cross-entropy, SGD, a data set read through the
+//! `SmartDataLoader`, and a `Context` that saves the trainer, the loader's position and the
+//! epoch counter together, so that `--checkpoint` goes on exactly where a run stopped.
+//!
+//! ```sh
+//! cargo run --release -p pipewright --example experiment -- --help
+//! cargo run --release -p pipewright --example experiment -- --epochs 4 --lr 0.5
+//! cargo run --release -p pipewright --example experiment -- --distributed --nproc-per-node 4 --pp 2
+//! ```
+//!
+//! Each run writes `<output_dir>/points/<date>-<time>-<id>/`: `parameters.json`, `losses.csv`
+//! (step, epoch, loss) and `result.json` (every step's loss and the final held-out loss).
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor, Var};
+use pipewright::experiment::{Context, Counter, Dataset, Experiment, Param, SmartDataLoader};
+use pipewright::loss::Loss;
+use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+use pipewright::nn::init::rng_for;
+use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::nn::{Linear, Module};
+use pipewright::shard::TpGroup;
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{invalid, Batch, Build, Error, Result};
+use rand::Rng;
+
+/// Hidden width of the classifier.
+const HIDDEN: usize = 8;
+
+/// Points uniform in the square [-1, 1]^2, labelled 1 above the line x + y / 2 = 0.1: sample
+/// `i` is a pure function of the seed and `i`.
+pub struct Points {
+    len: usize,
+    seed: u64,
+}
+
+impl Points {
+    pub fn new(len: usize, seed: u64) -> Self {
+        Self { len, seed }
+    }
+}
+
+impl Dataset for Points {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn get(&self, index: usize) -> Result<Batch> {
+        if index >= self.len {
+            return Err(invalid!("point {index} of {}", self.len));
+        }
+        let mut rng = rng_for(self.seed, &format!("point {index}"));
+        let (x, y): (f32, f32) = (rng.random_range(-1.0..1.0), rng.random_range(-1.0..1.0));
+        let label = f32::from(u8::from(x + 0.5 * y > 0.1));
+        Ok(Batch::new()
+            .with("x", Tensor::new(&[[x, y]], &Device::Cpu)?)
+            .with("y", Tensor::new(&[[label]], &Device::Cpu)?))
+    }
+}
+
+/// A linear layer and an activation.
+struct Dense(
+    Linear,
+    fn(&Tensor) -> candle_core::Result<Tensor>,
+    &'static str,
+);
+
+impl Layer for Dense {
+    fn name(&self) -> &str {
+        self.2
+    }
+
+    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+        Ok((self.1)(&self.0.forward(&x.into_tensor(self.2)?)?)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        self.0.params()
+    }
+}
+
+fn sigmoid(t: &Tensor) -> candle_core::Result<Tensor> {
+    (t.neg()?.exp()? + 1.0)?.recip()
+}
+
+/// tanh(W1 x + b1) | cut | sigmoid(W2 h + b2).
+pub fn model() -> Sequential {
+    let mut m = Sequential::new();
+    m.inputs(&["x"]);
+    m.push(LayerSpec::new("hidden", |b: &Build| {
+        let l = Linear::new(b, "hidden", 2, HIDDEN, true)?;
+        Ok(Box::new(Dense(l, Tensor::tanh, "hidden")) as Box<dyn Layer>)
+    }))
+    .cut();
+    m.push(LayerSpec::new("out", |b: &Build| {
+        let l = Linear::new(b, "out", HIDDEN, 1, true)?;
+        Ok(Box::new(Dense(l, sigmoid, "out")) as Box<dyn Layer>)
+    }));
+    m
+}
+
+/// Binary cross-entropy of probabilities against 0/1 targets `y` (PyTorch's `BCELoss`, its
+/// log clamped at -100 as PyTorch clamps it), mean over rows.
+pub struct Bce;
+
+impl Loss for Bce {
+    fn targets(&self) -> Vec<String> {
+        vec!["y".into()]
+    }
+
+    fn count(&self, batch: &Batch) -> Result<usize> {
+        Ok(batch.require("y", "the BCE loss")?.dim(0)?)
+    }
+
+    fn sum(&self, out: &Activation, batch: &Batch, _: &Cx, _: &TpGroup) -> Result<(Tensor, usize)> {
+        let p = out
+            .tensors()
+            .into_iter()
+            .next()
+            .ok_or_else(|| invalid!("the BCE loss takes one output"))?;
+        let y = batch.require("y", "the BCE loss")?.to_dtype(p.dtype())?;
+        let log = |t: &Tensor| -> Result<Tensor> { Ok(t.log()?.maximum(-100.0)?) };
+        let one_minus = |t: &Tensor| -> Result<Tensor> { Ok(t.affine(-1.0, 1.0)?) };
+        let terms = ((&y * log(p)?)? + (one_minus(&y)? * log(&one_minus(p)?)?)?)?;
+        Ok((terms.sum_all()?.neg()?, y.dim(0)?))
+    }
+}
+
+fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
+    let cfg = SgdConfig {
+        momentum: 0.9,
+        ..Default::default()
+    };
+    Ok(Box::new(Sgd::new(params, cfg)?))
+}
+
+fn param_usize(cx: &Context, name: &str) -> Result<usize> {
+    usize::try_from(cx.params().int(name)?)
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| invalid!("--{} must be positive", name.replace('_', "-")))
+}
+
+/// The experiment's body, run by every rank.
+pub fn body(cx: &mut Context) -> Result<()> {
+    let seed = cx.params().int("random_seed")? as u64;
+    let (batch, epochs) = (param_usize(cx, "batch_size")?, param_usize(cx, "epochs")?);
+    let (pp, chunks) = (param_usize(cx, "pp")?, param_usize(cx, "chunks")?);
+    let world = cx.get_num_processes();
+    if !world.is_multiple_of(pp) || !batch.is_multiple_of(chunks) {
+        return Err(invalid!(
+            "{world} ranks do not split into --pp {pp} stages, or --batch-size {batch} into --chunks {chunks}"
+        ));
+    }
+    let dp = world / pp;
+    let opts = VarunaOptions {
+        loss: Arc::new(Bce),
+        lr: LrSchedule::Constant {
+            lr: cx.params().float("lr")?,
+        },
+        seed,
+        ..VarunaOptions::new(Layout::new(pp, 1, dp)?, batch * dp, batch / chunks)
+    };
+    let mut trainer = Varuna::new(&model(), cx.world()?, opts)?;
+    trainer.set_optimizer(sgd)?;
+    let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
+    let data = Points::new(param_usize(cx, "samples")?, seed);
+    let loader = SmartDataLoader::new(data, batch, true, seed, (replica, dp), device)?;
+    // Registered before the trainer restores a checkpoint, or after: either way restored.
+    cx.register("loader", loader)?;
+    cx.set_trainer(trainer)?;
+    cx.register("epoch", Counter(0))?;
+    let every = cx.params().int("checkpoint_every")?;
+    let mut losses = Vec::new();
+    while cx.get::<Counter>("epoch")?.0 < epochs as u64 {
+        loop {
+            let next = {
+                let l = cx.get::<SmartDataLoader<Points>>("loader")?;
+                l.next_indices().map(|i| l.collate(&i)).transpose()?
+            };
+            let Some(b) = next else { break };
+            let out = cx.trainer()?.step(&b)?;
+            let epoch = cx.get::<Counter>("epoch")?.0;
+            losses.push((out.step, epoch, out.loss));
+        }
+        let epoch = cx.get::<Counter>("epoch")?;
+        epoch.0 += 1;
+        let done = epoch.0;
+        if every > 0 && done % every as u64 == 0 {
+            let path = cx.checkpoint()?;
+            if cx.is_master() {
+                println!("epoch {done}: saved {}", path.display());
+            }
+        }
+    }
+    // The held-out loss: 64 points of another seed, every replica the same rows.
+    let held = Points::new(64, seed + 1);
+    let rows = (0..64).map(|i| held.get(i)).collect::<Result<Vec<_>>>()?;
+    let cat = |name: &str| -> Result<Tensor> {
+        let parts = rows
+            .iter()
+            .map(|r| r.require(name, "held-out").cloned())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 0)?.to_dtype(DType::F32)?)
+    };
+    let held = Batch::new().with("x", cat("x")?).with("y", cat("y")?);
+    let eval = cx.trainer()?.evaluate(&held, false)?;
+    if cx.is_master() {
+        write_results(cx, &losses, eval.loss)?;
+        if let Some((_, _, last)) = losses.last() {
+            println!(
+                "trained {} steps, last loss {last:.4}, held-out loss {:.4}",
+                losses.len(),
+                eval.loss
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `losses.csv` and `result.json` in the run directory.
+fn write_results(cx: &Context, losses: &[(u64, u64, f64)], held_out: f64) -> Result<()> {
+    let mut csv = String::from("step,epoch,loss\n");
+    for (s, e, l) in losses {
+        csv.push_str(&format!("{s},{e},{l}\n"));
+    }
+    let write = |name: &str, text: String| {
+        let path = cx.dir().join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io("cannot write", &path, e))
+    };
+    write("losses.csv", csv)?;
+    let result = serde_json::json!({
+        "losses": losses.iter().map(|l| l.2).collect::<Vec<_>>(),
+        "held_out_loss": held_out,
+    });
+    write("result.json", result.to_string())
+}
+
+/// The experiment with its parameters.
+pub fn experiment() -> Experiment<fn(&mut Context) -> Result<()>> {
+    Experiment::new("points", body as fn(&mut Context) -> Result<()>)
+        .about("pystematic's example: a 2-D point classifier, BCE and SGD")
+        .param(Param::float("lr", 0.5, "SGD learning rate (momentum 0.9)."))
+        .param(Param::int(
+            "batch_size",
+            16,
+            "Rows of a batch on each data-parallel replica.",
+        ))
+        .param(Param::int("epochs", 4, "Passes over the data."))
+        .param(Param::int("samples", 256, "Points in the training set."))
+        .param(Param::int(
+            "pp",
+            1,
+            "Pipeline stages (the ranks divide into pp x dp).",
+        ))
+        .param(Param::int("chunks", 1, "Micro-batches of every batch."))
+        .param(Param::int(
+            "checkpoint_every",
+            0,
+            "Save the context every N epochs (0: never).",
+        ))
+}
+
+#[allow(dead_code)]
+fn main() {
+    experiment().main();
+}

@@ -1,0 +1,232 @@
+//! pystematic's `Context`: everything of a training session in one place. Register named
+//! [`Stateful`] items (the data loader, counters, random streams, a recorder's position) and
+//! the training step ([`Varuna`]); [`Context::checkpoint`] saves all of them together (the
+//! trainer's checkpoint, the items' states in its `state.json`), and a run started with the
+//! `checkpoint` parameter restores each as it is registered, so that the experiment goes on
+//! where it stopped. The distributed helpers (`is_master`, `get_rank`, ...) answer for the
+//! rank the context belongs to.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use serde_json::{json, Value};
+
+use super::loader::{Dataset, SmartDataLoader};
+use super::params::Params;
+use crate::checkpoint::CheckpointOptions;
+use crate::comm::Communicator;
+use crate::varuna::Varuna;
+use crate::{invalid, Result};
+
+/// A value whose state a checkpoint of the context saves and restores.
+pub trait Stateful: Any + Send {
+    /// The state, as JSON.
+    fn state_dict(&self) -> Result<Value>;
+    /// Goes back to a state given by [`Stateful::state_dict`].
+    fn load_state_dict(&mut self, state: &Value) -> Result<()>;
+}
+
+impl<D: Dataset + 'static> Stateful for SmartDataLoader<D> {
+    fn state_dict(&self) -> Result<Value> {
+        Ok(SmartDataLoader::state_dict(self))
+    }
+
+    fn load_state_dict(&mut self, state: &Value) -> Result<()> {
+        SmartDataLoader::load_state_dict(self, state)
+    }
+}
+
+/// A counter (an epoch, a step) kept by the context.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter(pub u64);
+
+impl Stateful for Counter {
+    fn state_dict(&self) -> Result<Value> {
+        Ok(json!(self.0))
+    }
+
+    fn load_state_dict(&mut self, state: &Value) -> Result<()> {
+        self.0 = state
+            .as_u64()
+            .ok_or_else(|| invalid!("a counter's state is a number, not {state}"))?;
+        Ok(())
+    }
+}
+
+/// One rank's session: its parameters, run directory, communicator, registered items and
+/// trainer.
+pub struct Context {
+    params: Params,
+    dir: PathBuf,
+    comm: Box<dyn Communicator>,
+    device: Device,
+    items: BTreeMap<String, Box<dyn Stateful>>,
+    trainer: Option<Varuna>,
+    /// Item states of the checkpoint being restored, for items not yet registered.
+    pending: BTreeMap<String, Value>,
+}
+
+impl Context {
+    /// The context of the rank `comm` speaks for, with the run's `params` and directory.
+    pub fn new(params: Params, dir: &Path, comm: Box<dyn Communicator>) -> Result<Self> {
+        let device = if params.flag("cuda")? {
+            crate::device::device("cuda", comm.rank())?
+        } else {
+            Device::Cpu
+        };
+        Ok(Self {
+            params,
+            dir: dir.to_path_buf(),
+            comm,
+            device,
+            items: BTreeMap::new(),
+            trainer: None,
+            pending: BTreeMap::new(),
+        })
+    }
+
+    /// The run's parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The run's directory (every rank sees the same).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where this rank computes.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Later items and batches compute on the CPU (pystematic's `cpu()`).
+    pub fn cpu(&mut self) {
+        self.device = Device::Cpu;
+    }
+
+    /// Later items and batches compute on this rank's GPU (pystematic's `cuda()`).
+    pub fn cuda(&mut self) -> Result<()> {
+        self.device = crate::device::device("cuda", self.comm.rank())?;
+        Ok(())
+    }
+
+    /// A communicator over every rank of the run, to give a trainer.
+    pub fn world(&self) -> Result<Box<dyn Communicator>> {
+        self.comm.split(&(0..self.comm.size()).collect::<Vec<_>>())
+    }
+
+    /// Registers `item` as `name`; restored at once when the run resumes a checkpoint that
+    /// holds it.
+    pub fn register<T: Stateful>(&mut self, name: &str, mut item: T) -> Result<()> {
+        if let Some(state) = self.pending.remove(name) {
+            item.load_state_dict(&state)?;
+        }
+        self.items.insert(name.to_string(), Box::new(item));
+        Ok(())
+    }
+
+    /// The item registered as `name`.
+    pub fn get<T: Stateful>(&mut self, name: &str) -> Result<&mut T> {
+        let item = self
+            .items
+            .get_mut(name)
+            .ok_or_else(|| invalid!("the context holds no item `{name}`"))?;
+        (item.as_mut() as &mut dyn Any)
+            .downcast_mut::<T>()
+            .ok_or_else(|| invalid!("the context's item `{name}` is of another type"))
+    }
+
+    /// Sets the training step. With the `checkpoint` parameter, loads that checkpoint into it
+    /// and restores the items it saved (those registered so far now, the others as they are
+    /// registered).
+    pub fn set_trainer(&mut self, mut trainer: Varuna) -> Result<()> {
+        if let Some(path) = self.params.string("checkpoint")? {
+            let path = crate::checkpoint::resolve(Path::new(&path))?;
+            let state = trainer.load_checkpoint(&path)?;
+            let items = state.extra["context"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            self.load_state_dict(&Value::Object(items))?;
+        }
+        self.trainer = Some(trainer);
+        Ok(())
+    }
+
+    /// The training step.
+    pub fn trainer(&mut self) -> Result<&mut Varuna> {
+        self.trainer
+            .as_mut()
+            .ok_or_else(|| invalid!("no trainer: call set_trainer first"))
+    }
+
+    /// Every item's state.
+    pub fn state_dict(&self) -> Result<Value> {
+        let mut m = serde_json::Map::new();
+        for (name, item) in &self.items {
+            m.insert(name.clone(), item.state_dict()?);
+        }
+        Ok(Value::Object(m))
+    }
+
+    /// Restores the items of `state`; those not registered yet are restored when they are.
+    pub fn load_state_dict(&mut self, state: &Value) -> Result<()> {
+        let map = state
+            .as_object()
+            .ok_or_else(|| invalid!("a context state is an object of items, not {state}"))?;
+        for (name, s) in map {
+            match self.items.get_mut(name) {
+                Some(item) => item.load_state_dict(s)?,
+                None => {
+                    self.pending.insert(name.clone(), s.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the trainer and every item into `<run dir>/checkpoints/step-N` (collective: every
+    /// rank calls it at the same point) and returns its path.
+    pub fn checkpoint(&mut self) -> Result<PathBuf> {
+        let extra = json!({ "context": self.state_dict()? });
+        let root = self.dir.join("checkpoints");
+        let opts = CheckpointOptions {
+            extra,
+            ..Default::default()
+        };
+        self.trainer()?.checkpoint(&root, &opts)
+    }
+
+    /// Whether the run has more than one rank.
+    pub fn is_distributed(&self) -> bool {
+        self.comm.size() > 1
+    }
+
+    /// Whether this is rank 0 (the one that writes files).
+    pub fn is_master(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    /// This rank.
+    pub fn get_rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Ranks of the run.
+    pub fn get_num_processes(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Rank 0's `t` on every rank.
+    pub fn broadcast_from_master(&self, t: &Tensor) -> Result<Tensor> {
+        self.comm.broadcast(t, 0)
+    }
+
+    /// Waits until every rank gets here.
+    pub fn distributed_barrier(&self) -> Result<()> {
+        self.comm.barrier()
+    }
+}

@@ -1,0 +1,222 @@
+//! An experiment as a program (pystematic's `@experiment`): a name, declared parameters and a
+//! body. [`Experiment::main`] parses the command line (defaults, then `--params-file`, then
+//! flags), makes the run's own directory `<output_dir>/<name>/<date>-<time>-<id>/` with
+//! `parameters.json` (every value: feeding it back as `--params-file` reruns the run), and runs
+//! the body once per rank: one rank, `--distributed --nproc-per-node N` ranks as threads of
+//! this process, or one per process under `mpirun` / `pipewright launch`.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::context::Context;
+use super::params::{self, Param, Params};
+use crate::comm::local;
+use crate::{invalid, Error, Result};
+
+/// An experiment: a name, its parameters and its body.
+pub struct Experiment<F> {
+    name: String,
+    about: String,
+    params: Vec<Param>,
+    body: F,
+}
+
+impl<F> Experiment<F>
+where
+    F: Fn(&mut Context) -> Result<()> + Sync,
+{
+    /// The experiment `name` running `body` for every rank, with pystematic's standard
+    /// parameters ([`params::standard`]).
+    pub fn new(name: &str, body: F) -> Self {
+        Self {
+            name: name.to_string(),
+            about: String::new(),
+            params: Vec::new(),
+            body,
+        }
+    }
+
+    /// What `--help` says the experiment does.
+    pub fn about(mut self, text: &str) -> Self {
+        self.about = text.to_string();
+        self
+    }
+
+    /// Declares a parameter.
+    pub fn param(mut self, p: Param) -> Self {
+        self.params.push(p);
+        self
+    }
+
+    /// Every parameter: the standard ones, then the declared ones.
+    pub fn all_params(&self) -> Result<Vec<Param>> {
+        let mut all = params::standard();
+        for p in &self.params {
+            if all.iter().any(|q| q.name == p.name) {
+                return Err(invalid!(
+                    "parameter `{}` is declared twice (or is a standard one)",
+                    p.name
+                ));
+            }
+            all.push(p.clone());
+        }
+        Ok(all)
+    }
+
+    /// The parameters of the command line `args` (the first item the program).
+    pub fn parse<I, T>(&self, args: I) -> Result<Params>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        params::parse(&self.name, &self.about, &self.all_params()?, args)
+    }
+
+    /// Parses this process's command line and runs; prints the error (or the help) and exits
+    /// with status 1 (0 for `--help`) when it fails.
+    pub fn main(&self) {
+        let result = self
+            .parse(std::env::args_os())
+            .and_then(|p| self.run(&p).map(|_| ()));
+        match result {
+            Ok(()) => {}
+            Err(Error::Help(text)) => print!("{text}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    /// Runs the body with `params` in a new run directory, which it returns.
+    pub fn run(&self, params: &Params) -> Result<PathBuf> {
+        let dir = self.run_ranks(params)?;
+        if params.flag("debug")? {
+            eprintln!("[{}] done: {}", self.name, dir.display());
+        }
+        Ok(dir)
+    }
+
+    /// The body on every rank; the run directory.
+    fn run_ranks(&self, params: &Params) -> Result<PathBuf> {
+        let debug = params.flag("debug")?;
+        if debug {
+            eprintln!("[{}] parameters: {}", self.name, params.to_json());
+        }
+        let body = |cx: &mut Context| -> Result<()> {
+            if debug {
+                eprintln!(
+                    "[{}] rank {} of {} starts",
+                    self.name,
+                    cx.get_rank(),
+                    cx.get_num_processes()
+                );
+            }
+            (self.body)(cx)?;
+            if debug {
+                eprintln!("[{}] rank {} ends", self.name, cx.get_rank());
+            }
+            Ok(())
+        };
+        let env = crate::dist::Env::from_env();
+        if env.world_size > 1 {
+            // One rank of a launched job: its world is the job's.
+            let world = crate::dist::init()?;
+            let dir = self.agree_dir(params, world.comm.as_ref())?;
+            let (comm, _guard) = world.into_parts();
+            let mut cx = Context::new(params.clone(), &dir, comm)?;
+            body(&mut cx)?;
+            return Ok(dir);
+        }
+        let ranks = if params.flag("distributed")? {
+            let n = params.int("nproc_per_node")? * params.int("nnodes")?;
+            usize::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| invalid!("nproc_per_node x nnodes must be positive"))?
+        } else {
+            1
+        };
+        let dir = self.make_dir(params)?;
+        crate::comm::size_thread_pools(ranks);
+        local::run(ranks, |comm| {
+            let mut cx = Context::new(params.clone(), &dir, Box::new(comm))?;
+            body(&mut cx)
+        })?;
+        Ok(dir)
+    }
+
+    /// The run directory, made by rank 0 and its name given to every rank.
+    fn agree_dir(&self, params: &Params, comm: &dyn crate::comm::Communicator) -> Result<PathBuf> {
+        let mine = if comm.rank() == 0 {
+            self.make_dir(params)?.to_string_lossy().into_owned()
+        } else {
+            String::new()
+        };
+        let bytes = mine.into_bytes();
+        let len = candle_core::Tensor::new(&[bytes.len() as u32], &candle_core::Device::Cpu)?;
+        let len = comm.broadcast(&len, 0)?.to_vec1::<u32>()?[0] as usize;
+        let mut buf = bytes;
+        buf.resize(len, 0);
+        let t = candle_core::Tensor::from_vec(buf, len, &candle_core::Device::Cpu)?;
+        let got = comm.broadcast(&t, 0)?.to_vec1::<u8>()?;
+        Ok(PathBuf::from(String::from_utf8_lossy(&got).into_owned()))
+    }
+
+    /// Creates `<output_dir>/<name>/<date>-<time>-<id>/` with `parameters.json`.
+    fn make_dir(&self, params: &Params) -> Result<PathBuf> {
+        let root = params
+            .string("output_dir")?
+            .ok_or_else(|| invalid!("output_dir must be set"))?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| invalid!("the clock is before 1970: {e}"))?;
+        let stamp = timestamp(now.as_secs());
+        let id = format!(
+            "{:06x}",
+            (now.subsec_nanos() ^ std::process::id()) & 0xff_ffff
+        );
+        let dir = Path::new(&root)
+            .join(&self.name)
+            .join(format!("{stamp}-{id}"));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+        let text = serde_json::to_string_pretty(&params.to_json()).map_err(|e| invalid!("{e}"))?;
+        let tmp = dir.join(".parameters.json.tmp");
+        std::fs::write(&tmp, text).map_err(|e| Error::io("cannot write", &tmp, e))?;
+        let path = dir.join("parameters.json");
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot write", &path, e))?;
+        Ok(dir)
+    }
+}
+
+/// `YYYY-MM-DD-HH-MM-SS` (UTC) of `secs` since 1970 (Hinnant's civil-from-days).
+fn timestamp(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}-{:02}-{:02}-{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps_are_civil_dates() {
+        assert_eq!(super::timestamp(0), "1970-01-01-00-00-00");
+        // 2000-02-29 12:34:56 UTC, a leap day.
+        assert_eq!(super::timestamp(951_827_696), "2000-02-29-12-34-56");
+        assert_eq!(super::timestamp(1_795_435_200), "2026-11-23-12-00-00");
+    }
+}
