@@ -8,6 +8,7 @@ mod launch;
 mod plan;
 mod profile;
 mod schedule;
+mod sweep;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +42,9 @@ enum Command {
     Plan(Box<plan::PlanArgs>),
     /// The balance (layers per stage) of a cost vector that minimises the slowest stage.
     Balance(balance::BalanceArgs),
+    /// Run a program for every combination of parameter values, a few at once, and tabulate
+    /// the runs.
+    Sweep(sweep::SweepArgs),
     /// Inspect, verify, reshard and export checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
@@ -64,6 +68,7 @@ fn main() {
         Command::Balance(a) => balance::run(a),
         Command::Profile(a) => profile::run(*a),
         Command::Plan(a) => plan::run(*a),
+        Command::Sweep(a) => sweep::run(a),
         Command::Launch(a) => launch::run(a),
         Command::RankEnv { program } => launch::rank_env(&program),
     };

@@ -156,6 +156,14 @@ fn check_outputs(args: &[String], stdout: &str) {
             .iter()
             .all(|l| l["forward"]["per_sample_s"].as_f64().unwrap() >= 0.0));
     }
+    if args[0] == "sweep" {
+        // 2 x 2 combinations, each trained and tabulated.
+        let ok = stdout.lines().filter(|l| l.ends_with(" ok")).count();
+        assert_eq!(ok, 4, "{stdout}");
+        let csv =
+            std::fs::read_to_string(Path::new(value_of(args, "--out").unwrap()).join("sweep.csv"));
+        assert_eq!(csv.unwrap().lines().count(), 5);
+    }
     if args[0] == "plan" {
         check_plan(args, stdout);
     }

@@ -10,6 +10,7 @@ pub mod params;
 pub mod recorder;
 pub mod run_dir;
 pub mod runner;
+pub mod sweep;
 pub mod tfevents;
 
 pub use context::{Context, Counter, Stateful};
@@ -18,6 +19,7 @@ pub use params::{Param, ParamType, Params};
 pub use recorder::Recorder;
 pub use run_dir::RunDir;
 pub use runner::Experiment;
+pub use sweep::{run_parameter_sweep, Sweep, SweepRun};
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
 pub fn peak_memory_bytes() -> Option<u64> {

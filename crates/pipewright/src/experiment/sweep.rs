@@ -1,0 +1,159 @@
+//! Parameter sweeps (pystematic's `run_parameter_sweep`): a program run once for every
+//! combination of parameter values (the cartesian product), each run in its own directory, at
+//! most `max_parallel` at once; a failed run is recorded and the others go on. The summary
+//! (each run's parameters, final loss and metric from its `summary.json` when it writes one,
+//! seconds and status) is written as `sweep.csv` beside the runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::{invalid, Error, Result};
+
+/// One run of a sweep and how it went.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepRun {
+    /// `name=value,...`: also its directory's name.
+    pub name: String,
+    /// Its parameters, in the sweep's order.
+    pub params: Vec<(String, String)>,
+    /// Its run directory.
+    pub dir: PathBuf,
+    /// `summary.json`'s `final_loss` and `metric`, when the run wrote them.
+    pub final_loss: Option<f64>,
+    pub metric: Option<f64>,
+    /// Seconds from its start to its end, and when it started (seconds after the sweep began).
+    pub seconds: f64,
+    pub started: f64,
+    /// `None` when it succeeded; else what went wrong (exit status, or why it did not start).
+    pub failure: Option<String>,
+}
+
+/// What to sweep.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    /// Each parameter (its flag name without dashes) and its values.
+    pub grid: Vec<(String, Vec<String>)>,
+    /// The program and its fixed arguments.
+    pub command: Vec<String>,
+    /// Where the runs go (`<out>/<run name>`) and `sweep.csv`.
+    pub out: PathBuf,
+    /// The flag that takes a run's directory (`--out`).
+    pub out_flag: String,
+    /// Runs at once.
+    pub max_parallel: usize,
+}
+
+/// Every combination of `grid`'s values, the first parameter varying slowest.
+pub fn combinations(grid: &[(String, Vec<String>)]) -> Vec<Vec<(String, String)>> {
+    grid.iter().fold(vec![Vec::new()], |acc, (name, values)| {
+        acc.into_iter()
+            .flat_map(|c| {
+                values.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.push((name.clone(), v.clone()));
+                    c
+                })
+            })
+            .collect()
+    })
+}
+
+/// Runs the sweep; every run's outcome, in the grid's order (failed runs included: the caller
+/// decides what a failure means; `sweep.csv` is written either way).
+pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
+    if s.grid.is_empty() || s.grid.iter().any(|(_, v)| v.is_empty()) {
+        return Err(invalid!(
+            "a sweep needs at least one parameter, each with values"
+        ));
+    }
+    if s.command.is_empty() || s.max_parallel == 0 {
+        return Err(invalid!(
+            "a sweep needs a program to run and max_parallel of at least 1"
+        ));
+    }
+    std::fs::create_dir_all(&s.out).map_err(|e| Error::io("cannot create", &s.out, e))?;
+    let todo: Vec<(usize, Vec<(String, String)>)> =
+        combinations(&s.grid).into_iter().enumerate().collect();
+    let queue = Mutex::new(todo.into_iter());
+    let done = Mutex::new(Vec::new());
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..s.max_parallel {
+            scope.spawn(|| loop {
+                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let Some((i, params)) = next else { break };
+                let run = run_one(s, params, t0);
+                done.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, run));
+            });
+        }
+    });
+    let mut runs = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    runs.sort_by_key(|(i, _)| *i);
+    let runs: Vec<SweepRun> = runs.into_iter().map(|(_, r)| r).collect();
+    write_csv(&s.out.join("sweep.csv"), &s.grid, &runs)?;
+    Ok(runs)
+}
+
+fn run_one(s: &Sweep, params: Vec<(String, String)>, t0: Instant) -> SweepRun {
+    let name = params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let dir = s.out.join(&name);
+    let started = t0.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let log = s.out.join(format!("{name}.log"));
+    let mut cmd = Command::new(&s.command[0]);
+    cmd.args(&s.command[1..]);
+    for (k, v) in &params {
+        cmd.arg(format!("--{k}")).arg(v);
+    }
+    cmd.arg(&s.out_flag).arg(&dir).stdin(Stdio::null());
+    let failure = match std::fs::File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
+        Err(e) => Some(format!("cannot write {}: {e}", log.display())),
+        Ok((out, err)) => match cmd.stdout(out).stderr(err).status() {
+            Err(e) => Some(format!("did not start: {e}")),
+            Ok(st) if st.success() => None,
+            Ok(st) => Some(format!("{st}; see {}", log.display())),
+        },
+    };
+    let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let num = |k: &str| summary.as_ref().and_then(|s| s[k].as_f64());
+    SweepRun {
+        name,
+        params,
+        final_loss: num("final_loss"),
+        metric: num("metric"),
+        dir,
+        seconds: t.elapsed().as_secs_f64(),
+        started,
+        failure,
+    }
+}
+
+fn write_csv(path: &Path, grid: &[(String, Vec<String>)], runs: &[SweepRun]) -> Result<()> {
+    let mut csv: Vec<String> = grid.iter().map(|(k, _)| k.clone()).collect();
+    csv.extend(["final_loss", "metric", "seconds", "started", "status"].map(String::from));
+    let mut text = csv.join(",") + "\n";
+    let opt = |v: Option<f64>| v.map(|x| x.to_string()).unwrap_or_default();
+    for r in runs {
+        let mut row: Vec<String> = r.params.iter().map(|(_, v)| v.clone()).collect();
+        row.push(opt(r.final_loss));
+        row.push(opt(r.metric));
+        row.push(format!("{:.6}", r.seconds));
+        row.push(format!("{:.6}", r.started));
+        row.push(match &r.failure {
+            None => "ok".into(),
+            Some(f) => format!("failed: {}", f.replace([',', '\n'], " ")),
+        });
+        text.push_str(&(row.join(",") + "\n"));
+    }
+    std::fs::write(path, text).map_err(|e| Error::io("cannot write", path, e))
+}
