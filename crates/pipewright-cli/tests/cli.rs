@@ -103,13 +103,35 @@ fn run_directory_holds_params_scalars_events_and_summary() {
         })
         .expect("an event file");
     let records = read_records(&std::fs::read(ev).unwrap()).unwrap();
-    assert_eq!(records.len(), 7, "file version + one event per step");
+    // File version, the flags as hparams, one event per step, a loss curve per evaluation.
+    assert_eq!(records.len(), 1 + 1 + 6 + 2);
     assert!(records[0].windows(13).any(|w| w == b"brain.Event:2"));
+    assert!(records[1]
+        .windows(28)
+        .any(|w| w == b"_hparams_/session_start_info"));
     let with_loss = records
         .iter()
         .filter(|r| r.windows(10).any(|w| w == b"train/loss"))
+        .filter(|r| !r.windows(10).any(|w| w == b"loss_curve"))
         .count();
     assert_eq!(with_loss, 6);
+    // The loss curve at each evaluation (steps 3 and 6): a 640 x 400 PNG (its IHDR) of that
+    // many points, also in the events.
+    let curves: Vec<Vec<u8>> = [3, 6]
+        .iter()
+        .map(|s| std::fs::read(out.join(format!("images/train_loss_curve-{s}.png"))).unwrap())
+        .collect();
+    for png in &curves {
+        assert_eq!(&png[1..4], b"PNG");
+        assert_eq!(
+            (&png[16..20], &png[20..24]),
+            (&640u32.to_be_bytes()[..], &400u32.to_be_bytes()[..])
+        );
+        assert!(records
+            .iter()
+            .any(|r| r.windows(png.len()).any(|w| w == &png[..])));
+    }
+    assert_ne!(curves[0], curves[1], "the later curve has more points");
     let _ = std::fs::remove_dir_all(out);
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
-use pipewright::experiment::{peak_memory_bytes, Recorder, RunDir};
+use pipewright::experiment::{peak_memory_bytes, LinePlot, Recorder, RunDir};
 use pipewright::nn::optim::LrSchedule;
 use pipewright::varuna::Varuna;
 use pipewright::{Batch, Result};
@@ -84,11 +84,15 @@ pub fn train_loop(
                 },
             )?;
             let tag = format!("eval/{}", task.metric_name());
-            Some(if run.continuing {
+            let mut rec = if run.continuing {
                 Recorder::resume(dir.path(), &tag, first)?
             } else {
                 Recorder::create(dir.path(), &tag)?
-            })
+            };
+            // The flags as TensorBoard hyperparameters.
+            let flags = serde_json::to_value(a).map_err(|e| pipewright::invalid!("{e}"))?;
+            rec.params(&flags)?;
+            Some(rec)
         }
         None => None,
     };
@@ -134,6 +138,8 @@ pub fn train_loop(
     let mut metric = f64::NAN;
     let mut done_steps = first;
     let mut step_times = Vec::new();
+    // (step, loss) of this run's steps: the loss curve drawn at every evaluation.
+    let mut curve = Vec::new();
     let mut training_peak = None;
     for step in first..a.steps {
         let b = batch(step)?;
@@ -162,6 +168,11 @@ pub fn train_loop(
         } else {
             None
         };
+        curve.push(((step + 1) as f64, r.loss));
+        if let Some(rec) = rec.as_mut().filter(|_| eval_now) {
+            rec.set_count(step + 1);
+            rec.figure("train/loss_curve", &LinePlot::new(curve.clone()))?;
+        }
         if let Some(rec) = rec.as_mut().filter(|_| step % a.log_every == 0 || eval_now) {
             rec.record(ScalarRow {
                 step,

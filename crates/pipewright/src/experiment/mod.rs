@@ -5,6 +5,7 @@
 //! CSV) and resource readings.
 
 pub mod context;
+pub mod image;
 pub mod loader;
 pub mod params;
 pub mod recorder;
@@ -14,6 +15,7 @@ pub mod sweep;
 pub mod tfevents;
 
 pub use context::{Context, Counter, Stateful};
+pub use image::{LinePlot, RgbImage};
 pub use loader::{Dataset, SmartDataLoader};
 pub use params::{Param, ParamType, Params};
 pub use recorder::Recorder;

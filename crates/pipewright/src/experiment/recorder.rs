@@ -1,11 +1,20 @@
-//! pystematic's Recorder: scalars to TensorBoard and to `scalars.csv`.
+//! pystematic's Recorder: scalars by tag, images and figures, hyperparameters, written as
+//! TensorBoard events and as files: `scalars.csv` (the training log: `step,loss,lr,metric`),
+//! `tags.csv` (every other scalar: `count,tag,value`) and `images/<tag>-<count>.png`. Its
+//! counter (`step()`, `count()`) is the step every record is filed under and is state a
+//! checkpoint of the context saves, so that a resumed run goes on counting. Only the master
+//! rank makes one.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::tfevents::EventWriter;
-use crate::{Error, Result};
+use serde_json::{json, Value};
+
+use super::context::Stateful;
+use super::image::{LinePlot, RgbImage};
+use super::tfevents::{EventWriter, HParam};
+use crate::{invalid, Error, Result};
 
 /// One row of the training log.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -17,65 +26,98 @@ pub struct ScalarRow {
     pub metric: Option<f64>,
 }
 
-/// Writes `scalars.csv` (`step,loss,lr,metric`) and TensorBoard events side by side.
+const LOG_HEADER: &str = "step,loss,lr,metric";
+const TAGS_HEADER: &str = "count,tag,value";
+
+/// Size of a figure's picture.
+pub const FIGURE_SIZE: (u32, u32) = (640, 400);
+
+/// Writes the run's scalars, images and hyperparameters.
 pub struct Recorder {
-    csv_path: PathBuf,
-    csv: BufWriter<File>,
+    dir: PathBuf,
+    log: Csv,
+    tags: Csv,
     events: EventWriter,
     metric_tag: String,
+    count: u64,
+}
+
+/// A CSV file appended to.
+struct Csv {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl Csv {
+    /// Opens `path` keeping its rows whose first column is below `from` (none: a new file).
+    fn open(path: PathBuf, header: &str, from: Option<u64>) -> Result<Self> {
+        let mut kept = format!("{header}\n");
+        if let Some(from) = from {
+            let old = std::fs::read_to_string(&path).unwrap_or_default();
+            for line in old.lines().skip(1) {
+                let first = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
+                if first.is_some_and(|s| s < from) {
+                    kept.push_str(line);
+                    kept.push('\n');
+                }
+            }
+        }
+        let tmp = path.with_extension("csv.tmp");
+        std::fs::write(&tmp, kept).map_err(|e| Error::io("cannot write", &tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into", &path, e))?;
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| Error::io("cannot open", &path, e))?;
+        Ok(Self {
+            path,
+            out: BufWriter::new(file),
+        })
+    }
+
+    fn row(&mut self, text: std::fmt::Arguments) -> Result<()> {
+        writeln!(self.out, "{text}").map_err(|e| Error::io("cannot write", &self.path, e))
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.out
+            .flush()
+            .map_err(|e| Error::io("cannot write", &self.path, e))
+    }
 }
 
 impl Recorder {
-    /// `metric_tag` names the metric in TensorBoard (`metric/accuracy`).
+    /// A recorder writing into `dir`; `metric_tag` names the training log's metric in
+    /// TensorBoard (`metric/accuracy`).
     pub fn create(dir: &Path, metric_tag: &str) -> Result<Self> {
-        let csv_path = dir.join("scalars.csv");
-        let file = File::create(&csv_path).map_err(|e| Error::io("cannot create", &csv_path, e))?;
-        let mut csv = BufWriter::new(file);
-        writeln!(csv, "step,loss,lr,metric")
-            .map_err(|e| Error::io("cannot write", &csv_path, e))?;
-        Ok(Self {
-            csv_path,
-            csv,
-            events: EventWriter::create(dir)?,
-            metric_tag: metric_tag.to_string(),
-        })
+        Self::open(dir, metric_tag, None)
     }
 
-    /// Goes on with the run in `dir` from step `from` (a resumed run): `scalars.csv` keeps its
-    /// rows of the steps before `from` (a later row would be a duplicate) and grows from
-    /// there; TensorBoard events go to a new events file.
+    /// Goes on with the run in `dir` from step `from` (a resumed run): the CSV files keep
+    /// their rows before `from` (a later row would be a duplicate) and grow from there; the
+    /// counter starts at `from`; TensorBoard events go to a new events file.
     pub fn resume(dir: &Path, metric_tag: &str, from: u64) -> Result<Self> {
-        let csv_path = dir.join("scalars.csv");
-        let old = std::fs::read_to_string(&csv_path).unwrap_or_default();
-        let mut kept = String::from("step,loss,lr,metric\n");
-        for line in old.lines().skip(1) {
-            let step = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
-            if step.is_some_and(|s| s < from) {
-                kept.push_str(line);
-                kept.push('\n');
-            }
-        }
-        let tmp = dir.join(".scalars.csv.tmp");
-        std::fs::write(&tmp, kept).map_err(|e| Error::io("cannot write", &tmp, e))?;
-        std::fs::rename(&tmp, &csv_path)
-            .map_err(|e| Error::io("cannot rename into", &csv_path, e))?;
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&csv_path)
-            .map_err(|e| Error::io("cannot open", &csv_path, e))?;
+        Self::open(dir, metric_tag, Some(from))
+    }
+
+    fn open(dir: &Path, metric_tag: &str, from: Option<u64>) -> Result<Self> {
         Ok(Self {
-            csv_path,
-            csv: BufWriter::new(file),
+            dir: dir.to_path_buf(),
+            log: Csv::open(dir.join("scalars.csv"), LOG_HEADER, from)?,
+            tags: Csv::open(dir.join("tags.csv"), TAGS_HEADER, from)?,
             events: EventWriter::create(dir)?,
             metric_tag: metric_tag.to_string(),
+            count: from.unwrap_or(0),
         })
     }
 
-    /// Writes one row (and its TensorBoard scalars).
+    /// Writes one row of the training log (and its TensorBoard scalars).
     pub fn record(&mut self, row: ScalarRow) -> Result<()> {
         let metric = row.metric.map(|m| m.to_string()).unwrap_or_default();
-        writeln!(self.csv, "{},{},{},{}", row.step, row.loss, row.lr, metric)
-            .map_err(|e| Error::io("cannot write", &self.csv_path, e))?;
+        self.log.row(format_args!(
+            "{},{},{},{metric}",
+            row.step, row.loss, row.lr
+        ))?;
         let mut s = vec![("train/loss", row.loss as f32), ("train/lr", row.lr as f32)];
         if let Some(m) = row.metric {
             s.push((self.metric_tag.as_str(), m as f32));
@@ -83,10 +125,85 @@ impl Recorder {
         self.events.scalars(row.step, &s)
     }
 
+    /// Moves the counter on by one (pystematic's `step()`).
+    pub fn step(&mut self) {
+        self.count += 1;
+    }
+
+    /// The counter: the step every record is filed under.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Sets the counter (a training loop's own step).
+    pub fn set_count(&mut self, count: u64) {
+        self.count = count;
+    }
+
+    /// A scalar under any tag at the current count.
+    pub fn scalar(&mut self, tag: &str, value: f64) -> Result<()> {
+        self.tags
+            .row(format_args!("{},{tag},{value}", self.count))?;
+        self.events.scalars(self.count, &[(tag, value as f32)])
+    }
+
+    /// The run's hyperparameters (TensorBoard's hparams dashboard, and `hparams.json`).
+    pub fn params(&mut self, params: &Value) -> Result<()> {
+        let map = params
+            .as_object()
+            .ok_or_else(|| invalid!("hyperparameters are an object of values, not {params}"))?;
+        let hp: Vec<(String, HParam)> = map
+            .iter()
+            .filter_map(|(k, v)| {
+                let h = match v {
+                    Value::Number(n) => HParam::Number(n.as_f64()?),
+                    Value::String(s) => HParam::Text(s.clone()),
+                    Value::Bool(b) => HParam::Bool(*b),
+                    _ => return None,
+                };
+                Some((k.clone(), h))
+            })
+            .collect();
+        self.events.hparams(&hp)?;
+        let path = self.dir.join("hparams.json");
+        std::fs::write(&path, params.to_string()).map_err(|e| Error::io("cannot write", &path, e))
+    }
+
+    /// An image at the current count: `images/<tag>-<count>.png` and a TensorBoard image.
+    /// Returns the file's path.
+    pub fn image(&mut self, tag: &str, img: &RgbImage) -> Result<PathBuf> {
+        let png = img.png()?;
+        let dir = self.dir.join("images");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
+        let file = format!("{}-{}.png", tag.replace(['/', '\\', ' '], "_"), self.count);
+        let path = dir.join(file);
+        std::fs::write(&path, &png).map_err(|e| Error::io("cannot write", &path, e))?;
+        self.events
+            .image(self.count, tag, (img.width, img.height), &png)?;
+        Ok(path)
+    }
+
+    /// A line plot drawn as an image ([`FIGURE_SIZE`]) at the current count.
+    pub fn figure(&mut self, tag: &str, plot: &LinePlot) -> Result<PathBuf> {
+        self.image(tag, &plot.render(FIGURE_SIZE.0, FIGURE_SIZE.1))
+    }
+
     pub fn flush(&mut self) -> Result<()> {
-        self.csv
-            .flush()
-            .map_err(|e| Error::io("cannot write", &self.csv_path, e))?;
+        self.log.flush()?;
+        self.tags.flush()?;
         self.events.flush()
+    }
+}
+
+impl Stateful for Recorder {
+    fn state_dict(&self) -> Result<Value> {
+        Ok(json!({ "count": self.count }))
+    }
+
+    fn load_state_dict(&mut self, state: &Value) -> Result<()> {
+        self.count = state["count"]
+            .as_u64()
+            .ok_or_else(|| invalid!("a recorder's state holds its count, not {state}"))?;
+        Ok(())
     }
 }

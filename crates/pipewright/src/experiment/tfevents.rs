@@ -88,6 +88,92 @@ pub fn scalars_event(wall_time: f64, step: i64, scalars: &[(&str, f32)]) -> Vec<
     e
 }
 
+/// Serialized `Event { wall_time, step, summary { value } }` around one serialized
+/// `Summary.Value`.
+fn summary_event(wall_time: f64, step: i64, value: &[u8]) -> Vec<u8> {
+    let mut summary = Vec::new();
+    bytes_field(1, value, &mut summary);
+    let mut e = Vec::new();
+    key(1, 1, &mut e);
+    e.extend_from_slice(&wall_time.to_le_bytes());
+    key(2, 0, &mut e);
+    varint(step as u64, &mut e);
+    bytes_field(5, &summary, &mut e);
+    e
+}
+
+/// An image summary: `Summary.Value { tag, image { height, width, colorspace 3 (RGB),
+/// encoded_image_string } }` around a PNG.
+pub fn image_event(
+    wall_time: f64,
+    step: i64,
+    tag: &str,
+    (width, height): (u32, u32),
+    png: &[u8],
+) -> Vec<u8> {
+    let mut image = Vec::new();
+    key(1, 0, &mut image);
+    varint(u64::from(height), &mut image);
+    key(2, 0, &mut image);
+    varint(u64::from(width), &mut image);
+    key(3, 0, &mut image);
+    varint(3, &mut image);
+    bytes_field(4, png, &mut image);
+    let mut value = Vec::new();
+    bytes_field(1, tag.as_bytes(), &mut value);
+    bytes_field(4, &image, &mut value);
+    summary_event(wall_time, step, &value)
+}
+
+/// A hyperparameter value for [`hparams_event`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum HParam {
+    Number(f64),
+    Text(String),
+    Bool(bool),
+}
+
+/// The hparams plugin's session start (TensorBoard's `hparams` summary): `Summary.Value { tag
+/// "_hparams_/session_start_info", metadata { plugin_data { plugin_name "hparams", content:
+/// HParamsPluginData { version 0, session_start_info { hparams, start_time_secs } } } } }`.
+pub fn hparams_event(wall_time: f64, hparams: &[(String, HParam)]) -> Vec<u8> {
+    let mut start = Vec::new();
+    for (name, v) in hparams {
+        // google.protobuf.Value: number_value 2, string_value 3, bool_value 4.
+        let mut value = Vec::new();
+        match v {
+            HParam::Number(x) => {
+                key(2, 1, &mut value);
+                value.extend_from_slice(&x.to_le_bytes());
+            }
+            HParam::Text(t) => bytes_field(3, t.as_bytes(), &mut value),
+            HParam::Bool(b) => {
+                key(4, 0, &mut value);
+                varint(u64::from(*b), &mut value);
+            }
+        }
+        let mut entry = Vec::new();
+        bytes_field(1, name.as_bytes(), &mut entry);
+        bytes_field(2, &value, &mut entry);
+        bytes_field(1, &entry, &mut start);
+    }
+    key(5, 1, &mut start);
+    start.extend_from_slice(&wall_time.to_le_bytes());
+    let mut data = Vec::new();
+    key(1, 0, &mut data);
+    varint(0, &mut data);
+    bytes_field(3, &start, &mut data);
+    let mut plugin = Vec::new();
+    bytes_field(1, b"hparams", &mut plugin);
+    bytes_field(2, &data, &mut plugin);
+    let mut metadata = Vec::new();
+    bytes_field(1, &plugin, &mut metadata);
+    let mut value = Vec::new();
+    bytes_field(1, b"_hparams_/session_start_info", &mut value);
+    bytes_field(9, &metadata, &mut value);
+    summary_event(wall_time, 0, &value)
+}
+
 /// Frames a payload as one record.
 pub fn record(payload: &[u8]) -> Vec<u8> {
     let len = (payload.len() as u64).to_le_bytes();
@@ -174,6 +260,16 @@ impl EventWriter {
 
     pub fn scalars(&mut self, step: u64, scalars: &[(&str, f32)]) -> Result<()> {
         self.write(&scalars_event(now(), step as i64, scalars))
+    }
+
+    /// An image summary of a PNG of `size` (width, height) at `step`.
+    pub fn image(&mut self, step: u64, tag: &str, size: (u32, u32), png: &[u8]) -> Result<()> {
+        self.write(&image_event(now(), step as i64, tag, size, png))
+    }
+
+    /// The run's hyperparameters (TensorBoard's hparams dashboard).
+    pub fn hparams(&mut self, hparams: &[(String, HParam)]) -> Result<()> {
+        self.write(&hparams_event(now(), hparams))
     }
 
     pub fn flush(&mut self) -> Result<()> {
