@@ -234,28 +234,23 @@ fn the_loader_gives_every_sample_once_an_epoch_in_disjoint_shards() {
     assert_ne!(orders[0], orders[1], "each epoch is shuffled anew");
 
     // A loader restored mid-epoch goes on in the same order; a batch holds its samples.
-    let mut a = SmartDataLoader::new(
-        Points::new(n, 9),
-        batch,
-        true,
-        11,
-        (1, replicas),
-        Device::Cpu,
-    )
-    .unwrap();
+    let replica_1 = || {
+        SmartDataLoader::new(
+            Points::new(n, 9),
+            batch,
+            true,
+            11,
+            (1, replicas),
+            Device::Cpu,
+        )
+        .unwrap()
+    };
+    let mut a = replica_1();
     a.next_indices();
     a.next_indices();
     let state = a.state_dict();
     let rest_a: Vec<_> = std::iter::from_fn(|| a.next_indices()).collect();
-    let mut b = SmartDataLoader::new(
-        Points::new(n, 9),
-        batch,
-        true,
-        11,
-        (1, replicas),
-        Device::Cpu,
-    )
-    .unwrap();
+    let mut b = replica_1();
     b.load_state_dict(&state).unwrap();
     let rest_b: Vec<_> = std::iter::from_fn(|| b.next_indices()).collect();
     assert_eq!(rest_a, rest_b);

@@ -71,28 +71,26 @@ pub fn file_version_event(wall_time: f64) -> Vec<u8> {
 
 /// Serialized `Event { wall_time, step, summary { value { tag, simple_value } ... } }`.
 pub fn scalars_event(wall_time: f64, step: i64, scalars: &[(&str, f32)]) -> Vec<u8> {
-    let mut summary = Vec::new();
-    for (tag, v) in scalars {
-        let mut value = Vec::new();
-        bytes_field(1, tag.as_bytes(), &mut value);
-        key(2, 5, &mut value);
-        value.extend_from_slice(&v.to_le_bytes());
-        bytes_field(1, &value, &mut summary);
-    }
-    let mut e = Vec::new();
-    key(1, 1, &mut e);
-    e.extend_from_slice(&wall_time.to_le_bytes());
-    key(2, 0, &mut e);
-    varint(step as u64, &mut e);
-    bytes_field(5, &summary, &mut e);
-    e
+    let values: Vec<Vec<u8>> = scalars
+        .iter()
+        .map(|(tag, v)| {
+            let mut value = Vec::new();
+            bytes_field(1, tag.as_bytes(), &mut value);
+            key(2, 5, &mut value);
+            value.extend_from_slice(&v.to_le_bytes());
+            value
+        })
+        .collect();
+    summary_event(wall_time, step, &values)
 }
 
-/// Serialized `Event { wall_time, step, summary { value } }` around one serialized
-/// `Summary.Value`.
-fn summary_event(wall_time: f64, step: i64, value: &[u8]) -> Vec<u8> {
+/// Serialized `Event { wall_time, step, summary { value ... } }` around serialized
+/// `Summary.Value`s.
+fn summary_event(wall_time: f64, step: i64, values: &[Vec<u8>]) -> Vec<u8> {
     let mut summary = Vec::new();
-    bytes_field(1, value, &mut summary);
+    for value in values {
+        bytes_field(1, value, &mut summary);
+    }
     let mut e = Vec::new();
     key(1, 1, &mut e);
     e.extend_from_slice(&wall_time.to_le_bytes());
@@ -122,7 +120,7 @@ pub fn image_event(
     let mut value = Vec::new();
     bytes_field(1, tag.as_bytes(), &mut value);
     bytes_field(4, &image, &mut value);
-    summary_event(wall_time, step, &value)
+    summary_event(wall_time, step, &[value])
 }
 
 /// A hyperparameter value for [`hparams_event`].
@@ -171,7 +169,7 @@ pub fn hparams_event(wall_time: f64, hparams: &[(String, HParam)]) -> Vec<u8> {
     let mut value = Vec::new();
     bytes_field(1, b"_hparams_/session_start_info", &mut value);
     bytes_field(9, &metadata, &mut value);
-    summary_event(wall_time, 0, &value)
+    summary_event(wall_time, 0, &[value])
 }
 
 /// Frames a payload as one record.
