@@ -367,3 +367,48 @@ fn context_resumes_in_fresh_processes_bit_for_bit() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// An item that remembers where it was moved.
+struct Placed(Option<String>);
+
+impl pipewright::experiment::Stateful for Placed {
+    fn state_dict(&self) -> pipewright::Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn load_state_dict(&mut self, _: &serde_json::Value) -> pipewright::Result<()> {
+        Ok(())
+    }
+
+    fn to_device(&mut self, device: &Device) -> pipewright::Result<()> {
+        self.0 = Some(format!("{device:?}"));
+        Ok(())
+    }
+}
+
+#[test]
+fn the_context_moves_what_is_registered_and_answers_for_its_rank() {
+    let dir = tmp("context");
+    let params = experiment().parse(args(&[])).unwrap();
+    let comm = Box::new(pipewright::comm::local::LocalComm::single());
+    let mut cx = pipewright::experiment::Context::new(params, &dir, comm).unwrap();
+    cx.register("placed", Placed(None)).unwrap();
+    cx.cpu().unwrap();
+    assert_eq!(
+        cx.get::<Placed>("placed").unwrap().0.as_deref(),
+        Some("Cpu")
+    );
+    assert!(
+        cx.get::<pipewright::experiment::Counter>("placed").is_err(),
+        "another type"
+    );
+    assert!(cx.is_master() && !cx.is_distributed());
+    assert_eq!((cx.get_rank(), cx.get_num_processes()), (0, 1));
+    // This build has no CUDA: cuda() is an error, and nothing moved.
+    assert!(cx.cuda().is_err());
+    assert_eq!(
+        cx.get::<Placed>("placed").unwrap().0.as_deref(),
+        Some("Cpu")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -26,6 +26,13 @@ pub trait Stateful: Any + Send {
     fn state_dict(&self) -> Result<Value>;
     /// Goes back to a state given by [`Stateful::state_dict`].
     fn load_state_dict(&mut self, state: &Value) -> Result<()>;
+
+    /// Moves what the item holds to `device` ([`Context::cpu`], [`Context::cuda`]); nothing
+    /// by default.
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        let _ = device;
+        Ok(())
+    }
 }
 
 impl<D: Dataset + 'static> Stateful for SmartDataLoader<D> {
@@ -35,6 +42,11 @@ impl<D: Dataset + 'static> Stateful for SmartDataLoader<D> {
 
     fn load_state_dict(&mut self, state: &Value) -> Result<()> {
         SmartDataLoader::load_state_dict(self, state)
+    }
+
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        self.to(device.clone());
+        Ok(())
     }
 }
 
@@ -102,14 +114,23 @@ impl Context {
         &self.device
     }
 
-    /// Later items and batches compute on the CPU (pystematic's `cpu()`).
-    pub fn cpu(&mut self) {
-        self.device = Device::Cpu;
+    /// Moves every registered item to the CPU, and makes it the device of what comes next
+    /// (pystematic's `cpu()`; a trainer is built for its device: make it after).
+    pub fn cpu(&mut self) -> Result<()> {
+        self.move_to(Device::Cpu)
     }
 
-    /// Later items and batches compute on this rank's GPU (pystematic's `cuda()`).
+    /// Moves every registered item to this rank's GPU, and makes it the device of what comes
+    /// next (pystematic's `cuda()`).
     pub fn cuda(&mut self) -> Result<()> {
-        self.device = crate::device::device("cuda", self.comm.rank())?;
+        self.move_to(crate::device::device("cuda", self.comm.rank())?)
+    }
+
+    fn move_to(&mut self, device: Device) -> Result<()> {
+        for item in self.items.values_mut() {
+            item.to_device(&device)?;
+        }
+        self.device = device;
         Ok(())
     }
 
