@@ -162,6 +162,8 @@ pub fn body(cx: &mut Context) -> Result<()> {
             lr: cx.params().float("lr")?,
         },
         seed,
+        // --debug: the first NaN or inf fails the step, naming its layer and micro-batch.
+        detect_anomaly: cx.params().flag("debug")?,
         ..VarunaOptions::new(Layout::new(pp, 1, dp)?, batch * dp, batch / chunks)
     };
     let mut trainer = Varuna::new(&model(), cx.world()?, opts)?;

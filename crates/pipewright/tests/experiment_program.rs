@@ -412,3 +412,57 @@ fn the_context_moves_what_is_registered_and_answers_for_its_rank() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn debug_names_where_the_first_nan_or_inf_appears() {
+    let dir = tmp("debug");
+    let out = dir.to_str().unwrap();
+    let e = experiment();
+    // A learning rate that diverges at once: with --debug the step names the parameters and
+    // the micro-batch whose gradients went bad; without, the generic overflow error.
+    let run = |debug: &str| {
+        let p = e
+            .parse(args(&[
+                "--output-dir",
+                out,
+                "--lr",
+                "1e30",
+                "--debug",
+                debug,
+            ]))
+            .unwrap();
+        e.run(&p).unwrap_err().to_string()
+    };
+    let with = run("true");
+    assert!(
+        with.contains("anomaly: the backward of micro-batch 0 of step 1"),
+        "{with}"
+    );
+    assert!(with.contains("hidden.weight"), "{with}");
+    let without = run("false");
+    assert!(
+        !without.contains("anomaly") && without.contains("inf or NaN"),
+        "{without}"
+    );
+
+    // A forward that makes a NaN is named by its layer.
+    use pipewright::model::{Activation, Cx, Mode};
+    let stage = example::model().build(&pipewright::Build::cpu(0)).unwrap();
+    let mut cx = Cx::new(Mode::Train, 0, 4, 2);
+    cx.detect_anomaly = true;
+    let x = candle_core::Tensor::new(&[[1f32, f32::NAN]], &Device::Cpu).unwrap();
+    let err = stage
+        .forward(Activation::from(x.clone()), &mut cx)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layer `hidden` produced NaN or inf values in micro-batch 2 of step 4"),
+        "{err}"
+    );
+    cx.detect_anomaly = false;
+    assert!(
+        stage.forward(Activation::from(x), &mut cx).is_ok(),
+        "off: no check"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -120,7 +120,7 @@ pub fn standard() -> Vec<Param> {
     vec![
         Param::string("output_dir", "./output", "Where runs go: <output_dir>/<experiment>/<date>-<time>-<id>/."),
         Param::int("random_seed", 0, "The seed of every random stream of the run."),
-        Param::flag("debug", false, "Verbose logs: the parameters, and when each rank starts and ends."),
+        Param::flag("debug", false, "Verbose logs (the parameters, each rank's start and end); a body passes it on as VarunaOptions::detect_anomaly to name the first NaN or inf."),
         Param::optional("checkpoint", "A checkpoint of the context to restore before the experiment goes on."),
         Param::flag("cuda", false, "Compute on the GPU (needs a build with CUDA)."),
         Param::flag("distributed", false, "Run nproc_per_node x nnodes ranks (as threads here; under pipewright launch or mpirun, its processes)."),

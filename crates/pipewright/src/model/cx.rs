@@ -28,6 +28,9 @@ pub struct Cx {
     /// Zero-bubble split backward: weight-bearing layers queue their weight gradients here
     /// instead of computing them in the backward pass.
     pub weight_grads: Option<crate::nn::deferred::WeightGradQueue>,
+    /// Check every layer's output for NaN and inf ([`crate::model::Stage::forward`] fails at
+    /// the first, naming the layer, micro-batch and step).
+    pub detect_anomaly: bool,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
     /// Activations split over the tensor-parallel group, by tensor (see [`crate::shard::attr`]).
@@ -43,6 +46,7 @@ impl Cx {
             micro_batch,
             defer_batch_stats: false,
             weight_grads: None,
+            detect_anomaly: false,
             recomputing: false,
             stash: HashMap::new(),
             parallel: HashMap::new(),

@@ -275,7 +275,13 @@ impl Stage {
 
     /// Runs every layer in order.
     pub fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
-        self.layers.iter().try_fold(x, |x, l| l.forward(x, cx))
+        self.layers.iter().try_fold(x, |x, l| {
+            let y = l.forward(x, cx)?;
+            if cx.detect_anomaly {
+                check_finite(l.name(), &y, cx)?;
+            }
+            Ok(y)
+        })
     }
 
     /// Every trainable parameter with its global name, in layer order.
@@ -319,4 +325,20 @@ impl Stage {
     pub fn num_params(&self) -> usize {
         self.params().iter().map(|(_, v)| v.elem_count()).sum()
     }
+}
+
+/// Fails when a float tensor of `y` holds a NaN or an inf, naming `layer`, the micro-batch and
+/// the step.
+fn check_finite(layer: &str, y: &Activation, cx: &Cx) -> Result<()> {
+    for t in y.tensors().into_iter().filter(|t| t.dtype().is_float()) {
+        if !crate::nn::grads::all_finite(t)? {
+            return Err(crate::invalid!(
+                "anomaly: layer `{layer}` produced NaN or inf values in micro-batch {} of step {}: \
+                 lower the learning rate, clip gradients, or check this layer's input",
+                cx.micro_batch,
+                cx.step
+            ));
+        }
+    }
+    Ok(())
 }

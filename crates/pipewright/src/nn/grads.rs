@@ -85,6 +85,16 @@ impl Grads {
     }
 }
 
+/// Whether every element of `t` is finite (`t - t` is 0 for a finite value and NaN for the
+/// others, so its sum tells).
+pub fn all_finite(t: &Tensor) -> Result<bool> {
+    let s = (t - t)?
+        .to_dtype(candle_core::DType::F32)?
+        .sum_all()?
+        .to_scalar::<f32>()?;
+    Ok(s == 0.0)
+}
+
 /// Largest absolute difference between `a` and `b` over the largest magnitude in `b`: the
 /// relative error the parity tests hold to 1e-5.
 pub fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {

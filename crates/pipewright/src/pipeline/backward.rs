@@ -89,7 +89,25 @@ impl Pipeline {
             )
         })?;
         let store = objective.backward()?;
-        grads.accumulate(Grads::from_store(&store, &self.chunks[c].1.params()))?;
+        let mine = Grads::from_store(&store, &self.chunks[c].1.params());
+        if self.opts.detect_anomaly {
+            let mut bad = Vec::new();
+            for (name, g) in mine.iter() {
+                if !crate::nn::grads::all_finite(g)? {
+                    bad.push(name.as_str());
+                }
+            }
+            if !bad.is_empty() {
+                return Err(invalid!(
+                    "anomaly: the backward of micro-batch {} of step {} gave NaN or inf gradients \
+                     to {} (model stage {k}): lower the learning rate or clip gradients",
+                    mb + self.mb_offset,
+                    self.step,
+                    bad.join(", ")
+                ));
+            }
+        }
+        grads.accumulate(mine)?;
         if k > 0 {
             let (to, msg) = (self.rank_of(k - 1), self.tags.activation(mb, k - 1, true));
             sends.extend(send_gradients(

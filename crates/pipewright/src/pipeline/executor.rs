@@ -55,6 +55,8 @@ pub struct PipelineOptions {
     pub recompute: Recompute,
     /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
     pub deferred_batch_norm: bool,
+    /// Check every layer's output for NaN and inf (see `VarunaOptions::detect_anomaly`).
+    pub detect_anomaly: bool,
 }
 
 /// One rank of a pipeline.
@@ -76,9 +78,9 @@ pub struct Pipeline {
     pub(super) device: Device,
     /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout
     /// masks are keyed by it, so a replica draws what a serial run draws for those rows.
-    mb_offset: usize,
-    opts: PipelineOptions,
-    step: u64,
+    pub(super) mb_offset: usize,
+    pub(super) opts: PipelineOptions,
+    pub(super) step: u64,
     /// Activations held now and at most during the last step (micro-batches, all chunks).
     held: usize,
     peak_held: usize,
@@ -262,6 +264,7 @@ impl Pipeline {
         let (c, last) = (k / self.schedule.stages, k + 1 == self.stages());
         let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
         cx.defer_batch_stats = self.opts.deferred_batch_norm;
+        cx.detect_anomaly = self.opts.detect_anomaly;
         cx.weight_grads = self.queue.clone();
         // The same context as the first forward: same dropout masks; layers with side effects
         // (BatchNorm statistics) see is_recomputing().

@@ -87,6 +87,7 @@ impl Varuna {
             tied: opts.shared_weights.clone(),
             recompute: opts.recompute,
             deferred_batch_norm: opts.deferred_batch_norm,
+            detect_anomaly: opts.detect_anomaly,
         };
         let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
         pipeline.set_micro_batch_offset(coords.dp_rank * chunks);

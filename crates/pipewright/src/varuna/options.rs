@@ -62,6 +62,10 @@ pub struct VarunaOptions {
     pub recompute: Recompute,
     /// BatchNorm statistics move once per batch (torchgpipe's deferred batch norm).
     pub deferred_batch_norm: bool,
+    /// After every layer's forward, check its output and fail at the first NaN or inf,
+    /// naming the layer, micro-batch and step (PyTorch's anomaly detection; costs a
+    /// reduction per layer: for debugging).
+    pub detect_anomaly: bool,
     /// Clip the global gradient norm to this.
     pub clip: Option<f64>,
     /// The learning rate by step.
@@ -96,6 +100,7 @@ impl VarunaOptions {
             balance: None,
             recompute: Recompute::Never,
             deferred_batch_norm: false,
+            detect_anomaly: false,
             clip: None,
             lr: LrSchedule::Constant { lr: 1e-3 },
             loss_scaler: LossScaler::new(),
