@@ -85,10 +85,10 @@ impl Grads {
     }
 }
 
-/// Whether every element of `t` is finite (`t - t` is 0 for a finite value and NaN for the
+/// Whether every element of `t` is finite (`0 * x` is 0 for a finite value and NaN for the
 /// others, so its sum tells).
 pub fn all_finite(t: &Tensor) -> Result<bool> {
-    let s = (t - t)?
+    let s = (t * 0.0)?
         .to_dtype(candle_core::DType::F32)?
         .sum_all()?
         .to_scalar::<f32>()?;
