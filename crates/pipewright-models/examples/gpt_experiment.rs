@@ -1,0 +1,164 @@
+//! A GPT experiment on the Varuna step: the adder task (2-digit sums) learned by a small GPT
+//! over any pp x tp x dp layout of the run's ranks, written as a pipewright experiment. The
+//! context holds the trainer, the step counter and (on the master) the recorder, so that
+//! `--checkpoint` goes on where a run stopped; the recorder writes the loss and the held-out
+//! accuracy by tag, the flags as hyperparameters, and the loss curve as a figure.
+//!
+//! ```sh
+//! cargo run --release -p pipewright-models --example gpt_experiment -- --steps 300
+//! cargo run --release -p pipewright-models --example gpt_experiment -- --distributed --nproc-per-node 4 --pp 2 --tp 2 --chunks 4
+//! ```
+
+use std::sync::Arc;
+
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::experiment::{Context, Counter, Experiment, LinePlot, Param, Recorder};
+use pipewright::loss::CrossEntropy;
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{invalid, Batch, Result};
+use pipewright_models::tasks::Adder;
+use pipewright_models::{gpt, GptConfig, Task, TaskShape, TIED};
+
+fn positive(cx: &Context, name: &str) -> Result<usize> {
+    usize::try_from(cx.params().int(name)?)
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| invalid!("--{} must be positive", name.replace('_', "-")))
+}
+
+/// The body every rank runs.
+pub fn body(cx: &mut Context) -> Result<()> {
+    let seed = cx.params().int("random_seed")? as u64;
+    let (pp, tp) = (positive(cx, "pp")?, positive(cx, "tp")?);
+    let (batch, chunks, steps) = (
+        positive(cx, "batch_size")?,
+        positive(cx, "chunks")?,
+        positive(cx, "steps")? as u64,
+    );
+    let world = cx.get_num_processes();
+    if !world.is_multiple_of(pp * tp) {
+        return Err(invalid!(
+            "{world} ranks do not split into --pp {pp} x --tp {tp}"
+        ));
+    }
+    let dp = world / (pp * tp);
+    let task = Adder::new(2, seed)?;
+    let TaskShape::Tokens { vocab, seq_len } = task.shape() else {
+        return Err(invalid!("the adder task is made of tokens"));
+    };
+    let cfg = GptConfig {
+        vocab_size: vocab.div_ceil(tp) * tp,
+        block_size: seq_len,
+        n_layer: positive(cx, "n_layer")?,
+        n_head: positive(cx, "n_head")?,
+        n_embd: positive(cx, "n_embd")?,
+        dropout: 0.0,
+    };
+    if !batch.is_multiple_of(dp * chunks) {
+        return Err(invalid!(
+            "--batch-size {batch} does not split into {dp} replicas x --chunks {chunks}"
+        ));
+    }
+    let opts = VarunaOptions {
+        shared_weights: vec![(TIED.0.into(), TIED.1.into())],
+        loss: Arc::new(CrossEntropy::default()),
+        lr: LrSchedule::Constant {
+            lr: cx.params().float("lr")?,
+        },
+        seed,
+        detect_anomaly: cx.params().flag("debug")?,
+        ..VarunaOptions::new(Layout::new(pp, tp, dp)?, batch, batch / (dp * chunks))
+    };
+    let mut trainer = Varuna::new(&gpt(cfg)?, cx.world()?, opts)?;
+    trainer.set_optimizer(|p| Ok(Box::new(AdamW::new(p, AdamWConfig::default())?)))?;
+    let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
+    cx.register("step", Counter(0))?;
+    if cx.is_master() {
+        let mut rec = Recorder::create(cx.dir(), "eval/accuracy")?;
+        rec.params(&cx.params().to_json())?;
+        cx.register("recorder", rec)?;
+    }
+    cx.set_trainer(trainer)?;
+    let data = |step: u64, rows: usize| -> Result<Batch> {
+        let (x, y) = task.batch(step, rows)?;
+        Ok(Batch::pair(x, y))
+    };
+    let loader = DistributedLoader::new(data, batch, replica, dp, device)?;
+    let (every, eval_every) = (
+        cx.params().int("checkpoint_every")?,
+        positive(cx, "eval_every")? as u64,
+    );
+    let mut curve = Vec::new();
+    while cx.get::<Counter>("step")?.0 < steps {
+        let step = cx.get::<Counter>("step")?.0;
+        let out = cx.trainer()?.step(&loader.batch(step)?)?;
+        cx.get::<Counter>("step")?.0 = step + 1;
+        curve.push(((step + 1) as f64, out.loss));
+        let evaluating = (step + 1) % eval_every == 0 || step + 1 == steps;
+        let accuracy = if evaluating {
+            let t = cx.trainer()?;
+            Some(task.evaluate(&mut |x| t.predict(&Batch::input(x.clone())))?)
+        } else {
+            None
+        };
+        if cx.is_master() {
+            let rec = cx.get::<Recorder>("recorder")?;
+            rec.set_count(step + 1);
+            rec.scalar("train/loss", out.loss)?;
+            if let Some(a) = accuracy {
+                rec.scalar("eval/accuracy", a)?;
+                rec.figure("train/loss_curve", &LinePlot::new(curve.clone()))?;
+                println!(
+                    "step {:>5}  loss {:.4}  accuracy {a:.4}",
+                    step + 1,
+                    out.loss
+                );
+            }
+            rec.flush()?;
+        }
+        if every > 0 && (step + 1) % every as u64 == 0 {
+            cx.checkpoint()?;
+        }
+    }
+    Ok(())
+}
+
+/// The experiment with its parameters.
+pub fn experiment() -> Experiment<fn(&mut Context) -> Result<()>> {
+    Experiment::new("gpt-adder", body as fn(&mut Context) -> Result<()>)
+        .about("A GPT learns 2-digit addition on the Varuna step, over any pp x tp x dp layout")
+        .param(Param::int("steps", 300, "Training steps."))
+        .param(Param::int(
+            "batch_size",
+            64,
+            "Rows of every step over all replicas.",
+        ))
+        .param(Param::int("chunks", 1, "Micro-batches per replica."))
+        .param(Param::int("pp", 1, "Pipeline stages."))
+        .param(Param::int(
+            "tp",
+            1,
+            "Tensor-parallel ranks per stage (the rest is dp).",
+        ))
+        .param(Param::int("n_layer", 2, "GPT blocks."))
+        .param(Param::int("n_head", 4, "Attention heads."))
+        .param(Param::int("n_embd", 128, "Hidden size."))
+        .param(Param::float("lr", 1e-3, "AdamW learning rate."))
+        .param(Param::int(
+            "eval_every",
+            100,
+            "Evaluate (and draw the loss curve) every N steps.",
+        ))
+        .param(Param::int(
+            "checkpoint_every",
+            0,
+            "Save the context every N steps (0: never).",
+        ))
+}
+
+#[allow(dead_code)]
+fn main() {
+    experiment().main();
+}
