@@ -221,6 +221,23 @@ impl Context {
         self.trainer()?.checkpoint(&root, &opts)
     }
 
+    /// Appends `line` to this rank's log, `<run dir>/rank-<rank>.log`; the master also prints
+    /// it.
+    pub fn log(&self, line: &str) -> Result<()> {
+        use std::io::Write;
+        let path = self.dir.join(format!("rank-{}.log", self.comm.rank()));
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| crate::Error::io("cannot open", &path, e))?;
+        writeln!(f, "{line}").map_err(|e| crate::Error::io("cannot write", &path, e))?;
+        if self.is_master() {
+            println!("{line}");
+        }
+        Ok(())
+    }
+
     /// Whether the run has more than one rank.
     pub fn is_distributed(&self) -> bool {
         self.comm.size() > 1

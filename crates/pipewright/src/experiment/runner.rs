@@ -105,18 +105,22 @@ where
         }
         let body = |cx: &mut Context| -> Result<()> {
             if debug {
-                eprintln!(
-                    "[{}] rank {} of {} starts",
+                let n = cx.get_num_processes();
+                cx.log(&format!(
+                    "[{}] rank {} of {n} starts",
                     self.name,
-                    cx.get_rank(),
-                    cx.get_num_processes()
-                );
+                    cx.get_rank()
+                ))?;
             }
-            (self.body)(cx)?;
+            let result = (self.body)(cx);
             if debug {
-                eprintln!("[{}] rank {} ends", self.name, cx.get_rank());
+                let how = result
+                    .as_ref()
+                    .err()
+                    .map_or("ends".to_string(), |e| format!("fails: {e}"));
+                cx.log(&format!("[{}] rank {} {how}", self.name, cx.get_rank()))?;
             }
-            Ok(())
+            result
         };
         let env = crate::dist::Env::from_env();
         if env.world_size > 1 {
