@@ -439,6 +439,16 @@ fn debug_names_where_the_first_nan_or_inf_appears() {
         "{with}"
     );
     assert!(with.contains("hidden.weight"), "{with}");
+    // The rank's log says so too.
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("points"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let log = std::fs::read_to_string(runs[0].join("rank-0.log")).unwrap();
+    assert!(
+        log.contains("rank 0 of 1 starts") && log.contains("fails: "),
+        "{log}"
+    );
     let without = run("false");
     assert!(
         !without.contains("anomaly") && without.contains("inf or NaN"),
