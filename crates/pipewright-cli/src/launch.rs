@@ -141,26 +141,17 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         let beats = dir.join(".heartbeat");
         let _ = std::fs::remove_dir_all(&beats);
         std::fs::create_dir_all(&beats).map_err(|e| Error::io("cannot create", &beats, e))?;
-        let mut cmd = Command::new("mpirun");
-        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .env("PIPEWRIGHT_RESTART", attempt.to_string())
+        let mut cmd = pipewright::dist::mpirun(world);
+        cmd.env("PIPEWRIGHT_RESTART", attempt.to_string())
             .env("PIPEWRIGHT_HEARTBEAT_DIR", &beats)
             .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", &port)
-            .args([
-                "--oversubscribe",
-                "--mca",
-                "btl_vader_single_copy_mechanism",
-                "none",
-            ]);
+            .env("MASTER_PORT", &port);
         if let Some(f) = &a.hostfile {
             cmd.arg("--hostfile").arg(f);
         }
         if let Some(h) = &a.hosts {
             cmd.args(["--host", h]);
         }
-        cmd.args(["-np", &world.to_string()]);
         for v in [
             "PIPEWRIGHT_RESTART",
             "PIPEWRIGHT_HEARTBEAT_DIR",

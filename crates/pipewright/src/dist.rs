@@ -141,6 +141,23 @@ impl World {
     }
 }
 
+/// `mpirun` for `np` ranks with the settings this project's machines need: allowed as root,
+/// more ranks than cores, and no cross-memory attach (containers forbid ptrace). Add the
+/// program and its arguments (and any more options) to it.
+pub fn mpirun(np: usize) -> std::process::Command {
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "--mca",
+            "btl_vader_single_copy_mechanism",
+            "none",
+        ])
+        .args(["-np", &np.to_string()]);
+    cmd
+}
+
 /// The world communicator of this process: over Open MPI when `mpirun` (or `pipewright
 /// launch`) started it, a world of one otherwise. Under mpirun without the `mpi` feature it is
 /// an error that says how to build.

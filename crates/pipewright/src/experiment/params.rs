@@ -123,7 +123,7 @@ pub fn standard() -> Vec<Param> {
         Param::flag("debug", false, "Verbose logs (the parameters, each rank's start and end); a body passes it on as VarunaOptions::detect_anomaly to name the first NaN or inf."),
         Param::optional("checkpoint", "A checkpoint of the context to restore before the experiment goes on."),
         Param::flag("cuda", false, "Compute on the GPU (needs a build with CUDA)."),
-        Param::flag("distributed", false, "Run nproc_per_node x nnodes ranks (as threads here; under pipewright launch or mpirun, its processes)."),
+        Param::flag("distributed", false, "Run nproc_per_node x nnodes ranks: threads, or processes under mpirun in a build with MPI."),
         Param::int("nproc_per_node", 1, "Ranks per node when distributed."),
         Param::int("nnodes", 1, "Nodes of a distributed run."),
         Param::int("node_rank", 0, "This node's index in a multi-node run."),

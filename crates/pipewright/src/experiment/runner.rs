@@ -2,8 +2,10 @@
 //! body. [`Experiment::main`] parses the command line (defaults, then `--params-file`, then
 //! flags), makes the run's own directory `<output_dir>/<name>/<date>-<time>-<id>/` with
 //! `parameters.json` (every value: feeding it back as `--params-file` reruns the run), and runs
-//! the body once per rank: one rank, `--distributed --nproc-per-node N` ranks as threads of
-//! this process, or one per process under `mpirun` / `pipewright launch`.
+//! the body once per rank: one rank; `--distributed --nproc-per-node N` ranks as threads of
+//! this process, or (built with the `mpi` feature) as N processes it relaunches under `mpirun`
+//! with the run's `parameters.json`; or one per process when started by `mpirun` / `pipewright
+//! launch`.
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -124,9 +126,13 @@ where
         };
         let env = crate::dist::Env::from_env();
         if env.world_size > 1 {
-            // One rank of a launched job: its world is the job's.
+            // One rank of a launched job: its world is the job's; its directory the one the
+            // relaunching process made, or rank 0's.
             let world = crate::dist::init()?;
-            let dir = self.agree_dir(params, world.comm.as_ref())?;
+            let dir = match std::env::var_os(RUN_DIR) {
+                Some(d) => PathBuf::from(d),
+                None => self.agree_dir(params, world.comm.as_ref())?,
+            };
             let (comm, _guard) = world.into_parts();
             let mut cx = Context::new(params.clone(), &dir, comm)?;
             body(&mut cx)?;
@@ -142,6 +148,9 @@ where
             1
         };
         let dir = self.make_dir(params)?;
+        if ranks > 1 && cfg!(feature = "mpi") {
+            return relaunch(ranks, params, &dir);
+        }
         crate::comm::size_thread_pools(ranks);
         local::run(ranks, |comm| {
             let mut cx = Context::new(params.clone(), &dir, Box::new(comm))?;
@@ -191,6 +200,38 @@ where
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot write", &path, e))?;
         Ok(dir)
     }
+}
+
+/// Where a relaunched rank finds the run directory its parent made.
+const RUN_DIR: &str = "PIPEWRIGHT_RUN_DIR";
+
+/// Runs this program again as `ranks` processes under mpirun (a build with MPI), each reading
+/// the run's `parameters.json`; waits for them.
+fn relaunch(ranks: usize, params: &Params, dir: &Path) -> Result<PathBuf> {
+    if params.int("nnodes")? > 1 {
+        return Err(invalid!(
+            "a multi-node experiment starts through `pipewright launch --hostfile FILE -- PROGRAM`"
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
+    let status = crate::dist::mpirun(ranks)
+        .env(RUN_DIR, dir)
+        .args(["-x", RUN_DIR])
+        .arg(exe)
+        .arg("--params-file")
+        .arg(dir.join("parameters.json"))
+        .status()
+        .map_err(|e| {
+            Error::io(
+                "cannot start",
+                "mpirun (tools/install-mpi.sh installs Open MPI)",
+                e,
+            )
+        })?;
+    if !status.success() {
+        return Err(invalid!("the {ranks} ranks under mpirun failed: {status}"));
+    }
+    Ok(dir.to_path_buf())
 }
 
 /// `YYYY-MM-DD-HH-MM-SS` (UTC) of `secs` since 1970 (Hinnant's civil-from-days).
