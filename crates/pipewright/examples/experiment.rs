@@ -15,7 +15,9 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::experiment::{Context, Counter, Dataset, Experiment, Param, SmartDataLoader};
+use pipewright::experiment::{
+    Context, Counter, Dataset, Experiment, Param, Recorder, SmartDataLoader,
+};
 use pipewright::loss::Loss;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::init::rng_for;
@@ -175,6 +177,12 @@ pub fn body(cx: &mut Context) -> Result<()> {
     cx.register("loader", loader)?;
     cx.set_trainer(trainer)?;
     cx.register("epoch", Counter(0))?;
+    if cx.is_master() {
+        // Every step's loss under `train/loss` (tags.csv, TensorBoard); its count is restored
+        // with the rest.
+        let rec = Recorder::create(cx.dir(), "eval/held_out")?;
+        cx.register("recorder", rec)?;
+    }
     let every = cx.params().int("checkpoint_every")?;
     let mut losses = Vec::new();
     while cx.get::<Counter>("epoch")?.0 < epochs as u64 {
@@ -187,6 +195,11 @@ pub fn body(cx: &mut Context) -> Result<()> {
             let out = cx.trainer()?.step(&b)?;
             let epoch = cx.get::<Counter>("epoch")?.0;
             losses.push((out.step, epoch, out.loss));
+            if cx.is_master() {
+                let rec = cx.get::<Recorder>("recorder")?;
+                rec.scalar("train/loss", out.loss)?;
+                rec.step();
+            }
         }
         let epoch = cx.get::<Counter>("epoch")?;
         epoch.0 += 1;
@@ -211,6 +224,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let held = Batch::new().with("x", cat("x")?).with("y", cat("y")?);
     let eval = cx.trainer()?.evaluate(&held, false)?;
     if cx.is_master() {
+        cx.get::<Recorder>("recorder")?.flush()?;
         write_results(cx, &losses, eval.loss)?;
         if let Some((_, _, last)) = losses.last() {
             println!(

@@ -134,6 +134,19 @@ fn help_lists_every_parameter_with_its_default() {
     }
 }
 
+/// The `train/loss` rows of a run's `tags.csv`: (count, value).
+fn recorded(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("tags.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].parse().unwrap(), f[2].parse().unwrap())
+        })
+        .collect()
+}
+
 fn losses(run: &Path) -> (Vec<f64>, f64) {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("result.json")).unwrap()).unwrap();
@@ -364,6 +377,18 @@ fn context_resumes_in_fresh_processes_bit_for_bit() {
             "{layout:?}: the resumed run's losses, bit for bit"
         );
         assert_eq!(b.1, w.1, "{layout:?}: the held-out loss after training");
+        // The recorder's count was restored: the resumed run files its losses under the
+        // uninterrupted run's counts.
+        let (rw, rb) = (recorded(&whole), recorded(&second));
+        assert_eq!(
+            rw.iter().map(|r| r.0).collect::<Vec<_>>(),
+            (0..w.0.len() as u64).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            rb,
+            rw[a.0.len()..],
+            "{layout:?}: recorder count and values after resume"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
