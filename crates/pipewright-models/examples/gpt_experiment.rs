@@ -21,21 +21,14 @@ use pipewright::{invalid, Batch, Result};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TaskShape, TIED};
 
-fn positive(cx: &Context, name: &str) -> Result<usize> {
-    usize::try_from(cx.params().int(name)?)
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| invalid!("--{} must be positive", name.replace('_', "-")))
-}
-
 /// The body every rank runs.
 pub fn body(cx: &mut Context) -> Result<()> {
     let seed = cx.params().int("random_seed")? as u64;
-    let (pp, tp) = (positive(cx, "pp")?, positive(cx, "tp")?);
+    let (pp, tp) = (cx.params().positive("pp")?, cx.params().positive("tp")?);
     let (batch, chunks, steps) = (
-        positive(cx, "batch_size")?,
-        positive(cx, "chunks")?,
-        positive(cx, "steps")? as u64,
+        cx.params().positive("batch_size")?,
+        cx.params().positive("chunks")?,
+        cx.params().positive("steps")? as u64,
     );
     let world = cx.get_num_processes();
     if !world.is_multiple_of(pp * tp) {
@@ -51,9 +44,9 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let cfg = GptConfig {
         vocab_size: vocab.div_ceil(tp) * tp,
         block_size: seq_len,
-        n_layer: positive(cx, "n_layer")?,
-        n_head: positive(cx, "n_head")?,
-        n_embd: positive(cx, "n_embd")?,
+        n_layer: cx.params().positive("n_layer")?,
+        n_head: cx.params().positive("n_head")?,
+        n_embd: cx.params().positive("n_embd")?,
         dropout: 0.0,
     };
     if !batch.is_multiple_of(dp * chunks) {
@@ -88,7 +81,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let loader = DistributedLoader::new(data, batch, replica, dp, device)?;
     let (every, eval_every) = (
         cx.params().int("checkpoint_every")?,
-        positive(cx, "eval_every")? as u64,
+        cx.params().positive("eval_every")? as u64,
     );
     let mut curve = Vec::new();
     while cx.get::<Counter>("step")?.0 < steps {

@@ -139,18 +139,14 @@ fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
     Ok(Box::new(Sgd::new(params, cfg)?))
 }
 
-fn param_usize(cx: &Context, name: &str) -> Result<usize> {
-    usize::try_from(cx.params().int(name)?)
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| invalid!("--{} must be positive", name.replace('_', "-")))
-}
-
 /// The experiment's body, run by every rank.
 pub fn body(cx: &mut Context) -> Result<()> {
     let seed = cx.params().int("random_seed")? as u64;
-    let (batch, epochs) = (param_usize(cx, "batch_size")?, param_usize(cx, "epochs")?);
-    let (pp, chunks) = (param_usize(cx, "pp")?, param_usize(cx, "chunks")?);
+    let (batch, epochs) = (
+        cx.params().positive("batch_size")?,
+        cx.params().positive("epochs")?,
+    );
+    let (pp, chunks) = (cx.params().positive("pp")?, cx.params().positive("chunks")?);
     let world = cx.get_num_processes();
     if !world.is_multiple_of(pp) || !batch.is_multiple_of(chunks) {
         return Err(invalid!(
@@ -171,7 +167,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let mut trainer = Varuna::new(&model(), cx.world()?, opts)?;
     trainer.set_optimizer(sgd)?;
     let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
-    let data = Points::new(param_usize(cx, "samples")?, seed);
+    let data = Points::new(cx.params().positive("samples")?, seed);
     let loader = SmartDataLoader::new(data, batch, true, seed, (replica, dp), device)?;
     // Registered before the trainer restores a checkpoint, or after: either way restored.
     cx.register("loader", loader)?;

@@ -160,6 +160,14 @@ impl Params {
             .ok_or_else(|| invalid!("parameter {name} is not an integer"))
     }
 
+    /// An integer parameter that must be a positive count (sizes, steps, ranks).
+    pub fn positive(&self, name: &str) -> Result<usize> {
+        usize::try_from(self.int(name)?)
+            .ok()
+            .filter(|v| *v > 0)
+            .ok_or_else(|| invalid!("--{} must be positive", name.replace('_', "-")))
+    }
+
     /// A floating-point parameter's value.
     pub fn float(&self, name: &str) -> Result<f64> {
         self.value(name)?
