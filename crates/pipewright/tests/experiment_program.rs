@@ -281,19 +281,17 @@ fn the_loader_gives_every_sample_once_an_epoch_in_disjoint_shards() {
     assert!(SmartDataLoader::new(Points::new(31, 9), 4, true, 0, (0, 3), Device::Cpu).is_err());
 }
 
-/// Runs the example's experiment in a fresh process (this test binary again, running only
-/// `run_experiment_from_env`) with `extra` arguments; its run directory.
-fn run_fresh(extra: &[&str]) -> PathBuf {
+/// Set in a re-executed test process: the experiment's arguments, as JSON.
+const FRESH: &str = "PW_EXPERIMENT_ARGS";
+const RESUME_TEST: &str = "context_resumes_in_fresh_processes_bit_for_bit";
+
+/// Runs the example's experiment with `args` in a fresh process (this test binary again,
+/// running only the resume test, which in that process runs just the experiment); its run
+/// directory.
+fn run_fresh(args: &[String]) -> PathBuf {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "run_experiment_from_env",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("PW_EXPERIMENT_ARGS", serde_json::to_string(extra).unwrap())
+        .args(["--exact", RESUME_TEST, "--nocapture", "--test-threads", "1"])
+        .env(FRESH, serde_json::to_string(args).unwrap())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -310,22 +308,15 @@ fn run_fresh(extra: &[&str]) -> PathBuf {
 }
 
 #[test]
-#[ignore = "the other half of context_resumes_in_fresh_processes"]
-fn run_experiment_from_env() {
-    let extra: Vec<String> =
-        serde_json::from_str(&std::env::var("PW_EXPERIMENT_ARGS").unwrap()).unwrap();
-    let e = experiment();
-    let dir = e
-        .run(
-            &e.parse(std::iter::once("experiment".to_string()).chain(extra))
-                .unwrap(),
-        )
-        .unwrap();
-    println!("RUN DIR {}", dir.display());
-}
-
-#[test]
 fn context_resumes_in_fresh_processes_bit_for_bit() {
+    if let Ok(json) = std::env::var(FRESH) {
+        // The fresh process of `run_fresh`: one run of the experiment.
+        let extra: Vec<String> = serde_json::from_str(&json).unwrap();
+        let e = experiment();
+        let p = e.parse(std::iter::once("experiment".to_string()).chain(extra));
+        println!("RUN DIR {}", e.run(&p.unwrap()).unwrap().display());
+        return;
+    }
     for layout in [
         &[][..],
         &[
@@ -340,27 +331,17 @@ fn context_resumes_in_fresh_processes_bit_for_bit() {
     ] {
         let dir = tmp("resume");
         let out = dir.to_str().unwrap();
-        let with = |more: &[&str]| -> Vec<String> {
-            let mut a: Vec<String> = ["--output-dir", out, "--batch-size", "8", "--samples", "64"]
+        let run = |more: &[&str]| {
+            let fixed = ["--output-dir", out, "--batch-size", "8", "--samples", "64"];
+            let seed = ["--random-seed", "3"];
+            let args: Vec<String> = fixed
                 .iter()
                 .chain(layout)
                 .chain(more)
+                .chain(&seed)
                 .map(|s| s.to_string())
                 .collect();
-            a.push("--random-seed".into());
-            a.push("3".into());
-            a
-        };
-        let refs = |v: &[String]| {
-            v.iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>()
-                .join("\u{1}")
-        };
-        let run = |more: &[&str]| {
-            let a = with(more);
-            let joined = refs(&a);
-            run_fresh(&joined.split('\u{1}').collect::<Vec<_>>())
+            run_fresh(&args)
         };
         let whole = run(&["--epochs", "4"]);
         let first = run(&["--epochs", "2", "--checkpoint-every", "2"]);
