@@ -5,7 +5,7 @@
 //! time. `--measure` trains the top candidates here for a few steps and prints what they took
 //! beside the prediction.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Args;
@@ -84,29 +84,25 @@ pub fn shapes_profile(config: &ModelConfig, precision: &str, hw: &Hardware) -> R
     Ok(profile)
 }
 
-pub fn run(p: PlanArgs) -> Result<()> {
-    let mut hw = Hardware::load(&p.train.hardware)?;
-    if let Some(path) = &p.link {
+/// The hardware file `name`, with the measured link of `link` (if any) between a node's
+/// ranks.
+pub fn hardware(name: &str, link: Option<&Path>) -> Result<Hardware> {
+    let mut hw = Hardware::load(name)?;
+    if let Some(path) = link {
         hw.intra_node = Link::load(path)?;
     }
+    Ok(hw)
+}
+
+pub fn run(p: PlanArgs) -> Result<()> {
+    let hw = hardware(&p.train.hardware, p.link.as_deref())?;
     let memory = match &p.memory {
         Some(m) => parse_bytes(m)?,
         None => hw.memory_bytes(),
     };
-    let nodes = p
-        .nodes
-        .unwrap_or_else(|| p.world.div_ceil(hw.devices_per_node));
-    if !p.world.is_multiple_of(nodes) {
-        return Err(invalid!(
-            "--world {} does not spread evenly over --nodes {nodes}",
-            p.world
-        ));
-    }
+    let cluster = Cluster::new(&hw, p.world, p.nodes)?;
+    let nodes = p.world / cluster.ranks_per_node;
     let profile = profile(&p, &hw)?;
-    let cluster = Cluster {
-        hardware: &hw,
-        ranks_per_node: p.world / nodes,
-    };
     let pins = p
         .candidate
         .iter()

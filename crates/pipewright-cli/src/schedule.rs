@@ -9,7 +9,7 @@ use clap::Args;
 use pipewright::pipeline::read_chrome_trace;
 use pipewright::pipeline::schedule::{Kind, Schedule, Simulation};
 use pipewright::pipeline::simulate::svg_panels;
-use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Hardware, Link, Profile};
+use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Profile};
 use pipewright::topology::Layout;
 use pipewright::{invalid, Error, Result};
 
@@ -64,21 +64,8 @@ pub struct ScheduleArgs {
 fn predicted(a: &ScheduleArgs, kind: Kind) -> Result<(String, Simulation)> {
     let path = a.profile.as_ref().expect("asked with --profile");
     let profile = Profile::load(path)?;
-    let mut hw = Hardware::load(&a.hardware)?;
-    if let Some(path) = &a.link {
-        hw.intra_node = Link::load(path)?;
-    }
-    let world = a.pp * a.tp * a.dp;
-    if a.nodes == 0 || !world.is_multiple_of(a.nodes) {
-        return Err(invalid!(
-            "{world} ranks do not spread evenly over --nodes {}",
-            a.nodes
-        ));
-    }
-    let cluster = Cluster {
-        hardware: &hw,
-        ranks_per_node: world / a.nodes,
-    };
+    let hw = crate::plan::hardware(&a.hardware, a.link.as_deref())?;
+    let cluster = Cluster::new(&hw, a.pp * a.tp * a.dp, Some(a.nodes))?;
     let cand = Candidate {
         layout: Layout {
             pp: a.pp,

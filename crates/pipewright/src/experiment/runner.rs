@@ -192,12 +192,7 @@ where
         let dir = Path::new(&root)
             .join(&self.name)
             .join(format!("{stamp}-{id}"));
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io("cannot create", &dir, e))?;
-        let text = serde_json::to_string_pretty(&params.to_json()).map_err(|e| invalid!("{e}"))?;
-        let tmp = dir.join(".parameters.json.tmp");
-        std::fs::write(&tmp, text).map_err(|e| Error::io("cannot write", &tmp, e))?;
-        let path = dir.join("parameters.json");
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot write", &path, e))?;
+        super::RunDir::create(&dir)?.write_json("parameters.json", &params.to_json())?;
         Ok(dir)
     }
 }

@@ -57,7 +57,22 @@ pub struct Cluster<'a> {
     pub ranks_per_node: usize,
 }
 
-impl Cluster<'_> {
+impl<'a> Cluster<'a> {
+    /// `world` ranks spread evenly over `nodes` nodes of `hardware` (default: as many nodes
+    /// as the ranks need devices).
+    pub fn new(hardware: &'a Hardware, world: usize, nodes: Option<usize>) -> Result<Self> {
+        let nodes = nodes.unwrap_or_else(|| world.div_ceil(hardware.devices_per_node));
+        if nodes == 0 || !world.is_multiple_of(nodes) {
+            return Err(crate::invalid!(
+                "a world of {world} ranks does not spread evenly over {nodes} nodes"
+            ));
+        }
+        Ok(Self {
+            hardware,
+            ranks_per_node: world / nodes,
+        })
+    }
+
     /// Ranks on one device.
     fn ranks_per_device(&self) -> usize {
         self.ranks_per_node.div_ceil(self.hardware.devices_per_node)

@@ -73,15 +73,20 @@ fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
     by_storage.values().sum()
 }
 
-/// One timed pass of `layer` on `x`: forward and backward seconds, then (with `split`, the
-/// zero-bubble split backward) the seconds of the deferred weight gradients, its output, and
-/// the bytes its graph keeps (with `split`: the bytes of the queued output gradients).
-fn pass(
-    layer: &dyn crate::Layer,
-    x: &Activation,
-    cx: &mut Cx,
-    split: bool,
-) -> Result<(f64, f64, f64, Activation, usize)> {
+/// What one timed pass of a layer gave.
+struct Pass {
+    forward_s: f64,
+    /// The backward (with the split backward: its input gradients).
+    backward_s: f64,
+    /// The deferred weight gradients (split backward only).
+    weight_s: f64,
+    output: Activation,
+    /// Bytes the graph keeps; with the split backward, the queued output gradients instead.
+    bytes: usize,
+}
+
+/// One timed pass of `layer` on `x`, with the zero-bubble split backward when `split`.
+fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> Result<Pass> {
     let queue = WeightGradQueue::new();
     cx.weight_grads = split.then(|| queue.clone());
     // A fresh leaf for every float input: the backward stops at this layer.
@@ -101,7 +106,7 @@ fn pass(
     let t0 = Instant::now();
     // (A stash a later layer pops stays in `cx` for it: skip connections.)
     let got = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
-    let forward = t0.elapsed().as_secs_f64();
+    let forward_s = t0.elapsed().as_secs_f64();
     let mut objective: Option<Tensor> = None;
     for t in got.tensors().into_iter().filter(|t| t.dtype().is_float()) {
         let s = t.sum_all()?;
@@ -114,20 +119,27 @@ fn pass(
     if let Some(o) = &objective {
         o.backward()?;
     }
-    let backward = t1.elapsed().as_secs_f64();
-    let deferred = queue.pending_bytes();
-    let t2 = Instant::now();
+    let backward_s = t1.elapsed().as_secs_f64();
     if split {
+        let bytes = queue.pending_bytes();
+        let t2 = Instant::now();
         queue.weight_grads(0)?;
+        let weight_s = t2.elapsed().as_secs_f64();
+        return Ok(Pass {
+            forward_s,
+            backward_s,
+            weight_s,
+            output: got,
+            bytes,
+        });
     }
-    let weight = t2.elapsed().as_secs_f64();
-    // Kept: what the graph holds; with the split backward, the queued output gradients.
-    let kept = if split {
-        deferred
-    } else {
-        objective.map_or(0, |o| graph_bytes(&o, &leaves))
-    };
-    Ok((forward, backward, weight, got, kept))
+    Ok(Pass {
+        forward_s,
+        backward_s,
+        weight_s: 0.0,
+        output: got,
+        bytes: objective.map_or(0, |o| graph_bytes(&o, &leaves)),
+    })
 }
 
 /// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the fastest
@@ -148,14 +160,19 @@ pub fn profile_layers(
         let mut y = None;
         let (mut kept_bytes, mut deferred_bytes) = (0, 0);
         for _ in 0..repeats.max(1) {
-            let (_, bi, bw, _, deferred) = pass(layer.as_ref(), &x, &mut cx, true)?;
-            deferred_bytes = deferred;
-            let (f, b, _, got, kept) = pass(layer.as_ref(), &x, &mut cx, false)?;
-            for (slot, t) in best.iter_mut().zip([f, b, bi, bw]) {
+            let split = pass(layer.as_ref(), &x, &mut cx, true)?;
+            let whole = pass(layer.as_ref(), &x, &mut cx, false)?;
+            let times = [
+                whole.forward_s,
+                whole.backward_s,
+                split.backward_s,
+                split.weight_s,
+            ];
+            for (slot, t) in best.iter_mut().zip(times) {
                 *slot = slot.min(t);
             }
-            kept_bytes = kept;
-            y = Some(got);
+            (kept_bytes, deferred_bytes) = (whole.bytes, split.bytes);
+            y = Some(whole.output);
         }
         let y = y.expect("at least one repeat");
         out.push(LayerCost {
