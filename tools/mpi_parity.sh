@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A GPT run under mpirun -np NP must write the same losses and metrics as the same run on local
-# threads. Usage: tools/mpi_parity.sh NP LAYOUT-FLAGS... (for example `2 --pp 2` or `2 --tp 2`).
-# Prints a pass/fail line.
+# threads, and so must the run started with `--distributed` (train relaunching itself as NP
+# processes under mpirun). Usage: tools/mpi_parity.sh NP LAYOUT-FLAGS... (for example `2 --pp 2`
+# or `2 --tp 2`). Prints a pass/fail line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=$1
@@ -16,17 +17,20 @@ serial=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 
 "$bin" "${serial[@]}" --out "$out/serial" >/dev/null
 "$bin" "${args[@]}" --out "$out/local" >/dev/null
 bash tools/mpirun.sh "$np" "$bin" "${args[@]}" --backend mpi --out "$out/mpi" >/dev/null
+"$bin" "${args[@]}" --distributed --out "$out/relaunched" >/dev/null
 rows=$(($(wc -l <"$out/mpi/scalars.csv") - 1))
-if ! diff <(cut -d, -f2,4 "$out/local/scalars.csv") <(cut -d, -f2,4 "$out/mpi/scalars.csv"); then
-  echo "mpi parity ($*): mpirun -np $np and local threads write different losses"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
+for run in mpi relaunched; do
+  if ! diff <(cut -d, -f2,4 "$out/local/scalars.csv") <(cut -d, -f2,4 "$out/$run/scalars.csv"); then
+    echo "mpi parity ($*): $run (-np $np) and local threads write different losses"
+    echo "0 passed, 1 failed"
+    exit 1
+  fi
+done
 # Against the serial run (other summation orders): every loss within relative 1e-5.
 worst=$(paste -d, <(cut -d, -f2 "$out/serial/scalars.csv") <(cut -d, -f2 "$out/mpi/scalars.csv") |
   awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d } END { printf "%.2e", w }')
 if awk -v w="$worst" 'BEGIN { exit !(w < 1e-5) }'; then
-  echo "mpi parity ($*): GPT under mpirun -np $np writes the local run's losses and metrics, and the serial run's losses within $worst ($rows rows)"
+  echo "mpi parity ($*): GPT under mpirun -np $np and with --distributed write the local run's losses and metrics, and the serial run's losses within $worst ($rows rows)"
   echo "1 passed, 0 failed"
 else
   echo "mpi parity ($*): losses differ from the serial run by $worst"

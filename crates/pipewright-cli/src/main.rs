@@ -26,9 +26,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a reference model on a generated task and write a run directory.
-    #[command(allow_negative_numbers = true)]
-    Train(Box<train::TrainArgs>),
+    /// Train a reference model on a generated task and write a run directory (an experiment:
+    /// `pipewright train --help` lists its flags and the standard parameters).
+    #[command(disable_help_flag = true)]
+    Train {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Print (and draw) a pipeline schedule's timeline with its bubble fraction.
     Schedule(schedule::ScheduleArgs),
     /// Measure throughput (`bench comm`: send/recv and all-reduce bandwidth; `bench ckpt`:
@@ -61,7 +65,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Train(args) => train::run(*args),
+        Command::Train { args } => train::run(args),
         Command::Bench(b) => bench::run(b),
         Command::Schedule(a) => schedule::run(a),
         Command::Ckpt(c) => ckpt::run(c),

@@ -239,7 +239,8 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
                 .join(","),
         );
         a.eval_every = a.steps;
-        a.out = p.train.out.join(format!("candidate-{}", i + 1));
+        let root = p.train.out.clone().unwrap_or_else(|| "output/plan".into());
+        a.out = Some(root.join(format!("candidate-{}", i + 1)));
         let out = Command::new(&exe)
             .arg("train")
             .args(train_argv(&a)?)
@@ -252,7 +253,9 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let path = a.out.join("summary.json");
+        let path = root
+            .join(format!("candidate-{}", i + 1))
+            .join("summary.json");
         let text =
             std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
         let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;

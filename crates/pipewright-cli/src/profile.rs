@@ -11,7 +11,8 @@ use crate::train::{make_model, make_task, ModelConfig, TrainArgs};
 
 #[derive(Args)]
 pub struct ProfileArgs {
-    /// The model and task, as `train` takes them; `--out` is the JSON file to write.
+    /// The model and task, as `train` takes them; `--out` is the JSON file to write (default
+    /// profile.json).
     #[command(flatten)]
     pub train: TrainArgs,
     /// Micro-batch sizes (rows) to time.
@@ -64,8 +65,9 @@ pub fn run(p: ProfileArgs) -> Result<()> {
             l.backward.per_sample_s * 1e6
         );
     }
-    profile.save(&a.out)?;
-    println!("wrote {}", a.out.display());
+    let out = a.out.clone().unwrap_or_else(|| "profile.json".into());
+    profile.save(&out)?;
+    println!("wrote {}", out.display());
     Ok(())
 }
 

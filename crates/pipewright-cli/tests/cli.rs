@@ -178,7 +178,7 @@ fn fails_with(args: &[&str], needle: &str) {
         "{args:?}: message lacks `{needle}`:\n{t}"
     );
     assert!(
-        !out.join("params.json").exists(),
+        !out.join("params.json").exists() && !out.join("parameters.json").exists(),
         "{args:?} left a half-made run"
     );
     let _ = std::fs::remove_dir_all(out);

@@ -180,7 +180,8 @@ fn what_a_user_gets_wrong_is_a_clear_error() {
             "first"
         }
         fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
-            Ok(x.into_tensors().remove(0).into())
+            // The target's shape: the next stage's only error is the first stage's.
+            Ok(x.into_tensors().remove(0).narrow(1, 0, 1)?.into())
         }
         fn params(&self) -> Vec<(String, Var)> {
             Vec::new()

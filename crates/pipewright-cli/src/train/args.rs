@@ -75,9 +75,11 @@ pub struct TrainArgs {
     /// Write checkpoint files in a background thread while training goes on.
     #[arg(long)]
     pub async_checkpoint: bool,
-    /// Go on from a checkpoint: its directory, or `latest` (the newest complete one in
+    /// The checkpoint the run goes on from: the experiment's `--checkpoint` (alias
+    /// `--resume`): a checkpoint directory, or `latest` (the newest complete one in
     /// --checkpoint-dir). Any layout and precision may resume any other.
-    #[arg(long)]
+    #[arg(skip)]
+    #[serde(alias = "checkpoint")]
     pub resume: Option<String>,
     /// Where each rank computes: cpu, or cuda (GPU ordinal = the rank's local rank; needs a
     /// build with `--features cuda`).
@@ -149,11 +151,14 @@ pub struct TrainArgs {
     /// Clip the global gradient norm to this value (0: no clipping).
     #[arg(long, default_value_t = 1.0)]
     pub clip: f64,
-    #[arg(long, default_value_t = 0)]
+    /// The seed of every random stream: the experiment's `--random-seed` (alias `--seed`).
+    #[arg(skip)]
+    #[serde(alias = "random_seed")]
     pub seed: u64,
-    /// Run directory (created; must not already hold a run).
-    #[arg(long, default_value = "runs/latest")]
-    pub out: PathBuf,
+    /// Run directory (created; must not already hold a run unless it goes on with it; default
+    /// `<output-dir>/train/<date>-<time>-<id>`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Write one scalars row every K steps.
     #[arg(long, default_value_t = 1, value_parser = positive_u64)]
     pub log_every: u64,

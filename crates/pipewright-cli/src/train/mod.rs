@@ -6,16 +6,14 @@ mod args;
 mod morph;
 mod report;
 
-use pipewright::comm::{local, Communicator};
 use pipewright::data_parallel::DistributedLoader;
-use pipewright::experiment::RunDir;
+use pipewright::experiment::{Context, Experiment, Params, RunDir};
 use pipewright::nn::optim::LrSchedule;
 use pipewright::pipeline::schedule::Kind;
 use pipewright::pipeline::{chrome_trace, Recompute, TraceEvent};
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
-use std::path::PathBuf;
 
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use pipewright_models::Task;
@@ -25,90 +23,49 @@ use args::schedule;
 pub use args::{make_model, make_task, positive, ModelConfig, TrainArgs};
 use report::{train_loop, write_summary};
 
-pub fn run(a: TrainArgs) -> Result<()> {
-    // Ranks on this machine: the threads of this process, or MPI's processes on this node.
-    // Under mpirun (or `pipewright launch`) every process is one rank.
-    let mut a = a;
-    if pipewright::dist::Env::under_mpi() {
-        a.backend = crate::bench::Backend::Mpi;
-    }
-    let ranks_here = match a.backend {
-        crate::bench::Backend::Local => a.pp * a.tp * a.dp,
-        crate::bench::Backend::Mpi => std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1),
-    };
-    pipewright::comm::size_thread_pools(ranks_here);
-    if a.clip < 0.0 || !a.clip.is_finite() {
-        return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
-    }
-    if !(0.0..=1.0).contains(&a.min_lr_ratio) {
-        return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
-    }
-    let task = make_task(&a)?;
-    let model_config = make_model(&a, task.as_ref())?;
-    let (model, tied) = model_config.build()?;
-    let restart = pipewright::dist::Env::from_env().restart;
-    let resume = match a.resume.as_deref() {
-        Some(r) => Some(resume_path(&a, r)?),
-        // A restarted attempt of an elastic run goes on from its newest checkpoint, if any.
-        None if restart > 0 => resume_path(&a, "latest").ok(),
-        None => None,
-    };
-    let continuing = (a.resume.is_some() || restart > 0) && a.out.join("params.json").exists();
-    let env = pipewright::dist::Env::from_env();
-    if env.restart > 0 && env.world_size != a.pp * a.tp * a.dp {
-        morph::morph(&mut a, &env, &model_config, &model)?;
-    }
-    let chunk_size = chunk_size(&a)?;
-    let opts = VarunaOptions {
-        shared_weights: tied.clone(),
-        precision: a.precision.parse::<Precision>()?,
-        seed: a.seed,
-        schedule: a.schedule.parse::<Kind>()?,
-        virtual_stages: a.virtual_stages,
-        balance: balance(&a, task.as_ref(), &model, chunk_size)?,
-        recompute: a.recompute.parse::<Recompute>()?,
-        deferred_batch_norm: a.deferred_batch_norm,
-        clip: (a.clip > 0.0).then_some(a.clip),
-        lr: schedule(&a),
-        ..VarunaOptions::new(Layout::new(a.pp, a.tp, a.dp)?, a.batch_size, chunk_size)
-    };
-    // Fail on a bad layout, split, schedule or device before anything is written.
-    opts.validate(&model, a.pp * a.tp * a.dp)?;
-    pipewright::device::device(&a.device, 0)?;
-    if a.trace.is_some() && a.pp == 1 {
-        return Err(invalid!(
-            "--trace records pipeline actions: use it with --pp 2 or more"
-        ));
-    }
-    let setup = Setup {
-        a: &a,
-        task: task.as_ref(),
-        model: &model,
-        tied: &tied,
-        sched: opts.lr,
-        chunk_size,
-        opts: opts.clone(),
-        meta: serde_json::json!({"args": &a, "model": model_config}),
-        resume,
-        continuing,
-        stop: preemption_flag()?,
-    };
-    let traces = match a.backend {
-        crate::bench::Backend::Mpi => return run_mpi(&setup),
-        crate::bench::Backend::Local => {
-            let dir = run_dir(&setup)?;
-            let world = a.pp * a.tp * a.dp;
-            local::run(world, |comm| {
-                let (master, local_rank) = (comm.is_master(), comm.rank());
-                setup.rank(Box::new(comm), local_rank, master.then_some(&dir))
-            })?
+/// `pipewright train ARGS`: the experiment [`experiment`] on the flags `args`.
+pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
+    let argv = std::iter::once("pipewright train".into()).chain(args);
+    let params = match experiment(|_| Ok(())).parse(argv) {
+        Err(Error::Help(text)) => {
+            print!("{text}");
+            return Ok(());
         }
+        p => p?,
     };
-    let traces: Vec<Vec<TraceEvent>> = traces.into_iter().flatten().collect();
-    write_trace(&a, &traces)
+    // Every check of the flags before anything is written.
+    let setup = Setup::new(&params)?;
+    let traces = std::sync::Mutex::new(Vec::new());
+    experiment(|cx| setup.rank(cx, &traces)).run(&params)?;
+    // Under MPI each process holds its own ranks' traces: rank 0's is written.
+    if pipewright::dist::Env::from_env().rank == 0 {
+        let traces = traces.into_inner().unwrap_or_default();
+        write_trace(&setup.a, &traces)?;
+    }
+    Ok(())
+}
+
+/// `pipewright train` as an experiment: the flags of [`TrainArgs`] beside pystematic's
+/// standard parameters (`--seed` is `--random-seed`, `--resume` is `--checkpoint`, `--out`
+/// the run directory itself), as many ranks as the layout has, `body` run by each.
+pub fn experiment<F>(body: F) -> Experiment<F>
+where
+    F: Fn(&mut Context) -> Result<()> + Sync,
+{
+    Experiment::new("train", body)
+        .about(
+            "Train a reference model on a generated task, on one device or split over pipeline \
+             (pp), tensor-parallel (tp) and data-parallel (dp) ranks, into a run directory.",
+        )
+        .args::<TrainArgs>()
+        .alias("random_seed", "seed")
+        .alias("checkpoint", "resume")
+        .run_dir("out")
+        .world(|p| {
+            let a: TrainArgs = p.args()?;
+            Ok(a.pp * a.tp * a.dp)
+        })
+        .subcommand(&["train"])
 }
 
 fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
@@ -123,58 +80,6 @@ fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
     Ok(())
 }
 
-/// One process per rank under `mpirun -np P`: rank 0 writes the run directory. A rank that
-/// fails ends the whole job (MPI would otherwise leave the others waiting).
-#[cfg(feature = "mpi")]
-fn run_mpi(setup: &Setup) -> Result<()> {
-    use pipewright::comm::mpi::Mpi;
-    let (world, _guard) = pipewright::dist::init()?.into_parts();
-    let a = setup.a;
-    let rank = world.rank();
-    let result = (|| {
-        let n = a.pp * a.tp * a.dp;
-        if world.size() != n {
-            return Err(invalid!(
-                "mpirun started {} ranks but --pp {} x --tp {} x --dp {} needs {n}: start it with mpirun -np {n}",
-                world.size(),
-                a.pp,
-                a.tp,
-                a.dp
-            ));
-        }
-        let dir = if world.is_master() {
-            Some(run_dir(setup)?)
-        } else {
-            None
-        };
-        let local_rank = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let trace = setup.rank(world, local_rank, dir.as_ref())?;
-        if rank == 0 {
-            if a.trace.is_some() {
-                eprintln!("note: under MPI the trace holds rank 0's actions only");
-            }
-            write_trace(a, &[trace.unwrap_or_default()])?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        eprintln!("error: rank {rank}: {e}");
-        Mpi::abort(1);
-    }
-    Ok(())
-}
-
-#[cfg(not(feature = "mpi"))]
-fn run_mpi(_: &Setup) -> Result<()> {
-    Err(invalid!(
-        "this pipewright was built without MPI: build with `--features mpi` (tools/install-mpi.sh \
-         installs Open MPI) and start it under `mpirun -np P`"
-    ))
-}
-
 /// A flag SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards through
 /// mpirun) set.
 fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
@@ -186,39 +91,13 @@ fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     Ok(flag)
 }
 
-/// The run directory: a new one, or the run being continued (resumed, or restarted by an
-/// elastic launcher).
-fn run_dir(setup: &Setup) -> Result<RunDir> {
-    if setup.continuing {
-        RunDir::open(&setup.a.out)
-    } else {
-        RunDir::create(&setup.a.out)
-    }
-}
-
-/// Where checkpoints go: `--checkpoint-dir`, or `<out>/checkpoints`.
-pub fn checkpoint_dir(a: &TrainArgs) -> PathBuf {
-    a.checkpoint_dir
-        .clone()
-        .unwrap_or_else(|| a.out.join("checkpoints"))
-}
-
-/// The checkpoint `--resume` names (`latest`: the newest in the checkpoint directory).
-fn resume_path(a: &TrainArgs, r: &str) -> Result<PathBuf> {
-    let p = if r == "latest" {
-        checkpoint_dir(a)
-    } else {
-        PathBuf::from(r)
-    };
-    pipewright::checkpoint::resolve(&p)
-}
-
 /// `--balance`: a list, or profiled by time or size on one micro-batch of the task.
 fn balance(
     a: &TrainArgs,
     task: &dyn Task,
     model: &Sequential,
     chunk: usize,
+    print: bool,
 ) -> Result<Option<Vec<usize>>> {
     use pipewright::plan::{balance_by, By};
     let by = match a.balance.as_deref() {
@@ -242,10 +121,12 @@ fn balance(
     let b = balance_by(by, model, &build, &Batch::pair(x, y), stages)?;
     let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
     let by = format!("{by:?}").to_lowercase();
-    println!(
-        "balance by {by}: {} (layers or segments per stage)",
-        list.join(",")
-    );
+    if print {
+        println!(
+            "balance by {by}: {} (layers or segments per stage)",
+            list.join(",")
+        );
+    }
     Ok(Some(b))
 }
 
@@ -268,50 +149,164 @@ pub(crate) fn chunk_size(a: &TrainArgs) -> Result<usize> {
     Ok(a.batch_size / per)
 }
 
-/// Everything a rank needs to build its part and train.
-pub struct Setup<'a> {
-    a: &'a TrainArgs,
-    task: &'a dyn Task,
-    model: &'a Sequential,
-    tied: &'a [(String, String)],
+/// Everything a rank needs to build its part and train: made once per process from the
+/// parameters, checking every flag before the run directory is made.
+pub struct Setup {
+    a: TrainArgs,
+    task: Box<dyn Task>,
+    model: Sequential,
+    tied: Vec<(String, String)>,
     sched: LrSchedule,
     chunk_size: usize,
     opts: VarunaOptions,
+    /// The balance was profiled here: every rank takes rank 0's (timings differ by process).
+    profiled: bool,
     /// What checkpoints store to rebuild the run (`ckpt reshard`, `ckpt export`).
     meta: serde_json::Value,
-    resume: Option<PathBuf>,
     /// The run directory holds this run already: its scalars go on from the resumed step.
     continuing: bool,
     /// Set by SIGTERM or SIGUSR1: save at the end of the current step and stop.
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl Setup<'_> {
-    /// One rank of the world (`comm`): build its stages and shards, train on its replica's
-    /// rows, return its trace if it is the first rank of its stage (the one traced).
+impl Setup {
+    /// The run `params` describe, checked.
+    fn new(params: &Params) -> Result<Self> {
+        let mut a: TrainArgs = params.args()?;
+        if params.flag("cuda")? {
+            a.device = "cuda".into();
+        }
+        let env = pipewright::dist::Env::from_env();
+        if matches!(a.backend, crate::bench::Backend::Mpi)
+            && !pipewright::dist::Env::under_mpi()
+            && a.pp * a.tp * a.dp > 1
+        {
+            return Err(invalid!(
+                "--backend mpi runs one process per rank: start it under `mpirun -np {}`, or pass \
+                 --distributed to have pipewright start them (a build with `--features mpi`)",
+                a.pp * a.tp * a.dp
+            ));
+        }
+        if a.clip < 0.0 || !a.clip.is_finite() {
+            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
+        }
+        if !(0.0..=1.0).contains(&a.min_lr_ratio) {
+            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
+        }
+        // Where a resumed or restarted run finds its checkpoints and scalars.
+        let goes_on = a.resume.is_some() || env.restart > 0;
+        if goes_on && a.out.is_none() {
+            return Err(invalid!(
+                "a resumed or restarted run goes on in its run directory: name it with --out DIR"
+            ));
+        }
+        let continuing = goes_on
+            && a.out
+                .as_ref()
+                .is_some_and(|o| o.join("params.json").exists());
+        match a.resume.as_deref() {
+            Some("latest") => {
+                let dir = a.checkpoint_dir.clone();
+                let dir =
+                    dir.unwrap_or_else(|| a.out.clone().unwrap_or_default().join("checkpoints"));
+                pipewright::checkpoint::resolve(&dir)?;
+            }
+            Some(p) => {
+                pipewright::checkpoint::resolve(std::path::Path::new(p))?;
+            }
+            None => {}
+        }
+        let task = make_task(&a)?;
+        let model_config = make_model(&a, task.as_ref())?;
+        let (model, tied) = model_config.build()?;
+        if env.restart > 0 && env.world_size != a.pp * a.tp * a.dp {
+            morph::morph(&mut a, &env, &model_config, &model)?;
+        }
+        let chunk_size = chunk_size(&a)?;
+        let balance = balance(&a, task.as_ref(), &model, chunk_size, env.rank == 0)?;
+        let opts = VarunaOptions {
+            shared_weights: tied.clone(),
+            precision: a.precision.parse::<Precision>()?,
+            seed: a.seed,
+            schedule: a.schedule.parse::<Kind>()?,
+            virtual_stages: a.virtual_stages,
+            balance,
+            recompute: a.recompute.parse::<Recompute>()?,
+            deferred_batch_norm: a.deferred_batch_norm,
+            clip: (a.clip > 0.0).then_some(a.clip),
+            lr: schedule(&a),
+            detect_anomaly: params.flag("debug")?,
+            ..VarunaOptions::new(Layout::new(a.pp, a.tp, a.dp)?, a.batch_size, chunk_size)
+        };
+        // Fail on a bad layout, split, schedule or device before anything is written.
+        opts.validate(&model, a.pp * a.tp * a.dp)?;
+        pipewright::device::device(&a.device, 0)?;
+        if a.trace.is_some() && a.pp == 1 {
+            return Err(invalid!(
+                "--trace records pipeline actions: use it with --pp 2 or more"
+            ));
+        }
+        Ok(Self {
+            profiled: matches!(a.balance.as_deref(), Some("time" | "auto" | "size")),
+            meta: serde_json::json!({"args": &a, "model": model_config}),
+            sched: opts.lr,
+            task,
+            model,
+            tied,
+            chunk_size,
+            opts,
+            continuing,
+            stop: preemption_flag()?,
+            a,
+        })
+    }
+
+    /// One rank of the run (`cx`): build its stages and shards, train on its replica's rows;
+    /// the first rank of each stage adds its trace to `traces` when tracing.
     fn rank(
         &self,
-        comm: Box<dyn Communicator>,
-        local_rank: usize,
-        dir: Option<&RunDir>,
-    ) -> Result<Option<Vec<TraceEvent>>> {
-        let a = self.a;
-        let opts = VarunaOptions {
+        cx: &mut Context,
+        traces: &std::sync::Mutex<Vec<Vec<TraceEvent>>>,
+    ) -> Result<()> {
+        let a = &self.a;
+        let world = a.pp * a.tp * a.dp;
+        if cx.get_num_processes() != world {
+            return Err(invalid!(
+                "the job has {} ranks but --pp {} x --tp {} x --dp {} needs {world}: start it with \
+                 mpirun -np {world}",
+                cx.get_num_processes(),
+                a.pp,
+                a.tp,
+                a.dp
+            ));
+        }
+        let env = pipewright::dist::Env::from_env();
+        let local_rank = if pipewright::dist::Env::under_mpi() {
+            env.local_rank
+        } else {
+            cx.get_rank()
+        };
+        let mut opts = VarunaOptions {
             device: pipewright::device::device(&a.device, local_rank)?,
             ..self.opts.clone()
         };
-        let mut v = Varuna::new(self.model, comm, opts)?;
+        if let (true, Some(b)) = (self.profiled, &opts.balance) {
+            let mine = pipewright::candle_core::Tensor::new(
+                b.iter().map(|n| *n as u32).collect::<Vec<_>>(),
+                &pipewright::candle_core::Device::Cpu,
+            )?;
+            let rank0 = cx.broadcast_from_master(&mine)?.to_vec1::<u32>()?;
+            opts.balance = Some(rank0.into_iter().map(|n| n as usize).collect());
+        }
+        let mut v = Varuna::new(&self.model, cx.world()?, opts)?;
         v.set_optimizer(|ps| make_optimizer(a, ps))?;
-        let start = match &self.resume {
-            Some(p) => v.load_checkpoint(p)?.step,
-            None => 0,
-        };
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();
         }
         let c = v.coords();
-        let task = self.task;
+        let num_params = v.pipeline().total_params()?;
+        let task = self.task.as_ref();
         let loader = DistributedLoader::new(
             |step, rows| task.batch(step, rows).map(|(x, y)| Batch::pair(x, y)),
             a.batch_size,
@@ -319,20 +314,36 @@ impl Setup<'_> {
             a.dp,
             v.device().clone(),
         )?;
-        let num_params = v.pipeline().total_params()?;
+        if let Some(d) = &a.checkpoint_dir {
+            cx.set_checkpoint_dir(d);
+        }
+        let start = cx.set_trainer(v)?;
+        let dir = if cx.is_master() {
+            Some(RunDir::open(cx.dir())?)
+        } else {
+            None
+        };
         let done = train_loop(
             self,
             num_params,
-            &mut v,
+            cx,
             start,
             &|step| loader.batch(step),
-            dir,
+            dir.as_ref(),
         )?;
+        let v = cx.trainer()?;
         let bubbles = v.bubble_per_stage()?;
         if let (Some(dir), Some(done)) = (dir, done) {
             let balance: Vec<usize> = v.pipeline().ranges().iter().map(|r| r.len()).collect();
-            write_summary(a, dir, done, &v.describe()?, &bubbles, &balance)?;
+            write_summary(a, &dir, done, &v.describe()?, &bubbles, &balance)?;
         }
-        Ok(traced.then(|| v.take_trace()))
+        if traced {
+            let mine = v.take_trace();
+            traces
+                .lock()
+                .map_err(|_| invalid!("a rank panicked"))?
+                .push(mine);
+        }
+        Ok(())
     }
 }

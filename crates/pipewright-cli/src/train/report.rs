@@ -6,9 +6,8 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
-use pipewright::experiment::{peak_memory_bytes, LinePlot, Recorder, RunDir};
+use pipewright::experiment::{peak_memory_bytes, Context, LinePlot, Recorder, RunDir};
 use pipewright::nn::optim::LrSchedule;
-use pipewright::varuna::Varuna;
 use pipewright::{Batch, Result};
 use pipewright_models::TaskShape;
 use serde::Serialize;
@@ -52,17 +51,17 @@ pub struct Summary {
     balance: Vec<usize>,
 }
 
-/// The training loop of one rank (every rank runs it; only the one given `dir` reports).
-/// Returns the summary on the rank given `dir`.
+/// The training loop of one rank over the trainer of `cx` (every rank runs it; only the one
+/// given `dir` reports). Returns the summary on the rank given `dir`.
 pub fn train_loop(
     run: &Setup,
     num_params: usize,
-    trainer: &mut Varuna,
+    cx: &mut Context,
     first: u64,
     batch: &dyn Fn(u64) -> Result<Batch>,
     dir: Option<&RunDir>,
 ) -> Result<Option<Summary>> {
-    let (a, task) = (run.a, run.task);
+    let (a, task) = (&run.a, run.task.as_ref());
     let mut rec = match dir {
         Some(dir) => {
             dir.write_json(
@@ -79,7 +78,7 @@ pub fn train_loop(
                         .map(|s| s.name().to_string())
                         .collect(),
                     cut_points: run.model.cut_points().to_vec(),
-                    tied: run.tied.to_vec(),
+                    tied: run.tied.clone(),
                     lr_schedule: run.sched,
                 },
             )?;
@@ -143,6 +142,7 @@ pub fn train_loop(
     let mut training_peak = None;
     for step in first..a.steps {
         let b = batch(step)?;
+        let trainer = cx.trainer()?;
         let t = Instant::now();
         let r = trainer.step(&b)?;
         step_times.push(t.elapsed().as_secs_f64());
@@ -189,7 +189,7 @@ pub fn train_loop(
             if let Some(rec) = rec.as_mut() {
                 rec.flush()?;
             }
-            save(run, trainer, step + 1, a.async_checkpoint && !stop)?;
+            save(run, cx, step + 1, a.async_checkpoint && !stop)?;
         }
         pipewright::dist::heartbeat(step + 1)?;
         done_steps = step + 1;
@@ -205,7 +205,7 @@ pub fn train_loop(
         pb.inc(1);
     }
     pb.finish_and_clear();
-    trainer.finish_checkpoint()?;
+    cx.trainer()?.finish_checkpoint()?;
     let (Some(_), Some(rec)) = (dir, rec.as_mut()) else {
         return Ok(None);
     };
@@ -284,19 +284,14 @@ pub fn write_summary(
     Ok(())
 }
 
-/// A checkpoint after `next` steps into the run's checkpoint directory (in the background when
-/// `background`); it stores what `ckpt reshard` and `ckpt export` need to rebuild the run.
-fn save(run: &Setup, trainer: &mut Varuna, next: u64, background: bool) -> Result<()> {
-    let a = run.a;
+/// A checkpoint of the context after `next` steps into the run's checkpoint directory (in the
+/// background when `background`); it stores what `ckpt reshard` and `ckpt export` need to
+/// rebuild the run.
+fn save(run: &Setup, cx: &mut Context, next: u64, background: bool) -> Result<()> {
     let opts = CheckpointOptions {
-        keep: a.keep,
+        keep: run.a.keep,
         meta: run.meta.clone(),
         extra: serde_json::json!({ "next_step": next }),
     };
-    let root = super::checkpoint_dir(a);
-    if background {
-        trainer.checkpoint_async(&root, &opts)
-    } else {
-        trainer.checkpoint(&root, &opts).map(|_| ())
-    }
+    cx.save(opts, background)
 }

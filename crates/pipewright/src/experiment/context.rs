@@ -76,6 +76,8 @@ pub struct Context {
     device: Device,
     items: BTreeMap<String, Box<dyn Stateful>>,
     trainer: Option<Varuna>,
+    /// Where [`Context::checkpoint`] saves (`<run dir>/checkpoints` unless set).
+    checkpoint_dir: PathBuf,
     /// Item states of the checkpoint being restored, for items not yet registered.
     pending: BTreeMap<String, Value>,
 }
@@ -95,6 +97,7 @@ impl Context {
             device,
             items: BTreeMap::new(),
             trainer: None,
+            checkpoint_dir: dir.join("checkpoints"),
             pending: BTreeMap::new(),
         })
     }
@@ -160,21 +163,48 @@ impl Context {
             .ok_or_else(|| invalid!("the context's item `{name}` is of another type"))
     }
 
-    /// Sets the training step. With the `checkpoint` parameter, loads that checkpoint into it
-    /// and restores the items it saved (those registered so far now, the others as they are
-    /// registered).
-    pub fn set_trainer(&mut self, mut trainer: Varuna) -> Result<()> {
-        if let Some(path) = self.params.string("checkpoint")? {
-            let path = crate::checkpoint::resolve(Path::new(&path))?;
+    /// Saves checkpoints into `dir` instead of `<run dir>/checkpoints` (set it before
+    /// [`Context::set_trainer`], which looks there for `latest`).
+    pub fn set_checkpoint_dir(&mut self, dir: &Path) {
+        self.checkpoint_dir = dir.to_path_buf();
+    }
+
+    /// Where checkpoints go.
+    pub fn checkpoint_dir(&self) -> &Path {
+        &self.checkpoint_dir
+    }
+
+    /// The checkpoint the run goes on from: the `checkpoint` parameter (a checkpoint, a
+    /// directory of them, or `latest`: the newest in the checkpoint directory), or, in a
+    /// launcher's restarted attempt without one, the newest checkpoint saved so far, if any.
+    pub fn resume_from(&self) -> Result<Option<PathBuf>> {
+        match self.params.string("checkpoint")?.as_deref() {
+            Some("latest") => crate::checkpoint::resolve(&self.checkpoint_dir).map(Some),
+            Some(p) => crate::checkpoint::resolve(Path::new(p)).map(Some),
+            None if crate::dist::Env::from_env().restart > 0 => {
+                Ok(crate::checkpoint::resolve(&self.checkpoint_dir).ok())
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Sets the training step. When the run goes on from a checkpoint
+    /// ([`Context::resume_from`]), loads it into the trainer and restores the items it saved
+    /// (those registered so far now, the others as they are registered). Returns the step
+    /// training goes on from (0 for a new run).
+    pub fn set_trainer(&mut self, mut trainer: Varuna) -> Result<u64> {
+        let mut step = 0;
+        if let Some(path) = self.resume_from()? {
             let state = trainer.load_checkpoint(&path)?;
             let items = state.extra["context"]
                 .as_object()
                 .cloned()
                 .unwrap_or_default();
             self.load_state_dict(&Value::Object(items))?;
+            step = state.step;
         }
         self.trainer = Some(trainer);
-        Ok(())
+        Ok(step)
     }
 
     /// The training step.
@@ -209,16 +239,35 @@ impl Context {
         Ok(())
     }
 
-    /// Saves the trainer and every item into `<run dir>/checkpoints/step-N` (collective: every
+    /// Saves the trainer and every item into `<checkpoint dir>/step-N` (collective: every
     /// rank calls it at the same point) and returns its path.
     pub fn checkpoint(&mut self) -> Result<PathBuf> {
-        let extra = json!({ "context": self.state_dict()? });
-        let root = self.dir.join("checkpoints");
-        let opts = CheckpointOptions {
-            extra,
-            ..Default::default()
-        };
+        let opts = self.with_items(CheckpointOptions::default())?;
+        let root = self.checkpoint_dir.clone();
         self.trainer()?.checkpoint(&root, &opts)
+    }
+
+    /// [`Context::checkpoint`] with `opts` (how many to keep, what rebuilds the model); with
+    /// `background`, its files are written by a thread while training goes on (the trainer's
+    /// next checkpoint, `finish_checkpoint` or load completes it).
+    pub fn save(&mut self, opts: CheckpointOptions, background: bool) -> Result<()> {
+        let opts = self.with_items(opts)?;
+        let root = self.checkpoint_dir.clone();
+        let trainer = self.trainer()?;
+        if background {
+            trainer.checkpoint_async(&root, &opts)
+        } else {
+            trainer.checkpoint(&root, &opts).map(|_| ())
+        }
+    }
+
+    /// `opts` with every item's state in its `extra` as `context`.
+    fn with_items(&self, mut opts: CheckpointOptions) -> Result<CheckpointOptions> {
+        if !opts.extra.is_object() {
+            opts.extra = json!({});
+        }
+        opts.extra["context"] = self.state_dict()?;
+        Ok(opts)
     }
 
     /// Appends `line` to this rank's log, `<run dir>/rank-<rank>.log`; the master also prints

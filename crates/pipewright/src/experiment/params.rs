@@ -2,13 +2,14 @@
 //! a default and a help line; values come from the defaults, then a parameters file
 //! (`--params-file`, JSON or TOML), then the command line, each overriding the one before.
 //! [`Params::to_json`] is what `parameters.json` holds: every value, defaults included, so that
-//! feeding it back as `--params-file` reruns the experiment exactly.
+//! feeding it back as `--params-file` reruns the experiment exactly. A program with many typed
+//! flags declares them as a clap `Args` struct instead ([`ArgsGroup`]); a file's values pass
+//! through the same command-line parser as the flags, so one set of checks holds for both.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use clap::parser::ValueSource;
-use clap::{Arg, ArgAction, Command};
+use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde_json::Value;
 
 use crate::{invalid, Error, Result};
@@ -31,6 +32,8 @@ pub struct Param {
     /// The default (`Null`: none, for an optional string).
     pub default: Value,
     pub help: String,
+    /// Other names of its flag (`--seed` for `--random-seed` in `pipewright train`).
+    pub aliases: Vec<String>,
 }
 
 impl Param {
@@ -40,6 +43,7 @@ impl Param {
             kind,
             default,
             help: help.to_string(),
+            aliases: Vec::new(),
         }
     }
 
@@ -92,27 +96,6 @@ impl Param {
             ParamType::Str => text.into(),
         })
     }
-
-    /// `v` (from a parameters file) checked against this parameter's type.
-    fn check(&self, v: Value, file: &str) -> Result<Value> {
-        let ok = match self.kind {
-            ParamType::Int => v.is_i64() || v.is_u64(),
-            ParamType::Float => v.is_number(),
-            ParamType::Bool => v.is_boolean(),
-            ParamType::Str => v.is_string() || v.is_null(),
-        };
-        if !ok {
-            return Err(invalid!(
-                "{file}: parameter {} takes {:?} values, not {v}",
-                self.name,
-                self.kind
-            ));
-        }
-        Ok(match (self.kind, v) {
-            (ParamType::Float, Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN).into(),
-            (_, v) => v,
-        })
-    }
 }
 
 /// pystematic's default parameters, which every experiment has.
@@ -123,7 +106,7 @@ pub fn standard() -> Vec<Param> {
         Param::flag("debug", false, "Verbose logs (the parameters, each rank's start and end); a body passes it on as VarunaOptions::detect_anomaly to name the first NaN or inf."),
         Param::optional("checkpoint", "A checkpoint of the context to restore before the experiment goes on."),
         Param::flag("cuda", false, "Compute on the GPU (needs a build with CUDA)."),
-        Param::flag("distributed", false, "Run nproc_per_node x nnodes ranks: threads, or processes under mpirun in a build with MPI."),
+        Param::flag("distributed", false, "Run nproc_per_node x nnodes ranks (or as many as the program's layout has) as processes under mpirun in a build with MPI, else as threads."),
         Param::int("nproc_per_node", 1, "Ranks per node when distributed."),
         Param::int("nnodes", 1, "Nodes of a distributed run."),
         Param::int("node_rank", 0, "This node's index in a multi-node run."),
@@ -192,44 +175,56 @@ impl Params {
         Value::Object(self.0.clone().into_iter().collect())
     }
 
-    /// Reads a parameters file (JSON, or TOML by its `.toml` extension) into `self`, checking
-    /// every key against `params`.
-    fn load_file(&mut self, params: &[Param], path: &Path) -> Result<()> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
-        let what = path.display().to_string();
-        let table: serde_json::Map<String, Value> = if path.extension().is_some_and(|e| e == "toml")
-        {
-            let t: toml::Table =
-                toml::from_str(&text).map_err(|e| invalid!("{what} is not TOML: {e}"))?;
-            serde_json::to_value(t)
-                .map_err(|e| invalid!("{what}: {e}"))?
-                .as_object()
-                .cloned()
-                .unwrap_or_default()
-        } else {
-            serde_json::from_str(&text)
-                .map_err(|e| invalid!("{what} is not a JSON object of parameters: {e}"))?
-        };
-        for (k, v) in table {
-            let p = params
-                .iter()
-                .find(|p| p.name == k)
-                .ok_or_else(|| invalid!("{what}: the experiment has no parameter `{k}`"))?;
-            self.0.insert(k, p.check(v, &what)?);
-        }
-        Ok(())
+    /// The values of an [`ArgsGroup`]'s struct `A`.
+    pub fn args<A: serde::de::DeserializeOwned>(&self) -> Result<A> {
+        serde_json::from_value(self.to_json())
+            .map_err(|e| invalid!("the parameters do not make the program's arguments: {e}"))
     }
 }
 
-/// The command line of an experiment named `name` with `params`: `--help` lists each with its
-/// default; `--params-file FILE` too.
-pub fn command(name: &str, about: &str, params: &[Param]) -> Command {
-    let mut cmd = Command::new(name.to_string()).about(about.to_string()).arg(
-        Arg::new("params_file")
-            .long("params-file")
-            .value_name("FILE")
-            .help("Parameters from a JSON or TOML file (the command line wins over it)."),
-    );
+/// Parameters declared as a clap [`clap::Args`] struct: its flags join the experiment's
+/// command line with their own value checks, and its fields (serialised) join the values, where
+/// [`Params::args`] reads them back as the struct.
+#[derive(Clone, Copy)]
+pub struct ArgsGroup {
+    augment: fn(Command) -> Command,
+    values: fn(&ArgMatches) -> Result<Value>,
+}
+
+impl ArgsGroup {
+    /// The names of its fields that are flags.
+    pub fn flags(&self) -> Vec<String> {
+        (self.augment)(Command::new("args"))
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect()
+    }
+
+    /// The group of the flags of `A`.
+    pub fn of<A: clap::Args + serde::Serialize>() -> Self {
+        Self {
+            augment: A::augment_args,
+            values: |m| {
+                let a = A::from_arg_matches(m).map_err(|e| invalid!("{e}"))?;
+                serde_json::to_value(&a).map_err(|e| invalid!("{e}"))
+            },
+        }
+    }
+}
+
+/// The command line of an experiment named `name` with `params` (and `group`'s flags):
+/// `--help` lists each with its default; `--params-file FILE` too. A flag given twice takes
+/// its last value (a file's values come first).
+pub fn command(name: &str, about: &str, params: &[Param], group: Option<ArgsGroup>) -> Command {
+    let mut cmd = Command::new(name.to_string())
+        .args_override_self(true)
+        .allow_negative_numbers(true)
+        .arg(
+            Arg::new("params_file")
+                .long("params-file")
+                .value_name("FILE")
+                .help("Parameters from a JSON or TOML file (the command line wins over it)."),
+        );
     for p in params {
         let default = match &p.default {
             Value::Null => "none".to_string(),
@@ -238,6 +233,7 @@ pub fn command(name: &str, about: &str, params: &[Param]) -> Command {
         };
         let mut arg = Arg::new(p.name.clone())
             .long(p.flag_name())
+            .visible_aliases(p.aliases.clone())
             .value_name(p.flag_name().to_uppercase())
             .help(format!("{} [default: {default}]", p.help));
         if p.kind == ParamType::Bool {
@@ -248,33 +244,125 @@ pub fn command(name: &str, about: &str, params: &[Param]) -> Command {
         }
         cmd = cmd.arg(arg.action(ArgAction::Set));
     }
-    cmd
+    if let Some(g) = group {
+        cmd = (g.augment)(cmd);
+    }
+    // After the group's, which brings its struct's doc comment.
+    cmd.about(about.to_string())
 }
 
-/// The values of `params` for the command line `args` (its first item the program): the
-/// defaults, then `--params-file`, then the flags given.
-pub fn parse<I, T>(name: &str, about: &str, params: &[Param], args: I) -> Result<Params>
+/// The values of `params` (and `group`) for the command line `args` (its first item the
+/// program): the defaults, then `--params-file`, then the flags given.
+pub fn parse<I, T>(
+    name: &str,
+    about: &str,
+    params: &[Param],
+    group: Option<ArgsGroup>,
+    args: I,
+) -> Result<Params>
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let matches = command(name, about, params)
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cmd = command(name, about, params, group);
+    let mut matches = get_matches(&cmd, &args)?;
+    if let Some(file) = matches.get_one::<String>("params_file").cloned() {
+        let program = &args[..args.len().min(1)];
+        let defaults = values(&cmd, params, group, &get_matches(&cmd, program)?)?;
+        let mut with_file = program.to_vec();
+        with_file.extend(file_flags(&cmd, &defaults, Path::new(&file))?);
+        with_file.extend(args.iter().skip(1).cloned());
+        matches = get_matches(&cmd, &with_file)
+            .map_err(|e| invalid!("with the values of {file}: {e}"))?;
+    }
+    values(&cmd, params, group, &matches)
+}
+
+/// `cmd`'s matches of `args`; `--help` as [`Error::Help`].
+fn get_matches(cmd: &Command, args: &[std::ffi::OsString]) -> Result<ArgMatches> {
+    cmd.clone()
         .try_get_matches_from(args)
         .map_err(|e| match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                 Error::Help(e.render().to_string())
             }
-            _ => invalid!("{e}"),
-        })?;
+            _ => invalid!("{}", e.to_string().trim_start_matches("error: ").trim_end()),
+        })
+}
+
+/// The values `matches` of `cmd` give `params` and `group`'s fields.
+fn values(
+    cmd: &Command,
+    params: &[Param],
+    group: Option<ArgsGroup>,
+    matches: &ArgMatches,
+) -> Result<Params> {
     let mut values = Params::defaults(params);
-    if let Some(file) = matches.get_one::<String>("params_file") {
-        values.load_file(params, Path::new(file))?;
-    }
     for p in params {
-        if matches.value_source(&p.name) == Some(ValueSource::CommandLine) {
-            let text = matches.get_one::<String>(&p.name).expect("given");
+        if let Some(text) = matches.get_one::<String>(&p.name) {
             values.0.insert(p.name.clone(), p.parse(text)?);
         }
     }
+    if let Some(g) = group {
+        let Value::Object(fields) = (g.values)(matches)? else {
+            return Err(invalid!(
+                "an ArgsGroup's struct serialises to an object of fields"
+            ));
+        };
+        // Fields without a flag (`#[arg(skip)]`) are the program's own business.
+        let flags: Vec<&str> = cmd.get_arguments().map(|a| a.get_id().as_str()).collect();
+        values.0.extend(
+            fields
+                .into_iter()
+                .filter(|(k, _)| flags.contains(&k.as_str())),
+        );
+    }
     Ok(values)
+}
+
+/// The flags that give the values of a parameters file (JSON, or TOML by its `.toml`
+/// extension) which differ from `defaults`, each checked against `cmd`'s parameters.
+fn file_flags(cmd: &Command, defaults: &Params, path: &Path) -> Result<Vec<std::ffi::OsString>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+    let what = path.display().to_string();
+    let table: serde_json::Map<String, Value> = if path.extension().is_some_and(|e| e == "toml") {
+        let t: toml::Table =
+            toml::from_str(&text).map_err(|e| invalid!("{what} is not TOML: {e}"))?;
+        serde_json::to_value(t)
+            .map_err(|e| invalid!("{what}: {e}"))?
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+    } else {
+        serde_json::from_str(&text)
+            .map_err(|e| invalid!("{what} is not a JSON object of parameters: {e}"))?
+    };
+    let mut flags = Vec::new();
+    for (k, v) in table {
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == k.as_str() && k != "params_file")
+            .ok_or_else(|| invalid!("{what}: the experiment has no parameter `{k}`"))?;
+        if v.is_null() || defaults.0.get(&k) == Some(&v) {
+            continue;
+        }
+        let long = arg.get_long().unwrap_or(k.as_str());
+        if matches!(arg.get_action(), ArgAction::SetTrue) {
+            match v {
+                Value::Bool(true) => flags.push(format!("--{long}").into()),
+                Value::Bool(false) => {}
+                v => return Err(invalid!("{what}: parameter {k} is a flag, not {v}")),
+            }
+            continue;
+        }
+        let text = match v {
+            Value::String(s) => s,
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            v => return Err(invalid!("{what}: parameter {k} takes one value, not {v}")),
+        };
+        flags.push(format!("--{long}={text}").into());
+    }
+    Ok(flags)
 }

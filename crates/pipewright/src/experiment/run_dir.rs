@@ -5,16 +5,25 @@ use std::path::{Path, PathBuf};
 
 use crate::{invalid, Error, Result};
 
+/// A run's directory, which every file of the run is written into atomically.
 pub struct RunDir {
     path: PathBuf,
 }
 
 impl RunDir {
+    /// Whether `path` holds a run: the parameters of `pipewright train` (`params.json`) or of
+    /// an experiment (`parameters.json`).
+    pub fn holds_run(path: &Path) -> bool {
+        ["params.json", "parameters.json"]
+            .iter()
+            .any(|f| path.join(f).exists())
+    }
+
     /// Creates `path` (and parents). Refuses a directory that already holds a run.
     pub fn create(path: &Path) -> Result<Self> {
-        if path.join("params.json").exists() {
+        if Self::holds_run(path) {
             return Err(invalid!(
-                "`{}` already holds a run (params.json exists): choose another directory or remove it",
+                "`{}` already holds a run: choose another directory or remove it",
                 path.display()
             ));
         }
@@ -31,9 +40,9 @@ impl RunDir {
 
     /// Opens the run in `path` to go on with it (a resumed run); it must hold one.
     pub fn open(path: &Path) -> Result<Self> {
-        if !path.join("params.json").exists() {
+        if !Self::holds_run(path) {
             return Err(invalid!(
-                "`{}` holds no run (no params.json) to go on with",
+                "`{}` holds no run (no parameters) to go on with",
                 path.display()
             ));
         }

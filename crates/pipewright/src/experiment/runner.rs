@@ -5,13 +5,15 @@
 //! the body once per rank: one rank; `--distributed --nproc-per-node N` ranks as threads of
 //! this process, or (built with the `mpi` feature) as N processes it relaunches under `mpirun`
 //! with the run's `parameters.json`; or one per process when started by `mpirun` / `pipewright
-//! launch`.
+//! launch`. A program such as `pipewright train` declares its flags as a clap struct
+//! ([`Experiment::args`]), names the flag of an exact run directory ([`Experiment::run_dir`])
+//! and takes its rank count from its own layout ([`Experiment::world`]).
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::context::Context;
-use super::params::{self, Param, Params};
+use super::params::{self, ArgsGroup, Param, Params};
 use crate::comm::local;
 use crate::{invalid, Error, Result};
 
@@ -20,6 +22,11 @@ pub struct Experiment<F> {
     name: String,
     about: String,
     params: Vec<Param>,
+    group: Option<ArgsGroup>,
+    aliases: Vec<(String, String)>,
+    run_dir: Option<String>,
+    world: Option<fn(&Params) -> Result<usize>>,
+    subcommand: Vec<String>,
     body: F,
 }
 
@@ -34,6 +41,11 @@ where
             name: name.to_string(),
             about: String::new(),
             params: Vec::new(),
+            group: None,
+            aliases: Vec::new(),
+            run_dir: None,
+            world: None,
+            subcommand: Vec::new(),
             body,
         }
     }
@@ -50,17 +62,65 @@ where
         self
     }
 
+    /// Declares the flags of the clap struct `A` as parameters too (a program with many typed
+    /// flags); the body reads them with [`Params::args`].
+    pub fn args<A: clap::Args + serde::Serialize>(mut self) -> Self {
+        self.group = Some(ArgsGroup::of::<A>());
+        self
+    }
+
+    /// Gives the parameter `name` (a standard one too) another flag, `--alias`.
+    pub fn alias(mut self, name: &str, alias: &str) -> Self {
+        self.aliases.push((name.to_string(), alias.to_string()));
+        self
+    }
+
+    /// The string parameter `name`, when set, is the run's directory itself instead of
+    /// `<output_dir>/<name>/<date>-<time>-<id>/`: created, or reopened when the run goes on
+    /// from a checkpoint or is a launcher's restarted attempt.
+    pub fn run_dir(mut self, name: &str) -> Self {
+        self.run_dir = Some(name.to_string());
+        self
+    }
+
+    /// The number of ranks a run of these parameters has (a pipeline x tensor x data layout),
+    /// instead of `nproc_per_node` x `nnodes` when distributed and 1 otherwise.
+    pub fn world(mut self, ranks: fn(&Params) -> Result<usize>) -> Self {
+        self.world = Some(ranks);
+        self
+    }
+
+    /// The words before the experiment's flags on its program's command line (`train` in
+    /// `pipewright train`), which relaunched ranks are given too.
+    pub fn subcommand(mut self, words: &[&str]) -> Self {
+        self.subcommand = words.iter().map(|w| w.to_string()).collect();
+        self
+    }
+
     /// Every parameter: the standard ones, then the declared ones.
     pub fn all_params(&self) -> Result<Vec<Param>> {
         let mut all = params::standard();
+        let fields = self.group.map(|g| g.flags()).unwrap_or_default();
         for p in &self.params {
-            if all.iter().any(|q| q.name == p.name) {
+            if all.iter().any(|q| q.name == p.name) || fields.contains(&p.name) {
                 return Err(invalid!(
                     "parameter `{}` is declared twice (or is a standard one)",
                     p.name
                 ));
             }
             all.push(p.clone());
+        }
+        if let Some(f) = fields.iter().find(|f| all.iter().any(|p| &p.name == *f)) {
+            return Err(invalid!(
+                "the arguments' field `{f}` is also a parameter: rename one"
+            ));
+        }
+        for (name, alias) in &self.aliases {
+            let p = all
+                .iter_mut()
+                .find(|p| &p.name == name)
+                .ok_or_else(|| invalid!("alias --{alias} names no parameter `{name}`"))?;
+            p.aliases.push(alias.clone());
         }
         Ok(all)
     }
@@ -71,7 +131,13 @@ where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        params::parse(&self.name, &self.about, &self.all_params()?, args)
+        params::parse(
+            &self.name,
+            &self.about,
+            &self.all_params()?,
+            self.group,
+            args,
+        )
     }
 
     /// Parses this process's command line and runs; prints the error (or the help) and exits
@@ -125,9 +191,10 @@ where
             result
         };
         let env = crate::dist::Env::from_env();
-        if env.world_size > 1 {
+        if env.world_size > 1 || crate::dist::Env::under_mpi() {
             // One rank of a launched job: its world is the job's; its directory the one the
             // relaunching process made, or rank 0's.
+            crate::comm::size_thread_pools(env.local_world_size);
             let world = crate::dist::init()?;
             let dir = match std::env::var_os(RUN_DIR) {
                 Some(d) => PathBuf::from(d),
@@ -135,21 +202,31 @@ where
             };
             let (comm, _guard) = world.into_parts();
             let mut cx = Context::new(params.clone(), &dir, comm)?;
-            body(&mut cx)?;
+            let result = body(&mut cx);
+            #[cfg(feature = "mpi")]
+            if let (Err(e), true) = (&result, env.world_size > 1) {
+                // The others would wait for this rank forever: end the job.
+                eprintln!("error: rank {}: {e}", env.rank);
+                crate::comm::mpi::Mpi::abort(1);
+            }
+            result?;
             return Ok(dir);
         }
-        let ranks = if params.flag("distributed")? {
-            let n = params.int("nproc_per_node")? * params.int("nnodes")?;
-            usize::try_from(n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| invalid!("nproc_per_node x nnodes must be positive"))?
-        } else {
-            1
+        let distributed = params.flag("distributed")?;
+        let ranks = match self.world {
+            Some(world) => world(params)?,
+            None if distributed => {
+                let n = params.int("nproc_per_node")? * params.int("nnodes")?;
+                usize::try_from(n)
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| invalid!("nproc_per_node x nnodes must be positive"))?
+            }
+            None => 1,
         };
         let dir = self.make_dir(params)?;
-        if ranks > 1 && cfg!(feature = "mpi") {
-            return relaunch(ranks, params, &dir);
+        if ranks > 1 && distributed && cfg!(feature = "mpi") {
+            return relaunch(ranks, params, &dir, &self.subcommand);
         }
         crate::comm::size_thread_pools(ranks);
         local::run(ranks, |comm| {
@@ -176,23 +253,40 @@ where
         Ok(PathBuf::from(String::from_utf8_lossy(&got).into_owned()))
     }
 
-    /// Creates `<output_dir>/<name>/<date>-<time>-<id>/` with `parameters.json`.
+    /// Creates `<output_dir>/<name>/<date>-<time>-<id>/` (or the [`Experiment::run_dir`]
+    /// parameter's directory: reopened when the run goes on) with `parameters.json`.
     fn make_dir(&self, params: &Params) -> Result<PathBuf> {
-        let root = params
-            .string("output_dir")?
-            .ok_or_else(|| invalid!("output_dir must be set"))?;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_err(|e| invalid!("the clock is before 1970: {e}"))?;
-        let stamp = timestamp(now.as_secs());
-        let id = format!(
-            "{:06x}",
-            (now.subsec_nanos() ^ std::process::id()) & 0xff_ffff
-        );
-        let dir = Path::new(&root)
-            .join(&self.name)
-            .join(format!("{stamp}-{id}"));
-        super::RunDir::create(&dir)?.write_json("parameters.json", &params.to_json())?;
+        let exact = match &self.run_dir {
+            Some(name) => params.string(name)?,
+            None => None,
+        };
+        let dir = match exact {
+            Some(d) => PathBuf::from(d),
+            None => {
+                let root = params
+                    .string("output_dir")?
+                    .ok_or_else(|| invalid!("output_dir must be set"))?;
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_err(|e| invalid!("the clock is before 1970: {e}"))?;
+                let stamp = timestamp(now.as_secs());
+                let id = format!(
+                    "{:06x}",
+                    (now.subsec_nanos() ^ std::process::id()) & 0xff_ffff
+                );
+                Path::new(&root)
+                    .join(&self.name)
+                    .join(format!("{stamp}-{id}"))
+            }
+        };
+        let goes_on =
+            params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
+        let run = if goes_on && super::RunDir::holds_run(&dir) {
+            super::RunDir::open(&dir)?
+        } else {
+            super::RunDir::create(&dir)?
+        };
+        run.write_json("parameters.json", &params.to_json())?;
         Ok(dir)
     }
 }
@@ -202,7 +296,7 @@ const RUN_DIR: &str = "PIPEWRIGHT_RUN_DIR";
 
 /// Runs this program again as `ranks` processes under mpirun (a build with MPI), each reading
 /// the run's `parameters.json`; waits for them.
-fn relaunch(ranks: usize, params: &Params, dir: &Path) -> Result<PathBuf> {
+fn relaunch(ranks: usize, params: &Params, dir: &Path, subcommand: &[String]) -> Result<PathBuf> {
     if params.int("nnodes")? > 1 {
         return Err(invalid!(
             "a multi-node experiment starts through `pipewright launch --hostfile FILE -- PROGRAM`"
@@ -213,6 +307,7 @@ fn relaunch(ranks: usize, params: &Params, dir: &Path) -> Result<PathBuf> {
         .env(RUN_DIR, dir)
         .args(["-x", RUN_DIR])
         .arg(exe)
+        .args(subcommand)
         .arg("--params-file")
         .arg(dir.join("parameters.json"))
         .status()
