@@ -1,36 +1,13 @@
 //! `pipewright train` end to end: the run directory, determinism, and clear errors.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::{text, tmp, train, TINY};
 
 use pipewright::experiment::tfevents::read_records;
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pw-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .arg("train")
-        .args(args)
-        .output()
-        .expect("runs the binary")
-}
-
-const TINY: &[&str] = &[
-    "--n-layer",
-    "1",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "16",
-    "--batch-size",
-    "8",
-    "--eval-every",
-    "3",
-];
 
 fn tiny_run(out: &Path, extra: &[&str]) -> Output {
     let mut a: Vec<&str> = TINY.to_vec();
@@ -44,14 +21,6 @@ fn tiny_run(out: &Path, extra: &[&str]) -> Output {
     ]);
     a.extend_from_slice(extra);
     train(&a)
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

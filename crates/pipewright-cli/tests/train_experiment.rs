@@ -2,45 +2,18 @@
 //! `parameters.json` that reruns a run exactly, runs under `--output-dir` when no `--out` is
 //! given, and `--debug` naming the first layer that produced NaN or inf.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pw-trainexp-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+use common::{text, tmp, train, TINY};
+
+/// The common tiny GPT, for six steps.
+fn tiny() -> Vec<&'static str> {
+    let mut a = TINY.to_vec();
+    a.extend(["--steps", "6"]);
+    a
 }
-
-fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
-        .arg("train")
-        .args(args)
-        .output()
-        .expect("runs the binary")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-const TINY: &[&str] = &[
-    "--n-layer",
-    "1",
-    "--n-head",
-    "2",
-    "--n-embd",
-    "16",
-    "--batch-size",
-    "8",
-    "--eval-every",
-    "3",
-    "--steps",
-    "6",
-];
 
 /// `scalars.csv` without its header: step, loss, learning rate and metric of every row.
 fn scalars(dir: &Path) -> Vec<String> {
@@ -60,7 +33,7 @@ fn parameters(dir: &Path) -> serde_json::Value {
 fn parameters_json_reruns_a_run_exactly_and_the_command_line_wins() {
     let (a, b, c) = (tmp("a"), tmp("b"), tmp("c"));
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let mut first: Vec<String> = TINY.iter().map(|v| v.to_string()).collect();
+    let mut first: Vec<String> = tiny().iter().map(|v| v.to_string()).collect();
     first.extend(
         [
             "--dropout",
@@ -121,7 +94,7 @@ fn parameters_json_reruns_a_run_exactly_and_the_command_line_wins() {
 #[test]
 fn without_out_runs_go_under_the_output_dir() {
     let root = tmp("root");
-    let mut args = TINY.to_vec();
+    let mut args = tiny();
     let r = root.to_str().unwrap();
     args.extend(["--output-dir", r]);
     for _ in 0..2 {
@@ -154,7 +127,7 @@ fn without_out_runs_go_under_the_output_dir() {
 #[test]
 fn debug_names_the_first_layer_that_diverged() {
     let (out, plain) = (tmp("debug"), tmp("plain"));
-    let mut args = TINY.to_vec();
+    let mut args = tiny();
     args.extend(["--lr", "1e30", "--clip", "0", "--lr-schedule", "constant"]);
     let with = |extra: &[&str]| {
         let mut a = args.clone();

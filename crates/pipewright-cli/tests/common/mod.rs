@@ -1,0 +1,44 @@
+//! What the command-line tests share: a fresh temporary directory, running the binary, and
+//! its output as text.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// A path in the temporary directory for this test process, removed if it exists.
+pub fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pw-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// A GPT small enough for a run of a few steps in a fraction of a second.
+pub const TINY: &[&str] = &[
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "16",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "3",
+];
+
+/// `pipewright train ARGS`.
+pub fn train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .arg("train")
+        .args(args)
+        .output()
+        .expect("runs the binary")
+}
+
+/// Its standard output, then its standard error.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
