@@ -240,7 +240,8 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
         );
         a.eval_every = a.steps;
         let root = p.train.out.clone().unwrap_or_else(|| "output/plan".into());
-        a.out = Some(root.join(format!("candidate-{}", i + 1)));
+        let dir = root.join(format!("candidate-{}", i + 1));
+        a.out = Some(dir.clone());
         let out = Command::new(&exe)
             .arg("train")
             .args(train_argv(&a)?)
@@ -253,9 +254,7 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let path = root
-            .join(format!("candidate-{}", i + 1))
-            .join("summary.json");
+        let path = dir.join("summary.json");
         let text =
             std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
         let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;

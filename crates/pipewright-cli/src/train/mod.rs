@@ -39,6 +39,9 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
     experiment(|cx| setup.rank(cx, &traces)).run(&params)?;
     // Under MPI each process holds its own ranks' traces: rank 0's is written.
     if pipewright::dist::Env::from_env().rank == 0 {
+        if setup.a.trace.is_some() && pipewright::dist::Env::under_mpi() {
+            eprintln!("note: under MPI the trace holds rank 0's actions only");
+        }
         let traces = traces.into_inner().unwrap_or_default();
         write_trace(&setup.a, &traces)?;
     }
@@ -91,17 +94,18 @@ fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     Ok(flag)
 }
 
-/// `--balance`: a list, or profiled by time or size on one micro-batch of the task.
+/// `--balance`: a list, or profiled by time or size on one micro-batch of the task; and
+/// whether it was timed here (processes time differently: every rank takes rank 0's).
 fn balance(
     a: &TrainArgs,
     task: &dyn Task,
     model: &Sequential,
     chunk: usize,
     print: bool,
-) -> Result<Option<Vec<usize>>> {
+) -> Result<(Option<Vec<usize>>, bool)> {
     use pipewright::plan::{balance_by, By};
     let by = match a.balance.as_deref() {
-        None => return Ok(None),
+        None => return Ok((None, false)),
         Some("time" | "auto") => By::Time,
         Some("size") => By::Size,
         Some(list) => {
@@ -112,13 +116,14 @@ fn balance(
                 .map_err(|_| {
                     invalid!("--balance {list}: give layers per stage (3,2), time or size")
                 })?;
-            return Ok(Some(parsed));
+            return Ok((Some(parsed), false));
         }
     };
     let (x, y) = task.batch(0, chunk)?;
     let build = pipewright::Build::cpu(a.seed);
     let stages = a.pp * a.virtual_stages;
     let b = balance_by(by, model, &build, &Batch::pair(x, y), stages)?;
+    let timed = matches!(by, By::Time);
     let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
     let by = format!("{by:?}").to_lowercase();
     if print {
@@ -127,7 +132,7 @@ fn balance(
             list.join(",")
         );
     }
-    Ok(Some(b))
+    Ok((Some(b), timed))
 }
 
 /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
@@ -159,8 +164,8 @@ pub struct Setup {
     sched: LrSchedule,
     chunk_size: usize,
     opts: VarunaOptions,
-    /// The balance was profiled here: every rank takes rank 0's (timings differ by process).
-    profiled: bool,
+    /// The balance was timed here: every rank takes rank 0's (timings differ by process).
+    timed: bool,
     /// What checkpoints store to rebuild the run (`ckpt reshard`, `ckpt export`).
     meta: serde_json::Value,
     /// The run directory holds this run already: its scalars go on from the resumed step.
@@ -204,18 +209,12 @@ impl Setup {
             && a.out
                 .as_ref()
                 .is_some_and(|o| o.join("params.json").exists());
-        match a.resume.as_deref() {
-            Some("latest") => {
-                let dir = a.checkpoint_dir.clone();
-                let dir =
-                    dir.unwrap_or_else(|| a.out.clone().unwrap_or_default().join("checkpoints"));
-                pipewright::checkpoint::resolve(&dir)?;
-            }
-            Some(p) => {
-                pipewright::checkpoint::resolve(std::path::Path::new(p))?;
-            }
-            None => {}
-        }
+        // The checkpoint must be there before the run directory is made.
+        let checkpoints = a.checkpoint_dir.clone().unwrap_or_else(|| {
+            let out = a.out.clone().unwrap_or_default();
+            out.join("checkpoints")
+        });
+        Context::resume_target(a.resume.as_deref(), &checkpoints)?;
         let task = make_task(&a)?;
         let model_config = make_model(&a, task.as_ref())?;
         let (model, tied) = model_config.build()?;
@@ -223,7 +222,7 @@ impl Setup {
             morph::morph(&mut a, &env, &model_config, &model)?;
         }
         let chunk_size = chunk_size(&a)?;
-        let balance = balance(&a, task.as_ref(), &model, chunk_size, env.rank == 0)?;
+        let (balance, timed) = balance(&a, task.as_ref(), &model, chunk_size, env.rank == 0)?;
         let opts = VarunaOptions {
             shared_weights: tied.clone(),
             precision: a.precision.parse::<Precision>()?,
@@ -247,7 +246,7 @@ impl Setup {
             ));
         }
         Ok(Self {
-            profiled: matches!(a.balance.as_deref(), Some("time" | "auto" | "size")),
+            timed,
             meta: serde_json::json!({"args": &a, "model": model_config}),
             sched: opts.lr,
             task,
@@ -290,7 +289,7 @@ impl Setup {
             device: pipewright::device::device(&a.device, local_rank)?,
             ..self.opts.clone()
         };
-        if let (true, Some(b)) = (self.profiled, &opts.balance) {
+        if let (true, Some(b)) = (self.timed, &opts.balance) {
             let mine = pipewright::candle_core::Tensor::new(
                 b.iter().map(|n| *n as u32).collect::<Vec<_>>(),
                 &pipewright::candle_core::Device::Cpu,

@@ -169,20 +169,25 @@ impl Context {
         self.checkpoint_dir = dir.to_path_buf();
     }
 
-    /// Where checkpoints go.
-    pub fn checkpoint_dir(&self) -> &Path {
-        &self.checkpoint_dir
+    /// The checkpoint the run goes on from ([`Context::resume_target`] of the `checkpoint`
+    /// parameter and the checkpoint directory).
+    pub fn resume_from(&self) -> Result<Option<PathBuf>> {
+        let spec = self.params.string("checkpoint")?;
+        Self::resume_target(spec.as_deref(), &self.checkpoint_dir)
     }
 
-    /// The checkpoint the run goes on from: the `checkpoint` parameter (a checkpoint, a
-    /// directory of them, or `latest`: the newest in the checkpoint directory), or, in a
-    /// launcher's restarted attempt without one, the newest checkpoint saved so far, if any.
-    pub fn resume_from(&self) -> Result<Option<PathBuf>> {
-        match self.params.string("checkpoint")?.as_deref() {
-            Some("latest") => crate::checkpoint::resolve(&self.checkpoint_dir).map(Some),
+    /// The checkpoint a run given `checkpoint` goes on from: a checkpoint, a directory of
+    /// them, or `latest` (the newest in `checkpoint_dir`); without one, in a launcher's
+    /// restarted attempt, the newest in `checkpoint_dir` saved so far, if any.
+    pub fn resume_target(
+        checkpoint: Option<&str>,
+        checkpoint_dir: &Path,
+    ) -> Result<Option<PathBuf>> {
+        match checkpoint {
+            Some("latest") => crate::checkpoint::resolve(checkpoint_dir).map(Some),
             Some(p) => crate::checkpoint::resolve(Path::new(p)).map(Some),
             None if crate::dist::Env::from_env().restart > 0 => {
-                Ok(crate::checkpoint::resolve(&self.checkpoint_dir).ok())
+                Ok(crate::checkpoint::resolve(checkpoint_dir).ok())
             }
             None => Ok(None),
         }

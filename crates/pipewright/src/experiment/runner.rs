@@ -102,7 +102,7 @@ where
         let mut all = params::standard();
         let fields = self.group.map(|g| g.flags()).unwrap_or_default();
         for p in &self.params {
-            if all.iter().any(|q| q.name == p.name) || fields.contains(&p.name) {
+            if all.iter().any(|q| q.name == p.name) {
                 return Err(invalid!(
                     "parameter `{}` is declared twice (or is a standard one)",
                     p.name
@@ -262,22 +262,7 @@ where
         };
         let dir = match exact {
             Some(d) => PathBuf::from(d),
-            None => {
-                let root = params
-                    .string("output_dir")?
-                    .ok_or_else(|| invalid!("output_dir must be set"))?;
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_err(|e| invalid!("the clock is before 1970: {e}"))?;
-                let stamp = timestamp(now.as_secs());
-                let id = format!(
-                    "{:06x}",
-                    (now.subsec_nanos() ^ std::process::id()) & 0xff_ffff
-                );
-                Path::new(&root)
-                    .join(&self.name)
-                    .join(format!("{stamp}-{id}"))
-            }
+            None => self.stamped_dir(params)?,
         };
         let goes_on =
             params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
@@ -288,6 +273,26 @@ where
         };
         run.write_json("parameters.json", &params.to_json())?;
         Ok(dir)
+    }
+}
+
+impl<F> Experiment<F> {
+    /// `<output_dir>/<name>/<date>-<time>-<id>/`: a new directory for every run.
+    fn stamped_dir(&self, params: &Params) -> Result<PathBuf> {
+        let root = params
+            .string("output_dir")?
+            .ok_or_else(|| invalid!("output_dir must be set"))?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|e| invalid!("the clock is before 1970: {e}"))?;
+        let id = format!(
+            "{:06x}",
+            (now.subsec_nanos() ^ std::process::id()) & 0xff_ffff
+        );
+        let stamp = timestamp(now.as_secs());
+        Ok(Path::new(&root)
+            .join(&self.name)
+            .join(format!("{stamp}-{id}")))
     }
 }
 
