@@ -13,6 +13,10 @@ mod train;
 
 use clap::{Parser, Subcommand};
 
+/// Counts live bytes per rank (`pipewright::memory`): the summary's allocated peaks.
+#[global_allocator]
+static ALLOC: pipewright::memory::CountingAlloc = pipewright::memory::CountingAlloc;
+
 #[derive(Parser)]
 #[command(
     name = "pipewright",

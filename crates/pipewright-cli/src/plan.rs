@@ -213,12 +213,23 @@ pub fn train_argv(a: &TrainArgs) -> Result<Vec<String>> {
 }
 
 /// Trains each of `best` here and prints its measured median step and peak memory beside
-/// the prediction.
+/// the prediction: the process's resident peak, and the most live bytes of one rank as the
+/// allocator counts them (the planner's own quantity: what the rank holds, without what the
+/// allocator keeps back after a free).
 fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
     println!(
-        "{:<4} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
-        "rank", "predicted", "measured", "error", "pred. peak", "meas. peak", "error"
+        "{:<4} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
+        "rank",
+        "predicted",
+        "measured",
+        "error",
+        "pred. peak",
+        "meas. peak",
+        "error",
+        "pred. rank",
+        "meas. rank",
+        "error"
     );
     for (i, e) in best.iter().enumerate() {
         let c = &e.candidate;
@@ -262,15 +273,23 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
         let peak = s["training_peak_memory_bytes"].as_f64().unwrap_or(f64::NAN);
         // Threads share one process: its peak holds every rank, the runtime once.
         let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);
+        let rank = s["rank_training_peak_allocated_bytes"]
+            .as_array()
+            .and_then(|r| r.iter().filter_map(|b| b.as_f64()).reduce(f64::max))
+            .unwrap_or(f64::NAN);
+        let predicted_rank = e.max_peak_bytes() - hw.runtime_bytes() as f64;
         println!(
-            "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
+            "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
             i + 1,
             seconds(e.step_s),
             seconds(step),
             (e.step_s / step - 1.0) * 100.0,
             format_bytes(predicted_peak),
             format_bytes(peak),
-            (predicted_peak / peak - 1.0) * 100.0
+            (predicted_peak / peak - 1.0) * 100.0,
+            format_bytes(predicted_rank),
+            format_bytes(rank),
+            (predicted_rank / rank - 1.0) * 100.0
         );
     }
     Ok(())

@@ -44,6 +44,7 @@ pub mod error;
 pub mod experiment;
 mod kernels;
 pub mod loss;
+pub mod memory;
 pub mod model;
 pub mod nn;
 pub mod pipeline;

@@ -7,6 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{peak_memory_bytes, Context, LinePlot, Recorder, RunDir};
+use pipewright::memory;
 use pipewright::nn::optim::LrSchedule;
 use pipewright::{Batch, Result};
 use pipewright_models::TaskShape;
@@ -44,6 +45,12 @@ pub struct Summary {
     /// The process's peak before its first evaluation: training's own (the task's greedy
     /// decoding can hold more).
     training_peak_memory_bytes: Option<u64>,
+    /// The most bytes held at once before the first evaluation as the allocator counts them
+    /// ([`pipewright::memory`]: without what glibc keeps back after a free) ...
+    training_peak_allocated_bytes: Option<u64>,
+    /// ... and each rank's, for ranks running as threads of this process (empty under
+    /// mpirun, where each process is one rank and the line above is its own).
+    rank_training_peak_allocated_bytes: Vec<u64>,
     layout: String,
     ranks: Vec<String>,
     bubble_per_stage: Vec<f64>,
@@ -140,6 +147,7 @@ pub fn train_loop(
     // (step, loss) of this run's steps: the loss curve drawn at every evaluation.
     let mut curve = Vec::new();
     let mut training_peak = None;
+    let (mut allocated_peak, mut rank_allocated_peaks) = (None, Vec::new());
     for step in first..a.steps {
         let b = batch(step)?;
         let trainer = cx.trainer()?;
@@ -151,6 +159,12 @@ pub fn train_loop(
         let eval_now = (step + 1) % a.eval_every == 0 || last;
         if eval_now && training_peak.is_none() {
             training_peak = peak_memory_bytes();
+            allocated_peak = memory::peak_bytes();
+            if !pipewright::dist::Env::under_mpi() {
+                rank_allocated_peaks = (0..a.pp * a.tp * a.dp)
+                    .filter_map(memory::rank_peak_bytes)
+                    .collect();
+            }
         }
         let m = if eval_now {
             metric = task.evaluate(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
@@ -222,6 +236,8 @@ pub fn train_loop(
         items,
         peak_memory_bytes: peak_memory_bytes(),
         training_peak_memory_bytes: training_peak,
+        training_peak_allocated_bytes: allocated_peak,
+        rank_training_peak_allocated_bytes: rank_allocated_peaks,
         layout: String::new(),
         ranks: Vec::new(),
         bubble_per_stage: Vec::new(),
@@ -264,6 +280,19 @@ pub fn write_summary(
     if let Some(p) = summary.training_peak_memory_bytes {
         println!(
             "training peak   {:.1} MiB (before the first evaluation)",
+            p as f64 / (1024.0 * 1024.0)
+        );
+    }
+    if let Some(p) = summary.training_peak_allocated_bytes {
+        let ranks = &summary.rank_training_peak_allocated_bytes;
+        let most = ranks.iter().max().map_or(String::new(), |r| {
+            format!(
+                ", the most of one rank {:.1} MiB",
+                *r as f64 / (1024.0 * 1024.0)
+            )
+        });
+        println!(
+            "allocated peak  {:.1} MiB{most} (live bytes, before the first evaluation)",
             p as f64 / (1024.0 * 1024.0)
         );
     }

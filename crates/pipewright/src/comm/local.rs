@@ -161,6 +161,7 @@ where
                 std::thread::Builder::new()
                     .name(format!("rank-{rank}"))
                     .spawn_scoped(scope, move || {
+                        crate::memory::set_rank(Some(rank));
                         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm))) {
                             Ok(Ok(v)) => Some(v),
                             Ok(Err(e)) => {

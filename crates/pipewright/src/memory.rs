@@ -1,0 +1,182 @@
+//! Live memory counted by the allocator, per rank: what a run has allocated and not yet freed,
+//! and its peak, for the process and for each rank running as a thread of it. It is the
+//! CPU's `torch.cuda.max_memory_allocated`: the bytes the program holds, without what the
+//! allocator keeps back from the system after a free (which the resident set, the Linux
+//! `VmHWM` of [`crate::experiment::peak_memory_bytes`], includes). The planner predicts these
+//! bytes; `pipewright train` reports them.
+//!
+//! A program opts in by installing the allocator:
+//!
+//! ```
+//! use pipewright::memory::{rank_peak_bytes, set_rank, CountingAlloc};
+//!
+//! #[global_allocator]
+//! static ALLOC: CountingAlloc = CountingAlloc;
+//!
+//! fn main() {
+//!     set_rank(Some(0));
+//!     let v = vec![1u8; 1 << 20];
+//!     assert!(rank_peak_bytes(0).unwrap() >= 1 << 20);
+//!     drop(v);
+//! }
+//! ```
+//!
+//! Each allocation is charged to the rank of the thread that made it ([`set_rank`]; threads
+//! of candle's pool and the main thread to none) until it is freed, wherever that is.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+/// Ranks counted on their own; allocations of higher ranks count to the process only.
+pub const MAX_RANKS: usize = 64;
+
+/// One counter pair on its own cache line: ranks allocating at once do not share one.
+#[repr(align(64))]
+struct Counter {
+    live: AtomicI64,
+    peak: AtomicI64,
+}
+
+impl Counter {
+    const fn new() -> Self {
+        Counter {
+            live: AtomicI64::new(0),
+            peak: AtomicI64::new(0),
+        }
+    }
+
+    fn add(&self, bytes: i64) {
+        let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if bytes > 0 {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Slot 0: the process; slot r + 1: rank r.
+static COUNTERS: [Counter; MAX_RANKS + 1] = [const { Counter::new() }; MAX_RANKS + 1];
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// No rank: the slot byte a thread's allocations carry when [`set_rank`] was not called.
+const NO_RANK: u8 = u8::MAX;
+
+thread_local! {
+    static RANK: Cell<u8> = const { Cell::new(NO_RANK) };
+}
+
+/// The allocator that counts: the system's, with each allocation's rank in a header before it.
+/// Install it with `#[global_allocator]` in a binary (a library cannot choose it).
+pub struct CountingAlloc;
+
+/// The header's size for `layout`: room for the rank byte, keeping the block's alignment.
+fn header(layout: &Layout) -> usize {
+    layout.align().max(16)
+}
+
+fn charge(slot: u8, bytes: i64) {
+    COUNTERS[0].add(bytes);
+    if slot != NO_RANK {
+        COUNTERS[slot as usize + 1].add(bytes);
+    }
+}
+
+// SAFETY: every block handed out is `header` bytes into a system block of the caller's
+// alignment and `size + header` bytes; the rank byte sits just before the caller's block, and
+// `dealloc` and `realloc` undo the offset with the same layout the caller passes back.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.allocate(layout, false)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.allocate(layout, true)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let h = header(&layout);
+        let slot = *ptr.sub(1);
+        charge(slot, -(layout.size() as i64));
+        System.dealloc(
+            ptr.sub(h),
+            Layout::from_size_align_unchecked(layout.size() + h, layout.align()),
+        );
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let h = header(&layout);
+        let base = System.realloc(
+            ptr.sub(h),
+            Layout::from_size_align_unchecked(layout.size() + h, layout.align()),
+            new_size + h,
+        );
+        if base.is_null() {
+            return base;
+        }
+        let block = base.add(h);
+        // The block stays charged to the rank that made it.
+        charge(*block.sub(1), new_size as i64 - layout.size() as i64);
+        block
+    }
+}
+
+impl CountingAlloc {
+    unsafe fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        INSTALLED.store(true, Ordering::Relaxed);
+        let h = header(&layout);
+        let Ok(whole) = Layout::from_size_align(layout.size() + h, layout.align()) else {
+            return std::ptr::null_mut();
+        };
+        let base = if zeroed {
+            System.alloc_zeroed(whole)
+        } else {
+            System.alloc(whole)
+        };
+        if base.is_null() {
+            return base;
+        }
+        let block = base.add(h);
+        let slot = RANK.try_with(Cell::get).unwrap_or(NO_RANK);
+        *block.sub(1) = slot;
+        charge(slot, layout.size() as i64);
+        block
+    }
+}
+
+/// Charges what this thread allocates from now on to `rank` (`None`: to the process only).
+/// `comm::local::run` calls it for each rank's thread.
+pub fn set_rank(rank: Option<usize>) {
+    let slot = rank.filter(|&r| r < MAX_RANKS).map_or(NO_RANK, |r| r as u8);
+    RANK.with(|c| c.set(slot));
+}
+
+/// Whether [`CountingAlloc`] is this program's allocator (the counts below are `None` if not).
+pub fn installed() -> bool {
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+fn read(slot: usize, f: fn(&Counter) -> &AtomicI64) -> Option<u64> {
+    installed().then(|| f(&COUNTERS[slot]).load(Ordering::Relaxed).max(0) as u64)
+}
+
+/// Bytes the process holds now.
+pub fn live_bytes() -> Option<u64> {
+    read(0, |c| &c.live)
+}
+
+/// The most bytes the process has held at once since the start or [`reset_peaks`].
+pub fn peak_bytes() -> Option<u64> {
+    read(0, |c| &c.peak)
+}
+
+/// The most bytes charged to `rank` at once since the start or [`reset_peaks`].
+pub fn rank_peak_bytes(rank: usize) -> Option<u64> {
+    (rank < MAX_RANKS).then(|| read(rank + 1, |c| &c.peak))?
+}
+
+/// Starts every peak again from what is held now.
+pub fn reset_peaks() {
+    for c in &COUNTERS {
+        c.peak
+            .store(c.live.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,78 @@
+//! The counting allocator against bytes known in advance: each rank's peak is what its thread
+//! allocated, blocks freed elsewhere and grown in place stay charged to their maker, and the
+//! process counts every rank.
+
+use candle_core::{DType, Device, Tensor};
+use pipewright::comm::local;
+use pipewright::memory::{self, CountingAlloc};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const MIB: u64 = 1 << 20;
+
+/// Within 64 KiB of `want` (what the test harness and candle allocate beside it).
+fn near(got: u64, want: u64) -> bool {
+    got.abs_diff(want) < 64 * 1024
+}
+
+#[test]
+fn ranks_are_charged_what_their_threads_allocate() {
+    assert!(memory::installed());
+    // Each of three ranks holds (rank + 1) MiB of f32 zeros, then two more MiB for a moment.
+    let held = local::run(3, |c| {
+        use pipewright::comm::Communicator;
+        let r = c.rank() as u64;
+        let before = memory::rank_peak_bytes(c.rank()).unwrap();
+        let t = Tensor::zeros(((r + 1) as usize * 256, 1024), DType::F32, &Device::Cpu)?;
+        let spike = vec![1u8; 2 * MIB as usize];
+        drop(spike);
+        c.barrier()?;
+        Ok((before, memory::rank_peak_bytes(c.rank()).unwrap(), t))
+    })
+    .unwrap();
+    for (r, (before, peak, _)) in held.iter().enumerate() {
+        let want = (r as u64 + 1) * MIB + 2 * MIB;
+        assert!(
+            near(peak - before, want),
+            "rank {r}: peak rose by {} bytes, allocated {want}",
+            peak - before
+        );
+    }
+    // The tensors were made on the ranks' threads and are freed here: their charge goes.
+    let live_before = memory::live_bytes().unwrap();
+    drop(held);
+    let freed = live_before - memory::live_bytes().unwrap();
+    assert!(
+        near(freed, 6 * MIB),
+        "freeing the tensors gave back {freed} bytes, not 6 MiB"
+    );
+
+    // A vector grown by reallocation on another thread stays its maker's.
+    memory::set_rank(Some(7));
+    let mut v: Vec<u8> = Vec::with_capacity(MIB as usize);
+    v.resize(MIB as usize, 1);
+    memory::reset_peaks();
+    let base = memory::rank_peak_bytes(7).unwrap();
+    memory::set_rank(None);
+    let v = std::thread::spawn(move || {
+        v.reserve_exact(3 * MIB as usize);
+        v
+    })
+    .join()
+    .unwrap();
+    assert!(v.capacity() >= 4 * MIB as usize);
+    let grown = memory::rank_peak_bytes(7).unwrap() - base;
+    assert!(
+        near(grown, 3 * MIB),
+        "growing by 3 MiB charged {grown} bytes"
+    );
+    // Aligned blocks (candle's and the standard library's) keep their alignment.
+    let layout = std::alloc::Layout::from_size_align(1000, 4096).unwrap();
+    // SAFETY: a non-zero size; freed with the same layout.
+    unsafe {
+        let p = std::alloc::alloc(layout);
+        assert_eq!(p as usize % 4096, 0);
+        std::alloc::dealloc(p, layout);
+    }
+}
