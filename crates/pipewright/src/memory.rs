@@ -163,6 +163,17 @@ pub fn live_bytes() -> Option<u64> {
     read(0, |c| &c.live)
 }
 
+/// Bytes held now by this thread's rank ([`set_rank`]), or by the process if it has none.
+pub fn thread_live_bytes() -> Option<u64> {
+    let slot = RANK.with(Cell::get);
+    let slot = if slot == NO_RANK {
+        0
+    } else {
+        slot as usize + 1
+    };
+    read(slot, |c| &c.live)
+}
+
 /// The most bytes the process has held at once since the start or [`reset_peaks`].
 pub fn peak_bytes() -> Option<u64> {
     read(0, |c| &c.peak)

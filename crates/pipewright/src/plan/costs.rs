@@ -104,6 +104,13 @@ pub struct SplitCost {
     pub backward: Fit,
     pub backward_input: Fit,
     pub backward_weight: Fit,
+    /// Bytes per sample the shard's forward keeps for its backward (its collectives' outputs
+    /// included) and its split backward defers, as measured; a profile without them models
+    /// the shard's from the unsplit layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes_per_sample: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred_bytes_per_sample: Option<f64>,
 }
 
 /// A model's layers with their costs.

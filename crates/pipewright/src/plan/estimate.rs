@@ -19,8 +19,22 @@ use crate::Result;
 
 /// Bytes per parameter a rank keeps besides its activations: the parameter, its gradient,
 /// the running sum of the micro-batches' gradients and AdamW's two moments, 4 bytes each
-/// (half precision keeps f32 master weights in place of the sum's width).
+/// (half precision keeps f32 master weights in place of the sum's width). The optimizer step
+/// holds as much (the clipped gradient in place of the backward's).
 pub const STATE_BYTES_PER_PARAM: f64 = 20.0;
+
+/// Bytes per parameter while the first backward of a step runs: no running sum yet.
+pub const FIRST_BACKWARD_BYTES_PER_PARAM: f64 = 16.0;
+
+/// A backward holds, beside the activations it consumes, this share of them again: the
+/// gradients of the graph's nodes live in candle's store until the nodes they flow into are
+/// done. Measured here with [`crate::memory`]: a GPT stage's live peak rose by 1.2-1.35 times
+/// its kept bytes from a micro-batch of 16 to one of 64 rows, for 2 and 4 blocks.
+pub const BACKWARD_EXTRA_SHARE: f64 = 0.3;
+
+/// What a rank allocates besides its model: its schedule, batches and communicator
+/// (measured here with [`crate::memory`]: a 13,600-parameter GPT rank peaks at 1.4 MiB).
+pub const RANK_BYTES: f64 = 1.2 * 1024.0 * 1024.0;
 
 /// Bytes the optimizer streams per parameter (reads parameter, gradient and two moments,
 /// writes three of them back).
@@ -194,12 +208,18 @@ fn stage_cost(
             s.backward_weight += part(l.backward_weight);
             s.params += l.params as f64 / t;
         }
-        // Memory is modelled from the unsplit layer at any tp size: the graphs of split runs
-        // count the collectives' copies, which the allocator reuses (measured here: a tp=2
-        // run's peak is a tp=1 run's with its parameters halved).
+        // The shard's kept bytes as measured at this tp size (its collectives' outputs are
+        // live tensors of its graph), else modelled from the unsplit layer.
+        let measured = l.split.iter().find(|m| m.tp == tp);
         let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
-        s.kept += (whole + (l.kept_bytes_per_sample - whole) / t) * r;
-        s.deferred += l.deferred_bytes_per_sample / t * r;
+        s.kept += measured
+            .and_then(|m| m.kept_bytes_per_sample)
+            .unwrap_or(whole + (l.kept_bytes_per_sample - whole) / t)
+            * r;
+        s.deferred += measured
+            .and_then(|m| m.deferred_bytes_per_sample)
+            .unwrap_or(l.deferred_bytes_per_sample / t)
+            * r;
     }
     s
 }
@@ -279,12 +299,16 @@ pub fn estimate(
         if cand.schedule == Kind::ZeroBubbleH1 {
             held += in_flight * mine.iter().map(|c| c.deferred).sum::<f64>() / v as f64;
         }
-        // A backward holds, beside the activations, a gradient per node of its graph in
-        // candle's store and the zero-filled tensor each first gradient is added into: twice
-        // the kept bytes (a 1-rank run's measured peak here is within 3 % of this).
-        peak_bytes.push(
-            hw.runtime_bytes() as f64 + params * STATE_BYTES_PER_PARAM + held + 2.0 * kept_max,
-        );
+        // The peak is in a backward (after the first, the running sum of the gradients is
+        // held too) or in the optimizer step, whichever holds more.
+        let per_param = if m * v > 1 {
+            STATE_BYTES_PER_PARAM
+        } else {
+            FIRST_BACKWARD_BYTES_PER_PARAM
+        };
+        let backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max;
+        let live = RANK_BYTES + backward.max(params * STATE_BYTES_PER_PARAM);
+        peak_bytes.push(hw.runtime_bytes() as f64 + live);
     }
     Ok((
         Estimate {

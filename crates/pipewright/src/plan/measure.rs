@@ -47,7 +47,7 @@ fn profile_split(
 /// and split backward fitted as fixed + per-sample seconds; its output, kept and deferred bytes
 /// per sample from the largest size. Each tensor-parallel size of `tp_sizes` beyond 1 is
 /// timed too, its ranks as threads of this process with their collectives (rank 0's shard;
-/// times and parameters only: memory is modelled from the unsplit layer).
+/// its times, parameters, kept and deferred bytes).
 /// `tp_divides` are what a tensor-parallel size must divide (heads, vocabulary), `source`
 /// says where it ran.
 ///
@@ -128,6 +128,8 @@ pub fn measure(
                         backward: fit(sizes, r, i, |c| c.backward_s),
                         backward_input: fit(sizes, r, i, |c| c.backward_input_s),
                         backward_weight: fit(sizes, r, i, |c| c.backward_weight_s),
+                        kept_bytes_per_sample: Some(r[last][i].kept_bytes as f64 / big),
+                        deferred_bytes_per_sample: Some(r[last][i].deferred_bytes as f64 / big),
                     })
                     .collect(),
                 measured,

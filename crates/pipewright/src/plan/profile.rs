@@ -35,8 +35,9 @@ pub struct LayerCost {
     /// Bytes its forward keeps for the backward (every tensor of its autograd graph but its
     /// parameters and input, each storage counted once).
     pub kept_bytes: usize,
-    /// Bytes the zero-bubble split backward holds until the weight gradients run (the
-    /// output gradients of its weight-bearing ops).
+    /// Bytes the zero-bubble split backward holds until the weight gradients run beyond the
+    /// kept ones: as the allocator counts them when [`crate::memory::CountingAlloc`] is
+    /// installed, else the output gradients its weight-bearing ops queue.
     pub deferred_bytes: usize,
 }
 
@@ -83,6 +84,9 @@ struct Pass {
     output: Activation,
     /// Bytes the graph keeps; with the split backward, the queued output gradients instead.
     bytes: usize,
+    /// With the split backward and [`crate::memory::CountingAlloc`] installed: the live bytes
+    /// the pass holds between the input and the weight gradients (graph, output and queue).
+    held: Option<usize>,
 }
 
 /// One timed pass of `layer` on `x`, with the zero-bubble split backward when `split`.
@@ -103,6 +107,7 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
         .collect::<Result<Vec<_>>>()?;
     let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
     leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
+    let before = crate::memory::thread_live_bytes();
     let t0 = Instant::now();
     // (A stash a later layer pops stays in `cx` for it: skip connections.)
     let got = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
@@ -122,6 +127,9 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
     let backward_s = t1.elapsed().as_secs_f64();
     if split {
         let bytes = queue.pending_bytes();
+        let held = crate::memory::thread_live_bytes()
+            .zip(before)
+            .map(|(now, then)| now.saturating_sub(then) as usize);
         let t2 = Instant::now();
         queue.weight_grads(0)?;
         let weight_s = t2.elapsed().as_secs_f64();
@@ -131,6 +139,7 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
             weight_s,
             output: got,
             bytes,
+            held,
         });
     }
     Ok(Pass {
@@ -139,6 +148,7 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
         weight_s: 0.0,
         output: got,
         bytes: objective.map_or(0, |o| graph_bytes(&o, &leaves)),
+        held: None,
     })
 }
 
@@ -171,7 +181,10 @@ pub fn profile_layers(
             for (slot, t) in best.iter_mut().zip(times) {
                 *slot = slot.min(t);
             }
-            (kept_bytes, deferred_bytes) = (whole.bytes, split.bytes);
+            // What the split backward holds beyond the graph, counted by the allocator where
+            // it can be: the queue's inputs to the weight gradients as well as its gradients.
+            let beyond = split.held.map_or(0, |h| h.saturating_sub(whole.bytes));
+            (kept_bytes, deferred_bytes) = (whole.bytes, split.bytes.max(beyond));
             y = Some(whole.output);
         }
         let y = y.expect("at least one repeat");
