@@ -13,8 +13,9 @@ trap 'rm -rf "$dir"' EXIT
 steps=${PW_STEPS:-60}
 # world 1: one rank with both cores.
 $pw profile --sizes 4,8,16,32,64 --out "$dir/p2.json" >/dev/null
-# worlds 2 and 4: one thread per rank.
-RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --out "$dir/p1.json" >/dev/null
+# worlds 2 and 4: one thread per rank, two ranks computing at once (one per core).
+RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 \
+  --out "$dir/p1.json" >/dev/null
 run() {
   local world=$1 profile=$2
   shift 2

@@ -4,7 +4,7 @@
 //! `pipewright plan --profile` reads.
 
 use clap::Args;
-use pipewright::plan::measure;
+use pipewright::plan::{measure, Sizes};
 use pipewright::{Batch, Build, Result};
 
 use crate::train::{make_model, make_task, ModelConfig, TrainArgs};
@@ -21,6 +21,10 @@ pub struct ProfileArgs {
     /// Tensor-parallel sizes to time as such (ranks as threads here); others are modelled.
     #[arg(long = "tp-sizes", value_delimiter = ',', default_value = "1")]
     pub tp_sizes: Vec<usize>,
+    /// Copies of the profile to run at once (as threads), as many as the planned runs will
+    /// have ranks computing at once on this machine: they slow each other down.
+    #[arg(long, default_value_t = 1)]
+    pub concurrent: usize,
 }
 
 /// What a tensor-parallel size must divide for the model `train` builds from `config`.
@@ -45,8 +49,11 @@ pub fn run(p: ProfileArgs) -> Result<()> {
         &model,
         &Build::cpu(a.seed),
         &batch,
-        &p.sizes,
-        &p.tp_sizes,
+        &Sizes {
+            rows: p.sizes.clone(),
+            tp: p.tp_sizes.clone(),
+            concurrent: p.concurrent,
+        },
         tp_divides(&config),
         source,
     )?;

@@ -110,3 +110,50 @@ fn plan_refuses_bad_input_clearly() {
         );
     }
 }
+
+/// The bytes a profile measured, layer by layer: kept and deferred per sample.
+fn profile_bytes(extra: &[&str], out: &std::path::Path) -> Vec<(f64, f64)> {
+    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["profile", "--sizes", "2,4", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("runs the binary");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+    p["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            let f = |k: &str| l[k].as_f64().unwrap();
+            (f("kept_bytes_per_sample"), f("deferred_bytes_per_sample"))
+        })
+        .collect()
+}
+
+#[test]
+fn concurrent_profile_copies_count_the_same_bytes_as_one() {
+    // Each copy's allocations are charged to its own thread's rank: the bytes a layer keeps
+    // and defers do not depend on another copy running beside it.
+    let dir = std::env::temp_dir().join(format!("pw-concurrent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let one = profile_bytes(&[], &dir.join("one.json"));
+    let two = profile_bytes(&["--concurrent", "2"], &dir.join("two.json"));
+    // (Within 2 %: a thread's first use of a kernel may allocate its own scratch.)
+    assert_eq!(one.len(), two.len());
+    for (a, b) in one.iter().zip(&two) {
+        let near = |x: f64, y: f64| (x - y).abs() <= 0.02 * x.max(y);
+        assert!(near(a.0, b.0) && near(a.1, b.1), "{one:?} vs {two:?}");
+    }
+    // The blocks' split backward holds more than the graph's queued gradients alone.
+    assert!(one[1].1 > 0.0, "{one:?}");
+    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(["profile", "--concurrent", "0", "--out"])
+        .arg(dir.join("zero.json"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--concurrent must be positive"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -41,15 +41,30 @@ fn profile_split(
         .collect()
 }
 
+/// What [`measure`] times: micro-batch sizes, tensor-parallel sizes and how many copies run
+/// at once.
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    /// Micro-batch sizes (rows).
+    pub rows: Vec<usize>,
+    /// Tensor-parallel sizes timed as such (1 is the unsplit layer).
+    pub tp: Vec<usize>,
+    /// Copies of the profile run at once (ranks computing at once on this machine).
+    pub concurrent: usize,
+}
+
 /// A [`Profile`] of `model` measured here (with candle's pool as sized now: set
 /// `RAYON_NUM_THREADS` to the threads each rank of the planned runs will have): every layer
-/// timed at each micro-batch size of `sizes` (`batch(rows)` makes one), its forward, backward
+/// timed at each micro-batch size of `sizes.rows` (`batch(rows)` makes one), its forward, backward
 /// and split backward fitted as fixed + per-sample seconds; its output, kept and deferred bytes
-/// per sample from the largest size. Each tensor-parallel size of `tp_sizes` beyond 1 is
+/// per sample from the largest size. Each tensor-parallel size of `sizes.tp` beyond 1 is
 /// timed too, its ranks as threads of this process with their collectives (rank 0's shard;
 /// its times, parameters, kept and deferred bytes).
 /// `tp_divides` are what a tensor-parallel size must divide (heads, vocabulary), `source`
-/// says where it ran.
+/// says where it ran. With `sizes.concurrent` above 1, that many copies of the profile run at once
+/// as threads and the first one's timings are kept: ranks that share a machine compute
+/// slower together than alone (its caches and memory bandwidth are shared; measured here: two
+/// one-thread runs at once each take 1.1-1.2 times as long as alone).
 ///
 /// A tp size not measured is modelled as Megatron's blocks split: a layer with parameters
 /// divides its time, parameters and kept bytes by tp except its input and output (kept
@@ -58,24 +73,36 @@ pub fn measure(
     model: &Sequential,
     build: &Build,
     batch: &dyn Fn(usize) -> Result<Batch>,
-    sizes: &[usize],
-    tp_sizes: &[usize],
+    sizes: &Sizes,
     tp_divides: Vec<usize>,
     source: String,
 ) -> Result<Profile> {
-    if sizes.is_empty() || sizes.contains(&0) || tp_sizes.contains(&0) {
+    let Sizes {
+        rows: sizes,
+        tp: tp_sizes,
+        concurrent,
+    } = sizes;
+    let concurrent = *concurrent;
+    if sizes.is_empty() || sizes.contains(&0) || tp_sizes.contains(&0) || concurrent == 0 {
         return Err(invalid!(
-            "profile sizes and tensor-parallel sizes must be positive"
+            "profile sizes, tensor-parallel sizes and --concurrent must be positive"
         ));
     }
     let batches = sizes
         .iter()
         .map(|&r| batch(r))
         .collect::<Result<Vec<_>>>()?;
-    let runs = batches
-        .iter()
-        .map(|b| profile_layers(model, build, b, 3))
-        .collect::<Result<Vec<_>>>()?;
+    let profile_all = || {
+        batches
+            .iter()
+            .map(|b| profile_layers(model, build, b, 3))
+            .collect::<Result<Vec<_>>>()
+    };
+    let runs = if concurrent > 1 {
+        local::run(concurrent, |_| profile_all())?.swap_remove(0)
+    } else {
+        profile_all()?
+    };
     let mut splits = Vec::new();
     for &tp in tp_sizes.iter().filter(|&&t| t > 1) {
         splits.push((tp, profile_split(model, build, &batches, tp)?));

@@ -24,7 +24,7 @@ pub use balance::{balance_cost, stage_costs};
 pub use costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use estimate::{estimate, Candidate, Cluster, Estimate};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
-pub use measure::measure;
+pub use measure::{measure, Sizes};
 pub use profile::{profile_layers, LayerCost};
 pub use search::{parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
