@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The planner's predictions against measurement on this machine: profiles the README's adder
 # GPT with as many threads as each rank of the run will have, then `pipewright plan
-# --candidate ... --measure` trains each layout for PW_STEPS steps (default 60) as threads and
-# prints predicted and measured step time and training peak memory side by side. Covers pp
+# --candidate ... --measure` trains each layout for PW_STEPS steps (default 60) as threads,
+# PW_REPEATS times (default 3, the layouts in turn), and prints predicted and the median
+# measured step time and training peak memory side by side. Covers pp
 # 1/2/4, tp 1/2, dp 1/2, four schedules and recompute on and off. Not used by CI (timings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ pw=target/release/pipewright
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 steps=${PW_STEPS:-60}
+repeats=${PW_REPEATS:-3}
 # world 1: one rank with both cores.
 $pw profile --sizes 4,8,16,32,64 --out "$dir/p2.json" >/dev/null
 # worlds 2 and 4: one thread per rank, two ranks computing at once (one per core).
@@ -21,7 +23,7 @@ run() {
   shift 2
   local args=()
   for c in "$@"; do args+=(--candidate "$c"); done
-  $pw plan --world "$world" --nodes 1 --profile "$profile" --measure --steps "$steps" \
+  $pw plan --world "$world" --nodes 1 --profile "$profile" --measure --steps "$steps" --repeats "$repeats" \
     --out "$dir/w$world" "${args[@]}"
 }
 run 1 "$dir/p2.json" mbs=16 mbs=16,recompute=always

@@ -46,6 +46,10 @@ pub struct PlanArgs {
     /// Train each printed layout here for --steps steps (threads) and add what it took.
     #[arg(long)]
     pub measure: bool,
+    /// With --measure: train each layout this many times, the layouts in turn, and print the
+    /// medians (a busy machine's spells then fall on every layout alike).
+    #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
+    pub repeats: usize,
     /// Predict only these layouts instead of searching, each written as
     /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never` (repeat the flag for more).
     #[arg(long)]
@@ -212,12 +216,79 @@ pub fn train_argv(a: &TrainArgs) -> Result<Vec<String>> {
     Ok(argv)
 }
 
-/// Trains each of `best` here and prints its measured median step and peak memory beside
-/// the prediction: the process's resident peak, and the most live bytes of one rank as the
-/// allocator counts them (the planner's own quantity: what the rank holds, without what the
-/// allocator keeps back after a free).
-fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
+/// What one training run of a candidate measured: its median step (seconds), the process's
+/// resident training peak and the largest rank's allocated peak (bytes).
+struct Measured {
+    step: f64,
+    peak: f64,
+    rank: f64,
+}
+
+/// Trains the candidate `e` here into `dir` and reads what its summary measured.
+fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measured> {
     let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
+    let c = &e.candidate;
+    let mut a = p.train.clone();
+    a.pp = c.layout.pp;
+    a.tp = c.layout.tp;
+    a.dp = c.layout.dp;
+    a.chunks = c.micro_batches;
+    a.chunk_size = None;
+    a.schedule = c.schedule.to_string();
+    a.virtual_stages = c.virtual_stages;
+    a.recompute = c.recompute.to_string();
+    a.balance = Some(
+        e.balance
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    a.eval_every = a.steps;
+    a.out = Some(dir.to_path_buf());
+    let out = Command::new(&exe)
+        .arg("train")
+        .args(train_argv(&a)?)
+        .output()
+        .map_err(|e| invalid!("cannot run {}: {e}", exe.display()))?;
+    if !out.status.success() {
+        return Err(invalid!(
+            "{} did not train: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let path = dir.join("summary.json");
+    let text =
+        std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
+    let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
+    let rank = s["rank_training_peak_allocated_bytes"]
+        .as_array()
+        .and_then(|r| r.iter().filter_map(|b| b.as_f64()).reduce(f64::max));
+    Ok(Measured {
+        step: s["median_step_seconds"].as_f64().unwrap_or(f64::NAN),
+        peak: s["training_peak_memory_bytes"].as_f64().unwrap_or(f64::NAN),
+        rank: rank.unwrap_or(f64::NAN),
+    })
+}
+
+/// Trains each of `best` here `--repeats` times (the candidates in turn, so that a slow spell
+/// of the machine falls on all of them) and prints the medians of its measured step and peak
+/// memory beside the prediction: the process's resident peak, and the most live bytes of one
+/// rank as the allocator counts them (the planner's own quantity: what the rank holds, without
+/// what the allocator keeps back after a free).
+fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
+    let root = p.train.out.clone().unwrap_or_else(|| "output/plan".into());
+    let mut runs: Vec<Vec<Measured>> = best.iter().map(|_| Vec::new()).collect();
+    for r in 0..p.repeats {
+        for (i, e) in best.iter().enumerate() {
+            let mut name = format!("candidate-{}", i + 1);
+            if p.repeats > 1 {
+                name += &format!("-run-{}", r + 1);
+            }
+            runs[i].push(train_once(p, e, &root.join(name))?);
+        }
+    }
     println!(
         "{:<4} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
         "rank",
@@ -231,52 +302,11 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
         "meas. rank",
         "error"
     );
-    for (i, e) in best.iter().enumerate() {
-        let c = &e.candidate;
-        let mut a = p.train.clone();
-        a.pp = c.layout.pp;
-        a.tp = c.layout.tp;
-        a.dp = c.layout.dp;
-        a.chunks = c.micro_batches;
-        a.chunk_size = None;
-        a.schedule = c.schedule.to_string();
-        a.virtual_stages = c.virtual_stages;
-        a.recompute = c.recompute.to_string();
-        a.balance = Some(
-            e.balance
-                .iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-        );
-        a.eval_every = a.steps;
-        let root = p.train.out.clone().unwrap_or_else(|| "output/plan".into());
-        let dir = root.join(format!("candidate-{}", i + 1));
-        a.out = Some(dir.clone());
-        let out = Command::new(&exe)
-            .arg("train")
-            .args(train_argv(&a)?)
-            .output()
-            .map_err(|e| invalid!("cannot run {}: {e}", exe.display()))?;
-        if !out.status.success() {
-            return Err(invalid!(
-                "candidate {} did not train: {}",
-                i + 1,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let path = dir.join("summary.json");
-        let text =
-            std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
-        let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
-        let step = s["median_step_seconds"].as_f64().unwrap_or(f64::NAN);
-        let peak = s["training_peak_memory_bytes"].as_f64().unwrap_or(f64::NAN);
+    for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
+        let median = |f: fn(&Measured) -> f64| crate::bench::median(m.iter().map(f).collect());
+        let (step, peak, rank) = (median(|m| m.step), median(|m| m.peak), median(|m| m.rank));
         // Threads share one process: its peak holds every rank, the runtime once.
         let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);
-        let rank = s["rank_training_peak_allocated_bytes"]
-            .as_array()
-            .and_then(|r| r.iter().filter_map(|b| b.as_f64()).reduce(f64::max))
-            .unwrap_or(f64::NAN);
         let predicted_rank = e.max_peak_bytes() - hw.runtime_bytes() as f64;
         println!(
             "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
