@@ -11,6 +11,9 @@ use crate::pipeline::partition::unit_bounds;
 use crate::shard::TpGroup;
 use crate::{invalid, Result};
 
+/// Timings of each layer at each size, their median kept.
+const REPEATS: usize = 5;
+
 /// The least-squares lines of `field` of layer `i` over `runs` (one per size).
 fn fit(sizes: &[usize], runs: &[Vec<LayerCost>], i: usize, field: fn(&LayerCost) -> f64) -> Fit {
     let points: Vec<(f64, f64)> = sizes
@@ -34,7 +37,7 @@ fn profile_split(
         .map(|b| {
             let mut per_rank = local::run(tp, |c| {
                 let build = build.clone().with_tp(TpGroup::new(Box::new(c)));
-                profile_layers(model, &build, b, 3)
+                profile_layers(model, &build, b, REPEATS)
             })?;
             Ok(per_rank.swap_remove(0))
         })
@@ -95,7 +98,7 @@ pub fn measure(
     let profile_all = || {
         batches
             .iter()
-            .map(|b| profile_layers(model, build, b, 3))
+            .map(|b| profile_layers(model, build, b, REPEATS))
             .collect::<Result<Vec<_>>>()
     };
     let runs = if concurrent > 1 {

@@ -20,9 +20,9 @@ use crate::Result;
 pub struct LayerCost {
     /// The layer's name.
     pub name: String,
-    /// Seconds of its forward (the fastest of the repeats).
+    /// Seconds of its forward (the median of the repeats).
     pub forward_s: f64,
-    /// Seconds of its backward (the fastest of the repeats).
+    /// Seconds of its backward (the median of the repeats).
     pub backward_s: f64,
     /// Seconds of its split backward's input gradients (zero-bubble schedules) ...
     pub backward_input_s: f64,
@@ -152,9 +152,10 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
     })
 }
 
-/// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the fastest
+/// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the median
 /// of `repeats` timings of each layer's forward and backward, and of its split backward's
-/// input and weight parts.
+/// input and weight parts (the median, not the fastest: a training step's time is measured as
+/// the median of its steps, and on a busy machine the fastest of a few is a lucky one).
 pub fn profile_layers(
     model: &Sequential,
     build: &Build,
@@ -166,7 +167,7 @@ pub fn profile_layers(
     let mut cx = Cx::new(Mode::Train, 0, 0, 0);
     let mut out = Vec::new();
     for layer in stage.layers() {
-        let mut best = [f64::INFINITY; 4];
+        let mut timed: [Vec<f64>; 4] = Default::default();
         let mut y = None;
         let (mut kept_bytes, mut deferred_bytes) = (0, 0);
         for _ in 0..repeats.max(1) {
@@ -178,8 +179,8 @@ pub fn profile_layers(
                 split.backward_s,
                 split.weight_s,
             ];
-            for (slot, t) in best.iter_mut().zip(times) {
-                *slot = slot.min(t);
+            for (slot, t) in timed.iter_mut().zip(times) {
+                slot.push(t);
             }
             // What the split backward holds beyond the graph, counted by the allocator where
             // it can be: the queue's inputs to the weight gradients as well as its gradients.
@@ -188,6 +189,10 @@ pub fn profile_layers(
             y = Some(whole.output);
         }
         let y = y.expect("at least one repeat");
+        let best = timed.map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        });
         out.push(LayerCost {
             name: layer.name().to_string(),
             forward_s: best[0],
