@@ -73,10 +73,15 @@ fn header(layout: &Layout) -> usize {
     layout.align().max(16)
 }
 
+/// The counter of a rank's slot byte (none for [`NO_RANK`] or a rank beyond [`MAX_RANKS`]).
+fn rank_counter(slot: u8) -> Option<&'static Counter> {
+    COUNTERS[1..].get(slot as usize)
+}
+
 fn charge(slot: u8, bytes: i64) {
     COUNTERS[0].add(bytes);
-    if slot != NO_RANK {
-        COUNTERS[slot as usize + 1].add(bytes);
+    if let Some(c) = rank_counter(slot) {
+        c.add(bytes);
     }
 }
 
@@ -121,7 +126,11 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
 impl CountingAlloc {
     unsafe fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        INSTALLED.store(true, Ordering::Relaxed);
+        // Read before written: a store on every allocation would bounce the flag's cache line
+        // between the ranks' cores.
+        if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
         let h = header(&layout);
         let Ok(whole) = Layout::from_size_align(layout.size() + h, layout.align()) else {
             return std::ptr::null_mut();
@@ -154,34 +163,29 @@ pub fn installed() -> bool {
     INSTALLED.load(Ordering::Relaxed)
 }
 
-fn read(slot: usize, f: fn(&Counter) -> &AtomicI64) -> Option<u64> {
-    installed().then(|| f(&COUNTERS[slot]).load(Ordering::Relaxed).max(0) as u64)
+fn read(c: &Counter, f: fn(&Counter) -> &AtomicI64) -> Option<u64> {
+    installed().then(|| f(c).load(Ordering::Relaxed).max(0) as u64)
 }
 
 /// Bytes the process holds now.
 pub fn live_bytes() -> Option<u64> {
-    read(0, |c| &c.live)
+    read(&COUNTERS[0], |c| &c.live)
 }
 
 /// Bytes held now by this thread's rank ([`set_rank`]), or by the process if it has none.
 pub fn thread_live_bytes() -> Option<u64> {
-    let slot = RANK.with(Cell::get);
-    let slot = if slot == NO_RANK {
-        0
-    } else {
-        slot as usize + 1
-    };
-    read(slot, |c| &c.live)
+    let c = rank_counter(RANK.with(Cell::get)).unwrap_or(&COUNTERS[0]);
+    read(c, |c| &c.live)
 }
 
 /// The most bytes the process has held at once since the start or [`reset_peaks`].
 pub fn peak_bytes() -> Option<u64> {
-    read(0, |c| &c.peak)
+    read(&COUNTERS[0], |c| &c.peak)
 }
 
 /// The most bytes charged to `rank` at once since the start or [`reset_peaks`].
 pub fn rank_peak_bytes(rank: usize) -> Option<u64> {
-    (rank < MAX_RANKS).then(|| read(rank + 1, |c| &c.peak))?
+    read(COUNTERS[1..].get(rank)?, |c| &c.peak)
 }
 
 /// Starts every peak again from what is held now.
