@@ -67,6 +67,8 @@ enum Command {
 }
 
 fn main() {
+    // Evaluations and checkpoints allocate and free the same large buffers again and again.
+    pipewright::memory::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train { args } => train::run(args),

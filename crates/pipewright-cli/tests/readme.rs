@@ -296,13 +296,61 @@ fn check_trace(path: &Path, pp: usize, chunks: usize) {
     }
 }
 
+/// The run directories a command names (`runs/NAME...` gives `NAME`): commands naming one
+/// another's runs depend on each other's outputs.
+fn runs_named(words: &[&str]) -> Vec<String> {
+    words
+        .iter()
+        .filter_map(|w| w.strip_prefix("runs/"))
+        .map(|r| r.split('/').next().unwrap().to_string())
+        .collect()
+}
+
+/// The commands in chains: two commands naming a common run directory (directly or through
+/// others) share a chain and keep the README's order in it; chains are independent.
+fn chains(cmds: Vec<(String, Vec<String>, Vec<String>)>) -> Vec<Vec<(String, Vec<String>)>> {
+    let mut chains: Vec<(Vec<String>, Vec<(String, Vec<String>)>)> = Vec::new();
+    for (cmd, args, runs) in cmds {
+        let (mut names, mut members) = (runs, vec![(cmd, args)]);
+        // Every chain sharing a name joins this one, earlier commands first.
+        let mut i = chains.len();
+        while i > 0 {
+            i -= 1;
+            if chains[i].0.iter().any(|n| names.contains(n)) {
+                let (n, mut m) = chains.remove(i);
+                names.extend(n);
+                m.append(&mut members);
+                members = m;
+            }
+        }
+        chains.push((names, members));
+    }
+    chains.into_iter().map(|(_, m)| m).collect()
+}
+
+/// Runs one README command and checks its outputs; an error says which and why.
+fn run_and_check(cmd: &str, args: &[String]) {
+    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "`{cmd}` failed:\n{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    check_outputs(args, &stdout);
+}
+
 #[test]
 fn every_readme_command_runs() {
     let dir = std::env::temp_dir().join(format!("pw-readme-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
-    let mut ran = 0;
+    let mut cmds = Vec::new();
     for cmd in readme_commands() {
         let line = cmd
             .strip_prefix(MAIN_JOB)
@@ -316,20 +364,25 @@ fn every_readme_command_runs() {
         };
         let words: Vec<&str> = rest.split_whitespace().collect();
         let args = shrink(&words, &dir);
-        let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
-            .args(&args)
-            .current_dir(root())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
-        assert!(
-            o.status.success(),
-            "`{cmd}` failed:\n{stdout}{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        check_outputs(&args, &stdout);
-        ran += 1;
+        cmds.push((cmd.clone(), args, runs_named(&words)));
     }
+    let ran = cmds.len();
     assert!(ran >= 15, "ran {ran} commands");
+    // Independent chains run side by side, one per core: most commands are a process that
+    // builds a small model and trains 2 steps on one core.
+    let queue = std::sync::Mutex::new(chains(cmds));
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let Some(chain) = queue.lock().unwrap().pop() else {
+                    break;
+                };
+                for (cmd, args) in chain {
+                    run_and_check(&cmd, &args);
+                }
+            });
+        }
+    });
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -42,7 +42,7 @@ impl Mpi {
                  (MPI_THREAD_MULTIPLE) for non-blocking sends: install Open MPI built with it"
             )));
         }
-        keep_large_blocks();
+        crate::memory::keep_freed_memory();
         let comm = MpiComm::new(universe.world());
         Ok((
             Mpi {
@@ -55,29 +55,6 @@ impl Mpi {
     /// Ends every rank of the job (after an error on this rank), with `code` as exit status.
     pub fn abort(code: i32) -> ! {
         SimpleCommunicator::world().abort(code)
-    }
-}
-
-/// Serves large allocations from glibc's heap and keeps freed memory there, so a receive
-/// buffer reuses memory already mapped instead of faulting in fresh pages for every message
-/// (by default glibc maps each block over 32 MiB anew and unmaps it on free; at 64 MiB the
-/// page faults cost more than the transfer itself).
-fn keep_large_blocks() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn mallopt(
-                param: std::os::raw::c_int,
-                value: std::os::raw::c_int,
-            ) -> std::os::raw::c_int;
-        }
-        const M_TRIM_THRESHOLD: std::os::raw::c_int = -1;
-        const M_MMAP_THRESHOLD: std::os::raw::c_int = -3;
-        // SAFETY: mallopt only tunes glibc's allocator; both values are within its limits.
-        unsafe {
-            mallopt(M_MMAP_THRESHOLD, 1 << 30);
-            mallopt(M_TRIM_THRESHOLD, 1 << 30);
-        }
     }
 }
 
