@@ -306,10 +306,14 @@ fn runs_named(words: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// A README line and the arguments it runs with.
+type Cmd = (String, Vec<String>);
+
 /// The commands in chains: two commands naming a common run directory (directly or through
 /// others) share a chain and keep the README's order in it; chains are independent.
-fn chains(cmds: Vec<(String, Vec<String>, Vec<String>)>) -> Vec<Vec<(String, Vec<String>)>> {
-    let mut chains: Vec<(Vec<String>, Vec<(String, Vec<String>)>)> = Vec::new();
+fn chains(cmds: Vec<(String, Vec<String>, Vec<String>)>) -> Vec<Vec<Cmd>> {
+    // Each chain: the run directories its commands name, and the commands.
+    let mut chains: Vec<(Vec<String>, Vec<Cmd>)> = Vec::new();
     for (cmd, args, runs) in cmds {
         let (mut names, mut members) = (runs, vec![(cmd, args)]);
         // Every chain sharing a name joins this one, earlier commands first.
