@@ -429,3 +429,73 @@ fn gradient_norms_match_an_f64_sum_of_squares() {
     let got = grads.sum_sq().unwrap();
     assert!((got - want).abs() <= 1e-12 * want, "{got} against {want}");
 }
+
+/// In f16 and bf16 the kernels compute in f32 and round once: each output and gradient is
+/// exactly the f32 kernel's, on the same (widened) inputs, rounded to the low type (softmax's
+/// gradient, computed from its rounded output, within a few rounding steps).
+#[test]
+fn low_precision_kernels_are_the_f32_kernels_rounded_once() {
+    use pipewright::nn::Linear;
+    for low in [DType::F16, DType::BF16] {
+        let x = randn("lp/x", &[3, 20, 48], 1.5).to_dtype(low).unwrap();
+        let r = randn("lp/r", &[3, 20, 48], 1.0).to_dtype(low).unwrap();
+        let rounded = |t: &Tensor| -> Vec<f32> {
+            let t = t.to_dtype(low).unwrap().to_dtype(DType::F32).unwrap();
+            t.flatten_all().unwrap().to_vec1().unwrap()
+        };
+        let check = |what: &str, got: &Tensor, want: &Tensor| {
+            assert_eq!(got.dtype(), low, "{what} in {low:?}");
+            assert!(
+                rounded(got) == rounded(want),
+                "{what} in {low:?}: not the f32 result rounded once"
+            );
+        };
+        let widened = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        type Op = Box<dyn Fn(&Tensor) -> Tensor>;
+        let ops: [(&str, Op); 2] = [
+            ("gelu", Box::new(|x| gelu(x).unwrap())),
+            (
+                "causal softmax",
+                Box::new(|x| {
+                    // 4 heads of 5 queries over 48 keys.
+                    let x = x.reshape((3, 4, 5, 48)).unwrap();
+                    let y = scaled_softmax(&x, 0.7, true).unwrap();
+                    y.reshape((3, 20, 48)).unwrap()
+                }),
+            ),
+        ];
+        for (what, f) in &ops {
+            let (y, g) = run(&x, &r, f);
+            let (wy, wg) = run(&widened(&x), &widened(&r), f);
+            check(what, &y, &wy);
+            if *what == "gelu" {
+                check("gelu gradient", &g, &wg);
+            } else {
+                // Softmax's backward reads its saved output, which is in the low type (as
+                // PyTorch's does): within a few of the low type's rounding steps.
+                let step = if low == DType::F16 {
+                    2f64.powi(-10)
+                } else {
+                    2f64.powi(-7)
+                };
+                let off = rel(&widened(&g), &wg);
+                assert!(off < 4.0 * step, "{what} gradient in {low:?} off by {off}");
+            }
+        }
+        // A layer: its low-type parameters, and the same values in an f32 twin.
+        let l = Linear::conv1d(&Init::new(Device::Cpu, low, 4), "c", 48, 24, 0.3)
+            .unwrap()
+            .gelu_input();
+        let twin = Linear::conv1d(&Init::new(Device::Cpu, DType::F32, 4), "c", 48, 24, 0.3)
+            .unwrap()
+            .gelu_input();
+        for ((_, p), (_, q)) in l.params().iter().zip(twin.params()) {
+            q.set(&widened(p.as_tensor())).unwrap();
+        }
+        let r = randn("lp/r2", &[3, 20, 24], 1.0).to_dtype(low).unwrap();
+        let (y, g) = run(&x, &r, |x| l.forward(x).unwrap());
+        let (wy, wg) = run(&widened(&x), &widened(&r), |x| twin.forward(x).unwrap());
+        check("linear", &y, &wy);
+        check("linear input gradient", &g, &wg);
+    }
+}

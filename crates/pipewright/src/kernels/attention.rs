@@ -8,7 +8,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
-use super::{dispatch, par, row_max, slice, storage, Out, Real};
+use super::{dispatch, input, par, row_max, storage, Out, Real};
 
 const NAME: &str = "pipewright-attention";
 
@@ -252,7 +252,7 @@ impl CustomOp1 for Attention {
         let g = Geometry::of(l, self.heads)?;
         let batch = l.dims()[0];
         dispatch!(NAME, s, |s: T| Ok((
-            storage(self.forward::<T>(slice(s, l, NAME)?, g, batch)),
+            storage(self.forward::<T>(&input(s, l, NAME)?, g, batch)),
             Shape::from((batch, g.t, g.lc))
         )))
     }
@@ -284,7 +284,7 @@ impl CustomOp2 for AttentionGrad {
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(
                 self.0
-                    .backward::<T>(slice(sx, lx, NAME)?, slice(sg, lg, NAME)?, g, batch)
+                    .backward::<T>(&input(sx, lx, NAME)?, &input(sg, lg, NAME)?, g, batch)
             ),
             lx.shape().clone()
         )))

@@ -4,7 +4,7 @@
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
-use super::{dispatch, par, slice, storage, Out, Real};
+use super::{dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-bias-add";
 
@@ -87,7 +87,7 @@ impl CustomOp2 for BiasAdd {
             );
         }
         dispatch!(NAME, sy, |sy: T| Ok((
-            storage(forward::<T>(slice(sy, ly, NAME)?, slice(sb, lb, NAME)?)),
+            storage(forward::<T>(&input(sy, ly, NAME)?, &input(sb, lb, NAME)?)),
             ly.shape().clone()
         )))
     }
@@ -114,7 +114,7 @@ impl candle_core::CustomOp1 for ColumnSums {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let n = *l.dims().last().unwrap_or(&1);
         dispatch!(NAME, s, |s: T| Ok((
-            storage(column_sums::<T>(slice(s, l, NAME)?, n)),
+            storage(column_sums::<T>(&input(s, l, NAME)?, n)),
             Shape::from(n)
         )))
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::{dispatch, par, row_max, slice, storage, sum_exp, Out, Real};
+use super::{dispatch, input, par, row_max, storage, sum_exp, Out, Real};
 use crate::nn::IGNORE_INDEX;
 
 const NAME: &str = "pipewright-cross-entropy";
@@ -93,7 +93,7 @@ impl CustomOp1 for CrossEntropy {
             candle_core::bail!("{NAME}: {rows} rows of logits but {} targets", t.len());
         }
         dispatch!(NAME, s, |s: T| Ok((
-            storage(forward::<T>(slice(s, l, NAME)?, t, classes)),
+            storage(forward::<T>(&input(s, l, NAME)?, t, classes)),
             Shape::from(rows)
         )))
     }
@@ -130,8 +130,8 @@ impl CustomOp2 for CrossEntropyGrad {
         }
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(backward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sg, lg, NAME)?,
+                &input(sx, lx, NAME)?,
+                &input(sg, lg, NAME)?,
                 &self.0.targets,
                 classes
             )),
@@ -228,8 +228,8 @@ impl CustomOp2 for Partial {
         }
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(partial_forward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sm, lm, NAME)?,
+                &input(sx, lx, NAME)?,
+                &input(sm, lm, NAME)?,
                 &self.local,
                 classes
             )),
@@ -268,9 +268,9 @@ impl candle_core::CustomOp3 for PartialGrad {
         let (_, classes) = lx.shape().dims2()?;
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(partial_backward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sm, lm, NAME)?,
-                slice(sg, lg, NAME)?,
+                &input(sx, lx, NAME)?,
+                &input(sm, lm, NAME)?,
+                &input(sg, lg, NAME)?,
                 &self.0.local,
                 classes
             )),

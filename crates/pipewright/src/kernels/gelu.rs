@@ -2,7 +2,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::{dispatch, par_elems, slice, storage, Out, Real};
+use super::{dispatch, input, par_elems, storage, Out, Real};
 
 const NAME: &str = "pipewright-gelu";
 /// sqrt(2 / pi)
@@ -103,7 +103,7 @@ impl CustomOp1 for Gelu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         dispatch!(NAME, s, |s: T| Ok((
-            storage(forward::<T>(slice(s, l, NAME)?)),
+            storage(forward::<T>(&input(s, l, NAME)?)),
             l.shape().clone()
         )))
     }
@@ -126,7 +126,7 @@ impl CustomOp2 for GeluGrad {
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         dispatch!(NAME, s1, |s1: T| Ok((
-            storage(backward::<T>(slice(s1, l1, NAME)?, slice(s2, l2, NAME)?)),
+            storage(backward::<T>(&input(s1, l1, NAME)?, &input(s2, l2, NAME)?)),
             l1.shape().clone()
         )))
     }

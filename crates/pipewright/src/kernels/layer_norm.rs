@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
-use super::{dispatch, par, slice, storage, Out, Real};
+use super::{dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-layer-norm";
 
@@ -147,9 +147,9 @@ impl CustomOp3 for LayerNorm {
         }
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(forward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sw, lw, NAME)?,
-                slice(sb, lb, NAME)?,
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                &input(sb, lb, NAME)?,
                 self.eps
             )),
             lx.shape().clone()
@@ -191,9 +191,9 @@ impl CustomOp3 for LayerNormGrad {
         let n = lx.shape().elem_count() + 2 * lw.shape().elem_count();
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(backward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sw, lw, NAME)?,
-                slice(sg, lg, NAME)?,
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                &input(sg, lg, NAME)?,
                 self.eps
             )),
             Shape::from(n)

@@ -8,7 +8,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
 use super::bias::column_sums;
-use super::{dispatch, gelu, par_elems, slice, storage, Out, Real, Rows};
+use super::{dispatch, gelu, input, par_elems, storage, Out, Real, Rows};
 
 const NAME: &str = "pipewright-linear";
 
@@ -243,9 +243,14 @@ impl Linear {
             candle_core::bail!("{NAME}: bias {:?} for {out} outputs", lb.dims());
         }
         dispatch!(NAME, sx, |sx: T| {
-            let b = bias.map(|(sb, lb)| slice(sb, lb, NAME)).transpose()?;
+            let b = bias.map(|(sb, lb)| input(sb, lb, NAME)).transpose()?;
             Ok((
-                storage(self.forward::<T>(slice(sx, lx, NAME)?, slice(sw, lw, NAME)?, b, out)),
+                storage(self.forward::<T>(
+                    &input(sx, lx, NAME)?,
+                    &input(sw, lw, NAME)?,
+                    b.as_deref(),
+                    out,
+                )),
                 Self::out_shape(lx, out),
             ))
         })
@@ -335,9 +340,9 @@ impl CustomOp3 for LinearGrad {
         let out = self.0.out(lw);
         dispatch!(NAME, sx, |sx: T| {
             let v = self.0.backward::<T>(
-                slice(sx, lx, NAME)?,
-                slice(sw, lw, NAME)?,
-                slice(sg, lg, NAME)?,
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                &input(sg, lg, NAME)?,
                 out,
             );
             let n = v.len();

@@ -7,9 +7,9 @@
 //! that was more of a training step than the matrix products. Here each of GELU, LayerNorm,
 //! softmax, causal attention, cross-entropy, the linear layer and the bias add is one candle
 //! custom op whose backward is itself one fused op; AdamW and gradient norms are one pass each.
-//! They run for f32 (and f64, for the finite-difference tests) on the CPU; other devices and
-//! dtypes take the composed ops, which compute the same function (and are the oracle of
-//! `tests/kernels.rs`).
+//! They run for f32 (and f64, for the finite-difference tests) on the CPU, and for f16 and
+//! bf16 by widening to f32 and rounding each result once; other devices take the composed
+//! ops, which compute the same function (and are the oracle of `tests/kernels.rs`).
 
 pub(crate) mod adamw;
 pub(crate) mod attention;
@@ -22,7 +22,10 @@ pub(crate) mod linear;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
 
+use std::borrow::Cow;
 use std::ops::Range;
+
+use half::slice::HalfFloatSliceExt;
 
 use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
 
@@ -63,9 +66,51 @@ pub(crate) fn sum_exp<T: Real>(row: &[T], m: T) -> T {
     s
 }
 
-/// Whether `t` takes the fused kernels: an f32 or f64 tensor on the CPU.
+/// Whether `t` takes the fused kernels: a float tensor on the CPU. f16 and bf16 tensors are
+/// computed in f32 and rounded once at the end (as PyTorch's CPU kernels accumulate low
+/// types in float), instead of rounding after each of a dozen composed ops.
 pub(crate) fn fused(t: &Tensor) -> bool {
-    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+    t.device().is_cpu()
+        && matches!(
+            t.dtype(),
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16
+        )
+}
+
+/// The elements of a contiguous `layout` of `storage` as `T`: borrowed when the storage
+/// holds `T`, converted when it holds f16 or bf16 and `T` is f32 (the kernels' inputs).
+pub(crate) fn input<'a, T: WithDType>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    op: &str,
+) -> candle_core::Result<Cow<'a, [T]>> {
+    let wide = |v: Vec<f32>| T::cpu_storage_data(CpuStorage::F32(v)).map(Cow::Owned);
+    match storage {
+        CpuStorage::F16(_) if T::DTYPE == DType::F32 => {
+            wide(slice::<half::f16>(storage, layout, op)?.to_f32_vec())
+        }
+        CpuStorage::BF16(_) if T::DTYPE == DType::F32 => {
+            wide(slice::<half::bf16>(storage, layout, op)?.to_f32_vec())
+        }
+        _ => slice(storage, layout, op).map(Cow::Borrowed),
+    }
+}
+
+/// A kernel's f32 output `s` in the low type `dtype` of its inputs (unchanged for f32/f64).
+pub(crate) fn narrow_to(s: CpuStorage, dtype: DType) -> CpuStorage {
+    match (s, dtype) {
+        (CpuStorage::F32(v), DType::F16) => {
+            let mut out = vec![half::f16::ZERO; v.len()];
+            out.convert_from_f32_slice(&v);
+            CpuStorage::F16(out)
+        }
+        (CpuStorage::F32(v), DType::BF16) => {
+            let mut out = vec![half::bf16::ZERO; v.len()];
+            out.convert_from_f32_slice(&v);
+            CpuStorage::BF16(out)
+        }
+        (s, _) => s,
+    }
 }
 
 /// The elements of a contiguous `layout` of `storage` (the wrappers make inputs contiguous).
@@ -158,10 +203,19 @@ pub(crate) const PAR_MIN: usize = 64 * 1024;
 /// Elements per parallel unit of the element-wise kernels.
 pub(crate) const BLOCK: usize = 16 * 1024;
 
-/// `f(storage as T)` for the f32 and f64 storages; an error naming `op` for the others.
+/// `f(storage as T)` for the f32 and f64 storages, and for f16 and bf16 ones with `T` = f32
+/// (inputs read through [`input`], the output narrowed back); an error naming `op` for the
+/// others.
 macro_rules! dispatch {
     ($op:expr, $s:expr, |$v:ident : T| $body:expr) => {
         match $s {
+            candle_core::CpuStorage::F16(_) | candle_core::CpuStorage::BF16(_) => {
+                type T = f32;
+                let $v: &CpuStorage = $s;
+                let low = candle_core::backend::BackendStorage::dtype($s);
+                let r: candle_core::Result<(CpuStorage, candle_core::Shape)> = $body;
+                r.map(|(s, shape)| ($crate::kernels::narrow_to(s, low), shape))
+            }
             candle_core::CpuStorage::F32(_) => {
                 type T = f32;
                 let $v: &CpuStorage = $s;

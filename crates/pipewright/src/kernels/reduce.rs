@@ -10,7 +10,7 @@ use super::{par, slice, Out, Real, BLOCK};
 /// elements are summed separately and then in order, so the result does not depend on the
 /// number of threads.
 pub(crate) fn sum_sq(t: &Tensor) -> candle_core::Result<Option<f64>> {
-    if !super::fused(t) {
+    if !(super::fused(t) && matches!(t.dtype(), DType::F32 | DType::F64)) {
         return Ok(None);
     }
     let t = t.contiguous()?;

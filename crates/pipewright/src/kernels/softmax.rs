@@ -4,7 +4,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
-use super::{dispatch, par, row_max, slice, storage, Out, Real};
+use super::{dispatch, input, par, row_max, storage, Out, Real};
 
 const NAME: &str = "pipewright-softmax";
 
@@ -117,7 +117,7 @@ impl CustomOp1 for Softmax {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (keys, queries, offset) = self.geometry(l)?;
         dispatch!(NAME, s, |s: T| Ok((
-            storage(self.forward::<T>(slice(s, l, NAME)?, keys, queries, offset)),
+            storage(self.forward::<T>(&input(s, l, NAME)?, keys, queries, offset)),
             l.shape().clone()
         )))
     }
@@ -147,8 +147,8 @@ impl CustomOp2 for SoftmaxGrad {
         let (keys, queries, offset) = self.0.geometry(ly)?;
         dispatch!(NAME, sy, |sy: T| Ok((
             storage(self.0.backward::<T>(
-                slice(sy, ly, NAME)?,
-                slice(sg, lg, NAME)?,
+                &input(sy, ly, NAME)?,
+                &input(sg, lg, NAME)?,
                 keys,
                 queries,
                 offset
