@@ -122,7 +122,9 @@ fn default_timeout() -> Duration {
 }
 
 /// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
-/// rank failure (error or panic) is the error of the whole run.
+/// rank failure (error or panic) is the error of the whole run. candle's pools are sized for
+/// the ranks sharing the cores first ([`super::size_thread_pools`], unless
+/// `RAYON_NUM_THREADS` is set).
 pub fn run<T, F>(world: usize, f: F) -> Result<Vec<T>>
 where
     T: Send,
@@ -140,6 +142,7 @@ where
     if world == 0 {
         return Err(Error::Invalid("a world needs at least one rank".into()));
     }
+    super::size_thread_pools(world);
     let shared = Arc::new(World {
         size: world,
         state: Mutex::new(State::default()),

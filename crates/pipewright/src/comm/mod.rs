@@ -87,7 +87,9 @@ pub trait Communicator: Send + Sync {
 /// threads of one process, or MPI processes on one node): `RAYON_NUM_THREADS` (which candle
 /// and its matmul read) becomes cores / ranks, at least 1, unless the user set it. Oversubscribed
 /// pools spin against each other: 4 ranks on 2 cores train 20 % faster with one thread each.
-/// Call it before the first tensor operation of the process; returns the threads per pool.
+/// Left unset, candle's matrix product reads `/proc/cpuinfo` on every call to count the cores
+/// (a test of small layouts spent most of its time there). Call it before the first tensor
+/// operation of the process ([`local::run`] does); returns the threads per pool.
 pub fn size_thread_pools(ranks: usize) -> usize {
     if let Some(n) = std::env::var("RAYON_NUM_THREADS")
         .ok()

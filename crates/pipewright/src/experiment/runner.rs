@@ -228,7 +228,6 @@ where
         if ranks > 1 && distributed && cfg!(feature = "mpi") {
             return relaunch(ranks, params, &dir, &self.subcommand);
         }
-        crate::comm::size_thread_pools(ranks);
         local::run(ranks, |comm| {
             let mut cx = Context::new(params.clone(), &dir, Box::new(comm))?;
             body(&mut cx)
