@@ -38,11 +38,44 @@ struct LayerNormGrad {
     eps: f64,
 }
 
-/// The mean and 1 / sqrt(var + eps) of `row`.
+/// Partial sums kept apart: one running sum is a chain of dependent additions, eight are one
+/// vector register's worth the compiler can keep in flight.
+const LANES: usize = 8;
+
+/// `sum_j f(a_j, b_j, c_j)` (a pair of sums) over three rows of equal length, in [`LANES`]
+/// interleaved partial sums added in a fixed order (the same for every row and thread).
+fn sums<T: Real>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> (T, T)) -> (T, T) {
+    let (mut s, mut t) = ([T::zero(); LANES], [T::zero(); LANES]);
+    let (ca, cb, cc) = (
+        a.chunks_exact(LANES),
+        b.chunks_exact(LANES),
+        c.chunks_exact(LANES),
+    );
+    let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
+    for ((x, y), z) in ca.zip(cb).zip(cc) {
+        for k in 0..LANES {
+            let (u, v) = f(x[k], y[k], z[k]);
+            s[k] += u;
+            t[k] += v;
+        }
+    }
+    for k in 0..ra.len() {
+        let (u, v) = f(ra[k], rb[k], rc[k]);
+        s[k] += u;
+        t[k] += v;
+    }
+    let fold = |p: [T; LANES]| ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+    (fold(s), fold(t))
+}
+
+/// The mean and 1 / sqrt(var + eps) of `row` (two passes: the variance of the centred row).
 fn stats<T: Real>(row: &[T], eps: T) -> (T, T) {
     let n = T::from(row.len()).unwrap();
-    let mean = row.iter().copied().sum::<T>() / n;
-    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / n;
+    let mean = sums(row, row, row, |v, _, _| (v, T::zero())).0 / n;
+    let var = sums(row, row, row, |v, _, _| {
+        ((v - mean) * (v - mean), T::zero())
+    })
+    .0 / n;
     (mean, (var + eps).sqrt().recip())
 }
 
@@ -92,15 +125,15 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
                 let row = &x[i * cols..(i + 1) * cols];
                 let gr = &g[i * cols..(i + 1) * cols];
                 let (mean, rstd) = stats(row, eps);
-                let (mut s1, mut s2) = (T::zero(), T::zero());
                 for j in 0..cols {
                     let xh = (row[j] - mean) * rstd;
-                    let gw = gr[j] * w[j];
-                    s1 += gw;
-                    s2 += gw * xh;
                     dw[j] += gr[j] * xh;
                     db[j] += gr[j];
                 }
+                let (s1, s2) = sums(row, gr, w, |v, g, wj| {
+                    let gw = g * wj;
+                    (gw, gw * ((v - mean) * rstd))
+                });
                 let (m1, m2) = (s1 / n, s2 / n);
                 // SAFETY: row i is this call's alone.
                 let d = unsafe { dx.get(i * cols..(i + 1) * cols) };
