@@ -42,10 +42,15 @@ struct LayerNormGrad {
 /// vector register's worth the compiler can keep in flight.
 const LANES: usize = 8;
 
-/// `sum_j f(a_j, b_j, c_j)` (a pair of sums) over three rows of equal length, in [`LANES`]
+/// The `K` sums `sum_j f(a_j, b_j, c_j)` over three rows of equal length, each in [`LANES`]
 /// interleaved partial sums added in a fixed order (the same for every row and thread).
-fn sums<T: Real>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> (T, T)) -> (T, T) {
-    let (mut s, mut t) = ([T::zero(); LANES], [T::zero(); LANES]);
+fn sums<const K: usize, T: Real>(
+    a: &[T],
+    b: &[T],
+    c: &[T],
+    f: impl Fn(T, T, T) -> [T; K],
+) -> [T; K] {
+    let mut acc = [[T::zero(); LANES]; K];
     let (ca, cb, cc) = (
         a.chunks_exact(LANES),
         b.chunks_exact(LANES),
@@ -54,28 +59,24 @@ fn sums<T: Real>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> (T, T)) -> (T
     let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
     for ((x, y), z) in ca.zip(cb).zip(cc) {
         for k in 0..LANES {
-            let (u, v) = f(x[k], y[k], z[k]);
-            s[k] += u;
-            t[k] += v;
+            for (s, v) in acc.iter_mut().zip(f(x[k], y[k], z[k])) {
+                s[k] += v;
+            }
         }
     }
     for k in 0..ra.len() {
-        let (u, v) = f(ra[k], rb[k], rc[k]);
-        s[k] += u;
-        t[k] += v;
+        for (s, v) in acc.iter_mut().zip(f(ra[k], rb[k], rc[k])) {
+            s[k] += v;
+        }
     }
-    let fold = |p: [T; LANES]| ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-    (fold(s), fold(t))
+    acc.map(|p| ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7])))
 }
 
 /// The mean and 1 / sqrt(var + eps) of `row` (two passes: the variance of the centred row).
 fn stats<T: Real>(row: &[T], eps: T) -> (T, T) {
     let n = T::from(row.len()).unwrap();
-    let mean = sums(row, row, row, |v, _, _| (v, T::zero())).0 / n;
-    let var = sums(row, row, row, |v, _, _| {
-        ((v - mean) * (v - mean), T::zero())
-    })
-    .0 / n;
+    let [mean] = sums(row, row, row, |v, _, _| [v]).map(|t| t / n);
+    let [var] = sums(row, row, row, |v, _, _| [(v - mean) * (v - mean)]).map(|t| t / n);
     (mean, (var + eps).sqrt().recip())
 }
 
@@ -130,9 +131,9 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
                     dw[j] += gr[j] * xh;
                     db[j] += gr[j];
                 }
-                let (s1, s2) = sums(row, gr, w, |v, g, wj| {
+                let [s1, s2] = sums(row, gr, w, |v, g, wj| {
                     let gw = g * wj;
-                    (gw, gw * ((v - mean) * rstd))
+                    [gw, gw * ((v - mean) * rstd)]
                 });
                 let (m1, m2) = (s1 / n, s2 / n);
                 // SAFETY: row i is this call's alone.

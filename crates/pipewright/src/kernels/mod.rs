@@ -26,6 +26,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use half::slice::HalfFloatSliceExt;
+use half::vec::HalfFloatVecExt;
 
 use candle_core::{CpuStorage, DType, Layout, Tensor, WithDType};
 
@@ -99,16 +100,8 @@ pub(crate) fn input<'a, T: WithDType>(
 /// A kernel's f32 output `s` in the low type `dtype` of its inputs (unchanged for f32/f64).
 pub(crate) fn narrow_to(s: CpuStorage, dtype: DType) -> CpuStorage {
     match (s, dtype) {
-        (CpuStorage::F32(v), DType::F16) => {
-            let mut out = vec![half::f16::ZERO; v.len()];
-            out.convert_from_f32_slice(&v);
-            CpuStorage::F16(out)
-        }
-        (CpuStorage::F32(v), DType::BF16) => {
-            let mut out = vec![half::bf16::ZERO; v.len()];
-            out.convert_from_f32_slice(&v);
-            CpuStorage::BF16(out)
-        }
+        (CpuStorage::F32(v), DType::F16) => CpuStorage::F16(Vec::from_f32_slice(&v)),
+        (CpuStorage::F32(v), DType::BF16) => CpuStorage::BF16(Vec::from_f32_slice(&v)),
         (s, _) => s,
     }
 }
