@@ -2,8 +2,10 @@
 //! uninterrupted run's losses bit for bit; a process killed while saving leaves `latest` on a
 //! complete checkpoint; `ckpt verify`, `inspect`, `reshard` and `export` do what they say.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("pw-ckpt-cli-{}-{name}", std::process::id()));
@@ -12,7 +14,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn pipewright(args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    let o = common::pipewright()
         .args(args)
         .output()
         .expect("runs the binary");
@@ -115,7 +117,7 @@ fn a_process_killed_while_saving_leaves_latest_complete() {
     // the oldest.
     for delay_ms in [0, 5, 13, 29] {
         let _ = std::fs::remove_dir_all(&out);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+        let mut child = common::pipewright()
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

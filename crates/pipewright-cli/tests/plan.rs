@@ -1,10 +1,12 @@
 //! `pipewright plan` end to end: a model too big for one rank is planned onto pipeline
 //! stages, and the plan trains.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 fn plan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    common::pipewright()
         .arg("plan")
         .args(args)
         .output()
@@ -113,7 +115,7 @@ fn plan_refuses_bad_input_clearly() {
 
 /// The bytes a profile measured, layer by layer: kept and deferred per sample.
 fn profile_bytes(extra: &[&str], out: &std::path::Path) -> Vec<(f64, f64)> {
-    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    let o = common::pipewright()
         .args(["profile", "--sizes", "2,4", "--out"])
         .arg(out)
         .args(extra)
@@ -149,7 +151,7 @@ fn concurrent_profile_copies_count_the_same_bytes_as_one() {
     }
     // The blocks' split backward holds more than the graph's queued gradients alone.
     assert!(one[1].1 > 0.0, "{one:?}");
-    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    let o = common::pipewright()
         .args(["profile", "--concurrent", "0", "--out"])
         .arg(dir.join("zero.json"))
         .output()

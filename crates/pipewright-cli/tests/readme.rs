@@ -2,8 +2,9 @@
 //! main job) runs here with 2 steps and its outputs are checked; every other line (mpirun,
 //! cargo builds, examples) must be one `.ci/run` runs.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -334,7 +335,7 @@ fn chains(cmds: Vec<(String, Vec<String>, Vec<String>)>) -> Vec<Vec<Cmd>> {
 
 /// Runs one README command and checks its outputs; an error says which and why.
 fn run_and_check(cmd: &str, args: &[String]) {
-    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    let o = common::pipewright()
         .args(args)
         .current_dir(root())
         .output()

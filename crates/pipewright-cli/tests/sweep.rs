@@ -1,12 +1,12 @@
 //! `pipewright sweep` end to end: four runs two at a time, one made to fail.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn a_sweep_runs_every_value_keeps_going_past_a_failure_and_says_so() {
     let out = std::env::temp_dir().join(format!("pw-sweep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let o = Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    let o = common::pipewright()
         .args([
             "sweep",
             "--param",

@@ -1,5 +1,7 @@
 //! What the command-line tests share: a fresh temporary directory, running the binary, and
 //! its output as text.
+// Each test binary uses some of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -25,9 +27,18 @@ pub const TINY: &[&str] = &[
     "3",
 ];
 
+/// The `pipewright` binary with one thread for its arithmetic. Tests run side by side, about
+/// one per core, and candle's pools spin while they wait: two processes each sizing its pool
+/// for the whole machine take turns on the cores and each runs several times slower.
+pub fn pipewright() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pipewright"));
+    c.env("RAYON_NUM_THREADS", "1");
+    c
+}
+
 /// `pipewright train ARGS`.
 pub fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipewright"))
+    pipewright()
         .arg("train")
         .args(args)
         .output()
