@@ -64,6 +64,8 @@ pub struct SerialTrainer {
 impl SerialTrainer {
     pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
         opts.schedule.validate()?;
+        // One rank with the machine's cores, unless the user or a launcher said otherwise.
+        crate::comm::size_thread_pools(1);
         if opts.chunks == 0 {
             return Err(invalid!("chunks must be at least 1"));
         }

@@ -89,7 +89,8 @@ pub trait Communicator: Send + Sync {
 /// pools spin against each other: 4 ranks on 2 cores train 20 % faster with one thread each.
 /// Left unset, candle's matrix product reads `/proc/cpuinfo` on every call to count the cores
 /// (a test of small layouts spent most of its time there). Call it before the first tensor
-/// operation of the process ([`local::run`] does); returns the threads per pool.
+/// operation of the process ([`local::run`], the MPI backend and
+/// [`SerialTrainer::new`](crate::serial::SerialTrainer::new) do); returns the threads per pool.
 pub fn size_thread_pools(ranks: usize) -> usize {
     if let Some(n) = std::env::var("RAYON_NUM_THREADS")
         .ok()
