@@ -52,6 +52,7 @@ pub mod plan;
 pub mod precision;
 pub mod serial;
 pub mod shard;
+mod storage;
 pub mod topology;
 pub mod varuna;
 

@@ -14,7 +14,7 @@
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
 use super::{assemble, part, TpGroup};
 use crate::comm::ReduceOp;
@@ -40,23 +40,15 @@ fn to_candle(e: crate::Error) -> candle_core::Error {
     candle_core::Error::Msg(e.to_string())
 }
 
-/// The contiguous CPU storage of `t`.
-fn cpu_storage(t: &Tensor) -> candle_core::Result<CpuStorage> {
-    let t = t.flatten_all()?;
-    Ok(match t.dtype() {
-        DType::F32 => CpuStorage::F32(t.to_vec1()?),
-        DType::F64 => CpuStorage::F64(t.to_vec1()?),
-        DType::F16 => CpuStorage::F16(t.to_vec1()?),
-        DType::BF16 => CpuStorage::BF16(t.to_vec1()?),
-        DType::U32 => CpuStorage::U32(t.to_vec1()?),
-        DType::I64 => CpuStorage::I64(t.to_vec1()?),
-        DType::U8 => CpuStorage::U8(t.to_vec1()?),
-        dt => {
-            return Err(candle_core::Error::Msg(format!(
-                "tensor-parallel collectives do not support {dt:?}"
-            )))
-        }
-    })
+impl Collective {
+    /// The forward value, taken so that the graph does not keep a second copy of it alive.
+    fn take(&self) -> candle_core::Result<Tensor> {
+        self.value
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{}: run twice", self.name())))
+    }
 }
 
 impl CustomOp1 for Collective {
@@ -70,14 +62,15 @@ impl CustomOp1 for Collective {
     }
 
     fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        // Taken, so the graph does not keep a second copy of the output alive.
-        let v = self
-            .value
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| candle_core::Error::Msg(format!("{}: run twice", self.name())))?;
-        Ok((cpu_storage(&v)?, v.shape().clone()))
+        crate::storage::copy_of(&self.take()?, self.name(), crate::storage::cpu)
+    }
+
+    fn cuda_fwd(
+        &self,
+        _s: &candle_core::CudaStorage,
+        _l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::storage::copy_of(&self.take()?, self.name(), crate::storage::cuda)
     }
 
     fn bwd(
