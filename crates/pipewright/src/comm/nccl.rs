@@ -1,5 +1,6 @@
 //! NCCL backend (cargo feature `nccl`): collectives on NVIDIA GPUs through cudarc, which loads
-//! libcuda and libnccl at run time, so this builds on machines without CUDA.
+//! libcuda and libnccl at run time, so this builds on machines without CUDA (in a `cuda` build
+//! they are linked instead).
 //!
 //! A [`NcclComm`] is made from a CPU communicator (local threads or MPI) of the same ranks:
 //! rank 0 makes the NCCL unique id and broadcasts it over the CPU communicator, and shape and
@@ -22,7 +23,15 @@ use super::wire::{header_tensor, parse_header_tensor, reduce_plan, tensor_from_b
 use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
+/// Checks that the CUDA driver and NCCL libraries can be loaded. A `cuda` build links them
+/// (as candle links its CUDA libraries): the program's loader found them before it ran.
+#[cfg(feature = "cuda")]
+pub fn probe() -> Result<()> {
+    Ok(())
+}
+
 /// Checks that the CUDA driver and NCCL libraries can be loaded.
+#[cfg(not(feature = "cuda"))]
 pub fn probe() -> Result<()> {
     // SAFETY: both only try to dlopen the library and drop it.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
