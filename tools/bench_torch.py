@@ -1,6 +1,13 @@
 """One training step of the benchmark GPT in PyTorch eager, 2 threads, f32: Hugging Face's
 GPT2LMHeadModel (eager attention, gelu_new, tied head) with the sizes of
-crates/pipewright-models/benches/gpt_step.rs, cross-entropy, AdamW. Prints the median."""
+crates/pipewright-models/benches/gpt_step.rs, cross-entropy, AdamW. Prints the median.
+
+The same environment as the Rust bench picks other runs: PW_BENCH_SIZE=gpt2 (GPT-2 124M:
+vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024), PW_BENCH_BATCH,
+PW_BENCH_DEVICE (cpu, cuda, cuda:N) and PW_BENCH_PRECISION (f32; bf16 and f16 under
+torch.autocast, the weights and AdamW in f32 as pipewright keeps its master copy). It also
+prints tokens/s, the model FLOPs of a step (PaLM's count, as the Rust bench), MFU when
+PW_BENCH_PEAK_TFLOPS is set, and on a GPU the peak memory allocated."""
 import os
 import time
 
@@ -11,31 +18,58 @@ from transformers import GPT2Config, GPT2LMHeadModel
 torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "2")))
 torch.manual_seed(0)
 steps = int(os.environ.get("PW_BENCH_STEPS", "5"))
-batch, seq, vocab = 8, 256, 4096
-cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=512, n_layer=4, n_head=8,
+if os.environ.get("PW_BENCH_SIZE") == "gpt2":
+    vocab, seq, d, layers, heads = 50257, 1024, 768, 12, 12
+else:
+    vocab, seq, d, layers, heads = 4096, 256, 512, 4, 8
+batch = int(os.environ.get("PW_BENCH_BATCH", "8"))
+device = torch.device(os.environ.get("PW_BENCH_DEVICE", "cpu"))
+precision = os.environ.get("PW_BENCH_PRECISION", "f32")
+low = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[precision]
+cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=d, n_layer=layers, n_head=heads,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
                  activation_function="gelu_new", attn_implementation="eager",
                  bos_token_id=0, eos_token_id=0)
-model = GPT2LMHeadModel(cfg)
+model = GPT2LMHeadModel(cfg).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-ids = torch.randint(0, vocab, (batch, seq + 1))
+scaler = torch.amp.GradScaler(device.type, enabled=low is torch.float16)
+ids = torch.randint(0, vocab, (batch, seq + 1), device=device)
 x, y = ids[:, :-1], ids[:, 1:]
+
+
+def sync():
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def step():
     opt.zero_grad(set_to_none=True)
-    logits = model(x).logits
-    loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
-    loss.backward()
-    opt.step()
+    with torch.autocast(device.type, dtype=low, enabled=low is not None):
+        logits = model(x).logits
+        loss = F.cross_entropy(logits.reshape(-1, vocab).float(), y.reshape(-1))
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
 
 
 step()
+sync()
 times = []
 for _ in range(steps):
     s = time.perf_counter()
     step()
+    sync()
     times.append((time.perf_counter() - s) * 1e3)
 times.sort()
+median = times[len(times) // 2]
 print("torch times_ms", [round(t, 1) for t in times])
-print(f"torch_median_ms {times[len(times) // 2]:.1f}")
+print(f"torch_median_ms {median:.1f}")
+params = sum(p.numel() for p in model.parameters())
+tokens = batch * seq
+flops = tokens * (6 * params + 12 * layers * d * seq)
+line = f"torch_tokens_per_s {tokens / (median / 1e3):.0f} model_tflop_per_step {flops / 1e12:.3f}"
+if "PW_BENCH_PEAK_TFLOPS" in os.environ:
+    line += f" mfu {flops / (median / 1e3) / (float(os.environ['PW_BENCH_PEAK_TFLOPS']) * 1e12):.3f}"
+if device.type == "cuda":
+    line += f" peak_memory_bytes {torch.cuda.max_memory_allocated(device)}"
+print(line)

@@ -5,41 +5,75 @@
 //! ratio. `PW_BENCH_STEPS` sets the number of timed steps (default 5). Under
 //! `tools/profile_gpt_step.sh`, `PW_PERF_CTL` names `perf record`'s control FIFO: the timed
 //! steps alone are sampled (not the model's construction or the warm-up).
+//!
+//! For a GPU (a build with the `cuda` feature), the same step at other sizes, read from the
+//! environment as `tools/bench_torch.py` reads them: `PW_BENCH_SIZE=gpt2` (GPT-2 124M:
+//! vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024), `PW_BENCH_BATCH`,
+//! `PW_BENCH_DEVICE` (`cpu`, `cuda`, `cuda:N`) and `PW_BENCH_PRECISION` (`f32`, `bf16`,
+//! `f16`). Besides the median it prints tokens/s and the model FLOPs of a step (6 per
+//! parameter and token, plus attention's 12 x layers x d x sequence per token, as PaLM's MFU
+//! counts them), which `PW_BENCH_PEAK_TFLOPS` turns into MFU.
 
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use pipewright::comm::local;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::Batch;
 use pipewright_models::{gpt, GptConfig, TIED};
 use rand::{Rng, SeedableRng};
 
-fn main() -> pipewright::Result<()> {
-    let cfg = GptConfig {
-        vocab_size: 4096,
-        block_size: 256,
-        n_layer: 4,
-        n_head: 8,
-        n_embd: 512,
-        dropout: 0.0,
-    };
-    let (batch, seq) = (8, 256);
-    let steps: usize = std::env::var("PW_BENCH_STEPS")
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(default)
+}
+
+fn main() -> pipewright::Result<()> {
+    let gpt2 = std::env::var("PW_BENCH_SIZE").as_deref() == Ok("gpt2");
+    let cfg = if gpt2 {
+        GptConfig {
+            vocab_size: 50257,
+            block_size: 1024,
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            dropout: 0.0,
+        }
+    } else {
+        GptConfig {
+            vocab_size: 4096,
+            block_size: 256,
+            n_layer: 4,
+            n_head: 8,
+            n_embd: 512,
+            dropout: 0.0,
+        }
+    };
+    let (batch, seq) = (env_or("PW_BENCH_BATCH", 8usize), cfg.block_size);
+    let steps: usize = env_or("PW_BENCH_STEPS", 5);
+    let device = pipewright::device::device(
+        &std::env::var("PW_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into()),
+        0,
+    )?;
+    let precision: Precision = std::env::var("PW_BENCH_PRECISION")
+        .unwrap_or_else(|_| "f32".into())
+        .parse()?;
     let opts = VarunaOptions {
         shared_weights: vec![(TIED.0.into(), TIED.1.into())],
         lr: LrSchedule::Constant { lr: 1e-4 },
+        device,
+        precision,
         ..VarunaOptions::new(Layout::new(1, 1, 1)?, batch, batch)
     };
     let model = gpt(cfg)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let ids: Vec<u32> = (0..batch * (seq + 1))
-        .map(|_| rng.random_range(0..4096))
+        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
         .collect();
     let all = Tensor::from_vec(ids, (batch, seq + 1), &Device::Cpu)?;
     let x = all.narrow(1, 0, seq)?.contiguous()?;
@@ -72,6 +106,23 @@ fn main() -> pipewright::Result<()> {
         "gpt_step params={n_params} batch={batch} seq={seq} steps={steps} times_ms={times:.1?}"
     );
     println!("pipewright_median_ms {median:.1}");
+    // The head is tied to the embedding: one matrix, counted once (as PyTorch's parameters()
+    // counts it), while the step holds a copy per end.
+    let counted = (n_params - cfg.vocab_size * cfg.n_embd) as f64;
+    let tokens = (batch * seq) as f64;
+    let flops = tokens * (6.0 * counted + 12.0 * (cfg.n_layer * cfg.n_embd * seq) as f64);
+    let per_s = tokens / (median / 1e3);
+    print!(
+        "pipewright_tokens_per_s {per_s:.0} model_tflop_per_step {:.3}",
+        flops / 1e12
+    );
+    match std::env::var("PW_BENCH_PEAK_TFLOPS")
+        .ok()
+        .and_then(|p| p.parse::<f64>().ok())
+    {
+        Some(peak) => println!(" mfu {:.3}", flops / (median / 1e3) / (peak * 1e12)),
+        None => println!(),
+    }
     Ok(())
 }
 
