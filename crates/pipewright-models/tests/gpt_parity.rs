@@ -1,5 +1,7 @@
 //! The GPT against Hugging Face's GPT2LMHeadModel (fixture from tools/make_fixtures.py): same
-//! parameter names and shapes, same loss, same gradient for every parameter.
+//! parameter names and shapes, same loss, same gradient for every parameter. It computes on
+//! `PW_TEST_DEVICE` (`cpu` unless set): on a GPU machine a `cuda` build runs the same comparison
+//! there (`tools/gpu-checks.sh`).
 
 use pipewright::nn::max_rel_diff;
 use std::collections::HashMap;
@@ -11,10 +13,9 @@ use pipewright::{Batch, Build};
 use pipewright_models::{gpt, GptConfig, TIED};
 
 fn fixture() -> HashMap<String, Tensor> {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/gpt2_parity.safetensors"
-    );
+    // Where cargo runs it, or (a test binary carried to a GPU machine) where the runner says.
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    let p = format!("{dir}/tests/fixtures/gpt2_parity.safetensors");
     candle_core::safetensors::load(p, &Device::Cpu).unwrap()
 }
 
@@ -28,7 +29,8 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
         n_embd: c[4] as usize,
         dropout: 0.0,
     };
-    let stage = gpt(cfg).unwrap().build(&Build::cpu(0)).unwrap();
+    let init = pipewright::nn::Init::new(device(), candle_core::DType::F32, 0);
+    let stage = gpt(cfg).unwrap().build(&Build::new(init)).unwrap();
     let params = stage.params();
     // Every parameter of ours is in the fixture with the same shape, and nothing is left over.
     let fixture_names: Vec<&String> = f.keys().filter(|k| k.starts_with("param.")).collect();
@@ -42,7 +44,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
             .get(&format!("param.{n}"))
             .unwrap_or_else(|| panic!("HF GPT-2 has no `{n}`"));
         assert_eq!(v.dims(), want.dims(), "`{n}` shape");
-        v.set(want).unwrap();
+        v.set(&want.to_device(&device()).unwrap()).unwrap();
     }
     let opt = Box::new(Sgd::new(params, SgdConfig::default()).unwrap());
     SerialTrainer::new(
@@ -67,7 +69,9 @@ fn logits_loss_and_every_gradient_match_hf_gpt2() {
     for chunks in [1, 2, 3] {
         let t = trainer(&f, chunks);
         let ids = f["input_ids"].to_dtype(candle_core::DType::U32).unwrap();
-        let batch = Batch::pair(ids, f["targets"].clone());
+        let batch = Batch::pair(ids, f["targets"].clone())
+            .to_device(&device())
+            .unwrap();
         let logits = t.predict(&batch).unwrap();
         assert!(rel_diff(&logits, &f["logits"]) < 1e-5, "logits");
         let (loss, grads, _) = t.loss_and_grads(&batch).unwrap();
@@ -89,7 +93,14 @@ fn logits_loss_and_every_gradient_match_hf_gpt2() {
     }
 }
 
-/// Relative difference (see [`max_rel_diff`]) as f32, for assertions.
+/// Relative difference (see [`max_rel_diff`]) as f32, for assertions; `a` is brought to the
+/// fixture's CPU.
 fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
-    max_rel_diff(a, b).unwrap() as f32
+    max_rel_diff(&a.to_device(&Device::Cpu).unwrap(), b).unwrap() as f32
+}
+
+/// The device the test computes on.
+fn device() -> Device {
+    let name = std::env::var("PW_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    pipewright::device::device(&name, 0).unwrap()
 }
