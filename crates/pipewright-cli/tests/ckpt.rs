@@ -4,14 +4,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pw-ckpt-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
 
 fn pipewright(args: &[&str]) -> Output {
     let o = common::pipewright()
@@ -57,7 +51,7 @@ fn train(out: &Path, extra: &[&str]) -> String {
 
 #[test]
 fn a_resumed_run_writes_the_uninterrupted_runs_losses() {
-    let (whole, parts) = (tmp("whole"), tmp("parts"));
+    let (whole, parts) = (common::tmp("whole"), common::tmp("parts"));
     for layout in [&["--pp", "2", "--tp", "2"][..], &["--dp", "2"][..]] {
         let _ = std::fs::remove_dir_all(&whole);
         let _ = std::fs::remove_dir_all(&parts);
@@ -90,7 +84,7 @@ fn a_resumed_run_writes_the_uninterrupted_runs_losses() {
 
 #[test]
 fn a_process_killed_while_saving_leaves_latest_complete() {
-    let out = tmp("killed");
+    let out = common::tmp("killed");
     let args: Vec<String> = [
         "train",
         "--n-layer",
@@ -173,7 +167,7 @@ fn safetensors_shapes(path: &Path) -> Vec<(String, Vec<usize>)> {
 
 #[test]
 fn export_reshard_inspect_and_verify() {
-    let run = tmp("export");
+    let run = common::tmp("export");
     // A vocabulary padded from the adder's 10 to 12 ids, split over tp=2.
     train(
         &run,

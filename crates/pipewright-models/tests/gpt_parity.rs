@@ -29,7 +29,8 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
         n_embd: c[4] as usize,
         dropout: 0.0,
     };
-    let init = pipewright::nn::Init::new(device(), candle_core::DType::F32, 0);
+    let dev = device();
+    let init = pipewright::nn::Init::new(dev.clone(), candle_core::DType::F32, 0);
     let stage = gpt(cfg).unwrap().build(&Build::new(init)).unwrap();
     let params = stage.params();
     // Every parameter of ours is in the fixture with the same shape, and nothing is left over.
@@ -44,7 +45,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
             .get(&format!("param.{n}"))
             .unwrap_or_else(|| panic!("HF GPT-2 has no `{n}`"));
         assert_eq!(v.dims(), want.dims(), "`{n}` shape");
-        v.set(&want.to_device(&device()).unwrap()).unwrap();
+        v.set(&want.to_device(&dev).unwrap()).unwrap();
     }
     let opt = Box::new(Sgd::new(params, SgdConfig::default()).unwrap());
     SerialTrainer::new(

@@ -86,8 +86,9 @@ pub(super) fn validate_complete(s: &Schedule) -> Result<()> {
                     "stage {r}: {a} names a micro-batch or chunk outside {m} x {v}"
                 ));
             }
-            seen[idx(a)] += 1;
-            if seen[idx(a)] > 1 {
+            let count = &mut seen[idx(a)];
+            *count += 1;
+            if *count > 1 {
                 let n = list.iter().filter(|b| *b == a).count();
                 return Err(invalid!("stage {r}: {a} appears {n} times"));
             }

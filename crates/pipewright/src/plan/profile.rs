@@ -189,16 +189,16 @@ pub fn profile_layers(
             y = Some(whole.output);
         }
         let y = y.expect("at least one repeat");
-        let best = timed.map(|mut v| {
+        let median = timed.map(|mut v| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         });
         out.push(LayerCost {
             name: layer.name().to_string(),
-            forward_s: best[0],
-            backward_s: best[1],
-            backward_input_s: best[2],
-            backward_weight_s: best[3],
+            forward_s: median[0],
+            backward_s: median[1],
+            backward_input_s: median[2],
+            backward_weight_s: median[3],
             param_bytes: layer
                 .params()
                 .iter()
