@@ -3,7 +3,7 @@
 # repository root with gpu/ carried (tools/pack-gpu.sh made it). Each check's log goes to
 # $OUT (or gpu/out) and a line per check says ok or FAILED; a failure does not stop the rest.
 #  1. the HF GPT-2 fixture parity on the GPU (loss 1e-5, gradients 1e-4 relative, as on the CPU)
-#  2. the NCCL communicator's conformance suite on one rank
+#  2. the NCCL communicator's conformance suite on one rank, with CPU tensors and with GPU tensors
 #  3. the README main job with --device cuda (2 pipeline stages x 2 tensor-parallel shards as
 #     threads sharing the GPU), which must reach the README's held-out accuracy
 #  4. the GPT-2 124M step (vocabulary 50257, d 768, 12 layers, sequence 1024, batch
@@ -23,7 +23,7 @@ check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 check parity env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
   bash tools/run-on-gpu.sh gpu/gpt_parity --test-threads 1
-check nccl run gpu/nccl_probe
+check nccl env PW_TEST_DEVICE=cuda bash tools/run-on-gpu.sh gpu/nccl_probe
 rm -rf runs/adder-gpu
 check adder run gpu/pipewright train --model gpt --task adder --pp 2 --tp 2 --chunks 4 \
   --steps 1000 --device cuda --out runs/adder-gpu

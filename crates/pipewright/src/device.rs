@@ -1,33 +1,84 @@
 //! Devices by name (Varuna's `device=local_rank`, torchgpipe's `devices`): `cpu`, or `cuda`
 //! with the ordinal of the rank on its machine.
+//!
+//! Every rank of a process that names the same GPU gets the same candle device, with one
+//! stream, as PyTorch has one default stream per GPU: ranks that run as threads and share a
+//! GPU (pipeline stages on one card) hand tensors to each other in program order, and the
+//! stream keeps that order on the GPU with no events and no host waits. The NCCL backend
+//! enqueues its collectives on the same stream.
 
 use candle_core::Device;
 
 use crate::{invalid, Result};
 
 /// The device called `name` (`cpu`, `cuda`, or `cuda:N`), with `ordinal` for a bare `cuda`
-/// (a rank's local rank). Asking for CUDA from a build without it, or a GPU that is not
-/// there, is an error that names the device and says what to do.
+/// (a rank's local rank; ranks beyond the machine's GPUs share them round robin, so a
+/// pipeline of 4 threads trains on one GPU). Asking for CUDA from a build without it, or a
+/// GPU that is not there, is an error that names the device and says what to do.
 pub fn device(name: &str, ordinal: usize) -> Result<Device> {
     let (kind, index) = match name.split_once(':') {
         Some((k, i)) => {
             let i = i.parse::<usize>().map_err(|_| {
                 invalid!("device `{name}`: `{i}` is not a device ordinal (use cuda:0, cuda:1, ...)")
             })?;
-            (k, i)
+            (k, Some(i))
         }
-        None => (name, ordinal),
+        None => (name, None),
     };
     match kind {
         "cpu" => Ok(Device::Cpu),
-        "cuda" if !candle_core::utils::cuda_is_available() => Err(invalid!(
-            "device `{name}`: this build of pipewright has no CUDA support: rebuild with the \
-             `cuda` feature, or use the cpu device"
-        )),
-        "cuda" => Device::new_cuda(index)
-            .map_err(|e| invalid!("device `{name}`: CUDA device {index} cannot be opened: {e}")),
+        "cuda" => gpu(name, index, ordinal),
         _ => Err(invalid!("unknown device `{name}`: use cpu, cuda or cuda:N")),
     }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu(name: &str, _index: Option<usize>, _ordinal: usize) -> Result<Device> {
+    Err(invalid!(
+        "device `{name}`: this build of pipewright has no CUDA support: rebuild with the \
+         `cuda` feature (tools/build-cuda.sh), or use the cpu device"
+    ))
+}
+
+/// GPU `index`, or for a bare `cuda` GPU `ordinal` modulo the GPUs there are: the one candle
+/// device this process keeps for it.
+#[cfg(feature = "cuda")]
+fn gpu(name: &str, index: Option<usize>, ordinal: usize) -> Result<Device> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    static GPUS: OnceLock<Mutex<HashMap<usize, Device>>> = OnceLock::new();
+    let index = match index {
+        Some(i) => i,
+        None => {
+            let count = cudarc::driver::CudaContext::device_count().map_err(|e| {
+                invalid!("device `{name}`: the CUDA driver cannot count the GPUs: {e:?}")
+            })?;
+            if count < 1 {
+                return Err(invalid!(
+                    "device `{name}`: this machine has no GPU the CUDA driver can see: use the \
+                     cpu device, or check CUDA_VISIBLE_DEVICES"
+                ));
+            }
+            ordinal % count as usize
+        }
+    };
+    let mut gpus = GPUS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = gpus.get(&index) {
+        return Ok(d.clone());
+    }
+    let d = Device::new_cuda_with_stream(index)
+        .map_err(|e| invalid!("device `{name}`: CUDA device {index} cannot be opened: {e}"))?;
+    // One stream for the GPU: cudarc's cross-stream tracking (an event recorded and waited on
+    // for every tensor of every kernel) has nothing to order.
+    // SAFETY: every tensor of this device is made and used on its one stream, and the NCCL
+    // backend enqueues on that stream too.
+    unsafe { d.as_cuda_device()?.disable_event_tracking() };
+    gpus.insert(index, d.clone());
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -41,7 +92,7 @@ mod tests {
         assert!(e.contains("unknown device `tpu`"), "{e}");
         let e = device("cuda:x", 0).unwrap_err().to_string();
         assert!(e.contains("not a device ordinal"), "{e}");
-        if !candle_core::utils::cuda_is_available() {
+        if !cfg!(feature = "cuda") {
             let e = device("cuda", 0).unwrap_err().to_string();
             assert!(e.contains("no CUDA support"), "{e}");
         }

@@ -1,7 +1,9 @@
 //! The NCCL backend (feature `nccl`). Without CUDA (CI, this project's machines) making a
 //! communicator is a clear error, never a panic; where a GPU and NCCL are present, the same
 //! test runs the conformance suite on one rank (the GPU smoke test:
-//! `cargo test --release -p pipewright --features nccl --test nccl_probe`).
+//! `cargo test --release -p pipewright --features nccl --test nccl_probe`), with CPU tensors,
+//! and again with tensors on the GPU when `PW_TEST_DEVICE=cuda` (a `cuda` build, where they
+//! take the device path).
 #![cfg(feature = "nccl")]
 
 use pipewright::comm::nccl::{probe, NcclComm};
@@ -10,9 +12,20 @@ use pipewright::comm::{conformance, local};
 #[test]
 fn nccl_is_a_clear_error_without_cuda_or_passes_the_suite_with_it() {
     let available = probe();
+    let device = std::env::var("PW_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
     let outcome = local::run(1, |cpu| {
         Ok(match NcclComm::new(Box::new(cpu), 0) {
-            Ok(nccl) => Ok(conformance::run_all(&nccl)?),
+            Ok(nccl) => {
+                let on_host = conformance::run_all(&nccl)?;
+                let dev = pipewright::device::device(&device, 0)?;
+                let on_device = if dev.is_cpu() {
+                    0
+                } else {
+                    conformance::run_all_on(&nccl, &dev)?
+                };
+                println!("{on_host} passed with CPU tensors, {on_device} on {device}");
+                Ok(on_host + on_device)
+            }
             Err(e) => Err(e.to_string()),
         })
     })

@@ -1,7 +1,8 @@
 //! The checks every [`Communicator`] backend must pass, run by every rank of a world (the
 //! local backend's tests, `mpirun` in CI, the NCCL smoke test). Each rank computes the expected
 //! result of every collective itself, from the formula that made every rank's input, and
-//! compares.
+//! compares. [`run_all_on`] runs them on tensors on a GPU, where the result of every collective
+//! must come back on that GPU.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -21,12 +22,12 @@ pub fn values(rank: usize, salt: usize, n: usize) -> Vec<f64> {
         .collect()
 }
 
-fn tensor(v: &[f64], shape: &[usize], dt: DType) -> Result<Tensor> {
-    Ok(Tensor::from_vec(v.to_vec(), shape, &Device::Cpu)?.to_dtype(dt)?)
-}
-
+/// Values read back on the host (the comparison is no test of the device's casts).
 fn as_f64(t: &Tensor) -> Result<Vec<f64>> {
-    Ok(t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?)
+    Ok(t.to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?)
 }
 
 struct Count<'a> {
@@ -34,6 +35,7 @@ struct Count<'a> {
     passed: usize,
     failed: Vec<String>,
     comm: &'a dyn Communicator,
+    device: &'a Device,
 }
 
 impl Count<'_> {
@@ -44,15 +46,34 @@ impl Count<'_> {
             self.failed.push(format!("rank {}: {}", self.rank, what()));
         }
     }
+
+    /// `v` as a tensor of `shape` and `dt` on the device under test.
+    fn tensor(&self, v: &[f64], shape: &[usize], dt: DType) -> Result<Tensor> {
+        Ok(Tensor::from_vec(v.to_vec(), shape, &Device::Cpu)?
+            .to_dtype(dt)?
+            .to_device(self.device)?)
+    }
+
+    /// Whether a collective's result is on the device under test.
+    fn here(&self, t: &Tensor) -> bool {
+        t.device().same_device(self.device)
+    }
 }
 
-/// Runs every check on this rank; returns how many passed, or an error listing the failures.
+/// Runs every check on this rank with CPU tensors; returns how many passed, or an error
+/// listing the failures.
 pub fn run_all(comm: &dyn Communicator) -> Result<usize> {
+    run_all_on(comm, &Device::Cpu)
+}
+
+/// [`run_all`] with every tensor on `device` (a GPU, for the NCCL backend's device path).
+pub fn run_all_on(comm: &dyn Communicator, device: &Device) -> Result<usize> {
     let mut c = Count {
         rank: comm.rank(),
         passed: 0,
         failed: Vec::new(),
         comm,
+        device,
     };
     all_reduce(&mut c)?;
     gather_scatter_broadcast(&mut c)?;
@@ -77,7 +98,7 @@ fn all_reduce(c: &mut Count) -> Result<()> {
         let n: usize = shape.iter().product();
         for dt in DTYPES {
             for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
-                let mine = tensor(&values(c.rank, s, n), shape, dt)?;
+                let mine = c.tensor(&values(c.rank, s, n), shape, dt)?;
                 let got = c.comm.all_reduce(&mine, op);
                 if op == ReduceOp::Avg && dt.is_int() {
                     c.check(got.is_err(), || {
@@ -105,6 +126,7 @@ fn all_reduce(c: &mut Count) -> Result<()> {
                 let g = as_f64(&got)?;
                 let ok = got.dims() == *shape
                     && got.dtype() == dt
+                    && c.here(&got)
                     && g.iter()
                         .zip(&want)
                         .all(|(a, b)| (a - b).abs() <= tol * b.abs());
@@ -122,33 +144,35 @@ fn gather_scatter_broadcast(c: &mut Count) -> Result<()> {
     for dt in DTYPES {
         // all_gather: shapes may differ by rank.
         let rows = |r: usize| r % 3;
-        let mine = tensor(&values(c.rank, 1, rows(c.rank) * 2), &[rows(c.rank), 2], dt)?;
+        let mine = c.tensor(&values(c.rank, 1, rows(c.rank) * 2), &[rows(c.rank), 2], dt)?;
         let all = c.comm.all_gather(&mine)?;
         let mut ok = all.len() == world;
         for (r, t) in all.iter().enumerate() {
             ok &= t.dims() == [rows(r), 2]
                 && t.dtype() == dt
+                && c.here(t)
                 && as_f64(t)? == values(r, 1, rows(r) * 2);
         }
         c.check(ok, || format!("all_gather {dt:?}"));
         // reduce_scatter: rank r keeps rows [2r, 2r + 2) of the sum.
         let n = 2 * world * 3;
-        let mine = tensor(&values(c.rank, 2, n), &[2 * world, 3], dt)?;
+        let mine = c.tensor(&values(c.rank, 2, n), &[2 * world, 3], dt)?;
         let part = c.comm.reduce_scatter(&mine, ReduceOp::Sum)?;
         let want: Vec<f64> = (c.rank * 6..c.rank * 6 + 6)
             .map(|i| (0..world).map(|r| values(r, 2, n)[i]).sum())
             .collect();
         let got = as_f64(&part)?;
-        c.check(part.dims() == [2, 3] && got == want, || {
-            format!("reduce_scatter {dt:?}: {got:?}, want {want:?}")
-        });
+        c.check(
+            part.dims() == [2, 3] && c.here(&part) && got == want,
+            || format!("reduce_scatter {dt:?}: {got:?}, want {want:?}"),
+        );
         // broadcast from the last rank; the others pass a placeholder of the same shape.
         let root = world - 1;
         let got = c
             .comm
-            .broadcast(&tensor(&values(c.rank, 3, 6), &[2, 3], dt)?, root)?;
+            .broadcast(&c.tensor(&values(c.rank, 3, 6), &[2, 3], dt)?, root)?;
         c.check(
-            got.dtype() == dt && as_f64(&got)? == values(root, 3, 6),
+            got.dtype() == dt && c.here(&got) && as_f64(&got)? == values(root, 3, 6),
             || format!("broadcast {dt:?}"),
         );
     }
@@ -163,7 +187,7 @@ fn point_to_point(c: &mut Count) -> Result<()> {
     for (k, dt) in DTYPES.iter().enumerate() {
         for shape in SHAPES {
             let n: usize = shape.iter().product();
-            let t = tensor(&values(c.rank, k, n), shape, *dt)?;
+            let t = c.tensor(&values(c.rank, k, n), shape, *dt)?;
             // Even ranks send first, odd ranks receive first: no rank waits on a send.
             let got = if c.rank.is_multiple_of(2) || world == 1 {
                 let h = c.comm.irecv(prev, k as u64)?;
@@ -183,7 +207,7 @@ fn point_to_point(c: &mut Count) -> Result<()> {
     let h = c.comm.irecv(prev, 99)?;
     let s = c
         .comm
-        .isend(&Tensor::new(&[c.rank as f32], &Device::Cpu)?, next, 99)?;
+        .isend(&c.tensor(&[c.rank as f64], &[1], DType::F32)?, next, 99)?;
     let got = h.wait()?.to_vec1::<f32>()?;
     s.wait()?;
     c.check(got == vec![prev as f32], || {
@@ -204,8 +228,8 @@ fn sub_groups(c: &mut Count) -> Result<()> {
     for axis in [Axis::Pipeline, Axis::Tensor, Axis::Data] {
         let g = super::axis_group(c.comm, &topo, axis)?;
         let members = topo.group(c.rank, axis)?;
-        let t = Tensor::new(&[per_rank(c.rank)], &Device::Cpu)?;
-        let sum = g.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<f64>()?[0];
+        let t = c.tensor(&[per_rank(c.rank)], &[1], DType::F64)?;
+        let sum = as_f64(&g.all_reduce(&t, ReduceOp::Sum)?)?[0];
         let want: f64 = members.iter().map(|&m| per_rank(m)).sum();
         c.check(members[g.rank()] == c.rank && sum == want, || {
             format!("{axis:?} group sum {sum}, want {want}")
@@ -213,7 +237,7 @@ fn sub_groups(c: &mut Count) -> Result<()> {
         let all: Vec<f64> = g
             .all_gather(&t)?
             .iter()
-            .map(|t| t.to_vec1::<f64>().map(|v| v[0]))
+            .map(|t| as_f64(t).map(|v| v[0]))
             .collect::<std::result::Result<_, _>>()?;
         c.check(
             all == members.iter().map(|&m| per_rank(m)).collect::<Vec<_>>(),
@@ -230,10 +254,9 @@ fn mismatches(c: &mut Count) -> Result<()> {
     }
     let odd = world - 1;
     let shape: &[usize] = if c.rank == odd { &[4] } else { &[3] };
-    let e = c.comm.all_reduce(
-        &Tensor::zeros(shape, DType::F32, &Device::Cpu)?,
-        ReduceOp::Sum,
-    );
+    let e = c
+        .comm
+        .all_reduce(&Tensor::zeros(shape, DType::F32, c.device)?, ReduceOp::Sum);
     let want = format!("rank {odd} passed [4] F32 but rank 0 passed [3] F32");
     c.check(
         matches!(&e, Err(e) if e.to_string().contains(&want)),
@@ -246,7 +269,7 @@ fn mismatches(c: &mut Count) -> Result<()> {
     };
     let e = c
         .comm
-        .all_reduce(&Tensor::zeros(3, dt, &Device::Cpu)?, ReduceOp::Sum);
+        .all_reduce(&Tensor::zeros(3, dt, c.device)?, ReduceOp::Sum);
     let want = format!("rank {odd} passed [3] F16");
     c.check(
         matches!(&e, Err(e) if e.to_string().contains(&want)),
@@ -254,13 +277,13 @@ fn mismatches(c: &mut Count) -> Result<()> {
     );
     let e = c
         .comm
-        .broadcast(&Tensor::zeros(shape, DType::F32, &Device::Cpu)?, 0);
+        .broadcast(&Tensor::zeros(shape, DType::F32, c.device)?, 0);
     let want = format!("rank {odd} expects [4] F32 but root 0 sends [3] F32");
     c.check(
         matches!(&e, Err(e) if e.to_string().contains(&want)),
         || format!("broadcast mismatch: {:?}", e.err()),
     );
-    let t = Tensor::zeros(1, DType::F32, &Device::Cpu)?;
+    let t = Tensor::zeros(1, DType::F32, c.device)?;
     c.check(c.comm.send(&t, world, 0).is_err(), || {
         "send outside the world was accepted".into()
     });

@@ -213,9 +213,10 @@ fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
     }
     let mut acc = ts[0].clone();
     for t in &ts[1..] {
+        let t = t.to_device(acc.device())?;
         acc = match op {
             ReduceOp::Sum | ReduceOp::Avg => (acc + t)?,
-            ReduceOp::Max => acc.maximum(t)?,
+            ReduceOp::Max => acc.maximum(&t)?,
         };
     }
     if op == ReduceOp::Avg {
@@ -259,8 +260,26 @@ impl LocalComm {
     }
 
     /// Runs one collective: every member's `inputs` go to member 0, which turns them into one
-    /// reply per member (or an error for all).
+    /// reply per member (or an error for all), on the device of its inputs (threads may sit on
+    /// different GPUs). [`Self::exchange`] does the rest.
     fn collective(
+        &self,
+        name: &str,
+        inputs: Vec<Tensor>,
+        combine: impl FnOnce(Vec<Vec<Tensor>>) -> std::result::Result<Vec<Vec<Tensor>>, String>,
+    ) -> Result<Vec<Tensor>> {
+        let here = inputs.first().map(|t| t.device().clone());
+        let reply = self.exchange(name, inputs, combine)?;
+        match here {
+            Some(d) => Ok(reply
+                .iter()
+                .map(|t| t.to_device(&d))
+                .collect::<candle_core::Result<_>>()?),
+            None => Ok(reply),
+        }
+    }
+
+    fn exchange(
         &self,
         name: &str,
         inputs: Vec<Tensor>,

@@ -3,7 +3,10 @@
 //! one process ([`local`]), MPI processes or GPUs.
 //!
 //! Collectives must be called by every member of a communicator in the same order. Results of
-//! reductions are identical (bit for bit) on every member.
+//! reductions are identical (bit for bit) on every member, and each member gets them on the
+//! device of the tensor it passed. A received tensor is wherever the backend put it (the
+//! sender's device for local threads, the CPU for MPI, the GPU for NCCL): receivers move it to
+//! their device, which costs nothing when it is there already.
 
 pub mod conformance;
 pub mod local;

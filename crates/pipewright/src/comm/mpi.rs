@@ -3,7 +3,9 @@
 //! serialisation, no extra copy on the receiving side); point-to-point messages carry a small
 //! header (dtype and shape) first. Collectives use MPI's own (`MPI_Allreduce`, ...) after an
 //! exchange of headers that lets every rank report a shape or dtype mismatch identically.
-//! f16 and bf16, which MPI cannot add, are reduced in f32.
+//! f16 and bf16, which MPI cannot add, are reduced in f32. GPU tensors go through host memory
+//! (this MPI is not CUDA-aware; [`wire::to_host`](super::wire::to_host) warns once), and the
+//! results of collectives come back on the device of their input.
 //!
 //! MPI's default error handler is fatal: a rank that dies makes `mpirun` end the job and
 //! name it. A rank whose program returns an error should call [`Mpi::abort`] so the others do
@@ -22,7 +24,9 @@ use mpi::traits::{
 };
 use mpi::Threading;
 
-use super::wire::{header, parse_header, reduce_plan, tensor_from_bytes, with_bytes, Buf, HEADER};
+use super::wire::{
+    header, parse_header, reduce_plan, tensor_from_bytes, to_host, with_bytes, Buf, HEADER,
+};
 use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
@@ -279,6 +283,7 @@ impl Communicator for MpiComm {
     }
 
     fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()> {
+        let t = &to_host(t, "mpi")?;
         let p = self
             .comm()
             .process_at_rank(self.peer(dst, "send", Some(tag))?);
@@ -342,10 +347,13 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.reduce(t, op, false)
+        Ok(self
+            .reduce(&to_host(t, "mpi")?, op, false)?
+            .to_device(t.device())?)
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let (here, t) = (t.device(), &to_host(t, "mpi")?);
         let parts = self.headers(t)?;
         check_same_dtype(&parts).map_err(Error::Comm)?;
         let esize = t.dtype().size_in_bytes();
@@ -367,13 +375,18 @@ impl Communicator for MpiComm {
             .iter()
             .zip(displs.iter().zip(&counts))
             .map(|((dims, dt), (&off, &len))| {
-                tensor_from_bytes(*dt, dims, &all[off as usize..(off + len) as usize])
+                Ok(
+                    tensor_from_bytes(*dt, dims, &all[off as usize..(off + len) as usize])?
+                        .to_device(here)?,
+                )
             })
             .collect()
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.reduce(t, op, true)
+        Ok(self
+            .reduce(&to_host(t, "mpi")?, op, true)?
+            .to_device(t.device())?)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
@@ -381,12 +394,12 @@ impl Communicator for MpiComm {
         self.agree("broadcast", t, root)?;
         let mut buf = Buf::for_receive(t.dtype(), t.elem_count())?;
         if self.rank == root {
-            with_bytes(t, |b| buf.bytes_mut().copy_from_slice(b))?;
+            with_bytes(&to_host(t, "mpi")?, |b| buf.bytes_mut().copy_from_slice(b))?;
         }
         self.comm()
             .process_at_rank(r)
             .broadcast_into(buf.bytes_mut());
-        buf.into_tensor(t.dims())
+        Ok(buf.into_tensor(t.dims())?.to_device(t.device())?)
     }
 
     fn barrier(&self) -> Result<()> {

@@ -5,9 +5,8 @@
 //! A [`NcclComm`] is made from a CPU communicator (local threads or MPI) of the same ranks:
 //! rank 0 makes the NCCL unique id and broadcasts it over the CPU communicator, and shape and
 //! dtype headers travel there too, so mismatches are reported exactly as the other backends
-//! report them. pipewright's tensors are CPU tensors in this build: each operation copies them
-//! to the rank's GPU, runs the NCCL operation there and copies the result back. f16 and bf16
-//! are reduced in f32.
+//! report them. Tensors on the GPU (a `cuda` build) go straight through NCCL ([`gpu`]); CPU
+//! tensors are copied to the rank's GPU, and results back. f16 and bf16 are reduced in f32.
 //!
 //! cudarc panics on its first call when libcuda is missing; [`probe`] checks first, and
 //! [`NcclComm::new`] returns an error instead.
@@ -16,12 +15,17 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor, WithDType};
-use cudarc::driver::{CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
+#[cfg(not(feature = "cuda"))]
+use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp as NcclOp};
 
 use super::wire::{header_tensor, parse_header_tensor, reduce_plan, tensor_from_bytes, with_bytes};
 use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
+
+#[cfg(feature = "cuda")]
+mod gpu;
 
 /// Checks that the CUDA driver and NCCL libraries can be loaded. A `cuda` build links them
 /// (as candle links its CUDA libraries): the program's loader found them before it ran.
@@ -51,13 +55,24 @@ pub fn probe() -> Result<()> {
     Ok(())
 }
 
+fn nccl_op(op: ReduceOp) -> NcclOp {
+    match op {
+        ReduceOp::Sum => NcclOp::Sum,
+        ReduceOp::Max => NcclOp::Max,
+        ReduceOp::Avg => NcclOp::Avg,
+    }
+}
+
 fn gpu<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Error + '_ {
     move |e| Error::Comm(format!("NCCL backend: {what}: {e:?}"))
 }
 
 struct Gpu {
     comm: Comm,
+    /// candle's stream for this GPU in a `cuda` build (NCCL is ordered with its kernels).
     stream: Arc<CudaStream>,
+    #[cfg(feature = "cuda")]
+    candle: candle_core::CudaDevice,
 }
 
 // SAFETY: the NCCL communicator and stream are only used under `Inner::gpu`'s mutex, one
@@ -89,8 +104,16 @@ impl NcclComm {
                 "NCCL backend: another rank cannot load CUDA or NCCL".into(),
             ));
         }
-        let ctx = CudaContext::new(device).map_err(gpu("opening the GPU"))?;
-        let stream = ctx.default_stream();
+        #[cfg(feature = "cuda")]
+        let candle = crate::device::device(&format!("cuda:{device}"), 0)?
+            .as_cuda_device()?
+            .clone();
+        #[cfg(feature = "cuda")]
+        let stream = candle.cuda_stream();
+        #[cfg(not(feature = "cuda"))]
+        let stream = CudaContext::new(device)
+            .map_err(gpu("opening the GPU"))?
+            .default_stream();
         let id = if cpu.rank() == 0 {
             Id::new().map_err(gpu("making the NCCL unique id"))?
         } else {
@@ -106,7 +129,12 @@ impl NcclComm {
             .map_err(gpu("joining the NCCL communicator"))?;
         Ok(Self(Arc::new(Inner {
             cpu,
-            gpu: Mutex::new(Gpu { comm, stream }),
+            gpu: Mutex::new(Gpu {
+                comm,
+                stream,
+                #[cfg(feature = "cuda")]
+                candle,
+            }),
             device,
             to_self: Mutex::new(HashMap::new()),
         })))
@@ -195,11 +223,7 @@ impl Inner {
     ) -> Result<Tensor> {
         let host = t.flatten_all()?.to_vec1::<T>()?;
         let out: usize = out_dims.iter().product();
-        let nop = match op {
-            ReduceOp::Sum => NcclOp::Sum,
-            ReduceOp::Max => NcclOp::Max,
-            ReduceOp::Avg => NcclOp::Avg,
-        };
+        let nop = nccl_op(op);
         let v = self.staged(&host, out, |c, s, r| {
             let res = if scatter {
                 c.reduce_scatter(s, r, &nop)
@@ -220,6 +244,12 @@ impl Inner {
         self.agree(name, t, 0)?;
         let dt = t.dtype();
         let (dims, work) = reduce_plan(t, op, self.size(), scatter)?;
+        #[cfg(feature = "cuda")]
+        if t.device().is_cuda() {
+            return Ok(self
+                .gpu_reduce(&work, &nccl_op(op), &dims, scatter)?
+                .to_dtype(dt)?);
+        }
         let out = match work.dtype() {
             DType::F32 => self.reduce_typed::<f32>(&work, op, &dims, scatter)?,
             DType::F64 => self.reduce_typed::<f64>(&work, op, &dims, scatter)?,
@@ -243,6 +273,10 @@ impl Inner {
             return Ok(());
         }
         self.cpu.send(&header_tensor(t)?, dst, tag)?;
+        #[cfg(feature = "cuda")]
+        if t.device().is_cuda() {
+            return self.gpu_send(t, dst);
+        }
         let bytes = Self::bytes(t)?;
         if bytes.is_empty() {
             return Ok(());
@@ -270,9 +304,20 @@ impl Inner {
                 });
         }
         let (dims, dt) = parse_header_tensor(&self.cpu.recv(src, tag)?)?;
+        #[cfg(feature = "cuda")]
+        let got = self.gpu_recv(&dims, dt, src);
+        #[cfg(not(feature = "cuda"))]
+        let got = self.staged_recv(&dims, dt, src);
+        got
+    }
+
+    /// Receives into GPU memory and copies the bytes to the host (a build without `cuda`,
+    /// where every tensor is a CPU tensor).
+    #[cfg(not(feature = "cuda"))]
+    fn staged_recv(&self, dims: &[usize], dt: DType, src: usize) -> Result<Tensor> {
         let n = dims.iter().product::<usize>() * dt.size_in_bytes();
         if n == 0 {
-            return tensor_from_bytes(dt, &dims, &[]);
+            return tensor_from_bytes(dt, dims, &[]);
         }
         let g = self.lock();
         let mut dev = g
@@ -286,7 +331,7 @@ impl Inner {
             .stream
             .clone_dtoh(&dev)
             .map_err(gpu("copying from the GPU"))?;
-        tensor_from_bytes(dt, &dims, &bytes)
+        tensor_from_bytes(dt, dims, &bytes)
     }
 
     fn bytes(t: &Tensor) -> Result<Vec<u8>> {
@@ -334,6 +379,10 @@ impl Communicator for NcclComm {
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let parts = self.0.headers(t)?;
         check_same_dtype(&parts).map_err(Error::Comm)?;
+        #[cfg(feature = "cuda")]
+        if t.device().is_cuda() {
+            return self.0.gpu_all_gather(t, &parts);
+        }
         // NCCL gathers equal parts: pad every rank's bytes to the largest.
         let esize = t.dtype().size_in_bytes();
         let lens: Vec<usize> = parts
@@ -371,6 +420,10 @@ impl Communicator for NcclComm {
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         self.0.check(root, "broadcast", None)?;
         self.0.agree("broadcast", t, root)?;
+        #[cfg(feature = "cuda")]
+        if t.device().is_cuda() {
+            return self.0.gpu_broadcast(t, root);
+        }
         let bytes = Inner::bytes(t)?;
         if bytes.is_empty() {
             return Ok(t.clone());

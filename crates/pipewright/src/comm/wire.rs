@@ -115,6 +115,23 @@ pub fn with_bytes<R>(t: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
     })
 }
 
+/// `t` in host memory, for a backend that moves bytes from there (MPI, and NCCL for CPU
+/// tensors): a CPU tensor as it is, a GPU tensor copied over. The first GPU tensor prints a
+/// warning, once per process: MPI here is not CUDA-aware, and every step pays the copies.
+pub fn to_host(t: &Tensor, backend: &str) -> Result<Tensor> {
+    if t.device().is_cpu() {
+        return Ok(t.clone());
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        eprintln!(
+            "pipewright: warning: the {backend} backend copies GPU tensors through host memory \
+             (the nccl backend keeps them on the GPU)"
+        )
+    });
+    Ok(t.to_device(&Device::Cpu)?)
+}
+
 /// A typed receive buffer that becomes a tensor without a copy.
 #[allow(missing_docs)]
 pub enum Buf {
