@@ -23,6 +23,10 @@ pub enum Backend {
     Local,
     /// One process per rank: run under `mpirun -np N` (build with `--features mpi`).
     Mpi,
+    /// `train` only: every rank on a GPU of its own, its pipeline sends and collectives
+    /// through NCCL in GPU memory; ranks as threads, or processes under mpirun (needs
+    /// `--device cuda` and a build with `--features cuda`).
+    Nccl,
 }
 
 #[derive(Args)]
@@ -205,6 +209,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             write_link(&a, &rows, a.world)
         }
         Backend::Mpi => mpi_bench(&a),
+        Backend::Nccl => Err(invalid!(
+            "bench comm measures the local and mpi backends: use --backend local or mpi"
+        )),
     }
 }
 

@@ -192,6 +192,14 @@ fn bad_input_is_a_clear_error() {
     );
     fails_with(&["--task", "text"], "--task text needs --data FILE");
     fails_with(
+        &["--backend", "nccl"],
+        if cfg!(feature = "cuda") {
+            "--backend nccl moves GPU tensors: use it with --device cuda"
+        } else {
+            "--backend nccl needs a build with the `cuda` feature"
+        },
+    );
+    fails_with(
         &["--task", "text", "--data", "/nonexistent/input.txt"],
         "/nonexistent/input.txt",
     );

@@ -86,8 +86,9 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// How ranks talk: threads of this process (local), or one process per rank under
-    /// `mpirun -np P` (mpi; build with `--features mpi`). Under mpirun or `pipewright launch`
-    /// it is always mpi.
+    /// `mpirun -np P` (mpi; build with `--features mpi`), or NCCL between GPUs, one per rank
+    /// (nccl, with --device cuda; ranks as threads, or processes under mpirun). Under mpirun
+    /// or `pipewright launch` local means mpi.
     #[arg(long, value_enum, default_value = "local")]
     pub backend: crate::bench::Backend,
     /// Pipeline stages (ranks as threads of this process).

@@ -85,6 +85,24 @@ fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
 
 /// A flag SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards through
 /// mpirun) set.
+/// The run's communicator over NCCL when `--backend nccl` asks for it (Setup checked that the
+/// device is a GPU): the ranks join through `world`, each on its own GPU.
+#[cfg(feature = "cuda")]
+fn nccl_world(
+    a: &TrainArgs,
+    world: Box<dyn pipewright::comm::Communicator>,
+    device: &pipewright::candle_core::Device,
+) -> Result<Box<dyn pipewright::comm::Communicator>> {
+    match (a.backend, device.location()) {
+        (crate::bench::Backend::Nccl, pipewright::candle_core::DeviceLocation::Cuda { gpu_id }) => {
+            Ok(Box::new(pipewright::comm::nccl::NcclComm::new(
+                world, gpu_id,
+            )?))
+        }
+        _ => Ok(world),
+    }
+}
+
 fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
@@ -192,6 +210,18 @@ impl Setup {
                 a.pp * a.tp * a.dp
             ));
         }
+        if matches!(a.backend, crate::bench::Backend::Nccl) {
+            if !cfg!(feature = "cuda") {
+                return Err(invalid!(
+                    "--backend nccl needs a build with the `cuda` feature (tools/build-cuda.sh)"
+                ));
+            }
+            if !a.device.starts_with("cuda") {
+                return Err(invalid!(
+                    "--backend nccl moves GPU tensors: use it with --device cuda"
+                ));
+            }
+        }
         if a.clip < 0.0 || !a.clip.is_finite() {
             return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
         }
@@ -297,7 +327,10 @@ impl Setup {
             let rank0 = cx.broadcast_from_master(&mine)?.to_vec1::<u32>()?;
             opts.balance = Some(rank0.into_iter().map(|n| n as usize).collect());
         }
-        let mut v = Varuna::new(&self.model, cx.world()?, opts)?;
+        let world = cx.world()?;
+        #[cfg(feature = "cuda")]
+        let world = nccl_world(a, world, &opts.device)?;
+        let mut v = Varuna::new(&self.model, world, opts)?;
         v.set_optimizer(|ps| make_optimizer(a, ps))?;
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
