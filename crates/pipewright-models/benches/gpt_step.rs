@@ -12,7 +12,11 @@
 //! `PW_BENCH_DEVICE` (`cpu`, `cuda`, `cuda:N`) and `PW_BENCH_PRECISION` (`f32`, `bf16`,
 //! `f16`). Besides the median it prints tokens/s and the model FLOPs of a step (6 per
 //! parameter and token, plus attention's 12 x layers x d x sequence per token, as PaLM's MFU
-//! counts them), which `PW_BENCH_PEAK_TFLOPS` turns into MFU.
+//! counts them), which `PW_BENCH_PEAK_TFLOPS` turns into MFU. On a GPU it also prints the
+//! peak GPU memory of the timed steps (the CUDA memory pool's high-water mark, as
+//! `torch.cuda.max_memory_allocated` reads PyTorch's), and `PW_CUDA_PROFILE=1` brackets the
+//! timed steps with `cuProfilerStart`/`Stop` for `ncu --profile-from-start off`
+//! (`tools/gpu-checks.sh` sums its kernel times by kind with `tools/gpu_kernels.py`).
 
 use std::time::Instant;
 
@@ -90,22 +94,30 @@ fn main() -> pipewright::Result<()> {
         let n_params = t.pipeline().total_params()?;
         t.step(&batch_of)?; // warm-up
         let mut times = Vec::new();
-        perf_control("enable");
+        pipewright::memory::reset_gpu_peak(t.device());
+        profile(true);
         for _ in 0..steps {
             let s = Instant::now();
             t.step(&batch_of)?;
             times.push(s.elapsed().as_secs_f64() * 1e3);
         }
-        perf_control("disable");
-        Ok((n_params, times))
+        profile(false);
+        Ok((
+            n_params,
+            times,
+            pipewright::memory::gpu_peak_bytes(t.device()),
+        ))
     })?;
-    let (n_params, mut times) = runs.remove(0);
+    let (n_params, mut times, gpu_peak) = runs.remove(0);
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let median = times[times.len() / 2];
     println!(
         "gpt_step params={n_params} batch={batch} seq={seq} steps={steps} times_ms={times:.1?}"
     );
     println!("pipewright_median_ms {median:.1}");
+    if let Some(b) = gpu_peak {
+        println!("pipewright_peak_memory_bytes {b}");
+    }
     // The head is tied to the embedding: one matrix, counted once (as PyTorch's parameters()
     // counts it), while the step holds a copy per end.
     let counted = (n_params - cfg.vocab_size * cfg.n_embd) as f64;
@@ -126,12 +138,28 @@ fn main() -> pipewright::Result<()> {
     Ok(())
 }
 
-/// Writes `cmd` to `perf record`'s control FIFO when `PW_PERF_CTL` names one.
-fn perf_control(cmd: &str) {
+/// Starts (`on`) or stops sampling: writes to `perf record`'s control FIFO when
+/// `PW_PERF_CTL` names one, and calls the CUDA profiler API when `PW_CUDA_PROFILE` is set.
+fn profile(on: bool) {
     if let Ok(path) = std::env::var("PW_PERF_CTL") {
         use std::io::Write;
         if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(path) {
-            let _ = writeln!(f, "{cmd}");
+            let _ = writeln!(f, "{}", if on { "enable" } else { "disable" });
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if std::env::var_os("PW_CUDA_PROFILE").is_some() {
+        use candle_core::cuda::cudarc::driver::sys;
+        // SAFETY: plain driver calls with no arguments; the step has made the context current.
+        let r = unsafe {
+            if on {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            eprintln!("cuProfiler{}: {r:?}", if on { "Start" } else { "Stop" });
         }
     }
 }

@@ -223,3 +223,51 @@ pub fn keep_freed_memory() {
         }
     }
 }
+
+/// The most GPU memory tensors on `device` have held at once since the process started or
+/// [`reset_gpu_peak`]: the high-water mark of the CUDA memory pool candle allocates from, which
+/// is what PyTorch's `torch.cuda.max_memory_allocated` reports for its own allocator. `None`
+/// for the CPU, or in a build without the `cuda` feature.
+pub fn gpu_peak_bytes(device: &candle_core::Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    return gpu::peak(device, None);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        None
+    }
+}
+
+/// Starts [`gpu_peak_bytes`] of `device` again from what its tensors hold now.
+pub fn reset_gpu_peak(device: &candle_core::Device) {
+    #[cfg(feature = "cuda")]
+    gpu::peak(device, Some(0));
+    #[cfg(not(feature = "cuda"))]
+    let _ = device;
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use cudarc::driver::result::{device, mem_pool};
+    use cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+
+    /// Reads the high-water mark of the memory pool of `d`, or sets it to `set` (0 resets it
+    /// to the memory in use now).
+    pub(super) fn peak(d: &candle_core::Device, set: Option<u64>) -> Option<u64> {
+        let stream = d.as_cuda_device().ok()?.cuda_stream();
+        let ctx = stream.context();
+        ctx.bind_to_thread().ok()?;
+        let mut v = set.unwrap_or(0);
+        let at = (&mut v as *mut u64).cast();
+        // SAFETY: the device handle comes from a live context, and USED_MEM_HIGH is a u64.
+        unsafe {
+            let pool = device::get_mem_pool(ctx.cu_device()).ok()?;
+            match set {
+                Some(_) => mem_pool::set_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, at),
+                None => mem_pool::get_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, at),
+            }
+            .ok()?;
+        }
+        Some(v)
+    }
+}
