@@ -83,8 +83,6 @@ fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
     Ok(())
 }
 
-/// A flag SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards through
-/// mpirun) set.
 /// The run's communicator over NCCL when `--backend nccl` asks for it (Setup checked that the
 /// device is a GPU): the ranks join through `world`, each on its own GPU.
 #[cfg(feature = "cuda")]
@@ -103,6 +101,8 @@ fn nccl_world(
     }
 }
 
+/// A flag SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards through
+/// mpirun) set.
 fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {

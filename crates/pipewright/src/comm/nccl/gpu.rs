@@ -52,8 +52,11 @@ fn with_view<T: Elem, R>(t: &Tensor, f: impl FnOnce(&CudaView<'_, T>) -> Result<
     f(&s.as_cuda_slice::<T>()?.slice(a..b))
 }
 
-/// Sends the bytes of `t`.
+/// Sends the bytes of `t` (nothing when it is empty: the receiver expects none).
 fn send<T: Elem>(g: &Gpu, t: &Tensor, dst: usize) -> Result<()> {
+    if t.elem_count() == 0 {
+        return Ok(());
+    }
     with_view::<T, _>(t, |v| {
         // SAFETY: the bytes of the view's elements, read as bytes.
         let bytes = unsafe { v.transmute::<u8>(v.len() * std::mem::size_of::<T>()) }
@@ -150,13 +153,13 @@ fn broadcast<T: Elem>(g: &Gpu, t: &Tensor, root: usize, me: usize) -> Result<Ten
 
 impl Inner {
     /// This communicator's GPU as a candle device.
-    fn device(&self) -> Device {
+    fn gpu_device(&self) -> Device {
         Device::Cuda(self.lock().candle.clone())
     }
 
     /// `t`, a GPU tensor, on this communicator's GPU (where it already is, normally).
     fn here(&self, t: &Tensor) -> Result<Tensor> {
-        Ok(t.to_device(&self.device())?)
+        Ok(t.to_device(&self.gpu_device())?)
     }
 
     /// All-reduce or reduce-scatter of `work` into a tensor of `dims` on `t`'s device.
