@@ -260,26 +260,9 @@ impl LocalComm {
     }
 
     /// Runs one collective: every member's `inputs` go to member 0, which turns them into one
-    /// reply per member (or an error for all), on the device of its inputs (threads may sit on
-    /// different GPUs). [`Self::exchange`] does the rest.
+    /// reply per member (or an error for all); each member gets its reply on the device of its
+    /// inputs (threads may sit on different GPUs).
     fn collective(
-        &self,
-        name: &str,
-        inputs: Vec<Tensor>,
-        combine: impl FnOnce(Vec<Vec<Tensor>>) -> std::result::Result<Vec<Vec<Tensor>>, String>,
-    ) -> Result<Vec<Tensor>> {
-        let here = inputs.first().map(|t| t.device().clone());
-        let reply = self.exchange(name, inputs, combine)?;
-        match here {
-            Some(d) => Ok(reply
-                .iter()
-                .map(|t| t.to_device(&d))
-                .collect::<candle_core::Result<_>>()?),
-            None => Ok(reply),
-        }
-    }
-
-    fn exchange(
         &self,
         name: &str,
         inputs: Vec<Tensor>,
@@ -289,36 +272,41 @@ impl LocalComm {
         let tag = MAX_TAG + self.seq.fetch_add(1, Ordering::SeqCst);
         let root = self.members[0];
         let me = self.me();
+        let here = inputs.first().map(|t| t.device().clone());
         let inputs = inputs
             .iter()
             .map(Self::outgoing)
             .collect::<Result<Vec<_>>>()?;
-        if self.rank != 0 {
+        let reply = if self.rank != 0 {
             self.world
                 .post((self.group, me, root, tag), Msg::Tensors(inputs));
-            return self.world.take((self.group, root, me, tag), me, name);
-        }
-        let mut all = vec![inputs];
-        for &m in &self.members[1..] {
-            all.push(self.world.take((self.group, m, root, tag), me, name)?);
-        }
-        match combine(all) {
-            Ok(mut replies) => {
-                for (r, &m) in self.members.iter().enumerate().skip(1) {
-                    let reply = std::mem::take(&mut replies[r]);
-                    self.world
-                        .post((self.group, root, m, tag), Msg::Tensors(reply));
-                }
-                Ok(std::mem::take(&mut replies[0]))
+            self.world.take((self.group, root, me, tag), me, name)?
+        } else {
+            let mut all = vec![inputs];
+            for &m in &self.members[1..] {
+                all.push(self.world.take((self.group, m, root, tag), me, name)?);
             }
-            Err(why) => {
-                for &m in &self.members[1..] {
-                    self.world
-                        .post((self.group, root, m, tag), Msg::Failed(why.clone()));
+            let mut replies = match combine(all) {
+                Ok(replies) => replies,
+                Err(why) => {
+                    for &m in &self.members[1..] {
+                        self.world
+                            .post((self.group, root, m, tag), Msg::Failed(why.clone()));
+                    }
+                    return Err(Error::Comm(why));
                 }
-                Err(Error::Comm(why))
+            };
+            for (r, &m) in self.members.iter().enumerate().skip(1) {
+                let reply = std::mem::take(&mut replies[r]);
+                self.world
+                    .post((self.group, root, m, tag), Msg::Tensors(reply));
             }
-        }
+            std::mem::take(&mut replies[0])
+        };
+        Ok(reply
+            .iter()
+            .map(|t| t.to_device(here.as_ref().unwrap_or(t.device())))
+            .collect::<candle_core::Result<_>>()?)
     }
 }
 

@@ -24,6 +24,25 @@ use super::wire::{header_tensor, parse_header_tensor, reduce_plan, tensor_from_b
 use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
+/// `$body` with the type `$T` standing for the element type of the dtype `$dt`.
+macro_rules! typed {
+    ($dt:expr, $T:ident => $body:expr) => {
+        typed!(@ $dt, $T, $body, U8 u8, U32 u32, I64 i64, F16 half::f16, BF16 half::bf16,
+            F32 f32, F64 f64)
+    };
+    (@ $dt:expr, $T:ident, $body:expr, $($variant:ident $ty:ty),*) => {
+        match $dt {
+            $(DType::$variant => {
+                type $T = $ty;
+                $body
+            })*
+            other => Err(Error::Comm(format!(
+                "the NCCL backend does not carry {other:?} tensors"
+            ))),
+        }
+    };
+}
+
 #[cfg(feature = "cuda")]
 mod gpu;
 
@@ -250,18 +269,7 @@ impl Inner {
                 .gpu_reduce(&work, &nccl_op(op), &dims, scatter)?
                 .to_dtype(dt)?);
         }
-        let out = match work.dtype() {
-            DType::F32 => self.reduce_typed::<f32>(&work, op, &dims, scatter)?,
-            DType::F64 => self.reduce_typed::<f64>(&work, op, &dims, scatter)?,
-            DType::I64 => self.reduce_typed::<i64>(&work, op, &dims, scatter)?,
-            DType::U32 => self.reduce_typed::<u32>(&work, op, &dims, scatter)?,
-            DType::U8 => self.reduce_typed::<u8>(&work, op, &dims, scatter)?,
-            other => {
-                return Err(Error::Comm(format!(
-                    "the NCCL backend cannot reduce {other:?} tensors"
-                )))
-            }
-        };
+        let out = typed!(work.dtype(), T => self.reduce_typed::<T>(&work, op, &dims, scatter))?;
         Ok(out.to_dtype(dt)?)
     }
 

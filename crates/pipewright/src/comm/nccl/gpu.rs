@@ -18,24 +18,6 @@ use crate::{Error, Result};
 trait Elem: CudaDType + DeviceRepr + ValidAsZeroBits + NcclType {}
 impl<T: CudaDType + DeviceRepr + ValidAsZeroBits + NcclType> Elem for T {}
 
-/// `$f::<T>(args)` with `T` the element type of the dtype `$dt`.
-macro_rules! typed {
-    ($dt:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
-        match $dt {
-            DType::U8 => $f::<u8>($($arg),*),
-            DType::U32 => $f::<u32>($($arg),*),
-            DType::I64 => $f::<i64>($($arg),*),
-            DType::F16 => $f::<half::f16>($($arg),*),
-            DType::BF16 => $f::<half::bf16>($($arg),*),
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F64 => $f::<f64>($($arg),*),
-            other => Err(Error::Comm(format!(
-                "the NCCL backend does not carry {other:?} tensors"
-            ))),
-        }
-    };
-}
-
 /// Runs `f` on the elements of `t` (on a GPU) as a view of its device memory.
 fn with_view<T: Elem, R>(t: &Tensor, f: impl FnOnce(&CudaView<'_, T>) -> Result<R>) -> Result<R> {
     let t = t.contiguous()?;
@@ -171,18 +153,18 @@ impl Inner {
         scatter: bool,
     ) -> Result<Tensor> {
         let here = self.here(work)?;
-        let out = typed!(here.dtype(), reduce(&self.lock(), &here, op, dims, scatter))?;
+        let out = typed!(here.dtype(), T => reduce::<T>(&self.lock(), &here, op, dims, scatter))?;
         Ok(out.to_device(work.device())?)
     }
 
     pub(super) fn gpu_send(&self, t: &Tensor, dst: usize) -> Result<()> {
         let t = self.here(t)?;
-        typed!(t.dtype(), send(&self.lock(), &t, dst))
+        typed!(t.dtype(), T => send::<T>(&self.lock(), &t, dst))
     }
 
     /// Receives into this GPU's memory: the sender's tensor may have been on the host.
     pub(super) fn gpu_recv(&self, dims: &[usize], dt: DType, src: usize) -> Result<Tensor> {
-        typed!(dt, recv(&self.lock(), dims, src))
+        typed!(dt, T => recv::<T>(&self.lock(), dims, src))
     }
 
     /// Every member's tensor (`parts` holds their shapes; dtypes agree), on `t`'s device.
@@ -206,7 +188,7 @@ impl Inner {
                 Tensor::cat(&[mine, pad], 0)?
             }
         };
-        let all = typed!(t.dtype(), gather(&self.lock(), &padded, parts.len()))?;
+        let all = typed!(t.dtype(), T => gather::<T>(&self.lock(), &padded, parts.len()))?;
         parts
             .iter()
             .zip(&lens)
@@ -222,7 +204,7 @@ impl Inner {
 
     pub(super) fn gpu_broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
         let here = self.here(t)?;
-        let out = typed!(t.dtype(), broadcast(&self.lock(), &here, root, self.rank()))?;
+        let out = typed!(t.dtype(), T => broadcast::<T>(&self.lock(), &here, root, self.rank()))?;
         Ok(out.to_device(t.device())?)
     }
 }
