@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17's checks on a GPU machine (device time is scarce; a device command runs 10 minutes
 # at most): run from the repository root with gpu/ carried (tools/pack-gpu.sh made it), as
-# `bash tools/gpu-checks.sh [correctness] [speed]` (both by default; one call each fits the
-# limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
+# `bash tools/gpu-checks.sh [correctness] [speed] [pipeline]` (all by default; one call
+# each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
 # failure does not stop the rest. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
 # correctness:
@@ -17,11 +17,18 @@
 #    with peak GPU memory and MFU against the H100 SXM's dense peaks (989 TFLOP/s bf16, 67 f32)
 #  - one bf16 step of pipewright's under Nsight Compute, its kernel time summed by kind
 #    (tools/gpu_kernels.py) against the step's wall time
+# pipeline:
+#  - GPT-2 124M trained by `pipewright train` in bf16 (the text task on README.md's bytes, the
+#    vocabulary padded to 50257, batch 8 of 1024 tokens in 4 micro-batches, 20 steps): one
+#    stage, two stages as threads of one process, and two stages as two processes under
+#    Open MPI (tools/mpirun.sh with the packed runtime, gpu/mpi.txz; activations cross
+#    through the host), all on the one GPU; a table of median step time and tokens/s
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=gpu/out
 mkdir -p "$out"
 for f in gpu/*.xz; do [ -x "${f%.xz}" ] || { xz -dkf "$f" && chmod +x "${f%.xz}"; }; done
+[ -d gpu/mpi ] || { mkdir gpu/mpi && tar -C gpu/mpi -xJf gpu/mpi.txz; }
 run() { bash tools/run-on-gpu.sh "$@"; }
 check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED
   local name=$1; shift
@@ -56,12 +63,26 @@ speed() {
   python3 tools/gpu_kernels.py "$out/ncu-bf16.csv" ${step_ms:+--step-ms $step_ms} \
     | tee "$out/profile-bf16.txt"
 }
+pipeline() {
+  local gpt2=(--model gpt --task text --data README.md --block-size 1024 --vocab-size 50257
+    --n-layer 12 --n-head 12 --n-embd 768 --batch-size 8 --chunks 4 --precision bf16
+    --steps 20 --log-every 5 --device cuda)
+  rm -rf runs/gpt2-pp1 runs/gpt2-pp2-threads runs/gpt2-pp2-mpi
+  check gpt2-pp1 run gpu/pipewright train "${gpt2[@]}" --out runs/gpt2-pp1
+  check gpt2-pp2-threads run gpu/pipewright train "${gpt2[@]}" --pp 2 --out runs/gpt2-pp2-threads
+  check gpt2-pp2-mpi env PW_MPI_HOME=gpu/mpi bash tools/mpirun.sh 2 bash tools/run-on-gpu.sh \
+    gpu/pipewright-mpi train "${gpt2[@]}" --pp 2 --backend mpi --out runs/gpt2-pp2-mpi
+  for name in gpt2-pp1 gpt2-pp2-threads gpt2-pp2-mpi; do
+    awk -v n=$name '/^step time/ {t = $3} /^throughput/ {s = $2} END {print n ": step " t " ms, " s " tokens/s"}' \
+      "$out/$name.log"
+  done | tee "$out/pipeline.txt"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for group in "${@:-correctness speed}"; do
+for group in "${@:-correctness speed pipeline}"; do
   for g in $group; do
     case $g in
-      correctness | speed) $g ;;
-      *) echo "usage: tools/gpu-checks.sh [correctness] [speed]" >&2; exit 2 ;;
+      correctness | speed | pipeline) $g ;;
+      *) echo "usage: tools/gpu-checks.sh [correctness] [speed] [pipeline]" >&2; exit 2 ;;
     esac
   done
 done
