@@ -8,6 +8,7 @@ set -euo pipefail
 np=$1
 shift
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun=(mpirun)
 if [ -n "${PW_MPI_HOME:-}" ]; then
   usr=$(realpath "$PW_MPI_HOME")/usr
   [ -x "$usr/bin/orterun" ] || { echo "mpirun.sh: PW_MPI_HOME=$PW_MPI_HOME holds no usr/bin/orterun (unpack tools/pack-mpi.sh's archive there)" >&2; exit 1; }
@@ -15,7 +16,6 @@ if [ -n "${PW_MPI_HOME:-}" ]; then
   # Open MPI finds its plugins under OPAL_PREFIX; PMIx (Debian's, built apart) is told its own.
   export OPAL_PREFIX=$usr PMIX_MCA_mca_base_component_path=$lib/pmix2/lib/pmix PATH=$usr/bin:$PATH
   export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  exec "$usr/bin/orterun" --oversubscribe --mca btl_vader_single_copy_mechanism none \
-    -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_MCA_mca_base_component_path -np "$np" "$@"
+  mpirun=("$usr/bin/orterun" -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_MCA_mca_base_component_path)
 fi
-exec mpirun --oversubscribe --mca btl_vader_single_copy_mechanism none -np "$np" "$@"
+exec "${mpirun[@]}" --oversubscribe --mca btl_vader_single_copy_mechanism none -np "$np" "$@"
