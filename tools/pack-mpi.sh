@@ -35,7 +35,7 @@ ln -sf orterun "$root/usr/bin/mpirun"
 fabric='libfabric|libuc[mpst]|libibverbs|librdmacm|libpsm|libnl-|libgfortran|libjvm|libcuda|libefa|libmlx'
 system='linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libgcc_s|libstdc\+\+'
 find "$root" -type f | while read -r f; do
-  file -b "$f" | grep -q '^ELF' || continue
+  [ "$(head -c 4 "$f" | tail -c 3)" = ELF ] || continue # an ELF file's magic, without `file`
   deps=$(ldd "$f" 2>/dev/null | awk '/=>/ {print $1 " " $3}')
   if grep -qE "$fabric" <<<"$deps" || grep -q 'not found' <<<"$deps"; then
     rm -f "$f"
