@@ -18,7 +18,7 @@ use pipewright::comm::local;
 use pipewright::data_parallel::DistributedLoader;
 use pipewright::loss::Mse;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::init::{normal_vec, rng_for};
+use pipewright::init::{normal_vec, rng_for};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::nn::{Linear, Module};
 use pipewright::serial::{SerialTrainer, TrainOptions};

@@ -20,7 +20,7 @@ use pipewright::experiment::{
 };
 use pipewright::loss::Loss;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::init::rng_for;
+use pipewright::init::rng_for;
 use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::{Linear, Module};
 use pipewright::shard::TpGroup;

@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::batch::Batch;
 use crate::comm::{Communicator, ReduceOp};
-use crate::nn::Grads;
+use crate::grads::Grads;
 use crate::{invalid, Result};
 
 /// PyTorch DDP's default bucket: 25 MiB.

@@ -42,6 +42,8 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod experiment;
+pub mod grads;
+pub mod init;
 mod kernels;
 pub mod loss;
 pub mod memory;

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 
 use crate::batch::Batch;
+use crate::comm::TpGroup;
 use crate::model::{Activation, Cx};
 use crate::nn::{count_targets, cross_entropy_sum};
-use crate::shard::{vocab_parallel_cross_entropy_sum, TpGroup};
+use crate::shard::vocab_parallel_cross_entropy_sum;
 use crate::{invalid, Result};
 
 /// A loss over the model output and targets of the batch.

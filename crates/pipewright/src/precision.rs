@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Var};
 
-use crate::nn::Grads;
+use crate::grads::Grads;
 use crate::{invalid, Error, Result};
 
 /// The type the model computes in.

@@ -6,7 +6,7 @@ use pipewright::comm::{local, Communicator};
 use pipewright::data_parallel::{
     all_reduce_grads, shard_batch, DistributedLoader, DEFAULT_BUCKET_BYTES,
 };
-use pipewright::nn::init::{normal_vec, rng_for};
+use pipewright::init::{normal_vec, rng_for};
 use pipewright::nn::Grads;
 use pipewright::Batch;
 

@@ -4,8 +4,8 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Cx, Mode};
-use pipewright::nn::deferred::WeightGradQueue;
-use pipewright::nn::init::{normal_vec, rng_for};
+use pipewright::model::deferred::WeightGradQueue;
+use pipewright::init::{normal_vec, rng_for};
 use pipewright::nn::{Conv2d, Embedding, Init, Linear, Module};
 
 fn randn(key: &str, shape: &[usize]) -> Tensor {

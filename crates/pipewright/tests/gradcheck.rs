@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Cx, Mode};
-use pipewright::nn::init::{normal_vec, rng_for};
+use pipewright::init::{normal_vec, rng_for};
 use pipewright::nn::{
     cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, Conv2d, Dropout, Embedding,
     Init, LayerNorm, Linear, Module,

@@ -4,7 +4,7 @@
 //! differences in `gradcheck.rs`.)
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use pipewright::nn::init::{normal_vec, rng_for};
+use pipewright::init::{normal_vec, rng_for};
 use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use pipewright::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax, Grads, LayerNorm};
 use pipewright::nn::{Init, Module};

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use candle_core::Tensor;
-use pipewright::nn::init::rng_for;
+use pipewright::init::rng_for;
 use pipewright::{invalid, Result};
 use rand::Rng;
 

@@ -3,7 +3,7 @@
 //! out; the metric is exact-match accuracy of greedily decoded sorted sequences on them.
 
 use candle_core::Tensor;
-use pipewright::nn::init::{hash_seed, rng_for};
+use pipewright::init::{hash_seed, rng_for};
 use pipewright::{invalid, Result};
 use rand::Rng;
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use pipewright::nn::cross_entropy;
-use pipewright::nn::init::rng_for;
+use pipewright::init::rng_for;
 use pipewright::{invalid, Error, Result};
 use rand::Rng;
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use candle_core::Tensor;
 
 use super::{check_agree, check_same_dtype, describe, Communicator, Pending, ReduceOp, MAX_TAG};
-use crate::nn::init::hash_seed;
+use crate::init::hash_seed;
 use crate::{Error, Result};
 
 /// (group id, sender world rank, receiver world rank, tag)

@@ -9,6 +9,7 @@
 //! their device, which costs nothing when it is there already.
 
 pub mod conformance;
+mod group;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -16,6 +17,8 @@ pub mod mpi;
 pub mod nccl;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
+
+pub use group::TpGroup;
 
 use candle_core::Tensor;
 

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
 use crate::batch::Batch;
-use crate::nn::init::rng_for;
+use crate::init::rng_for;
 use crate::{invalid, Result};
 
 /// A data set: samples by index (PyTorch's map-style `Dataset`).

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
 use super::{dispatch, input, par, row_max, storage, sum_exp, Out, Real};
-use crate::nn::IGNORE_INDEX;
+
+/// Targets equal to this are ignored (PyTorch's default `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;
 
 const NAME: &str = "pipewright-cross-entropy";
 

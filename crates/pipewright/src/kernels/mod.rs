@@ -22,6 +22,8 @@ pub(crate) mod linear;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
 
+pub use cross_entropy::IGNORE_INDEX;
+
 use std::borrow::Cow;
 use std::ops::Range;
 

@@ -1,7 +1,7 @@
 //! [`Build`]: what a layer builder gets (the initialiser and the tensor-parallel group).
 
-use crate::nn::Init;
-use crate::shard::TpGroup;
+use crate::comm::TpGroup;
+use crate::init::Init;
 
 /// What a layer builder gets: where and how to create parameters ([`Init`], also reachable
 /// through `Deref`, so `Linear::new(b, ..)` works with `b: &Build`) and the tensor-parallel

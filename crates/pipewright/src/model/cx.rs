@@ -27,7 +27,7 @@ pub struct Cx {
     pub defer_batch_stats: bool,
     /// Zero-bubble split backward: weight-bearing layers queue their weight gradients here
     /// instead of computing them in the backward pass.
-    pub weight_grads: Option<crate::nn::deferred::WeightGradQueue>,
+    pub weight_grads: Option<super::deferred::WeightGradQueue>,
     /// Check every layer's output for NaN and inf ([`crate::model::Stage::forward`] fails at
     /// the first, naming the layer, micro-batch and step).
     pub detect_anomaly: bool,

@@ -5,13 +5,15 @@
 //! builder, and the names of the batch tensors its first layer takes. [`Sequential::build_range`]
 //! materialises any contiguous range of layers alone (what a pipeline stage owns); parameters
 //! carry global names (`h.3.attn.c_attn.weight`) that do not depend on the range, and their
-//! initial values come from [`crate::nn::Init`], keyed by those names, so every split of a model
+//! initial values come from [`crate::init::Init`], keyed by those names, so every split of a model
 //! starts from the same weights. A builder gets a [`Build`]: the initialiser (device, dtype,
 //! seed) and the tensor-parallel group its layer splits over.
 
 mod activation;
 mod build;
 mod cx;
+pub mod deferred;
+mod param;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,9 +23,10 @@ use candle_core::Var;
 pub use activation::Activation;
 pub use build::Build;
 pub use cx::{Cx, Mode};
+pub use param::{Shard, WeightLayout};
 
 use crate::batch::Batch;
-use crate::shard::{Shard, TpGroup};
+use crate::comm::TpGroup;
 use crate::{invalid, Result};
 
 /// One built layer. Parameters are [`Var`]s with global names.
@@ -331,7 +334,7 @@ impl Stage {
 /// the step.
 fn check_finite(layer: &str, y: &Activation, cx: &Cx) -> Result<()> {
     for t in y.tensors().into_iter().filter(|t| t.dtype().is_float()) {
-        if !crate::nn::grads::all_finite(t)? {
+        if !crate::grads::all_finite(t)? {
             return Err(crate::invalid!(
                 "anomaly: layer `{layer}` produced NaN or inf values in micro-batch {} of step {}: \
                  lower the learning rate, clip gradients, or check this layer's input",

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Tensor, Var};
 
-use super::{join, Init, Module};
+use super::{join, Module};
+use crate::init::Init;
 use crate::model::Cx;
 use crate::{Error, Result};
 

@@ -4,7 +4,7 @@
 use candle_core::Tensor;
 use rand::Rng;
 
-use super::init::rng_for;
+use crate::init::rng_for;
 use crate::model::Cx;
 use crate::Result;
 

@@ -2,8 +2,9 @@
 
 use candle_core::{DType, Tensor, Var};
 
-use super::deferred::{WeightGradQueue, Work};
-use super::{join, Init, Module};
+use super::{join, Module};
+use crate::init::Init;
+use crate::model::deferred::{WeightGradQueue, Work};
 use crate::model::Cx;
 use crate::{Error, Result};
 

@@ -2,7 +2,8 @@
 
 use candle_core::{Tensor, Var, D};
 
-use super::{join, Init, Module};
+use super::{join, Module};
+use crate::init::Init;
 use crate::{kernels, Result};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias`, biased variance, as `torch.nn.LayerNorm`.

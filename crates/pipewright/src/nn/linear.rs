@@ -2,19 +2,12 @@
 
 use candle_core::{Tensor, Var};
 
-use super::deferred::{WeightGradQueue, Work};
-use super::{join, Init, Module};
+use super::{join, Module};
+use crate::init::Init;
+use crate::model::deferred::{WeightGradQueue, Work};
 use crate::model::Cx;
+use crate::model::WeightLayout;
 use crate::{kernels, Error, Result};
-
-/// How the weight matrix is stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightLayout {
-    /// `(out, in)`, as `torch.nn.Linear`.
-    OutIn,
-    /// `(in, out)`, as GPT-2's `Conv1D` (Hugging Face checkpoints store it so).
-    InOut,
-}
 
 /// `y = x W^T + b` over the last dimension; any leading dimensions.
 #[derive(Clone, Debug)]

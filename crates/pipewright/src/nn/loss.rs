@@ -3,10 +3,8 @@
 use candle_core::{DType, Tensor};
 
 use super::activation::log_softmax_last_dim;
+use crate::kernels::IGNORE_INDEX;
 use crate::{invalid, kernels, Result};
-
-/// Targets equal to this are ignored (PyTorch's default `ignore_index`).
-pub const IGNORE_INDEX: i64 = -100;
 
 /// Sum of the negative log-likelihoods of the non-ignored targets, and how many there are.
 ///

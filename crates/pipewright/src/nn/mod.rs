@@ -6,26 +6,26 @@
 pub mod activation;
 pub mod batch_norm;
 pub mod conv;
-pub mod deferred;
 pub mod dropout;
 pub mod embedding;
-pub mod grads;
-pub mod init;
 pub mod layer_norm;
 pub mod linear;
 pub mod loss;
 pub mod optim;
 
+pub use crate::grads::{max_rel_diff, sum_sq_share, Grads};
+pub use crate::init::Init;
+pub use crate::kernels::IGNORE_INDEX;
+pub use crate::model::deferred;
+pub use crate::model::WeightLayout;
 pub use activation::{causal_mask, gelu, relu, residual, scaled_softmax, softmax_last_dim};
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
 pub use dropout::Dropout;
 pub use embedding::Embedding;
-pub use grads::{max_rel_diff, sum_sq_share, Grads};
-pub use init::Init;
 pub use layer_norm::LayerNorm;
-pub use linear::{Linear, WeightLayout};
-pub use loss::{count_targets, cross_entropy, cross_entropy_sum, IGNORE_INDEX};
+pub use linear::Linear;
+pub use loss::{count_targets, cross_entropy, cross_entropy_sum};
 
 use candle_core::Var;
 

@@ -9,8 +9,8 @@ use super::executor::Pipeline;
 use super::transfer::{inject_gradients, send_gradients, Tags};
 use crate::batch::Batch;
 use crate::comm::Pending;
+use crate::grads::Grads;
 use crate::model::Activation;
-use crate::nn::Grads;
 use crate::{invalid, Result};
 
 /// What a forward left for its backward.
@@ -93,7 +93,7 @@ impl Pipeline {
         if self.opts.detect_anomaly {
             let mut bad = Vec::new();
             for (name, g) in mine.iter() {
-                if !crate::nn::grads::all_finite(g)? {
+                if !crate::grads::all_finite(g)? {
                     bad.push(name.as_str());
                 }
             }

@@ -10,7 +10,7 @@
 //! [`super::tied`], recomputation in [`super::recompute`], tracing in [`super::trace`].
 //!
 //! Zero-bubble schedules split the backward: forwards run with a weight-gradient queue
-//! ([`crate::nn::deferred`]), an input-gradient action (I) runs the backward, which then gives
+//! ([`crate::model::deferred`]), an input-gradient action (I) runs the backward, which then gives
 //! only input, bias and norm gradients, and the weight-gradient action (W) of the same
 //! micro-batch computes the queued weight gradients later.
 
@@ -31,12 +31,12 @@ use super::tied::Tied;
 use super::trace::TraceEvent;
 use super::transfer::{send_activation, Tags};
 use crate::batch::Batch;
+use crate::comm::TpGroup;
 use crate::comm::{Communicator, Pending, ReduceOp};
 use crate::loss::{output_in_f32, SharedLoss};
+use crate::model::deferred::{leftover, WeightGradQueue};
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
-use crate::nn::deferred::{leftover, WeightGradQueue};
 use crate::nn::{sum_sq_share, Grads};
-use crate::shard::TpGroup;
 use crate::{invalid, Result};
 
 /// How to split and schedule.

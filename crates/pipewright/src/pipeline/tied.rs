@@ -9,7 +9,7 @@
 use candle_core::{Device, Tensor, Var};
 
 use crate::comm::{Communicator, MAX_TAG};
-use crate::nn::Grads;
+use crate::grads::Grads;
 use crate::{invalid, Result};
 
 /// The tied pairs of a pipeline, with the pipeline rank that owns each member.

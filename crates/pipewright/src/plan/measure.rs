@@ -6,9 +6,9 @@ use super::costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
 use super::profile::{profile_layers, LayerCost};
 use crate::batch::Batch;
 use crate::comm::local;
+use crate::comm::TpGroup;
 use crate::model::{Build, Sequential};
 use crate::pipeline::partition::unit_bounds;
-use crate::shard::TpGroup;
 use crate::{invalid, Result};
 
 /// Timings of each layer at each size, their median kept.

@@ -11,8 +11,8 @@ use candle_core::{Storage, Tensor, TensorId, Var};
 use serde::Serialize;
 
 use crate::batch::Batch;
+use crate::model::deferred::WeightGradQueue;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
-use crate::nn::deferred::WeightGradQueue;
 use crate::Result;
 
 /// What one layer costs for one micro-batch.

@@ -7,9 +7,12 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{ParallelDim, ParallelLinear, Shard, TpGroup};
+use super::{ParallelDim, ParallelLinear};
+use crate::comm::TpGroup;
+use crate::init::Init;
 use crate::model::Cx;
-use crate::nn::{join, scaled_softmax, Dropout, Init, Linear, Module};
+use crate::model::Shard;
+use crate::nn::{join, scaled_softmax, Dropout, Linear, Module};
 use crate::{kernels, Error, Result};
 
 /// GPT-2 attention: `c_attn` projects to q, k, v (one `(d, 3d)` matrix), heads attend causally,

@@ -11,38 +11,11 @@
 //! [`Cx`] (it is gone with the forward); a parameter's is a [`Shard`] its layer reports through
 //! [`crate::Layer::shards`].
 
-use super::{normalize_dim, part_len, TpGroup};
-use crate::model::Cx;
-use crate::nn::WeightLayout;
+use super::{normalize_dim, part_len};
+use crate::comm::TpGroup;
+use crate::model::{Cx, Shard, WeightLayout};
 use crate::{invalid, Result};
 use candle_core::Tensor;
-
-/// How one parameter is split: the layout-free record behind every sharded parameter.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Shard {
-    /// TorchShard's parallel dim: `-1` (output features split) or `0` (input features split).
-    pub parallel_dim: i64,
-    /// TorchShard's order type.
-    pub order: WeightLayout,
-    /// The tensor axis that is split.
-    pub axis: usize,
-    /// Blocks of the axis split separately (3 for GPT's fused q|k|v), see [`super::part`].
-    pub stride: usize,
-    /// This rank's part and the number of parts.
-    pub index: usize,
-    pub count: usize,
-    /// Shape of the whole parameter.
-    pub whole: Vec<usize>,
-}
-
-impl Shard {
-    /// Shape of this rank's part.
-    pub fn shape(&self) -> Vec<usize> {
-        let mut s = self.whole.clone();
-        s[self.axis] /= self.count;
-        s
-    }
-}
 
 /// TorchShard's `register_parallel_attribute` for a parameter: the [`Shard`] of this rank for a
 /// parameter whose whole shape is `whole`, split on `parallel_dim` (`-1`/`1` output features,

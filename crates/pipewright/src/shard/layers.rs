@@ -6,11 +6,14 @@
 
 use candle_core::{DType, Tensor, Var};
 
-use super::attr::{register_parallel_attribute, Shard};
+use super::attr::register_parallel_attribute;
 use super::ops::{copy_to_group, gather_from_group, reduce_from_group, scatter_to_group};
-use super::{part, TpGroup};
-use crate::model::Cx;
-use crate::nn::{join, Embedding, Init, Linear, Module, WeightLayout};
+use super::part;
+use crate::comm::TpGroup;
+use crate::init::Init;
+use crate::model::WeightLayout;
+use crate::model::{Cx, Shard};
+use crate::nn::{join, Embedding, Linear, Module};
 use crate::{invalid, Error, Result};
 
 /// Which features of a linear layer are split.

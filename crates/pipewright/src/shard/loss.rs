@@ -7,10 +7,10 @@
 use candle_core::{DType, Tensor, D};
 
 use super::ops::reduce_from_group;
-use super::TpGroup;
 use crate::comm::ReduceOp;
+use crate::comm::TpGroup;
+use crate::kernels::IGNORE_INDEX;
 use crate::nn::loss::class_rows;
-use crate::nn::IGNORE_INDEX;
 use crate::{invalid, kernels, Result};
 
 /// Sum of the negative log-likelihoods of the non-ignored targets and their count, where

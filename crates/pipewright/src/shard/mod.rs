@@ -25,15 +25,14 @@ pub mod loss;
 pub mod ops;
 pub mod state;
 
-use std::sync::Arc;
-
 use candle_core::Tensor;
 
-use crate::comm::Communicator;
 use crate::{invalid, Result};
 
+pub use crate::comm::TpGroup;
+pub use crate::model::Shard;
 pub use attention::CausalSelfAttention;
-pub use attr::{get_parallel_dim, register_parallel_attribute, register_parallel_dim, Shard};
+pub use attr::{get_parallel_dim, register_parallel_attribute, register_parallel_dim};
 pub use layers::{ParallelDim, ParallelEmbedding, ParallelLinear};
 pub use loss::vocab_parallel_cross_entropy_sum;
 pub use ops::{copy_to_group, gather_from_group, reduce_from_group, scatter_to_group};
@@ -41,62 +40,6 @@ pub use state::{
     collect_state_dict, load_state_dict, register_ddp_parameters_to_ignore, relocate_state_dict,
     state_dict,
 };
-
-/// The tensor-parallel group a layer is split over. `TpGroup::single()` (the default) is a
-/// group of one: parallel layers then are the plain layers and run no collective.
-#[derive(Clone, Default)]
-pub struct TpGroup(Option<Arc<dyn Communicator>>);
-
-impl std::fmt::Debug for TpGroup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TpGroup(rank {} of {})", self.rank(), self.size())
-    }
-}
-
-impl TpGroup {
-    /// A group of one rank (no tensor parallelism).
-    pub fn single() -> Self {
-        Self(None)
-    }
-
-    /// The group of `comm`'s members (a communicator of one member gives a group of one).
-    pub fn new(comm: Box<dyn Communicator>) -> Self {
-        if comm.size() <= 1 {
-            Self(None)
-        } else {
-            Self(Some(Arc::from(comm)))
-        }
-    }
-
-    pub fn rank(&self) -> usize {
-        self.0.as_ref().map_or(0, |c| c.rank())
-    }
-
-    pub fn size(&self) -> usize {
-        self.0.as_ref().map_or(1, |c| c.size())
-    }
-
-    /// The communicator, `None` for a group of one.
-    pub fn comm(&self) -> Option<&dyn Communicator> {
-        self.0.as_deref()
-    }
-
-    /// Every member's `t` in rank order (just `t` in a group of one).
-    pub fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
-        match self.comm() {
-            None => Ok(vec![t.clone()]),
-            Some(c) => c.all_gather(t),
-        }
-    }
-
-    /// The sum over the group (`t` in a group of one).
-    pub fn all_reduce(&self, t: &Tensor, op: crate::comm::ReduceOp) -> Result<Tensor> {
-        match self.comm() {
-            None => Ok(t.clone()),
-            Some(c) => c.all_reduce(t, op),
-        }
-    }
-}
 
 /// `dim` of a tensor of `rank` dimensions, negative counting from the end.
 pub fn normalize_dim(dim: i64, rank: usize) -> Result<usize> {

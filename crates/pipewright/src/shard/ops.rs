@@ -16,8 +16,9 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
-use super::{assemble, part, TpGroup};
+use super::{assemble, part};
 use crate::comm::ReduceOp;
+use crate::comm::TpGroup;
 use crate::Result;
 
 #[derive(Clone, Copy, Debug)]

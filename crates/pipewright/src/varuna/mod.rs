@@ -27,14 +27,15 @@ pub use checkpoint::TrainState;
 pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 
 use crate::batch::Batch;
+use crate::comm::TpGroup;
 use crate::comm::{axis_group, Communicator, ReduceOp};
 use crate::data_parallel::all_reduce_grads;
+use crate::grads::Grads;
+use crate::init::Init;
 use crate::model::{Build, Sequential};
 use crate::nn::optim::{scale_to_norm, Optimizer};
-use crate::nn::{Grads, Init};
 use crate::pipeline::{Pipeline, PipelineOptions, TraceEvent};
 use crate::precision::{has_overflow, to_master_grads, LossScaler, MasterWeights, Precision};
-use crate::shard::TpGroup;
 use crate::topology::{Axis, Coords, Topology};
 use crate::{invalid, Error, Result};
 

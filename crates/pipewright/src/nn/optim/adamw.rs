@@ -3,8 +3,8 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor, Var};
 
 use super::{decays, read_step, state_entry, step_tensor, Optimizer, StateDict};
+use crate::grads::Grads;
 use crate::kernels::adamw::{self, AdamWStep};
-use crate::nn::Grads;
 use crate::{invalid, Result};
 
 /// AdamW hyper-parameters (PyTorch defaults).

@@ -1,4 +1,4 @@
-use crate::nn::Grads;
+use crate::grads::Grads;
 use crate::{invalid, Result};
 
 /// Scales every gradient so that their global L2 norm is at most `max_norm`, as

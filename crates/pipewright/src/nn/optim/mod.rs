@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::Grads;
+use crate::grads::Grads;
 use crate::{Error, Result};
 
 /// Optimizer state: named tensors.

@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor, Var};
 
 use super::{read_step, state_entry, step_tensor, Optimizer, StateDict};
-use crate::nn::Grads;
+use crate::grads::Grads;
 use crate::{invalid, Result};
 
 /// SGD hyper-parameters (PyTorch's names and defaults).

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
-use super::{Grads, WeightLayout};
+use super::WeightLayout;
+use crate::grads::Grads;
 use crate::{Error, Result};
 
 /// What a queued weight gradient needs.
