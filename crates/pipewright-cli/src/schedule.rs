@@ -7,8 +7,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use pipewright::pipeline::read_chrome_trace;
-use pipewright::pipeline::schedule::{Kind, Schedule, Simulation};
-use pipewright::pipeline::simulate::svg_panels;
+use pipewright::pipeline::schedule::{Schedule, ScheduleKind};
+use pipewright::pipeline::timeline::svg_panels;
+use pipewright::pipeline::Simulation;
 use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Profile};
 use pipewright::topology::Layout;
 use pipewright::{invalid, Error, Result};
@@ -61,7 +62,7 @@ pub struct ScheduleArgs {
 }
 
 /// The timeline under the planner's costs, with its title.
-fn predicted(a: &ScheduleArgs, kind: Kind) -> Result<(String, Simulation)> {
+fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation)> {
     let path = a.profile.as_ref().expect("asked with --profile");
     let profile = Profile::load(path)?;
     let hw = crate::plan::hardware(&a.hardware, a.link.as_deref())?;
@@ -100,7 +101,7 @@ fn predicted(a: &ScheduleArgs, kind: Kind) -> Result<(String, Simulation)> {
 }
 
 pub fn run(a: ScheduleArgs) -> Result<()> {
-    let kind: Kind = a.schedule.parse()?;
+    let kind: ScheduleKind = a.schedule.parse()?;
     let s = Schedule::new(kind, a.pp, a.chunks, a.r#virtual)?;
     let sim = s.validate()?;
     let title = format!(

@@ -7,7 +7,7 @@ mod common;
 use candle_core::Tensor;
 use common::*;
 use pipewright::comm::local;
-use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use pipewright::pipeline::Recompute;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
@@ -19,7 +19,11 @@ fn gpipe_1f1b_and_zero_bubble_match_serial_training_in_every_recompute_mode() {
         let case = gpt_case(chunks);
         let want = serial(&case);
         for pp in [1, 2, 4] {
-            for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
+            for kind in [
+                ScheduleKind::GPipe,
+                ScheduleKind::OneFOneB,
+                ScheduleKind::ZeroBubbleH1,
+            ] {
                 for recompute in RECOMPUTE {
                     let what = format!("{kind} pp={pp} chunks={chunks} recompute {recompute:?}");
                     compare(&what, &pipelined(&case, pp, kind, 1, recompute), &want);
@@ -37,15 +41,66 @@ fn interleaved_matches_serial_training() {
         for recompute in RECOMPUTE {
             compare(
                 &format!("interleaved pp={pp} chunks={chunks} v=2 recompute {recompute:?}"),
-                &pipelined(&case, pp, Kind::Interleaved, 2, recompute),
+                &pipelined(&case, pp, ScheduleKind::Interleaved, 2, recompute),
                 &want,
             );
         }
     }
 }
 
+#[test]
+fn a_schedule_saved_to_a_file_and_loaded_back_trains_to_the_same_losses() {
+    let case = gpt_case(4);
+    let dir = std::env::temp_dir().join(format!("pw-schedule-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("zb1.csv");
+    Schedule::new(ScheduleKind::ZeroBubbleH1, 2, 4, 1)
+        .unwrap()
+        .save(&path)
+        .unwrap();
+    let loaded = Schedule::load(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
+    opts.custom_schedule = Some(loaded);
+    let got = pipelined_with(&case, 2, opts);
+    let built = pipelined(&case, 2, ScheduleKind::ZeroBubbleH1, 1, Recompute::Never);
+    assert_eq!(
+        got.0, built.0,
+        "the loaded zb1 and the built one give other losses"
+    );
+    compare("zb1 loaded from a file", &got, &serial(&case));
+}
+
+#[test]
+fn a_v_shaped_schedule_trains_to_the_serial_losses() {
+    // Two ranks, four stages in a V (ZB-V's placement): rank 0 holds stages 0 and 3 (the
+    // embedding and the tied head), rank 1 holds 1 and 2.
+    let (case, m) = (gpt_case(2), 2);
+    let row = |first: usize, second: usize| -> Vec<Action> {
+        let f = |stage| (0..m).map(move |mb| Action::Forward { mb, stage });
+        let b = |stage| (0..m).map(move |mb| Action::Backward { mb, stage });
+        f(first)
+            .chain(f(second))
+            .chain(b(second))
+            .chain(b(first))
+            .collect()
+    };
+    let v = Schedule::from_actions(vec![row(0, 3), row(1, 2)]).unwrap();
+    let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
+    opts.custom_schedule = Some(v.clone());
+    compare(
+        "V-shaped",
+        &pipelined_with(&case, 2, opts.clone()),
+        &serial(&case),
+    );
+    // One that does not fit the pipeline is refused before anything is built.
+    opts.custom_schedule = Some(Schedule::new(ScheduleKind::GPipe, 2, 3, 1).unwrap());
+    let e = opts.validate(&case.model, 2).unwrap_err().to_string();
+    assert!(e.contains("3 micro-batches") && e.contains("chunks"), "{e}");
+}
+
 /// Per rank: (most forward graphs, most stage inputs) held during one step.
-fn peaks(c: &Case, pp: usize, kind: Kind, recompute: Recompute) -> Vec<(usize, usize)> {
+fn peaks(c: &Case, pp: usize, kind: ScheduleKind, recompute: Recompute) -> Vec<(usize, usize)> {
     let opts = options(c, pp, kind, 1, recompute);
     local::run(pp, |comm| {
         let mut p = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
@@ -59,13 +114,17 @@ fn peaks(c: &Case, pp: usize, kind: Kind, recompute: Recompute) -> Vec<(usize, u
 #[test]
 fn the_executor_holds_the_activations_its_schedule_promises() {
     let (pp, m) = (4, 6);
-    for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
+    for kind in [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::ZeroBubbleH1,
+    ] {
         let got: Vec<usize> = peaks(&gpt_case(m), pp, kind, Recompute::Never)
             .into_iter()
             .map(|p| p.0)
             .collect();
         let want: Vec<usize> = match kind {
-            Kind::GPipe => vec![m; pp],
+            ScheduleKind::GPipe => vec![m; pp],
             _ => (0..pp).map(|s| (pp - s).min(m)).collect(),
         };
         assert_eq!(got, want, "{kind}");
@@ -82,7 +141,7 @@ fn bad_pipeline_configurations_are_errors() {
         .unwrap_err()
         .to_string()
     };
-    let base = options(&case, 2, Kind::GPipe, 1, Recompute::Never);
+    let base = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
     let e = err(VarunaOptions {
         balance: Some(vec![4, 3]),
         ..base.clone()
@@ -97,7 +156,7 @@ fn bad_pipeline_configurations_are_errors() {
         "{e}"
     );
     let e = err(VarunaOptions {
-        schedule: Kind::Interleaved,
+        schedule: ScheduleKind::Interleaved,
         virtual_stages: 2,
         chunk_size: 12,
         ..base
@@ -113,9 +172,10 @@ fn always_recompute_holds_only_stage_inputs() {
         (Recompute::ExceptLast, vec![1, 1]),
         (Recompute::Never, vec![4, 4]),
     ] {
-        let (a, i): (Vec<usize>, Vec<usize>) = peaks(&gpt_case(m), pp, Kind::GPipe, recompute)
-            .into_iter()
-            .unzip();
+        let (a, i): (Vec<usize>, Vec<usize>) =
+            peaks(&gpt_case(m), pp, ScheduleKind::GPipe, recompute)
+                .into_iter()
+                .unzip();
         assert_eq!(a, graphs, "{recompute:?}: forward graphs held");
         assert_eq!(
             i,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::*;
 use pipewright::loss::CrossEntropy;
 use pipewright::nn::optim::LrSchedule;
-use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::schedule::ScheduleKind;
 use pipewright::pipeline::Recompute;
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::{Batch, Build, Sequential};
@@ -49,7 +49,11 @@ fn cnn_with_batch_norm_matches_serial_training() {
         let c = case(chunks, false);
         let want = serial(&c);
         for pp in [1, 2, 4] {
-            for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
+            for kind in [
+                ScheduleKind::GPipe,
+                ScheduleKind::OneFOneB,
+                ScheduleKind::ZeroBubbleH1,
+            ] {
                 for recompute in RECOMPUTE {
                     compare(
                         &format!("cnn {kind} pp={pp} chunks={chunks} recompute {recompute:?}"),
@@ -67,7 +71,7 @@ fn cnn_with_batch_norm_matches_serial_training() {
         for recompute in RECOMPUTE {
             compare(
                 &format!("cnn interleaved v=2 chunks={chunks} {recompute:?}"),
-                &pipelined(&c, 2, Kind::Interleaved, 2, recompute),
+                &pipelined(&c, 2, ScheduleKind::Interleaved, 2, recompute),
                 &want,
             );
         }
@@ -125,7 +129,7 @@ fn deferred_batch_norm_commits_whole_batch_statistics() {
     let c = case(4, true);
     compare(
         "cnn deferred batch norm pp=2",
-        &pipelined(&c, 2, Kind::GPipe, 1, Recompute::Never),
+        &pipelined(&c, 2, ScheduleKind::GPipe, 1, Recompute::Never),
         &serial(&c),
     );
 }
@@ -141,9 +145,9 @@ fn a_skip_connection_jumps_over_whole_stages() {
     // leaves stage 0 and lands on stage 3, past two whole stages.
     let want = serial(&c);
     for (kind, recompute) in [
-        (Kind::GPipe, Recompute::Never),
-        (Kind::OneFOneB, Recompute::Never),
-        (Kind::OneFOneB, Recompute::Always),
+        (ScheduleKind::GPipe, Recompute::Never),
+        (ScheduleKind::OneFOneB, Recompute::Never),
+        (ScheduleKind::OneFOneB, Recompute::Always),
     ] {
         let got = pipelined(&c, 4, kind, 1, recompute);
         compare(&format!("cnn long skip {kind} {recompute:?}"), &got, &want);

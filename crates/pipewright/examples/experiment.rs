@@ -18,9 +18,9 @@ use candle_core::{DType, Device, Tensor, Var};
 use pipewright::experiment::{
     Context, Counter, Dataset, Experiment, Param, Recorder, SmartDataLoader,
 };
+use pipewright::init::rng_for;
 use pipewright::loss::Loss;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::init::rng_for;
 use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::{Linear, Module};
 use pipewright::shard::TpGroup;

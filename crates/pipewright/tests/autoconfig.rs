@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use pipewright::pipeline::schedule::{Action, Kind, Schedule};
+use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use pipewright::pipeline::Recompute;
 use pipewright::plan::estimate::{BACKWARD_EXTRA_SHARE, RANK_BYTES};
 use pipewright::plan::{
@@ -69,7 +69,13 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
     }
 }
 
-fn candidate(pp: usize, m: usize, rows: usize, schedule: Kind, recompute: Recompute) -> Candidate {
+fn candidate(
+    pp: usize,
+    m: usize,
+    rows: usize,
+    schedule: ScheduleKind,
+    recompute: Recompute,
+) -> Candidate {
     Candidate {
         layout: Layout { pp, tp: 1, dp: 1 },
         micro_batch: rows,
@@ -92,7 +98,7 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let (e, _) = estimate(
         &p,
         &cluster,
-        &candidate(1, m, rows, Kind::OneFOneB, Recompute::Never),
+        &candidate(1, m, rows, ScheduleKind::OneFOneB, Recompute::Never),
     )
     .unwrap();
     // Two layers of (1 + 2) ms per sample; AdamW streams 28 bytes per parameter at 1 GB/s.
@@ -109,7 +115,7 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let (r, _) = estimate(
         &p,
         &cluster,
-        &candidate(1, m, rows, Kind::OneFOneB, Recompute::Always),
+        &candidate(1, m, rows, ScheduleKind::OneFOneB, Recompute::Always),
     )
     .unwrap();
     let extra = m as f64 * rows as f64 * 2.0 * 1e-3;
@@ -133,7 +139,7 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     let (e, sim) = estimate(
         &p,
         &cluster,
-        &candidate(2, m, 1, Kind::GPipe, Recompute::Never),
+        &candidate(2, m, 1, ScheduleKind::GPipe, Recompute::Never),
     )
     .unwrap();
     let (f, b) = (1e-3, 3e-3);
@@ -145,7 +151,7 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     let (o, _) = estimate(
         &p,
         &cluster,
-        &candidate(2, m, 1, Kind::OneFOneB, Recompute::Never),
+        &candidate(2, m, 1, ScheduleKind::OneFOneB, Recompute::Never),
     )
     .unwrap();
     assert!(o.peak_bytes[0] < e.peak_bytes[0] && o.peak_bytes[1] < e.peak_bytes[1]);
@@ -167,7 +173,7 @@ fn ranks_sharing_one_processor_take_turns() {
     // On one processor (1 slot) the two stages' overlapping actions run at half speed, and
     // nothing overlaps with idle time, so the step is all the work in a row: 2 m (f + b).
     let (f, b) = (1.0, 3.0);
-    let s = Schedule::new(Kind::GPipe, 2, 2, 1).unwrap();
+    let s = Schedule::new(ScheduleKind::GPipe, 2, 2, 1).unwrap();
     let cost = |_: usize, a: &Action| match a {
         Action::Forward { .. } => f,
         _ => b,

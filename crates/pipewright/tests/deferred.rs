@@ -3,9 +3,9 @@
 //! bit) the gradient the unsplit backward gives.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::model::{Cx, Mode};
-use pipewright::model::deferred::WeightGradQueue;
 use pipewright::init::{normal_vec, rng_for};
+use pipewright::model::deferred::WeightGradQueue;
+use pipewright::model::{Cx, Mode};
 use pipewright::nn::{Conv2d, Embedding, Init, Linear, Module};
 
 fn randn(key: &str, shape: &[usize]) -> Tensor {

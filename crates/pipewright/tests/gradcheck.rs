@@ -5,8 +5,8 @@
 //! compared with the gradient from candle's backward.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::model::{Cx, Mode};
 use pipewright::init::{normal_vec, rng_for};
+use pipewright::model::{Cx, Mode};
 use pipewright::nn::{
     cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, Conv2d, Dropout, Embedding,
     Init, LayerNorm, Linear, Module,

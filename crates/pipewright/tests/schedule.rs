@@ -3,19 +3,23 @@
 
 use pipewright::model::{LayerSpec, Sequential};
 use pipewright::pipeline::partition::{partition, uniform_balance};
-use pipewright::pipeline::schedule::{Action, Kind, Schedule};
+use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
 
 #[test]
 fn every_schedule_is_complete_and_deadlock_free() {
     for p in 1..=8 {
         for m in 1..=16 {
-            for kind in [Kind::GPipe, Kind::OneFOneB, Kind::ZeroBubbleH1] {
+            for kind in [
+                ScheduleKind::GPipe,
+                ScheduleKind::OneFOneB,
+                ScheduleKind::ZeroBubbleH1,
+            ] {
                 let s = Schedule::new(kind, p, m, 1).unwrap();
                 s.validate()
                     .unwrap_or_else(|e| panic!("{kind} p={p} m={m}: {e}"));
             }
             for v in 1..=3 {
-                match Schedule::new(Kind::Interleaved, p, m, v) {
+                match Schedule::new(ScheduleKind::Interleaved, p, m, v) {
                     Ok(s) => {
                         s.validate()
                             .unwrap_or_else(|e| panic!("interleaved p={p} m={m} v={v}: {e}"));
@@ -36,7 +40,7 @@ fn bubbles_match_the_closed_forms() {
         for m in 1..=16 {
             // F = 1, B = 2: every stage is busy 3m of (m + p - 1) * 3.
             let want = (p - 1) as f64 / (m + p - 1) as f64;
-            for kind in [Kind::GPipe, Kind::OneFOneB] {
+            for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
                 let sim = Schedule::new(kind, p, m, 1).unwrap().validate().unwrap();
                 assert!(
                     (sim.bubble - want).abs() < 1e-12,
@@ -45,11 +49,11 @@ fn bubbles_match_the_closed_forms() {
                 );
             }
             if p > 1 && m >= p {
-                let one = Schedule::new(Kind::OneFOneB, p, m, 1)
+                let one = Schedule::new(ScheduleKind::OneFOneB, p, m, 1)
                     .unwrap()
                     .validate()
                     .unwrap();
-                let zb = Schedule::new(Kind::ZeroBubbleH1, p, m, 1)
+                let zb = Schedule::new(ScheduleKind::ZeroBubbleH1, p, m, 1)
                     .unwrap()
                     .validate()
                     .unwrap();
@@ -60,7 +64,7 @@ fn bubbles_match_the_closed_forms() {
                     one.bubble
                 );
                 if m % p == 0 {
-                    let il = Schedule::new(Kind::Interleaved, p, m, 2)
+                    let il = Schedule::new(ScheduleKind::Interleaved, p, m, 2)
                         .unwrap()
                         .validate()
                         .unwrap();
@@ -80,7 +84,7 @@ fn bubbles_match_the_closed_forms() {
 fn activations_in_flight() {
     for p in 1..=8 {
         for m in 1..=16 {
-            let g = Schedule::new(Kind::GPipe, p, m, 1)
+            let g = Schedule::new(ScheduleKind::GPipe, p, m, 1)
                 .unwrap()
                 .validate()
                 .unwrap();
@@ -88,7 +92,7 @@ fn activations_in_flight() {
                 g.peak_in_flight.iter().all(|&n| n == m),
                 "gpipe holds all m"
             );
-            let o = Schedule::new(Kind::OneFOneB, p, m, 1)
+            let o = Schedule::new(ScheduleKind::OneFOneB, p, m, 1)
                 .unwrap()
                 .validate()
                 .unwrap();
@@ -96,7 +100,7 @@ fn activations_in_flight() {
                 assert_eq!(n, (p - s).min(m), "1f1b p={p} m={m} stage {s}");
             }
             // ZB-H1 holds activations until the weight gradient, and still no more than 1F1B.
-            let z = Schedule::new(Kind::ZeroBubbleH1, p, m, 1)
+            let z = Schedule::new(ScheduleKind::ZeroBubbleH1, p, m, 1)
                 .unwrap()
                 .validate()
                 .unwrap();
@@ -107,21 +111,21 @@ fn activations_in_flight() {
 
 #[test]
 fn the_validator_rejects_hand_broken_schedules() {
-    let good = Schedule::new(Kind::OneFOneB, 2, 2, 1).unwrap();
-    let f = |mb| Action::Forward { mb, chunk: 0 };
-    let b = |mb| Action::Backward { mb, chunk: 0 };
-    // Stage 1 waits for micro-batch 1 first while stage 0 waits for the gradient of 0.
+    let good = Schedule::new(ScheduleKind::OneFOneB, 2, 2, 1).unwrap();
+    let f = |stage, mb| Action::Forward { mb, stage };
+    let b = |stage, mb| Action::Backward { mb, stage };
+    // Rank 1 waits for micro-batch 1 first while rank 0 waits for the gradient of 0.
     let mut s = good.clone();
-    s.actions[0] = vec![f(0), b(0), f(1), b(1)];
-    s.actions[1] = vec![f(1), f(0), b(0), b(1)];
+    s.actions[0] = vec![f(0, 0), b(0, 0), f(0, 1), b(0, 1)];
+    s.actions[1] = vec![f(1, 1), f(1, 0), b(1, 0), b(1, 1)];
     let e = s.validate().unwrap_err().to_string();
     assert!(
-        e.contains("deadlocks") && e.contains("stage 1 at F1 waits for forward of micro-batch 1"),
+        e.contains("deadlocks") && e.contains("rank 1 at 1F1 waits for forward of micro-batch 1"),
         "{e}"
     );
     // A backward before its own forward.
     let mut s = good.clone();
-    s.actions[1] = vec![b(0), f(0), f(1), b(1)];
+    s.actions[1] = vec![b(1, 0), f(1, 0), f(1, 1), b(1, 1)];
     assert!(s.validate().unwrap_err().to_string().contains("deadlocks"));
     // Missing and duplicated actions.
     let mut s = good.clone();
@@ -130,28 +134,84 @@ fn the_validator_rejects_hand_broken_schedules() {
         .validate()
         .unwrap_err()
         .to_string()
-        .contains("micro-batch 1 (chunk 0) needs one backward"));
+        .contains("micro-batch 1 on stage 0 needs one backward (0B1)"));
     let mut s = good.clone();
-    s.actions[0].push(f(0));
+    s.actions[0].push(f(0, 0));
     assert!(s
         .validate()
         .unwrap_err()
         .to_string()
         .contains("appears 2 times"));
-    let mut s = good;
-    s.actions[1].push(f(7));
+    let mut s = good.clone();
+    s.actions[1].push(f(1, 7));
     assert!(s.validate().unwrap_err().to_string().contains("outside"));
+    // A stage on two ranks.
+    let mut s = good;
+    s.actions[1].push(f(0, 1));
+    let e = s.validate().unwrap_err().to_string();
+    assert!(e.contains("stage 0 appears on rank 0 and on rank 1"), "{e}");
+}
+
+#[test]
+fn actions_print_and_parse_back_as_pytorch_writes_them() {
+    for kind in [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+        ScheduleKind::ZeroBubbleH1,
+    ] {
+        let v = if kind == ScheduleKind::Interleaved {
+            2
+        } else {
+            1
+        };
+        let s = Schedule::new(kind, 4, 8, v).unwrap();
+        assert_eq!(Schedule::from_csv(&s.to_csv()).unwrap(), s, "{kind}");
+    }
+    // torch.distributed.pipelining's `_Action.__repr__`: stage, letter, micro-batch.
+    let a: Action = "12W3".parse().unwrap();
+    assert_eq!(a, Action::BackwardWeight { mb: 3, stage: 12 });
+    assert_eq!(a.to_string(), "12W3");
+    for bad in ["F3", "1X3", "1F", "", "1F3x"] {
+        let e = bad.parse::<Action>().unwrap_err().to_string();
+        assert!(e.contains("action"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn a_v_shaped_placement_is_expressible_and_validated() {
+    // Two ranks, four stages in a V (ZB-V's placement): rank 0 holds stages 0 and 3, rank 1
+    // holds 1 and 2. GPipe order on each rank, stage by stage.
+    let m = 2;
+    let row = |first: usize, second: usize| -> Vec<Action> {
+        let f = |stage| (0..m).map(move |mb| Action::Forward { mb, stage });
+        let b = |stage| (0..m).map(move |mb| Action::Backward { mb, stage });
+        f(first)
+            .chain(f(second))
+            .chain(b(second))
+            .chain(b(first))
+            .collect()
+    };
+    let s = Schedule::from_actions(vec![row(0, 3), row(1, 2)]).unwrap();
+    assert_eq!((s.ranks, s.stages, s.micro_batches), (2, 4, 2));
+    assert_eq!(s.placement().unwrap(), vec![0, 1, 1, 0]);
+    assert_eq!(s.stages_of(0), vec![0, 3]);
+    let sim = s.validate().unwrap();
+    assert_eq!(sim.peak_in_flight, vec![4, 4]);
 }
 
 #[test]
 fn timeline_shows_every_action() {
-    let sim = Schedule::new(Kind::OneFOneB, 2, 3, 1)
+    let sim = Schedule::new(ScheduleKind::OneFOneB, 2, 3, 1)
         .unwrap()
         .validate()
         .unwrap();
     let t = sim.timeline();
     assert_eq!(t.lines().count(), 2);
-    assert!(t.starts_with("stage  0 |F0 F1  .  . B0 B0 F2 B1 B1"), "{t}");
+    assert!(
+        t.starts_with("rank  0 |0F0 0F1   .   . 0B0 0B0 0F2 0B1 0B1"),
+        "{t}"
+    );
     assert!(sim.svg("1f1b").contains("<rect"));
 }
 

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::comm::local;
-use pipewright::model::{Activation, Cx, Layer, LayerSpec, Mode, Sequential};
 use pipewright::init::{normal_vec, rng_for};
+use pipewright::model::{Activation, Cx, Layer, LayerSpec, Mode, Sequential};
 use pipewright::nn::{cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayout, IGNORE_INDEX};
 use pipewright::shard::{
     get_parallel_dim, part, reduce_from_group, register_ddp_parameters_to_ignore,

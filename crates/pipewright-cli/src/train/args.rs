@@ -35,7 +35,7 @@ pub enum OptimizerKind {
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ScheduleKind {
+pub enum LrScheduleKind {
     Constant,
     Cosine,
 }
@@ -135,7 +135,7 @@ pub struct TrainArgs {
     pub lr: f64,
     /// Learning-rate schedule: constant, or linear warm-up then cosine decay.
     #[arg(long = "lr-schedule", value_enum, default_value = "cosine")]
-    pub lr_decay: ScheduleKind,
+    pub lr_decay: LrScheduleKind,
     /// Warm-up steps of the cosine schedule.
     #[arg(long, default_value_t = 100)]
     pub warmup: u64,
@@ -361,8 +361,8 @@ pub fn make_optimizer(
 /// The learning-rate schedule the flags describe.
 pub fn schedule(a: &TrainArgs) -> LrSchedule {
     match a.lr_decay {
-        ScheduleKind::Constant => LrSchedule::Constant { lr: a.lr },
-        ScheduleKind::Cosine => LrSchedule::WarmupCosine {
+        LrScheduleKind::Constant => LrSchedule::Constant { lr: a.lr },
+        LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
             lr: a.lr,
             warmup: a.warmup.min(a.steps),
             total: a.steps,

@@ -9,7 +9,7 @@ mod report;
 use pipewright::data_parallel::DistributedLoader;
 use pipewright::experiment::{Context, Experiment, Params, RunDir};
 use pipewright::nn::optim::LrSchedule;
-use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::schedule::ScheduleKind;
 use pipewright::pipeline::{chrome_trace, Recompute, TraceEvent};
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
@@ -257,7 +257,7 @@ impl Setup {
             shared_weights: tied.clone(),
             precision: a.precision.parse::<Precision>()?,
             seed: a.seed,
-            schedule: a.schedule.parse::<Kind>()?,
+            schedule: a.schedule.parse::<ScheduleKind>()?,
             virtual_stages: a.virtual_stages,
             balance,
             recompute: a.recompute.parse::<Recompute>()?,

@@ -6,7 +6,7 @@
 //! a profile, the one closest to the flags' (the same tp, then the same pp, then the nearest).
 
 use pipewright::dist::Env;
-use pipewright::pipeline::schedule::{Kind, Schedule};
+use pipewright::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::pipeline::Recompute;
 use pipewright::plan::{rank, Candidate, Cluster, Hardware, Request};
 use pipewright::topology::Layout;
@@ -18,7 +18,7 @@ use super::{chunk_size, ModelConfig, TrainArgs};
 pub fn morph(a: &mut TrainArgs, env: &Env, config: &ModelConfig, model: &Sequential) -> Result<()> {
     let world = env.world_size;
     let chunk = chunk_size(a)?;
-    let (kind, v) = (a.schedule.parse::<Kind>()?, a.virtual_stages);
+    let (kind, v) = (a.schedule.parse::<ScheduleKind>()?, a.virtual_stages);
     let recompute: Recompute = a.recompute.parse()?;
     let divisors = |n: usize| (1..=n).filter(move |d| n.is_multiple_of(*d));
     let mut layouts: Vec<(usize, usize, usize)> = divisors(world)

@@ -9,7 +9,7 @@ use pipewright::comm::local;
 use pipewright::loss::CrossEntropy;
 use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::pipeline::schedule::Kind;
+use pipewright::pipeline::schedule::ScheduleKind;
 use pipewright::pipeline::Recompute;
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::topology::Layout;
@@ -112,7 +112,13 @@ pub fn serial(c: &Case) -> Run {
 }
 
 /// The Varuna options of `c` at `pp` pipeline ranks.
-pub fn options(c: &Case, pp: usize, kind: Kind, v: usize, recompute: Recompute) -> VarunaOptions {
+pub fn options(
+    c: &Case,
+    pp: usize,
+    kind: ScheduleKind,
+    v: usize,
+    recompute: Recompute,
+) -> VarunaOptions {
     VarunaOptions {
         seed: SEED,
         schedule: kind,
@@ -126,8 +132,12 @@ pub fn options(c: &Case, pp: usize, kind: Kind, v: usize, recompute: Recompute) 
     }
 }
 
-pub fn pipelined(c: &Case, pp: usize, kind: Kind, v: usize, recompute: Recompute) -> Run {
-    let opts = options(c, pp, kind, v, recompute);
+pub fn pipelined(c: &Case, pp: usize, kind: ScheduleKind, v: usize, recompute: Recompute) -> Run {
+    pipelined_with(c, pp, options(c, pp, kind, v, recompute))
+}
+
+/// Trains `c` for three steps over `pp` pipeline ranks with `opts`.
+pub fn pipelined_with(c: &Case, pp: usize, opts: VarunaOptions) -> Run {
     let per_rank = local::run(pp, |comm| {
         let mut p = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
         p.set_optimizer(adamw)?;

@@ -44,12 +44,12 @@ impl Pipeline {
     pub(super) fn backward(
         &self,
         s: Saved,
-        (k, mb, c): (usize, usize, usize),
+        (k, mb): (usize, usize),
         ctx: &Step<'_>,
         grads: &mut Grads,
         sends: &mut Vec<Pending<()>>,
     ) -> Result<bool> {
-        let last = self.stages() - 1;
+        let last = self.stage_count() - 1;
         let mut recomputed = false;
         let (output, exports) = match (s.output, s.exports) {
             (Some(o), Some(e)) => (o, e),
@@ -89,7 +89,7 @@ impl Pipeline {
             )
         })?;
         let store = objective.backward()?;
-        let mine = Grads::from_store(&store, &self.chunks[c].1.params());
+        let mine = Grads::from_store(&store, &self.own_stage(k)?.params());
         if self.opts.detect_anomaly {
             let mut bad = Vec::new();
             for (name, g) in mine.iter() {

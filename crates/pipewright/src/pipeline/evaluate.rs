@@ -31,10 +31,10 @@ impl Pipeline {
         with_loss: bool,
         with_output: bool,
     ) -> Result<ForwardOnly> {
-        let last = self.stages() - 1;
+        let last = self.stage_count() - 1;
         let mut sends: Vec<Pending<()>> = Vec::new();
         let (mut loss, mut output) = (None, None);
-        for (k, stage) in &self.chunks {
+        for (k, stage) in &self.own {
             let k = *k;
             let x = if k == 0 {
                 Activation::from_batch(batch, self.input_names(), "model stage 0")?

@@ -2,8 +2,9 @@
 //! send; accumulate parameter gradients over micro-batches. [`Pipeline`] computes one batch's
 //! loss and gradients on this rank and owns no optimizer: [`crate::varuna::Varuna`] steps it.
 //!
-//! Every rank of the pipeline communicator builds only its own model chunks (chunk `c` of rank
-//! `r` is model stage `c * p + r`) and calls [`Pipeline::loss_and_grads`] with the same batch.
+//! Every rank of the pipeline communicator builds only the model stages its list of the
+//! schedule names (see [`super::schedule`] for where the built schedules place them) and calls
+//! [`Pipeline::loss_and_grads`] with the same batch.
 //! Sends are non-blocking and completed at the end of the step, so a schedule that is
 //! deadlock-free as data (see [`super::schedule`]) cannot deadlock on blocking sends either.
 //! What crosses a cut is in [`super::transfer`], skips in [`super::skip`], tied weights in
@@ -25,7 +26,7 @@ use super::backward::{Saved, Step};
 use super::io::check_arity;
 use super::partition::partition;
 use super::recompute::Recompute;
-use super::schedule::{Action, Kind, Schedule};
+use super::schedule::{Action, Schedule, ScheduleKind};
 use super::skip::Skips;
 use super::tied::Tied;
 use super::trace::TraceEvent;
@@ -42,11 +43,15 @@ use crate::{invalid, Result};
 /// How to split and schedule.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
-    /// Micro-batches per batch.
+    /// Micro-batches per batch (torchgpipe's `chunks`).
     pub chunks: usize,
-    pub schedule: Kind,
-    /// Model chunks per rank (interleaved schedule).
+    /// The built schedule to run.
+    pub schedule: ScheduleKind,
+    /// Model stages per rank (interleaved schedule).
     pub virtual_stages: usize,
+    /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
+    /// set, it replaces `schedule` and `virtual_stages`.
+    pub custom_schedule: Option<Schedule>,
     /// Layers (or segments between cut points) per model stage; uniform if `None`.
     pub balance: Option<Vec<usize>>,
     pub seed: u64,
@@ -63,8 +68,8 @@ pub struct PipelineOptions {
 pub struct Pipeline {
     pub(super) comm: Box<dyn Communicator>,
     schedule: Schedule,
-    /// (model stage, built layers) for each chunk of this rank.
-    pub(super) chunks: Vec<(usize, Stage)>,
+    /// (model stage, built layers) of each stage this rank holds, in stage order.
+    pub(super) own: Vec<(usize, Stage)>,
     ranges: Vec<Range<usize>>,
     pub(super) skips: Skips,
     pub(super) tags: Tags,
@@ -106,29 +111,40 @@ impl Pipeline {
         opts: PipelineOptions,
         loss: SharedLoss,
     ) -> Result<Self> {
-        let (p, v) = (comm.size(), opts.virtual_stages);
-        let schedule = Schedule::new(opts.schedule, p, opts.chunks, v)?;
-        let queue = (opts.schedule == Kind::ZeroBubbleH1).then(WeightGradQueue::new);
-        let ranges = partition(model, p * v, opts.balance.as_deref())?;
-        let r = comm.rank();
-        let chunks = (0..v)
-            .map(|c| {
-                let k = c * p + r;
-                Ok((k, model.build_range(ranges[k].clone(), build)?))
-            })
+        let schedule = Schedule::for_pipeline(
+            opts.custom_schedule.as_ref(),
+            opts.schedule,
+            opts.virtual_stages,
+            comm.size(),
+            opts.chunks,
+        )?;
+        if opts.custom_schedule.is_some() {
+            schedule.validate()?;
+        }
+        let queue = schedule.splits_backward().then(WeightGradQueue::new);
+        let ranges = partition(model, schedule.stages, opts.balance.as_deref())?;
+        let own = schedule
+            .stages_of(comm.rank())
+            .into_iter()
+            .map(|k| Ok((k, model.build_range(ranges[k].clone(), build)?)))
             .collect::<Result<Vec<_>>>()?;
         let skips = Skips::new(model, &ranges)?;
-        let tags = Tags::new(p * v, opts.chunks, skips.routes().len(), opts.tied.len())?;
-        let params: Vec<(String, Var)> = chunks.iter().flat_map(|(_, s)| s.params()).collect();
+        let tags = Tags::new(
+            schedule.stages,
+            opts.chunks,
+            skips.routes().len(),
+            opts.tied.len(),
+        )?;
+        let params: Vec<(String, Var)> = own.iter().flat_map(|(_, s)| s.params()).collect();
         let tied = Tied::new(comm.as_ref(), &params, &opts.tied)?;
-        let sharded = chunks
+        let sharded = own
             .iter()
             .flat_map(|(_, s)| crate::shard::register_ddp_parameters_to_ignore(s))
             .collect();
         Ok(Self {
             comm,
             schedule,
-            chunks,
+            own,
             ranges,
             skips,
             tags,
@@ -160,7 +176,7 @@ impl Pipeline {
 
     /// The model stages this rank holds and their layer ranges.
     pub fn own_stages(&self) -> Vec<(usize, Range<usize>)> {
-        self.chunks
+        self.own
             .iter()
             .map(|(k, _)| (*k, self.ranges[*k].clone()))
             .collect()
@@ -168,7 +184,7 @@ impl Pipeline {
 
     /// How each sharded parameter of this rank's stages is split.
     pub fn shards(&self) -> Vec<(String, crate::shard::Shard)> {
-        self.chunks.iter().flat_map(|(_, s)| s.shards()).collect()
+        self.own.iter().flat_map(|(_, s)| s.shards()).collect()
     }
 
     /// The tensor-parallel group this rank's stages are split over.
@@ -188,12 +204,12 @@ impl Pipeline {
 
     /// The batch tensors the model's first stage takes.
     pub fn input_names(&self) -> &[String] {
-        self.chunks[0].1.input_names()
+        self.own[0].1.input_names()
     }
 
     /// This rank's buffers (BatchNorm running statistics) with their global names.
     pub fn buffers(&self) -> Vec<(String, Var)> {
-        self.chunks.iter().flat_map(|(_, s)| s.buffers()).collect()
+        self.own.iter().flat_map(|(_, s)| s.buffers()).collect()
     }
 
     /// This rank's parameters with their global names.
@@ -242,12 +258,28 @@ impl Pipeline {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    pub(super) fn stages(&self) -> usize {
-        self.schedule.stages * self.schedule.chunks_per_stage
+    /// The number of model stages over all ranks.
+    pub(super) fn stage_count(&self) -> usize {
+        self.schedule.stages
     }
 
+    /// The pipeline rank that holds model stage `k`.
     pub(super) fn rank_of(&self, k: usize) -> usize {
-        k % self.schedule.stages
+        self.schedule.rank_of(k)
+    }
+
+    /// The built layers of model stage `k`, which this rank holds.
+    pub(super) fn own_stage(&self, k: usize) -> Result<&Stage> {
+        self.own
+            .iter()
+            .find(|(s, _)| *s == k)
+            .map(|(_, s)| s)
+            .ok_or_else(|| {
+                invalid!(
+                    "rank {} was asked to run stage {k}, which it does not hold",
+                    self.comm.rank()
+                )
+            })
     }
 
     /// Runs model stage `k` in training mode; on the last stage the output becomes the
@@ -261,7 +293,7 @@ impl Pipeline {
         denominator: usize,
         recomputing: bool,
     ) -> Result<(Activation, Vec<(usize, Tensor)>)> {
-        let (c, last) = (k / self.schedule.stages, k + 1 == self.stages());
+        let last = k + 1 == self.stage_count();
         let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
         cx.defer_batch_stats = self.opts.deferred_batch_norm;
         cx.detect_anomaly = self.opts.detect_anomaly;
@@ -271,7 +303,7 @@ impl Pipeline {
         cx.set_recomputing(recomputing);
         let (out, exports) = self
             .skips
-            .run(&self.chunks[c].1, k, last, x, imports, &mut cx)?;
+            .run(self.own_stage(k)?, k, last, x, imports, &mut cx)?;
         if !last {
             return Ok((out, exports));
         }
@@ -299,7 +331,7 @@ impl Pipeline {
                 self.schedule.micro_batches
             ));
         }
-        let last = self.stages() - 1;
+        let last = self.stage_count() - 1;
         let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
         let mut sends: Vec<Pending<()>> = Vec::new();
         let mut grads = Grads::new();
@@ -317,8 +349,7 @@ impl Pipeline {
             let started = self.epoch.elapsed().as_secs_f64() * 1e6;
             let waited_before = self.waited_ns.load(Ordering::Relaxed);
             let mut recomputed = false;
-            let (mb, c) = (a.mb(), a.chunk());
-            let k = self.chunks[c].0;
+            let (mb, k) = (a.mb(), a.stage());
             match a {
                 Action::Forward { .. } => {
                     let input = self.stage_input(k, mb, &mbs[mb])?;
@@ -338,7 +369,7 @@ impl Pipeline {
                     let keep = self.opts.recompute.keeps(mb, self.schedule.micro_batches);
                     // Dropping the output drops the graph behind it: only the input stays.
                     saved.insert(
-                        (mb, c),
+                        (mb, k),
                         Saved {
                             input: input.activation,
                             vars: input.vars,
@@ -355,7 +386,7 @@ impl Pipeline {
                     self.peak_inputs = self.peak_inputs.max(self.inputs_held);
                 }
                 Action::Backward { .. } | Action::BackwardInput { .. } => {
-                    let s = saved.remove(&(mb, c)).ok_or_else(|| {
+                    let s = saved.remove(&(mb, k)).ok_or_else(|| {
                         invalid!("stage {k}: backward of micro-batch {mb} before its forward")
                     })?;
                     let kept = s.output.is_some();
@@ -364,10 +395,10 @@ impl Pipeline {
                         denominator,
                         loss_scale,
                     };
-                    recomputed = self.backward(s, (k, mb, c), &ctx, &mut grads, &mut sends)?;
+                    recomputed = self.backward(s, (k, mb), &ctx, &mut grads, &mut sends)?;
                     // Under a split backward the activations stay until the weight gradient.
                     if matches!(a, Action::BackwardInput { .. }) {
-                        awaiting_weight.insert((mb, c), kept);
+                        awaiting_weight.insert((mb, k), kept);
                     } else if kept {
                         self.held -= 1;
                     }
@@ -378,7 +409,7 @@ impl Pipeline {
                         invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
                     })?;
                     grads.accumulate(queue.weight_grads(mb + self.mb_offset)?)?;
-                    if awaiting_weight.remove(&(mb, c)) == Some(true) {
+                    if awaiting_weight.remove(&(mb, k)) == Some(true) {
                         self.held -= 1;
                     }
                 }
@@ -402,7 +433,7 @@ impl Pipeline {
         if let Some(n) = self.queue.as_ref().map(|q| q.pending()).filter(|n| *n > 0) {
             return Err(leftover(n));
         }
-        for (_, stage) in &self.chunks {
+        for (_, stage) in &self.own {
             stage.finish_batch()?;
         }
         self.tied.sum_grads(self.comm.as_ref(), &mut grads)?;

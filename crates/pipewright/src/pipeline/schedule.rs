@@ -1,44 +1,61 @@
-//! Schedules as data: for (stages p, micro-batches m, stage s) an ordered list of actions.
-//! The same lists drive the executor, the simulator, the validator and the timeline picture.
+//! Schedules as data: for each pipeline rank an ordered list of actions. The same lists drive
+//! the executor, the simulator and validator ([`super::simulate`]), the planner and the
+//! timeline picture; this file only makes, prints and parses them.
 //!
-//! Stage `s` of a schedule is a pipeline *rank*. With interleaving (Megatron), rank `r` holds
-//! `v` model chunks, chunk `c` being model stage `c * p + r`; every action names its chunk
-//! (0 without interleaving). Sends and receives are implied by neighbours: a forward of model
-//! stage k needs the forward of k - 1 for the same micro-batch, a backward needs the backward
-//! of k + 1.
+//! Conventions, stated once:
+//! - A *rank* is a member of the pipeline communicator; a *stage* is a model stage, a
+//!   contiguous range of layers. A schedule has `ranks` lists and `stages` stages; every action
+//!   names the stage it runs, and the rank whose list names a stage holds it. Stage k's forward
+//!   needs stage k - 1's forward of the same micro-batch, its backward stage k + 1's backward:
+//!   sends and receives are implied by neighbours.
+//! - The built-in schedules place stages in a loop: with `v` stages per rank (Megatron's
+//!   interleaving), rank r holds stages r, r + p, ..., r + (v - 1) p. A schedule written by hand
+//!   or loaded from a file may place them in any way (a V: rank r holds r and 2p - 1 - r).
+//! - An action prints as torch.distributed.pipelining's `_Action` does: stage, letter,
+//!   micro-batch (`1F3`: stage 1's forward of micro-batch 3). Letters: `F` forward, `B` full
+//!   backward, `I` input gradient, `W` weight gradient (a zero-bubble split backward).
+//! - A schedule file is PyTorch's CSV form: one line per rank, its actions separated by commas.
 
 use std::fmt;
+use std::path::Path;
 
-use super::replay::run;
-use super::simulate::validate_complete;
-pub use super::simulate::{Costs, Simulation, Span};
 use crate::{invalid, Error, Result};
 
-/// One step of a stage.
+/// One step of a rank: what it computes, for which micro-batch, on which model stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
+    /// The stage's forward of a micro-batch.
     Forward {
+        /// Micro-batch index within the replica's batch.
         mb: usize,
-        chunk: usize,
+        /// Model stage.
+        stage: usize,
     },
     /// Input and weight gradients together.
     Backward {
+        /// Micro-batch index within the replica's batch.
         mb: usize,
-        chunk: usize,
+        /// Model stage.
+        stage: usize,
     },
     /// Zero-bubble split: the input gradient only (sent upstream at once) ...
     BackwardInput {
+        /// Micro-batch index within the replica's batch.
         mb: usize,
-        chunk: usize,
+        /// Model stage.
+        stage: usize,
     },
     /// ... and the weight gradient, later, to fill a bubble.
     BackwardWeight {
+        /// Micro-batch index within the replica's batch.
         mb: usize,
-        chunk: usize,
+        /// Model stage.
+        stage: usize,
     },
 }
 
 impl Action {
+    /// The micro-batch the action computes.
     pub fn mb(&self) -> usize {
         match *self {
             Action::Forward { mb, .. }
@@ -48,16 +65,17 @@ impl Action {
         }
     }
 
-    pub fn chunk(&self) -> usize {
+    /// The model stage the action runs on.
+    pub fn stage(&self) -> usize {
         match *self {
-            Action::Forward { chunk, .. }
-            | Action::Backward { chunk, .. }
-            | Action::BackwardInput { chunk, .. }
-            | Action::BackwardWeight { chunk, .. } => chunk,
+            Action::Forward { stage, .. }
+            | Action::Backward { stage, .. }
+            | Action::BackwardInput { stage, .. }
+            | Action::BackwardWeight { stage, .. } => stage,
         }
     }
 
-    /// Trace letter: F, B, I (input gradient), W (weight gradient).
+    /// The letter of what it computes: F, B, I (input gradient), W (weight gradient).
     pub fn letter(&self) -> char {
         match self {
             Action::Forward { .. } => 'F',
@@ -66,41 +84,75 @@ impl Action {
             Action::BackwardWeight { .. } => 'W',
         }
     }
+
+    /// The action of `letter` (F, B, I, W) on `stage` for micro-batch `mb`.
+    pub fn new(letter: char, stage: usize, mb: usize) -> Result<Self> {
+        Ok(match letter {
+            'F' => Action::Forward { mb, stage },
+            'B' => Action::Backward { mb, stage },
+            'I' => Action::BackwardInput { mb, stage },
+            'W' => Action::BackwardWeight { mb, stage },
+            _ => {
+                return Err(invalid!(
+                    "unknown action letter `{letter}`: use F (forward), B (backward), I (input \
+                     gradient) or W (weight gradient)"
+                ))
+            }
+        })
+    }
 }
 
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", self.letter(), self.mb())?;
-        if self.chunk() > 0 {
-            write!(f, ".{}", self.chunk())?;
-        }
-        Ok(())
+        write!(f, "{}{}{}", self.stage(), self.letter(), self.mb())
     }
 }
 
-/// The schedules pipewright knows.
+impl std::str::FromStr for Action {
+    type Err = Error;
+
+    /// Parses the printed form, `1F3` (stage, letter, micro-batch).
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        let bad = || {
+            invalid!("`{s}` is not an action: write stage, letter, micro-batch, as `1F3` or `0W2`")
+        };
+        let at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let (stage, rest) = s.split_at(at);
+        let mut chars = rest.chars();
+        let letter = chars.next().ok_or_else(bad)?;
+        let mb = chars.as_str();
+        if stage.is_empty() || mb.is_empty() || !mb.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        let number = |t: &str| t.parse::<usize>().map_err(|_| bad());
+        Action::new(letter, number(stage)?, number(mb)?)
+    }
+}
+
+/// The schedules pipewright builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum ScheduleKind {
     /// Fill then drain (GPipe, torchgpipe): every forward, then every backward.
     GPipe,
     /// One forward one backward, PipeDream-flush (Varuna): stage s keeps at most p - s
     /// micro-batches in flight.
     OneFOneB,
-    /// 1F1B over v model chunks per rank (Megatron-LM).
+    /// 1F1B over v model stages per rank (Megatron-LM).
     Interleaved,
     /// ZB-H1 (Qi et al. 2023): 1F1B with the backward split into input and weight gradients
     /// (see [`zero_bubble_h1`]).
     ZeroBubbleH1,
 }
 
-impl std::str::FromStr for Kind {
+impl std::str::FromStr for ScheduleKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s {
-            "gpipe" => Kind::GPipe,
-            "1f1b" => Kind::OneFOneB,
-            "interleaved" => Kind::Interleaved,
-            "zb1" | "zbh1" => Kind::ZeroBubbleH1,
+            "gpipe" => ScheduleKind::GPipe,
+            "1f1b" => ScheduleKind::OneFOneB,
+            "interleaved" => ScheduleKind::Interleaved,
+            "zb1" | "zbh1" => ScheduleKind::ZeroBubbleH1,
             _ => {
                 return Err(invalid!(
                     "unknown schedule `{s}`: use gpipe, 1f1b, interleaved or zb1"
@@ -110,70 +162,73 @@ impl std::str::FromStr for Kind {
     }
 }
 
-impl fmt::Display for Kind {
+impl fmt::Display for ScheduleKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Kind::GPipe => "gpipe",
-            Kind::OneFOneB => "1f1b",
-            Kind::Interleaved => "interleaved",
-            Kind::ZeroBubbleH1 => "zb1",
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::Interleaved => "interleaved",
+            ScheduleKind::ZeroBubbleH1 => "zb1",
         })
     }
 }
 
-/// Action lists of every stage.
+/// Action lists of every rank. Which rank holds a stage is read off the lists (see
+/// [`Schedule::rank_of`]); [`super::simulate`] checks that they are complete and
+/// deadlock-free.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Schedule {
-    pub kind: Kind,
-    /// Pipeline ranks p.
+    /// Pipeline ranks p (the number of lists).
+    pub ranks: usize,
+    /// Model stages (p times the stages per rank).
     pub stages: usize,
+    /// Micro-batches per replica's batch.
     pub micro_batches: usize,
-    /// Model chunks per rank v (1 unless interleaved).
-    pub chunks_per_stage: usize,
+    /// Each rank's actions, in the order it runs them.
     pub actions: Vec<Vec<Action>>,
 }
 
-fn f(mb: usize) -> Action {
-    Action::Forward { mb, chunk: 0 }
+fn fwd(stage: usize) -> impl Fn(usize) -> Action {
+    move |mb| Action::Forward { mb, stage }
 }
 
-fn b(mb: usize) -> Action {
-    Action::Backward { mb, chunk: 0 }
+fn bwd(stage: usize) -> impl Fn(usize) -> Action {
+    move |mb| Action::Backward { mb, stage }
 }
 
-/// GPipe's list for one stage: all forwards, then all backwards. The backwards run in
+/// GPipe's list for rank `r` (stage r): all forwards, then all backwards. The backwards run in
 /// micro-batch order (torchgpipe's autograd runs them last-first; any order is valid) so that
 /// gradients accumulate in the order serial training adds them, bit for bit.
-pub fn gpipe(m: usize) -> Vec<Action> {
-    (0..m).map(f).chain((0..m).map(b)).collect()
+pub fn gpipe(m: usize, r: usize) -> Vec<Action> {
+    (0..m).map(fwd(r)).chain((0..m).map(bwd(r))).collect()
 }
 
-/// 1F1B's list for stage `s` of `p`.
-pub fn one_f_one_b(p: usize, m: usize, s: usize) -> Vec<Action> {
-    let warm = (p - s - 1).min(m);
-    let mut a: Vec<Action> = (0..warm).map(f).collect();
+/// 1F1B's list for rank `r` of `p` (stage r).
+pub fn one_f_one_b(p: usize, m: usize, r: usize) -> Vec<Action> {
+    let warm = (p - r - 1).min(m);
+    let mut a: Vec<Action> = (0..warm).map(fwd(r)).collect();
     for i in 0..m - warm {
-        a.push(f(warm + i));
-        a.push(b(i));
+        a.push(fwd(r)(warm + i));
+        a.push(bwd(r)(i));
     }
-    a.extend((m - warm..m).map(b));
+    a.extend((m - warm..m).map(bwd(r)));
     a
 }
 
-/// ZB-H1's list for stage `s` of `p`: 1F1B's order with every backward split into its input
-/// gradient, which goes upstream at once, and its weight gradient, done next while the stage
-/// would otherwise wait. Activations are held until the weight gradient, so no stage holds more
-/// than under 1F1B. Under unit costs (forward, input and weight gradient 1 each) this takes the
-/// bubble from 27.3 % to 20.0 % at pp=4, chunks=8; the paper's hand-tuned placement of the weight
-/// gradients reaches about 11 % there, which later work on this function can aim for (the
+/// ZB-H1's list for rank `r` of `p` (stage r): 1F1B's order with every backward split into its
+/// input gradient, which goes upstream at once, and its weight gradient, done next while the
+/// stage would otherwise wait. Activations are held until the weight gradient, so no stage holds
+/// more than under 1F1B. Under unit costs (forward, input and weight gradient 1 each) this takes
+/// the bubble from 27.3 % to 20.0 % at pp=4, chunks=8; the paper's hand-tuned placement of the
+/// weight gradients reaches about 11 % there, which later work on this function can aim for (the
 /// validator and the simulator will check it).
-pub fn zero_bubble_h1(p: usize, m: usize, s: usize) -> Vec<Action> {
-    let warm = (p - s - 1).min(m);
-    let mut a: Vec<Action> = (0..warm).map(f).collect();
-    let bi = |mb| Action::BackwardInput { mb, chunk: 0 };
-    let w = |mb| Action::BackwardWeight { mb, chunk: 0 };
+pub fn zero_bubble_h1(p: usize, m: usize, r: usize) -> Vec<Action> {
+    let warm = (p - r - 1).min(m);
+    let mut a: Vec<Action> = (0..warm).map(fwd(r)).collect();
+    let bi = |mb| Action::BackwardInput { mb, stage: r };
+    let w = |mb| Action::BackwardWeight { mb, stage: r };
     for i in 0..m - warm {
-        a.push(f(warm + i));
+        a.push(fwd(r)(warm + i));
         a.push(bi(i));
         a.push(w(i));
     }
@@ -184,96 +239,205 @@ pub fn zero_bubble_h1(p: usize, m: usize, s: usize) -> Vec<Action> {
     a
 }
 
-/// Megatron's interleaved 1F1B for rank `r` of `p` with `v` chunks (m a multiple of p).
+/// Megatron's interleaved 1F1B for rank `r` of `p` with `v` stages per rank (m a multiple of
+/// p): rank r holds stages r, r + p, ..., r + (v - 1) p.
 pub fn interleaved(p: usize, m: usize, v: usize, r: usize) -> Vec<Action> {
     let total = m * v;
     let group = p * v;
     let at = |k: usize, forward: bool| {
         let c = (k % group) / p;
-        let chunk = if forward { c } else { v - 1 - c };
+        let c = if forward { c } else { v - 1 - c };
         let mb = (k / group) * p + k % p;
-        (mb, chunk)
+        (mb, c * p + r)
     };
     let warm = ((p - r - 1) * 2 + (v - 1) * p).min(total);
-    let fwd = |k: usize| {
-        let (mb, chunk) = at(k, true);
-        Action::Forward { mb, chunk }
+    let f = |k: usize| {
+        let (mb, stage) = at(k, true);
+        Action::Forward { mb, stage }
     };
-    let bwd = |k: usize| {
-        let (mb, chunk) = at(k, false);
-        Action::Backward { mb, chunk }
+    let b = |k: usize| {
+        let (mb, stage) = at(k, false);
+        Action::Backward { mb, stage }
     };
-    let mut a: Vec<Action> = (0..warm).map(fwd).collect();
+    let mut a: Vec<Action> = (0..warm).map(f).collect();
     for i in 0..total - warm {
-        a.push(fwd(warm + i));
-        a.push(bwd(i));
+        a.push(f(warm + i));
+        a.push(b(i));
     }
-    a.extend((total - warm..total).map(bwd));
+    a.extend((total - warm..total).map(b));
     a
 }
 
 impl Schedule {
-    /// The lists of every stage for `kind` with `p` stages, `m` micro-batches and `v` chunks
-    /// per stage (interleaved only; otherwise 1).
-    pub fn new(kind: Kind, p: usize, m: usize, v: usize) -> Result<Self> {
+    /// The lists of every rank for `kind` with `p` ranks, `m` micro-batches and `v` stages per
+    /// rank (interleaved only; otherwise 1).
+    pub fn new(kind: ScheduleKind, p: usize, m: usize, v: usize) -> Result<Self> {
         if p == 0 || m == 0 || v == 0 {
             return Err(invalid!("a schedule needs at least one stage, micro-batch and chunk (got pp={p}, micro-batches={m}, virtual_stages={v})"));
         }
-        if v > 1 && kind != Kind::Interleaved {
+        if v > 1 && kind != ScheduleKind::Interleaved {
             return Err(invalid!(
                 "virtual_stages {v} needs the interleaved schedule, not {kind}"
             ));
         }
-        if kind == Kind::Interleaved && v > 1 && !m.is_multiple_of(p) {
+        if kind == ScheduleKind::Interleaved && v > 1 && !m.is_multiple_of(p) {
             return Err(invalid!(
                 "the interleaved schedule sends micro-batches round in groups of pp: {m} micro-batches per replica must be a multiple of pp {p}"
             ));
         }
         let actions = (0..p)
-            .map(|s| match kind {
-                Kind::GPipe => gpipe(m),
-                Kind::OneFOneB => one_f_one_b(p, m, s),
-                Kind::Interleaved if v == 1 => one_f_one_b(p, m, s),
-                Kind::Interleaved => interleaved(p, m, v, s),
-                Kind::ZeroBubbleH1 => zero_bubble_h1(p, m, s),
+            .map(|r| match kind {
+                ScheduleKind::GPipe => gpipe(m, r),
+                ScheduleKind::OneFOneB => one_f_one_b(p, m, r),
+                ScheduleKind::Interleaved if v == 1 => one_f_one_b(p, m, r),
+                ScheduleKind::Interleaved => interleaved(p, m, v, r),
+                ScheduleKind::ZeroBubbleH1 => zero_bubble_h1(p, m, r),
             })
             .collect();
-        Ok(Self {
-            kind,
-            stages: p,
-            micro_batches: m,
-            chunks_per_stage: v,
+        Self::from_actions(actions)
+    }
+
+    /// A schedule from each rank's list, as written by hand or loaded: the stage count and the
+    /// micro-batch count are read off the actions (stages 0..S and micro-batches 0..M must
+    /// each appear). Completeness and freedom from deadlock are checked by
+    /// [`Schedule::validate`].
+    pub fn from_actions(actions: Vec<Vec<Action>>) -> Result<Self> {
+        let all = || actions.iter().flatten();
+        let (Some(stages), Some(micro_batches)) = (
+            all().map(|a| a.stage() + 1).max(),
+            all().map(|a| a.mb() + 1).max(),
+        ) else {
+            return Err(invalid!("a schedule needs at least one action"));
+        };
+        let s = Self {
+            ranks: actions.len(),
+            stages,
+            micro_batches,
             actions,
-        })
+        };
+        s.placement()?;
+        Ok(s)
     }
 
-    /// Model stage of `chunk` on rank `rank`.
-    pub fn model_stage(&self, rank: usize, chunk: usize) -> usize {
-        chunk * self.stages + rank
+    /// The rank that holds each stage: the one whose list names it. Fails when a stage is named
+    /// by two ranks or by none.
+    pub fn placement(&self) -> Result<Vec<usize>> {
+        let mut rank = vec![None; self.stages];
+        for (r, list) in self.actions.iter().enumerate() {
+            for a in list {
+                match rank[a.stage()] {
+                    Some(o) if o != r => {
+                        return Err(invalid!(
+                            "stage {} appears on rank {o} and on rank {r} (`{a}`): a stage runs \
+                             on one rank",
+                            a.stage()
+                        ))
+                    }
+                    _ => rank[a.stage()] = Some(r),
+                }
+            }
+        }
+        rank.iter()
+            .enumerate()
+            .map(|(k, r)| r.ok_or_else(|| invalid!("stage {k} has no action on any rank")))
+            .collect()
     }
 
-    /// Checks the lists and simulates them under `costs`.
-    pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
-        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, f64::INFINITY)
+    /// The rank that holds stage `k` (see [`Schedule::placement`]).
+    pub fn rank_of(&self, k: usize) -> usize {
+        self.actions
+            .iter()
+            .position(|l| l.iter().any(|a| a.stage() == k))
+            .unwrap_or(k % self.ranks.max(1))
     }
 
-    /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
-    /// action and `transfer(from, to)` seconds for what crosses from one model stage to
-    /// another (the planner's costs: every stage its own durations, the links their delays),
-    /// with `slots` ranks computing at full speed at once (ranks sharing a CPU slow each other
-    /// down; infinity when every rank has its own device).
-    pub fn simulate_with(
-        &self,
-        cost: &dyn Fn(usize, &Action) -> f64,
-        transfer: &dyn Fn(usize, usize) -> f64,
-        slots: f64,
-    ) -> Result<Simulation> {
-        validate_complete(self)?;
-        run(self, cost, transfer, slots)
+    /// The stages rank `r` holds, in increasing order.
+    pub fn stages_of(&self, r: usize) -> Vec<usize> {
+        let mut s: Vec<usize> = self.actions[r].iter().map(|a| a.stage()).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
     }
 
-    /// [`Schedule::simulate`] under [`Costs::unit`].
-    pub fn validate(&self) -> Result<Simulation> {
-        self.simulate(Costs::unit())
+    /// Whether any action is a split backward (the executor then queues weight gradients).
+    pub fn splits_backward(&self) -> bool {
+        self.actions
+            .iter()
+            .flatten()
+            .any(|a| matches!(a, Action::BackwardWeight { .. }))
+    }
+
+    /// The schedule a pipeline of `p` ranks and `m` micro-batches per replica runs: `given`
+    /// when there is one (it must have `p` lists and `m` micro-batches), else the built `kind`
+    /// with `v` stages per rank.
+    pub fn for_pipeline(
+        given: Option<&Schedule>,
+        kind: ScheduleKind,
+        v: usize,
+        p: usize,
+        m: usize,
+    ) -> Result<Self> {
+        let Some(s) = given else {
+            return Self::new(kind, p, m, v);
+        };
+        if s.ranks != p || s.micro_batches != m {
+            return Err(invalid!(
+                "the given schedule has {} ranks and {} micro-batches, the pipeline {p} ranks                  (pp) and {m} micro-batches per replica (chunks): write or load one for this                  pipeline",
+                s.ranks,
+                s.micro_batches
+            ));
+        }
+        Ok(s.clone())
+    }
+
+    /// The printed form: one line per rank, its actions separated by commas (PyTorch's CSV).
+    pub fn to_csv(&self) -> String {
+        self.actions
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(Action::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .map(|l| l + "\n")
+            .collect()
+    }
+
+    /// Parses [`Schedule::to_csv`]'s form (blank lines and `#` comments skipped; a rank with no
+    /// action is an empty line only at the end of a file, so write every rank's list).
+    pub fn from_csv(text: &str) -> Result<Self> {
+        let actions = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .enumerate()
+            .map(|(r, line)| {
+                line.split(',')
+                    .filter(|t| !t.trim().is_empty())
+                    .map(|t| {
+                        t.parse::<Action>()
+                            .map_err(|e| invalid!("rank {r} of the schedule: {e}"))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Self::from_actions(actions)
+    }
+
+    /// Writes [`Schedule::to_csv`] to `path` (whole, or not at all: a temporary file renamed).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("csv.tmp");
+        std::fs::write(&tmp, self.to_csv())
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| invalid!("cannot write the schedule to {}: {e}", path.display()))
+    }
+
+    /// Reads a schedule written by [`Schedule::save`] (or by hand, or by PyTorch's
+    /// `_dump_csv`) from `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid!("cannot read the schedule {}: {e}", path.display()))?;
+        Self::from_csv(&text).map_err(|e| invalid!("{}: {e}", path.display()))
     }
 }

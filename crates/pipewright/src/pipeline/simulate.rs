@@ -1,72 +1,218 @@
-//! Simulating a schedule: every action placed in time under given costs, which checks that
-//! the lists are complete and deadlock-free, and gives the makespan, the bubble, the
-//! activations each stage holds and the timeline picture (text or SVG).
+//! Simulating a schedule: the lists are checked to be complete ([`validate_complete`]) and
+//! replayed in time, which finds any deadlock and gives the makespan, the bubble and the
+//! activations each rank holds ([`Schedule::simulate`]).
+//!
+//! Replaying: each pipeline rank runs its list in order, an
+//! action starting when its rank is free and what it needs has arrived (the forward of the
+//! model stage before, the gradient of the one after, plus the hop between them). Ranks that
+//! share processors (several ranks on one CPU) slow each other down: with `slots` ranks able
+//! to compute at full speed at once, `b` busy ranks each progress at `min(1, slots / b)`.
+//!
+//! Every running action progresses at the same rate, so they are kept in a heap by the
+//! amount of work done (at full speed) at which they end; rates change only at events.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use super::schedule::{Action, Schedule};
+use super::timeline::{Costs, Simulation, Span};
 use crate::{invalid, Result};
 
-/// Durations of the actions.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Costs {
-    pub forward: f64,
-    pub backward: f64,
-    pub backward_input: f64,
-    pub backward_weight: f64,
-}
+/// An f64 that orders (never NaN here: costs and times are finite).
+#[derive(Clone, Copy)]
+struct Time(f64);
 
-impl Costs {
-    /// Forward 1, full backward 2 (its input and weight halves 1 each).
-    pub fn unit() -> Self {
-        Self {
-            forward: 1.0,
-            backward: 2.0,
-            backward_input: 1.0,
-            backward_weight: 1.0,
-        }
-    }
-
-    pub(super) fn of(&self, a: &Action) -> f64 {
-        match a {
-            Action::Forward { .. } => self.forward,
-            Action::Backward { .. } => self.backward,
-            Action::BackwardInput { .. } => self.backward_input,
-            Action::BackwardWeight { .. } => self.backward_weight,
-        }
+impl PartialEq for Time {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
     }
 }
 
-/// An action placed in time.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Span {
-    pub start: f64,
-    pub end: f64,
-    pub action: Action,
+impl Eq for Time {}
+
+impl PartialOrd for Time {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
-/// A simulated run of a schedule.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Simulation {
-    /// Per stage, its actions in time.
-    pub spans: Vec<Vec<Span>>,
-    pub makespan: f64,
-    /// Idle share of stage-time: 1 - busy / (stages * makespan).
-    pub bubble: f64,
-    /// Per stage, the most micro-batches whose activations it holds at once.
-    pub peak_in_flight: Vec<usize>,
+impl Ord for Time {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
 }
 
-/// Every (chunk, micro-batch) of every stage has one forward and one backward (or one input
-/// and one weight gradient), and nothing else.
-pub(super) fn validate_complete(s: &Schedule) -> Result<()> {
-    let (m, v) = (s.micro_batches, s.chunks_per_stage);
-    if s.actions.len() != s.stages {
+/// What an action on model stage `k` needs: (is a forward, model stage), `n` of them.
+fn needs(a: &Action, k: usize, last: usize) -> ([(bool, usize); 2], usize) {
+    match a {
+        Action::Forward { .. } if k > 0 => ([(true, k - 1); 2], 1),
+        Action::Forward { .. } => ([(true, k); 2], 0),
+        Action::Backward { .. } | Action::BackwardInput { .. } if k < last => {
+            ([(true, k), (false, k + 1)], 2)
+        }
+        Action::Backward { .. } | Action::BackwardInput { .. } => ([(true, k); 2], 1),
+        Action::BackwardWeight { .. } => ([(false, k); 2], 1),
+    }
+}
+
+/// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
+/// `transfer(from, to)` seconds for what crosses between model stages, `slots` ranks
+/// computing at full speed at once (infinity: every rank has its own processor). Fails,
+/// naming what each stuck rank waits for, when no rank can move.
+fn run(
+    s: &Schedule,
+    cost: &dyn Fn(usize, &Action) -> f64,
+    transfer: &dyn Fn(usize, usize) -> f64,
+    slots: f64,
+) -> Result<Simulation> {
+    let (p, m) = (s.ranks, s.micro_batches);
+    let last = s.stages - 1;
+    // When the forward / the input gradient of (model stage k, mb) ended, at k * m + mb.
+    let mut fwd: Vec<Option<f64>> = vec![None; (last + 1) * m];
+    let mut grad: Vec<Option<f64>> = vec![None; (last + 1) * m];
+    let mut ptr = vec![0usize; p];
+    let mut spans: Vec<Vec<Span>> = vec![Vec::new(); p];
+    let mut started = vec![0f64; p];
+    // Queued or running: not to be queued again until its action ends.
+    let mut active = vec![false; p];
+    // Ranks whose next action can start, by when; running actions, by the work at which
+    // they end.
+    let mut ready: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
+    let mut running: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
+    let (mut now, mut work) = (0f64, 0f64);
+    // Queues rank r's next action if what it needs is known.
+    let check = |r: usize,
+                 now: f64,
+                 ptr: &[usize],
+                 fwd: &[Option<f64>],
+                 grad: &[Option<f64>],
+                 active: &mut [bool],
+                 ready: &mut BinaryHeap<Reverse<(Time, usize)>>| {
+        if active[r] {
+            return;
+        }
+        let Some(a) = s.actions[r].get(ptr[r]) else {
+            return;
+        };
+        let k = a.stage();
+        let (deps, n) = needs(a, k, last);
+        let mut at = now;
+        for &(is_f, ks) in &deps[..n] {
+            let table = if is_f { fwd } else { grad };
+            let Some(t) = table[ks * m + a.mb()] else {
+                return;
+            };
+            at = at.max(t + if ks == k { 0.0 } else { transfer(ks, k) });
+        }
+        active[r] = true;
+        ready.push(Reverse((Time(at), r)));
+    };
+    for r in 0..p {
+        check(r, 0.0, &ptr, &fwd, &grad, &mut active, &mut ready);
+    }
+    loop {
+        let rate = if running.is_empty() {
+            1.0
+        } else {
+            (slots / running.len() as f64).min(1.0)
+        };
+        let next_end = running
+            .peek()
+            .map(|Reverse((w, _))| now + (w.0 - work) / rate);
+        let next_start = ready.peek().map(|Reverse((t, _))| t.0.max(now));
+        match (next_start, next_end) {
+            (Some(t), end) if end.is_none_or(|e| t <= e) => {
+                let Reverse((_, r)) = ready.pop().expect("peeked");
+                work += (t - now) * rate;
+                now = t;
+                let a = s.actions[r][ptr[r]];
+                started[r] = now;
+                let w = cost(a.stage(), &a).max(0.0);
+                running.push(Reverse((Time(work + w), r)));
+            }
+            (_, Some(end)) => {
+                let Reverse((w, r)) = running.pop().expect("peeked");
+                work = w.0;
+                now = end;
+                let a = s.actions[r][ptr[r]];
+                let k = a.stage();
+                match a {
+                    Action::Forward { .. } => fwd[k * m + a.mb()] = Some(now),
+                    Action::Backward { .. } | Action::BackwardInput { .. } => {
+                        grad[k * m + a.mb()] = Some(now)
+                    }
+                    Action::BackwardWeight { .. } => {}
+                }
+                spans[r].push(Span {
+                    start: started[r],
+                    end: now,
+                    action: a,
+                });
+                ptr[r] += 1;
+                active[r] = false;
+                // Who may move now: this rank, and the ranks of the neighbouring stages.
+                let neighbours = [Some(k), k.checked_sub(1), (k < last).then_some(k + 1)];
+                for ks in neighbours.into_iter().flatten() {
+                    check(ks % p, now, &ptr, &fwd, &grad, &mut active, &mut ready);
+                }
+            }
+            _ => break,
+        }
+    }
+    if (0..p).any(|r| ptr[r] < s.actions[r].len()) {
+        return Err(deadlock(s, &ptr, &fwd, &grad));
+    }
+    let makespan = spans.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
+    Ok(Simulation::from_spans(s, spans, makespan))
+}
+
+/// The error of a schedule where no rank can move: what each stuck rank waits for.
+fn deadlock(
+    s: &Schedule,
+    ptr: &[usize],
+    fwd: &[Option<f64>],
+    grad: &[Option<f64>],
+) -> crate::Error {
+    let (m, last) = (s.micro_batches, s.stages - 1);
+    let stuck: Vec<String> = (0..s.ranks)
+        .filter_map(|r| {
+            s.actions[r].get(ptr[r]).map(|a| {
+                let k = a.stage();
+                let (deps, n) = needs(a, k, last);
+                let waits: Vec<String> = deps[..n]
+                    .iter()
+                    .filter(|(is_f, ks)| {
+                        let table = if *is_f { fwd } else { grad };
+                        table[ks * m + a.mb()].is_none()
+                    })
+                    .map(|(is_f, ks)| {
+                        format!(
+                            "{} of micro-batch {} on model stage {ks}",
+                            if *is_f { "forward" } else { "gradient" },
+                            a.mb()
+                        )
+                    })
+                    .collect();
+                format!("rank {r} at {a} waits for {}", waits.join(", "))
+            })
+        })
+        .collect();
+    invalid!("schedule deadlocks: {}", stuck.join("; "))
+}
+
+/// Every stage has, on the rank that holds it, one forward and one backward (or one input and
+/// one weight gradient) of every micro-batch, and nothing else.
+fn validate_complete(s: &Schedule) -> Result<()> {
+    let (m, stages) = (s.micro_batches, s.stages);
+    if s.actions.len() != s.ranks {
         return Err(invalid!(
-            "schedule has lists for {} stages, expected {}",
+            "schedule has lists for {} ranks, expected {}",
             s.actions.len(),
-            s.stages
+            s.ranks
         ));
     }
-    // Per stage, how often each action appears, in a dense table (the planner validates
+    let placement = s.placement()?;
+    // Per rank, how often each action appears, in a dense table (the planner validates
     // thousands of schedules; hashing each action was half of its time).
     let idx = |a: &Action| {
         let kind = match a {
@@ -75,40 +221,40 @@ pub(super) fn validate_complete(s: &Schedule) -> Result<()> {
             Action::BackwardInput { .. } => 2,
             Action::BackwardWeight { .. } => 3,
         };
-        (kind * v + a.chunk()) * m + a.mb()
+        (kind * stages + a.stage()) * m + a.mb()
     };
-    let mut seen = vec![0usize; 4 * v * m];
+    let mut seen = vec![0usize; 4 * stages * m];
     for (r, list) in s.actions.iter().enumerate() {
         seen.fill(0);
         for a in list {
-            if a.mb() >= m || a.chunk() >= v {
+            if a.mb() >= m || a.stage() >= stages {
                 return Err(invalid!(
-                    "stage {r}: {a} names a micro-batch or chunk outside {m} x {v}"
+                    "rank {r}: {a} names a micro-batch or stage outside {m} x {stages}"
                 ));
             }
             let count = &mut seen[idx(a)];
             *count += 1;
             if *count > 1 {
                 let n = list.iter().filter(|b| *b == a).count();
-                return Err(invalid!("stage {r}: {a} appears {n} times"));
+                return Err(invalid!("rank {r}: {a} appears {n} times"));
             }
         }
-        for chunk in 0..v {
+        for stage in (0..stages).filter(|k| placement[*k] == r) {
             for mb in 0..m {
                 let has = |a: Action| seen[idx(&a)] > 0;
-                if !has(Action::Forward { mb, chunk }) {
+                if !has(Action::Forward { mb, stage }) {
                     return Err(invalid!(
-                        "stage {r}: the forward of micro-batch {mb} (chunk {chunk}) is missing"
+                        "rank {r}: the forward of micro-batch {mb} on stage {stage} ({stage}F{mb}) is missing"
                     ));
                 }
-                let full = has(Action::Backward { mb, chunk });
+                let full = has(Action::Backward { mb, stage });
                 let (i, w) = (
-                    has(Action::BackwardInput { mb, chunk }),
-                    has(Action::BackwardWeight { mb, chunk }),
+                    has(Action::BackwardInput { mb, stage }),
+                    has(Action::BackwardWeight { mb, stage }),
                 );
                 if full == (i || w) || i != w {
                     return Err(invalid!(
-                        "stage {r}: micro-batch {mb} (chunk {chunk}) needs one backward, or one input and one weight gradient"
+                        "rank {r}: micro-batch {mb} on stage {stage} needs one backward ({stage}B{mb}), or one input and one weight gradient ({stage}I{mb}, {stage}W{mb})"
                     ));
                 }
             }
@@ -117,138 +263,30 @@ pub(super) fn validate_complete(s: &Schedule) -> Result<()> {
     Ok(())
 }
 
-impl Simulation {
-    /// The simulation of `s` whose actions took `spans` (per rank, in order), ending at
-    /// `makespan`: its bubble and the micro-batches each rank holds at once.
-    pub(super) fn from_spans(s: &Schedule, spans: Vec<Vec<Span>>, makespan: f64) -> Self {
-        let p = s.stages;
-        let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
-        let bubble = if makespan > 0.0 {
-            1.0 - busy / (p as f64 * makespan)
-        } else {
-            0.0
-        };
-        let peak_in_flight = s
-            .actions
-            .iter()
-            .map(|list| {
-                let (mut now, mut peak) = (0i64, 0i64);
-                for a in list {
-                    match a {
-                        Action::Forward { .. } => now += 1,
-                        Action::Backward { .. } | Action::BackwardWeight { .. } => now -= 1,
-                        Action::BackwardInput { .. } => {}
-                    }
-                    peak = peak.max(now);
-                }
-                peak as usize
-            })
-            .collect();
-        Simulation {
-            spans,
-            makespan,
-            bubble,
-            peak_in_flight,
-        }
+impl Schedule {
+    /// Checks the lists and simulates them under `costs`.
+    pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
+        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, f64::INFINITY)
     }
 
-    /// One row per stage, one cell per time unit (costs must be whole numbers).
-    pub fn timeline(&self) -> String {
-        let width = self
-            .spans
-            .iter()
-            .flatten()
-            .map(|s| s.action.to_string().len())
-            .max()
-            .unwrap_or(2)
-            .max(2);
-        let cells = self.makespan.ceil() as usize;
-        let mut out = String::new();
-        for (r, row) in self.spans.iter().enumerate() {
-            let mut line = vec![format!("{:>w$}", ".", w = width); cells];
-            for s in row {
-                let label = format!("{:>w$}", s.action.to_string(), w = width);
-                for cell in &mut line[s.start as usize..s.end.ceil() as usize] {
-                    cell.clone_from(&label);
-                }
-            }
-            out.push_str(&format!("stage {r:>2} |{}\n", line.join(" ")));
-        }
-        out
+    /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
+    /// action and `transfer(from, to)` seconds for what crosses from one model stage to
+    /// another (the planner's costs: every stage its own durations, the links their delays),
+    /// with `slots` ranks computing at full speed at once (ranks sharing a CPU slow each other
+    /// down; infinity when every rank has its own device).
+    pub fn simulate_with(
+        &self,
+        cost: &dyn Fn(usize, &Action) -> f64,
+        transfer: &dyn Fn(usize, usize) -> f64,
+        slots: f64,
+    ) -> Result<Simulation> {
+        validate_complete(self)?;
+        run(self, cost, transfer, slots)
     }
 
-    /// The timeline as an SVG picture, one time unit 28 pixels wide.
-    pub fn svg(&self, title: &str) -> String {
-        svg_panels(&[(title, self)], 28.0)
+    /// [`Schedule::simulate`] under [`Costs::unit`]: complete and deadlock-free, or an error
+    /// that names what each stuck rank waits for.
+    pub fn validate(&self) -> Result<Simulation> {
+        self.simulate(Costs::unit())
     }
-
-    /// Each stage's idle share of the step: 1 - its busy time / the makespan.
-    pub fn idle_per_stage(&self) -> Vec<f64> {
-        self.spans
-            .iter()
-            .map(|row| {
-                let busy: f64 = row.iter().map(|s| s.end - s.start).sum();
-                if self.makespan > 0.0 {
-                    1.0 - busy / self.makespan
-                } else {
-                    0.0
-                }
-            })
-            .collect()
-    }
-}
-
-/// Timelines stacked in one SVG picture on one time scale, `unit` pixels per time unit (a
-/// prediction above a measured trace, say): each panel its title and bubble, then a row per
-/// stage with a box per action.
-pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
-    let (row, head, left) = (30.0, 34.0, 70.0);
-    let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
-    let w = left + longest * unit + 10.0;
-    let h: f64 = panels
-        .iter()
-        .map(|p| head + p.1.spans.len() as f64 * row + 10.0)
-        .sum();
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"11\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    );
-    let mut top = 0.0;
-    for (title, sim) in panels {
-        s.push_str(&format!(
-            "<text x=\"8\" y=\"{}\" font-size=\"13\">{title} — bubble {:.1} %</text>\n",
-            top + 20.0,
-            sim.bubble * 100.0
-        ));
-        top += head;
-        for (r, spans) in sim.spans.iter().enumerate() {
-            let y = top + r as f64 * row;
-            s.push_str(&format!(
-                "<text x=\"8\" y=\"{}\">stage {r}</text>\n",
-                y + row * 0.6
-            ));
-            for sp in spans {
-                let color = match sp.action {
-                    Action::Forward { .. } => "#4e79a7",
-                    Action::Backward { .. } => "#e15759",
-                    Action::BackwardInput { .. } => "#f28e2b",
-                    Action::BackwardWeight { .. } => "#59a14f",
-                };
-                let x = left + sp.start * unit;
-                let wd = (sp.end - sp.start) * unit;
-                s.push_str(&format!(
-                    "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{color}\" stroke=\"white\"/>\
-                     <text x=\"{}\" y=\"{}\" fill=\"white\" text-anchor=\"middle\">{}</text>\n",
-                    (wd - 1.0).max(0.5),
-                    row - 4.0,
-                    x + wd / 2.0,
-                    y + row * 0.6,
-                    sp.action
-                ));
-            }
-        }
-        top += sim.spans.len() as f64 * row + 10.0;
-    }
-    s.push_str("</svg>\n");
-    s
 }

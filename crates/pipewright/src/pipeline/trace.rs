@@ -3,7 +3,7 @@
 //! stage.
 
 use super::schedule::Action;
-use super::simulate::{Simulation, Span};
+use super::timeline::{Simulation, Span};
 use crate::{invalid, Result};
 
 /// One executed action, for a Chrome trace.
@@ -38,28 +38,16 @@ pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
             events.push(serde_json::json!({
                 "name": name, "cat": e.action.letter().to_string(), "ph": "X", "pid": 0, "tid": stage,
                 "ts": e.start_us, "dur": e.dur_us,
-                "args": {"step": e.step, "micro_batch": e.action.mb(), "chunk": e.action.chunk()}
+                "args": {"step": e.step, "micro_batch": e.action.mb(), "stage": e.action.stage()}
             }));
         }
     }
     serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string()
 }
 
-/// Parses an action as traced: `F3`, `B2.1`, `R+B3` (recomputed), `I1`, `W1`.
+/// Parses an action as traced: its printed form (`1F3`), `R+` before it when recomputed.
 fn parse_action(name: &str) -> Option<Action> {
-    let name = name.strip_prefix("R+").unwrap_or(name);
-    let (letter, rest) = name.split_at_checked(1)?;
-    let (mb, chunk) = match rest.split_once('.') {
-        Some((mb, c)) => (mb.parse().ok()?, c.parse().ok()?),
-        None => (rest.parse().ok()?, 0),
-    };
-    Some(match letter {
-        "F" => Action::Forward { mb, chunk },
-        "B" => Action::Backward { mb, chunk },
-        "I" => Action::BackwardInput { mb, chunk },
-        "W" => Action::BackwardWeight { mb, chunk },
-        _ => return None,
-    })
+    name.strip_prefix("R+").unwrap_or(name).parse().ok()
 }
 
 /// One step of a trace written by [`chrome_trace`] (`pipewright train --trace`) as a
@@ -133,9 +121,9 @@ mod tests {
             recomputed,
             wait_us: 0.0,
         };
-        let f = Action::Forward { mb: 1, chunk: 1 };
-        let b = Action::Backward { mb: 1, chunk: 1 };
-        let w = Action::BackwardWeight { mb: 0, chunk: 0 };
+        let f = Action::Forward { mb: 1, stage: 1 };
+        let b = Action::Backward { mb: 1, stage: 1 };
+        let w = Action::BackwardWeight { mb: 0, stage: 0 };
         let trace = chrome_trace(&[
             vec![ev(0, f, 0.0, 5.0, false), ev(1, f, 100.0, 10.0, false)],
             vec![ev(1, b, 120.0, 30.0, true), ev(1, w, 150.0, 5.0, false)],

@@ -12,7 +12,8 @@ use serde::Serialize;
 use super::balance::balance_cost;
 use super::costs::{Fit, Profile};
 use super::hardware::{Hardware, Link};
-use crate::pipeline::schedule::{Action, Kind, Schedule, Simulation};
+use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use crate::pipeline::timeline::Simulation;
 use crate::pipeline::Recompute;
 use crate::topology::Layout;
 use crate::Result;
@@ -49,8 +50,8 @@ pub struct Candidate {
     /// Micro-batches per data-parallel replica (`chunks`).
     pub micro_batches: usize,
     #[serde(serialize_with = "display")]
-    pub schedule: Kind,
-    /// Model chunks per pipeline rank (interleaved).
+    pub schedule: ScheduleKind,
+    /// Model stages per pipeline rank (interleaved).
     pub virtual_stages: usize,
     #[serde(serialize_with = "display")]
     pub recompute: Recompute,
@@ -271,13 +272,14 @@ pub fn estimate(
     } else {
         f64::INFINITY
     };
-    let sim = Schedule::new(cand.schedule, pp, m, v)?.simulate_with(&cost, &transfer, slots)?;
+    let schedule = Schedule::new(cand.schedule, pp, m, v)?;
+    let sim = schedule.simulate_with(&cost, &transfer, slots)?;
     let hw = cluster.hardware;
     let dp_link = cluster.link(tp * dp);
     let mut after = 0f64;
     let mut peak_bytes = Vec::with_capacity(pp);
     for r in 0..pp {
-        let mine: Vec<&StageCost> = (0..v).map(|c| &costs[c * pp + r]).collect();
+        let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
         let params: f64 = mine.iter().map(|c| c.params).sum();
         let grads = dp_link.all_reduce(dp, params * 4.0);
         let optimizer = params * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
@@ -296,7 +298,7 @@ pub fn estimate(
             Recompute::ExceptLast => (in_flight - 1.0).max(0.0) * input_mean + 2.0 * kept_max,
         };
         // The split backward's queued output gradients wait for their weight gradients.
-        if cand.schedule == Kind::ZeroBubbleH1 {
+        if schedule.splits_backward() {
             held += in_flight * mine.iter().map(|c| c.deferred).sum::<f64>() / v as f64;
         }
         // The peak is in a backward (after the first, the running sum of the gradients is

@@ -6,7 +6,7 @@
 use super::costs::Profile;
 use super::estimate::{estimate, Candidate, Cluster, Estimate};
 use super::hardware::format_bytes;
-use crate::pipeline::schedule::Kind;
+use crate::pipeline::schedule::ScheduleKind;
 use crate::pipeline::Recompute;
 use crate::topology::Layout;
 use crate::{invalid, Result};
@@ -56,11 +56,11 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
             let rows = req.global_batch / dp;
             for micro_batch in micro_batch_sizes(rows) {
                 let m = rows / micro_batch;
-                let mut schedules = vec![(Kind::OneFOneB, 1)];
+                let mut schedules = vec![(ScheduleKind::OneFOneB, 1)];
                 if pp > 1 {
-                    schedules.extend([(Kind::GPipe, 1), (Kind::ZeroBubbleH1, 1)]);
+                    schedules.extend([(ScheduleKind::GPipe, 1), (ScheduleKind::ZeroBubbleH1, 1)]);
                     if units >= 2 * pp && m.is_multiple_of(pp) {
-                        schedules.push((Kind::Interleaved, 2));
+                        schedules.push((ScheduleKind::Interleaved, 2));
                     }
                 }
                 for (schedule, virtual_stages) in schedules {
@@ -93,7 +93,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
         },
         micro_batch: 0,
         micro_batches: 0,
-        schedule: Kind::OneFOneB,
+        schedule: ScheduleKind::OneFOneB,
         virtual_stages: 1,
         recompute: Recompute::Never,
     };

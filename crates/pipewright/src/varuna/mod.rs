@@ -83,6 +83,7 @@ impl Varuna {
             chunks,
             schedule: opts.schedule,
             virtual_stages: opts.virtual_stages,
+            custom_schedule: opts.custom_schedule.clone(),
             balance: opts.balance.clone(),
             seed: opts.seed,
             tied: opts.shared_weights.clone(),

@@ -10,7 +10,7 @@ use crate::loss::{CrossEntropy, SharedLoss};
 use crate::model::Sequential;
 use crate::nn::optim::LrSchedule;
 use crate::pipeline::partition::partition;
-use crate::pipeline::schedule::{Kind, Schedule};
+use crate::pipeline::schedule::{Schedule, ScheduleKind};
 use crate::pipeline::Recompute;
 use crate::precision::{LossScaler, Precision};
 use crate::topology::{Layout, Topology};
@@ -53,9 +53,12 @@ pub struct VarunaOptions {
     /// Seeds initialisation, dropout and everything random.
     pub seed: u64,
     /// The pipeline schedule.
-    pub schedule: Kind,
-    /// Model chunks per pipeline rank (interleaved schedule).
+    pub schedule: ScheduleKind,
+    /// Model stages per pipeline rank (interleaved schedule).
     pub virtual_stages: usize,
+    /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
+    /// set, it replaces `schedule` and `virtual_stages`.
+    pub custom_schedule: Option<Schedule>,
     /// Layers (or segments between cut points) per model stage; uniform if `None`.
     pub balance: Option<Vec<usize>>,
     /// Activation recomputation.
@@ -95,8 +98,9 @@ impl VarunaOptions {
             shared_weights: Vec::new(),
             batch_fn: None,
             seed: 0,
-            schedule: Kind::OneFOneB,
+            schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
+            custom_schedule: None,
             balance: None,
             recompute: Recompute::Never,
             deferred_batch_norm: false,
@@ -148,8 +152,17 @@ impl VarunaOptions {
         topo.layout().check_world(world)?;
         let chunks = self.chunks()?;
         let pp = topo.layout().pp;
-        Schedule::new(self.schedule, pp, chunks, self.virtual_stages)?;
-        partition(model, pp * self.virtual_stages, self.balance.as_deref())?;
+        let schedule = Schedule::for_pipeline(
+            self.custom_schedule.as_ref(),
+            self.schedule,
+            self.virtual_stages,
+            pp,
+            chunks,
+        )?;
+        if self.custom_schedule.is_some() {
+            schedule.validate()?;
+        }
+        partition(model, schedule.stages, self.balance.as_deref())?;
         model.skips()?;
         self.lr.validate()
     }

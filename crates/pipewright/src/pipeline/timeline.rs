@@ -1,0 +1,191 @@
+//! What a simulated (or measured) step is: every action placed in time ([`Span`]), the
+//! makespan, the bubble and the activations each rank holds ([`Simulation`]), the costs the
+//! simulator is given ([`Costs`]), and the timeline pictures (text or SVG).
+
+use super::schedule::{Action, Schedule};
+
+/// Durations of the actions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Costs {
+    pub forward: f64,
+    pub backward: f64,
+    pub backward_input: f64,
+    pub backward_weight: f64,
+}
+
+impl Costs {
+    /// Forward 1, full backward 2 (its input and weight halves 1 each).
+    pub fn unit() -> Self {
+        Self {
+            forward: 1.0,
+            backward: 2.0,
+            backward_input: 1.0,
+            backward_weight: 1.0,
+        }
+    }
+
+    pub(super) fn of(&self, a: &Action) -> f64 {
+        match a {
+            Action::Forward { .. } => self.forward,
+            Action::Backward { .. } => self.backward,
+            Action::BackwardInput { .. } => self.backward_input,
+            Action::BackwardWeight { .. } => self.backward_weight,
+        }
+    }
+}
+
+/// An action placed in time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Span {
+    pub start: f64,
+    pub end: f64,
+    pub action: Action,
+}
+
+/// A simulated run of a schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Simulation {
+    /// Per stage, its actions in time.
+    pub spans: Vec<Vec<Span>>,
+    pub makespan: f64,
+    /// Idle share of stage-time: 1 - busy / (stages * makespan).
+    pub bubble: f64,
+    /// Per stage, the most micro-batches whose activations it holds at once.
+    pub peak_in_flight: Vec<usize>,
+}
+
+impl Simulation {
+    /// The simulation of `s` whose actions took `spans` (per rank, in order), ending at
+    /// `makespan`: its bubble and the micro-batches each rank holds at once.
+    pub(super) fn from_spans(s: &Schedule, spans: Vec<Vec<Span>>, makespan: f64) -> Self {
+        let p = s.ranks;
+        let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
+        let bubble = if makespan > 0.0 {
+            1.0 - busy / (p as f64 * makespan)
+        } else {
+            0.0
+        };
+        let peak_in_flight = s
+            .actions
+            .iter()
+            .map(|list| {
+                let (mut now, mut peak) = (0i64, 0i64);
+                for a in list {
+                    match a {
+                        Action::Forward { .. } => now += 1,
+                        Action::Backward { .. } | Action::BackwardWeight { .. } => now -= 1,
+                        Action::BackwardInput { .. } => {}
+                    }
+                    peak = peak.max(now);
+                }
+                peak as usize
+            })
+            .collect();
+        Simulation {
+            spans,
+            makespan,
+            bubble,
+            peak_in_flight,
+        }
+    }
+
+    /// One row per rank, one cell per time unit (costs must be whole numbers).
+    pub fn timeline(&self) -> String {
+        let width = self
+            .spans
+            .iter()
+            .flatten()
+            .map(|s| s.action.to_string().len())
+            .max()
+            .unwrap_or(2)
+            .max(2);
+        let cells = self.makespan.ceil() as usize;
+        let mut out = String::new();
+        for (r, row) in self.spans.iter().enumerate() {
+            let mut line = vec![format!("{:>w$}", ".", w = width); cells];
+            for s in row {
+                let label = format!("{:>w$}", s.action.to_string(), w = width);
+                for cell in &mut line[s.start as usize..s.end.ceil() as usize] {
+                    cell.clone_from(&label);
+                }
+            }
+            out.push_str(&format!("rank {r:>2} |{}\n", line.join(" ")));
+        }
+        out
+    }
+
+    /// The timeline as an SVG picture, one time unit 28 pixels wide.
+    pub fn svg(&self, title: &str) -> String {
+        svg_panels(&[(title, self)], 28.0)
+    }
+
+    /// Each stage's idle share of the step: 1 - its busy time / the makespan.
+    pub fn idle_per_stage(&self) -> Vec<f64> {
+        self.spans
+            .iter()
+            .map(|row| {
+                let busy: f64 = row.iter().map(|s| s.end - s.start).sum();
+                if self.makespan > 0.0 {
+                    1.0 - busy / self.makespan
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+}
+
+/// Timelines stacked in one SVG picture on one time scale, `unit` pixels per time unit (a
+/// prediction above a measured trace, say): each panel its title and bubble, then a row per
+/// stage with a box per action.
+pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
+    let (row, head, left) = (30.0, 34.0, 70.0);
+    let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
+    let w = left + longest * unit + 10.0;
+    let h: f64 = panels
+        .iter()
+        .map(|p| head + p.1.spans.len() as f64 * row + 10.0)
+        .sum();
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let mut top = 0.0;
+    for (title, sim) in panels {
+        s.push_str(&format!(
+            "<text x=\"8\" y=\"{}\" font-size=\"13\">{title} — bubble {:.1} %</text>\n",
+            top + 20.0,
+            sim.bubble * 100.0
+        ));
+        top += head;
+        for (r, spans) in sim.spans.iter().enumerate() {
+            let y = top + r as f64 * row;
+            s.push_str(&format!(
+                "<text x=\"8\" y=\"{}\">stage {r}</text>\n",
+                y + row * 0.6
+            ));
+            for sp in spans {
+                let color = match sp.action {
+                    Action::Forward { .. } => "#4e79a7",
+                    Action::Backward { .. } => "#e15759",
+                    Action::BackwardInput { .. } => "#f28e2b",
+                    Action::BackwardWeight { .. } => "#59a14f",
+                };
+                let x = left + sp.start * unit;
+                let wd = (sp.end - sp.start) * unit;
+                s.push_str(&format!(
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{color}\" stroke=\"white\"/>\
+                     <text x=\"{}\" y=\"{}\" fill=\"white\" text-anchor=\"middle\">{}</text>\n",
+                    (wd - 1.0).max(0.5),
+                    row - 4.0,
+                    x + wd / 2.0,
+                    y + row * 0.6,
+                    sp.action
+                ));
+            }
+        }
+        top += sim.spans.len() as f64 * row + 10.0;
+    }
+    s.push_str("</svg>\n");
+    s
+}
