@@ -11,12 +11,11 @@ use std::process::Command;
 use clap::Args;
 use pipewright::plan::{
     format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Link,
-    Profile, Request, Transformer,
+    Profile, Request,
 };
 use pipewright::{invalid, Error, Result};
 
-use crate::profile::tp_divides;
-use crate::train::{make_model, make_task, ModelConfig, TrainArgs};
+use crate::train::{make_model, make_task, TrainArgs};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -63,29 +62,7 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
     }
     let a = &p.train;
     let task = make_task(a)?;
-    shapes_profile(&make_model(a, task.as_ref())?, &a.precision, hw)
-}
-
-/// The profile of `config`'s GPT from its shapes computing in `precision` on `hw` (only the
-/// GPT has shapes the planner knows).
-pub fn shapes_profile(config: &ModelConfig, precision: &str, hw: &Hardware) -> Result<Profile> {
-    let ModelConfig::Gpt { gpt, .. } = config else {
-        return Err(invalid!(
-            "only the GPT is planned from its shapes: profile this model with `pipewright profile \
-             ... --out FILE` and pass --profile FILE"
-        ));
-    };
-    let shape = Transformer {
-        n_layer: gpt.n_layer,
-        d_model: gpt.n_embd,
-        n_head: gpt.n_head,
-        vocab: gpt.vocab_size,
-        seq: gpt.block_size,
-    };
-    let dtype_bytes = if precision == "f32" { 4 } else { 2 };
-    let mut profile = shape.profile(hw, dtype_bytes)?;
-    profile.tp_divides = tp_divides(config);
-    Ok(profile)
+    make_model(a, task.as_ref())?.shapes_profile(&a.precision, hw)
 }
 
 /// The hardware file `name`, with the measured link of `link` (if any) between a node's

@@ -7,7 +7,7 @@ use clap::Args;
 use pipewright::plan::{measure, Sizes};
 use pipewright::{Batch, Build, Result};
 
-use crate::train::{make_model, make_task, ModelConfig, TrainArgs};
+use crate::train::{make_model, make_task, TrainArgs};
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -25,14 +25,6 @@ pub struct ProfileArgs {
     /// have ranks computing at once on this machine: they slow each other down.
     #[arg(long, default_value_t = 1)]
     pub concurrent: usize,
-}
-
-/// What a tensor-parallel size must divide for the model `train` builds from `config`.
-pub fn tp_divides(config: &ModelConfig) -> Vec<usize> {
-    match config {
-        ModelConfig::Gpt { gpt, .. } => vec![gpt.n_head, gpt.vocab_size],
-        ModelConfig::Cnn { .. } => vec![1],
-    }
 }
 
 pub fn run(p: ProfileArgs) -> Result<()> {
@@ -57,7 +49,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
             tp: p.tp_sizes.clone(),
             concurrent: p.concurrent,
         },
-        tp_divides(&config),
+        config.tp_divides(),
         source,
     )?;
     println!(

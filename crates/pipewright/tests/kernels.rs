@@ -1,13 +1,12 @@
 //! The fused CPU kernels against the composed candle ops they replace, in f32: GELU, LayerNorm,
-//! (causal, scaled) softmax and cross-entropy forward and backward within f32 rounding, and
-//! AdamW bit for bit over several steps. (Their f64 gradients are checked against finite
-//! differences in `gradcheck.rs`.)
+//! softmax and cross-entropy forward and backward within f32 rounding, and AdamW bit for bit
+//! over several steps (their f64 gradients meet finite differences in `gradcheck.rs`).
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use pipewright::init::{normal_vec, rng_for};
+use pipewright::grads::Grads;
+use pipewright::init::{normal_vec, rng_for, Init};
 use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
-use pipewright::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax, Grads, LayerNorm};
-use pipewright::nn::{Init, Module};
+use pipewright::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax, LayerNorm, Module};
 
 fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
     let n = shape.iter().product();

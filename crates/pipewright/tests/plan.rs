@@ -1,10 +1,18 @@
-//! Profiling and balancing a model: a layer far larger than the others gets a stage of its
-//! own by size, and is the slowest by time.
+//! Profiling, balancing, planning and morphing a model that is not the GPT, from the library
+//! alone: a layer far larger than the others gets a stage of its own by size and is the
+//! slowest by time; a plain MLP is profiled, planned and morphed to worlds of other sizes.
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::{Linear, Module};
-use pipewright::plan::{balance_by, profile_layers, By};
+use pipewright::pipeline::schedule::ScheduleKind;
+use pipewright::pipeline::Recompute;
+use pipewright::plan::{
+    balance_by, estimate, layouts, measure, morph, morph_layouts, profile_layers, rank,
+    search::candidates, By, Candidate, Cluster, Hardware, MorphPlanner, MorphRequest, Request,
+    Sizes,
+};
+use pipewright::topology::Layout;
 use pipewright::{Batch, Build, Result};
 
 struct Dense(Linear, String);
@@ -49,4 +57,136 @@ fn a_huge_layer_is_isolated_by_size_and_slowest_by_time() {
     assert!(costs[2].time() > costs[0].time(), "{costs:?}");
     let b = balance_by(By::Size, &m, &Build::cpu(0), &sample, 3).unwrap();
     assert_eq!(b, vec![2, 1, 2], "l2 alone");
+}
+
+#[test]
+fn a_users_mlp_is_planned_and_morphed_from_the_library() {
+    // Five layers, so at most five pipeline stages; a plain MLP does not split (tp 1).
+    let m = model(&[16, 64, 64, 64, 64, 16]);
+    let batch = |rows: usize| -> Result<Batch> {
+        Ok(Batch::input(Tensor::ones(
+            (rows, 16),
+            DType::F32,
+            &Device::Cpu,
+        )?))
+    };
+    let sizes = Sizes {
+        rows: vec![2, 4],
+        tp: vec![1],
+        concurrent: 1,
+    };
+    let profile = measure(&m, &Build::cpu(0), &batch, &sizes, vec![1], "here".into()).unwrap();
+    assert_eq!(profile.units(), 5);
+    let hw = Hardware::load("cpu-2core").unwrap();
+
+    // Plan: every candidate of a world of 4 for a batch of 24, the fastest first.
+    let req = Request {
+        world: 4,
+        memory_bytes: 1e12,
+        global_batch: 24,
+        top: 3,
+    };
+    let cluster = Cluster::new(&hw, 4, None).unwrap();
+    let all = candidates(&req, profile.units(), &profile.tp_divides);
+    assert!(all.iter().all(|c| c.layout.tp == 1 && c.layout.pp <= 5));
+    let best = rank(&profile, &cluster, &req, all.clone()).unwrap();
+    let fastest = all
+        .iter()
+        .map(|c| estimate(&profile, &cluster, c).unwrap().0.step_s)
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(best.len(), 3);
+    assert!(
+        (best[0].step_s - fastest).abs() <= 1e-12 * fastest,
+        "{best:?}"
+    );
+
+    // Morph a run of pp 2 x dp 2 in micro-batches of 4 rows to other worlds.
+    let from = Layout {
+        pp: 2,
+        tp: 1,
+        dp: 2,
+    };
+    let request = |world| MorphRequest {
+        world,
+        from,
+        global_batch: 24,
+        micro_batch: 4,
+        schedule: ScheduleKind::OneFOneB,
+        virtual_stages: 1,
+        recompute: Recompute::Never,
+        tp_divides: vec![1],
+    };
+    // World 2: (1, 1, 2) or (2, 1, 1); without a profile the same pp is nearest.
+    assert_eq!(
+        morph_layouts(&request(2), &m),
+        vec![
+            Layout {
+                pp: 2,
+                tp: 1,
+                dp: 1
+            },
+            Layout {
+                pp: 1,
+                tp: 1,
+                dp: 2
+            }
+        ]
+    );
+    let nearest = morph(&request(2), &m, None).unwrap();
+    assert_eq!(
+        (nearest.layout, nearest.step_s),
+        (
+            Layout {
+                pp: 2,
+                tp: 1,
+                dp: 1
+            },
+            None
+        )
+    );
+    // World 8: pp 8 has no stage for every rank (5 layers) and dp 4 or 8 does not divide the
+    // 6 micro-batches of 4 rows: only pp 4 x dp 2 is left.
+    assert_eq!(
+        morph_layouts(&request(8), &m),
+        vec![Layout {
+            pp: 4,
+            tp: 1,
+            dp: 2
+        }]
+    );
+    // Before the micro-batch size: pp 1, 2 and 4 (dp 8, 4, 2 each divide 24 rows).
+    let l = |pp, dp| Layout { pp, tp: 1, dp };
+    assert_eq!(layouts(8, 5, &[1], 24), vec![l(1, 8), l(2, 4), l(4, 2)]);
+    // World 6 with the planner: its choice is the fastest layout by the estimate.
+    let cluster6 = Cluster::new(&hw, 6, None).unwrap();
+    let planned = morph(
+        &request(6),
+        &m,
+        Some(MorphPlanner {
+            profile: &profile,
+            cluster: cluster6,
+            memory_bytes: 1e12,
+        }),
+    )
+    .unwrap();
+    let by_estimate = morph_layouts(&request(6), &m)
+        .into_iter()
+        .map(|layout| {
+            let c = Candidate {
+                layout,
+                micro_batch: 4,
+                micro_batches: 24 / (layout.dp * 4),
+                schedule: ScheduleKind::OneFOneB,
+                virtual_stages: 1,
+                recompute: Recompute::Never,
+            };
+            (estimate(&profile, &cluster6, &c).unwrap().0.step_s, layout)
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap();
+    assert_eq!(planned.layout, by_estimate.1, "{planned:?}");
+    assert!((planned.step_s.unwrap() - by_estimate.0).abs() <= 1e-12 * by_estimate.0);
+    // World 7 fits nothing: a clear error.
+    let e = morph(&request(7), &m, None).unwrap_err().to_string();
+    assert!(e.contains("no layout of 7 ranks"), "{e}");
 }

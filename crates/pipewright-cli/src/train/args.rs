@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::plan::{Hardware, Profile};
 use pipewright::{invalid, Result, Sequential};
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
@@ -258,6 +259,26 @@ impl ModelConfig {
             ModelConfig::Gpt { gpt: cfg, .. } => (gpt(*cfg)?, vec![(TIED.0.into(), TIED.1.into())]),
             ModelConfig::Cnn { cnn: cfg } => (cnn(*cfg)?, Vec::new()),
         })
+    }
+
+    /// Sizes a tensor-parallel size must divide (the CNN does not split: `[1]`).
+    pub fn tp_divides(&self) -> Vec<usize> {
+        match self {
+            ModelConfig::Gpt { gpt, .. } => gpt.tp_divides(),
+            ModelConfig::Cnn { .. } => vec![1],
+        }
+    }
+
+    /// The planner's profile from the model's shapes in `precision` on `hw` (only the GPT has
+    /// shapes the planner knows).
+    pub fn shapes_profile(&self, precision: &str, hw: &Hardware) -> Result<Profile> {
+        let ModelConfig::Gpt { gpt, .. } = self else {
+            return Err(invalid!(
+                "only the GPT is planned from its shapes: profile this model with `pipewright \
+                 profile ... --out FILE` and pass --profile FILE"
+            ));
+        };
+        gpt.shapes_profile(if precision == "f32" { 4 } else { 2 }, hw)
     }
 }
 

@@ -5,7 +5,7 @@
 
 use candle_core::{Tensor, Var};
 
-use super::executor::Pipeline;
+use super::stage::PipelineStage;
 use super::transfer::{inject_gradients, send_gradients, Tags};
 use crate::batch::Batch;
 use crate::comm::Pending;
@@ -37,7 +37,7 @@ pub(super) struct Step<'a> {
     pub loss_scale: f64,
 }
 
-impl Pipeline {
+impl PipelineStage {
     /// The backward of micro-batch `mb` on model stage `k` (chunk `c` of this rank): adds its
     /// parameter gradients to `grads` and queues the sends of its input gradients. Returns
     /// whether the forward was recomputed.

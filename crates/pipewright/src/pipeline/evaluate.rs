@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::executor::Pipeline;
+use super::stage::PipelineStage;
 use super::transfer::{recv_activation, send_activation};
 use crate::batch::Batch;
 use crate::comm::{Pending, ReduceOp};
@@ -22,7 +22,7 @@ pub struct ForwardOnly {
     pub output: Option<Tensor>,
 }
 
-impl Pipeline {
+impl PipelineStage {
     /// Runs `batch` as one micro-batch through every stage in evaluation mode (collective over
     /// the pipeline). With `with_loss` the batch must hold the loss's targets.
     pub fn forward_only(

@@ -17,76 +17,39 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::backward::{Saved, Step};
+use super::evaluate::ForwardOnly;
 use super::io::check_arity;
-use super::partition::partition;
-use super::recompute::Recompute;
-use super::schedule::{Action, Schedule, ScheduleKind};
-use super::skip::Skips;
+pub use super::options::PipelineOptions;
+use super::schedule::{Action, Schedule};
+use super::stage::PipelineStage;
 use super::tied::Tied;
 use super::trace::TraceEvent;
-use super::transfer::{send_activation, Tags};
+use super::transfer::send_activation;
 use crate::batch::Batch;
 use crate::comm::TpGroup;
 use crate::comm::{Communicator, Pending, ReduceOp};
-use crate::loss::{output_in_f32, SharedLoss};
-use crate::model::deferred::{leftover, WeightGradQueue};
-use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
+use crate::loss::SharedLoss;
+use crate::model::deferred::leftover;
+use crate::model::{Build, Sequential};
 use crate::nn::{sum_sq_share, Grads};
 use crate::{invalid, Result};
 
-/// How to split and schedule.
-#[derive(Clone, Debug)]
-pub struct PipelineOptions {
-    /// Micro-batches per batch (torchgpipe's `chunks`).
-    pub chunks: usize,
-    /// The built schedule to run.
-    pub schedule: ScheduleKind,
-    /// Model stages per rank (interleaved schedule).
-    pub virtual_stages: usize,
-    /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
-    /// set, it replaces `schedule` and `virtual_stages`.
-    pub custom_schedule: Option<Schedule>,
-    /// Layers (or segments between cut points) per model stage; uniform if `None`.
-    pub balance: Option<Vec<usize>>,
-    pub seed: u64,
-    /// Parameter pairs kept equal across stages (GPT's `wte.weight`, `lm_head.weight`).
-    pub tied: Vec<(String, String)>,
-    pub recompute: Recompute,
-    /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
-    pub deferred_batch_norm: bool,
-    /// Check every layer's output for NaN and inf (see `VarunaOptions::detect_anomaly`).
-    pub detect_anomaly: bool,
-}
-
-/// One rank of a pipeline.
+/// One rank of a pipeline: runs its list of the schedule's actions on its [`PipelineStage`],
+/// keeps tied weights equal, and counts what it holds.
 pub struct Pipeline {
-    pub(super) comm: Box<dyn Communicator>,
+    stage: PipelineStage,
     schedule: Schedule,
-    /// (model stage, built layers) of each stage this rank holds, in stage order.
-    pub(super) own: Vec<(usize, Stage)>,
-    ranges: Vec<Range<usize>>,
-    pub(super) skips: Skips,
-    pub(super) tags: Tags,
     tied: Tied,
     params: Vec<(String, Var)>,
-    /// The tensor-parallel group every stage of this rank is split over, and the names of the
-    /// sharded parameters.
-    pub(super) tp: TpGroup,
+    /// The names of the sharded parameters.
     sharded: Vec<String>,
-    pub(super) loss: SharedLoss,
-    pub(super) device: Device,
-    /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout
-    /// masks are keyed by it, so a replica draws what a serial run draws for those rows.
-    pub(super) mb_offset: usize,
-    pub(super) opts: PipelineOptions,
-    pub(super) step: u64,
-    /// Activations held now and at most during the last step (micro-batches, all chunks).
+    /// Activations held now and at most during the last step (micro-batches, all stages).
     held: usize,
     peak_held: usize,
     /// Stage inputs held now and at most during the last step.
@@ -94,11 +57,7 @@ pub struct Pipeline {
     peak_inputs: usize,
     /// Executed actions, when tracing.
     trace: Option<Vec<TraceEvent>>,
-    /// Deferred weight gradients (zero-bubble schedules only).
-    queue: Option<WeightGradQueue>,
     epoch: Instant,
-    /// Nanoseconds spent in receives, for [`TraceEvent::wait_us`].
-    pub(super) waited_ns: AtomicU64,
 }
 
 impl Pipeline {
@@ -121,95 +80,95 @@ impl Pipeline {
         if opts.custom_schedule.is_some() {
             schedule.validate()?;
         }
-        let queue = schedule.splits_backward().then(WeightGradQueue::new);
-        let ranges = partition(model, schedule.stages, opts.balance.as_deref())?;
-        let own = schedule
-            .stages_of(comm.rank())
-            .into_iter()
-            .map(|k| Ok((k, model.build_range(ranges[k].clone(), build)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let skips = Skips::new(model, &ranges)?;
-        let tags = Tags::new(
-            schedule.stages,
-            opts.chunks,
-            skips.routes().len(),
-            opts.tied.len(),
-        )?;
-        let params: Vec<(String, Var)> = own.iter().flat_map(|(_, s)| s.params()).collect();
-        let tied = Tied::new(comm.as_ref(), &params, &opts.tied)?;
-        let sharded = own
+        let stage = PipelineStage::new(model, build, comm, &schedule, opts, loss)?;
+        let params: Vec<(String, Var)> = stage.own.iter().flat_map(|(_, s)| s.params()).collect();
+        let tied = Tied::new(stage.comm.as_ref(), &params, &stage.opts.tied)?;
+        let sharded = stage
+            .own
             .iter()
             .flat_map(|(_, s)| crate::shard::register_ddp_parameters_to_ignore(s))
             .collect();
         Ok(Self {
-            comm,
+            stage,
             schedule,
-            own,
-            ranges,
-            skips,
-            tags,
             tied,
             params,
-            tp: build.tp.clone(),
             sharded,
-            loss,
-            device: build.device.clone(),
-            mb_offset: 0,
-            opts,
-            step: 0,
             held: 0,
             peak_held: 0,
             inputs_held: 0,
             peak_inputs: 0,
             trace: None,
             epoch: Instant::now(),
-            queue,
-            waited_ns: AtomicU64::new(0),
         })
+    }
+
+    /// The part of the pipeline that computes: this rank's model stages and their transfers.
+    pub fn stage(&self) -> &PipelineStage {
+        &self.stage
+    }
+
+    /// [`PipelineStage::forward_only`] (collective over the pipeline).
+    pub fn forward_only(
+        &self,
+        batch: &Batch,
+        with_loss: bool,
+        with_output: bool,
+    ) -> Result<ForwardOnly> {
+        self.stage.forward_only(batch, with_loss, with_output)
     }
 
     /// Numbers this rank's micro-batches from `offset` (its replica's first micro-batch in the
     /// global batch), for seeded randomness.
     pub fn set_micro_batch_offset(&mut self, offset: usize) {
-        self.mb_offset = offset;
+        self.stage.mb_offset = offset;
     }
 
     /// The model stages this rank holds and their layer ranges.
     pub fn own_stages(&self) -> Vec<(usize, Range<usize>)> {
-        self.own
+        self.stage
+            .own
             .iter()
-            .map(|(k, _)| (*k, self.ranges[*k].clone()))
+            .map(|(k, _)| (*k, self.stage.ranges[*k].clone()))
             .collect()
     }
 
     /// How each sharded parameter of this rank's stages is split.
     pub fn shards(&self) -> Vec<(String, crate::shard::Shard)> {
-        self.own.iter().flat_map(|(_, s)| s.shards()).collect()
+        self.stage
+            .own
+            .iter()
+            .flat_map(|(_, s)| s.shards())
+            .collect()
     }
 
     /// The tensor-parallel group this rank's stages are split over.
     pub fn tp(&self) -> &TpGroup {
-        &self.tp
+        &self.stage.tp
     }
 
     /// The pipeline's communicator (this rank's stages and their neighbours).
     pub fn comm(&self) -> &dyn Communicator {
-        self.comm.as_ref()
+        self.stage.comm.as_ref()
     }
 
     /// Layer ranges of every model stage.
     pub fn ranges(&self) -> &[Range<usize>] {
-        &self.ranges
+        &self.stage.ranges
     }
 
     /// The batch tensors the model's first stage takes.
     pub fn input_names(&self) -> &[String] {
-        self.own[0].1.input_names()
+        self.stage.input_names()
     }
 
     /// This rank's buffers (BatchNorm running statistics) with their global names.
     pub fn buffers(&self) -> Vec<(String, Var)> {
-        self.own.iter().flat_map(|(_, s)| s.buffers()).collect()
+        self.stage
+            .own
+            .iter()
+            .flat_map(|(_, s)| s.buffers())
+            .collect()
     }
 
     /// This rank's parameters with their global names.
@@ -226,7 +185,7 @@ impl Pipeline {
             .iter()
             .map(|(n, v)| {
                 let parts = if self.sharded.contains(n) {
-                    self.tp.size()
+                    self.stage.tp.size()
                 } else {
                     1
                 };
@@ -234,7 +193,11 @@ impl Pipeline {
             })
             .sum();
         let t = Tensor::new(&[mine as i64], &Device::Cpu)?;
-        Ok(self.comm.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<i64>()?[0] as usize)
+        Ok(self
+            .stage
+            .comm
+            .all_reduce(&t, ReduceOp::Sum)?
+            .to_vec1::<i64>()?[0] as usize)
     }
 
     /// Most micro-batch activations (the graph of a stage's forward) this rank held at once
@@ -258,60 +221,6 @@ impl Pipeline {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// The number of model stages over all ranks.
-    pub(super) fn stage_count(&self) -> usize {
-        self.schedule.stages
-    }
-
-    /// The pipeline rank that holds model stage `k`.
-    pub(super) fn rank_of(&self, k: usize) -> usize {
-        self.schedule.rank_of(k)
-    }
-
-    /// The built layers of model stage `k`, which this rank holds.
-    pub(super) fn own_stage(&self, k: usize) -> Result<&Stage> {
-        self.own
-            .iter()
-            .find(|(s, _)| *s == k)
-            .map(|(_, s)| s)
-            .ok_or_else(|| {
-                invalid!(
-                    "rank {} was asked to run stage {k}, which it does not hold",
-                    self.comm.rank()
-                )
-            })
-    }
-
-    /// Runs model stage `k` in training mode; on the last stage the output becomes the
-    /// micro-batch's loss over `denominator`.
-    pub(super) fn train_forward(
-        &self,
-        (k, mb): (usize, usize),
-        x: Activation,
-        imports: &[(usize, Var)],
-        batch: &Batch,
-        denominator: usize,
-        recomputing: bool,
-    ) -> Result<(Activation, Vec<(usize, Tensor)>)> {
-        let last = k + 1 == self.stage_count();
-        let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
-        cx.defer_batch_stats = self.opts.deferred_batch_norm;
-        cx.detect_anomaly = self.opts.detect_anomaly;
-        cx.weight_grads = self.queue.clone();
-        // The same context as the first forward: same dropout masks; layers with side effects
-        // (BatchNorm statistics) see is_recomputing().
-        cx.set_recomputing(recomputing);
-        let (out, exports) = self
-            .skips
-            .run(self.own_stage(k)?, k, last, x, imports, &mut cx)?;
-        if !last {
-            return Ok((out, exports));
-        }
-        let out = output_in_f32(out, &mut cx)?;
-        let (sum, _) = self.loss.sum(&out, batch, &cx, &self.tp)?;
-        Ok(((sum / denominator as f64)?.into(), exports))
-    }
-
     /// The loss of this rank's batch over `denominator` (the global batch's count, see
     /// [`crate::loss::Loss::count`]) and this rank's parameter gradients of that loss times
     /// `loss_scale` (tied pairs summed across their owners; the reported loss is unscaled).
@@ -321,7 +230,7 @@ impl Pipeline {
         denominator: usize,
         loss_scale: f64,
     ) -> Result<(f64, Grads)> {
-        let mbs = batch.split(self.opts.chunks)?;
+        let mbs = batch.split(self.stage.opts.chunks)?;
         if mbs.len() != self.schedule.micro_batches {
             return Err(invalid!(
                 "a batch of {} rows splits into {} micro-batches, not the {} the schedule was \
@@ -331,7 +240,7 @@ impl Pipeline {
                 self.schedule.micro_batches
             ));
         }
-        let last = self.stage_count() - 1;
+        let last = self.stage.stage_count() - 1;
         let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
         let mut sends: Vec<Pending<()>> = Vec::new();
         let mut grads = Grads::new();
@@ -344,29 +253,42 @@ impl Pipeline {
             self.inputs_held,
             self.peak_inputs,
         ) = (0, 0, 0, 0);
-        let actions = self.schedule.actions[self.comm.rank()].clone();
+        let actions = self.schedule.actions[self.stage.comm.rank()].clone();
         for a in actions {
             let started = self.epoch.elapsed().as_secs_f64() * 1e6;
-            let waited_before = self.waited_ns.load(Ordering::Relaxed);
+            let waited_before = self.stage.waited_ns.load(Ordering::Relaxed);
             let mut recomputed = false;
             let (mb, k) = (a.mb(), a.stage());
             match a {
                 Action::Forward { .. } => {
-                    let input = self.stage_input(k, mb, &mbs[mb])?;
-                    let imports = self.import_skips(k, mb)?;
+                    let input = self.stage.stage_input(k, mb, &mbs[mb])?;
+                    let imports = self.stage.import_skips(k, mb)?;
                     let x = input.activation.clone();
-                    let (out, exports) =
-                        self.train_forward((k, mb), x, &imports, &mbs[mb], denominator, false)?;
-                    self.export_skips(mb, &exports, &mut sends)?;
+                    let (out, exports) = self.stage.train_forward(
+                        (k, mb),
+                        x,
+                        &imports,
+                        &mbs[mb],
+                        denominator,
+                        false,
+                    )?;
+                    self.stage.export_skips(mb, &exports, &mut sends)?;
                     if k == last {
                         let l = out.tensors()[0].to_dtype(DType::F64)?.to_scalar::<f64>()?;
                         loss += l;
                     } else {
                         check_arity(&mut arity, k, mb, &out)?;
-                        let (to, msg) = (self.rank_of(k + 1), self.tags.activation(mb, k, false));
-                        sends.extend(send_activation(self.comm.as_ref(), &out, to, msg)?);
+                        let (to, msg) = (
+                            self.stage.rank_of(k + 1),
+                            self.stage.tags.activation(mb, k, false),
+                        );
+                        sends.extend(send_activation(self.stage.comm.as_ref(), &out, to, msg)?);
                     }
-                    let keep = self.opts.recompute.keeps(mb, self.schedule.micro_batches);
+                    let keep = self
+                        .stage
+                        .opts
+                        .recompute
+                        .keeps(mb, self.schedule.micro_batches);
                     // Dropping the output drops the graph behind it: only the input stays.
                     saved.insert(
                         (mb, k),
@@ -395,7 +317,9 @@ impl Pipeline {
                         denominator,
                         loss_scale,
                     };
-                    recomputed = self.backward(s, (k, mb), &ctx, &mut grads, &mut sends)?;
+                    recomputed = self
+                        .stage
+                        .backward(s, (k, mb), &ctx, &mut grads, &mut sends)?;
                     // Under a split backward the activations stay until the weight gradient.
                     if matches!(a, Action::BackwardInput { .. }) {
                         awaiting_weight.insert((mb, k), kept);
@@ -405,10 +329,10 @@ impl Pipeline {
                     self.inputs_held -= 1;
                 }
                 Action::BackwardWeight { .. } => {
-                    let queue = self.queue.as_ref().ok_or_else(|| {
+                    let queue = self.stage.queue.as_ref().ok_or_else(|| {
                         invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
                     })?;
-                    grads.accumulate(queue.weight_grads(mb + self.mb_offset)?)?;
+                    grads.accumulate(queue.weight_grads(mb + self.stage.mb_offset)?)?;
                     if awaiting_weight.remove(&(mb, k)) == Some(true) {
                         self.held -= 1;
                     }
@@ -416,9 +340,9 @@ impl Pipeline {
             }
             if let Some(trace) = self.trace.as_mut() {
                 let now = self.epoch.elapsed().as_secs_f64() * 1e6;
-                let waited = self.waited_ns.load(Ordering::Relaxed) - waited_before;
+                let waited = self.stage.waited_ns.load(Ordering::Relaxed) - waited_before;
                 trace.push(TraceEvent {
-                    step: self.step,
+                    step: self.stage.step,
                     action: a,
                     start_us: started,
                     dur_us: now - started,
@@ -430,16 +354,26 @@ impl Pipeline {
         for s in sends {
             s.wait()?;
         }
-        if let Some(n) = self.queue.as_ref().map(|q| q.pending()).filter(|n| *n > 0) {
+        if let Some(n) = self
+            .stage
+            .queue
+            .as_ref()
+            .map(|q| q.pending())
+            .filter(|n| *n > 0)
+        {
             return Err(leftover(n));
         }
-        for (_, stage) in &self.own {
+        for (_, stage) in &self.stage.own {
             stage.finish_batch()?;
         }
-        self.tied.sum_grads(self.comm.as_ref(), &mut grads)?;
+        self.tied.sum_grads(self.stage.comm.as_ref(), &mut grads)?;
         // Every rank reports the batch loss (only the last stage computed it).
         let l = Tensor::new(&[loss], &Device::Cpu)?;
-        let loss = self.comm.all_reduce(&l, ReduceOp::Sum)?.to_vec1::<f64>()?[0];
+        let loss = self
+            .stage
+            .comm
+            .all_reduce(&l, ReduceOp::Sum)?
+            .to_vec1::<f64>()?[0];
         Ok((loss, grads))
     }
 
@@ -447,26 +381,32 @@ impl Pipeline {
     /// (collective over the pipeline and the tensor-parallel group): each tied pair and each
     /// whole parameter counted once, each shard once.
     pub fn grad_norm(&self, grads: &Grads) -> Result<f64> {
-        let sq = sum_sq_share(grads, self.tied.pairs(), &self.sharded, self.tp.rank())?;
+        let sq = sum_sq_share(
+            grads,
+            self.tied.pairs(),
+            &self.sharded,
+            self.stage.tp.rank(),
+        )?;
         let sq = self
+            .stage
             .comm
             .all_reduce(&Tensor::new(&[sq], &Device::Cpu)?, ReduceOp::Sum)?;
-        let sq = self.tp.all_reduce(&sq, ReduceOp::Sum)?;
+        let sq = self.stage.tp.all_reduce(&sq, ReduceOp::Sum)?;
         Ok(sq.to_vec1::<f64>()?[0].max(0.0).sqrt())
     }
 
     /// Advances the step counter (numbers dropout masks; a step skipped on overflow counts).
     pub fn finish_step(&mut self) {
-        self.step += 1;
+        self.stage.step += 1;
     }
 
     /// Steps taken.
     pub fn steps_taken(&self) -> u64 {
-        self.step
+        self.stage.step
     }
 
     /// Sets the steps taken (when resuming from a checkpoint).
     pub fn set_steps_taken(&mut self, step: u64) {
-        self.step = step;
+        self.stage.step = step;
     }
 }

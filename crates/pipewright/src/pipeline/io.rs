@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use candle_core::{Tensor, Var};
 
-use super::executor::Pipeline;
+use super::stage::PipelineStage;
 use super::transfer::{recv_activation, Received, Tags};
 use crate::batch::Batch;
 use crate::comm::Pending;
 use crate::model::Activation;
 use crate::{invalid, Result};
 
-impl Pipeline {
+impl PipelineStage {
     /// A receive whose waiting time counts as the running action's wait (see
     /// [`TraceEvent::wait_us`]).
     pub(super) fn recv_timed(&self, src: usize, tag: u64) -> Result<Tensor> {

@@ -16,6 +16,7 @@ pub mod costs;
 pub mod estimate;
 pub mod hardware;
 pub mod measure;
+pub mod morph;
 pub mod profile;
 pub mod search;
 pub mod transformer;
@@ -25,8 +26,9 @@ pub use costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use estimate::{estimate, Candidate, Cluster, Estimate};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use measure::{measure, Sizes};
+pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
 pub use profile::{profile_layers, LayerCost};
-pub use search::{parse_candidate, rank, search, Request};
+pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
 
 use crate::batch::Batch;

@@ -42,38 +42,53 @@ fn micro_batch_sizes(rows: usize) -> Vec<usize> {
     v
 }
 
+/// Every layout of `world` ranks for a model of `units` units (pp at most that) whose tp
+/// size divides each of `tp_divides` and whose dp divides `global_batch`: the layouts the
+/// planner searches and a morphing run chooses from.
+pub fn layouts(
+    world: usize,
+    units: usize,
+    tp_divides: &[usize],
+    global_batch: usize,
+) -> Vec<Layout> {
+    let mut out = Vec::new();
+    for pp in divisors(world).filter(|&pp| pp <= units) {
+        let rest = world / pp;
+        for tp in divisors(rest).filter(|tp| tp_divides.iter().all(|d| d.is_multiple_of(*tp))) {
+            let dp = rest / tp;
+            if global_batch.is_multiple_of(dp) {
+                out.push(Layout { pp, tp, dp });
+            }
+        }
+    }
+    out
+}
+
 /// Every candidate of `req`'s world for a model of `units` units whose tp size must divide
 /// each of `tp_divides`.
 pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Candidate> {
     let mut out = Vec::new();
-    for pp in divisors(req.world).filter(|&pp| pp <= units) {
-        let rest = req.world / pp;
-        for tp in divisors(rest).filter(|tp| tp_divides.iter().all(|d| d.is_multiple_of(*tp))) {
-            let dp = rest / tp;
-            if !req.global_batch.is_multiple_of(dp) {
-                continue;
-            }
-            let rows = req.global_batch / dp;
-            for micro_batch in micro_batch_sizes(rows) {
-                let m = rows / micro_batch;
-                let mut schedules = vec![(ScheduleKind::OneFOneB, 1)];
-                if pp > 1 {
-                    schedules.extend([(ScheduleKind::GPipe, 1), (ScheduleKind::ZeroBubbleH1, 1)]);
-                    if units >= 2 * pp && m.is_multiple_of(pp) {
-                        schedules.push((ScheduleKind::Interleaved, 2));
-                    }
+    for Layout { pp, tp, dp } in layouts(req.world, units, tp_divides, req.global_batch) {
+        let rows = req.global_batch / dp;
+        for micro_batch in micro_batch_sizes(rows) {
+            let m = rows / micro_batch;
+            let mut schedules = vec![(ScheduleKind::OneFOneB, 1)];
+            if pp > 1 {
+                schedules.extend([(ScheduleKind::GPipe, 1), (ScheduleKind::ZeroBubbleH1, 1)]);
+                if units >= 2 * pp && m.is_multiple_of(pp) {
+                    schedules.push((ScheduleKind::Interleaved, 2));
                 }
-                for (schedule, virtual_stages) in schedules {
-                    for recompute in [Recompute::Never, Recompute::Always] {
-                        out.push(Candidate {
-                            layout: Layout { pp, tp, dp },
-                            micro_batch,
-                            micro_batches: m,
-                            schedule,
-                            virtual_stages,
-                            recompute,
-                        });
-                    }
+            }
+            for (schedule, virtual_stages) in schedules {
+                for recompute in [Recompute::Never, Recompute::Always] {
+                    out.push(Candidate {
+                        layout: Layout { pp, tp, dp },
+                        micro_batch,
+                        micro_batches: m,
+                        schedule,
+                        virtual_stages,
+                        recompute,
+                    });
                 }
             }
         }

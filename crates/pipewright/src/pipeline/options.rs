@@ -1,0 +1,28 @@
+//! [`PipelineOptions`]: how a pipeline splits its model and batch and which schedule it runs.
+
+use super::recompute::Recompute;
+use super::schedule::{Schedule, ScheduleKind};
+
+/// How to split and schedule.
+#[derive(Clone, Debug)]
+pub struct PipelineOptions {
+    /// Micro-batches per batch (torchgpipe's `chunks`).
+    pub chunks: usize,
+    /// The built schedule to run.
+    pub schedule: ScheduleKind,
+    /// Model stages per rank (interleaved schedule).
+    pub virtual_stages: usize,
+    /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
+    /// set, it replaces `schedule` and `virtual_stages`.
+    pub custom_schedule: Option<Schedule>,
+    /// Layers (or segments between cut points) per model stage; uniform if `None`.
+    pub balance: Option<Vec<usize>>,
+    pub seed: u64,
+    /// Parameter pairs kept equal across stages (GPT's `wte.weight`, `lm_head.weight`).
+    pub tied: Vec<(String, String)>,
+    pub recompute: Recompute,
+    /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
+    pub deferred_batch_norm: bool,
+    /// Check every layer's output for NaN and inf (see `VarunaOptions::detect_anomaly`).
+    pub detect_anomaly: bool,
+}

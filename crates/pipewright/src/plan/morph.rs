@@ -1,0 +1,136 @@
+//! Morphing (Varuna): a run restarted in a world of another size takes a layout of that world
+//! that keeps what its training depends on (the global batch, the micro-batch size, the
+//! schedule and the recompute mode) and fits the model (tp dividing its heads and vocabulary,
+//! enough layers or cut points for pp). With a profile the planner's fastest of those is
+//! taken; without one, the layout nearest the old one (the same tp, then the same pp, then the
+//! nearest sizes). Any [`Sequential`] morphs: a user's model as well as the GPT.
+
+use super::costs::Profile;
+use super::estimate::{Candidate, Cluster};
+use super::search::{layouts, rank, Request};
+use crate::model::Sequential;
+use crate::pipeline::partition::partition;
+use crate::pipeline::schedule::{Schedule, ScheduleKind};
+use crate::pipeline::Recompute;
+use crate::topology::Layout;
+use crate::{invalid, Result};
+
+/// What a run keeps across a morph, and the world it morphs into.
+#[derive(Clone, Debug)]
+pub struct MorphRequest {
+    /// Ranks of the new world.
+    pub world: usize,
+    /// The layout the run had.
+    pub from: Layout,
+    /// Rows of every step over all replicas.
+    pub global_batch: usize,
+    /// Rows of one micro-batch.
+    pub micro_batch: usize,
+    /// The pipeline schedule and its stages per rank.
+    pub schedule: ScheduleKind,
+    /// Stages per rank (interleaved schedule; otherwise 1).
+    pub virtual_stages: usize,
+    /// The recompute mode.
+    pub recompute: Recompute,
+    /// Sizes a tensor-parallel size must divide (GPT: heads and vocabulary; `[1]` for a model
+    /// that does not split).
+    pub tp_divides: Vec<usize>,
+}
+
+/// The planner's view of the new world, when the run has a profile of its model.
+pub struct MorphPlanner<'a> {
+    /// The model's costs (measured, or from a transformer's shapes).
+    pub profile: &'a Profile,
+    /// The machines of the new world.
+    pub cluster: Cluster<'a>,
+    /// Memory each rank may use, in bytes.
+    pub memory_bytes: f64,
+}
+
+/// The layout a run takes in its new world, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Morph {
+    /// The new layout.
+    pub layout: Layout,
+    /// The predicted step time, when the planner chose.
+    pub step_s: Option<f64>,
+    /// One line for the log: how the layout was chosen.
+    pub why: String,
+}
+
+/// Every layout of `req.world` that `model` and the run's batch, micro-batch and schedule
+/// fit, nearest to `req.from` first.
+pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {
+    let v = req.virtual_stages;
+    let chunk = req.micro_batch.max(1);
+    let mut out: Vec<Layout> = layouts(req.world, usize::MAX, &req.tp_divides, req.global_batch)
+        .into_iter()
+        .filter(|l| {
+            req.global_batch.is_multiple_of(l.dp * chunk)
+                && Schedule::new(req.schedule, l.pp, req.global_batch / (l.dp * chunk), v).is_ok()
+                && partition(model, l.pp * v, None).is_ok()
+        })
+        .collect();
+    let from = req.from;
+    out.sort_by_key(|l| {
+        (
+            l.tp != from.tp,
+            l.pp != from.pp,
+            l.tp.abs_diff(from.tp),
+            l.pp.abs_diff(from.pp),
+        )
+    });
+    out
+}
+
+/// The layout for `req`'s new world (see the module's text): the planner's fastest when
+/// `planner` is given, the nearest otherwise. Fails when no layout fits, saying why.
+pub fn morph(
+    req: &MorphRequest,
+    model: &Sequential,
+    planner: Option<MorphPlanner<'_>>,
+) -> Result<Morph> {
+    let fits = morph_layouts(req, model);
+    let Some(&nearest) = fits.first() else {
+        return Err(invalid!(
+            "no layout of {} ranks fits the model and a batch of {} in micro-batches of {}: \
+             change the world size, the batch size or the micro-batch size",
+            req.world,
+            req.global_batch,
+            req.micro_batch
+        ));
+    };
+    let Some(p) = planner else {
+        return Ok(Morph {
+            layout: nearest,
+            step_s: None,
+            why: "the nearest to the old layout".into(),
+        });
+    };
+    let candidates = fits
+        .iter()
+        .map(|&layout| Candidate {
+            layout,
+            micro_batch: req.micro_batch,
+            micro_batches: req.global_batch / (layout.dp * req.micro_batch),
+            schedule: req.schedule,
+            virtual_stages: req.virtual_stages,
+            recompute: req.recompute,
+        })
+        .collect();
+    let request = Request {
+        world: req.world,
+        memory_bytes: p.memory_bytes,
+        global_batch: req.global_batch,
+        top: 1,
+    };
+    let best = rank(p.profile, &p.cluster, &request, candidates)?.swap_remove(0);
+    Ok(Morph {
+        layout: best.candidate.layout,
+        step_s: Some(best.step_s),
+        why: format!(
+            "the planner's fastest: {:.1} ms a step predicted",
+            best.step_s * 1e3
+        ),
+    })
+}
