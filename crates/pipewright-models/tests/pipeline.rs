@@ -7,7 +7,7 @@ mod common;
 use candle_core::Tensor;
 use common::*;
 use pipewright::comm::local;
-use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use pipewright::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::pipeline::Recompute;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
@@ -75,19 +75,16 @@ fn a_schedule_saved_to_a_file_and_loaded_back_trains_to_the_same_losses() {
 fn a_v_shaped_schedule_trains_to_the_serial_losses() {
     // Two ranks, four stages in a V (ZB-V's placement): rank 0 holds stages 0 and 3 (the
     // embedding and the tied head), rank 1 holds 1 and 2.
-    let (case, m) = (gpt_case(2), 2);
-    let row = |first: usize, second: usize| -> Vec<Action> {
-        let f = |stage| (0..m).map(move |mb| Action::Forward { mb, stage });
-        let b = |stage| (0..m).map(move |mb| Action::Backward { mb, stage });
-        f(first)
-            .chain(f(second))
-            .chain(b(second))
-            .chain(b(first))
-            .collect()
-    };
-    let v = Schedule::from_actions(vec![row(0, 3), row(1, 2)]).unwrap();
+    // Each rank runs GPipe's order over its two stages, written as PyTorch's CSV.
+    let case = gpt_case(2);
+    let v = Schedule::from_csv(
+        "0F0,0F1,3F0,3F1,3B0,3B1,0B0,0B1\n\
+         1F0,1F1,2F0,2F1,2B0,2B1,1B0,1B1\n",
+    )
+    .unwrap();
+    assert_eq!(v.placement().unwrap(), vec![0, 1, 1, 0]);
     let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
-    opts.custom_schedule = Some(v.clone());
+    opts.custom_schedule = Some(v);
     compare(
         "V-shaped",
         &pipelined_with(&case, 2, opts.clone()),

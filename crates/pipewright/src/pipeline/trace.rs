@@ -21,7 +21,7 @@ pub struct TraceEvent {
 }
 
 /// A Chrome trace (Perfetto, chrome://tracing): one track per pipeline stage, one event per
-/// action named F, B (or R+B when recomputed), I or W with the micro-batch.
+/// action named as it prints (`1F3`: stage, letter, micro-batch), `R+` before it when recomputed.
 pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
     let mut events = Vec::new();
     for (stage, evs) in per_stage.iter().enumerate() {
