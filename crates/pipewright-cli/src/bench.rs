@@ -6,6 +6,7 @@ use std::time::Instant;
 use clap::{Args, Subcommand, ValueEnum};
 use pipewright::candle_core::{Device, Tensor};
 use pipewright::comm::{Communicator, ReduceOp};
+use pipewright::plan::median;
 use pipewright::{invalid, Result};
 
 #[derive(Subcommand)]
@@ -82,15 +83,6 @@ fn time(
         f()?;
     }
     Ok(s.elapsed().as_secs_f64() / (per_call * iters) as f64)
-}
-
-/// The middle value of `v` (the upper one of an even count; NaN when empty).
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The operations of one buffer size: send/recv as a ping-pong between ranks 0 and 1 (two

@@ -280,7 +280,7 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
         "error"
     );
     for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
-        let median = |f: fn(&Measured) -> f64| crate::bench::median(m.iter().map(f).collect());
+        let median = |f: fn(&Measured) -> f64| pipewright::plan::median(m.iter().map(f).collect());
         let (step, peak, rank) = (median(|m| m.step), median(|m| m.peak), median(|m| m.rank));
         // Threads share one process: its peak holds every rank, the runtime once.
         let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);

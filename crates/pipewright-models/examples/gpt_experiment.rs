@@ -12,7 +12,9 @@
 use std::sync::Arc;
 
 use pipewright::data_parallel::DistributedLoader;
-use pipewright::experiment::{Context, Counter, Experiment, LinePlot, Param, Recorder};
+use pipewright::experiment::{
+    fit, Cadence, Context, Experiment, Hooks, LinePlot, Param, Recorder, StepDone,
+};
 use pipewright::loss::CrossEntropy;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::topology::Layout;
@@ -67,7 +69,6 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let mut trainer = Varuna::new(&gpt(cfg)?, cx.world()?, opts)?;
     trainer.set_optimizer(|p| Ok(Box::new(AdamW::new(p, AdamWConfig::default())?)))?;
     let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
-    cx.register("step", Counter(0))?;
     if cx.is_master() {
         let mut rec = Recorder::create(cx.dir(), "eval/accuracy")?;
         rec.params(&cx.params().to_json())?;
@@ -78,44 +79,61 @@ pub fn body(cx: &mut Context) -> Result<()> {
         let (x, y) = task.batch(step, rows)?;
         Ok(Batch::pair(x, y))
     };
-    let loader = DistributedLoader::new(data, batch, replica, dp, device)?;
-    let (every, eval_every) = (
-        cx.params().int("checkpoint_every")?,
-        cx.params().positive("eval_every")? as u64,
-    );
-    let mut curve = Vec::new();
-    while cx.get::<Counter>("step")?.0 < steps {
-        let step = cx.get::<Counter>("step")?.0;
-        let out = cx.trainer()?.step(&loader.batch(step)?)?;
-        cx.get::<Counter>("step")?.0 = step + 1;
-        curve.push(((step + 1) as f64, out.loss));
-        let evaluating = (step + 1) % eval_every == 0 || step + 1 == steps;
-        let accuracy = if evaluating {
-            let t = cx.trainer()?;
-            Some(task.evaluate(&mut |x| t.predict(&Batch::input(x.clone())))?)
-        } else {
-            None
-        };
-        if cx.is_master() {
-            let rec = cx.get::<Recorder>("recorder")?;
-            rec.set_count(step + 1);
-            rec.scalar("train/loss", out.loss)?;
-            if let Some(a) = accuracy {
-                rec.scalar("eval/accuracy", a)?;
-                rec.figure("train/loss_curve", &LinePlot::new(curve.clone()))?;
-                println!(
-                    "step {:>5}  loss {:.4}  accuracy {a:.4}",
-                    step + 1,
-                    out.loss
-                );
-            }
-            rec.flush()?;
-        }
-        if every > 0 && (step + 1) % every as u64 == 0 {
-            cx.checkpoint()?;
-        }
-    }
+    let cadence = Cadence {
+        steps,
+        eval_every: cx.params().positive("eval_every")? as u64,
+        checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64,
+        ..Cadence::steps(steps)
+    };
+    let mut hooks = AdderHooks {
+        task: &task,
+        loader: DistributedLoader::new(data, batch, replica, dp, device)?,
+        curve: Vec::new(),
+    };
+    fit(cx, &cadence, &mut hooks)?;
     Ok(())
+}
+
+/// What this experiment does around the steps of [`fit`]: batches of the adder task, its
+/// held-out accuracy, and (on the master) the recorder's loss, accuracy and loss curve.
+struct AdderHooks<'a, F> {
+    task: &'a Adder,
+    loader: DistributedLoader<F>,
+    /// (step, loss): the loss curve drawn at every evaluation.
+    curve: Vec<(f64, f64)>,
+}
+
+impl<F: Fn(u64, usize) -> Result<Batch>> Hooks for AdderHooks<'_, F> {
+    fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
+        self.loader.batch(step)
+    }
+
+    fn evaluate(&mut self, cx: &mut Context, _: u64) -> Result<Option<f64>> {
+        let t = cx.trainer()?;
+        Ok(Some(
+            self.task
+                .evaluate(&mut |x| t.predict(&Batch::input(x.clone())))?,
+        ))
+    }
+
+    fn after_step(&mut self, cx: &mut Context, d: &StepDone) -> Result<()> {
+        self.curve.push((d.steps as f64, d.outcome.loss));
+        if !cx.is_master() {
+            return Ok(());
+        }
+        let rec = cx.get::<Recorder>("recorder")?;
+        rec.set_count(d.steps);
+        rec.scalar("train/loss", d.outcome.loss)?;
+        if let Some(a) = d.metric {
+            rec.scalar("eval/accuracy", a)?;
+            rec.figure("train/loss_curve", &LinePlot::new(self.curve.clone()))?;
+            println!(
+                "step {:>5}  loss {:.4}  accuracy {a:.4}",
+                d.steps, d.outcome.loss
+            );
+        }
+        rec.flush()
+    }
 }
 
 /// The experiment with its parameters.

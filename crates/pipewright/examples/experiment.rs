@@ -1,7 +1,8 @@
 //! pystematic's example as a pipewright experiment: a small classifier of 2-D points (a tanh
 //! layer, a cut, a sigmoid read-out), binary cross-entropy, SGD, a data set read through the
-//! `SmartDataLoader`, and a `Context` that saves the trainer, the loader's position and the
-//! epoch counter together, so that `--checkpoint` goes on exactly where a run stopped.
+//! `SmartDataLoader`, and a `Context` that saves the trainer, the loader's position (its epoch
+//! too) and the recorder's count together, so that `--checkpoint` goes on exactly where a run
+//! stopped. The steps run through the library's one training loop, `fit`.
 //!
 //! ```sh
 //! cargo run --release -p pipewright --example experiment -- --help
@@ -16,7 +17,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::experiment::{
-    Context, Counter, Dataset, Experiment, Param, Recorder, SmartDataLoader,
+    fit, Cadence, Context, Dataset, Experiment, Hooks, Param, Recorder, SmartDataLoader, StepDone,
 };
 use pipewright::init::rng_for;
 use pipewright::loss::Loss;
@@ -169,44 +170,28 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
     let data = Points::new(cx.params().positive("samples")?, seed);
     let loader = SmartDataLoader::new(data, batch, true, seed, (replica, dp), device)?;
+    let per_epoch = loader.batches_per_epoch() as u64;
     // Registered before the trainer restores a checkpoint, or after: either way restored.
     cx.register("loader", loader)?;
     cx.set_trainer(trainer)?;
-    cx.register("epoch", Counter(0))?;
     if cx.is_master() {
         // Every step's loss under `train/loss` (tags.csv, TensorBoard); its count is restored
         // with the rest.
         let rec = Recorder::create(cx.dir(), "eval/held_out")?;
         cx.register("recorder", rec)?;
     }
-    let every = cx.params().int("checkpoint_every")?;
-    let mut losses = Vec::new();
-    while cx.get::<Counter>("epoch")?.0 < epochs as u64 {
-        loop {
-            let next = {
-                let l = cx.get::<SmartDataLoader<Points>>("loader")?;
-                l.next_indices().map(|i| l.collate(&i)).transpose()?
-            };
-            let Some(b) = next else { break };
-            let out = cx.trainer()?.step(&b)?;
-            let epoch = cx.get::<Counter>("epoch")?.0;
-            losses.push((out.step, epoch, out.loss));
-            if cx.is_master() {
-                let rec = cx.get::<Recorder>("recorder")?;
-                rec.scalar("train/loss", out.loss)?;
-                rec.step();
-            }
-        }
-        let epoch = cx.get::<Counter>("epoch")?;
-        epoch.0 += 1;
-        let done = epoch.0;
-        if every > 0 && done % every as u64 == 0 {
-            let path = cx.checkpoint()?;
-            if cx.is_master() {
-                println!("epoch {done}: saved {}", path.display());
-            }
-        }
-    }
+    // Epochs of the loader's batches, saved every `checkpoint_every` epochs.
+    let cadence = Cadence {
+        checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64 * per_epoch,
+        ..Cadence::steps(epochs as u64 * per_epoch)
+    };
+    let mut hooks = PointsHooks {
+        per_epoch,
+        epoch: 0,
+        losses: Vec::new(),
+    };
+    fit(cx, &cadence, &mut hooks)?;
+    let losses = hooks.losses;
     // The held-out loss: 64 points of another seed, every replica the same rows.
     let held = Points::new(64, seed + 1);
     let rows = (0..64).map(|i| held.get(i)).collect::<Result<Vec<_>>>()?;
@@ -231,6 +216,51 @@ pub fn body(cx: &mut Context) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What this experiment does around the steps of [`fit`]: batches from the registered
+/// loader (the next epoch where one ends), every step's loss in the recorder and in
+/// `losses.csv`, and a line for each saved checkpoint.
+struct PointsHooks {
+    per_epoch: u64,
+    /// The epoch of the batch being trained on.
+    epoch: u64,
+    /// (step, epoch, loss) of every step of this run.
+    losses: Vec<(u64, u64, f64)>,
+}
+
+impl Hooks for PointsHooks {
+    fn batch(&mut self, cx: &mut Context, _: u64) -> Result<Batch> {
+        let l = cx.get::<SmartDataLoader<Points>>("loader")?;
+        // At the end of an epoch the loader moves to the next one and gives nothing once.
+        let indices = match l.next_indices() {
+            Some(i) => i,
+            None => l
+                .next_indices()
+                .ok_or_else(|| invalid!("this replica's share of the points is empty"))?,
+        };
+        self.epoch = l.epoch();
+        l.collate(&indices)
+    }
+
+    fn after_step(&mut self, cx: &mut Context, d: &StepDone) -> Result<()> {
+        let out = d.outcome;
+        self.losses.push((out.step, self.epoch, out.loss));
+        if cx.is_master() {
+            let rec = cx.get::<Recorder>("recorder")?;
+            rec.scalar("train/loss", out.loss)?;
+            rec.step();
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, cx: &mut Context, steps: u64, _: bool) -> Result<()> {
+        let path = cx.checkpoint()?;
+        if cx.is_master() {
+            println!("epoch {}: saved {}", steps / self.per_epoch, path.display());
+        }
+        Ok(())
+    }
 }
 
 /// `losses.csv` and `result.json` in the run directory.

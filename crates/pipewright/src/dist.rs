@@ -121,6 +121,18 @@ pub fn heartbeat(step: u64) -> Result<()> {
         .map_err(|e| crate::Error::io("cannot write heartbeat", &path, e))
 }
 
+/// A flag that SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards
+/// through mpirun) set: a training loop reads it between steps, and every rank then saves
+/// and stops ([`crate::experiment::Hooks::stop_requested`]).
+pub fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
+        signal_hook::flag::register(sig, flag.clone())
+            .map_err(|e| crate::Error::io("cannot watch for signals", "SIGTERM", e))?;
+    }
+    Ok(flag)
+}
+
 /// A program's world: its communicator, and MPI kept alive while it is.
 pub struct World {
     /// Every rank of the job.

@@ -101,17 +101,6 @@ fn nccl_world(
     }
 }
 
-/// A flag SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards through
-/// mpirun) set.
-fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
-    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
-        signal_hook::flag::register(sig, flag.clone())
-            .map_err(|e| Error::io("cannot watch for signals", "SIGTERM", e))?;
-    }
-    Ok(flag)
-}
-
 /// `--balance`: a list, or profiled by time or size on one micro-batch of the task; and
 /// whether it was timed here (processes time differently: every rank takes rank 0's).
 fn balance(
@@ -285,7 +274,7 @@ impl Setup {
             chunk_size,
             opts,
             continuing,
-            stop: preemption_flag()?,
+            stop: pipewright::dist::preemption_flag()?,
             a,
         })
     }

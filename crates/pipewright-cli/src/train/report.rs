@@ -6,7 +6,9 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
-use pipewright::experiment::{peak_memory_bytes, Context, LinePlot, Recorder, RunDir};
+use pipewright::experiment::{
+    fit, peak_memory_bytes, Cadence, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
+};
 use pipewright::memory;
 use pipewright::nn::optim::LrSchedule;
 use pipewright::{Batch, Result};
@@ -58,8 +60,98 @@ pub struct Summary {
     balance: Vec<usize>,
 }
 
-/// The training loop of one rank over the trainer of `cx` (every rank runs it; only the one
-/// given `dir` reports). Returns the summary on the rank given `dir`.
+/// What `pipewright train` does around [`fit`]'s steps: the task's batches and metric, the
+/// recorder and the progress bar (on the reporting rank), the process's peak memory before the
+/// first evaluation, and checkpoints that store what rebuilds the run.
+struct TrainHooks<'a> {
+    run: &'a Setup,
+    batch: &'a dyn Fn(u64) -> Result<Batch>,
+    rec: Option<Recorder>,
+    pb: ProgressBar,
+    reporting: bool,
+    /// (step, loss) of this run's steps: the loss curve drawn at every evaluation.
+    curve: Vec<(f64, f64)>,
+    first: u64,
+    start: Instant,
+    items_per_step: usize,
+    items: &'static str,
+    training_peak: Option<u64>,
+    allocated_peak: Option<u64>,
+    rank_allocated_peaks: Vec<u64>,
+}
+
+impl Hooks for TrainHooks<'_> {
+    fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
+        (self.batch)(step)
+    }
+
+    fn evaluate(&mut self, cx: &mut Context, _: u64) -> Result<Option<f64>> {
+        let a = &self.run.a;
+        if self.training_peak.is_none() {
+            self.training_peak = peak_memory_bytes();
+            self.allocated_peak = memory::peak_bytes();
+            if !pipewright::dist::Env::under_mpi() {
+                self.rank_allocated_peaks = (0..a.pp * a.tp * a.dp)
+                    .filter_map(memory::rank_peak_bytes)
+                    .collect();
+            }
+        }
+        let trainer = cx.trainer()?;
+        let metric = self
+            .run
+            .task
+            .evaluate(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
+        Ok(Some(metric))
+    }
+
+    fn after_step(&mut self, _: &mut Context, d: &StepDone) -> Result<()> {
+        let (step, loss) = (d.steps - 1, d.outcome.loss);
+        if let (Some(m), true) = (d.metric, self.reporting) {
+            let name = self.run.task.metric_name();
+            let line = format!("step {:>6}  loss {loss:.4}  {name} {m:.4}", d.steps);
+            self.pb.suspend(|| println!("{line}"));
+        }
+        self.curve.push((d.steps as f64, loss));
+        if let Some(rec) = self.rec.as_mut().filter(|_| d.evaluated) {
+            rec.set_count(d.steps);
+            rec.figure("train/loss_curve", &LinePlot::new(self.curve.clone()))?;
+        }
+        if let Some(rec) = self.rec.as_mut().filter(|_| d.log) {
+            rec.record(ScalarRow {
+                step,
+                loss,
+                lr: d.outcome.lr,
+                metric: d.metric,
+            })?;
+        }
+        let done = d.steps - self.first;
+        let rate = done as f64 * self.items_per_step as f64 / self.start.elapsed().as_secs_f64();
+        let items = self.items;
+        self.pb
+            .set_message(format!("loss {loss:.4} | {rate:.0} {items}/s"));
+        self.pb.inc(1);
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {
+        if let Some(rec) = self.rec.as_mut() {
+            rec.flush()?;
+        }
+        let opts = CheckpointOptions {
+            keep: self.run.a.keep,
+            meta: self.run.meta.clone(),
+            extra: serde_json::json!({ "next_step": steps }),
+        };
+        cx.save(opts, background)
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.run.stop.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The training of one rank over the trainer of `cx` (every rank runs it; only the one given
+/// `dir` reports), through the library's [`fit`]. Returns the summary on the rank given `dir`.
 pub fn train_loop(
     run: &Setup,
     num_params: usize,
@@ -69,7 +161,7 @@ pub fn train_loop(
     dir: Option<&RunDir>,
 ) -> Result<Option<Summary>> {
     let (a, task) = (&run.a, run.task.as_ref());
-    let mut rec = match dir {
+    let rec = match dir {
         Some(dir) => {
             dir.write_json(
                 "params.json",
@@ -139,105 +231,51 @@ pub fn train_loop(
         )
         .expect("valid template"),
     );
-    let start = Instant::now();
-    let mut last_loss = f64::NAN;
-    let mut metric = f64::NAN;
-    let mut done_steps = first;
-    let mut step_times = Vec::new();
-    // (step, loss) of this run's steps: the loss curve drawn at every evaluation.
-    let mut curve = Vec::new();
-    let mut training_peak = None;
-    let (mut allocated_peak, mut rank_allocated_peaks) = (None, Vec::new());
-    for step in first..a.steps {
-        let b = batch(step)?;
-        let trainer = cx.trainer()?;
-        let t = Instant::now();
-        let r = trainer.step(&b)?;
-        step_times.push(t.elapsed().as_secs_f64());
-        last_loss = r.loss;
-        let last = step + 1 == a.steps;
-        let eval_now = (step + 1) % a.eval_every == 0 || last;
-        if eval_now && training_peak.is_none() {
-            training_peak = peak_memory_bytes();
-            allocated_peak = memory::peak_bytes();
-            if !pipewright::dist::Env::under_mpi() {
-                rank_allocated_peaks = (0..a.pp * a.tp * a.dp)
-                    .filter_map(memory::rank_peak_bytes)
-                    .collect();
-            }
-        }
-        let m = if eval_now {
-            metric = task.evaluate(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
-            let line = format!(
-                "step {:>6}  loss {:.4}  {} {:.4}",
-                step + 1,
-                r.loss,
-                task.metric_name(),
-                metric
-            );
-            if dir.is_some() {
-                pb.suspend(|| println!("{line}"));
-            }
-            Some(metric)
-        } else {
-            None
-        };
-        curve.push(((step + 1) as f64, r.loss));
-        if let Some(rec) = rec.as_mut().filter(|_| eval_now) {
-            rec.set_count(step + 1);
-            rec.figure("train/loss_curve", &LinePlot::new(curve.clone()))?;
-        }
-        if let Some(rec) = rec.as_mut().filter(|_| step % a.log_every == 0 || eval_now) {
-            rec.record(ScalarRow {
-                step,
-                loss: r.loss,
-                lr: r.lr,
-                metric: m,
-            })?;
-        }
-        let saving = a.checkpoint_every > 0 && (step + 1) % a.checkpoint_every == 0;
-        // A preemption notice on any rank (SIGTERM, or SIGUSR1 from `pipewright launch`):
-        // every rank finishes this step, saves it and ends the run.
-        let stop = trainer.any_rank(run.stop.load(std::sync::atomic::Ordering::Relaxed))?;
-        if saving || stop {
-            if let Some(rec) = rec.as_mut() {
-                rec.flush()?;
-            }
-            save(run, cx, step + 1, a.async_checkpoint && !stop)?;
-        }
-        pipewright::dist::heartbeat(step + 1)?;
-        done_steps = step + 1;
-        if stop {
-            if dir.is_some() {
-                pb.suspend(|| println!("preempted: saved step {} and stopping", step + 1));
-            }
-            break;
-        }
-        let done = step + 1 - first;
-        let rate = done as f64 * items_per_step as f64 / start.elapsed().as_secs_f64();
-        pb.set_message(format!("loss {:.4} | {:.0} {items}/s", r.loss, rate));
-        pb.inc(1);
+    let mut hooks = TrainHooks {
+        run,
+        batch,
+        rec,
+        pb,
+        reporting: dir.is_some(),
+        curve: Vec::new(),
+        first,
+        start: Instant::now(),
+        items_per_step,
+        items,
+        training_peak: None,
+        allocated_peak: None,
+        rank_allocated_peaks: Vec::new(),
+    };
+    let cadence = Cadence {
+        steps: a.steps,
+        eval_every: a.eval_every,
+        checkpoint_every: a.checkpoint_every,
+        log_every: a.log_every,
+        async_checkpoint: a.async_checkpoint,
+    };
+    let report = fit(cx, &cadence, &mut hooks)?;
+    hooks.pb.finish_and_clear();
+    if report.stopped && dir.is_some() {
+        println!("preempted: saved step {} and stopping", report.steps);
     }
-    pb.finish_and_clear();
-    cx.trainer()?.finish_checkpoint()?;
-    let (Some(_), Some(rec)) = (dir, rec.as_mut()) else {
+    let (Some(_), Some(rec)) = (dir, hooks.rec.as_mut()) else {
         return Ok(None);
     };
     rec.flush()?;
-    let secs = start.elapsed().as_secs_f64();
     Ok(Some(Summary {
-        steps: done_steps,
-        final_loss: last_loss,
+        steps: report.steps,
+        final_loss: report.last_loss,
         metric_name: task.metric_name(),
-        metric,
-        seconds: secs,
-        median_step_seconds: crate::bench::median(step_times),
-        items_per_second: done_steps.saturating_sub(first) as f64 * items_per_step as f64 / secs,
+        metric: report.metric,
+        seconds: report.seconds,
+        median_step_seconds: report.median_step_seconds(),
+        items_per_second: (report.steps - report.first) as f64 * items_per_step as f64
+            / report.seconds,
         items,
         peak_memory_bytes: peak_memory_bytes(),
-        training_peak_memory_bytes: training_peak,
-        training_peak_allocated_bytes: allocated_peak,
-        rank_training_peak_allocated_bytes: rank_allocated_peaks,
+        training_peak_memory_bytes: hooks.training_peak,
+        training_peak_allocated_bytes: hooks.allocated_peak,
+        rank_training_peak_allocated_bytes: hooks.rank_allocated_peaks,
         layout: String::new(),
         ranks: Vec::new(),
         bubble_per_stage: Vec::new(),
@@ -311,16 +349,4 @@ pub fn write_summary(
         println!("bubble          {} (time each stage waited)", b.join(", "));
     }
     Ok(())
-}
-
-/// A checkpoint of the context after `next` steps into the run's checkpoint directory (in the
-/// background when `background`); it stores what `ckpt reshard` and `ckpt export` need to
-/// rebuild the run.
-fn save(run: &Setup, cx: &mut Context, next: u64, background: bool) -> Result<()> {
-    let opts = CheckpointOptions {
-        keep: run.a.keep,
-        meta: run.meta.clone(),
-        extra: serde_json::json!({ "next_step": next }),
-    };
-    cx.save(opts, background)
 }

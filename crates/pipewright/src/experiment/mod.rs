@@ -5,6 +5,7 @@
 //! CSV) and resource readings.
 
 pub mod context;
+pub mod fit;
 pub mod image;
 pub mod loader;
 pub mod params;
@@ -15,6 +16,7 @@ pub mod sweep;
 pub mod tfevents;
 
 pub use context::{Context, Counter, Stateful};
+pub use fit::{fit, Cadence, FitReport, Hooks, StepDone};
 pub use image::{LinePlot, RgbImage};
 pub use loader::{Dataset, SmartDataLoader};
 pub use params::{Param, ParamType, Params};

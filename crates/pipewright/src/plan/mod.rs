@@ -27,7 +27,7 @@ pub use estimate::{estimate, Candidate, Cluster, Estimate};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
-pub use profile::{profile_layers, LayerCost};
+pub use profile::{median, profile_layers, LayerCost};
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
 

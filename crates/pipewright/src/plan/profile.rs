@@ -152,6 +152,16 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
     })
 }
 
+/// The middle value of `v` (the upper one of an even count; NaN when empty): how a profile,
+/// a benchmark and a run's summary report repeated timings.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the median
 /// of `repeats` timings of each layer's forward and backward, and of its split backward's
 /// input and weight parts (the median, not the fastest: a training step's time is measured as
@@ -189,10 +199,7 @@ pub fn profile_layers(
             y = Some(whole.output);
         }
         let y = y.expect("at least one repeat");
-        let median = timed.map(|mut v| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        });
+        let median = timed.map(median);
         out.push(LayerCost {
             name: layer.name().to_string(),
             forward_s: median[0],

@@ -1,0 +1,203 @@
+//! [`fit`]: the one training loop. `pipewright train`, the examples and a user's program all
+//! run their steps through it; what differs between them (where batches come from, what an
+//! evaluation measures, what is recorded and printed, what a checkpoint stores) are
+//! [`Hooks`].
+//!
+//! Every rank calls `fit` with the same [`Cadence`]. Per step, in this order: the batch
+//! ([`Hooks::batch`]), the step, an evaluation when the cadence says so
+//! ([`Hooks::evaluate`]), [`Hooks::after_step`], a checkpoint when the cadence says so or when
+//! any rank was asked to stop ([`Hooks::checkpoint`]; background unless stopping), then the
+//! heartbeat `pipewright launch` watches ([`crate::dist::heartbeat`]). A run whose trainer was
+//! restored from a checkpoint goes on from the step it had taken.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::context::Context;
+use crate::batch::Batch;
+use crate::checkpoint::CheckpointOptions;
+use crate::varuna::StepOutcome;
+use crate::{invalid, Result};
+
+/// How long a run trains and when it evaluates, logs and saves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cadence {
+    /// Steps of the whole run (a resumed run takes only those it has not taken).
+    pub steps: u64,
+    /// Evaluate after every `eval_every` steps, and after the last.
+    pub eval_every: u64,
+    /// Save after every `checkpoint_every` steps (0: never; a stop request saves anyway).
+    pub checkpoint_every: u64,
+    /// Mark every `log_every`-th step for logging (evaluations are always marked).
+    pub log_every: u64,
+    /// Write checkpoints in the background while training goes on (the last is finished
+    /// before [`fit`] returns).
+    pub async_checkpoint: bool,
+}
+
+impl Cadence {
+    /// `steps` steps, one evaluation at the end, every step logged, no checkpoint.
+    pub fn steps(steps: u64) -> Self {
+        Self {
+            steps,
+            eval_every: steps.max(1),
+            checkpoint_every: 0,
+            log_every: 1,
+            async_checkpoint: false,
+        }
+    }
+
+    /// Fails on a cadence that cannot run (no evaluation or log period).
+    pub fn validate(&self) -> Result<()> {
+        if self.eval_every == 0 || self.log_every == 0 {
+            return Err(invalid!(
+                "eval_every and log_every must be at least 1 (got {} and {})",
+                self.eval_every,
+                self.log_every
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What one step of [`fit`] did, for [`Hooks::after_step`].
+#[derive(Clone, Copy, Debug)]
+pub struct StepDone {
+    /// Steps taken after this one (this step's number plus one).
+    pub steps: u64,
+    /// The trainer's report (loss, learning rate, overflow, gradient norm).
+    pub outcome: StepOutcome,
+    /// Seconds the step itself took (no evaluation or checkpoint).
+    pub seconds: f64,
+    /// The evaluation's metric when this step evaluated and the program has one.
+    pub metric: Option<f64>,
+    /// Whether this step evaluated.
+    pub evaluated: bool,
+    /// Whether the cadence marks this step for logging.
+    pub log: bool,
+    /// Whether this is the run's last step.
+    pub last: bool,
+}
+
+/// What differs between training programs; every rank's `fit` calls the same hooks in the
+/// same order.
+pub trait Hooks {
+    /// The batch of step `step` (counted from 0) on this rank: its data-parallel replica's
+    /// rows.
+    fn batch(&mut self, cx: &mut Context, step: u64) -> Result<Batch>;
+
+    /// An evaluation after `steps` steps (collective): the metric, when the program has one.
+    fn evaluate(&mut self, cx: &mut Context, steps: u64) -> Result<Option<f64>> {
+        let _ = (cx, steps);
+        Ok(None)
+    }
+
+    /// After every step: record, print, draw.
+    fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
+        let _ = (cx, done);
+        Ok(())
+    }
+
+    /// Saves the context after `steps` steps (collective; in the background when asked).
+    /// By default with the step in `state.json`'s `extra` as `next_step`.
+    fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {
+        let opts = CheckpointOptions {
+            extra: json!({ "next_step": steps }),
+            ..CheckpointOptions::default()
+        };
+        cx.save(opts, background)
+    }
+
+    /// Whether this rank was asked to stop (a preemption notice, see
+    /// [`crate::dist::preemption_flag`]); every rank then saves the step and returns.
+    fn stop_requested(&self) -> bool {
+        false
+    }
+}
+
+/// What [`fit`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FitReport {
+    /// The step the run started from (0, or a restored checkpoint's).
+    pub first: u64,
+    /// Steps taken when it returned.
+    pub steps: u64,
+    /// The last step's loss (NaN if none ran).
+    pub last_loss: f64,
+    /// The last evaluation's metric (NaN if none).
+    pub metric: f64,
+    /// Each step's own seconds, in order.
+    pub step_seconds: Vec<f64>,
+    /// Seconds of the whole loop.
+    pub seconds: f64,
+    /// Whether it returned early because a rank was asked to stop.
+    pub stopped: bool,
+}
+
+impl FitReport {
+    /// The median of the steps' own times (evaluation and checkpoints left out).
+    pub fn median_step_seconds(&self) -> f64 {
+        crate::plan::median(self.step_seconds.clone())
+    }
+}
+
+/// Trains the context's trainer ([`Context::set_trainer`]) to `cadence.steps` steps (see the
+/// module's text for the order of things). Collective: every rank calls it.
+pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result<FitReport> {
+    cadence.validate()?;
+    let first = cx.trainer()?.pipeline().steps_taken();
+    let start = Instant::now();
+    let mut report = FitReport {
+        first,
+        steps: first,
+        last_loss: f64::NAN,
+        metric: f64::NAN,
+        step_seconds: Vec::new(),
+        seconds: 0.0,
+        stopped: false,
+    };
+    for step in first..cadence.steps {
+        let batch = hooks.batch(cx, step)?;
+        let t = Instant::now();
+        let outcome = cx.trainer()?.step(&batch)?;
+        let seconds = t.elapsed().as_secs_f64();
+        let steps = step + 1;
+        let last = steps == cadence.steps;
+        let evaluated = steps.is_multiple_of(cadence.eval_every) || last;
+        let metric = if evaluated {
+            hooks.evaluate(cx, steps)?
+        } else {
+            None
+        };
+        let done = StepDone {
+            steps,
+            outcome,
+            seconds,
+            metric,
+            evaluated,
+            log: step.is_multiple_of(cadence.log_every) || evaluated,
+            last,
+        };
+        hooks.after_step(cx, &done)?;
+        (report.steps, report.last_loss) = (steps, outcome.loss);
+        report.step_seconds.push(seconds);
+        if let Some(m) = metric {
+            report.metric = m;
+        }
+        let saving = cadence.checkpoint_every > 0 && steps.is_multiple_of(cadence.checkpoint_every);
+        let stop = cx.trainer()?.any_rank(hooks.stop_requested())?;
+        if saving || stop {
+            hooks.checkpoint(cx, steps, cadence.async_checkpoint && !stop)?;
+        }
+        crate::dist::heartbeat(steps)?;
+        if stop {
+            report.stopped = true;
+            break;
+        }
+    }
+    cx.trainer()?.finish_checkpoint()?;
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
+}
