@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
 use pipewright::checkpoint::format::{f32_data, write_safetensors_with, Blob};
-use pipewright::checkpoint::{self, CheckpointOptions, Kind, Reader};
+use pipewright::checkpoint::{self, CheckpointOptions, EntryKind, Reader};
 use pipewright::comm::local;
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
@@ -171,7 +171,7 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
     let r = Reader::open(dir)?;
     let mut blobs = Vec::new();
     for (n, e) in &r.manifest().tensors {
-        if e.kind == Kind::Param {
+        if e.kind == EntryKind::Param {
             let t = r.read_whole(n)?;
             blobs.push((n.clone(), t.dims().to_vec(), f32_data(&t)?));
         }
@@ -199,7 +199,7 @@ fn export_hf_gpt2(dir: &Path, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| Error::io("cannot create", out, e))?;
     let mut blobs = Vec::new();
     for (n, e) in &r.manifest().tensors {
-        if e.kind != Kind::Param {
+        if e.kind != EntryKind::Param {
             continue;
         }
         let mut t = r.read_whole(n)?;

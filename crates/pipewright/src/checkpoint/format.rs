@@ -20,7 +20,7 @@ pub const FORMAT_VERSION: u32 = 1;
 /// What a tensor of a checkpoint is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum EntryKind {
     /// A trained parameter (its f32 master).
     Param,
     /// Optimizer state of a parameter (`<name>.exp_avg`, `<name>.momentum_buffer`, ...),
@@ -58,7 +58,7 @@ pub struct Part {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorEntry {
     /// Parameter, optimizer state or buffer.
-    pub kind: Kind,
+    pub kind: EntryKind,
     /// The whole tensor's shape.
     pub shape: Vec<usize>,
     /// As stored (`F32`).
@@ -116,7 +116,7 @@ impl Manifest {
     pub fn param_shapes(&self) -> Vec<(String, Vec<usize>)> {
         self.tensors
             .iter()
-            .filter(|(_, e)| e.kind == Kind::Param)
+            .filter(|(_, e)| e.kind == EntryKind::Param)
             .map(|(n, e)| (n.clone(), e.shape.clone()))
             .collect()
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 
-use super::format::{read_part, sha256, Kind, Manifest, Part};
+use super::format::{read_part, sha256, EntryKind, Manifest, Part};
 use super::save::Split;
 use crate::shard::{assemble, part};
 use crate::{Error, Result};
@@ -97,7 +97,7 @@ impl Reader {
 
     /// Names of the stored tensors of `kind` whose names start with `prefix.` and go on with no
     /// further dot (a parameter's optimizer state: `<param>.exp_avg`).
-    pub fn entries_of(&self, prefix: &str, kind: Kind) -> Vec<String> {
+    pub fn entries_of(&self, prefix: &str, kind: EntryKind) -> Vec<String> {
         let p = format!("{prefix}.");
         self.manifest
             .tensors

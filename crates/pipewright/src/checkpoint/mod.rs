@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
-pub use format::{Kind, Manifest};
+pub use format::{EntryKind, Manifest};
 pub use load::Reader;
 pub use save::{step_dir, Header, Held, Snapshot, Split, Written};
 pub use state::{Owned, Restored};

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::agree;
 use super::format::{
-    f32_data, fingerprint, write_safetensors, Blob, Kind, Manifest, Part, TensorEntry,
+    f32_data, fingerprint, write_safetensors, Blob, EntryKind, Manifest, Part, TensorEntry,
     FORMAT_VERSION,
 };
 use crate::comm::Communicator;
@@ -51,7 +51,7 @@ pub struct Held {
     /// Global name.
     pub name: String,
     /// Parameter, optimizer state or buffer.
-    pub kind: Kind,
+    pub kind: EntryKind,
     /// The whole tensor's shape.
     pub whole: Vec<usize>,
     /// Which part of it this rank holds.
@@ -66,7 +66,7 @@ impl Held {
     /// Copies `t`'s values.
     pub fn new(
         name: &str,
-        kind: Kind,
+        kind: EntryKind,
         whole: Vec<usize>,
         split: Split,
         t: &Tensor,
@@ -118,7 +118,7 @@ pub struct Written {
     /// The file written and its checksum (none on ranks that write nothing).
     pub file: Option<(String, String)>,
     /// Each tensor written: name, kind, whole shape, part.
-    pub parts: Vec<(String, Kind, Vec<usize>, Part)>,
+    pub parts: Vec<(String, EntryKind, Vec<usize>, Part)>,
     /// Every parameter of the rank with its whole shape (for the fingerprint).
     pub params: Vec<(String, Vec<usize>)>,
 }

@@ -5,7 +5,7 @@
 
 use candle_core::{Tensor, Var};
 
-use super::format::Kind;
+use super::format::EntryKind;
 use super::load::Reader;
 use super::save::{Held, Snapshot, Split};
 use crate::nn::optim::{Optimizer, StateDict};
@@ -74,13 +74,13 @@ impl Owned<'_> {
                 continue;
             }
             let whole = whole.unwrap_or_else(|| var.dims().to_vec());
-            let mut held = |name: &str, kind: Kind, t: &Tensor| -> Result<()> {
+            let mut held = |name: &str, kind: EntryKind, t: &Tensor| -> Result<()> {
                 tensors.push(Held::new(name, kind, whole.clone(), split, t)?);
                 Ok(())
             };
-            held(name, Kind::Param, var.as_tensor())?;
+            held(name, EntryKind::Param, var.as_tensor())?;
             for key in optimizer_keys(&state, name) {
-                held(&key, Kind::Optimizer, &state[&key])?;
+                held(&key, EntryKind::Optimizer, &state[&key])?;
             }
         }
         if self.write_whole {
@@ -88,7 +88,7 @@ impl Owned<'_> {
                 let whole = b.dims().to_vec();
                 tensors.push(Held::new(
                     name,
-                    Kind::Buffer,
+                    EntryKind::Buffer,
                     whole,
                     Split::WHOLE,
                     b.as_tensor(),
@@ -126,7 +126,7 @@ impl Owned<'_> {
                 var.clone(),
                 t.to_dtype(var.dtype())?.to_device(var.device())?,
             ));
-            for key in r.entries_of(name, Kind::Optimizer) {
+            for key in r.entries_of(name, EntryKind::Optimizer) {
                 state.insert(key.clone(), r.read(&key, split)?.to_device(var.device())?);
             }
         }

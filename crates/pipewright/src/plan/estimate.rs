@@ -10,8 +10,8 @@ use std::fmt;
 use serde::Serialize;
 
 use super::balance::balance_cost;
-use super::costs::{Fit, Profile};
 use super::hardware::{Hardware, Link};
+use super::profile::{Fit, Profile};
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use crate::pipeline::timeline::Simulation;
 use crate::pipeline::Recompute;

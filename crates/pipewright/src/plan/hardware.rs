@@ -44,7 +44,7 @@ impl Link {
     /// `world` ranks (`pipewright bench comm`).
     pub fn fit(p2p: &[(f64, f64)], all_reduce: &[(f64, f64)], world: usize) -> Self {
         let line = |points: &[(f64, f64)]| {
-            let f = super::costs::Fit::through(points);
+            let f = super::profile::Fit::through(points);
             (f.fixed_s, 1.0 / f.per_sample_s.max(1.0 / FASTEST))
         };
         let (latency_s, bandwidth_bytes_per_s) = line(p2p);

@@ -2,8 +2,8 @@
 //! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
-use super::costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
-use super::profile::{profile_layers, LayerCost};
+use super::layer_cost::{profile_layers, LayerCost};
+use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
 use crate::batch::Batch;
 use crate::comm::local;
 use crate::comm::TpGroup;

@@ -1,8 +1,10 @@
 //! Planning: which layers each stage gets, what a layout will cost, and which layout a job
 //! should use.
 //!
-//! - [`profile`]: each layer's forward and backward time, parameter and activation bytes,
-//!   measured here; [`Transformer`]: the same from a model's shapes and a [`Hardware`] file.
+//! - [`profile`]: a model's [`Profile`], each layer's time and bytes fitted over micro-batch
+//!   sizes, measured here ([`measure`]) or from a transformer's shapes and a [`Hardware`] file
+//!   ([`Transformer`]); [`layer_cost`]: one micro-batch's cost of each layer
+//!   ([`profile_layers`]).
 //! - [`balance_by`]: profile, then balance by time or by size.
 //! - [`balance`]: the contiguous split of per-layer (or per-segment) costs over pipeline stages
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
@@ -10,11 +12,12 @@
 //! - [`estimate`]: one layout's predicted step time, bubble and peak memory per stage, the
 //!   schedule replayed by the simulator with the profiled costs.
 //! - [`search`]: AutoConfig, every layout under a memory cap ranked by predicted step time.
+//! - [`morph`]: the layout a run restarted in a world of another size takes.
 
 pub mod balance;
-pub mod costs;
 pub mod estimate;
 pub mod hardware;
+pub mod layer_cost;
 pub mod measure;
 pub mod morph;
 pub mod profile;
@@ -22,12 +25,12 @@ pub mod search;
 pub mod transformer;
 
 pub use balance::{balance_cost, stage_costs};
-pub use costs::{Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use estimate::{estimate, Candidate, Cluster, Estimate};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
+pub use layer_cost::{median, profile_layers, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
-pub use profile::{median, profile_layers, LayerCost};
+pub use profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
 

@@ -1,223 +1,214 @@
-//! Profiling a model layer by layer on this machine (torchgpipe's `balance_by_time` and
-//! `balance_by_size` profile the same way): one micro-batch goes through the layers in turn;
-//! each layer's forward and backward are timed alone (its input a fresh variable, so the
-//! backward stops at it), and its parameter and output bytes are counted.
+//! A model's costs layer by layer, measured on this machine ([`super::measure`]) or derived
+//! from its shapes ([`super::Transformer`]): what the planner balances, simulates and searches.
+//! Saved as JSON by `pipewright profile` and read back by `pipewright plan --profile`.
 
-use std::time::Instant;
+use std::ops::Range;
+use std::path::Path;
 
-use std::collections::HashMap;
+use serde::{Deserialize, Serialize};
 
-use candle_core::{Storage, Tensor, TensorId, Var};
-use serde::Serialize;
+use crate::{invalid, Error, Result};
 
-use crate::batch::Batch;
-use crate::model::deferred::WeightGradQueue;
-use crate::model::{Activation, Build, Cx, Mode, Sequential};
-use crate::Result;
+/// Seconds as a straight line in the micro-batch's rows: `fixed_s + per_sample_s * rows`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fit {
+    pub fixed_s: f64,
+    pub per_sample_s: f64,
+}
 
-/// What one layer costs for one micro-batch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LayerCost {
-    /// The layer's name.
-    pub name: String,
-    /// Seconds of its forward (the median of the repeats).
+impl Fit {
+    /// Seconds for a micro-batch of `rows`.
+    pub fn at(&self, rows: usize) -> f64 {
+        self.fixed_s + self.per_sample_s * rows as f64
+    }
+
+    /// The least-squares line through `(rows, seconds)`. A negative per-sample cost is the
+    /// noise of a layer too cheap to time, and becomes none.
+    pub fn through(points: &[(f64, f64)]) -> Fit {
+        let n = points.len().max(1) as f64;
+        let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let per_sample_s = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+        Fit {
+            fixed_s: (my - per_sample_s * mx).max(0.0),
+            per_sample_s,
+        }
+    }
+}
+
+/// One timing a measured profile was fitted to.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timing {
+    pub rows: usize,
     pub forward_s: f64,
-    /// Seconds of its backward (the median of the repeats).
     pub backward_s: f64,
-    /// Seconds of its split backward's input gradients (zero-bubble schedules) ...
     pub backward_input_s: f64,
-    /// ... and of its deferred weight gradients.
     pub backward_weight_s: f64,
-    /// Bytes of its parameters.
-    pub param_bytes: usize,
-    /// Bytes of its output for the micro-batch.
-    pub activation_bytes: usize,
-    /// Bytes its forward keeps for the backward (every tensor of its autograd graph but its
-    /// parameters and input, each storage counted once).
-    pub kept_bytes: usize,
-    /// Bytes the zero-bubble split backward holds until the weight gradients run beyond the
-    /// kept ones: as the allocator counts them when [`crate::memory::CountingAlloc`] is
-    /// installed, else the output gradients its weight-bearing ops queue.
-    pub deferred_bytes: usize,
 }
 
-impl LayerCost {
-    /// Forward and backward seconds.
-    pub fn time(&self) -> f64 {
-        self.forward_s + self.backward_s
+/// What one layer costs on one device, without tensor parallelism.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerProfile {
+    pub name: String,
+    /// Parameters (elements).
+    pub params: u64,
+    /// Whether tensor parallelism splits the layer: its time, parameters and the kept bytes
+    /// beyond [`LayerProfile::kept_whole_bytes_per_sample`] divide by the tp size.
+    pub tp_split: bool,
+    /// Forward seconds.
+    pub forward: Fit,
+    /// Backward seconds (input and weight gradients).
+    pub backward: Fit,
+    /// Seconds of the zero-bubble split backward's input gradients (default: half the
+    /// backward) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward_input: Option<Fit>,
+    /// ... and of its deferred weight gradients (default: half the backward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backward_weight: Option<Fit>,
+    /// Bytes of the output per sample: what crosses a cut after this layer.
+    pub output_bytes_per_sample: f64,
+    /// Bytes a micro-batch keeps from this layer's forward until its backward, per sample.
+    pub kept_bytes_per_sample: f64,
+    /// Bytes per sample the zero-bubble split backward holds from the input gradients to the
+    /// weight gradients beyond the kept ones (the queued output gradients).
+    #[serde(default)]
+    pub deferred_bytes_per_sample: f64,
+    /// The part of the kept bytes that tensor parallelism does not split.
+    pub kept_whole_bytes_per_sample: f64,
+    /// Bytes per sample all-reduced over the tp group in the forward, and again in the
+    /// backward, when the layer is split.
+    pub tp_all_reduce_bytes_per_sample: f64,
+    /// What one rank's shard costs at tensor-parallel sizes measured as such (its
+    /// collectives included); other sizes are modelled from the fields above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub split: Vec<SplitCost>,
+    /// The timings the fits came from (measured profiles).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<Timing>,
+}
+
+/// One rank's shard of a layer at a measured tensor-parallel size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitCost {
+    pub tp: usize,
+    /// Parameters of the shard.
+    pub params: u64,
+    pub forward: Fit,
+    pub backward: Fit,
+    pub backward_input: Fit,
+    pub backward_weight: Fit,
+    /// Bytes per sample the shard's forward keeps for its backward (its collectives' outputs
+    /// included) and its split backward defers, as measured; a profile without them models
+    /// the shard's from the unsplit layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_bytes_per_sample: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred_bytes_per_sample: Option<f64>,
+}
+
+/// A model's layers with their costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Where the numbers come from (a machine, or "shapes on <hardware>").
+    pub source: String,
+    /// Bytes of one element of the computation (4 for f32, 2 for bf16 and f16).
+    pub dtype_bytes: usize,
+    pub layers: Vec<LayerProfile>,
+    /// Where the model may be cut: layer indices, the first 0 and the last the layer count
+    /// (every layer, or the segments between cut points).
+    pub bounds: Vec<usize>,
+    /// A tensor-parallel size must divide each of these (attention heads, ...).
+    pub tp_divides: Vec<usize>,
+    /// CPU threads each layer was timed with (candle's pool; 1 for a GPU). A run's ranks
+    /// should have as many for the times to hold (`pipewright plan` warns otherwise).
+    #[serde(default = "one")]
+    pub threads: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Profile {
+    /// Reads and checks a profile written by [`Profile::save`] (`pipewright profile`).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+        let p: Profile = serde_json::from_str(&text).map_err(|e| {
+            invalid!(
+                "profile {} is malformed: {e} (write one with `pipewright profile --out FILE`)",
+                path.display()
+            )
+        })?;
+        p.check(&path.display().to_string())?;
+        Ok(p)
     }
 
-    /// Bytes a stage keeps for the layer in training: parameters with their gradients and two
-    /// optimizer moments (AdamW), and the output of one micro-batch.
-    pub fn size(&self) -> f64 {
-        (4 * self.param_bytes + self.activation_bytes) as f64
+    /// Writes the profile as JSON.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| invalid!("{e}"))?;
+        std::fs::write(path, text).map_err(|e| Error::io("cannot write", path, e))
     }
-}
 
-fn bytes(t: &Tensor) -> usize {
-    t.elem_count() * t.dtype().size_in_bytes()
-}
-
-/// Bytes of the tensors of `root`'s graph other than `leaves` (parameters and inputs): views
-/// share their storage, which counts once at its largest view.
-fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
-    let mut by_storage: HashMap<usize, usize> = HashMap::new();
-    for t in root.sorted_nodes() {
-        if leaves.contains(&t.id()) {
-            continue;
+    /// Checks the profile; `what` names it in errors.
+    pub fn check(&self, what: &str) -> Result<()> {
+        let n = self.layers.len();
+        let b = &self.bounds;
+        if n == 0 {
+            return Err(invalid!("profile {what} has no layers"));
         }
-        let (storage, _) = t.storage_and_layout();
-        let key = &*storage as *const Storage as usize;
-        let b = by_storage.entry(key).or_default();
-        *b = (*b).max(bytes(t));
-    }
-    by_storage.values().sum()
-}
-
-/// What one timed pass of a layer gave.
-struct Pass {
-    forward_s: f64,
-    /// The backward (with the split backward: its input gradients).
-    backward_s: f64,
-    /// The deferred weight gradients (split backward only).
-    weight_s: f64,
-    output: Activation,
-    /// Bytes the graph keeps; with the split backward, the queued output gradients instead.
-    bytes: usize,
-    /// With the split backward and [`crate::memory::CountingAlloc`] installed: the live bytes
-    /// the pass holds between the input and the weight gradients (graph, output and queue).
-    held: Option<usize>,
-}
-
-/// One timed pass of `layer` on `x`, with the zero-bubble split backward when `split`.
-fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> Result<Pass> {
-    let queue = WeightGradQueue::new();
-    cx.weight_grads = split.then(|| queue.clone());
-    // A fresh leaf for every float input: the backward stops at this layer.
-    let inputs = x
-        .tensors()
-        .into_iter()
-        .map(|t| {
-            Ok(if t.dtype().is_float() {
-                Var::from_tensor(&t.detach())?.as_tensor().clone()
-            } else {
-                t.clone()
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
-    leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
-    let before = crate::memory::thread_live_bytes();
-    let t0 = Instant::now();
-    // (A stash a later layer pops stays in `cx` for it: skip connections.)
-    let got = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
-    let forward_s = t0.elapsed().as_secs_f64();
-    let mut objective: Option<Tensor> = None;
-    for t in got.tensors().into_iter().filter(|t| t.dtype().is_float()) {
-        let s = t.sum_all()?;
-        objective = Some(match objective {
-            Some(o) => (o + s)?,
-            None => s,
-        });
-    }
-    let t1 = Instant::now();
-    if let Some(o) = &objective {
-        o.backward()?;
-    }
-    let backward_s = t1.elapsed().as_secs_f64();
-    if split {
-        let bytes = queue.pending_bytes();
-        let held = crate::memory::thread_live_bytes()
-            .zip(before)
-            .map(|(now, then)| now.saturating_sub(then) as usize);
-        let t2 = Instant::now();
-        queue.weight_grads(0)?;
-        let weight_s = t2.elapsed().as_secs_f64();
-        return Ok(Pass {
-            forward_s,
-            backward_s,
-            weight_s,
-            output: got,
-            bytes,
-            held,
-        });
-    }
-    Ok(Pass {
-        forward_s,
-        backward_s,
-        weight_s: 0.0,
-        output: got,
-        bytes: objective.map_or(0, |o| graph_bytes(&o, &leaves)),
-        held: None,
-    })
-}
-
-/// The middle value of `v` (the upper one of an even count; NaN when empty): how a profile,
-/// a benchmark and a run's summary report repeated timings.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the median
-/// of `repeats` timings of each layer's forward and backward, and of its split backward's
-/// input and weight parts (the median, not the fastest: a training step's time is measured as
-/// the median of its steps, and on a busy machine the fastest of a few is a lucky one).
-pub fn profile_layers(
-    model: &Sequential,
-    build: &Build,
-    sample: &Batch,
-    repeats: usize,
-) -> Result<Vec<LayerCost>> {
-    let stage = model.build(build)?;
-    let mut x = Activation::from_batch(sample, model.input_names(), "the model")?;
-    let mut cx = Cx::new(Mode::Train, 0, 0, 0);
-    let mut out = Vec::new();
-    for layer in stage.layers() {
-        let mut timed: [Vec<f64>; 4] = Default::default();
-        let mut y = None;
-        let (mut kept_bytes, mut deferred_bytes) = (0, 0);
-        for _ in 0..repeats.max(1) {
-            let split = pass(layer.as_ref(), &x, &mut cx, true)?;
-            let whole = pass(layer.as_ref(), &x, &mut cx, false)?;
-            let times = [
-                whole.forward_s,
-                whole.backward_s,
-                split.backward_s,
-                split.weight_s,
+        if b.first() != Some(&0) || b.last() != Some(&n) || b.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(invalid!(
+                "profile {what}: bounds must rise from 0 to the layer count {n}, got {b:?}"
+            ));
+        }
+        if self.dtype_bytes == 0 || self.threads == 0 || self.tp_divides.contains(&0) {
+            return Err(invalid!(
+                "profile {what}: dtype_bytes, threads and tp_divides must be positive"
+            ));
+        }
+        for l in &self.layers {
+            let split = [l.backward_input, l.backward_weight].into_iter().flatten();
+            let values = [
+                l.forward.fixed_s,
+                l.forward.per_sample_s,
+                l.backward.fixed_s,
+                l.backward.per_sample_s,
+                l.output_bytes_per_sample,
+                l.kept_bytes_per_sample,
+                l.kept_whole_bytes_per_sample,
+                l.deferred_bytes_per_sample,
+                l.tp_all_reduce_bytes_per_sample,
             ];
-            for (slot, t) in timed.iter_mut().zip(times) {
-                slot.push(t);
+            let split_values = split.flat_map(|f| [f.fixed_s, f.per_sample_s]);
+            if values
+                .into_iter()
+                .chain(split_values)
+                .any(|v| !(v.is_finite() && v >= 0.0))
+            {
+                return Err(invalid!(
+                    "profile {what}: layer {} has a negative or non-finite cost",
+                    l.name
+                ));
             }
-            // What the split backward holds beyond the graph, counted by the allocator where
-            // it can be: the queue's inputs to the weight gradients as well as its gradients.
-            let beyond = split.held.map_or(0, |h| h.saturating_sub(whole.bytes));
-            (kept_bytes, deferred_bytes) = (whole.bytes, split.bytes.max(beyond));
-            y = Some(whole.output);
         }
-        let y = y.expect("at least one repeat");
-        let median = timed.map(median);
-        out.push(LayerCost {
-            name: layer.name().to_string(),
-            forward_s: median[0],
-            backward_s: median[1],
-            backward_input_s: median[2],
-            backward_weight_s: median[3],
-            param_bytes: layer
-                .params()
-                .iter()
-                .map(|(_, v)| bytes(v.as_tensor()))
-                .sum(),
-            activation_bytes: y.tensors().into_iter().map(bytes).sum(),
-            kept_bytes,
-            deferred_bytes,
-        });
-        let tuple = y.is_tuple();
-        let next = y.tensors().into_iter().map(|t| t.detach()).collect();
-        x = Activation::from_tensors(next, tuple);
+        Ok(())
     }
-    Ok(out)
+
+    /// Units the model may be split into (layers, or segments between cut points).
+    pub fn units(&self) -> usize {
+        self.bounds.len() - 1
+    }
+
+    /// The layers of units `u`.
+    pub fn unit_layers(&self, u: Range<usize>) -> Range<usize> {
+        self.bounds[u.start]..self.bounds[u.end]
+    }
 }

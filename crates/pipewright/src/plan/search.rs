@@ -3,9 +3,9 @@
 //! [`estimate`](super::estimate::estimate), kept when each rank fits in the memory cap, and
 //! ranked by step time.
 
-use super::costs::Profile;
 use super::estimate::{estimate, Candidate, Cluster, Estimate};
 use super::hardware::format_bytes;
+use super::profile::Profile;
 use crate::pipeline::schedule::ScheduleKind;
 use crate::pipeline::Recompute;
 use crate::topology::Layout;

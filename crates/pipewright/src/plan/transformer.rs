@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::costs::{Fit, LayerProfile, Profile};
 use super::hardware::Hardware;
+use super::profile::{Fit, LayerProfile, Profile};
 use crate::{invalid, Result};
 
 /// A GPT-2/GPT-3-shaped decoder (the layers of `pipewright_models::gpt`: the embeddings, the

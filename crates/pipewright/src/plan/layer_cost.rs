@@ -1,0 +1,223 @@
+//! Profiling a model layer by layer on this machine (torchgpipe's `balance_by_time` and
+//! `balance_by_size` profile the same way): one micro-batch goes through the layers in turn;
+//! each layer's forward and backward are timed alone (its input a fresh variable, so the
+//! backward stops at it), and its parameter and output bytes are counted.
+
+use std::time::Instant;
+
+use std::collections::HashMap;
+
+use candle_core::{Storage, Tensor, TensorId, Var};
+use serde::Serialize;
+
+use crate::batch::Batch;
+use crate::model::deferred::WeightGradQueue;
+use crate::model::{Activation, Build, Cx, Mode, Sequential};
+use crate::Result;
+
+/// What one layer costs for one micro-batch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LayerCost {
+    /// The layer's name.
+    pub name: String,
+    /// Seconds of its forward (the median of the repeats).
+    pub forward_s: f64,
+    /// Seconds of its backward (the median of the repeats).
+    pub backward_s: f64,
+    /// Seconds of its split backward's input gradients (zero-bubble schedules) ...
+    pub backward_input_s: f64,
+    /// ... and of its deferred weight gradients.
+    pub backward_weight_s: f64,
+    /// Bytes of its parameters.
+    pub param_bytes: usize,
+    /// Bytes of its output for the micro-batch.
+    pub activation_bytes: usize,
+    /// Bytes its forward keeps for the backward (every tensor of its autograd graph but its
+    /// parameters and input, each storage counted once).
+    pub kept_bytes: usize,
+    /// Bytes the zero-bubble split backward holds until the weight gradients run beyond the
+    /// kept ones: as the allocator counts them when [`crate::memory::CountingAlloc`] is
+    /// installed, else the output gradients its weight-bearing ops queue.
+    pub deferred_bytes: usize,
+}
+
+impl LayerCost {
+    /// Forward and backward seconds.
+    pub fn time(&self) -> f64 {
+        self.forward_s + self.backward_s
+    }
+
+    /// Bytes a stage keeps for the layer in training: parameters with their gradients and two
+    /// optimizer moments (AdamW), and the output of one micro-batch.
+    pub fn size(&self) -> f64 {
+        (4 * self.param_bytes + self.activation_bytes) as f64
+    }
+}
+
+fn bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+/// Bytes of the tensors of `root`'s graph other than `leaves` (parameters and inputs): views
+/// share their storage, which counts once at its largest view.
+fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
+    let mut by_storage: HashMap<usize, usize> = HashMap::new();
+    for t in root.sorted_nodes() {
+        if leaves.contains(&t.id()) {
+            continue;
+        }
+        let (storage, _) = t.storage_and_layout();
+        let key = &*storage as *const Storage as usize;
+        let b = by_storage.entry(key).or_default();
+        *b = (*b).max(bytes(t));
+    }
+    by_storage.values().sum()
+}
+
+/// What one timed pass of a layer gave.
+struct Pass {
+    forward_s: f64,
+    /// The backward (with the split backward: its input gradients).
+    backward_s: f64,
+    /// The deferred weight gradients (split backward only).
+    weight_s: f64,
+    output: Activation,
+    /// Bytes the graph keeps; with the split backward, the queued output gradients instead.
+    bytes: usize,
+    /// With the split backward and [`crate::memory::CountingAlloc`] installed: the live bytes
+    /// the pass holds between the input and the weight gradients (graph, output and queue).
+    held: Option<usize>,
+}
+
+/// One timed pass of `layer` on `x`, with the zero-bubble split backward when `split`.
+fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> Result<Pass> {
+    let queue = WeightGradQueue::new();
+    cx.weight_grads = split.then(|| queue.clone());
+    // A fresh leaf for every float input: the backward stops at this layer.
+    let inputs = x
+        .tensors()
+        .into_iter()
+        .map(|t| {
+            Ok(if t.dtype().is_float() {
+                Var::from_tensor(&t.detach())?.as_tensor().clone()
+            } else {
+                t.clone()
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
+    leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
+    let before = crate::memory::thread_live_bytes();
+    let t0 = Instant::now();
+    // (A stash a later layer pops stays in `cx` for it: skip connections.)
+    let got = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
+    let forward_s = t0.elapsed().as_secs_f64();
+    let mut objective: Option<Tensor> = None;
+    for t in got.tensors().into_iter().filter(|t| t.dtype().is_float()) {
+        let s = t.sum_all()?;
+        objective = Some(match objective {
+            Some(o) => (o + s)?,
+            None => s,
+        });
+    }
+    let t1 = Instant::now();
+    if let Some(o) = &objective {
+        o.backward()?;
+    }
+    let backward_s = t1.elapsed().as_secs_f64();
+    if split {
+        let bytes = queue.pending_bytes();
+        let held = crate::memory::thread_live_bytes()
+            .zip(before)
+            .map(|(now, then)| now.saturating_sub(then) as usize);
+        let t2 = Instant::now();
+        queue.weight_grads(0)?;
+        let weight_s = t2.elapsed().as_secs_f64();
+        return Ok(Pass {
+            forward_s,
+            backward_s,
+            weight_s,
+            output: got,
+            bytes,
+            held,
+        });
+    }
+    Ok(Pass {
+        forward_s,
+        backward_s,
+        weight_s: 0.0,
+        output: got,
+        bytes: objective.map_or(0, |o| graph_bytes(&o, &leaves)),
+        held: None,
+    })
+}
+
+/// The middle value of `v` (the upper one of an even count; NaN when empty): how a profile,
+/// a benchmark and a run's summary report repeated timings.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Profiles every layer of `model`, built by `build`, on the micro-batch `sample`: the median
+/// of `repeats` timings of each layer's forward and backward, and of its split backward's
+/// input and weight parts (the median, not the fastest: a training step's time is measured as
+/// the median of its steps, and on a busy machine the fastest of a few is a lucky one).
+pub fn profile_layers(
+    model: &Sequential,
+    build: &Build,
+    sample: &Batch,
+    repeats: usize,
+) -> Result<Vec<LayerCost>> {
+    let stage = model.build(build)?;
+    let mut x = Activation::from_batch(sample, model.input_names(), "the model")?;
+    let mut cx = Cx::new(Mode::Train, 0, 0, 0);
+    let mut out = Vec::new();
+    for layer in stage.layers() {
+        let mut timed: [Vec<f64>; 4] = Default::default();
+        let mut y = None;
+        let (mut kept_bytes, mut deferred_bytes) = (0, 0);
+        for _ in 0..repeats.max(1) {
+            let split = pass(layer.as_ref(), &x, &mut cx, true)?;
+            let whole = pass(layer.as_ref(), &x, &mut cx, false)?;
+            let times = [
+                whole.forward_s,
+                whole.backward_s,
+                split.backward_s,
+                split.weight_s,
+            ];
+            for (slot, t) in timed.iter_mut().zip(times) {
+                slot.push(t);
+            }
+            // What the split backward holds beyond the graph, counted by the allocator where
+            // it can be: the queue's inputs to the weight gradients as well as its gradients.
+            let beyond = split.held.map_or(0, |h| h.saturating_sub(whole.bytes));
+            (kept_bytes, deferred_bytes) = (whole.bytes, split.bytes.max(beyond));
+            y = Some(whole.output);
+        }
+        let y = y.expect("at least one repeat");
+        let median = timed.map(median);
+        out.push(LayerCost {
+            name: layer.name().to_string(),
+            forward_s: median[0],
+            backward_s: median[1],
+            backward_input_s: median[2],
+            backward_weight_s: median[3],
+            param_bytes: layer
+                .params()
+                .iter()
+                .map(|(_, v)| bytes(v.as_tensor()))
+                .sum(),
+            activation_bytes: y.tensors().into_iter().map(bytes).sum(),
+            kept_bytes,
+            deferred_bytes,
+        });
+        let tuple = y.is_tuple();
+        let next = y.tensors().into_iter().map(|t| t.detach()).collect();
+        x = Activation::from_tensors(next, tuple);
+    }
+    Ok(out)
+}
