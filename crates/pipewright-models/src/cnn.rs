@@ -8,9 +8,12 @@ use pipewright::nn::{join, relu, BatchNorm2d, Conv2d, Init, Linear, Module};
 use pipewright::{invalid, Error, Result};
 use serde::{Deserialize, Serialize};
 
+/// The ResNet-style CNN's sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CnnConfig {
+    /// Channels of the input images.
     pub in_channels: usize,
+    /// Classes of the read-out.
     pub classes: usize,
     /// Channels of the stem and the first blocks.
     pub width: usize,
@@ -24,6 +27,7 @@ pub struct CnnConfig {
 }
 
 impl CnnConfig {
+    /// Fails on sizes the CNN cannot be built with.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("in_channels", self.in_channels),
@@ -161,6 +165,8 @@ pub struct BasicBlock {
 }
 
 impl BasicBlock {
+    /// A block `name` from `inp` to `out` channels at `stride` (a 1x1 shortcut where the shape
+    /// changes).
     pub fn new(init: &Init, name: &str, inp: usize, out: usize, stride: usize) -> Result<Self> {
         let shortcut = if stride != 1 || inp != out {
             Some((

@@ -28,15 +28,22 @@ pub const TIED: (&str, &str) = ("wte.weight", "lm_head.weight");
 /// GPT sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GptConfig {
+    /// Token ids the model reads and predicts (padded to a multiple of the tp size).
     pub vocab_size: usize,
+    /// Positions: the longest sequence.
     pub block_size: usize,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Attention heads.
     pub n_head: usize,
+    /// Hidden size.
     pub n_embd: usize,
+    /// Dropout probability (0 for exact comparisons).
     pub dropout: f64,
 }
 
 impl GptConfig {
+    /// Fails on sizes GPT-2 cannot be built with (heads not dividing the width, ...).
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -126,6 +133,7 @@ pub struct GptEmbed {
 }
 
 impl GptEmbed {
+    /// The token and position embeddings of `cfg`.
     pub fn new(init: &Build, cfg: GptConfig) -> Result<Self> {
         Ok(Self {
             wte: ParallelEmbedding::new(init, &init.tp, "wte", cfg.vocab_size, cfg.n_embd, 0.02)?,
@@ -190,6 +198,7 @@ pub struct Block {
 }
 
 impl Block {
+    /// Block `name` of `cfg`: attention and MLP, each after a LayerNorm and with a residual.
     pub fn new(init: &Build, name: &str, cfg: GptConfig) -> Result<Self> {
         let d = cfg.n_embd;
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();

@@ -1,6 +1,8 @@
 //! Reference models written as pipewright [`Sequential`](pipewright::Sequential)s, and tasks
 //! generated in process (no downloads).
 
+#![warn(missing_docs)]
+
 pub mod cnn;
 pub mod gpt;
 pub mod parity;

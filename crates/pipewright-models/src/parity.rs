@@ -22,10 +22,15 @@ use crate::{gpt, GptConfig, Task, TIED};
 /// The run both sides make.
 #[derive(Clone, Debug)]
 pub struct ParityRun {
+    /// The model.
     pub gpt: GptConfig,
+    /// The seed of initialisation and data.
     pub seed: u64,
+    /// Rows of a step over all replicas.
     pub global_batch: usize,
+    /// Rows of a micro-batch.
     pub chunk_size: usize,
+    /// Steps to take.
     pub steps: u64,
     /// At 1e-3 AdamW's per-element division keeps the last-bit differences of other summation
     /// orders (tensor- and data-parallel sums) well inside 1e-5.
@@ -57,15 +62,20 @@ impl Default for ParityRun {
 
 /// (loss, gradient norm) of every step and the final parameters of the serial run.
 pub struct SerialResult {
+    /// (loss, gradient norm) of each step.
     pub steps: Vec<(f64, f64)>,
+    /// Parameters after the last step.
     pub params: HashMap<String, Tensor>,
 }
 
 /// What one rank of the parallel run saw: (loss, norm, overflow) per step, its parameters
 /// and how its sharded ones are split.
 pub struct RankResult {
+    /// (loss, gradient norm, overflow) of each step.
     pub steps: Vec<(f64, f64, bool)>,
+    /// This rank's parameters after the last step.
     pub params: Vec<(String, Tensor)>,
+    /// How each of its sharded parameters is split.
     pub shards: HashMap<String, Shard>,
 }
 

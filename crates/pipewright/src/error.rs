@@ -15,20 +15,33 @@ pub enum Error {
 
     /// A layer rejected its input (wrong shape, wrong arity, ...).
     #[error("layer `{layer}`: {msg}")]
-    Layer { layer: String, msg: String },
+    Layer {
+        /// The layer's name.
+        layer: String,
+        /// What is wrong and what to do.
+        msg: String,
+    },
 
     /// Reading or writing a file failed.
     #[error("{action} `{path}`: {source}")]
     Io {
+        /// What was being done (`cannot read`, `cannot write`, ...).
         action: &'static str,
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
 
     /// The loss stopped being a finite number.
     #[error("loss is {loss} at step {step}: lower the learning rate, enable gradient clipping or check the data")]
-    NonFiniteLoss { step: u64, loss: f64 },
+    NonFiniteLoss {
+        /// The step.
+        step: u64,
+        /// The loss it gave (NaN or infinite).
+        loss: f64,
+    },
 
     /// A communication between ranks failed; the message names the ranks involved.
     #[error("communication failed: {0}")]

@@ -12,6 +12,7 @@ use crate::Result;
 pub struct Grads(BTreeMap<String, Tensor>);
 
 impl Grads {
+    /// No gradients.
     pub fn new() -> Self {
         Self::default()
     }
@@ -29,26 +30,32 @@ impl Grads {
         )
     }
 
+    /// The gradient of parameter `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.0.get(name)
     }
 
+    /// Sets the gradient of `name`.
     pub fn insert(&mut self, name: impl Into<String>, g: Tensor) {
         self.0.insert(name.into(), g.detach());
     }
 
+    /// Takes the gradient of `name` out.
     pub fn remove(&mut self, name: &str) -> Option<Tensor> {
         self.0.remove(name)
     }
 
+    /// Every (name, gradient), in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Tensor)> {
         self.0.iter()
     }
 
+    /// The number of gradients.
     pub fn len(&self) -> usize {
         self.0.len()
     }
 
+    /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

@@ -46,12 +46,16 @@ pub fn normal_vec(rng: &mut impl Rng, n: usize, mean: f64, std: f64) -> Vec<f64>
 /// Where and how layers create their parameters.
 #[derive(Clone, Debug)]
 pub struct Init {
+    /// Where tensors are made.
     pub device: Device,
+    /// Their element type.
     pub dtype: DType,
+    /// The run's seed, mixed with each tensor's name.
     pub seed: u64,
 }
 
 impl Init {
+    /// Initialises on `device` in `dtype` from `seed`.
     pub fn new(device: Device, dtype: DType, seed: u64) -> Self {
         Self {
             device,

@@ -34,6 +34,8 @@
 //! - [`plan`]: profiling layers and balancing stages by time or size.
 //! - [`Error`] / [`Result`]: every fallible call.
 
+#![warn(missing_docs)]
+
 pub mod batch;
 pub mod checkpoint;
 pub mod comm;

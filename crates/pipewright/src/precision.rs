@@ -16,8 +16,11 @@ use crate::{invalid, Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// Everything in f32.
     F32,
+    /// bfloat16 compute, f32 master weights.
     Bf16,
+    /// float16 compute, f32 master weights and dynamic loss scaling.
     F16,
 }
 
@@ -44,6 +47,7 @@ impl std::fmt::Display for Precision {
 }
 
 impl Precision {
+    /// The element type the model computes in.
     pub fn dtype(self) -> DType {
         match self {
             Precision::F32 => DType::F32,
@@ -73,6 +77,7 @@ impl LossScaler {
         Self::with(65536.0, 2000)
     }
 
+    /// A scaler starting at `scale` that doubles it after `growth_interval` steps without overflow.
     pub fn with(scale: f64, growth_interval: u64) -> Self {
         Self {
             scale,
@@ -81,6 +86,7 @@ impl LossScaler {
         }
     }
 
+    /// The scale now.
     pub fn scale(&self) -> f64 {
         self.scale
     }

@@ -27,9 +27,13 @@ use crate::{invalid, Error, Result};
 /// Options of a [`SerialTrainer`].
 #[derive(Clone)]
 pub struct TrainOptions {
+    /// Seeds initialisation and dropout.
     pub seed: u64,
+    /// Micro-batches each batch splits into (gradients accumulate over them).
     pub chunks: usize,
+    /// Clip the global gradient norm to this.
     pub clip: Option<f64>,
+    /// The learning rate by step.
     pub schedule: LrSchedule,
     /// Parameter pairs kept equal (GPT's `wte.weight` and `lm_head.weight`).
     pub tied: Vec<(String, String)>,
@@ -42,9 +46,13 @@ pub struct TrainOptions {
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepReport {
+    /// The step's number.
     pub step: u64,
+    /// The batch's mean loss.
     pub loss: f64,
+    /// The global gradient norm before clipping.
     pub grad_norm: f64,
+    /// The learning rate it used.
     pub lr: f64,
     /// Counted targets (tokens or samples) in the batch.
     pub targets: usize,
@@ -62,6 +70,7 @@ pub struct SerialTrainer {
 }
 
 impl SerialTrainer {
+    /// A trainer of `model` with `optimizer` (the whole model on one device).
     pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
         opts.schedule.validate()?;
         // One rank with the machine's cores, unless the user or a launcher said otherwise.
@@ -91,18 +100,22 @@ impl SerialTrainer {
         })
     }
 
+    /// The model.
     pub fn model(&self) -> &Stage {
         &self.model
     }
 
+    /// The optimizer.
     pub fn optimizer(&self) -> &dyn Optimizer {
         self.optimizer.as_ref()
     }
 
+    /// The optimizer, to change (load its state).
     pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
         self.optimizer.as_mut()
     }
 
+    /// Steps taken.
     pub fn steps_taken(&self) -> u64 {
         self.step
     }

@@ -32,16 +32,22 @@ pub enum Axis {
 /// A rank's position: pipeline stage, tensor-parallel rank, data-parallel rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Coords {
+    /// The pipeline stage.
     pub stage: usize,
+    /// The rank within the tensor-parallel group.
     pub tp_rank: usize,
+    /// The data-parallel replica.
     pub dp_rank: usize,
 }
 
 /// Degrees of pipeline, tensor and data parallelism.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Layout {
+    /// Pipeline stages.
     pub pp: usize,
+    /// Tensor-parallel ranks per stage.
     pub tp: usize,
+    /// Data-parallel replicas.
     pub dp: usize,
 }
 
@@ -52,6 +58,7 @@ impl fmt::Display for Layout {
 }
 
 impl Layout {
+    /// A layout of `pp x tp x dp` ranks; every size at least 1.
     pub fn new(pp: usize, tp: usize, dp: usize) -> Result<Self> {
         if pp == 0 || tp == 0 || dp == 0 {
             return Err(invalid!(
@@ -81,6 +88,7 @@ impl Layout {
         Self::new(pp, tp, world / (pp * tp))
     }
 
+    /// Ranks of the layout, `pp * tp * dp`.
     pub fn world(&self) -> usize {
         self.pp * self.tp * self.dp
     }
@@ -254,10 +262,12 @@ impl Topology {
             .collect()
     }
 
+    /// The layout.
     pub fn layout(&self) -> Layout {
         self.layout
     }
 
+    /// Ranks of the world.
     pub fn world(&self) -> usize {
         self.layout.world()
     }

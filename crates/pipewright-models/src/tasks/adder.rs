@@ -12,6 +12,8 @@ use rand::Rng;
 
 use super::{greedy, lm_pair, Predict, Task, TaskShape};
 
+/// n-digit addition as tokens (see the module's text): the model writes the sum; exact match on
+/// held-out problems is the metric.
 pub struct Adder {
     digits: usize,
     seed: u64,

@@ -19,11 +19,19 @@ use pipewright::Result;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskShape {
     /// Token ids `(batch, seq_len)` in `0..vocab`, targets `(batch, seq_len)`.
-    Tokens { vocab: usize, seq_len: usize },
+    Tokens {
+        /// Token ids run from 0 to this.
+        vocab: usize,
+        /// Tokens per sequence.
+        seq_len: usize,
+    },
     /// Images `(batch, channels, size, size)`, targets `(batch)` class ids.
     Images {
+        /// Channels per image.
         channels: usize,
+        /// Height and width.
         size: usize,
+        /// Classes.
         classes: usize,
     },
 }
@@ -31,11 +39,16 @@ pub enum TaskShape {
 /// A forward function in evaluation mode: inputs to logits.
 pub type Predict<'a> = dyn FnMut(&Tensor) -> Result<Tensor> + 'a;
 
+/// A task: training batches made in process from a seed, and a held-out metric of a model's
+/// predictions.
 pub trait Task: Send + Sync {
+    /// The task's name (`adder`, `sort`, `text`, `shapes`).
     fn name(&self) -> &'static str;
+    /// What the model sees.
     fn shape(&self) -> TaskShape;
     /// Name of the metric [`Task::evaluate`] returns (`accuracy`, `bits_per_byte`).
     fn metric_name(&self) -> &'static str;
+    /// Whether a larger metric is better.
     fn higher_is_better(&self) -> bool;
     /// Training batch number `step`: (inputs, targets), deterministic for the task's seed.
     fn batch(&self, step: u64, batch_size: usize) -> Result<(Tensor, Tensor)>;

@@ -12,12 +12,15 @@ use super::{Predict, Task, TaskShape};
 pub const CLASSES: [&str; 4] = ["square", "disc", "triangle", "cross"];
 const TEST: usize = 512;
 
+/// Images of a square, a disc, a triangle or a cross to classify, drawn in process (see the
+/// module's text).
 pub struct Shapes {
     size: usize,
     seed: u64,
 }
 
 impl Shapes {
+    /// Images of `size` x `size` pixels, drawn from `seed`.
     pub fn new(size: usize, seed: u64) -> Result<Self> {
         if size < 8 {
             return Err(invalid!(

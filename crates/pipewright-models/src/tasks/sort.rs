@@ -9,6 +9,8 @@ use rand::Rng;
 
 use super::{greedy, lm_pair, Predict, Task, TaskShape};
 
+/// Sequences of `len` symbols to sort: the model writes them back in order; exact match on held-out
+/// sequences is the metric.
 pub struct Sort {
     len: usize,
     symbols: u32,
@@ -22,6 +24,7 @@ fn is_test(seq: &[u32]) -> bool {
 }
 
 impl Sort {
+    /// Sequences of `len` symbols out of `symbols`, drawn from `seed`.
     pub fn new(len: usize, symbols: u32, seed: u64) -> Result<Self> {
         if len < 2 || symbols < 2 {
             return Err(invalid!("sort needs length >= 2 and >= 2 symbols"));

@@ -11,6 +11,7 @@ use rand::Rng;
 
 use super::{Predict, Task, TaskShape};
 
+/// Byte-level language modelling of a text (the last tenth held out): bits per byte is the metric.
 pub struct Text {
     train: Vec<u8>,
     valid: Vec<u8>,
@@ -19,6 +20,7 @@ pub struct Text {
 }
 
 impl Text {
+    /// The text of the file at `path` in windows of `seq_len` bytes.
     pub fn from_file(path: &Path, seq_len: usize, seed: u64) -> Result<Self> {
         let bytes =
             std::fs::read(path).map_err(|e| Error::io("cannot read --data file", path, e))?;
@@ -32,6 +34,7 @@ impl Text {
             .map_err(|e| invalid!("--data file `{}`: {e}", path.display()))
     }
 
+    /// The text `bytes` in windows of `seq_len` bytes.
     pub fn from_bytes(bytes: Vec<u8>, seq_len: usize, seed: u64) -> Result<Self> {
         if seq_len == 0 {
             return Err(invalid!("sequence length must be positive"));

@@ -33,10 +33,12 @@ impl TpGroup {
         }
     }
 
+    /// This rank's index in the group (0 in a group of one).
     pub fn rank(&self) -> usize {
         self.0.as_ref().map_or(0, |c| c.rank())
     }
 
+    /// The number of ranks in the group (1 when not split).
     pub fn size(&self) -> usize {
         self.0.as_ref().map_or(1, |c| c.size())
     }

@@ -28,7 +28,9 @@ use crate::Result;
 /// How a reduction combines the members' tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// The elementwise sum.
     Sum,
+    /// The elementwise maximum.
     Max,
     /// The sum divided by the number of members.
     Avg,
@@ -41,6 +43,7 @@ pub const MAX_TAG: u64 = 1 << 20;
 pub struct Pending<T>(Box<dyn FnOnce() -> Result<T> + Send>);
 
 impl<T> Pending<T> {
+    /// Runs `f` on a thread of its own; [`Pending::wait`] gives its result.
     pub fn new(f: impl FnOnce() -> Result<T> + Send + 'static) -> Self {
         Self(Box::new(f))
     }

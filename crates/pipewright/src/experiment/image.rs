@@ -7,7 +7,9 @@ use crate::{invalid, Result};
 /// An 8-bit RGB image, rows top to bottom.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RgbImage {
+    /// Width in pixels.
     pub width: u32,
+    /// Height in pixels.
     pub height: u32,
     /// `width * height * 3` bytes.
     pub data: Vec<u8>,
@@ -83,6 +85,7 @@ impl RgbImage {
 /// Series of (x, y) points to draw as lines.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LinePlot {
+    /// The curves, each a list of (x, y) points.
     pub series: Vec<Vec<(f64, f64)>>,
 }
 

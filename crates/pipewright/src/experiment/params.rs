@@ -17,9 +17,13 @@ use crate::{invalid, Error, Result};
 /// What a parameter holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamType {
+    /// A whole number.
     Int,
+    /// A floating-point number.
     Float,
+    /// A flag: true or false.
     Bool,
+    /// A string.
     Str,
 }
 
@@ -28,9 +32,11 @@ pub enum ParamType {
 pub struct Param {
     /// `snake_case`; on the command line `--kebab-case`.
     pub name: String,
+    /// What values it takes.
     pub kind: ParamType,
     /// The default (`Null`: none, for an optional string).
     pub default: Value,
+    /// The line `--help` prints for it.
     pub help: String,
     /// Other names of its flag (`--seed` for `--random-seed` in `pipewright train`).
     pub aliases: Vec<String>,

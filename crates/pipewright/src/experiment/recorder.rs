@@ -19,8 +19,11 @@ use crate::{invalid, Error, Result};
 /// One row of the training log.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScalarRow {
+    /// The step (counted from 0).
     pub step: u64,
+    /// The step's loss.
     pub loss: f64,
+    /// The learning rate it used.
     pub lr: f64,
     /// The task's metric, when it was evaluated at this step.
     pub metric: Option<f64>,
@@ -188,6 +191,7 @@ impl Recorder {
         self.image(tag, &plot.render(FIGURE_SIZE.0, FIGURE_SIZE.1))
     }
 
+    /// Writes what is buffered (CSV rows, TensorBoard events) to the files.
     pub fn flush(&mut self) -> Result<()> {
         self.log.flush()?;
         self.tags.flush()?;

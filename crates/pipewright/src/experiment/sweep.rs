@@ -22,9 +22,11 @@ pub struct SweepRun {
     pub dir: PathBuf,
     /// `summary.json`'s `final_loss` and `metric`, when the run wrote them.
     pub final_loss: Option<f64>,
+    /// The metric the run reported (`None` if it reported none).
     pub metric: Option<f64>,
     /// Seconds from its start to its end, and when it started (seconds after the sweep began).
     pub seconds: f64,
+    /// When it started, in seconds since the Unix epoch.
     pub started: f64,
     /// `None` when it succeeded; else what went wrong (exit status, or why it did not start).
     pub failure: Option<String>,

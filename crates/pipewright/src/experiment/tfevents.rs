@@ -126,8 +126,11 @@ pub fn image_event(
 /// A hyperparameter value for [`hparams_event`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum HParam {
+    /// A number.
     Number(f64),
+    /// A string.
     Text(String),
+    /// A flag.
     Bool(bool),
 }
 
@@ -226,6 +229,8 @@ fn now() -> f64 {
 }
 
 impl EventWriter {
+    /// A new event file in `dir`, named as TensorBoard expects
+    /// (`events.out.tfevents.<time>.<host>`).
     pub fn create(dir: &Path) -> Result<Self> {
         let host = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_string())
@@ -246,6 +251,7 @@ impl EventWriter {
         Ok(w)
     }
 
+    /// The event file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -256,6 +262,7 @@ impl EventWriter {
             .map_err(|e| Error::io("cannot write", &self.path, e))
     }
 
+    /// Writes `scalars` (tag, value) at `step`.
     pub fn scalars(&mut self, step: u64, scalars: &[(&str, f32)]) -> Result<()> {
         self.write(&scalars_event(now(), step as i64, scalars))
     }
@@ -270,6 +277,7 @@ impl EventWriter {
         self.write(&hparams_event(now(), hparams))
     }
 
+    /// Writes what is buffered to the file.
     pub fn flush(&mut self) -> Result<()> {
         self.out
             .flush()

@@ -8,7 +8,9 @@ use crate::{invalid, Error, Result};
 /// What flows between layers: one tensor or a tuple of tensors, batch on dim 0.
 #[derive(Clone, Debug)]
 pub enum Activation {
+    /// One tensor.
     Tensor(Tensor),
+    /// A tuple of tensors, each with the batch on dim 0 (any dtypes).
     Tuple(Vec<Tensor>),
 }
 

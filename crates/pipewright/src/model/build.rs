@@ -10,7 +10,9 @@ use crate::init::Init;
 /// group too.
 #[derive(Clone, Debug)]
 pub struct Build {
+    /// Where, in what type and from which seed parameters are made.
     pub init: Init,
+    /// The tensor-parallel group the layer splits over (a group of one: not split).
     pub tp: TpGroup,
 }
 

@@ -9,7 +9,9 @@ use crate::{Error, Result};
 /// Train or evaluation mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// Training: dropout on, BatchNorm uses and moves batch statistics.
     Train,
+    /// Evaluation: dropout off, BatchNorm uses its running statistics.
     Eval,
 }
 
@@ -18,12 +20,16 @@ pub enum Mode {
 /// recomputation, and the skip-connection stash.
 #[derive(Debug)]
 pub struct Cx {
+    /// Train or evaluation.
     pub mode: Mode,
+    /// The run's seed.
     pub seed: u64,
+    /// The optimizer step this forward belongs to.
     pub step: u64,
+    /// The micro-batch's index in the global batch.
     pub micro_batch: usize,
     /// Deferred batch norm (torchgpipe): BatchNorm layers add this micro-batch's moments to the
-    /// batch's and move their running statistics once, at [`Layer::finish_batch`].
+    /// batch's and move their running statistics once, at [`crate::Layer::finish_batch`].
     pub defer_batch_stats: bool,
     /// Zero-bubble split backward: weight-bearing layers queue their weight gradients here
     /// instead of computing them in the backward pass.
@@ -38,6 +44,7 @@ pub struct Cx {
 }
 
 impl Cx {
+    /// A context in `mode` for micro-batch `micro_batch` of step `step`, seeded by `seed`.
     pub fn new(mode: Mode, seed: u64, step: u64, micro_batch: usize) -> Self {
         Self {
             mode,
@@ -58,6 +65,7 @@ impl Cx {
         Self::new(Mode::Eval, 0, 0, 0)
     }
 
+    /// Whether the mode is [`Mode::Train`].
     pub fn is_training(&self) -> bool {
         self.mode == Mode::Train
     }
@@ -68,6 +76,7 @@ impl Cx {
         self.recomputing
     }
 
+    /// Marks this forward as a recomputation (see [`Cx::is_recomputing`]).
     pub fn set_recomputing(&mut self, on: bool) {
         self.recomputing = on;
     }

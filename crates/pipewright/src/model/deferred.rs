@@ -18,18 +18,30 @@ use crate::{Error, Result};
 #[derive(Clone, Debug)]
 pub enum Work {
     /// `y = x W^T` (`OutIn`) or `y = x W` (`InOut`), `x` of shape `(rows, in)`.
-    Matmul { x: Tensor, layout: WeightLayout },
+    Matmul {
+        /// The layer's input.
+        x: Tensor,
+        /// How the weight stores its features.
+        layout: WeightLayout,
+    },
     /// `y = W[ids]` with `W` of shape `(rows, dim)`.
     Embedding {
+        /// The ids looked up.
         ids: Tensor,
+        /// Rows of the table.
         rows: usize,
+        /// Width of a row.
         dim: usize,
     },
     /// `y = conv2d(x, W)`.
     Conv2d {
+        /// The convolution's input.
         x: Tensor,
+        /// Zero padding on each side.
         padding: usize,
+        /// The stride.
         stride: usize,
+        /// The kernel's height and width.
         kernel: (usize, usize),
     },
 }
@@ -106,6 +118,7 @@ impl CustomOp2 for Tap {
 }
 
 impl WeightGradQueue {
+    /// An empty queue.
     pub fn new() -> Self {
         Self::default()
     }

@@ -33,6 +33,7 @@ use crate::{invalid, Result};
 pub trait Layer: Send + Sync {
     /// The layer's global name (`h.3`).
     fn name(&self) -> &str;
+    /// Computes the layer on `x` in the context `cx` (mode, seeds, skip stash).
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation>;
     /// Trainable parameters with global names.
     fn params(&self) -> Vec<(String, Var)>;
@@ -70,6 +71,7 @@ impl std::fmt::Debug for LayerSpec {
 }
 
 impl LayerSpec {
+    /// A spec named `name` whose `build` makes the layer.
     pub fn new(
         name: impl Into<String>,
         build: impl Fn(&Build) -> Result<Box<dyn Layer>> + Send + Sync + 'static,
@@ -94,6 +96,7 @@ impl LayerSpec {
         self
     }
 
+    /// The layer's name.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -161,14 +164,17 @@ impl Sequential {
         self
     }
 
+    /// The number of layer specs.
     pub fn len(&self) -> usize {
         self.specs.len()
     }
 
+    /// Whether it has none.
     pub fn is_empty(&self) -> bool {
         self.specs.is_empty()
     }
 
+    /// The layer specs in order.
     pub fn specs(&self) -> &[LayerSpec] {
         &self.specs
     }
@@ -251,6 +257,7 @@ impl Sequential {
 /// A declared skip connection between two layers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Skip {
+    /// The stage's name (its layer range).
     pub name: String,
     /// Index of the stashing layer.
     pub from: usize,
@@ -272,6 +279,7 @@ impl Stage {
         self.range.clone()
     }
 
+    /// The built layers in order.
     pub fn layers(&self) -> &[Box<dyn Layer>] {
         &self.layers
     }

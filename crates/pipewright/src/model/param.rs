@@ -25,6 +25,7 @@ pub struct Shard {
     pub stride: usize,
     /// This rank's part and the number of parts.
     pub index: usize,
+    /// The number of parts.
     pub count: usize,
     /// Shape of the whole parameter.
     pub whole: Vec<usize>,

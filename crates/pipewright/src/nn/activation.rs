@@ -12,6 +12,7 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
     Ok(x.gelu()?)
 }
 
+/// `max(x, 0)`.
 pub fn relu(x: &Tensor) -> Result<Tensor> {
     Ok(x.relu()?)
 }

@@ -18,6 +18,8 @@ use crate::init::Init;
 use crate::model::Cx;
 use crate::{Error, Result};
 
+/// Batch normalisation over the channels of `(N, C, H, W)` (PyTorch's `BatchNorm2d`): batch
+/// statistics in training (moving the running ones), running statistics in evaluation.
 #[derive(Clone, Debug)]
 pub struct BatchNorm2d {
     name: String,
@@ -33,6 +35,7 @@ pub struct BatchNorm2d {
 }
 
 impl BatchNorm2d {
+    /// A layer `name` over `channels` channels: weight 1, bias 0, running mean 0 and variance 1.
     pub fn new(init: &Init, name: &str, channels: usize) -> Result<Self> {
         Ok(Self {
             name: name.to_string(),
@@ -74,6 +77,7 @@ impl BatchNorm2d {
         Ok(())
     }
 
+    /// Normalises `x` as `cx`'s mode says (see the type's text).
     pub fn forward(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
         match x.dims() {
             [_, c, _, _] if *c == self.channels => {}
@@ -143,6 +147,7 @@ impl BatchNorm2d {
         self.update_running(&mean.to_dtype(dt)?, &var.to_dtype(dt)?, n)
     }
 
+    /// The running mean and variance, with their global names.
     pub fn buffers(&self) -> Vec<(String, Var)> {
         vec![
             (join(&self.name, "running_mean"), self.running_mean.clone()),

@@ -8,6 +8,8 @@ use crate::model::deferred::{WeightGradQueue, Work};
 use crate::model::Cx;
 use crate::{Error, Result};
 
+/// A 2-D convolution over `(N, C, H, W)` with a bias (PyTorch's `Conv2d`), its weight gradient
+/// deferred under a split backward.
 #[derive(Clone, Debug)]
 pub struct Conv2d {
     name: String,

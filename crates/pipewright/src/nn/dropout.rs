@@ -8,6 +8,8 @@ use crate::init::rng_for;
 use crate::model::Cx;
 use crate::Result;
 
+/// Dropout (PyTorch's `Dropout`): in training, each element is zeroed with probability `p` and the
+/// rest scaled by `1 / (1 - p)`, with masks seeded by the step, micro-batch and layer.
 #[derive(Clone, Debug)]
 pub struct Dropout {
     site: String,
@@ -28,6 +30,7 @@ impl Dropout {
         self.p != 0.0 && cx.is_training()
     }
 
+    /// Drops and scales `x` in training (seeded by `cx`); `x` itself in evaluation.
     pub fn forward(&self, x: &Tensor, cx: &Cx) -> Result<Tensor> {
         self.forward_part(x, cx, 0, 0, 1)
     }

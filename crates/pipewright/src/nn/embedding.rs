@@ -25,6 +25,7 @@ impl Embedding {
         })
     }
 
+    /// An embedding `name` over an existing table `weight` (rows, dim).
     pub fn from_var(name: &str, weight: Var) -> Self {
         Self {
             name: name.to_string(),
@@ -32,10 +33,12 @@ impl Embedding {
         }
     }
 
+    /// Its name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The table.
     pub fn weight(&self) -> &Var {
         &self.weight
     }

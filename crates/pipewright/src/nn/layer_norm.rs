@@ -19,6 +19,8 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
     Ok(xn.broadcast_mul(weight)?.broadcast_add(bias)?)
 }
 
+/// Layer normalisation over the last dimension with a learned scale and shift (PyTorch's
+/// `LayerNorm`).
 #[derive(Clone, Debug)]
 pub struct LayerNorm {
     name: String,
@@ -38,6 +40,7 @@ impl LayerNorm {
         })
     }
 
+    /// Normalises `x` over its last dimension, then scales and shifts it.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         layer_norm(x, self.weight.as_tensor(), self.bias.as_tensor(), self.eps)
     }

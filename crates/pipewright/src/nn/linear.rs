@@ -76,6 +76,7 @@ impl Linear {
         })
     }
 
+    /// The weight, stored as [`Linear::layout`] says.
     pub fn weight(&self) -> &Var {
         &self.weight
     }
@@ -100,22 +101,27 @@ impl Linear {
         self
     }
 
+    /// The bias, if any.
     pub fn bias(&self) -> Option<&Var> {
         self.bias.as_ref()
     }
 
+    /// How the weight stores its features.
     pub fn layout(&self) -> WeightLayout {
         self.layout
     }
 
+    /// Its name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Input features.
     pub fn in_features(&self) -> usize {
         self.in_features
     }
 
+    /// Output features.
     pub fn out_features(&self) -> usize {
         self.out_features
     }
@@ -128,6 +134,7 @@ impl Linear {
         }
     }
 
+    /// `x W^T + b` over the last dimension of `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.run(x, None)
     }

@@ -31,6 +31,7 @@ use candle_core::Var;
 
 /// Anything that owns named parameters.
 pub trait Module {
+    /// Every parameter with its global name.
     fn params(&self) -> Vec<(String, Var)>;
 }
 

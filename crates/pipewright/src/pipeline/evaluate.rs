@@ -12,7 +12,7 @@ use crate::model::{Activation, Cx};
 use crate::shard::whole_output;
 use crate::Result;
 
-/// What [`Pipeline::forward_only`] gives every rank of the pipeline.
+/// What [`super::Pipeline::forward_only`] gives every rank of the pipeline.
 #[derive(Clone, Debug)]
 pub struct ForwardOnly {
     /// The loss summed over the batch and the count it averages over, when asked for.

@@ -17,9 +17,11 @@ pub struct PipelineOptions {
     pub custom_schedule: Option<Schedule>,
     /// Layers (or segments between cut points) per model stage; uniform if `None`.
     pub balance: Option<Vec<usize>>,
+    /// Seeds dropout (with the step and micro-batch).
     pub seed: u64,
     /// Parameter pairs kept equal across stages (GPT's `wte.weight`, `lm_head.weight`).
     pub tied: Vec<(String, String)>,
+    /// Which micro-batches drop their activations and recompute them in the backward.
     pub recompute: Recompute,
     /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
     pub deferred_batch_norm: bool,

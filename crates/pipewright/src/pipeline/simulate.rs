@@ -1,4 +1,4 @@
-//! Simulating a schedule: the lists are checked to be complete ([`validate_complete`]) and
+//! Simulating a schedule: the lists are checked to be complete (`validate_complete`) and
 //! replayed in time, which finds any deadlock and gives the makespan, the bubble and the
 //! activations each rank holds ([`Schedule::simulate`]).
 //!

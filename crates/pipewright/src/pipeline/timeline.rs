@@ -7,9 +7,13 @@ use super::schedule::{Action, Schedule};
 /// Durations of the actions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Costs {
+    /// Seconds of a forward.
     pub forward: f64,
+    /// Seconds of a full backward.
     pub backward: f64,
+    /// Seconds of an input-gradient action.
     pub backward_input: f64,
+    /// Seconds of a weight-gradient action.
     pub backward_weight: f64,
 }
 
@@ -37,8 +41,11 @@ impl Costs {
 /// An action placed in time.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Span {
+    /// When it starts.
     pub start: f64,
+    /// When it ends.
     pub end: f64,
+    /// What it is.
     pub action: Action,
 }
 
@@ -47,6 +54,7 @@ pub struct Span {
 pub struct Simulation {
     /// Per stage, its actions in time.
     pub spans: Vec<Vec<Span>>,
+    /// When the last action ends.
     pub makespan: f64,
     /// Idle share of stage-time: 1 - busy / (stages * makespan).
     pub bubble: f64,

@@ -9,10 +9,13 @@ use crate::{invalid, Result};
 /// One executed action, for a Chrome trace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceEvent {
+    /// The optimizer step it belongs to.
     pub step: u64,
+    /// What it was.
     pub action: Action,
     /// Microseconds since the pipeline was made.
     pub start_us: f64,
+    /// How long it took, in microseconds.
     pub dur_us: f64,
     /// True when the action recomputed its forward first (traced as R plus the backward).
     pub recomputed: bool,

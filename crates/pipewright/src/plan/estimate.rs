@@ -44,15 +44,18 @@ const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
 /// One point of the search: a layout and how its batch is cut and scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Candidate {
+    /// The pp x tp x dp layout.
     pub layout: Layout,
     /// Rows of one micro-batch.
     pub micro_batch: usize,
     /// Micro-batches per data-parallel replica (`chunks`).
     pub micro_batches: usize,
+    /// The pipeline schedule.
     #[serde(serialize_with = "display")]
     pub schedule: ScheduleKind,
     /// Model stages per pipeline rank (interleaved).
     pub virtual_stages: usize,
+    /// The recompute mode.
     #[serde(serialize_with = "display")]
     pub recompute: Recompute,
 }
@@ -67,6 +70,7 @@ fn display<T: fmt::Display, S: serde::Serializer>(
 /// Where a job runs: the machines and how many ranks share a node.
 #[derive(Clone, Copy, Debug)]
 pub struct Cluster<'a> {
+    /// The machines' hardware.
     pub hardware: &'a Hardware,
     /// Ranks placed on one node (tp fastest, then dp, then pp: `topology`'s order).
     pub ranks_per_node: usize,
@@ -126,6 +130,7 @@ impl<'a> Cluster<'a> {
 /// A predicted step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
+    /// What was estimated.
     pub candidate: Candidate,
     /// Units (layers or segments) of each model stage.
     pub balance: Vec<usize>,

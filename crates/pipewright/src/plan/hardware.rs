@@ -30,8 +30,11 @@ pub struct Link {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AllReduce {
+    /// Ranks the fit was measured over.
     pub world: usize,
+    /// Seconds of an empty message.
     pub latency_s: f64,
+    /// Bytes per second beyond the latency.
     pub bandwidth_bytes_per_s: f64,
 }
 
@@ -109,6 +112,7 @@ pub struct Hardware {
     pub memory: String,
     /// Peak FLOP/s of one device in f32, and in bf16/f16.
     pub peak_flops_f32: f64,
+    /// FLOP/s of one device in bf16/f16 matrix products.
     pub peak_flops_half: f64,
     /// Share of the peak that the matrix products of a training step reach.
     pub efficiency: f64,

@@ -2,17 +2,17 @@
 //! should use.
 //!
 //! - [`profile`]: a model's [`Profile`], each layer's time and bytes fitted over micro-batch
-//!   sizes, measured here ([`measure`]) or from a transformer's shapes and a [`Hardware`] file
+//!   sizes, measured here ([`measure()`]) or from a transformer's shapes and a [`Hardware`] file
 //!   ([`Transformer`]); [`layer_cost`]: one micro-batch's cost of each layer
 //!   ([`profile_layers`]).
 //! - [`balance_by`]: profile, then balance by time or by size.
 //! - [`balance`]: the contiguous split of per-layer (or per-segment) costs over pipeline stages
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
 //!   `balance_by_size` over given costs).
-//! - [`estimate`]: one layout's predicted step time, bubble and peak memory per stage, the
+//! - [`estimate`](mod@estimate): one layout's predicted step time, bubble and peak memory per stage, the
 //!   schedule replayed by the simulator with the profiled costs.
-//! - [`search`]: AutoConfig, every layout under a memory cap ranked by predicted step time.
-//! - [`morph`]: the layout a run restarted in a world of another size takes.
+//! - [`search`](mod@search): AutoConfig, every layout under a memory cap ranked by predicted step time.
+//! - [`morph`](mod@morph): the layout a run restarted in a world of another size takes.
 
 pub mod balance;
 pub mod estimate;

@@ -1,4 +1,4 @@
-//! A model's costs layer by layer, measured on this machine ([`super::measure`]) or derived
+//! A model's costs layer by layer, measured on this machine ([`measure`](fn@super::measure)) or derived
 //! from its shapes ([`super::Transformer`]): what the planner balances, simulates and searches.
 //! Saved as JSON by `pipewright profile` and read back by `pipewright plan --profile`.
 
@@ -13,7 +13,9 @@ use crate::{invalid, Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fit {
+    /// Seconds that do not depend on the rows.
     pub fixed_s: f64,
+    /// Seconds per row (sample).
     pub per_sample_s: f64,
 }
 
@@ -43,10 +45,15 @@ impl Fit {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Timing {
+    /// Rows of the micro-batch.
     pub rows: usize,
+    /// Seconds of its forward.
     pub forward_s: f64,
+    /// Seconds of its full backward.
     pub backward_s: f64,
+    /// Seconds of its input gradient.
     pub backward_input_s: f64,
+    /// Seconds of its weight gradient.
     pub backward_weight_s: f64,
 }
 
@@ -54,6 +61,7 @@ pub struct Timing {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayerProfile {
+    /// The layer's name.
     pub name: String,
     /// Parameters (elements).
     pub params: u64,
@@ -97,18 +105,24 @@ pub struct LayerProfile {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SplitCost {
+    /// The tensor-parallel size.
     pub tp: usize,
     /// Parameters of the shard.
     pub params: u64,
+    /// Forward seconds by rows.
     pub forward: Fit,
+    /// Full backward seconds by rows.
     pub backward: Fit,
+    /// Input-gradient seconds by rows.
     pub backward_input: Fit,
+    /// Weight-gradient seconds by rows.
     pub backward_weight: Fit,
     /// Bytes per sample the shard's forward keeps for its backward (its collectives' outputs
     /// included) and its split backward defers, as measured; a profile without them models
     /// the shard's from the unsplit layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_bytes_per_sample: Option<f64>,
+    /// Bytes per sample the split backward defers, as measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deferred_bytes_per_sample: Option<f64>,
 }
@@ -117,10 +131,11 @@ pub struct SplitCost {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
-    /// Where the numbers come from (a machine, or "shapes on <hardware>").
+    /// Where the numbers come from (a machine, or `shapes on <hardware>`).
     pub source: String,
     /// Bytes of one element of the computation (4 for f32, 2 for bf16 and f16).
     pub dtype_bytes: usize,
+    /// The layers in model order.
     pub layers: Vec<LayerProfile>,
     /// Where the model may be cut: layer indices, the first 0 and the last the layer count
     /// (every layer, or the segments between cut points).

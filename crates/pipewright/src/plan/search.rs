@@ -1,6 +1,6 @@
 //! AutoConfig (Varuna's, and what Megatron users do by hand): every pp x tp x dp layout of a
 //! world, every micro-batch size, schedule and recompute mode, predicted by
-//! [`estimate`](super::estimate::estimate), kept when each rank fits in the memory cap, and
+//! [`estimate`](fn@super::estimate::estimate), kept when each rank fits in the memory cap, and
 //! ranked by step time.
 
 use super::estimate::{estimate, Candidate, Cluster, Estimate};

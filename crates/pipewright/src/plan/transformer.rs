@@ -13,10 +13,13 @@ use crate::{invalid, Result};
 /// blocks, then the final norm with the tied head and the cross-entropy).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Transformer {
+    /// Transformer blocks.
     pub n_layer: usize,
     /// Hidden size (`n_embd`).
     pub d_model: usize,
+    /// Attention heads.
     pub n_head: usize,
+    /// Vocabulary size.
     pub vocab: usize,
     /// Tokens per sample (the sequence length).
     pub seq: usize,

@@ -163,6 +163,7 @@ impl ParallelLinear {
         self
     }
 
+    /// How the layer is split (`None`: replicated).
     pub fn dim(&self) -> Option<ParallelDim> {
         self.dim
     }
@@ -178,6 +179,7 @@ impl ParallelLinear {
         self
     }
 
+    /// The layer on `x`, with the collectives its split needs.
     pub fn forward(&self, x: &Tensor, cx: &mut Cx) -> Result<Tensor> {
         let g = &self.group;
         match self.dim {

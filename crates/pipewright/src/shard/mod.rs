@@ -4,7 +4,7 @@
 //! - [`TpGroup`]: the group a layer is split over (a size-1 group means "not split"); it
 //!   travels in [`crate::model::Build`] beside the initialiser, so that a layer builds only its
 //!   own shard.
-//! - [`slice`]: TorchShard's `slice`; [`part`] and [`assemble`] split and join along an axis,
+//! - [`slice`](fn@slice): TorchShard's `slice`; [`part`] and [`assemble`] split and join along an axis,
 //!   also "strided" axes such as GPT's fused q|k|v columns.
 //! - [`ops`]: the collectives inside the layers, as autograd ops whose backward is the
 //!   conjugate collective (copy <-> all-reduce, gather <-> scatter).

@@ -34,7 +34,7 @@ pub enum Placement {
 /// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
 pub type BatchFn = Arc<dyn Fn(usize) -> Result<Batch> + Send + Sync>;
 
-/// Everything [`Varuna::new`] needs besides the model and the world.
+/// Everything [`super::Varuna::new`] needs besides the model and the world.
 #[derive(Clone)]
 pub struct VarunaOptions {
     /// Where ranks go.
@@ -168,7 +168,7 @@ impl VarunaOptions {
     }
 }
 
-/// What one [`Varuna::step`] did.
+/// What one [`super::Varuna::step`] did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOutcome {
     /// The step's number.

@@ -10,9 +10,13 @@ use crate::{invalid, Result};
 /// AdamW hyper-parameters (PyTorch defaults).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {
+    /// Decay of the first moment (0.9).
     pub beta1: f64,
+    /// Decay of the second moment (0.999).
     pub beta2: f64,
+    /// Added to the root of the second moment (1e-8).
     pub eps: f64,
+    /// Decoupled weight decay (0.01).
     pub weight_decay: f64,
 }
 
@@ -46,6 +50,7 @@ impl AdamW {
         Self::with_decay(params, cfg, decays)
     }
 
+    /// AdamW over `params`, with weight decay only on the parameters `decay` accepts (by name).
     pub fn with_decay(
         params: Vec<(String, Var)>,
         cfg: AdamWConfig,
@@ -72,6 +77,7 @@ impl AdamW {
         })
     }
 
+    /// Steps taken (the bias correction's count).
     pub fn steps_taken(&self) -> u64 {
         self.step
     }

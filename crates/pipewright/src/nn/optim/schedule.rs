@@ -6,20 +6,27 @@ use crate::{invalid, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum LrSchedule {
+    /// The same rate every step.
     Constant {
+        /// The rate.
         lr: f64,
     },
     /// Linear warm-up from lr/warmup to `lr` over `warmup` steps, then a cosine decay to
     /// `min_lr` at step `total`, constant after.
     WarmupCosine {
+        /// The peak rate.
         lr: f64,
+        /// Steps of linear warm-up from 0.
         warmup: u64,
+        /// Steps of the whole run.
         total: u64,
+        /// The rate the cosine ends at.
         min_lr: f64,
     },
 }
 
 impl LrSchedule {
+    /// Fails on a schedule that cannot run (a negative rate, warm-up beyond the end).
     pub fn validate(&self) -> Result<()> {
         let (lr, min) = match *self {
             LrSchedule::Constant { lr } => (lr, 0.0),
@@ -33,6 +40,7 @@ impl LrSchedule {
         Ok(())
     }
 
+    /// The learning rate at `step` (counted from 0).
     pub fn lr_at(&self, step: u64) -> f64 {
         match *self {
             LrSchedule::Constant { lr } => lr,

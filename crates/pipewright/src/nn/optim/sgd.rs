@@ -9,9 +9,13 @@ use crate::{invalid, Result};
 /// SGD hyper-parameters (PyTorch's names and defaults).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SgdConfig {
+    /// Momentum factor (0: none).
     pub momentum: f64,
+    /// Dampening of the momentum.
     pub dampening: f64,
+    /// L2 weight decay added to the gradient.
     pub weight_decay: f64,
+    /// Nesterov momentum.
     pub nesterov: bool,
 }
 
@@ -25,6 +29,7 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// SGD over `params` with `cfg`.
     pub fn new(params: Vec<(String, Var)>, cfg: SgdConfig) -> Result<Self> {
         if cfg.momentum < 0.0 || cfg.weight_decay < 0.0 {
             return Err(invalid!("SGD needs momentum >= 0 and weight_decay >= 0"));
