@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use pipewright::candle_core::{Device, Tensor};
-use pipewright::comm::{Communicator, ReduceOp};
+use pipewright::comm::{Backend, Communicator, ReduceOp};
 use pipewright::plan::median;
 use pipewright::{invalid, Result};
 
@@ -17,22 +17,11 @@ pub enum BenchCommand {
     Ckpt(crate::bench_ckpt::CkptBenchArgs),
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// Threads of this process (`--world` of them).
-    Local,
-    /// One process per rank: run under `mpirun -np N` (build with `--features mpi`).
-    Mpi,
-    /// `train` only: every rank on a GPU of its own, its pipeline sends and collectives
-    /// through NCCL in GPU memory; ranks as threads, or processes under mpirun (needs
-    /// `--device cuda` and a build with `--features cuda`).
-    Nccl,
-}
-
 #[derive(Args)]
 pub struct CommArgs {
-    #[arg(long, value_enum, default_value = "local")]
+    /// How the ranks talk: local (threads of this process) or mpi (one process per rank under
+    /// `mpirun -np N`; build with `--features mpi`).
+    #[arg(long, default_value = "local")]
     pub backend: Backend,
     /// Ranks of the local backend.
     #[arg(long, default_value_t = 2)]

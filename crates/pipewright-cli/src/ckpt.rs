@@ -3,15 +3,16 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use pipewright::checkpoint::format::{f32_data, write_safetensors_with, Blob};
-use pipewright::checkpoint::{self, CheckpointOptions, EntryKind, Reader};
+use pipewright::checkpoint::{self, CheckpointOptions, Reader};
 use pipewright::comm::local;
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Error, Result};
 
-use crate::train::{make_optimizer, ModelConfig, TrainArgs};
+use pipewright_models::{hf_gpt2, run, ModelConfig, RunSpec};
+
+use crate::train::{task_spec, TrainArgs};
 
 #[derive(Subcommand)]
 pub enum CkptCommand {
@@ -110,32 +111,45 @@ fn inspect(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The run a checkpoint came from, as `pipewright train` stored it.
-fn stored_run(r: &Reader) -> Result<(TrainArgs, ModelConfig)> {
+/// The run a checkpoint came from, as `pipewright train` stored it: its [`RunSpec`], or for a
+/// checkpoint saved before runs were recorded so, the flags and the model config it stored.
+fn stored_run(r: &Reader) -> Result<RunSpec> {
     let meta = &r.manifest().meta;
+    if meta.get(run::META_KEY).is_some() || meta.get("args").is_none() {
+        return RunSpec::from_meta(meta);
+    }
     let err = |what: &str, e: serde_json::Error| {
         Error::State(format!(
             "`{}` was not saved by `pipewright train` (its manifest's meta has no {what}: {e})",
             r.dir().display()
         ))
     };
-    let args = serde_json::from_value(meta["args"].clone()).map_err(|e| err("args", e))?;
+    let args: TrainArgs =
+        serde_json::from_value(meta["args"].clone()).map_err(|e| err("args", e))?;
     let model = serde_json::from_value(meta["model"].clone()).map_err(|e| err("model", e))?;
-    Ok((args, model))
+    Ok(RunSpec {
+        model,
+        task: task_spec(&args)?,
+        train: args.train_spec()?,
+    })
 }
 
 /// Loads the checkpoint at the new layout (ranks as threads) and saves it again.
 fn reshard(a: &ReshardArgs) -> Result<()> {
     let r = Reader::open(&a.dir)?;
-    let (args, model_config) = stored_run(&r)?;
-    let (model, tied) = model_config.build()?;
+    let spec = stored_run(&r)?;
+    let (model, tied) = spec.model.build()?;
     let layout = Layout::new(a.pp, a.tp, a.dp)?;
     // One micro-batch per replica; `Varuna::new` says so if the batch does not split.
     let opts = VarunaOptions {
         shared_weights: tied,
         precision: r.manifest().precision.parse::<Precision>()?,
-        seed: args.seed,
-        ..VarunaOptions::new(layout, args.batch_size, args.batch_size / a.dp)
+        seed: spec.train.seed,
+        ..VarunaOptions::new(
+            layout,
+            spec.train.global_batch,
+            spec.train.global_batch / a.dp,
+        )
     };
     let save = CheckpointOptions {
         meta: r.manifest().meta.clone(),
@@ -144,7 +158,7 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     };
     let dirs = local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| make_optimizer(&args, ps))?;
+        v.set_optimizer(|ps| spec.train.optimizer(ps))?;
         v.load_checkpoint(r.dir())?;
         v.checkpoint(&a.out, &save)
     })?;
@@ -152,36 +166,9 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     Ok(())
 }
 
-/// A tensor to export: name, shape, values.
-type Owned = (String, Vec<usize>, Vec<f32>);
-
-/// Every parameter, whole, into `path` (atomically).
-fn write_params(path: &Path, owned: &[Owned], metadata: Option<serde_json::Value>) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let blobs: Vec<Blob> = owned
-        .iter()
-        .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
-        .collect();
-    write_safetensors_with(&tmp, &blobs, metadata)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into", path, e))?;
-    Ok(())
-}
-
 fn export_whole(dir: &Path, out: &Path) -> Result<()> {
-    let r = Reader::open(dir)?;
-    let mut blobs = Vec::new();
-    for (n, e) in &r.manifest().tensors {
-        if e.kind == EntryKind::Param {
-            let t = r.read_whole(n)?;
-            blobs.push((n.clone(), t.dims().to_vec(), f32_data(&t)?));
-        }
-    }
-    write_params(out, &blobs, None)?;
-    println!(
-        "wrote {} ({} parameters, whole)",
-        out.display(),
-        blobs.len()
-    );
+    let n = Reader::open(dir)?.export_params(out, |n, t| Ok(Some((n.to_string(), t))), None)?;
+    println!("wrote {} ({n} parameters, whole)", out.display());
     Ok(())
 }
 
@@ -189,63 +176,14 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
 /// removed.
 fn export_hf_gpt2(dir: &Path, out: &Path) -> Result<()> {
     let r = Reader::open(dir)?;
-    let (args, model) = stored_run(&r)?;
-    let ModelConfig::Gpt { gpt: cfg, vocab } = model else {
+    let spec = stored_run(&r)?;
+    let ModelConfig::Gpt { gpt, vocab } = spec.model else {
         return Err(invalid!(
             "--format hf-gpt2 exports a GPT; this checkpoint holds a {:?}",
-            args.model
+            spec.model
         ));
     };
-    std::fs::create_dir_all(out).map_err(|e| Error::io("cannot create", out, e))?;
-    let mut blobs = Vec::new();
-    for (n, e) in &r.manifest().tensors {
-        if e.kind != EntryKind::Param {
-            continue;
-        }
-        let mut t = r.read_whole(n)?;
-        if n == "wte.weight" || n == "lm_head.weight" {
-            t = t.narrow(0, 0, vocab)?;
-        }
-        let name = if n == "lm_head.weight" {
-            n.clone()
-        } else {
-            format!("transformer.{n}")
-        };
-        blobs.push((name, t.dims().to_vec(), f32_data(&t)?));
-    }
-    write_params(
-        &out.join("model.safetensors"),
-        &blobs,
-        Some(serde_json::json!({"format": "pt"})),
-    )?;
-    let config = serde_json::json!({
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": vocab,
-        "n_positions": cfg.block_size,
-        "n_ctx": cfg.block_size,
-        "n_embd": cfg.n_embd,
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_inner": null,
-        "activation_function": "gelu_new",
-        "resid_pdrop": cfg.dropout,
-        "embd_pdrop": cfg.dropout,
-        "attn_pdrop": cfg.dropout,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "tie_word_embeddings": true,
-        "bos_token_id": null,
-        "eos_token_id": null,
-        "torch_dtype": "float32",
-    });
-    let text = serde_json::to_string_pretty(&config).map_err(|e| invalid!("{e}"))?;
-    let cp = out.join("config.json");
-    std::fs::write(&cp, text).map_err(|e| Error::io("cannot write", &cp, e))?;
-    println!(
-        "wrote {} (GPT2LMHeadModel, {} tensors)",
-        out.display(),
-        blobs.len()
-    );
+    let n = hf_gpt2::export(&r, &gpt, vocab, out)?;
+    println!("wrote {} (GPT2LMHeadModel, {n} tensors)", out.display());
     Ok(())
 }

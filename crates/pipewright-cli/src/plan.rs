@@ -15,7 +15,7 @@ use pipewright::plan::{
 };
 use pipewright::{invalid, Error, Result};
 
-use crate::train::{make_model, make_task, TrainArgs};
+use crate::train::TrainArgs;
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -61,8 +61,8 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
         return Profile::load(path);
     }
     let a = &p.train;
-    let task = make_task(a)?;
-    make_model(a, task.as_ref())?.shapes_profile(&a.precision, hw)
+    let (model, _, _) = a.model_and_task()?;
+    model.shapes_profile(a.precision.parse()?, hw)
 }
 
 /// The hardware file `name`, with the measured link of `link` (if any) between a node's

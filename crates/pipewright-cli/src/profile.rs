@@ -7,7 +7,7 @@ use clap::Args;
 use pipewright::plan::{measure, Sizes};
 use pipewright::{Batch, Build, Result};
 
-use crate::train::{make_model, make_task, TrainArgs};
+use crate::train::TrainArgs;
 
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -32,8 +32,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     // RAYON_NUM_THREADS left candle's products 20-30 % slower here than train's explicit one).
     pipewright::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
-    let task = make_task(a)?;
-    let config = make_model(a, task.as_ref())?;
+    let (config, _, task) = a.model_and_task()?;
     let (model, _) = config.build()?;
     let batch = |rows: usize| -> Result<Batch> {
         let (x, y) = task.batch(0, rows)?;

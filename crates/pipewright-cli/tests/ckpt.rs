@@ -281,3 +281,57 @@ fn export_reshard_inspect_and_verify() {
     assert_eq!(tensors(&whole), tensors(&again), "the same whole tensors");
     let _ = std::fs::remove_dir_all(run);
 }
+
+/// A checkpoint saved before runs were recorded as a `RunSpec` stored the flags (`args`) and
+/// the model config (`model`) in its meta: it exports the same model, and still reshards.
+#[test]
+fn a_checkpoint_with_the_old_meta_exports_the_same_model() {
+    let run = common::tmp("old-meta");
+    train(&run, &["--steps", "2", "--checkpoint-every", "2"]);
+    let step = run.join("checkpoints").join("step-00000002");
+    let export = |out: &Path| {
+        pipewright(&[
+            "ckpt",
+            "export",
+            step.to_str().unwrap(),
+            "--format",
+            "hf-gpt2",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        std::fs::read(out.join("model.safetensors")).unwrap()
+    };
+    let new = export(&run.join("hf-new"));
+    // The meta as it was: the flags of params.json and the model config.
+    let mp = step.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    let mut args: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("params.json")).unwrap()).unwrap();
+    let model = args["spec"]["model"].clone();
+    for k in [
+        "pipewright_version",
+        "task_shape",
+        "num_params",
+        "layers",
+        "cut_points",
+    ] {
+        args.as_object_mut().unwrap().remove(k);
+    }
+    for k in ["tied", "spec"] {
+        args.as_object_mut().unwrap().remove(k);
+    }
+    m["meta"] = serde_json::json!({"args": args, "model": model});
+    std::fs::write(&mp, serde_json::to_string(&m).unwrap()).unwrap();
+    assert_eq!(export(&run.join("hf-old")), new);
+    let re = run.join("re");
+    pipewright(&[
+        "ckpt",
+        "reshard",
+        step.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--out",
+        re.to_str().unwrap(),
+    ]);
+}

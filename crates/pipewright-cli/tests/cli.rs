@@ -53,6 +53,14 @@ fn run_directory_holds_params_scalars_events_and_summary() {
     assert_eq!(params["model"], "gpt");
     assert_eq!(params["task"], "adder");
     assert!(params["num_params"].as_u64().unwrap() > 0);
+    // The run as the library describes it: what `RunSpec` reads back.
+    let spec = &params["spec"];
+    assert_eq!(spec["global_batch"], 8);
+    assert_eq!(spec["micro_batch"], 4);
+    assert_eq!(spec["cadence"]["steps"], 6);
+    assert_eq!(spec["model"]["gpt"]["gpt"]["n_layer"], 1);
+    let spec: pipewright_models::RunSpec = serde_json::from_value(spec.clone()).unwrap();
+    assert_eq!(spec.task, pipewright_models::TaskSpec::Adder { digits: 2 });
 
     let csv = std::fs::read_to_string(out.join("scalars.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();

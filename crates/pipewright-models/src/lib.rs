@@ -5,9 +5,12 @@
 
 pub mod cnn;
 pub mod gpt;
+pub mod hf_gpt2;
 pub mod parity;
+pub mod run;
 pub mod tasks;
 
 pub use cnn::{cnn, CnnConfig};
 pub use gpt::{gpt, GptConfig, TIED};
+pub use run::{ModelConfig, RunSpec, TaskSpec};
 pub use tasks::{Task, TaskShape};

@@ -1,7 +1,7 @@
 //! Bring your own model: a layer type of your own, a model of it with a cut point, a regression
 //! loss, inputs of two named tensors, and a tuple of two dtypes crossing the cut. The library
-//! profiles it here and plans a layout of 4 ranks, then morphs that plan to 2 ranks as a run
-//! that lost a machine would; both train (ranks as threads) through the one training loop,
+//! profiles it here and plans a layout of 4 ranks, then morphs that plan (a `TrainSpec`) to 2
+//! ranks as a run that lost a machine would; both train (ranks as threads) through the one training loop,
 //! `fit`, beside serial training, which they must match.
 //!
 //! ```sh
@@ -19,16 +19,14 @@ use candle_core::{DType, Device, Tensor, Var};
 use pipewright::comm::local;
 use pipewright::data_parallel::DistributedLoader;
 use pipewright::experiment::params::standard;
-use pipewright::experiment::{fit, Cadence, Context, Hooks, Params, StepDone};
+use pipewright::experiment::{fit, Context, Hooks, Params, StepDone, TrainSpec};
 use pipewright::init::{normal_vec, rng_for};
 use pipewright::loss::Mse;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};
 use pipewright::nn::{Linear, Module};
 use pipewright::plan::search::candidates;
-use pipewright::plan::{
-    measure, morph, rank, Candidate, Cluster, Hardware, MorphPlanner, MorphRequest, Request, Sizes,
-};
+use pipewright::plan::{measure, rank, Candidate, Cluster, Hardware, MorphPlanner, Request, Sizes};
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
@@ -134,12 +132,16 @@ pub fn batch(step: u64, rows: usize) -> Result<Batch> {
         .with("y", Tensor::from_vec(y, (rows, 1), &Device::Cpu)?))
 }
 
+/// The example's optimizer: AdamW without weight decay.
+const ADAMW: OptimizerConfig = OptimizerConfig::AdamW(AdamWConfig {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-8,
+    weight_decay: 0.0,
+});
+
 fn adamw(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
-    let cfg = AdamWConfig {
-        weight_decay: 0.0,
-        ..Default::default()
-    };
-    Ok(Box::new(AdamW::new(params, cfg)?))
+    ADAMW.build(params)
 }
 
 const LR: f64 = 1e-2;
@@ -175,28 +177,41 @@ pub fn train_serial(steps: u64) -> Result<Vec<f64>> {
         .collect()
 }
 
+/// The run on `layout`: `steps` steps of 1F1B at this example's batch, optimizer and
+/// learning rate (a [`TrainSpec`] is the run as data: it saves with the run, builds the
+/// trainer's options and morphs).
+pub fn spec(layout: Layout, steps: u64) -> TrainSpec {
+    TrainSpec {
+        optimizer: ADAMW,
+        lr: LrSchedule::Constant { lr: LR },
+        ..TrainSpec::new(layout, GLOBAL_BATCH, CHUNK_SIZE, steps)
+    }
+}
+
 /// Losses of `steps` steps on `layout`'s ranks as threads under 1F1B (rank 0's; every rank
 /// reports the same).
 pub fn train_parallel(layout: Layout, steps: u64) -> Result<Vec<f64>> {
-    train_with(VarunaOptions::new(layout, GLOBAL_BATCH, CHUNK_SIZE), steps)
+    train(&spec(layout, steps))
 }
 
-/// Losses of `steps` steps with `opts` (its layout's ranks as threads) through the library's
-/// one training loop, [`fit`].
-pub fn train_with(opts: VarunaOptions, steps: u64) -> Result<Vec<f64>> {
+/// Losses of the run `spec` (its layout's ranks as threads) through the library's one
+/// training loop, [`fit`].
+pub fn train(spec: &TrainSpec) -> Result<Vec<f64>> {
+    spec.validate()?;
     let opts = VarunaOptions {
         loss: Arc::new(Mse::new("y")),
-        lr: LrSchedule::Constant { lr: LR },
-        ..opts
+        ..spec.varuna_options(
+            Vec::new(),
+            spec.resolve_balance(&model(), &batch(0, spec.micro_batch)?)?,
+        )
     };
-    let world = opts.topology()?.layout().world();
-    let mut per_rank = local::run(world, |comm| {
+    let mut per_rank = local::run(spec.world(), |comm| {
         // Nothing is written: no checkpoint is asked for.
         let params = Params::defaults(&standard());
         let mut cx = Context::new(params, &std::env::temp_dir(), Box::new(comm))?;
         let mut v = Varuna::new(&model(), cx.world()?, opts.clone())?;
-        v.set_optimizer(adamw)?;
-        let (replica, replicas) = (v.coords().dp_rank, opts.topology()?.layout().dp);
+        v.set_optimizer(|ps| spec.optimizer(ps))?;
+        let (replica, replicas) = (v.coords().dp_rank, spec.layout.dp);
         let device = v.device().clone();
         let loader = DistributedLoader::new(batch, GLOBAL_BATCH, replica, replicas, device)?;
         cx.set_trainer(v)?;
@@ -204,7 +219,7 @@ pub fn train_with(opts: VarunaOptions, steps: u64) -> Result<Vec<f64>> {
             loader,
             losses: Vec::new(),
         };
-        fit(&mut cx, &Cadence::steps(steps), &mut hooks)?;
+        fit(&mut cx, &spec.cadence, &mut hooks)?;
         Ok(hooks.losses)
     })?;
     Ok(per_rank.remove(0))
@@ -227,19 +242,20 @@ impl<F: Fn(u64, usize) -> Result<Batch>> Hooks for Regression<F> {
     }
 }
 
-/// The options of a planned candidate at this example's batch.
-fn options(c: &Candidate) -> VarunaOptions {
-    VarunaOptions {
+/// The run a planned candidate describes, at this example's batch.
+fn planned_spec(c: &Candidate, steps: u64) -> TrainSpec {
+    TrainSpec {
+        micro_batch: c.micro_batch,
         schedule: c.schedule,
         virtual_stages: c.virtual_stages,
         recompute: c.recompute,
-        ..VarunaOptions::new(c.layout, GLOBAL_BATCH, c.micro_batch)
+        ..spec(c.layout, steps)
     }
 }
 
 /// Plans this model for 4 ranks from a profile measured here, then morphs the plan to 2 ranks
 /// (a machine left): the layouts, their schedules and predicted step times.
-pub fn plan_and_morph() -> Result<(Candidate, Candidate)> {
+pub fn plan_and_morph(steps: u64) -> Result<(TrainSpec, TrainSpec)> {
     let sizes = Sizes {
         rows: vec![CHUNK_SIZE, 2 * CHUNK_SIZE],
         tp: vec![1],
@@ -278,44 +294,27 @@ pub fn plan_and_morph() -> Result<(Candidate, Candidate)> {
         );
         println!("  {what:<40} {:>8.3} ms", e.step_s * 1e3);
     }
-    let best = planned[0].candidate;
-    let req = MorphRequest {
-        world: 2,
-        from: best.layout,
-        global_batch: GLOBAL_BATCH,
-        micro_batch: best.micro_batch,
-        schedule: best.schedule,
-        virtual_stages: best.virtual_stages,
-        recompute: best.recompute,
-        tp_divides: vec![1],
-    };
+    let best = planned_spec(&planned[0].candidate, steps);
     let planner = MorphPlanner {
         profile: &profile,
         cluster: Cluster::new(&hw, 2, None)?,
         memory_bytes,
     };
-    let m = morph(&req, &model(), Some(planner))?;
+    // The model does not split: tp must divide 1.
+    let (morphed, m) = best.morph(2, &model(), vec![1], Some(planner))?;
     let l = m.layout;
     println!(
         "a machine left: morphed to pp={} tp={} dp={} ({})",
         l.pp, l.tp, l.dp, m.why
     );
-    let morphed = Candidate {
-        layout: m.layout,
-        micro_batches: GLOBAL_BATCH / (m.layout.dp * best.micro_batch),
-        ..best
-    };
     Ok((best, morphed))
 }
 
 fn main() -> Result<()> {
     let steps = 20;
     let serial = train_serial(steps)?;
-    let (planned, morphed) = plan_and_morph()?;
-    let runs = [
-        train_with(options(&planned), steps)?,
-        train_with(options(&morphed), steps)?,
-    ];
+    let (planned, morphed) = plan_and_morph(steps)?;
+    let runs = [train(&planned)?, train(&morphed)?];
     println!("step  serial      planned     morphed");
     let mut worst = 0.0f64;
     for (s, a) in serial.iter().enumerate() {

@@ -13,7 +13,7 @@ use crate::grads::Grads;
 use crate::{invalid, Error, Result};
 
 /// The type the model computes in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Everything in f32.

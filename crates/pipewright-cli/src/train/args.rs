@@ -4,11 +4,14 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
-use pipewright::plan::{Hardware, Profile};
-use pipewright::{invalid, Result, Sequential};
-use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
-use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
+use pipewright::experiment::{Cadence, TrainSpec};
+use pipewright::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::pipeline::schedule::ScheduleKind;
+use pipewright::pipeline::Recompute;
+use pipewright::precision::Precision;
+use pipewright::topology::Layout;
+use pipewright::{invalid, Result};
+use pipewright_models::{CnnConfig, GptConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
@@ -90,8 +93,8 @@ pub struct TrainArgs {
     /// `mpirun -np P` (mpi; build with `--features mpi`), or NCCL between GPUs, one per rank
     /// (nccl, with --device cuda; ranks as threads, or processes under mpirun). Under mpirun
     /// or `pipewright launch` local means mpi.
-    #[arg(long, value_enum, default_value = "local")]
-    pub backend: crate::bench::Backend,
+    #[arg(long, default_value = "local")]
+    pub backend: pipewright::comm::Backend,
     /// Pipeline stages (ranks as threads of this process).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,
@@ -219,71 +222,117 @@ pub fn positive(s: &str) -> std::result::Result<usize, String> {
     positive_u64(s).and_then(|v| usize::try_from(v).map_err(|_| format!("{v} is too large")))
 }
 
-/// The task the flags name.
-pub fn make_task(a: &TrainArgs) -> Result<Box<dyn Task>> {
+/// The data the flags name (the text file is read when the task is built).
+pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
     if a.data.is_some() && !matches!(a.task, TaskKind::Text) {
         return Err(invalid!("--data is only read by --task text"));
     }
     Ok(match a.task {
-        TaskKind::Adder => Box::new(Adder::new(a.digits, a.seed)?),
-        TaskKind::Sort => Box::new(Sort::new(6, 3, a.seed)?),
-        TaskKind::Shapes => Box::new(Shapes::new(a.image_size, a.seed)?),
-        TaskKind::Text => {
-            let path = a
+        TaskKind::Adder => TaskSpec::Adder { digits: a.digits },
+        TaskKind::Sort => TaskSpec::Sort { len: 6, symbols: 3 },
+        TaskKind::Shapes => TaskSpec::Shapes {
+            image_size: a.image_size,
+        },
+        TaskKind::Text => TaskSpec::Text {
+            path: a
                 .data
-                .as_ref()
-                .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?;
-            Box::new(Text::from_file(path, a.block_size.unwrap_or(64), a.seed)?)
-        }
+                .clone()
+                .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?,
+            seq_len: a.block_size.unwrap_or(64),
+        },
     })
 }
 
-/// A model by its configuration: what a checkpoint stores to rebuild it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelConfig {
-    /// The GPT, and the task's vocabulary (the GPT's may be padded beyond it).
-    Gpt {
-        gpt: GptConfig,
-        vocab: usize,
-    },
-    Cnn {
-        cnn: CnnConfig,
-    },
-}
+impl TrainArgs {
+    /// The run the flags describe, checked, and its task (built to learn its shape).
+    pub fn spec(&self) -> Result<(RunSpec, Box<dyn Task>)> {
+        let (model, task, built) = self.model_and_task()?;
+        let train = self.train_spec()?;
+        Ok((RunSpec { model, task, train }, built))
+    }
 
-impl ModelConfig {
-    /// The model and its tied pairs.
-    pub fn build(&self) -> Result<(Sequential, Vec<(String, String)>)> {
-        Ok(match self {
-            ModelConfig::Gpt { gpt: cfg, .. } => (gpt(*cfg)?, vec![(TIED.0.into(), TIED.1.into())]),
-            ModelConfig::Cnn { cnn: cfg } => (cnn(*cfg)?, Vec::new()),
+    /// The model the flags describe, the task's spec and the task itself (`profile` and
+    /// `plan` need no more).
+    pub fn model_and_task(&self) -> Result<(ModelConfig, TaskSpec, Box<dyn Task>)> {
+        let task = task_spec(self)?;
+        let built = task.build(self.seed)?;
+        Ok((make_model(self, built.as_ref())?, task, built))
+    }
+
+    /// Everything the flags say about training, besides the model and the data.
+    pub fn train_spec(&self) -> Result<TrainSpec> {
+        if self.clip < 0.0 || !self.clip.is_finite() {
+            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
+        }
+        let optimizer = match self.optimizer {
+            OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
+                weight_decay: self.weight_decay,
+                ..Default::default()
+            }),
+            OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+                ..Default::default()
+            }),
+        };
+        let lr = match self.lr_decay {
+            LrScheduleKind::Constant => LrSchedule::Constant { lr: self.lr },
+            LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
+                lr: self.lr,
+                warmup: self.warmup.min(self.steps),
+                total: self.steps,
+                min_lr: self.lr * self.min_lr_ratio,
+            },
+        };
+        Ok(TrainSpec {
+            layout: Layout::new(self.pp, self.tp, self.dp)?,
+            global_batch: self.batch_size,
+            micro_batch: self.micro_batch()?,
+            schedule: self.schedule.parse::<ScheduleKind>()?,
+            virtual_stages: self.virtual_stages,
+            precision: self.precision.parse::<Precision>()?,
+            recompute: self.recompute.parse::<Recompute>()?,
+            balance: self.balance.as_deref().map(str::parse).transpose()?,
+            deferred_batch_norm: self.deferred_batch_norm,
+            optimizer,
+            lr,
+            clip: (self.clip > 0.0).then_some(self.clip),
+            seed: self.seed,
+            cadence: Cadence {
+                steps: self.steps,
+                eval_every: self.eval_every,
+                checkpoint_every: self.checkpoint_every,
+                log_every: self.log_every,
+                async_checkpoint: self.async_checkpoint,
+            },
         })
     }
 
-    /// Sizes a tensor-parallel size must divide (the CNN does not split: `[1]`).
-    pub fn tp_divides(&self) -> Vec<usize> {
-        match self {
-            ModelConfig::Gpt { gpt, .. } => gpt.tp_divides(),
-            ModelConfig::Cnn { .. } => vec![1],
+    /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
+    /// `--chunks` micro-batches each.
+    pub fn micro_batch(&self) -> Result<usize> {
+        if let Some(s) = self.chunk_size {
+            return Ok(s);
         }
-    }
-
-    /// The planner's profile from the model's shapes in `precision` on `hw` (only the GPT has
-    /// shapes the planner knows).
-    pub fn shapes_profile(&self, precision: &str, hw: &Hardware) -> Result<Profile> {
-        let ModelConfig::Gpt { gpt, .. } = self else {
+        let per = self.dp * self.chunks;
+        if !self.batch_size.is_multiple_of(per) {
             return Err(invalid!(
-                "only the GPT is planned from its shapes: profile this model with `pipewright \
-                 profile ... --out FILE` and pass --profile FILE"
+                "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
+                 micro-batches: choose a batch size that is a multiple of {per}",
+                self.batch_size,
+                self.dp,
+                self.chunks
             ));
-        };
-        gpt.shapes_profile(if precision == "f32" { 4 } else { 2 }, hw)
+        }
+        Ok(self.batch_size / per)
     }
 }
 
 /// The model the flags describe, for `task`.
-pub fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
+fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
     match (a.model, task.shape()) {
         (ModelKind::Gpt, TaskShape::Tokens { vocab, seq_len }) => {
             let block_size = a.block_size.unwrap_or(seq_len);
@@ -352,42 +401,5 @@ pub fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
             "--model cnn needs an image task (shapes), not {}",
             task.name()
         )),
-    }
-}
-
-/// The optimizer the flags name, over `params`.
-pub fn make_optimizer(
-    a: &TrainArgs,
-    params: Vec<(String, pipewright::candle_core::Var)>,
-) -> Result<Box<dyn Optimizer>> {
-    Ok(match a.optimizer {
-        OptimizerKind::Adamw => Box::new(AdamW::new(
-            params,
-            AdamWConfig {
-                weight_decay: a.weight_decay,
-                ..Default::default()
-            },
-        )?),
-        OptimizerKind::Sgd => Box::new(Sgd::new(
-            params,
-            SgdConfig {
-                momentum: a.momentum,
-                weight_decay: a.weight_decay,
-                ..Default::default()
-            },
-        )?),
-    })
-}
-
-/// The learning-rate schedule the flags describe.
-pub fn schedule(a: &TrainArgs) -> LrSchedule {
-    match a.lr_decay {
-        LrScheduleKind::Constant => LrSchedule::Constant { lr: a.lr },
-        LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
-            lr: a.lr,
-            warmup: a.warmup.min(a.steps),
-            total: a.steps,
-            min_lr: a.lr * a.min_lr_ratio,
-        },
     }
 }

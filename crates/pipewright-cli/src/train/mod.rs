@@ -7,20 +7,14 @@ mod morph;
 mod report;
 
 use pipewright::data_parallel::DistributedLoader;
-use pipewright::experiment::{Context, Experiment, Params, RunDir};
-use pipewright::nn::optim::LrSchedule;
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::{chrome_trace, Recompute, TraceEvent};
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
+use pipewright::experiment::{Balance, Context, Experiment, Params, RunDir};
+use pipewright::pipeline::{chrome_trace, TraceEvent};
 use pipewright::varuna::{Varuna, VarunaOptions};
 
 use pipewright::{invalid, Batch, Error, Result, Sequential};
-use pipewright_models::Task;
+use pipewright_models::{RunSpec, Task};
 
-pub use args::make_optimizer;
-use args::schedule;
-pub use args::{make_model, make_task, positive, ModelConfig, TrainArgs};
+pub use args::{positive, task_spec, TrainArgs};
 use report::{train_loop, write_summary};
 
 /// `pipewright train ARGS`: the experiment [`experiment`] on the flags `args`.
@@ -92,84 +86,25 @@ fn nccl_world(
     device: &pipewright::candle_core::Device,
 ) -> Result<Box<dyn pipewright::comm::Communicator>> {
     match (a.backend, device.location()) {
-        (crate::bench::Backend::Nccl, pipewright::candle_core::DeviceLocation::Cuda { gpu_id }) => {
-            Ok(Box::new(pipewright::comm::nccl::NcclComm::new(
-                world, gpu_id,
-            )?))
-        }
+        (
+            pipewright::comm::Backend::Nccl,
+            pipewright::candle_core::DeviceLocation::Cuda { gpu_id },
+        ) => Ok(Box::new(pipewright::comm::nccl::NcclComm::new(
+            world, gpu_id,
+        )?)),
         _ => Ok(world),
     }
-}
-
-/// `--balance`: a list, or profiled by time or size on one micro-batch of the task; and
-/// whether it was timed here (processes time differently: every rank takes rank 0's).
-fn balance(
-    a: &TrainArgs,
-    task: &dyn Task,
-    model: &Sequential,
-    chunk: usize,
-    print: bool,
-) -> Result<(Option<Vec<usize>>, bool)> {
-    use pipewright::plan::{balance_by, By};
-    let by = match a.balance.as_deref() {
-        None => return Ok((None, false)),
-        Some("time" | "auto") => By::Time,
-        Some("size") => By::Size,
-        Some(list) => {
-            let parsed = list
-                .split(',')
-                .map(|s| s.trim().parse::<usize>())
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|_| {
-                    invalid!("--balance {list}: give layers per stage (3,2), time or size")
-                })?;
-            return Ok((Some(parsed), false));
-        }
-    };
-    let (x, y) = task.batch(0, chunk)?;
-    let build = pipewright::Build::cpu(a.seed);
-    let stages = a.pp * a.virtual_stages;
-    let b = balance_by(by, model, &build, &Batch::pair(x, y), stages)?;
-    let timed = matches!(by, By::Time);
-    let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
-    let by = format!("{by:?}").to_lowercase();
-    if print {
-        println!(
-            "balance by {by}: {} (layers or segments per stage)",
-            list.join(",")
-        );
-    }
-    Ok((Some(b), timed))
-}
-
-/// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
-/// `--chunks` micro-batches each.
-pub(crate) fn chunk_size(a: &TrainArgs) -> Result<usize> {
-    if let Some(s) = a.chunk_size {
-        return Ok(s);
-    }
-    let per = a.dp * a.chunks;
-    if !a.batch_size.is_multiple_of(per) {
-        return Err(invalid!(
-            "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
-             micro-batches: choose a batch size that is a multiple of {per}",
-            a.batch_size,
-            a.dp,
-            a.chunks
-        ));
-    }
-    Ok(a.batch_size / per)
 }
 
 /// Everything a rank needs to build its part and train: made once per process from the
 /// parameters, checking every flag before the run directory is made.
 pub struct Setup {
     a: TrainArgs,
+    /// The run the flags describe (morphed to the world of a restarted attempt).
+    spec: RunSpec,
     task: Box<dyn Task>,
     model: Sequential,
     tied: Vec<(String, String)>,
-    sched: LrSchedule,
-    chunk_size: usize,
     opts: VarunaOptions,
     /// The balance was timed here: every rank takes rank 0's (timings differ by process).
     timed: bool,
@@ -189,7 +124,7 @@ impl Setup {
             a.device = "cuda".into();
         }
         let env = pipewright::dist::Env::from_env();
-        if matches!(a.backend, crate::bench::Backend::Mpi)
+        if matches!(a.backend, pipewright::comm::Backend::Mpi)
             && !pipewright::dist::Env::under_mpi()
             && a.pp * a.tp * a.dp > 1
         {
@@ -199,7 +134,7 @@ impl Setup {
                 a.pp * a.tp * a.dp
             ));
         }
-        if matches!(a.backend, crate::bench::Backend::Nccl) {
+        if matches!(a.backend, pipewright::comm::Backend::Nccl) {
             if !cfg!(feature = "cuda") {
                 return Err(invalid!(
                     "--backend nccl needs a build with the `cuda` feature (tools/build-cuda.sh)"
@@ -210,12 +145,6 @@ impl Setup {
                     "--backend nccl moves GPU tensors: use it with --device cuda"
                 ));
             }
-        }
-        if a.clip < 0.0 || !a.clip.is_finite() {
-            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
-        }
-        if !(0.0..=1.0).contains(&a.min_lr_ratio) {
-            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
         }
         // Where a resumed or restarted run finds its checkpoints and scalars.
         let goes_on = a.resume.is_some() || env.restart > 0;
@@ -234,28 +163,31 @@ impl Setup {
             out.join("checkpoints")
         });
         Context::resume_target(a.resume.as_deref(), &checkpoints)?;
-        let task = make_task(&a)?;
-        let model_config = make_model(&a, task.as_ref())?;
-        let (model, tied) = model_config.build()?;
-        if env.restart > 0 && env.world_size != a.pp * a.tp * a.dp {
-            morph::morph(&mut a, &env, &model_config, &model)?;
+        let (mut spec, task) = a.spec()?;
+        let (model, tied) = spec.model.build()?;
+        if env.restart > 0 && env.world_size != spec.train.world() {
+            spec = morph::morph(&a, &env, &spec)?;
+            let l = spec.train.layout;
+            (a.pp, a.tp, a.dp) = (l.pp, l.tp, l.dp);
+            a.chunk_size = Some(spec.train.micro_batch);
+            if spec.train.balance.is_none() {
+                a.balance = None;
+            }
         }
-        let chunk_size = chunk_size(&a)?;
-        let (balance, timed) = balance(&a, task.as_ref(), &model, chunk_size, env.rank == 0)?;
-        let opts = VarunaOptions {
-            shared_weights: tied.clone(),
-            precision: a.precision.parse::<Precision>()?,
-            seed: a.seed,
-            schedule: a.schedule.parse::<ScheduleKind>()?,
-            virtual_stages: a.virtual_stages,
-            balance,
-            recompute: a.recompute.parse::<Recompute>()?,
-            deferred_batch_norm: a.deferred_batch_norm,
-            clip: (a.clip > 0.0).then_some(a.clip),
-            lr: schedule(&a),
-            detect_anomaly: params.flag("debug")?,
-            ..VarunaOptions::new(Layout::new(a.pp, a.tp, a.dp)?, a.batch_size, chunk_size)
+        let mut opts = spec.varuna_options(&model, task.as_ref())?;
+        opts.detect_anomaly = params.flag("debug")?;
+        let by = match spec.train.balance {
+            Some(Balance::Time) => Some("time"),
+            Some(Balance::Size) => Some("size"),
+            _ => None,
         };
+        if let (Some(by), Some(b), 0) = (by, &opts.balance, env.rank) {
+            let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
+            println!(
+                "balance by {by}: {} (layers or segments per stage)",
+                list.join(",")
+            );
+        }
         // Fail on a bad layout, split, schedule or device before anything is written.
         opts.validate(&model, a.pp * a.tp * a.dp)?;
         pipewright::device::device(&a.device, 0)?;
@@ -265,13 +197,12 @@ impl Setup {
             ));
         }
         Ok(Self {
-            timed,
-            meta: serde_json::json!({"args": &a, "model": model_config}),
-            sched: opts.lr,
+            timed: matches!(spec.train.balance, Some(Balance::Time)),
+            meta: spec.to_meta()?,
+            spec,
             task,
             model,
             tied,
-            chunk_size,
             opts,
             continuing,
             stop: pipewright::dist::preemption_flag()?,
@@ -320,7 +251,7 @@ impl Setup {
         #[cfg(feature = "cuda")]
         let world = nccl_world(a, world, &opts.device)?;
         let mut v = Varuna::new(&self.model, world, opts)?;
-        v.set_optimizer(|ps| make_optimizer(a, ps))?;
+        v.set_optimizer(|ps| self.spec.train.optimizer(ps))?;
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();

@@ -7,12 +7,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::{
-    fit, peak_memory_bytes, Cadence, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
+    fit, peak_memory_bytes, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
 };
 use pipewright::memory;
-use pipewright::nn::optim::LrSchedule;
 use pipewright::{Batch, Result};
-use pipewright_models::TaskShape;
+use pipewright_models::{RunSpec, TaskShape};
 use serde::Serialize;
 
 use super::{Setup, TrainArgs};
@@ -28,7 +27,8 @@ pub struct Params<'a> {
     layers: Vec<String>,
     cut_points: Vec<usize>,
     tied: Vec<(String, String)>,
-    lr_schedule: LrSchedule,
+    /// The run as the library describes it (what checkpoints record too).
+    spec: &'a RunSpec,
 }
 
 /// `summary.json`: the result, the layout and where the time went.
@@ -178,7 +178,7 @@ pub fn train_loop(
                         .collect(),
                     cut_points: run.model.cut_points().to_vec(),
                     tied: run.tied.clone(),
-                    lr_schedule: run.sched,
+                    spec: &run.spec,
                 },
             )?;
             let tag = format!("eval/{}", task.metric_name());
@@ -215,7 +215,7 @@ pub fn train_loop(
             task.name(),
             a.steps,
             a.batch_size,
-            run.chunk_size,
+            run.spec.train.micro_batch,
             dir.path().display()
         );
     }
@@ -246,14 +246,7 @@ pub fn train_loop(
         allocated_peak: None,
         rank_allocated_peaks: Vec::new(),
     };
-    let cadence = Cadence {
-        steps: a.steps,
-        eval_every: a.eval_every,
-        checkpoint_every: a.checkpoint_every,
-        log_every: a.log_every,
-        async_checkpoint: a.async_checkpoint,
-    };
-    let report = fit(cx, &cadence, &mut hooks)?;
+    let report = fit(cx, &run.spec.train.cadence, &mut hooks)?;
     hooks.pb.finish_and_clear();
     if report.stopped && dir.is_some() {
         println!("preempted: saved step {} and stopping", report.steps);

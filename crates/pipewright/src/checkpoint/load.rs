@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 
-use super::format::{read_part, sha256, EntryKind, Manifest, Part};
+use super::format::{
+    f32_data, read_part, sha256, write_safetensors_with, EntryKind, Manifest, Part,
+};
 use super::save::Split;
 use crate::shard::{assemble, part};
 use crate::{Error, Result};
@@ -163,5 +165,34 @@ impl Reader {
             )));
         }
         Ok(t)
+    }
+    /// Writes every parameter, whole and in f32, into one safetensors file at `out` (through a
+    /// temporary file renamed into place: a reader never sees half a file). `rename` maps each
+    /// global name and tensor to the name and tensor to write, or to `None` to leave it out
+    /// (an export to another library's names); `metadata` becomes the file's `__metadata__`.
+    /// Returns how many tensors were written.
+    pub fn export_params(
+        &self,
+        out: &Path,
+        rename: impl Fn(&str, Tensor) -> Result<Option<(String, Tensor)>>,
+        metadata: Option<serde_json::Value>,
+    ) -> Result<usize> {
+        let mut owned = Vec::new();
+        for (n, e) in &self.manifest.tensors {
+            if e.kind != EntryKind::Param {
+                continue;
+            }
+            if let Some((name, t)) = rename(n, self.read_whole(n)?)? {
+                owned.push((name, t.dims().to_vec(), f32_data(&t)?));
+            }
+        }
+        let blobs: Vec<_> = owned
+            .iter()
+            .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
+            .collect();
+        let tmp = out.with_extension("tmp");
+        write_safetensors_with(&tmp, &blobs, metadata)?;
+        std::fs::rename(&tmp, out).map_err(|e| Error::io("cannot rename into", out, e))?;
+        Ok(blobs.len())
     }
 }

@@ -21,6 +21,10 @@ use super::{check_agree, check_same_dtype, describe, Communicator, Pending, Redu
 use crate::init::hash_seed;
 use crate::{Error, Result};
 
+mod spawn;
+use spawn::default_timeout;
+pub use spawn::{run, run_with_timeout};
+
 /// (group id, sender world rank, receiver world rank, tag)
 type Key = (u64, usize, usize, u64);
 
@@ -110,93 +114,6 @@ pub struct LocalComm {
     members: Arc<Vec<usize>>,
     rank: usize,
     seq: AtomicU64,
-}
-
-fn default_timeout() -> Duration {
-    let secs = std::env::var("PIPEWRIGHT_COMM_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .unwrap_or(300.0);
-    Duration::from_secs_f64(secs)
-}
-
-/// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
-/// rank failure (error or panic) is the error of the whole run. candle's pools are sized for
-/// the ranks sharing the cores first ([`super::size_thread_pools`], unless
-/// `RAYON_NUM_THREADS` is set).
-pub fn run<T, F>(world: usize, f: F) -> Result<Vec<T>>
-where
-    T: Send,
-    F: Fn(LocalComm) -> Result<T> + Sync,
-{
-    run_with_timeout(world, default_timeout(), f)
-}
-
-/// [`run`] with an explicit receive timeout.
-pub fn run_with_timeout<T, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<T>>
-where
-    T: Send,
-    F: Fn(LocalComm) -> Result<T> + Sync,
-{
-    if world == 0 {
-        return Err(Error::Invalid("a world needs at least one rank".into()));
-    }
-    super::size_thread_pools(world);
-    let shared = Arc::new(World {
-        size: world,
-        state: Mutex::new(State::default()),
-        cv: Condvar::new(),
-        timeout,
-    });
-    let members = Arc::new((0..world).collect::<Vec<_>>());
-    let results: Vec<Option<T>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let comm = LocalComm {
-                    world: shared.clone(),
-                    group: 0,
-                    members: members.clone(),
-                    rank,
-                    seq: AtomicU64::new(0),
-                };
-                let (f, shared) = (&f, shared.clone());
-                std::thread::Builder::new()
-                    .name(format!("rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        crate::memory::set_rank(Some(rank));
-                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm))) {
-                            Ok(Ok(v)) => Some(v),
-                            Ok(Err(e)) => {
-                                shared.fail(rank, e.to_string());
-                                None
-                            }
-                            Err(p) => {
-                                let msg = p
-                                    .downcast_ref::<&str>()
-                                    .map(|s| s.to_string())
-                                    .or_else(|| p.downcast_ref::<String>().cloned())
-                                    .unwrap_or_else(|| "panic".into());
-                                shared.fail(rank, format!("panicked: {msg}"));
-                                None
-                            }
-                        }
-                    })
-                    .expect("spawn a rank thread")
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or(None))
-            .collect()
-    });
-    if let Some((rank, why)) = shared.lock().failed.take() {
-        return Err(Error::Comm(format!("rank {rank} failed: {why}")));
-    }
-    Ok(results
-        .into_iter()
-        .map(|r| r.expect("no failure recorded"))
-        .collect())
 }
 
 fn check_same(op: &str, ts: &[Tensor], reference: usize) -> std::result::Result<(), String> {

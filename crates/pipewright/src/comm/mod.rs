@@ -8,6 +8,7 @@
 //! sender's device for local threads, the CPU for MPI, the GPU for NCCL): receivers move it to
 //! their device, which costs nothing when it is there already.
 
+mod backend;
 pub mod conformance;
 mod group;
 pub mod local;
@@ -18,6 +19,7 @@ pub mod nccl;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 
+pub use backend::Backend;
 pub use group::TpGroup;
 
 use candle_core::Tensor;

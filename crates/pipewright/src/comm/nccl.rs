@@ -5,7 +5,7 @@
 //! A [`NcclComm`] is made from a CPU communicator (local threads or MPI) of the same ranks:
 //! rank 0 makes the NCCL unique id and broadcasts it over the CPU communicator, and shape and
 //! dtype headers travel there too, so mismatches are reported exactly as the other backends
-//! report them. Tensors on the GPU (a `cuda` build) go straight through NCCL ([`gpu`]); CPU
+//! report them. Tensors on the GPU (a `cuda` build) go straight through NCCL (`nccl/gpu.rs`); CPU
 //! tensors are copied to the rank's GPU, and results back. f16 and bf16 are reduced in f32.
 //!
 //! cudarc panics on its first call when libcuda is missing; [`probe`] checks first, and

@@ -7,7 +7,9 @@ use half::{bf16, f16};
 
 use crate::{Error, Result};
 
+/// Words (u64) in a message header: the dtype code, the number of dimensions, the dimensions.
 pub const HEADER: usize = 10;
+/// The most dimensions a tensor on the wire may have (what the header leaves room for).
 pub const MAX_RANK: usize = HEADER - 2;
 
 fn dtype_code(dt: DType) -> Result<u64> {
@@ -44,6 +46,8 @@ fn code_dtype(c: u64) -> Result<DType> {
     })
 }
 
+/// The header that describes `t` to its receiver; an error for a tensor of more than
+/// [`MAX_RANK`] dimensions or a dtype the wire does not carry.
 pub fn header(t: &Tensor) -> Result<[u64; HEADER]> {
     if t.rank() > MAX_RANK {
         return Err(Error::Comm(format!(
@@ -60,6 +64,7 @@ pub fn header(t: &Tensor) -> Result<[u64; HEADER]> {
     Ok(h)
 }
 
+/// The shape and dtype a received [`header`] describes; an error for a corrupt one.
 pub fn parse_header(h: &[u64]) -> Result<(Vec<usize>, DType)> {
     let n = h[1] as usize;
     if n > MAX_RANK {
@@ -78,6 +83,7 @@ pub fn bytes_of<T: Copy>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
 }
 
+/// Mutable byte view of a slice of plain numbers, to receive into.
 pub fn bytes_of_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
     // SAFETY: as in `bytes_of`; any byte pattern is a valid value of these types.
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
@@ -163,6 +169,7 @@ impl Buf {
         })
     }
 
+    /// The buffer's elements as bytes, for the backend to receive into.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Buf::U8(v) => bytes_of_mut(v),
@@ -175,6 +182,7 @@ impl Buf {
         }
     }
 
+    /// The received buffer as a CPU tensor of shape `dims`, without copying.
     pub fn into_tensor(self, dims: &[usize]) -> Result<Tensor> {
         let d = &Device::Cpu;
         Ok(match self {

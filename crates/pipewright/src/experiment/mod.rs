@@ -2,7 +2,7 @@
 //! body run by every rank with its [`Context`] (registered [`Stateful`] items and the trainer,
 //! saved and restored together), the [`SmartDataLoader`] over a user's [`Dataset`], the run
 //! directory with its parameters, and the [`Recorder`] for scalars (TensorBoard events and
-//! CSV) and resource readings.
+//! CSV) and resource readings; a run as data ([`TrainSpec`]) and the one training loop ([`fit()`]).
 
 pub mod context;
 pub mod fit;
@@ -12,6 +12,7 @@ pub mod params;
 pub mod recorder;
 pub mod run_dir;
 pub mod runner;
+pub mod spec;
 pub mod sweep;
 pub mod tfevents;
 
@@ -23,6 +24,7 @@ pub use params::{Param, ParamType, Params};
 pub use recorder::Recorder;
 pub use run_dir::RunDir;
 pub use runner::Experiment;
+pub use spec::{Balance, TrainSpec};
 pub use sweep::{run_parameter_sweep, Sweep, SweepRun};
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.

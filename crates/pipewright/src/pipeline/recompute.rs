@@ -5,7 +5,8 @@
 use crate::{invalid, Error, Result};
 
 /// Activation recomputation (torchgpipe's `checkpoint`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Recompute {
     /// Every micro-batch keeps only its stage input; the backward re-runs the forward.
     Always,

@@ -130,18 +130,22 @@ impl std::str::FromStr for Action {
     }
 }
 
-/// The schedules pipewright builds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The schedules pipewright builds (serialized as they parse: `gpipe`, `1f1b`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ScheduleKind {
     /// Fill then drain (GPipe, torchgpipe): every forward, then every backward.
+    #[serde(rename = "gpipe")]
     GPipe,
     /// One forward one backward, PipeDream-flush (Varuna): stage s keeps at most p - s
     /// micro-batches in flight.
+    #[serde(rename = "1f1b")]
     OneFOneB,
     /// 1F1B over v model stages per rank (Megatron-LM).
+    #[serde(rename = "interleaved")]
     Interleaved,
     /// ZB-H1 (Qi et al. 2023): 1F1B with the backward split into input and weight gradients
     /// (see [`zero_bubble_h1`]).
+    #[serde(rename = "zb1")]
     ZeroBubbleH1,
 }
 

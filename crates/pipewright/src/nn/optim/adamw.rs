@@ -8,7 +8,7 @@ use crate::kernels::adamw::{self, AdamWStep};
 use crate::{invalid, Result};
 
 /// AdamW hyper-parameters (PyTorch defaults).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
     /// Decay of the first moment (0.9).
     pub beta1: f64,

@@ -6,11 +6,13 @@
 
 mod adamw;
 mod clip;
+mod config;
 mod schedule;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::{clip_grad_norm, scale_to_norm};
+pub use config::OptimizerConfig;
 pub use schedule::LrSchedule;
 pub use sgd::{Sgd, SgdConfig};
 

@@ -7,7 +7,7 @@ use crate::grads::Grads;
 use crate::{invalid, Result};
 
 /// SGD hyper-parameters (PyTorch's names and defaults).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SgdConfig {
     /// Momentum factor (0: none).
     pub momentum: f64,

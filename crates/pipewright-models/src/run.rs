@@ -1,0 +1,200 @@
+//! A run of a reference model as data: the model's configuration, the task it learns and the
+//! library's [`TrainSpec`]. `pipewright train` turns its flags into a [`RunSpec`], records it in
+//! `params.json` and in every checkpoint (`ckpt reshard` and `ckpt export` rebuild the model
+//! from it), and morphs it when a restarted run finds a world of another size.
+
+use std::path::PathBuf;
+
+use pipewright::experiment::TrainSpec;
+use pipewright::plan::{Cluster, Hardware, Morph, MorphPlanner, Profile};
+use pipewright::precision::Precision;
+use pipewright::varuna::VarunaOptions;
+use pipewright::{invalid, Batch, Error, Result, Sequential};
+use serde::{Deserialize, Serialize};
+
+use crate::tasks::{Adder, Shapes, Sort, Text};
+use crate::{cnn, gpt, CnnConfig, GptConfig, Task, TIED};
+
+/// A model by its configuration: what a checkpoint stores to rebuild it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelConfig {
+    /// The GPT, and the task's vocabulary (the GPT's may be padded beyond it).
+    Gpt {
+        /// The GPT's sizes.
+        gpt: GptConfig,
+        /// Token ids the data uses (at most `gpt.vocab_size`).
+        vocab: usize,
+    },
+    /// The CNN.
+    Cnn {
+        /// The CNN's sizes.
+        cnn: CnnConfig,
+    },
+}
+
+impl ModelConfig {
+    /// The model and its tied pairs.
+    pub fn build(&self) -> Result<(Sequential, Vec<(String, String)>)> {
+        Ok(match self {
+            ModelConfig::Gpt { gpt: cfg, .. } => (gpt(*cfg)?, vec![(TIED.0.into(), TIED.1.into())]),
+            ModelConfig::Cnn { cnn: cfg } => (cnn(*cfg)?, Vec::new()),
+        })
+    }
+
+    /// Sizes a tensor-parallel size must divide (the CNN does not split: `[1]`).
+    pub fn tp_divides(&self) -> Vec<usize> {
+        match self {
+            ModelConfig::Gpt { gpt, .. } => gpt.tp_divides(),
+            ModelConfig::Cnn { .. } => vec![1],
+        }
+    }
+
+    /// The planner's profile from the model's shapes computing in `precision` on `hw` (only the
+    /// GPT has shapes the planner knows: other models are profiled by running them).
+    pub fn shapes_profile(&self, precision: Precision, hw: &Hardware) -> Result<Profile> {
+        let ModelConfig::Gpt { gpt, .. } = self else {
+            return Err(invalid!(
+                "only the GPT is planned from its shapes: profile this model with `pipewright \
+                 profile ... --out FILE` and pass --profile FILE"
+            ));
+        };
+        gpt.shapes_profile(precision.dtype().size_in_bytes(), hw)
+    }
+}
+
+/// The data a run learns from: a generated task, or a text file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskSpec {
+    /// Sums of two `digits`-digit numbers ([`Adder`]).
+    Adder {
+        /// Digits of each operand.
+        digits: usize,
+    },
+    /// Sequences of `len` symbols out of `symbols` to sort ([`Sort`]).
+    Sort {
+        /// Symbols per sequence.
+        len: usize,
+        /// Distinct symbols.
+        symbols: u32,
+    },
+    /// Images of shapes to classify ([`Shapes`]).
+    Shapes {
+        /// Side of the images in pixels.
+        image_size: usize,
+    },
+    /// A text file's bytes in windows of `seq_len` ([`Text`]).
+    Text {
+        /// The file.
+        path: PathBuf,
+        /// Bytes per sequence.
+        seq_len: usize,
+    },
+}
+
+impl TaskSpec {
+    /// The task, its random draws seeded by `seed`.
+    pub fn build(&self, seed: u64) -> Result<Box<dyn Task>> {
+        Ok(match self {
+            TaskSpec::Adder { digits } => Box::new(Adder::new(*digits, seed)?),
+            TaskSpec::Sort { len, symbols } => Box::new(Sort::new(*len, *symbols, seed)?),
+            TaskSpec::Shapes { image_size } => Box::new(Shapes::new(*image_size, seed)?),
+            TaskSpec::Text { path, seq_len } => Box::new(Text::from_file(path, *seq_len, seed)?),
+        })
+    }
+}
+
+/// A reference model, its task and how it trains.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// The model.
+    pub model: ModelConfig,
+    /// The data.
+    pub task: TaskSpec,
+    /// Layout, batch, schedule, precision, optimizer, learning rate, seed and cadence.
+    #[serde(flatten)]
+    pub train: TrainSpec,
+}
+
+/// The key of a checkpoint's meta (`CheckpointOptions::meta`) that holds the run's spec.
+pub const META_KEY: &str = "spec";
+
+impl RunSpec {
+    /// The task, seeded by the run's seed.
+    pub fn build_task(&self) -> Result<Box<dyn Task>> {
+        self.task.build(self.train.seed)
+    }
+
+    /// The trainer's options for `model` built from [`RunSpec::model`]: the tied pairs, and the
+    /// balance resolved (profiled on one micro-batch of `task` when by time or size).
+    pub fn varuna_options(&self, model: &Sequential, task: &dyn Task) -> Result<VarunaOptions> {
+        let (_, tied) = self.model.build()?;
+        let balance = match &self.train.balance {
+            None => None,
+            Some(_) => {
+                let (x, y) = task.batch(0, self.train.micro_batch)?;
+                self.train.resolve_balance(model, &Batch::pair(x, y))?
+            }
+        };
+        Ok(self.train.varuna_options(tied, balance))
+    }
+
+    /// This run restarted in a world of `world` ranks (see [`TrainSpec::morph`]). With
+    /// `machines` (the hardware and its ranks per node) a GPT is planned from its shapes and
+    /// the fastest layout taken; other models, which the planner cannot size without a
+    /// profile, take the layout nearest the old one.
+    pub fn morph(
+        &self,
+        world: usize,
+        machines: Option<(&Hardware, usize)>,
+    ) -> Result<(RunSpec, Morph)> {
+        let (model, _) = self.model.build()?;
+        let planned = match (&self.model, machines) {
+            (ModelConfig::Gpt { .. }, Some((hw, per_node))) => Some((
+                hw,
+                per_node,
+                self.model.shapes_profile(self.train.precision, hw)?,
+            )),
+            _ => None,
+        };
+        let planner = planned
+            .as_ref()
+            .map(|(hw, per_node, profile)| MorphPlanner {
+                profile,
+                cluster: Cluster {
+                    hardware: hw,
+                    ranks_per_node: (*per_node).clamp(1, world.max(1)),
+                },
+                memory_bytes: hw.memory_bytes() as f64,
+            });
+        let (train, m) = self
+            .train
+            .morph(world, &model, self.model.tp_divides(), planner)?;
+        Ok((
+            RunSpec {
+                train,
+                ..self.clone()
+            },
+            m,
+        ))
+    }
+
+    /// The spec a checkpoint's meta holds under [`META_KEY`]; an error that says so when the
+    /// checkpoint was not saved by a [`RunSpec`] run.
+    pub fn from_meta(meta: &serde_json::Value) -> Result<RunSpec> {
+        serde_json::from_value(meta[META_KEY].clone()).map_err(|e| {
+            Error::State(format!(
+                "the checkpoint's meta has no run spec under `{META_KEY}` ({e}): it was not saved \
+                 by `pipewright train`"
+            ))
+        })
+    }
+
+    /// The meta to save with every checkpoint of this run (see [`RunSpec::from_meta`]).
+    pub fn to_meta(&self) -> Result<serde_json::Value> {
+        let spec =
+            serde_json::to_value(self).map_err(|e| invalid!("cannot record the run: {e}"))?;
+        Ok(serde_json::json!({ META_KEY: spec }))
+    }
+}

@@ -1,0 +1,149 @@
+//! A run as data: a `RunSpec` reads back from its JSON, trains through the options and the
+//! optimizer it builds, and morphs into a smaller world that trains to the same losses.
+
+use pipewright::comm::local;
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::experiment::{Balance, TrainSpec};
+use pipewright::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::plan::Hardware;
+use pipewright::topology::Layout;
+use pipewright::varuna::Varuna;
+use pipewright::Batch;
+use pipewright_models::{CnnConfig, GptConfig, ModelConfig, RunSpec, TaskSpec};
+
+fn gpt_spec(layout: Layout) -> RunSpec {
+    let mut train = TrainSpec::new(layout, 8, 2, 3);
+    train.seed = 5;
+    train.clip = Some(1.0);
+    train.lr = LrSchedule::WarmupCosine {
+        lr: 3e-3,
+        warmup: 1,
+        total: 3,
+        min_lr: 3e-4,
+    };
+    RunSpec {
+        model: ModelConfig::Gpt {
+            gpt: GptConfig {
+                vocab_size: 10,
+                block_size: 6,
+                n_layer: 4,
+                n_head: 2,
+                n_embd: 16,
+                dropout: 0.0,
+            },
+            vocab: 10,
+        },
+        task: TaskSpec::Adder { digits: 2 },
+        train,
+    }
+}
+
+/// The losses of the spec's steps, trained by ranks as threads.
+fn losses(spec: &RunSpec) -> Vec<f64> {
+    let task = spec.build_task().unwrap();
+    let (model, _) = spec.model.build().unwrap();
+    let opts = spec.varuna_options(&model, task.as_ref()).unwrap();
+    let t = &spec.train;
+    let runs = local::run(t.world(), |comm| {
+        let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
+        v.set_optimizer(|ps| t.optimizer(ps))?;
+        let loader = DistributedLoader::new(
+            |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
+            t.global_batch,
+            v.coords().dp_rank,
+            t.layout.dp,
+            candle_core::Device::Cpu,
+        )?;
+        (0..t.cadence.steps)
+            .map(|s| Ok(v.step(&loader.batch(s)?)?.loss))
+            .collect::<pipewright::Result<Vec<f64>>>()
+    })
+    .unwrap();
+    runs[0].clone()
+}
+
+#[test]
+fn a_spec_reads_back_from_its_json() {
+    let mut spec = gpt_spec(Layout::new(2, 1, 2).unwrap());
+    spec.train.balance = Some("2,1,1,2".parse().unwrap());
+    spec.train.optimizer = OptimizerConfig::Sgd(SgdConfig {
+        momentum: 0.8,
+        ..Default::default()
+    });
+    let json = serde_json::to_value(&spec).unwrap();
+    assert_eq!(
+        json["layout"],
+        serde_json::json!({"pp": 2, "tp": 1, "dp": 2})
+    );
+    assert_eq!(json["schedule"], "1f1b");
+    assert_eq!(json["precision"], "f32");
+    assert_eq!(json["balance"], serde_json::json!({"layers": [2, 1, 1, 2]}));
+    assert_eq!(json["optimizer"]["sgd"]["momentum"], 0.8);
+    assert_eq!(json["task"], serde_json::json!({"adder": {"digits": 2}}));
+    let back: RunSpec = serde_json::from_value(json).unwrap();
+    assert_eq!(back, spec);
+    // And through a checkpoint's meta.
+    assert_eq!(RunSpec::from_meta(&spec.to_meta().unwrap()).unwrap(), spec);
+    let err = RunSpec::from_meta(&serde_json::json!({"other": 1}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not saved by `pipewright train`"), "{err}");
+    assert!("2,x".parse::<Balance>().is_err());
+}
+
+#[test]
+fn a_morphed_spec_trains_to_the_same_losses() {
+    let spec = gpt_spec(Layout::new(2, 1, 2).unwrap());
+    // Without the machines the layout nearest the old one: the same pp and tp, half the
+    // replicas, the same micro-batches (so the same mathematics).
+    let (small, m) = spec.morph(2, None).unwrap();
+    assert_eq!(small.train.layout, Layout::new(2, 1, 1).unwrap());
+    assert_eq!(m.step_s, None);
+    assert_eq!(small.train.micro_batch, spec.train.micro_batch);
+    assert_eq!(small.train.global_batch, spec.train.global_batch);
+    let (a, b) = (losses(&spec), losses(&small));
+    assert_eq!(a.len(), 3);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?} vs {b:?}");
+    }
+    assert!(a[2] < a[0], "the run learns: {a:?}");
+}
+
+#[test]
+fn a_gpt_morphs_through_the_planner_and_a_cnn_to_the_nearest_layout() {
+    let hw = Hardware::load("h100-node").unwrap();
+    let (planned, m) = gpt_spec(Layout::new(2, 2, 1).unwrap())
+        .morph(2, Some((&hw, 8)))
+        .unwrap();
+    let l = planned.train.layout;
+    assert_eq!(l.world(), 2);
+    assert!(m.step_s.is_some_and(|s| s > 0.0), "{m:?}");
+    assert!(
+        2 % l.tp == 0 && 10 % l.tp == 0,
+        "tp divides heads and vocabulary: {l}"
+    );
+
+    let mut cnn = RunSpec {
+        model: ModelConfig::Cnn {
+            cnn: CnnConfig {
+                in_channels: 3,
+                classes: 4,
+                width: 4,
+                blocks: 4,
+                blocks_per_stage: 2,
+                long_skip: false,
+            },
+        },
+        task: TaskSpec::Shapes { image_size: 8 },
+        train: TrainSpec::new(Layout::new(4, 1, 1).unwrap(), 8, 2, 1),
+    };
+    cnn.train.balance = Some(Balance::Layers(vec![1, 1, 1, 1]));
+    // The planner has no shapes for the CNN: the nearest layout, whatever the machines.
+    let (small, m) = cnn.morph(2, Some((&hw, 8))).unwrap();
+    assert_eq!(small.train.layout, Layout::new(2, 1, 1).unwrap());
+    assert_eq!(m.step_s, None);
+    assert_eq!(
+        small.train.balance, None,
+        "a list made for 4 stages is dropped"
+    );
+}

@@ -1,0 +1,40 @@
+//! [`Backend`]: which [`super::Communicator`] a run's ranks talk through.
+
+use std::fmt;
+
+use crate::{invalid, Error, Result};
+
+/// How a run's ranks talk (serialized as it parses: `local`, `mpi`, `nccl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Threads of one process ([`super::local`]).
+    Local,
+    /// One process per rank under `mpirun -np N` (a build with the `mpi` feature).
+    Mpi,
+    /// Every rank on a GPU of its own, its pipeline sends and collectives through NCCL in GPU
+    /// memory; ranks as threads, or processes under mpirun (a build with the `cuda` feature).
+    Nccl,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "local" => Backend::Local,
+            "mpi" => Backend::Mpi,
+            "nccl" => Backend::Nccl,
+            _ => return Err(invalid!("unknown backend `{s}`: use local, mpi or nccl")),
+        })
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Local => "local",
+            Backend::Mpi => "mpi",
+            Backend::Nccl => "nccl",
+        })
+    }
+}

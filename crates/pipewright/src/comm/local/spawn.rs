@@ -1,0 +1,113 @@
+//! Starting the ranks of a [`LocalComm`] world as threads and joining them: a rank that
+//! errs, panics or cannot start fails the world, so the others leave their collectives.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use super::{LocalComm, State, World};
+use crate::{Error, Result};
+
+/// The receive timeout: `PIPEWRIGHT_COMM_TIMEOUT` seconds, or 300.
+pub(super) fn default_timeout() -> Duration {
+    let secs = std::env::var("PIPEWRIGHT_COMM_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(300.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
+/// rank failure (error or panic) is the error of the whole run. candle's pools are sized for
+/// the ranks sharing the cores first ([`crate::comm::size_thread_pools`], unless
+/// `RAYON_NUM_THREADS` is set).
+pub fn run<T, F>(world: usize, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
+    run_with_timeout(world, default_timeout(), f)
+}
+
+/// [`run`] with an explicit receive timeout.
+pub fn run_with_timeout<T, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
+    if world == 0 {
+        return Err(Error::Invalid("a world needs at least one rank".into()));
+    }
+    crate::comm::size_thread_pools(world);
+    let shared = Arc::new(World {
+        size: world,
+        state: Mutex::new(State::default()),
+        cv: Condvar::new(),
+        timeout,
+    });
+    let members = Arc::new((0..world).collect::<Vec<_>>());
+    let results: Vec<Option<T>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let comm = LocalComm {
+                    world: shared.clone(),
+                    group: 0,
+                    members: members.clone(),
+                    rank,
+                    seq: AtomicU64::new(0),
+                };
+                let (f, world) = (&f, shared.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        crate::memory::set_rank(Some(rank));
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm))) {
+                            Ok(Ok(v)) => Some(v),
+                            Ok(Err(e)) => {
+                                world.fail(rank, e.to_string());
+                                None
+                            }
+                            Err(p) => {
+                                world.fail(rank, format!("panicked: {}", panic_message(&*p)));
+                                None
+                            }
+                        }
+                    });
+                // A rank that cannot start fails the world, so that the ranks already running
+                // leave their collectives with an error instead of waiting for it.
+                spawned
+                    .map_err(|e| {
+                        shared.fail(
+                            rank,
+                            format!(
+                                "its thread could not be started ({e}): run fewer ranks as \
+                                 threads, or raise the process's thread limit"
+                            ),
+                        )
+                    })
+                    .ok()
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.and_then(|h| h.join().unwrap_or(None)))
+            .collect()
+    });
+    if let Some((rank, why)) = shared.lock().failed.take() {
+        return Err(Error::Comm(format!("rank {rank} failed: {why}")));
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| r.ok_or_else(|| Error::Comm(format!("rank {rank} returned nothing"))))
+        .collect()
+}
+
+/// What a panic said (its `&str` or `String` payload).
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}

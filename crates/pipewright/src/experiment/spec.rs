@@ -1,0 +1,212 @@
+//! A training run as data: the layout, the batch and its micro-batches, the pipeline schedule,
+//! precision and recompute, the optimizer and its learning rate, the seed and the cadence. A
+//! [`TrainSpec`] serializes (a run directory's `params.json` and a checkpoint record it), builds
+//! the [`VarunaOptions`] and the optimizer it describes, and morphs into a world of another size.
+//! It leaves out the model and the data, which are the program's: `pipewright-models`'
+//! `RunSpec` adds its reference models and tasks; a user's program adds its own beside it.
+
+use candle_core::Var;
+use serde::{Deserialize, Serialize};
+
+use super::fit::Cadence;
+use crate::batch::Batch;
+use crate::model::{Build, Sequential};
+use crate::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
+use crate::pipeline::schedule::ScheduleKind;
+use crate::pipeline::Recompute;
+use crate::plan::{balance_by, morph, By, Morph, MorphPlanner, MorphRequest};
+use crate::precision::Precision;
+use crate::topology::Layout;
+use crate::varuna::VarunaOptions;
+use crate::{invalid, Error, Result};
+
+/// How layers are split over the model stages (serialized as `{"layers": [3, 2]}`, `"time"`
+/// or `"size"`; parsed from `3,2`, `time` (or `auto`) and `size`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Layers (or segments between cut points) per model stage.
+    Layers(Vec<usize>),
+    /// Profiled on one micro-batch: the split whose slowest stage is least.
+    Time,
+    /// Profiled on one micro-batch: the split whose largest stage is least.
+    Size,
+}
+
+impl std::str::FromStr for Balance {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim() {
+            "time" | "auto" => Self::Time,
+            "size" => Self::Size,
+            list => Self::Layers(
+                list.split(',')
+                    .map(|n| n.trim().parse::<usize>())
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|_| {
+                        invalid!("balance `{list}`: give layers per stage (3,2), time or size")
+                    })?,
+            ),
+        })
+    }
+}
+
+/// Everything a training run is besides its model and its data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainSpec {
+    /// Pipeline stages, tensor-parallel shards and data-parallel replicas.
+    pub layout: Layout,
+    /// Rows of every step over all replicas.
+    pub global_batch: usize,
+    /// Rows of one micro-batch (Varuna's `chunk_size`).
+    pub micro_batch: usize,
+    /// The pipeline schedule.
+    pub schedule: ScheduleKind,
+    /// Model stages per pipeline rank (interleaved schedule).
+    pub virtual_stages: usize,
+    /// What the model computes in.
+    pub precision: Precision,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// How layers are split over stages; uniform when `None`.
+    pub balance: Option<Balance>,
+    /// BatchNorm statistics move once per batch.
+    pub deferred_batch_norm: bool,
+    /// The optimizer and its hyper-parameters.
+    pub optimizer: OptimizerConfig,
+    /// The learning rate by step.
+    pub lr: LrSchedule,
+    /// Clip the global gradient norm to this.
+    pub clip: Option<f64>,
+    /// Seeds initialisation, dropout, the data and everything random.
+    pub seed: u64,
+    /// How long the run trains and when it evaluates, logs and saves.
+    pub cadence: Cadence,
+}
+
+impl TrainSpec {
+    /// `steps` steps of `layout` on `global_batch` rows in micro-batches of `micro_batch`:
+    /// f32, 1F1B, AdamW at a constant 1e-3, no clipping, one evaluation at the end.
+    pub fn new(layout: Layout, global_batch: usize, micro_batch: usize, steps: u64) -> Self {
+        Self {
+            layout,
+            global_batch,
+            micro_batch,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            precision: Precision::F32,
+            recompute: Recompute::Never,
+            balance: None,
+            deferred_batch_norm: false,
+            optimizer: OptimizerConfig::default(),
+            lr: LrSchedule::Constant { lr: 1e-3 },
+            clip: None,
+            seed: 0,
+            cadence: Cadence::steps(steps),
+        }
+    }
+
+    /// Ranks the run needs.
+    pub fn world(&self) -> usize {
+        self.layout.world()
+    }
+
+    /// Fails on a spec that cannot run whatever the model: a batch that does not split into
+    /// the replicas' micro-batches, a negative clip, a cadence without periods.
+    pub fn validate(&self) -> Result<()> {
+        self.cadence.validate()?;
+        if let Some(c) = self.clip {
+            if c <= 0.0 || !c.is_finite() {
+                return Err(invalid!("clip must be a positive norm (or none), got {c}"));
+            }
+        }
+        let per = self.layout.dp * self.micro_batch;
+        if per == 0 || !self.global_batch.is_multiple_of(per) {
+            return Err(invalid!(
+                "a global batch of {} rows does not split into {} replicas of micro-batches of {} \
+                 rows: choose a batch that is a multiple of {per}",
+                self.global_batch,
+                self.layout.dp,
+                self.micro_batch
+            ));
+        }
+        Ok(())
+    }
+
+    /// The layers per stage: the given list, or profiled here (on the CPU, seeded) on
+    /// `sample`, one micro-batch, for [`Balance::Time`] and [`Balance::Size`].
+    pub fn resolve_balance(
+        &self,
+        model: &Sequential,
+        sample: &Batch,
+    ) -> Result<Option<Vec<usize>>> {
+        let by = match &self.balance {
+            None => return Ok(None),
+            Some(Balance::Layers(l)) => return Ok(Some(l.clone())),
+            Some(Balance::Time) => By::Time,
+            Some(Balance::Size) => By::Size,
+        };
+        let stages = self.layout.pp * self.virtual_stages;
+        balance_by(by, model, &Build::cpu(self.seed), sample, stages).map(Some)
+    }
+
+    /// The trainer's options: the spec's, with `shared_weights` tied and `balance` resolved
+    /// (see [`TrainSpec::resolve_balance`]); the device and the rest as
+    /// [`VarunaOptions::new`] has them.
+    pub fn varuna_options(
+        &self,
+        shared_weights: Vec<(String, String)>,
+        balance: Option<Vec<usize>>,
+    ) -> VarunaOptions {
+        VarunaOptions {
+            shared_weights,
+            precision: self.precision,
+            seed: self.seed,
+            schedule: self.schedule,
+            virtual_stages: self.virtual_stages,
+            balance,
+            recompute: self.recompute,
+            deferred_batch_norm: self.deferred_batch_norm,
+            clip: self.clip,
+            lr: self.lr,
+            ..VarunaOptions::new(self.layout, self.global_batch, self.micro_batch)
+        }
+    }
+
+    /// The optimizer over `params` (for [`crate::varuna::Varuna::set_optimizer`]).
+    pub fn optimizer(&self, params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
+        self.optimizer.build(params)
+    }
+
+    /// The spec of this run restarted in a world of `world` ranks (Varuna's morphing): the
+    /// layout [`morph()`] chooses for `model` (a tensor-parallel size must divide every one of
+    /// `tp_divides`; `planner` picks the fastest, else the nearest layout is taken), the same
+    /// batch, micro-batch, schedule and recompute mode, an explicit list of layers per stage
+    /// dropped (it was made for the old pipeline), and why that layout.
+    pub fn morph(
+        &self,
+        world: usize,
+        model: &Sequential,
+        tp_divides: Vec<usize>,
+        planner: Option<MorphPlanner>,
+    ) -> Result<(Self, Morph)> {
+        let req = MorphRequest {
+            world,
+            from: self.layout,
+            global_batch: self.global_batch,
+            micro_batch: self.micro_batch,
+            schedule: self.schedule,
+            virtual_stages: self.virtual_stages,
+            recompute: self.recompute,
+            tp_divides,
+        };
+        let m = morph(&req, model, planner)?;
+        let mut spec = self.clone();
+        spec.layout = m.layout;
+        if matches!(spec.balance, Some(Balance::Layers(_))) {
+            spec.balance = None;
+        }
+        Ok((spec, m))
+    }
+}
