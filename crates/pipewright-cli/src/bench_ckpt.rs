@@ -21,8 +21,9 @@ pub struct CkptBenchArgs {
     /// GPT layers (d 768, 12 heads, vocabulary 16384: 12 layers make about 110M parameters).
     #[arg(long, default_value_t = 12)]
     pub n_layer: usize,
-    /// Where to write (removed afterwards).
-    #[arg(long, default_value = "target/bench-ckpt")]
+    /// The directory to write in (the disk measured): the benchmark makes a fresh
+    /// subdirectory there and removes only that.
+    #[arg(long, default_value = "target")]
     pub dir: PathBuf,
     /// Training steps run while a background save writes.
     #[arg(long, default_value_t = 2)]
@@ -69,8 +70,12 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
         n_embd: 768,
         dropout: 0.0,
     };
-    let _ = std::fs::remove_dir_all(&a.dir);
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io("cannot create", &a.dir, e))?;
+    // Its own subdirectory, new: the user's files in --dir are never touched.
+    let scratch = a
+        .dir
+        .join(format!("pipewright-bench-ckpt-{}", std::process::id()));
+    std::fs::create_dir(&scratch).map_err(|e| Error::io("cannot create", &scratch, e))?;
     let opts = VarunaOptions {
         shared_weights: vec![(TIED.0.into(), TIED.1.into())],
         ..VarunaOptions::new(Layout::new(1, 1, 1)?, 1, 1)
@@ -81,7 +86,7 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
     let targets = ids.to_dtype(pipewright::candle_core::DType::I64)?;
     let batch = Batch::pair(ids, targets);
     let model = gpt(cfg)?;
-    let dir = a.dir.clone();
+    let dir = scratch.clone();
     let rows = local::run(1, |comm| {
         let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
         v.set_optimizer(|ps| {
@@ -150,6 +155,6 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
         a.steps_during_async,
         100.0 * stall / save
     );
-    let _ = std::fs::remove_dir_all(&a.dir);
+    let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }

@@ -8,7 +8,7 @@ use pipewright::comm::local;
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::{invalid, Error, Result};
+use pipewright::{files, invalid, Error, Result};
 
 use pipewright_models::{hf_gpt2, run, ModelConfig, RunSpec};
 
@@ -74,10 +74,14 @@ pub fn run(c: CkptCommand) -> Result<()> {
             Ok(())
         }
         CkptCommand::Reshard(a) => reshard(&a),
-        CkptCommand::Export(a) => match a.format {
-            ExportFormat::Safetensors => export_whole(&a.dir, &a.out),
-            ExportFormat::HfGpt2 => export_hf_gpt2(&a.dir, &a.out),
-        },
+        CkptCommand::Export(a) => {
+            // Never over an existing file or directory (a live checkpoint's part included).
+            files::ensure_new(&a.out, "--out")?;
+            match a.format {
+                ExportFormat::Safetensors => export_whole(&a.dir, &a.out),
+                ExportFormat::HfGpt2 => export_hf_gpt2(&a.dir, &a.out),
+            }
+        }
     }
 }
 
@@ -136,6 +140,8 @@ fn stored_run(r: &Reader) -> Result<RunSpec> {
 
 /// Loads the checkpoint at the new layout (ranks as threads) and saves it again.
 fn reshard(a: &ReshardArgs) -> Result<()> {
+    // Into another run's checkpoints it would move that run's `latest` back.
+    files::ensure_new(&a.out, "--out")?;
     let r = Reader::open(&a.dir)?;
     let spec = stored_run(&r)?;
     let (model, tied) = spec.model.build()?;

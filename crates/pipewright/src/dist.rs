@@ -121,14 +121,20 @@ pub fn heartbeat(step: u64) -> Result<()> {
         .map_err(|e| crate::Error::io("cannot write heartbeat", &path, e))
 }
 
-/// A flag that SIGTERM (a preemption notice) and SIGUSR1 (what `pipewright launch` forwards
-/// through mpirun) set: a training loop reads it between steps, and every rank then saves
-/// and stops ([`crate::experiment::Hooks::stop_requested`]).
+/// A flag that SIGTERM (a preemption notice), SIGUSR1 (what `pipewright launch` forwards
+/// through mpirun) and SIGINT (Ctrl-C) set: a training loop reads it between steps, and every
+/// rank then saves and stops ([`crate::experiment::Hooks::stop_requested`]). A second SIGINT
+/// while the flag is set ends the process at once (the default action): files a run appends
+/// to are written whole rows at a time and checkpoints are renamed into place, so even that
+/// leaves nothing torn.
 pub fn preemption_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
     let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
-        signal_hook::flag::register(sig, flag.clone())
-            .map_err(|e| crate::Error::io("cannot watch for signals", "SIGTERM", e))?;
+    let watch = |e| crate::Error::io("cannot watch for signals", "SIGTERM, SIGINT", e);
+    // Registered first, so that it sees the flag as the previous signal left it.
+    signal_hook::flag::register_conditional_default(SIGINT, flag.clone()).map_err(watch)?;
+    for sig in [SIGTERM, SIGUSR1, SIGINT] {
+        signal_hook::flag::register(sig, flag.clone()).map_err(watch)?;
     }
     Ok(flag)
 }

@@ -44,6 +44,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod experiment;
+pub mod files;
 pub mod grads;
 pub mod init;
 mod kernels;

@@ -109,7 +109,44 @@ impl Manifest {
                 m.format_version
             )));
         }
+        m.check().map_err(|why| {
+            Error::State(format!(
+                "`{}` is damaged or was not written by pipewright: {why}",
+                path.display()
+            ))
+        })?;
         Ok(m)
+    }
+
+    /// Every file a part names is one of the checkpoint's files and a plain file name; every
+    /// part's byte range matches its shape of f32s, without overflow.
+    fn check(&self) -> std::result::Result<(), String> {
+        for f in self.files.keys() {
+            crate::files::inside(Path::new("."), f)
+                .map_err(|_| format!("file `{f}` is not a plain name"))?;
+        }
+        for (name, e) in &self.tensors {
+            for p in &e.parts {
+                if !self.files.contains_key(&p.file) {
+                    return Err(format!(
+                        "tensor `{name}` lies in `{}`, not a file of it",
+                        p.file
+                    ));
+                }
+                let bytes = p
+                    .shape
+                    .iter()
+                    .try_fold(4u64, |n, d| n.checked_mul(*d as u64))
+                    .ok_or_else(|| format!("tensor `{name}` has a part of shape {:?}", p.shape))?;
+                if p.end.checked_sub(p.begin) != Some(bytes) {
+                    return Err(format!(
+                        "tensor `{name}` has bytes {}..{} for shape {:?}",
+                        p.begin, p.end, p.shape
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The parameters' (name, whole shape), sorted by name.
@@ -252,17 +289,35 @@ pub fn write_safetensors_with(
 
 /// Reads part `p` of tensor `name` from the checkpoint in `dir`, checking its checksum.
 pub fn read_part(dir: &Path, name: &str, p: &Part) -> Result<Tensor> {
-    let path = dir.join(&p.file);
-    let n: usize = p.shape.iter().product();
-    if p.end - p.begin != 4 * n as u64 {
+    let path = crate::files::inside(dir, &p.file)?;
+    let n = p
+        .shape
+        .iter()
+        .try_fold(1usize, |n, d| n.checked_mul(*d))
+        .filter(|n| p.end.checked_sub(p.begin) == n.checked_mul(4).map(|b| b as u64))
+        .ok_or_else(|| {
+            Error::State(format!(
+                "`{}`: tensor `{name}` has bytes {}..{} for shape {:?}",
+                path.display(),
+                p.begin,
+                p.end,
+                p.shape
+            ))
+        })?;
+    let mut f = std::fs::File::open(&path).map_err(|e| Error::io("cannot open", &path, e))?;
+    // Only what the file holds is allocated.
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io("cannot read", &path, e))?
+        .len();
+    if p.end > len {
         return Err(Error::State(format!(
-            "`{}`: tensor `{name}` has {} bytes for shape {:?}",
+            "`{}` is damaged: tensor `{name}` lies at bytes {}..{} of a file of {len}",
             path.display(),
-            p.end - p.begin,
-            p.shape
+            p.begin,
+            p.end
         )));
     }
-    let mut f = std::fs::File::open(&path).map_err(|e| Error::io("cannot open", &path, e))?;
     let mut v = vec![0f32; n];
     f.seek(SeekFrom::Start(p.begin))
         .and_then(|_| f.read_exact(bytemuck::cast_slice_mut(&mut v)))
@@ -286,14 +341,13 @@ pub fn file_sha256(path: &Path) -> Result<String> {
             path.display()
         ))
     };
-    let n = u64::from_le_bytes(
-        bytes
-            .get(..8)
-            .ok_or_else(damaged)?
-            .try_into()
-            .expect("8 bytes"),
-    ) as usize;
-    let head = bytes.get(..8 + n).ok_or_else(damaged)?;
+    let n = bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(damaged)?;
+    let head = bytes.get(..8usize.saturating_add(n)).ok_or_else(damaged)?;
     let header: serde_json::Value = serde_json::from_slice(&head[8..]).map_err(|_| damaged())?;
     let mut ranges: Vec<(usize, usize)> = header
         .as_object()

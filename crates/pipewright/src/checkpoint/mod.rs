@@ -115,7 +115,8 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     let latest = path.join("latest");
     match std::fs::read_to_string(&latest) {
         Ok(name) => {
-            let dir = path.join(name.trim());
+            // A step directory of this root: never one of another run, nor outside it.
+            let dir = crate::files::inside(path, name.trim())?;
             if dir.join("manifest.json").exists() {
                 Ok(dir)
             } else {
@@ -152,7 +153,7 @@ pub fn verify(path: &Path) -> Result<Verified> {
     let r = Reader::open(path)?;
     let m = r.manifest();
     for (f, sum) in &m.files {
-        let p = r.dir().join(f);
+        let p = crate::files::inside(r.dir(), f)?;
         let found = if f.ends_with(".safetensors") {
             format::file_sha256(&p)
         } else {

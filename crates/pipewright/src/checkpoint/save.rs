@@ -132,6 +132,20 @@ fn tmp_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!(".step-{step:08}.tmp"))
 }
 
+/// Removes the temporary directories a killed save left in `root` (`.step-N.tmp`; a save in
+/// flight is always finished before the next one starts, so none is in use).
+fn clear_stale(root: &Path) -> Result<()> {
+    let rd = std::fs::read_dir(root).map_err(|e| Error::io("cannot list", root, e))?;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with(".step-") && name.ends_with(".tmp") {
+            let p = e.path();
+            std::fs::remove_dir_all(&p).map_err(|e| Error::io("cannot clear", &p, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Phase 1 (collective): rank 0 makes `root` and an empty temporary directory for `step`.
 pub fn prepare(comm: Option<&dyn Communicator>, root: &Path, step: u64) -> Result<()> {
     let rank = comm.map_or(0, |c| c.rank());
@@ -140,9 +154,7 @@ pub fn prepare(comm: Option<&dyn Communicator>, root: &Path, step: u64) -> Resul
         (|| {
             std::fs::create_dir_all(root)
                 .map_err(|e| Error::io("cannot create checkpoint directory", root, e))?;
-            if tmp.exists() {
-                std::fs::remove_dir_all(&tmp).map_err(|e| Error::io("cannot clear", &tmp, e))?;
-            }
+            clear_stale(root)?;
             std::fs::create_dir(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
             Ok(Vec::new())
         })()

@@ -6,7 +6,7 @@
 //! rank makes one.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -45,21 +45,30 @@ pub struct Recorder {
     count: u64,
 }
 
-/// A CSV file appended to.
+/// A CSV file appended to a whole row at a time: each row is one `write` of the complete line
+/// to a file opened for appending, so a run killed at any moment (SIGKILL, a second Ctrl-C)
+/// leaves whole rows, never a torn one.
 struct Csv {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: File,
 }
 
 impl Csv {
-    /// Opens `path` keeping its rows whose first column is below `from` (none: a new file).
+    /// Opens `path` keeping its whole rows (as many columns as `header`) whose first column is
+    /// below `from` (none: a new file).
     fn open(path: PathBuf, header: &str, from: Option<u64>) -> Result<Self> {
+        let columns = header.split(',').count();
         let mut kept = format!("{header}\n");
         if let Some(from) = from {
             let old = std::fs::read_to_string(&path).unwrap_or_default();
-            for line in old.lines().skip(1) {
+            // A row is whole when it ends in a newline and has every column.
+            let whole = old
+                .split_inclusive('\n')
+                .skip(1)
+                .filter(|l| l.ends_with('\n'));
+            for line in whole.map(str::trim_end) {
                 let first = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
-                if first.is_some_and(|s| s < from) {
+                if first.is_some_and(|s| s < from) && line.split(',').count() == columns {
                     kept.push_str(line);
                     kept.push('\n');
                 }
@@ -68,18 +77,18 @@ impl Csv {
         let tmp = path.with_extension("csv.tmp");
         std::fs::write(&tmp, kept).map_err(|e| Error::io("cannot write", &tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into", &path, e))?;
-        let file = std::fs::OpenOptions::new()
+        let out = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
             .map_err(|e| Error::io("cannot open", &path, e))?;
-        Ok(Self {
-            path,
-            out: BufWriter::new(file),
-        })
+        Ok(Self { path, out })
     }
 
     fn row(&mut self, text: std::fmt::Arguments) -> Result<()> {
-        writeln!(self.out, "{text}").map_err(|e| Error::io("cannot write", &self.path, e))
+        let line = format!("{text}\n");
+        self.out
+            .write_all(line.as_bytes())
+            .map_err(|e| Error::io("cannot write", &self.path, e))
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::context::Context;
+use super::lock::RunLock;
 use super::params::{self, ArgsGroup, Param, Params};
 use crate::comm::local;
 use crate::{invalid, Error, Result};
@@ -196,8 +197,10 @@ where
             // relaunching process made, or rank 0's.
             crate::comm::size_thread_pools(env.local_world_size);
             let world = crate::dist::init()?;
-            let dir = match std::env::var_os(RUN_DIR) {
-                Some(d) => PathBuf::from(d),
+            // Rank 0 holds the directory's lock (the relaunching process holds it for its
+            // ranks).
+            let (dir, _lock) = match std::env::var_os(RUN_DIR) {
+                Some(d) => (PathBuf::from(d), None),
                 None => self.agree_dir(params, world.comm.as_ref())?,
             };
             let (comm, _guard) = world.into_parts();
@@ -224,7 +227,7 @@ where
             }
             None => 1,
         };
-        let dir = self.make_dir(params)?;
+        let (dir, _lock) = self.make_dir(params)?;
         if ranks > 1 && distributed && cfg!(feature = "mpi") {
             return relaunch(ranks, params, &dir, &self.subcommand);
         }
@@ -235,12 +238,17 @@ where
         Ok(dir)
     }
 
-    /// The run directory, made by rank 0 and its name given to every rank.
-    fn agree_dir(&self, params: &Params, comm: &dyn crate::comm::Communicator) -> Result<PathBuf> {
-        let mine = if comm.rank() == 0 {
-            self.make_dir(params)?.to_string_lossy().into_owned()
+    /// The run directory, made (and locked) by rank 0 and its name given to every rank.
+    fn agree_dir(
+        &self,
+        params: &Params,
+        comm: &dyn crate::comm::Communicator,
+    ) -> Result<(PathBuf, Option<RunLock>)> {
+        let (mine, lock) = if comm.rank() == 0 {
+            let (dir, lock) = self.make_dir(params)?;
+            (dir.to_string_lossy().into_owned(), Some(lock))
         } else {
-            String::new()
+            (String::new(), None)
         };
         let bytes = mine.into_bytes();
         let len = candle_core::Tensor::new(&[bytes.len() as u32], &candle_core::Device::Cpu)?;
@@ -249,12 +257,16 @@ where
         buf.resize(len, 0);
         let t = candle_core::Tensor::from_vec(buf, len, &candle_core::Device::Cpu)?;
         let got = comm.broadcast(&t, 0)?.to_vec1::<u8>()?;
-        Ok(PathBuf::from(String::from_utf8_lossy(&got).into_owned()))
+        Ok((
+            PathBuf::from(String::from_utf8_lossy(&got).into_owned()),
+            lock,
+        ))
     }
 
     /// Creates `<output_dir>/<name>/<date>-<time>-<id>/` (or the [`Experiment::run_dir`]
-    /// parameter's directory: reopened when the run goes on) with `parameters.json`.
-    fn make_dir(&self, params: &Params) -> Result<PathBuf> {
+    /// parameter's directory: reopened when the run goes on) with `parameters.json`, and takes
+    /// its lock for this process before anything is written into it.
+    fn make_dir(&self, params: &Params) -> Result<(PathBuf, RunLock)> {
         let exact = match &self.run_dir {
             Some(name) => params.string(name)?,
             None => None,
@@ -265,13 +277,16 @@ where
         };
         let goes_on =
             params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io("cannot create run directory", &dir, e))?;
+        let lock = RunLock::acquire(&dir)?;
         let run = if goes_on && super::RunDir::holds_run(&dir) {
             super::RunDir::open(&dir)?
         } else {
             super::RunDir::create(&dir)?
         };
         run.write_json("parameters.json", &params.to_json())?;
-        Ok(dir)
+        Ok((dir, lock))
     }
 }
 

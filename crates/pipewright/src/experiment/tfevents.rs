@@ -6,7 +6,7 @@
 //! `Summary` with one `simple_value` per scalar.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
@@ -215,10 +215,11 @@ pub fn read_records(bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-/// Appends events to `events.out.tfevents.<time>.<host>`.
+/// Appends events to `events.out.tfevents.<time>.<host>`, a whole record per `write`, so a
+/// killed run leaves whole records.
 pub struct EventWriter {
     path: PathBuf,
-    out: BufWriter<File>,
+    out: File,
 }
 
 fn now() -> f64 {
@@ -243,10 +244,7 @@ impl EventWriter {
             n += 1;
         }
         let file = File::create(&path).map_err(|e| Error::io("cannot create", &path, e))?;
-        let mut w = Self {
-            path,
-            out: BufWriter::new(file),
-        };
+        let mut w = Self { path, out: file };
         w.write(&file_version_event(now()))?;
         Ok(w)
     }
@@ -277,7 +275,7 @@ impl EventWriter {
         self.write(&hparams_event(now(), hparams))
     }
 
-    /// Writes what is buffered to the file.
+    /// Flushes the file (every record is written already).
     pub fn flush(&mut self) -> Result<()> {
         self.out
             .flush()

@@ -1,0 +1,66 @@
+//! Where a command may write: never over what it did not make. A command that writes a new
+//! file or directory (`ckpt export`, `ckpt reshard`, a sweep's directory) takes a path that
+//! does not exist yet, or an empty directory, and refuses anything else with the fix.
+
+use std::path::Path;
+
+use crate::{invalid, Error, Result};
+
+/// Fails unless `path` is free for a command to write: it does not exist, or it is an empty
+/// directory. `flag` names where the path came from (`--out`), for the message.
+pub fn ensure_new(path: &Path, flag: &str) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+        Ok(m) => m,
+    };
+    let empty_dir = meta.is_dir()
+        && std::fs::read_dir(path)
+            .map_err(|e| Error::io("cannot read", path, e))?
+            .next()
+            .is_none();
+    if empty_dir {
+        return Ok(());
+    }
+    Err(invalid!(
+        "{flag} `{}` already exists{}: it is written only as a new path or an empty directory, \
+         so that nothing is overwritten: choose another or remove it",
+        path.display(),
+        if meta.is_dir() {
+            " and holds files"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// `dir/name` for a file that a stored description (a checkpoint's manifest, its `latest`)
+/// names: `name` must be a plain file name (one component: no separator, not `.` or `..`, not
+/// absolute), and the path must stay inside `dir` once symlinks are followed, so that a
+/// damaged or hostile description never reads outside its directory.
+pub fn inside(dir: &Path, name: &str) -> Result<std::path::PathBuf> {
+    let mut parts = Path::new(name).components();
+    let plain = matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    );
+    if !plain {
+        return Err(Error::State(format!(
+            "`{}` names `{name}`, which is not a file of that directory: it is damaged or was \
+             not written by pipewright",
+            dir.display()
+        )));
+    }
+    let path = dir.join(name);
+    if let (Ok(real), Ok(root)) = (path.canonicalize(), dir.canonicalize()) {
+        if !real.starts_with(&root) {
+            return Err(Error::State(format!(
+                "`{}` leads outside `{}` (to `{}`): refused",
+                path.display(),
+                dir.display(),
+                real.display()
+            )));
+        }
+    }
+    Ok(path)
+}
