@@ -144,6 +144,16 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     files::ensure_new(&a.out, "--out")?;
     let r = Reader::open(&a.dir)?;
     let spec = stored_run(&r)?;
+    if let Some(d) = spec.model.tp_divides().into_iter().find(|d| d % a.tp != 0) {
+        return Err(invalid!(
+            "--tp {} does not split this model ({}): its tensor-parallel size must divide {d}",
+            a.tp,
+            match spec.model {
+                ModelConfig::Gpt { .. } => "a GPT's heads and vocabulary",
+                ModelConfig::Cnn { .. } => "the CNN has no tensor-parallel layers",
+            }
+        ));
+    }
     let (model, tied) = spec.model.build()?;
     let layout = Layout::new(a.pp, a.tp, a.dp)?;
     // One micro-batch per replica; `Varuna::new` says so if the batch does not split.

@@ -35,7 +35,7 @@ pub struct LaunchArgs {
     pub run_dir: Option<PathBuf>,
     /// Seconds a rank may go without finishing a step (its heartbeat) before the attempt is
     /// ended and restarted as hung (0: never).
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = crate::train::finite)]
     pub heartbeat_timeout: f64,
     /// More arguments for mpirun (repeat it for each).
     #[arg(long, allow_hyphen_values = true)]
@@ -131,11 +131,23 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     let dir = run_dir(&a);
     let port = free_port().to_string();
     let mut attempts: Vec<Attempt> = Vec::new();
-    // SIGTERM (an eviction notice) is passed to the ranks as SIGUSR1, which mpirun forwards:
-    // each saves at the end of its step and stops, and the launch ends.
+    // SIGTERM (an eviction notice) and Ctrl-C are passed to the ranks as SIGUSR1, which
+    // mpirun forwards: each saves at the end of its step and stops, and the launch ends. A
+    // second Ctrl-C ends the attempt at once (saves are atomic: nothing is torn).
     let stop = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())
-        .map_err(|e| Error::io("cannot watch for signals", "SIGTERM", e))?;
+    let abort = Arc::new(AtomicBool::new(false));
+    let watch_err = |e| Error::io("cannot watch for signals", "SIGTERM, SIGINT", e);
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone()).map_err(watch_err)?;
+    let (s, a2) = (stop.clone(), abort.clone());
+    // SAFETY: the handler only swaps and stores atomics, which is async-signal-safe.
+    unsafe {
+        signal_hook::low_level::register(signal_hook::consts::SIGINT, move || {
+            if s.swap(true, Ordering::SeqCst) {
+                a2.store(true, Ordering::SeqCst);
+            }
+        })
+    }
+    .map_err(watch_err)?;
     for attempt in 0..=a.max_restarts {
         let world = slots(&a)?;
         let beats = dir.join(".heartbeat");
@@ -182,7 +194,13 @@ pub fn run(a: LaunchArgs) -> Result<()> {
                 e,
             )
         })?;
-        let (status, hung) = watch(&mut child, &stop, &beats, world, a.heartbeat_timeout)?;
+        let (status, hung) = watch(
+            &mut child,
+            (&stop, &abort),
+            &beats,
+            world,
+            a.heartbeat_timeout,
+        )?;
         let ended_because = match (hung.clone(), status.code(), status.signal()) {
             (Some(why), _, _) => why,
             (None, Some(0), _) if stop.load(Ordering::Relaxed) => {
@@ -207,8 +225,14 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         if status.success() && hung.is_none() {
             return Ok(());
         }
+        if abort.load(Ordering::Relaxed) {
+            return Err(invalid!(
+                "ended by a second Ctrl-C: the ranks were stopped at once (the newest complete \
+                 checkpoint is what a relaunch goes on from)"
+            ));
+        }
         if stop.load(Ordering::Relaxed) {
-            return Err(invalid!("stopped by SIGTERM before the ranks could save"));
+            return Err(invalid!("stopped by a signal before the ranks could save"));
         }
     }
     let summary: Vec<String> = attempts
@@ -227,12 +251,23 @@ pub fn run(a: LaunchArgs) -> Result<()> {
     ))
 }
 
+/// Ends an attempt at once: the ranks (mpirun's children, in process groups of their own),
+/// then mpirun's group.
+fn kill_attempt(child: &Child) {
+    for pid in children(child.id()) {
+        // SAFETY: signalling processes this launcher started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    // SAFETY: as above, mpirun's own process group.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+}
+
 /// Waits for mpirun: forwards a preemption notice, and ends the attempt (every process of its
 /// group) when a rank's heartbeat is older than `timeout` seconds. Returns the exit status and,
 /// for a hang, why it was ended.
 fn watch(
     child: &mut Child,
-    stop: &AtomicBool,
+    (stop, abort): (&AtomicBool, &AtomicBool),
     beats: &Path,
     world: usize,
     timeout: f64,
@@ -251,6 +286,13 @@ fn watch(
             unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
             forwarded = true;
         }
+        if abort.load(Ordering::Relaxed) {
+            kill_attempt(child);
+            let s = child
+                .wait()
+                .map_err(|e| Error::io("cannot wait for", "mpirun", e))?;
+            return Ok((s, Some("a second Ctrl-C: ended".into())));
+        }
         if timeout > 0.0 {
             let silent = (0..world).find_map(|r| {
                 let last = std::fs::metadata(beats.join(format!("rank-{r}")))
@@ -261,12 +303,7 @@ fn watch(
                 (last.as_secs_f64() > timeout).then_some((r, last.as_secs_f64()))
             });
             if let Some((r, secs)) = silent {
-                // The ranks (mpirun's children, in process groups of their own), then mpirun's
-                // group. SAFETY: signalling processes this launcher started.
-                for pid in children(child.id()) {
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                kill_attempt(child);
                 let s = child
                     .wait()
                     .map_err(|e| Error::io("cannot wait for", "mpirun", e))?;

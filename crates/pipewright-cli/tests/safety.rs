@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{pipewright, text, tmp, train, TINY};
+use common::{pipewright, run, text, tmp, train, TINY};
 
 /// Rows of `scalars.csv` after its header; each must be whole (every column, a newline).
 fn whole_rows(out: &Path) -> Vec<String> {
@@ -105,10 +105,6 @@ fn saved_run(out: &Path, steps: &str) {
     a.push(out.to_str().unwrap());
     let o = train(&a);
     assert!(o.status.success(), "{}", text(&o));
-}
-
-fn run(args: &[&str]) -> std::process::Output {
-    pipewright().args(args).output().unwrap()
 }
 
 #[test]

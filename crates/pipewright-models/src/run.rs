@@ -180,6 +180,40 @@ impl RunSpec {
         ))
     }
 
+    /// Fails, before the model is built, when training it would need more memory than this
+    /// machine has available, for `ranks_here` of the run's ranks in this process (all of them
+    /// as threads; the local ones under mpirun). The GPT is sized from its shapes as the
+    /// planner sizes it: per replica its parameters with gradients and AdamW's moments (16
+    /// bytes each in f32) and the activations its micro-batches in flight keep; other models
+    /// are checked parameter by parameter as they are built.
+    pub fn check_fits(&self, ranks_here: usize) -> Result<()> {
+        let ModelConfig::Gpt { gpt, .. } = &self.model else {
+            return Ok(());
+        };
+        let t = &self.train;
+        let profile = gpt.shapes_profile(
+            t.precision.dtype().size_in_bytes(),
+            &Hardware::load("cpu-2core")?,
+        )?;
+        let params: f64 = profile.layers.iter().map(|l| l.params as f64).sum();
+        let kept: f64 = profile.layers.iter().map(|l| l.kept_bytes_per_sample).sum();
+        let chunks = t.global_batch / (t.layout.dp * t.micro_batch).max(1);
+        let in_flight = chunks.min(t.layout.pp).max(1) as f64;
+        let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;
+        let share = ranks_here.min(t.world()) as f64 / t.world() as f64;
+        pipewright::memory::check_fits(
+            replica * t.layout.dp as f64 * share,
+            &format!(
+                "training this GPT ({:.0} M parameters) at micro-batches of {} rows on {} of its ranks",
+                params / 1e6,
+                t.micro_batch,
+                ranks_here.min(t.world())
+            ),
+            "make the model smaller (--n-layer, --n-embd), the micro-batch smaller (--chunks, \
+             --chunk-size), or spread the ranks over more machines",
+        )
+    }
+
     /// The spec a checkpoint's meta holds under [`META_KEY`]; an error that says so when the
     /// checkpoint was not saved by a [`RunSpec`] run.
     pub fn from_meta(meta: &serde_json::Value) -> Result<RunSpec> {

@@ -69,6 +69,22 @@ impl Init {
         Self::new(Device::Cpu, DType::F32, seed)
     }
 
+    /// Elements of a parameter `key` of `shape`, once it is known to fit: its f64 draws and
+    /// the tensor are checked against the memory available before either is allocated.
+    fn elements(&self, key: &str, shape: &[usize]) -> Result<usize> {
+        let n = shape
+            .iter()
+            .try_fold(1usize, |n, d| n.checked_mul(*d))
+            .ok_or_else(|| crate::invalid!("parameter `{key}` of shape {shape:?} is too large"))?;
+        let bytes = n as f64 * (8 + self.dtype.size_in_bytes()) as f64;
+        crate::memory::check_fits(
+            bytes,
+            &format!("parameter `{key}` of shape {shape:?}"),
+            "make the model smaller",
+        )?;
+        Ok(n)
+    }
+
     fn var(&self, values: Vec<f64>, shape: &[usize]) -> Result<Var> {
         let t = Tensor::from_vec(values, shape, &Device::Cpu)?
             .to_dtype(self.dtype)?
@@ -78,7 +94,7 @@ impl Init {
 
     /// Normal(0, std) values drawn from the stream of `key`.
     pub fn normal(&self, key: &str, shape: &[usize], std: f64) -> Result<Var> {
-        let n = shape.iter().product();
+        let n = self.elements(key, shape)?;
         let mut rng = rng_for(self.seed, key);
         self.var(normal_vec(&mut rng, n, 0.0, std), shape)
     }
@@ -86,7 +102,7 @@ impl Init {
     /// Uniform(-bound, bound) values drawn from the stream of `key` (PyTorch's default for
     /// linear and convolution layers uses bound = 1/sqrt(fan_in)).
     pub fn uniform(&self, key: &str, shape: &[usize], bound: f64) -> Result<Var> {
-        let n = shape.iter().product();
+        let n = self.elements(key, shape)?;
         let mut rng = rng_for(self.seed, key);
         let v = (0..n)
             .map(|_| (rng.random::<f64>() * 2.0 - 1.0) * bound)
@@ -96,7 +112,7 @@ impl Init {
 
     /// A parameter filled with one value.
     pub fn constant(&self, shape: &[usize], value: f64) -> Result<Var> {
-        let n = shape.iter().product();
+        let n = self.elements("constant", shape)?;
         self.var(vec![value; n], shape)
     }
 }

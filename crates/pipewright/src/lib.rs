@@ -37,6 +37,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod bytes;
 pub mod checkpoint;
 pub mod comm;
 pub mod data_parallel;

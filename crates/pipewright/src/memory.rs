@@ -271,3 +271,33 @@ mod gpu {
         Some(v)
     }
 }
+
+/// Bytes this process may still allocate: the kernel's `MemAvailable`, or less when a cgroup
+/// (a container) limits the process to less. `None` where neither can be read.
+pub fn available_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    });
+    let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+    let cgroup = read("/sys/fs/cgroup/memory.max")
+        .map(|max| max.saturating_sub(read("/sys/fs/cgroup/memory.current").unwrap_or(0)));
+    match (meminfo, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Fails, before anything is allocated, when `bytes` (an estimate of what `what` needs) is
+/// more than [`available_bytes`]: an error naming both sizes and `fix`, instead of an abort
+/// or an out-of-memory kill later.
+pub fn check_fits(bytes: f64, what: &str, fix: &str) -> crate::Result<()> {
+    match available_bytes() {
+        Some(avail) if bytes > avail as f64 || !bytes.is_finite() => Err(crate::invalid!(
+            "{what} needs about {}, more than the {} this machine has available: {fix}",
+            crate::bytes::format_bytes(bytes),
+            crate::bytes::format_bytes(avail as f64)
+        )),
+        _ => Ok(()),
+    }
+}

@@ -69,7 +69,14 @@ pub struct LossScaler {
     scale: f64,
     growth_interval: u64,
     clean: u64,
+    /// Overflows in a row (the steps skipped since the last clean one).
+    #[serde(default)]
+    skipped: u64,
 }
+
+/// Overflows in a row after which training is stopped as diverged (the scale has halved this
+/// many times; from PyTorch's 2^16 it reaches its minimum of 1 after 16).
+pub const MAX_SKIPPED_IN_A_ROW: u64 = 20;
 
 impl LossScaler {
     /// PyTorch's defaults: scale 2^16, doubled after 2000 clean steps.
@@ -83,6 +90,7 @@ impl LossScaler {
             scale,
             growth_interval: growth_interval.max(1),
             clean: 0,
+            skipped: 0,
         }
     }
 
@@ -97,13 +105,36 @@ impl LossScaler {
         if overflow {
             self.scale = (self.scale / 2.0).max(1.0);
             self.clean = 0;
+            self.skipped += 1;
         } else {
+            self.skipped = 0;
             self.clean += 1;
             if self.clean == self.growth_interval {
                 self.scale *= 2.0;
                 self.clean = 0;
             }
         }
+    }
+}
+
+impl LossScaler {
+    /// Why training should stop as diverged, if it should: an overflow at the minimum scale
+    /// (DeepSpeed stops there too), or [`MAX_SKIPPED_IN_A_ROW`] skipped steps in a row. Without
+    /// it a diverging f16 run would skip every step to the end and exit as if it had trained.
+    pub fn diverged(&self) -> Option<String> {
+        let at_min = self.scale <= 1.0 && self.skipped > 0;
+        (at_min || self.skipped >= MAX_SKIPPED_IN_A_ROW).then(|| {
+            format!(
+                "the last {} steps overflowed and were skipped{}: the run diverged; lower the \
+                 learning rate, enable clipping (--clip) or train in bf16",
+                self.skipped,
+                if at_min {
+                    " and the loss scale reached its minimum of 1"
+                } else {
+                    ""
+                }
+            )
+        })
     }
 }
 

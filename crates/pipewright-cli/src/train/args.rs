@@ -135,7 +135,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub balance: Option<String>,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = finite)]
     pub lr: f64,
     /// Learning-rate schedule: constant, or linear warm-up then cosine decay.
     #[arg(long = "lr-schedule", value_enum, default_value = "cosine")]
@@ -144,17 +144,17 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 100)]
     pub warmup: u64,
     /// Final learning rate of the cosine schedule, as a fraction of --lr.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = finite)]
     pub min_lr_ratio: f64,
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerKind,
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = finite)]
     pub weight_decay: f64,
     /// SGD momentum.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.9, value_parser = finite)]
     pub momentum: f64,
     /// Clip the global gradient norm to this value (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite)]
     pub clip: f64,
     /// The seed of every random stream: the experiment's `--random-seed` (alias `--seed`).
     #[arg(skip)]
@@ -180,7 +180,7 @@ pub struct TrainArgs {
     /// Longest sequence the GPT accepts (default: the task's sequence length).
     #[arg(long, value_parser = positive)]
     pub block_size: Option<usize>,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = finite)]
     pub dropout: f64,
     /// GPT vocabulary (default: the task's); a larger one pads the vocabulary, for example to
     /// a multiple of --tp. Padded ids never occur.
@@ -215,6 +215,18 @@ pub fn positive_u64(s: &str) -> std::result::Result<u64, String> {
         return Err(format!("must be a positive integer, got {v}"));
     }
     u64::try_from(v).map_err(|_| format!("{v} is too large"))
+}
+
+/// Parses a number flag: a finite number (`nan` and `inf` are refused by name).
+pub fn finite(s: &str) -> std::result::Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("must be a number, got `{s}`"))?;
+    if !v.is_finite() {
+        return Err(format!("must be a finite number, got `{s}`"));
+    }
+    Ok(v)
 }
 
 /// [`positive_u64`] as a `usize`.
@@ -254,9 +266,81 @@ impl TrainArgs {
     /// The model the flags describe, the task's spec and the task itself (`profile` and
     /// `plan` need no more).
     pub fn model_and_task(&self) -> Result<(ModelConfig, TaskSpec, Box<dyn Task>)> {
+        self.check_flags_apply()?;
         let task = task_spec(self)?;
         let built = task.build(self.seed)?;
         Ok((make_model(self, built.as_ref())?, task, built))
+    }
+
+    /// Fails on a size flag given for a model or task the run does not use (it would be
+    /// ignored without a word). A flag at its default value is not told apart from an absent
+    /// one.
+    fn check_flags_apply(&self) -> Result<()> {
+        let d = Self::defaults();
+        let given = |flags: &[(&str, bool)]| -> Vec<String> {
+            flags
+                .iter()
+                .filter(|(_, g)| *g)
+                .map(|(f, _)| format!("--{f}"))
+                .collect()
+        };
+        let (model, other) = match self.model {
+            ModelKind::Gpt => (
+                "gpt",
+                given(&[
+                    ("width", self.width != d.width),
+                    ("blocks", self.blocks != d.blocks),
+                    ("long-skip", self.long_skip),
+                ]),
+            ),
+            ModelKind::Cnn => (
+                "cnn",
+                given(&[
+                    ("n-layer", self.n_layer != d.n_layer),
+                    ("n-head", self.n_head != d.n_head),
+                    ("n-embd", self.n_embd != d.n_embd),
+                    ("vocab-size", self.vocab_size.is_some()),
+                    ("dropout", self.dropout != d.dropout),
+                ]),
+            ),
+        };
+        if !other.is_empty() {
+            return Err(invalid!(
+                "this run trains --model {model}, which does not use {}: drop them, or choose the \
+                 model they size",
+                other.join(", ")
+            ));
+        }
+        let task = given(&[
+            (
+                "digits",
+                self.digits != d.digits && !matches!(self.task, TaskKind::Adder),
+            ),
+            (
+                "image-size",
+                self.image_size != d.image_size && !matches!(self.task, TaskKind::Shapes),
+            ),
+        ]);
+        if !task.is_empty() {
+            return Err(invalid!(
+                "this run learns --task {}, which does not use {}: drop them, or choose the task \
+                 they belong to",
+                format!("{:?}", self.task).to_lowercase(),
+                task.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// The flags' defaults (what `pipewright train` alone runs).
+    fn defaults() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            a: TrainArgs,
+        }
+        Only::parse_from(["train"]).a
     }
 
     /// Everything the flags say about training, besides the model and the data.

@@ -14,7 +14,7 @@ use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use pipewright_models::{RunSpec, Task};
 
-pub use args::{positive, task_spec, TrainArgs};
+pub use args::{finite, positive, task_spec, TrainArgs};
 use report::{train_loop, write_summary};
 
 /// `pipewright train ARGS`: the experiment [`experiment`] on the flags `args`.
@@ -164,7 +164,16 @@ impl Setup {
         });
         Context::resume_target(a.resume.as_deref(), &checkpoints)?;
         let (mut spec, task) = a.spec()?;
+        // The machines a morph plans for: a wrong file fails now, not at the first restart.
+        pipewright::plan::Hardware::load(&a.hardware)?;
         let (model, tied) = spec.model.build()?;
+        // Under mpirun each process holds its own ranks; as threads this one holds them all.
+        let here = if pipewright::dist::Env::under_mpi() {
+            env.local_world_size
+        } else {
+            spec.train.world()
+        };
+        spec.check_fits(here)?;
         if env.restart > 0 && env.world_size != spec.train.world() {
             spec = morph::morph(&a, &env, &spec)?;
             let l = spec.train.layout;

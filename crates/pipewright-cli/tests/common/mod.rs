@@ -53,3 +53,25 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// `pipewright ARGS`.
+pub fn run(args: &[&str]) -> Output {
+    pipewright().args(args).output().expect("runs the binary")
+}
+
+/// `args` fails with a message holding `says`, as an error (an exit code), never a signal.
+pub fn refused(args: &[&str], says: &str) {
+    let o = run(args);
+    assert!(!o.status.success(), "{args:?} succeeded:\n{}", text(&o));
+    assert!(
+        o.status.code().is_some(),
+        "{args:?} ended by a signal:\n{}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains(says),
+        "{args:?}: expected `{says}` in:\n{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+}

@@ -40,6 +40,8 @@ pub struct Param {
     pub help: String,
     /// Other names of its flag (`--seed` for `--random-seed` in `pipewright train`).
     pub aliases: Vec<String>,
+    /// The least value an integer parameter takes (a seed or a count is not negative).
+    pub min: Option<i64>,
 }
 
 impl Param {
@@ -50,7 +52,14 @@ impl Param {
             default,
             help: help.to_string(),
             aliases: Vec::new(),
+            min: None,
         }
+    }
+
+    /// This integer parameter with a least value, checked where it is given.
+    pub fn at_least(mut self, min: i64) -> Self {
+        self.min = Some(min);
+        self
     }
 
     /// An integer parameter.
@@ -92,8 +101,27 @@ impl Param {
             )
         };
         Ok(match self.kind {
-            ParamType::Int => text.trim().parse::<i64>().map_err(|_| bad())?.into(),
-            ParamType::Float => text.trim().parse::<f64>().map_err(|_| bad())?.into(),
+            ParamType::Int => {
+                let v = text.trim().parse::<i64>().map_err(|_| bad())?;
+                if let Some(min) = self.min.filter(|m| v < *m) {
+                    let also: String = self.aliases.iter().map(|a| format!(", --{a}")).collect();
+                    return Err(invalid!(
+                        "--{}{also} must be at least {min}, got {v}",
+                        self.flag_name()
+                    ));
+                }
+                v.into()
+            }
+            ParamType::Float => {
+                let v = text.trim().parse::<f64>().map_err(|_| bad())?;
+                if !v.is_finite() {
+                    return Err(invalid!(
+                        "--{} takes a finite number, got `{text}`",
+                        self.flag_name()
+                    ));
+                }
+                v.into()
+            }
             ParamType::Bool => match text.trim() {
                 "true" | "1" | "yes" => true.into(),
                 "false" | "0" | "no" => false.into(),
@@ -108,7 +136,7 @@ impl Param {
 pub fn standard() -> Vec<Param> {
     vec![
         Param::string("output_dir", "./output", "Where runs go: <output_dir>/<experiment>/<date>-<time>-<id>/."),
-        Param::int("random_seed", 0, "The seed of every random stream of the run."),
+        Param::int("random_seed", 0, "The seed of every random stream of the run.").at_least(0),
         Param::flag("debug", false, "Verbose logs (the parameters, each rank's start and end); a body passes it on as VarunaOptions::detect_anomaly to name the first NaN or inf."),
         Param::optional("checkpoint", "A checkpoint of the context to restore before the experiment goes on."),
         Param::flag("cuda", false, "Compute on the GPU (needs a build with CUDA)."),

@@ -289,6 +289,18 @@ impl Schedule {
                 "the interleaved schedule sends micro-batches round in groups of pp: {m} micro-batches per replica must be a multiple of pp {p}"
             ));
         }
+        // Every rank holds 2 or 3 actions per micro-batch and stage; validating and
+        // simulating keep about as much again per action.
+        let count = [p, m, v, 3]
+            .iter()
+            .try_fold(1usize, |n, k| n.checked_mul(*k));
+        crate::memory::check_fits(
+            count.map_or(f64::INFINITY, |n| {
+                (n * 4 * std::mem::size_of::<Action>()) as f64
+            }),
+            &format!("a schedule of {p} ranks, {m} micro-batches and {v} stages per rank"),
+            "fewer ranks or micro-batches",
+        )?;
         let actions = (0..p)
             .map(|r| match kind {
                 ScheduleKind::GPipe => gpipe(m, r),

@@ -37,6 +37,14 @@ pub fn balance_cost(costs: &[f64], partitions: usize) -> Result<Vec<usize>> {
     for (i, c) in costs.iter().enumerate() {
         prefix[i + 1] = prefix[i] + c;
     }
+    // Sums of squares are compared too: costs whose square overflows would compare as inf.
+    if !prefix[n].is_finite() || !(prefix[n] * prefix[n]).is_finite() {
+        return Err(invalid!(
+            "the costs add up to {:e}, more than a balance can compare: give them in a larger \
+             unit (milliseconds rather than nanoseconds, MiB rather than bytes)",
+            prefix[n]
+        ));
+    }
     let sum = |a: usize, b: usize| prefix[b] - prefix[a];
     // best[k][i]: the cheapest most-expensive stage splitting the first i items into k stages.
     let inf = f64::INFINITY;

@@ -145,10 +145,10 @@ impl Varuna {
             restored.apply(optimizer)?;
             Ok(state)
         });
-        let status = loaded
-            .as_ref()
-            .map(|_| Vec::new())
-            .map_err(|e| Error::State(e.to_string()));
+        let status = loaded.as_ref().map(|_| Vec::new()).map_err(|e| match e {
+            Error::State(m) => Error::State(m.clone()),
+            other => Error::State(other.to_string()),
+        });
         checkpoint::agree(Some(self.world.as_ref()), status)?;
         let state = loaded?;
         self.masters.sync()?;

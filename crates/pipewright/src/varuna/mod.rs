@@ -288,6 +288,9 @@ impl Varuna {
             match self.scaler.as_mut() {
                 Some(s) => {
                     s.update(true);
+                    if let Some(why) = s.diverged() {
+                        return Err(invalid!("f16 training stopped at step {step}: {why}"));
+                    }
                     return Ok(outcome);
                 }
                 None if !loss.is_finite() => return Err(Error::NonFiniteLoss { step, loss }),

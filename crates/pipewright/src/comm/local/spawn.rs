@@ -47,7 +47,8 @@ where
         timeout,
     });
     let members = Arc::new((0..world).collect::<Vec<_>>());
-    let results: Vec<Option<T>> = std::thread::scope(|scope| {
+    // Each rank's value, or its own error (None: it panicked or never started).
+    let mut results: Vec<std::result::Result<T, Option<Error>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 let comm = LocalComm {
@@ -63,14 +64,14 @@ where
                     .spawn_scoped(scope, move || {
                         crate::memory::set_rank(Some(rank));
                         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(comm))) {
-                            Ok(Ok(v)) => Some(v),
+                            Ok(Ok(v)) => Ok(v),
                             Ok(Err(e)) => {
                                 world.fail(rank, e.to_string());
-                                None
+                                Err(Some(e))
                             }
                             Err(p) => {
                                 world.fail(rank, format!("panicked: {}", panic_message(&*p)));
-                                None
+                                Err(None)
                             }
                         }
                     });
@@ -91,17 +92,34 @@ where
             .collect();
         handles
             .into_iter()
-            .map(|h| h.and_then(|h| h.join().unwrap_or(None)))
+            .map(|h| h.map_or(Err(None), |h| h.join().unwrap_or(Err(None))))
             .collect()
     });
     if let Some((rank, why)) = shared.lock().failed.take() {
-        return Err(Error::Comm(format!("rank {rank} failed: {why}")));
+        // The first rank's own error is the run's (a communication error only when it was
+        // one); the others' are the echoes of it.
+        return Err(match std::mem::replace(&mut results[rank], Err(None)) {
+            Err(Some(e)) => on_rank(e, rank, world),
+            _ => Error::Comm(format!("rank {rank} failed: {why}")),
+        });
     }
     results
         .into_iter()
         .enumerate()
-        .map(|(rank, r)| r.ok_or_else(|| Error::Comm(format!("rank {rank} returned nothing"))))
+        .map(|(rank, r)| r.map_err(|_| Error::Comm(format!("rank {rank} returned nothing"))))
         .collect()
+}
+
+/// Rank `rank`'s own error as the run's: as it is for a world of one; with the rank named
+/// for more.
+fn on_rank(e: Error, rank: usize, world: usize) -> Error {
+    match e {
+        _ if world == 1 => e,
+        Error::Invalid(m) => Error::Invalid(format!("rank {rank} failed: {m}")),
+        Error::State(m) => Error::State(format!("rank {rank} failed: {m}")),
+        Error::Comm(m) => Error::Comm(format!("rank {rank} failed: {m}")),
+        other => other,
+    }
 }
 
 /// What a panic said (its `&str` or `String` payload).

@@ -2,7 +2,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor, Var};
 
-use super::{decays, read_step, state_entry, step_tensor, Optimizer, StateDict};
+use super::{decays, only_entries, read_step, state_entry, step_tensor, Optimizer, StateDict};
 use crate::grads::Grads;
 use crate::kernels::adamw::{self, AdamWStep};
 use crate::{invalid, Result};
@@ -148,6 +148,7 @@ impl Optimizer for AdamW {
     }
 
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        only_entries(state, &["exp_avg", "exp_avg_sq"], "AdamW")?;
         let step = read_step(state)?;
         let mut m = HashMap::new();
         let mut v = HashMap::new();

@@ -58,6 +58,25 @@ fn read_step(state: &StateDict) -> Result<u64> {
         .ok_or_else(|| Error::State("optimizer `step` entry is empty".into()))
 }
 
+/// Fails when `state` holds an entry other than `step` and `<param>.<entry>` for one of
+/// `entries`: state another optimizer saved, which `optimizer` would otherwise drop unsaid.
+fn only_entries(state: &StateDict, entries: &[&str], optimizer: &str) -> Result<()> {
+    let foreign = state.keys().find(|k| {
+        *k != "step"
+            && !k
+                .rsplit_once('.')
+                .is_some_and(|(_, e)| entries.contains(&e))
+    });
+    match foreign {
+        None => Ok(()),
+        Some(k) => Err(Error::State(format!(
+            "the optimizer state holds `{k}`, which {optimizer} does not keep (AdamW keeps \
+             exp_avg and exp_avg_sq, SGD momentum_buffer): it was saved by another optimizer; \
+             go on with that one (--optimizer), or start a new run"
+        ))),
+    }
+}
+
 /// Takes `key` from `state`, checking it has the parameter's shape.
 fn state_entry(state: &StateDict, key: &str, var: &Var) -> Result<Tensor> {
     let t = state

@@ -2,7 +2,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor, Var};
 
-use super::{read_step, state_entry, step_tensor, Optimizer, StateDict};
+use super::{only_entries, read_step, state_entry, step_tensor, Optimizer, StateDict};
 use crate::grads::Grads;
 use crate::{invalid, Result};
 
@@ -89,6 +89,7 @@ impl Optimizer for Sgd {
     }
 
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        only_entries(state, &["momentum_buffer"], "SGD")?;
         let step = read_step(state)?;
         let mut buf = HashMap::new();
         for (name, var) in &self.params {
