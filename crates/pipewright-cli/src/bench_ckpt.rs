@@ -70,6 +70,12 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
         n_embd: 768,
         dropout: 0.0,
     };
+    // The model, its optimizer state and the copies a save and a load make.
+    pipewright::memory::check_fits(
+        cfg.param_count() as f64 * 40.0,
+        &format!("a checkpoint benchmark of {} GPT layers", a.n_layer),
+        "fewer --n-layer",
+    )?;
     std::fs::create_dir_all(&a.dir).map_err(|e| Error::io("cannot create", &a.dir, e))?;
     // Its own subdirectory, new: the user's files in --dir are never touched.
     let scratch = a

@@ -132,6 +132,31 @@ fn bad_input_and_limits_are_clear_errors() {
         &["schedule", "--pp", "100000", "--chunks", "100000"],
         "more than the",
     );
+    refused(
+        &[
+            "train",
+            "--model",
+            "cnn",
+            "--task",
+            "shapes",
+            "--batch-size",
+            "100000000",
+            "--out",
+            &out("cnnb"),
+        ],
+        "more than the",
+    );
+    refused(
+        &[
+            "bench",
+            "ckpt",
+            "--n-layer",
+            "100000",
+            "--dir",
+            &out("bench"),
+        ],
+        "more than the",
+    );
     // 12. Say what was given and what is allowed.
     check(
         with(&["--lr", "nan", "--out", &out("nan")]),

@@ -69,6 +69,26 @@ impl GptConfig {
         Ok(())
     }
 
+    /// Parameters of the whole model: embeddings (tokens and positions), per block 12 d^2 +
+    /// 13 d (attention, MLP, two norms), the final norm, and the output head (counted apart
+    /// from the embedding it is tied to).
+    pub fn param_count(&self) -> u64 {
+        let (v, p, d, l) = (
+            self.vocab_size as u64,
+            self.block_size as u64,
+            self.n_embd as u64,
+            self.n_layer as u64,
+        );
+        let block = d
+            .saturating_mul(d)
+            .saturating_mul(12)
+            .saturating_add(13 * d);
+        (2 * v + p)
+            .saturating_mul(d)
+            .saturating_add(block.saturating_mul(l))
+            .saturating_add(2 * d)
+    }
+
     /// Sizes a tensor-parallel size must divide: the heads and the vocabulary (Megatron splits
     /// both).
     pub fn tp_divides(&self) -> Vec<usize> {

@@ -13,7 +13,7 @@ use pipewright::{invalid, Batch, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
 use crate::tasks::{Adder, Shapes, Sort, Text};
-use crate::{cnn, gpt, CnnConfig, GptConfig, Task, TIED};
+use crate::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
 
 /// A model by its configuration: what a checkpoint stores to rebuild it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -180,36 +180,52 @@ impl RunSpec {
         ))
     }
 
-    /// Fails, before the model is built, when training it would need more memory than this
-    /// machine has available, for `ranks_here` of the run's ranks in this process (all of them
-    /// as threads; the local ones under mpirun). The GPT is sized from its shapes as the
-    /// planner sizes it: per replica its parameters with gradients and AdamW's moments (16
-    /// bytes each in f32) and the activations its micro-batches in flight keep; other models
-    /// are checked parameter by parameter as they are built.
-    pub fn check_fits(&self, ranks_here: usize) -> Result<()> {
-        let ModelConfig::Gpt { gpt, .. } = &self.model else {
-            return Ok(());
-        };
+    /// Fails, before the model is built or a batch made, when training would need more memory
+    /// than this machine has available, for `ranks_here` of the run's ranks in this process
+    /// (all of them as threads; the local ones under mpirun), on data of `shape`. Per replica:
+    /// the parameters with gradients and AdamW's moments (16 bytes each in f32), the
+    /// activations its micro-batches in flight keep (the GPT's from its shapes as the planner
+    /// sizes them; the CNN's three feature maps per layer), and the global batch itself. The
+    /// CNN's parameters are checked one by one as they are built.
+    pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
         let t = &self.train;
-        let profile = gpt.shapes_profile(
-            t.precision.dtype().size_in_bytes(),
-            &Hardware::load("cpu-2core")?,
-        )?;
-        let params: f64 = profile.layers.iter().map(|l| l.params as f64).sum();
-        let kept: f64 = profile.layers.iter().map(|l| l.kept_bytes_per_sample).sum();
+        let (input, data) = match *shape {
+            TaskShape::Tokens { seq_len, .. } => (seq_len as f64 * 8.0, seq_len as f64),
+            TaskShape::Images { channels, size, .. } => {
+                let px = (size * size) as f64;
+                (px * channels as f64 * 4.0, px)
+            }
+        };
+        let (what, params, kept) = match &self.model {
+            ModelConfig::Gpt { gpt, .. } => {
+                let bytes = t.precision.dtype().size_in_bytes();
+                let profile = gpt.shapes_profile(bytes, &Hardware::load("cpu-2core")?)?;
+                let kept: f64 = profile.layers.iter().map(|l| l.kept_bytes_per_sample).sum();
+                let n = gpt.param_count();
+                (format!("this GPT ({n} parameters)"), n as f64, kept)
+            }
+            ModelConfig::Cnn { cnn } => {
+                let maps = (2 * cnn.blocks + 2) as f64 * 3.0;
+                (
+                    "this CNN".to_string(),
+                    0.0,
+                    data * cnn.width as f64 * 4.0 * maps,
+                )
+            }
+        };
         let chunks = t.global_batch / (t.layout.dp * t.micro_batch).max(1);
         let in_flight = chunks.min(t.layout.pp).max(1) as f64;
         let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;
-        let share = ranks_here.min(t.world()) as f64 / t.world() as f64;
+        let here = ranks_here.clamp(1, t.world());
+        let share = here as f64 / t.world() as f64;
         pipewright::memory::check_fits(
-            replica * t.layout.dp as f64 * share,
+            replica * t.layout.dp as f64 * share + input * t.global_batch as f64,
             &format!(
-                "training this GPT ({:.0} M parameters) at micro-batches of {} rows on {} of its ranks",
-                params / 1e6,
-                t.micro_batch,
-                ranks_here.min(t.world())
+                "training {what} on batches of {} rows in micro-batches of {} on {here} of its \
+                 ranks",
+                t.global_batch, t.micro_batch,
             ),
-            "make the model smaller (--n-layer, --n-embd), the micro-batch smaller (--chunks, \
+            "make the model smaller, the batch or micro-batch smaller (--batch-size, --chunks, \
              --chunk-size), or spread the ranks over more machines",
         )
     }

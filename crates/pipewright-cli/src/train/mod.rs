@@ -173,7 +173,7 @@ impl Setup {
         } else {
             spec.train.world()
         };
-        spec.check_fits(here)?;
+        spec.check_fits(&task.shape(), here)?;
         if env.restart > 0 && env.world_size != spec.train.world() {
             spec = morph::morph(&a, &env, &spec)?;
             let l = spec.train.layout;
