@@ -40,6 +40,7 @@ pub mod batch;
 pub mod bytes;
 pub mod checkpoint;
 pub mod comm;
+pub mod data;
 pub mod data_parallel;
 pub mod device;
 pub mod dist;

@@ -1,0 +1,13 @@
+//! A user's own corpus: a [`Tokenizer`] (trained here as a byte-level BPE, or any
+//! `tokenizer.json`), the corpus encoded once into token shards ([`prepare`]: fixed-size files
+//! of u16 or u32 ids and a JSON index, as nanoGPT's `.bin` and Megatron's indexed datasets), and
+//! a [`TokenDataset`] that memory-maps them and yields training windows: the same rows for the
+//! same step whatever the layout, a new order every epoch, each replica its own rows.
+
+pub mod dataset;
+pub mod shards;
+pub mod tokenizer;
+
+pub use dataset::{Split, TokenDataset};
+pub use shards::{prepare, PrepareOptions, ShardIndex, TokenDtype};
+pub use tokenizer::{Tokenizer, END_OF_TEXT};

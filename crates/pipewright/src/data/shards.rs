@@ -1,0 +1,349 @@
+//! A corpus encoded once into token shards: `train-NNNNN.bin` and `valid-NNNNN.bin`, raw
+//! little-endian u16 or u32 ids (nanoGPT's `.bin`), each at most `shard_tokens` long, and
+//! `index.json` ([`ShardIndex`]: the tokenizer's checksum, the dtype, every shard's token
+//! count, the documents). Each file of the corpus is a document, ended by
+//! [`super::END_OF_TEXT`]. The last `held_out` share of the corpus's bytes is the held-out
+//! split.
+//!
+//! The corpus streams: files are read in chunks of about `chunk_bytes` (cut after a newline),
+//! a few chunks at a time are encoded in parallel and appended to the shards, so memory holds a
+//! few chunks and one shard's buffer whatever the corpus's size. Everything is written into a
+//! temporary directory renamed into place at the end: a failed or killed run leaves nothing.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::tokenizer::{Tokenizer, END_OF_TEXT};
+use crate::{invalid, Error, Result};
+
+/// The version of the shard format this build writes and reads.
+pub const SHARD_FORMAT: u32 = 1;
+/// The index's file name in a shard directory.
+pub const INDEX_FILE: &str = "index.json";
+
+/// How token ids are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenDtype {
+    /// Two bytes: vocabularies of at most 65,536.
+    U16,
+    /// Four bytes.
+    U32,
+}
+
+impl TokenDtype {
+    /// Bytes per id.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::U16 => 2,
+            Self::U32 => 4,
+        }
+    }
+
+    /// The smallest that holds ids below `vocab`.
+    pub fn for_vocab(vocab: usize) -> Self {
+        if vocab <= 1 << 16 {
+            Self::U16
+        } else {
+            Self::U32
+        }
+    }
+}
+
+impl std::str::FromStr for TokenDtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "u16" => Ok(Self::U16),
+            "u32" => Ok(Self::U32),
+            _ => Err(invalid!("token dtype `{s}`: give u16 or u32")),
+        }
+    }
+}
+
+/// One shard file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardFile {
+    /// Its name in the shard directory.
+    pub file: String,
+    /// Token ids it holds.
+    pub tokens: u64,
+}
+
+/// `index.json` of a shard directory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardIndex {
+    /// [`SHARD_FORMAT`] of the writer.
+    pub format_version: u32,
+    /// SHA-256 of the `tokenizer.json` that encoded it.
+    pub tokenizer_sha256: String,
+    /// The tokenizer's vocabulary (every id is below it).
+    pub vocab_size: usize,
+    /// How ids are stored.
+    pub dtype: TokenDtype,
+    /// The id ending every document.
+    pub eos: u32,
+    /// Documents (files of the corpus).
+    pub documents: u64,
+    /// Bytes of text encoded.
+    pub bytes: u64,
+    /// The training split's shards, in order.
+    pub train: Vec<ShardFile>,
+    /// The held-out split's shards, in order.
+    pub valid: Vec<ShardFile>,
+}
+
+/// How [`prepare`] cuts and stores a corpus.
+#[derive(Clone, Debug)]
+pub struct PrepareOptions {
+    /// Ids per shard file at most.
+    pub shard_tokens: usize,
+    /// Share of the corpus's bytes held out (its end).
+    pub held_out: f64,
+    /// Bytes read and encoded as one piece (cut after a newline).
+    pub chunk_bytes: usize,
+    /// How ids are stored (the smallest that holds the vocabulary when `None`).
+    pub dtype: Option<TokenDtype>,
+}
+
+impl Default for PrepareOptions {
+    /// 16 Mi ids per shard, 5 % held out, 1 MiB pieces.
+    fn default() -> Self {
+        Self {
+            shard_tokens: 1 << 24,
+            held_out: 0.05,
+            chunk_bytes: 1 << 20,
+            dtype: None,
+        }
+    }
+}
+
+/// Appends ids to the shards of one split.
+struct Writer {
+    dir: PathBuf,
+    split: &'static str,
+    dtype: TokenDtype,
+    shard_tokens: usize,
+    buf: Vec<u8>,
+    files: Vec<ShardFile>,
+}
+
+impl Writer {
+    fn push(&mut self, ids: &[u32]) -> Result<()> {
+        for &id in ids {
+            match self.dtype {
+                TokenDtype::U16 => self.buf.extend_from_slice(&(id as u16).to_le_bytes()),
+                TokenDtype::U32 => self.buf.extend_from_slice(&id.to_le_bytes()),
+            }
+            if self.buf.len() == self.shard_tokens * self.dtype.bytes() {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let file = format!("{}-{:05}.bin", self.split, self.files.len());
+        let path = self.dir.join(&file);
+        let mut f =
+            std::fs::File::create(&path).map_err(|e| Error::io("cannot create", &path, e))?;
+        f.write_all(&self.buf)
+            .and_then(|_| f.sync_all())
+            .map_err(|e| Error::io("cannot write", &path, e))?;
+        let tokens = (self.buf.len() / self.dtype.bytes()) as u64;
+        self.files.push(ShardFile { file, tokens });
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// The next piece of `r`: about `limit` bytes, extended to the next newline (at most 64 KiB
+/// more, then cut at a character boundary). Empty at the end.
+fn piece(r: &mut impl BufRead, limit: usize) -> Result<Vec<u8>> {
+    let mut v = Vec::with_capacity(limit.min(1 << 20));
+    r.take(limit as u64)
+        .read_to_end(&mut v)
+        .map_err(|e| invalid!("cannot read the corpus: {e}"))?;
+    if v.len() == limit && v.last() != Some(&b'\n') {
+        let mut more = Vec::new();
+        r.take(1 << 16)
+            .read_until(b'\n', &mut more)
+            .map_err(|e| invalid!("cannot read the corpus: {e}"))?;
+        v.extend(more);
+    }
+    Ok(v)
+}
+
+/// Text of `bytes`, whose end may cut a character: the cut character's bytes go back to `rest`.
+fn text(mut bytes: Vec<u8>, rest: &mut Vec<u8>) -> String {
+    let keep = match std::str::from_utf8(&bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => bytes.len(),
+    };
+    *rest = bytes.split_off(keep);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Encodes the text files `files` with `tok` into a new shard directory `out`; `progress` is
+/// told the bytes done and the total after every batch of pieces.
+pub fn prepare(
+    tok: &Tokenizer,
+    files: &[PathBuf],
+    out: &Path,
+    opts: &PrepareOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ShardIndex> {
+    crate::files::ensure_new(out, "--out")?;
+    if files.is_empty() {
+        return Err(invalid!("no corpus files: name at least one"));
+    }
+    if !(0.0..1.0).contains(&opts.held_out) || opts.shard_tokens == 0 || opts.chunk_bytes == 0 {
+        return Err(invalid!(
+            "held_out must lie in [0, 1), shard_tokens and chunk_bytes must be positive"
+        ));
+    }
+    let vocab = tok.vocab_size();
+    let dtype = opts.dtype.unwrap_or(TokenDtype::for_vocab(vocab));
+    if dtype == TokenDtype::U16 && vocab > 1 << 16 {
+        return Err(invalid!(
+            "a vocabulary of {vocab} does not fit in u16 ids (65,536 at most): store u32"
+        ));
+    }
+    let eos = tok.token_id(END_OF_TEXT).ok_or_else(|| {
+        invalid!(
+            "the tokenizer `{}` has no {END_OF_TEXT} token to end documents with: add it as a \
+             special token",
+            tok.path().display()
+        )
+    })?;
+    let mut total = 0u64;
+    for f in files {
+        total += std::fs::metadata(f)
+            .map_err(|e| Error::io("cannot read corpus file", f, e))?
+            .len();
+    }
+    if total == 0 {
+        return Err(invalid!("the corpus is empty: its files hold no text"));
+    }
+    let name = out
+        .file_name()
+        .map_or("shards".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+    let result =
+        write_shards(tok, files, &tmp, opts, (dtype, eos, total), progress).and_then(|index| {
+            let text = serde_json::to_string_pretty(&index).map_err(|e| invalid!("{e}"))?;
+            let ip = tmp.join(INDEX_FILE);
+            std::fs::write(&ip, text).map_err(|e| Error::io("cannot write", &ip, e))?;
+            let _ = std::fs::remove_dir(out);
+            std::fs::rename(&tmp, out).map_err(|e| Error::io("cannot rename into", out, e))?;
+            Ok(index)
+        });
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+fn write_shards(
+    tok: &Tokenizer,
+    files: &[PathBuf],
+    dir: &Path,
+    opts: &PrepareOptions,
+    (dtype, eos, total): (TokenDtype, u32, u64),
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ShardIndex> {
+    let writer = |split| Writer {
+        dir: dir.to_path_buf(),
+        split,
+        dtype,
+        shard_tokens: opts.shard_tokens,
+        buf: Vec::new(),
+        files: Vec::new(),
+    };
+    let mut splits = [writer("train"), writer("valid")];
+    // Pieces starting at or after this byte of the corpus are held out.
+    let threshold = (total as f64 * (1.0 - opts.held_out)).floor() as u64;
+    let batch = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut offset = 0u64;
+    // (text, split, ends its document)
+    let mut pending: Vec<(String, usize, bool)> = Vec::new();
+    let flush = |pending: &mut Vec<(String, usize, bool)>, splits: &mut [Writer; 2]| {
+        let texts = pending.iter().map(|p| p.0.clone()).collect();
+        for (ids, (_, s, end)) in tok.encode_many(texts)?.into_iter().zip(pending.drain(..)) {
+            splits[s].push(&ids)?;
+            if end {
+                splits[s].push(&[eos])?;
+            }
+        }
+        Ok::<(), Error>(())
+    };
+    for f in files {
+        let file =
+            std::fs::File::open(f).map_err(|e| Error::io("cannot read corpus file", f, e))?;
+        let mut r = BufReader::new(file);
+        let mut rest = Vec::new();
+        loop {
+            let split = usize::from(offset >= threshold);
+            let limit = if split == 0 {
+                opts.chunk_bytes.min((threshold - offset).max(1) as usize)
+            } else {
+                opts.chunk_bytes
+            };
+            let more = piece(&mut r, limit)?;
+            let eof = more.is_empty();
+            let mut bytes = std::mem::take(&mut rest);
+            bytes.extend(more);
+            if !bytes.is_empty() {
+                offset += bytes.len() as u64;
+                let t = if eof {
+                    String::from_utf8_lossy(&bytes).into_owned()
+                } else {
+                    text(bytes, &mut rest)
+                };
+                offset -= rest.len() as u64;
+                pending.push((t, split, false));
+            }
+            if eof {
+                // The document's end, after its last piece.
+                pending.push((String::new(), split, true));
+                break;
+            }
+            if pending.len() >= batch {
+                flush(&mut pending, &mut splits)?;
+                progress(offset, total);
+            }
+        }
+    }
+    flush(&mut pending, &mut splits)?;
+    progress(total, total);
+    for w in &mut splits {
+        w.flush()?;
+    }
+    let [train, valid] = splits;
+    if train.files.is_empty() || valid.files.is_empty() {
+        return Err(invalid!(
+            "the corpus of {total} bytes is too small to hold out {} % of it: give more text \
+             or a larger held-out share",
+            opts.held_out * 100.0
+        ));
+    }
+    Ok(ShardIndex {
+        format_version: SHARD_FORMAT,
+        tokenizer_sha256: tok.sha256().to_string(),
+        vocab_size: tok.vocab_size(),
+        dtype,
+        eos,
+        documents: files.len() as u64,
+        bytes: total,
+        train: train.files,
+        valid: valid.files,
+    })
+}
