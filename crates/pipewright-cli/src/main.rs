@@ -4,6 +4,7 @@ mod balance;
 mod bench;
 mod bench_ckpt;
 mod ckpt;
+mod data;
 mod launch;
 mod plan;
 mod profile;
@@ -53,6 +54,9 @@ enum Command {
     /// Run a program for every combination of parameter values, a few at once, and tabulate
     /// the runs.
     Sweep(sweep::SweepArgs),
+    /// A tokenizer for a corpus, and the corpus as token shards (`train --task tokens`).
+    #[command(subcommand)]
+    Data(data::DataCommand),
     /// Inspect, verify, reshard and export checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
@@ -75,6 +79,7 @@ fn main() {
         Command::Bench(b) => bench::run(b),
         Command::Schedule(a) => schedule::run(a),
         Command::Ckpt(c) => ckpt::run(c),
+        Command::Data(c) => data::run(c),
         Command::Balance(a) => balance::run(a),
         Command::Profile(a) => profile::run(*a),
         Command::Plan(a) => plan::run(*a),

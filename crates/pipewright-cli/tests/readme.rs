@@ -55,6 +55,7 @@ fn shrink(args: &[&str], dir: &Path) -> Vec<String> {
             "--steps" => Some(steps.to_string()),
             "--checkpoint-every" => Some("1".to_string()),
             "--out" | "--trace" | "--svg" => Some(place(&next, dir)),
+            "--data" if next.starts_with("runs/") => Some(place(&next, dir)),
             "--data" => Some(root().join(&next).display().to_string()),
             _ => None,
         };
@@ -133,6 +134,13 @@ fn check_outputs(args: &[String], stdout: &str) {
             stdout.contains("plain sequential write") && stdout.contains("async save"),
             "{stdout}"
         );
+    }
+    if args[..2] == ["data", "prepare"] {
+        let out = Path::new(value_of(args, "--out").unwrap());
+        let index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("index.json")).unwrap())
+                .unwrap();
+        assert!(!index["train"].as_array().unwrap().is_empty(), "{index}");
     }
     if args[0] == "profile" {
         let path = value_of(args, "--out").unwrap();

@@ -12,7 +12,7 @@ use pipewright::varuna::VarunaOptions;
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
-use crate::tasks::{Adder, Shapes, Sort, Text};
+use crate::tasks::{Adder, Shapes, Sort, Text, Tokens};
 use crate::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
 
 /// A model by its configuration: what a checkpoint stores to rebuild it.
@@ -84,6 +84,13 @@ pub enum TaskSpec {
         /// Side of the images in pixels.
         image_size: usize,
     },
+    /// Token shards of a prepared corpus in windows of `seq_len` ids ([`Tokens`]).
+    Tokens {
+        /// The shard directory (`pipewright data prepare`).
+        dir: PathBuf,
+        /// Ids per window.
+        seq_len: usize,
+    },
     /// A text file's bytes in windows of `seq_len` ([`Text`]).
     Text {
         /// The file.
@@ -101,6 +108,7 @@ impl TaskSpec {
             TaskSpec::Sort { len, symbols } => Box::new(Sort::new(*len, *symbols, seed)?),
             TaskSpec::Shapes { image_size } => Box::new(Shapes::new(*image_size, seed)?),
             TaskSpec::Text { path, seq_len } => Box::new(Text::from_file(path, *seq_len, seed)?),
+            TaskSpec::Tokens { dir, seq_len } => Box::new(Tokens::open(dir, *seq_len, seed)?),
         })
     }
 }

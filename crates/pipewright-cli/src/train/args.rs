@@ -28,6 +28,7 @@ pub enum TaskKind {
     Sort,
     Text,
     Shapes,
+    Tokens,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
@@ -51,7 +52,7 @@ pub struct TrainArgs {
     pub model: ModelKind,
     #[arg(long, value_enum, default_value = "adder")]
     pub task: TaskKind,
-    /// Text file for `--task text`.
+    /// Text file for `--task text`; token shard directory for `--task tokens` (`data prepare`).
     #[arg(long)]
     pub data: Option<PathBuf>,
     #[arg(long, default_value_t = 1000, value_parser = positive_u64)]
@@ -236,14 +237,22 @@ pub fn positive(s: &str) -> std::result::Result<usize, String> {
 
 /// The data the flags name (the text file is read when the task is built).
 pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
-    if a.data.is_some() && !matches!(a.task, TaskKind::Text) {
-        return Err(invalid!("--data is only read by --task text"));
+    if a.data.is_some() && !matches!(a.task, TaskKind::Text | TaskKind::Tokens) {
+        return Err(invalid!(
+            "--data is only read by --task text and --task tokens"
+        ));
     }
     Ok(match a.task {
         TaskKind::Adder => TaskSpec::Adder { digits: a.digits },
         TaskKind::Sort => TaskSpec::Sort { len: 6, symbols: 3 },
         TaskKind::Shapes => TaskSpec::Shapes {
             image_size: a.image_size,
+        },
+        TaskKind::Tokens => TaskSpec::Tokens {
+            dir: a.data.clone().ok_or_else(|| {
+                invalid!("--task tokens needs --data DIR (token shards: `pipewright data prepare`)")
+            })?,
+            seq_len: a.block_size.unwrap_or(64),
         },
         TaskKind::Text => TaskSpec::Text {
             path: a

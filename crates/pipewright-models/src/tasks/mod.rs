@@ -5,11 +5,13 @@ mod adder;
 mod shapes;
 mod sort;
 mod text;
+mod tokens;
 
 pub use adder::Adder;
 pub use shapes::Shapes;
 pub use sort::Sort;
 pub use text::Text;
+pub use tokens::Tokens;
 
 use candle_core::{DType, Device, Tensor};
 use pipewright::nn::IGNORE_INDEX;
@@ -42,7 +44,7 @@ pub type Predict<'a> = dyn FnMut(&Tensor) -> Result<Tensor> + 'a;
 /// A task: training batches made in process from a seed, and a held-out metric of a model's
 /// predictions.
 pub trait Task: Send + Sync {
-    /// The task's name (`adder`, `sort`, `text`, `shapes`).
+    /// The task's name (`adder`, `sort`, `text`, `shapes`, `tokens`).
     fn name(&self) -> &'static str;
     /// What the model sees.
     fn shape(&self) -> TaskShape;

@@ -1,0 +1,137 @@
+//! `pipewright data`: a tokenizer trained on a corpus, and the corpus encoded into token shards
+//! that `pipewright train --task tokens --data DIR` trains on.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use pipewright::data::{prepare, PrepareOptions, TokenDtype, Tokenizer};
+use pipewright::{invalid, Error, Result};
+
+#[derive(Subcommand)]
+pub enum DataCommand {
+    /// Train a byte-level BPE tokenizer on text files into Hugging Face's `tokenizer.json`.
+    Tokenizer(TokenizerArgs),
+    /// Encode text files with a tokenizer into token shards and their index.
+    Prepare(PrepareArgs),
+}
+
+#[derive(Args)]
+pub struct TokenizerArgs {
+    /// Tokens in the vocabulary (the 256 bytes, <|endoftext|> and the merges).
+    #[arg(long, default_value_t = 4096)]
+    pub vocab_size: usize,
+    /// The `tokenizer.json` to write (a new file).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Text files, or directories of them (read recursively).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct PrepareArgs {
+    /// The `tokenizer.json` to encode with (`data tokenizer` makes one; any other loads too).
+    #[arg(long)]
+    pub tokenizer: PathBuf,
+    /// The shard directory to write (new, or empty).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Share of the corpus (its last bytes) held out for evaluation.
+    #[arg(long, default_value_t = 0.05, value_parser = crate::train::finite)]
+    pub held_out: f64,
+    /// Ids per shard file at most.
+    #[arg(long, default_value_t = 1 << 24)]
+    pub shard_tokens: usize,
+    /// How ids are stored: u16 or u32 (default: the smallest that holds the vocabulary).
+    #[arg(long)]
+    pub dtype: Option<String>,
+    /// Text files, or directories of them (read recursively).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+pub fn run(c: DataCommand) -> Result<()> {
+    match c {
+        DataCommand::Tokenizer(a) => {
+            let files = corpus(&a.files)?;
+            let tok = Tokenizer::train(&files, a.vocab_size, &a.out)?;
+            println!(
+                "wrote {} (byte-level BPE, {} tokens, from {} files)",
+                a.out.display(),
+                tok.vocab_size(),
+                files.len()
+            );
+            Ok(())
+        }
+        DataCommand::Prepare(a) => prepare_shards(&a),
+    }
+}
+
+/// The files `paths` name, directories walked (sorted, so the order is the same everywhere).
+fn corpus(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        let meta = std::fs::metadata(p).map_err(|e| Error::io("cannot read corpus path", p, e))?;
+        if !meta.is_dir() {
+            out.push(p.to_path_buf());
+            return Ok(());
+        }
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
+            .map_err(|e| Error::io("cannot list", p, e))?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for e in entries {
+            walk(&e, out)?;
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        walk(p, &mut out)?;
+    }
+    if out.is_empty() {
+        return Err(invalid!("the corpus paths hold no files"));
+    }
+    Ok(out)
+}
+
+fn prepare_shards(a: &PrepareArgs) -> Result<()> {
+    let tok = Tokenizer::load(&a.tokenizer)?;
+    let files = corpus(&a.files)?;
+    let opts = PrepareOptions {
+        held_out: a.held_out,
+        shard_tokens: a.shard_tokens,
+        dtype: a
+            .dtype
+            .as_deref()
+            .map(str::parse::<TokenDtype>)
+            .transpose()?,
+        ..Default::default()
+    };
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} [{eta}]")
+            .expect("valid template"),
+    );
+    let start = Instant::now();
+    let index = prepare(&tok, &files, &a.out, &opts, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })?;
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    let count = |s: &[pipewright::data::shards::ShardFile]| s.iter().map(|f| f.tokens).sum::<u64>();
+    let (train, valid) = (count(&index.train), count(&index.valid));
+    println!(
+        "wrote {}: {train} training and {valid} held-out tokens ({:?}) in {} shards from {} documents, {:.0} tokens/s",
+        a.out.display(),
+        index.dtype,
+        index.train.len() + index.valid.len(),
+        index.documents,
+        (train + valid) as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
