@@ -271,7 +271,11 @@ fn write_shards(
     let mut splits = [writer("train"), writer("valid")];
     // Pieces starting at or after this byte of the corpus are held out.
     let threshold = (total as f64 * (1.0 - opts.held_out)).floor() as u64;
-    let batch = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Pieces are encoded in batches of about two pieces' worth of bytes per core (many small
+    // documents make one batch, so that the cores stay busy).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let batch_bytes = 2 * cores * opts.chunk_bytes;
+    let mut pending_bytes = 0usize;
     let mut offset = 0u64;
     // (text, split, ends its document)
     let mut pending: Vec<(String, usize, bool)> = Vec::new();
@@ -309,6 +313,7 @@ fn write_shards(
                     text(bytes, &mut rest)
                 };
                 offset -= rest.len() as u64;
+                pending_bytes += t.len();
                 pending.push((t, split, false));
             }
             if eof {
@@ -316,7 +321,8 @@ fn write_shards(
                 pending.push((String::new(), split, true));
                 break;
             }
-            if pending.len() >= batch {
+            if pending_bytes >= batch_bytes || pending.len() >= 1024 {
+                pending_bytes = 0;
                 flush(&mut pending, &mut splits)?;
                 progress(offset, total);
             }
