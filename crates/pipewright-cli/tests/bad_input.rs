@@ -26,19 +26,18 @@ fn bad_input_and_limits_are_clear_errors() {
         refused(&args.iter().map(String::as_str).collect::<Vec<_>>(), says)
     };
     // 8. f16 diverging stops and says so.
+    const F16: &[&str] = &[
+        "--precision",
+        "f16",
+        "--lr",
+        "1e4",
+        "--clip",
+        "0",
+        "--steps",
+        "300",
+    ];
     check(
-        with(&[
-            "--precision",
-            "f16",
-            "--lr",
-            "1e4",
-            "--clip",
-            "0",
-            "--steps",
-            "300",
-            "--out",
-            &out("f16"),
-        ]),
+        with(&[F16, &["--out", &out("f16")]].concat()),
         "the run diverged",
     );
     // 9. Costs whose sums overflow.
@@ -171,20 +170,7 @@ fn bad_input_and_limits_are_clear_errors() {
         "smaller than the task's vocabulary",
     );
     // An error a rank raised is that error, not "communication failed".
-    let f16 = with(&[
-        "--precision",
-        "f16",
-        "--lr",
-        "1e4",
-        "--clip",
-        "0",
-        "--steps",
-        "300",
-        "--pp",
-        "2",
-        "--out",
-    ]);
-    let f16: Vec<String> = f16.into_iter().chain([out("f16-pp2")]).collect();
+    let f16 = with(&[F16, &["--pp", "2", "--out", &out("f16-pp2")]].concat());
     let t = text(&run(&f16.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(t.contains("rank ") && t.contains("the run diverged"), "{t}");
     assert!(!t.contains("communication failed"), "{t}");

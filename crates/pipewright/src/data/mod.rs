@@ -11,3 +11,19 @@ pub mod tokenizer;
 pub use dataset::{Split, TokenDataset};
 pub use shards::{prepare, PrepareOptions, ShardIndex, TokenDtype};
 pub use tokenizer::{Tokenizer, END_OF_TEXT};
+
+/// Bytes of the corpus `files`; an error when it holds none (nothing to learn from).
+fn corpus_bytes(files: &[std::path::PathBuf]) -> crate::Result<u64> {
+    let mut total = 0u64;
+    for f in files {
+        total += std::fs::metadata(f)
+            .map_err(|e| crate::Error::io("cannot read corpus file", f, e))?
+            .len();
+    }
+    if total == 0 {
+        return Err(crate::invalid!(
+            "the corpus is empty: its files hold no text"
+        ));
+    }
+    Ok(total)
+}

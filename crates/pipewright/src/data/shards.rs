@@ -222,15 +222,7 @@ pub fn prepare(
             tok.path().display()
         )
     })?;
-    let mut total = 0u64;
-    for f in files {
-        total += std::fs::metadata(f)
-            .map_err(|e| Error::io("cannot read corpus file", f, e))?
-            .len();
-    }
-    if total == 0 {
-        return Err(invalid!("the corpus is empty: its files hold no text"));
-    }
+    let total = super::corpus_bytes(files)?;
     let name = out
         .file_name()
         .map_or("shards".into(), |n| n.to_string_lossy().into_owned());

@@ -54,15 +54,7 @@ impl Tokenizer {
                 "a byte-level BPE needs a vocabulary of at least 257 (the 256 bytes and {END_OF_TEXT}), got {vocab_size}"
             ));
         }
-        let mut bytes = 0u64;
-        for f in files {
-            bytes += std::fs::metadata(f)
-                .map_err(|e| Error::io("cannot read", f, e))?
-                .len();
-        }
-        if bytes == 0 {
-            return Err(invalid!("the corpus is empty: its files hold no text"));
-        }
+        super::corpus_bytes(files)?;
         crate::files::ensure_new(out, "--out")?;
         let mut trainer = BpeTrainerBuilder::new()
             .show_progress(false)
