@@ -6,6 +6,10 @@ Run with the venv of ../shared/tools/torch-env.sh plus `pip install transformers
 - crates/pipewright-models/tests/fixtures/gpt2_parity.safetensors: Hugging Face's own
   GPT2LMHeadModel (eager attention, gelu_new, tied lm_head) with perturbed random weights, a
   batch, the cross-entropy loss (ignore_index -100) and every parameter's gradient.
+- crates/pipewright-models/tests/fixtures/llama_parity.safetensors: Hugging Face's
+  LlamaForCausalLM (eager attention, grouped-query: 4 query heads over 2 key/value heads, SwiGLU,
+  RMSNorm, rotary, untied head) with perturbed random weights, a batch, the loss and every
+  gradient (`python tools/make_fixtures.py llama` makes only this one).
 - crates/pipewright/tests/fixtures/optim.safetensors: torch.optim.AdamW / SGD trajectories over
   three steps with changing learning rates, and torch.nn.utils.clip_grad_norm_.
 """
@@ -109,6 +113,56 @@ def optim():
     print("wrote", path)
 
 
+def llama_parity():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(4321)
+    vocab, block, n_layer, n_head, n_kv, dim, hidden = 48, 16, 2, 4, 2, 32, 56
+    eps, theta = 1e-5, 10000.0
+    cfg = LlamaConfig(
+        vocab_size=vocab, max_position_embeddings=block, num_hidden_layers=n_layer,
+        num_attention_heads=n_head, num_key_value_heads=n_kv, hidden_size=dim,
+        intermediate_size=hidden, rms_norm_eps=eps, rope_theta=theta, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, attn_implementation="eager", hidden_act="silu",
+        bos_token_id=0, eos_token_id=0, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    b, t = 3, 12
+    ids = torch.randint(0, vocab, (b, t))
+    targets = torch.randint(0, vocab, (b, t))
+    targets[0, :4] = -100
+    targets[2, 7] = -100
+    logits = model(ids).logits
+    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    out = {
+        "config": torch.tensor([vocab, block, n_layer, n_head, n_kv, dim, hidden], dtype=torch.int64),
+        "config_f": torch.tensor([eps, theta], dtype=torch.float64),
+        "input_ids": ids.to(torch.int64),
+        "targets": targets.to(torch.int64),
+        "loss": loss.detach().reshape(1),
+        "logits": logits.detach().contiguous(),
+    }
+    for name, p in model.named_parameters():
+        out["param." + name] = p.detach().clone().contiguous()
+        out["grad." + name] = p.grad.detach().clone().contiguous()
+    path = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures/llama_parity.safetensors")
+    save_file(out, path)
+    print("wrote", path, "loss", loss.item())
+
+
 if __name__ == "__main__":
-    gpt2_parity()
-    optim()
+    import sys
+
+    if sys.argv[1:] == ["llama"]:
+        llama_parity()
+    else:
+        gpt2_parity()
+        optim()
+        llama_parity()

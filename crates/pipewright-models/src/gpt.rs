@@ -306,6 +306,13 @@ impl Layer for Norm {
 /// rank's part of the vocabulary under tensor parallelism (marked split in the [`Cx`]).
 pub struct LmHead(ParallelLinear);
 
+impl LmHead {
+    /// The head of `linear` (column-parallel over the vocabulary under tensor parallelism).
+    pub fn new(linear: ParallelLinear) -> Self {
+        Self(linear)
+    }
+}
+
 impl Layer for LmHead {
     fn name(&self) -> &str {
         "lm_head"

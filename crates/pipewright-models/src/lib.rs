@@ -6,11 +6,13 @@
 pub mod cnn;
 pub mod gpt;
 pub mod hf_gpt2;
+pub mod llama;
 pub mod parity;
 pub mod run;
 pub mod tasks;
 
 pub use cnn::{cnn, CnnConfig};
 pub use gpt::{gpt, GptConfig, TIED};
+pub use llama::{llama, LlamaConfig};
 pub use run::{ModelConfig, RunSpec, TaskSpec};
 pub use tasks::{Task, TaskShape};

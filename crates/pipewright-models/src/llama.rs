@@ -1,0 +1,370 @@
+//! Llama (Meta's, as Hugging Face's `LlamaForCausalLM` computes it): RMSNorm before attention
+//! and MLP, rotary position embeddings on queries and keys, grouped-query attention (fewer key
+//! and value heads than query heads), a SwiGLU MLP, no biases, an untied output head.
+//! Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, stored
+//! `(out, in)`), so its checkpoints map one to one.
+//!
+//! The same cut points as the GPT (after the embedding and after every block) and Megatron's
+//! tensor-parallel split: q, k and v column-parallel with whole heads per rank (query heads and
+//! key/value groups both split), `o_proj` row-parallel; `gate_proj` and `up_proj`
+//! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
+
+use candle_core::{DType, Tensor, Var, D};
+use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
+use pipewright::nn::{join, scaled_softmax, Linear, Module, WeightLayout};
+use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear};
+use pipewright::{invalid, Build, Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::gpt::LmHead;
+
+/// A Llama's sizes (Hugging Face's `LlamaConfig` names in the comments).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlamaConfig {
+    /// Tokens (`vocab_size`).
+    pub vocab_size: usize,
+    /// Longest sequence (`max_position_embeddings`).
+    pub block_size: usize,
+    /// Blocks (`num_hidden_layers`).
+    pub n_layer: usize,
+    /// Query heads (`num_attention_heads`).
+    pub n_head: usize,
+    /// Key and value heads (`num_key_value_heads`; a divisor of `n_head`).
+    pub n_kv_head: usize,
+    /// Model width (`hidden_size`).
+    pub dim: usize,
+    /// MLP width (`intermediate_size`).
+    pub hidden: usize,
+    /// RMSNorm's epsilon (`rms_norm_eps`).
+    pub norm_eps: f64,
+    /// Rotary base (`rope_theta`).
+    pub rope_theta: f64,
+}
+
+impl LlamaConfig {
+    /// Fails on sizes that do not make a Llama.
+    pub fn validate(&self) -> Result<()> {
+        let c = self;
+        if [
+            c.vocab_size,
+            c.block_size,
+            c.n_layer,
+            c.n_head,
+            c.n_kv_head,
+            c.dim,
+            c.hidden,
+        ]
+        .contains(&0)
+        {
+            return Err(invalid!("every Llama size must be positive: {c:?}"));
+        }
+        if !c.dim.is_multiple_of(c.n_head) || !(c.dim / c.n_head).is_multiple_of(2) {
+            return Err(invalid!(
+                "dim {} must be n_head {} heads of an even width (rotary pairs)",
+                c.dim,
+                c.n_head
+            ));
+        }
+        if !c.n_head.is_multiple_of(c.n_kv_head) {
+            return Err(invalid!(
+                "n_head {} must be a multiple of n_kv_head {} (query heads per key/value group)",
+                c.n_head,
+                c.n_kv_head
+            ));
+        }
+        if !(c.norm_eps > 0.0 && c.rope_theta > 0.0) {
+            return Err(invalid!("norm_eps and rope_theta must be positive"));
+        }
+        Ok(())
+    }
+
+    /// Sizes a tensor-parallel size must divide: query heads, key/value heads, the MLP width
+    /// and the vocabulary.
+    pub fn tp_divides(&self) -> Vec<usize> {
+        vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size]
+    }
+
+    fn head_dim(&self) -> usize {
+        self.dim / self.n_head
+    }
+}
+
+/// The Llama as a sequential model: `embed`, `model.layers.0` .. `model.layers.{n-1}`, `norm`,
+/// `lm_head`, with a cut point after the embedding and after every block.
+pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
+    cfg.validate()?;
+    let mut s = Sequential::new();
+    s.push(LayerSpec::new("embed", move |init| {
+        Ok(Box::new(Embed(ParallelEmbedding::new(
+            init,
+            &init.tp,
+            "model.embed_tokens",
+            cfg.vocab_size,
+            cfg.dim,
+            0.02,
+        )?)) as Box<dyn Layer>)
+    }))
+    .cut();
+    for i in 0..cfg.n_layer {
+        let name = format!("model.layers.{i}");
+        s.push(LayerSpec::new(name.clone(), move |init| {
+            Ok(Box::new(LlamaBlock::new(init, &name, cfg)?) as Box<dyn Layer>)
+        }))
+        .cut();
+    }
+    s.push(LayerSpec::new("model.norm", move |init| {
+        Ok(Box::new(RmsNorm::new(init, "model.norm", cfg.dim, cfg.norm_eps)?) as Box<dyn Layer>)
+    }));
+    s.push(LayerSpec::new("lm_head", move |init| {
+        let head = linear(init, "lm_head", cfg.dim, cfg.vocab_size)?;
+        Ok(Box::new(LmHead::new(ParallelLinear::from_whole(
+            head,
+            Some(ParallelDim::Column),
+            1,
+            &init.tp,
+        )?)) as Box<dyn Layer>)
+    }));
+    Ok(s)
+}
+
+/// A bias-free `(out, in)` linear layer, Normal(0, 0.02) as Hugging Face initialises Llama.
+fn linear(init: &Build, name: &str, inp: usize, out: usize) -> Result<Linear> {
+    let w = init.normal(&join(name, "weight"), &[out, inp], 0.02)?;
+    Linear::from_vars(name, w, None, WeightLayout::OutIn)
+}
+
+/// Split over the group on `dim` (column: whole output rows per rank; row: input columns).
+fn parallel(
+    init: &Build,
+    name: &str,
+    inp: usize,
+    out: usize,
+    dim: ParallelDim,
+) -> Result<ParallelLinear> {
+    let p = ParallelLinear::from_whole(linear(init, name, inp, out)?, Some(dim), 1, &init.tp)?;
+    Ok(if dim == ParallelDim::Row {
+        p.input_is_parallel(true)
+    } else {
+        p
+    })
+}
+
+/// The token embedding (vocabulary-parallel).
+struct Embed(ParallelEmbedding);
+
+impl Layer for Embed {
+    fn name(&self) -> &str {
+        "embed"
+    }
+
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        let ids = x.into_tensor("embed")?;
+        Ok(self.0.forward(&ids, cx)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        self.0.params()
+    }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        self.0.shards()
+    }
+}
+
+/// Root-mean-square normalisation with a gain (`weight`), in f32 whatever the model computes in.
+pub struct RmsNorm {
+    name: String,
+    weight: Var,
+    eps: f64,
+}
+
+impl RmsNorm {
+    /// A gain of ones over `dim` channels.
+    pub fn new(init: &Build, name: &str, dim: usize, eps: f64) -> Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            weight: init.constant(&[dim], 1.0)?,
+            eps,
+        })
+    }
+
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let dt = x.dtype();
+        let x = x.to_dtype(DType::F32)?;
+        let rms = (x.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?;
+        let y = x.broadcast_div(&rms)?.to_dtype(dt)?;
+        Ok(y.broadcast_mul(self.weight.as_tensor())?)
+    }
+}
+
+impl Layer for RmsNorm {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
+        Ok(self.apply(&x.into_tensor(&self.name)?)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        vec![(join(&self.name, "weight"), self.weight.clone())]
+    }
+}
+
+/// `cos` and `sin` of the rotary angles of positions `0..t` for heads of width `hd`, as
+/// Hugging Face lays them out (the frequencies twice over the head).
+fn rotary(t: usize, hd: usize, theta: f64, like: &Tensor) -> Result<(Tensor, Tensor)> {
+    let half = hd / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
+        .collect();
+    let mut ang = Vec::with_capacity(t * hd);
+    for p in 0..t {
+        for k in 0..hd {
+            ang.push(p as f32 * inv[k % half]);
+        }
+    }
+    let ang = Tensor::from_vec(ang, (t, hd), like.device())?;
+    Ok((
+        ang.cos()?.to_dtype(like.dtype())?,
+        ang.sin()?.to_dtype(like.dtype())?,
+    ))
+}
+
+/// `x * cos + rotate_half(x) * sin` for `x` of `(batch, heads, time, hd)`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let hd = x.dim(D::Minus1)?;
+    let (x1, x2) = (
+        x.narrow(D::Minus1, 0, hd / 2)?,
+        x.narrow(D::Minus1, hd / 2, hd / 2)?,
+    );
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+}
+
+/// A Llama block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+pub struct LlamaBlock {
+    name: String,
+    cfg: LlamaConfig,
+    input_norm: RmsNorm,
+    q: ParallelLinear,
+    k: ParallelLinear,
+    v: ParallelLinear,
+    o: ParallelLinear,
+    post_norm: RmsNorm,
+    gate: ParallelLinear,
+    up: ParallelLinear,
+    down: ParallelLinear,
+    /// Query and key/value heads on this rank.
+    local: (usize, usize),
+}
+
+impl LlamaBlock {
+    /// Block `name` of `cfg`.
+    pub fn new(init: &Build, name: &str, cfg: LlamaConfig) -> Result<Self> {
+        let tp = init.tp.size();
+        if let Some(d) = cfg.tp_divides().into_iter().find(|d| d % tp != 0) {
+            return Err(Error::Layer {
+                layer: name.into(),
+                msg: format!(
+                    "{d} (heads, key/value heads, MLP width or vocabulary) cannot be split over \
+                     {tp} tensor-parallel ranks: choose a tensor-parallel size that divides it"
+                ),
+            });
+        }
+        let (d, hd) = (cfg.dim, cfg.head_dim());
+        let at = |s: &str| join(name, s);
+        use ParallelDim::{Column, Row};
+        Ok(Self {
+            name: name.to_string(),
+            cfg,
+            input_norm: RmsNorm::new(init, &at("input_layernorm"), d, cfg.norm_eps)?,
+            q: parallel(init, &at("self_attn.q_proj"), d, cfg.n_head * hd, Column)?,
+            k: parallel(init, &at("self_attn.k_proj"), d, cfg.n_kv_head * hd, Column)?,
+            v: parallel(init, &at("self_attn.v_proj"), d, cfg.n_kv_head * hd, Column)?,
+            o: parallel(init, &at("self_attn.o_proj"), cfg.n_head * hd, d, Row)?,
+            post_norm: RmsNorm::new(init, &at("post_attention_layernorm"), d, cfg.norm_eps)?,
+            gate: parallel(init, &at("mlp.gate_proj"), d, cfg.hidden, Column)?,
+            up: parallel(init, &at("mlp.up_proj"), d, cfg.hidden, Column)?,
+            down: parallel(init, &at("mlp.down_proj"), cfg.hidden, d, Row)?,
+            local: (cfg.n_head / tp, cfg.n_kv_head / tp),
+        })
+    }
+
+    fn attention(&self, x: &Tensor, cx: &mut Cx) -> Result<Tensor> {
+        let (b, t, _) = x.dims3().map_err(|_| Error::Layer {
+            layer: self.name.clone(),
+            msg: format!("expects (batch, time, channels), got {:?}", x.dims()),
+        })?;
+        if t > self.cfg.block_size {
+            return Err(Error::Layer {
+                layer: self.name.clone(),
+                msg: format!(
+                    "sequence of {t} tokens is longer than block_size {}: raise --block-size",
+                    self.cfg.block_size
+                ),
+            });
+        }
+        let hd = self.cfg.head_dim();
+        let (h, kvh) = self.local;
+        let heads = |y: Tensor, n: usize| -> Result<Tensor> {
+            Ok(y.reshape((b, t, n, hd))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = heads(self.q.forward(x, cx)?, h)?;
+        let k = heads(self.k.forward(x, cx)?, kvh)?;
+        let v = heads(self.v.forward(x, cx)?, kvh)?;
+        let (cos, sin) = rotary(t, hd, self.cfg.rope_theta, &q)?;
+        let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
+        // Each key/value head serves `rep` query heads in a row.
+        let rep = h / kvh;
+        let repeat = |y: Tensor| -> Result<Tensor> {
+            if rep == 1 {
+                return Ok(y);
+            }
+            Ok(y.unsqueeze(2)?
+                .broadcast_as((b, kvh, rep, t, hd))?
+                .reshape((b, h, t, hd))?)
+        };
+        let (k, v) = (repeat(k)?, repeat(v)?);
+        let att = scaled_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), true)?;
+        let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, h * hd))?;
+        self.o.forward(&y, cx)
+    }
+}
+
+impl Layer for LlamaBlock {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
+        let x = x.into_tensor(&self.name)?;
+        let x = (&x + self.attention(&self.input_norm.apply(&x)?, cx)?)?;
+        let n = self.post_norm.apply(&x)?;
+        let g = self.gate.forward(&n, cx)?;
+        let u = self.up.forward(&n, cx)?;
+        let h = self.down.forward(&(g.silu()? * u)?, cx)?;
+        Ok((x + h)?.into())
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        let mut v = self.input_norm.params();
+        for p in [&self.q, &self.k, &self.v, &self.o] {
+            v.extend(p.params());
+        }
+        v.extend(self.post_norm.params());
+        for p in [&self.gate, &self.up, &self.down] {
+            v.extend(p.params());
+        }
+        v
+    }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+        .iter()
+        .flat_map(|p| p.shards())
+        .collect()
+    }
+}

@@ -1,0 +1,163 @@
+//! The Llama against Hugging Face's LlamaForCausalLM (fixture from `tools/make_fixtures.py
+//! llama`: grouped-query attention, rotary, SwiGLU, RMSNorm, untied head): the same parameter
+//! names and shapes, the same logits and loss, the same gradient for every parameter; and
+//! every pp x tp x dp layout trains to the serial run's losses.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use pipewright::comm::local;
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::loss::CrossEntropy;
+use pipewright::nn::max_rel_diff;
+use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::{Batch, Build};
+use pipewright_models::{llama, LlamaConfig};
+
+fn fixture() -> HashMap<String, Tensor> {
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    let p = format!("{dir}/tests/fixtures/llama_parity.safetensors");
+    candle_core::safetensors::load(p, &Device::Cpu).unwrap()
+}
+
+fn config(f: &HashMap<String, Tensor>) -> LlamaConfig {
+    let c = f["config"].to_vec1::<i64>().unwrap();
+    let g = f["config_f"].to_vec1::<f64>().unwrap();
+    LlamaConfig {
+        vocab_size: c[0] as usize,
+        block_size: c[1] as usize,
+        n_layer: c[2] as usize,
+        n_head: c[3] as usize,
+        n_kv_head: c[4] as usize,
+        dim: c[5] as usize,
+        hidden: c[6] as usize,
+        norm_eps: g[0],
+        rope_theta: g[1],
+    }
+}
+
+fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    max_rel_diff(&a.to_device(&Device::Cpu).unwrap(), b).unwrap()
+}
+
+fn batch(f: &HashMap<String, Tensor>) -> Batch {
+    let ids = f["input_ids"].to_dtype(DType::U32).unwrap();
+    Batch::pair(ids, f["targets"].clone())
+}
+
+#[test]
+fn logits_loss_and_every_gradient_match_hf_llama() {
+    let f = fixture();
+    let cfg = config(&f);
+    for chunks in [1, 3] {
+        let stage = llama(cfg).unwrap().build(&Build::cpu(0)).unwrap();
+        let params = stage.params();
+        let theirs = f.keys().filter(|k| k.starts_with("param.")).count();
+        assert_eq!(
+            params.len(),
+            theirs,
+            "parameter count differs from HF Llama"
+        );
+        for (n, v) in &params {
+            let want = f
+                .get(&format!("param.{n}"))
+                .unwrap_or_else(|| panic!("HF Llama has no `{n}`"));
+            assert_eq!(v.dims(), want.dims(), "`{n}` shape");
+            v.set(want).unwrap();
+        }
+        let opt = Box::new(Sgd::new(params, SgdConfig::default()).unwrap());
+        let t = SerialTrainer::new(
+            stage,
+            opt,
+            TrainOptions {
+                seed: 0,
+                chunks,
+                clip: None,
+                schedule: LrSchedule::Constant { lr: 0.1 },
+                tied: vec![],
+                deferred_batch_norm: false,
+                loss: std::sync::Arc::new(CrossEntropy::default()),
+            },
+        )
+        .unwrap();
+        let b = batch(&f);
+        let logits = t.predict(&b).unwrap();
+        let e = rel_diff(&logits, &f["logits"]);
+        assert!(e < 1e-5, "logits relative error {e:e}");
+        let (loss, grads, _) = t.loss_and_grads(&b).unwrap();
+        let want = f["loss"].to_vec1::<f32>().unwrap()[0] as f64;
+        assert!(
+            ((loss - want) / want).abs() < 1e-5,
+            "loss {loss} vs HF {want}"
+        );
+        for (n, _) in t.model().params() {
+            let g = grads
+                .get(&n)
+                .unwrap_or_else(|| panic!("no gradient for `{n}`"));
+            let e = rel_diff(g, &f[&format!("grad.{n}")]);
+            assert!(
+                e < 1e-4,
+                "chunks {chunks}: gradient of `{n}` relative error {e:e}"
+            );
+        }
+    }
+}
+
+fn adamw(ps: Vec<(String, candle_core::Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
+    Ok(Box::new(AdamW::new(ps, AdamWConfig::default())?))
+}
+
+/// Losses of 3 steps of the fixture's Llama on `layout` (ranks as threads), micro-batches of 2.
+fn losses(layout: Layout) -> Vec<f64> {
+    let f = fixture();
+    let cfg = config(&f);
+    let model = llama(cfg).unwrap();
+    let opts = VarunaOptions {
+        seed: 3,
+        clip: Some(1.0),
+        ..VarunaOptions::new(layout, 8, 2)
+    };
+    let make = |step: u64, rows: usize| -> pipewright::Result<Batch> {
+        let n = (rows * 13) as u32;
+        let all: Vec<u32> = (0..n)
+            .map(|i| (i * 7 + step as u32 * 5 + i / 3) % 48)
+            .collect();
+        let x: Vec<u32> = all.chunks(13).flat_map(|c| c[..12].to_vec()).collect();
+        let y: Vec<i64> = all
+            .chunks(13)
+            .flat_map(|c| c[1..].iter().map(|&v| v as i64).collect::<Vec<_>>())
+            .collect();
+        Ok(Batch::pair(
+            Tensor::from_vec(x, (rows, 12), &Device::Cpu)?,
+            Tensor::from_vec(y, (rows, 12), &Device::Cpu)?,
+        ))
+    };
+    let runs = local::run(layout.world(), |comm| {
+        let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
+        v.set_optimizer(adamw)?;
+        let loader = DistributedLoader::new(make, 8, v.coords().dp_rank, layout.dp, Device::Cpu)?;
+        (0..3)
+            .map(|s| Ok(v.step(&loader.batch(s)?)?.loss))
+            .collect::<pipewright::Result<Vec<f64>>>()
+    })
+    .unwrap();
+    runs[0].clone()
+}
+
+#[test]
+fn every_layout_trains_to_the_serial_losses() {
+    let serial = losses(Layout::new(1, 1, 1).unwrap());
+    assert!(serial[2] < serial[0], "it learns: {serial:?}");
+    for (pp, tp, dp) in [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2)] {
+        let got = losses(Layout::new(pp, tp, dp).unwrap());
+        for (a, b) in serial.iter().zip(&got) {
+            assert!(
+                (a - b).abs() <= 1e-5 * a.abs(),
+                "pp={pp} tp={tp} dp={dp}: {got:?} vs serial {serial:?}"
+            );
+        }
+    }
+}
