@@ -150,6 +150,7 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
             a.tp,
             match spec.model {
                 ModelConfig::Gpt { .. } => "a GPT's heads and vocabulary",
+                ModelConfig::Llama { .. } => "a Llama's heads, key/value heads, MLP and vocabulary",
                 ModelConfig::Cnn { .. } => "the CNN has no tensor-parallel layers",
             }
         ));

@@ -1,6 +1,7 @@
 //! A user's corpus end to end: `data tokenizer`, `data prepare`, then `train --task tokens`
 //! over pp2 x dp2 writes the serial run's losses, and a run resumed mid-epoch the losses of
-//! the uninterrupted one, bit for bit (it reads the same tokens).
+//! the uninterrupted one, bit for bit (it reads the same tokens); the Llama trains on it over
+//! pp2 x tp2 to its serial losses.
 
 mod common;
 
@@ -94,6 +95,28 @@ fn a_corpus_trains_on_any_layout_and_resumes_on_the_same_tokens() {
         &parts,
     );
     assert_eq!(resumed, serial);
+    // The Llama (grouped-query: 2 key/value heads for 4 query heads) over pp2 x tp2.
+    let llama = [
+        "--model",
+        "llama",
+        "--n-head",
+        "4",
+        "--n-kv-head",
+        "2",
+        "--steps",
+        "4",
+    ];
+    let serial = with(
+        &[&llama[..], &["--chunks", "4"]].concat(),
+        &dir.join("llama"),
+    );
+    let split = with(
+        &[&llama[..], &["--pp", "2", "--tp", "2", "--chunks", "4"]].concat(),
+        &dir.join("llama-pp2tp2"),
+    );
+    for (a, b) in serial.iter().zip(&split) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{serial:?} vs {split:?}");
+    }
     // Without shards: a clear error.
     let o = train(&["--task", "tokens", "--out", &s(&dir.join("none"))]);
     assert!(!o.status.success() && text(&o).contains("--task tokens needs --data DIR"));

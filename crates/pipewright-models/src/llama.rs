@@ -84,6 +84,16 @@ impl LlamaConfig {
         vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size]
     }
 
+    /// Parameters of the whole model: the embedding and the head, per block the attention
+    /// (q and o of `dim` x `n_head * head_dim`, k and v of the key/value heads), the MLP (three
+    /// matrices of `dim` x `hidden`) and two norms, and the final norm.
+    pub fn param_count(&self) -> u64 {
+        let (v, d, h) = (self.vocab_size as u64, self.dim as u64, self.hidden as u64);
+        let kv = (self.n_kv_head * self.head_dim()) as u64;
+        let block = (2 * d * d + 2 * d * kv + 3 * d * h + 2 * d) * self.n_layer as u64;
+        2 * v * d + block + d
+    }
+
     fn head_dim(&self) -> usize {
         self.dim / self.n_head
     }

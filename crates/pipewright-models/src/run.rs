@@ -13,7 +13,7 @@ use pipewright::{invalid, Batch, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
 use crate::tasks::{Adder, Shapes, Sort, Text, Tokens};
-use crate::{cnn, gpt, CnnConfig, GptConfig, Task, TaskShape, TIED};
+use crate::{cnn, gpt, llama, CnnConfig, GptConfig, LlamaConfig, Task, TaskShape, TIED};
 
 /// A model by its configuration: what a checkpoint stores to rebuild it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -24,6 +24,13 @@ pub enum ModelConfig {
         /// The GPT's sizes.
         gpt: GptConfig,
         /// Token ids the data uses (at most `gpt.vocab_size`).
+        vocab: usize,
+    },
+    /// The Llama, and the task's vocabulary (the Llama's may be padded beyond it).
+    Llama {
+        /// The Llama's sizes.
+        llama: LlamaConfig,
+        /// Token ids the data uses (at most `llama.vocab_size`).
         vocab: usize,
     },
     /// The CNN.
@@ -38,6 +45,7 @@ impl ModelConfig {
     pub fn build(&self) -> Result<(Sequential, Vec<(String, String)>)> {
         Ok(match self {
             ModelConfig::Gpt { gpt: cfg, .. } => (gpt(*cfg)?, vec![(TIED.0.into(), TIED.1.into())]),
+            ModelConfig::Llama { llama: cfg, .. } => (llama(*cfg)?, Vec::new()),
             ModelConfig::Cnn { cnn: cfg } => (cnn(*cfg)?, Vec::new()),
         })
     }
@@ -46,6 +54,7 @@ impl ModelConfig {
     pub fn tp_divides(&self) -> Vec<usize> {
         match self {
             ModelConfig::Gpt { gpt, .. } => gpt.tp_divides(),
+            ModelConfig::Llama { llama, .. } => llama.tp_divides(),
             ModelConfig::Cnn { .. } => vec![1],
         }
     }
@@ -211,6 +220,16 @@ impl RunSpec {
                 let kept: f64 = profile.layers.iter().map(|l| l.kept_bytes_per_sample).sum();
                 let n = gpt.param_count();
                 (format!("this GPT ({n} parameters)"), n as f64, kept)
+            }
+            ModelConfig::Llama { llama, .. } => {
+                // Per layer and token: the norms' inputs and outputs, q, k, v, the attention
+                // scores of its row, the MLP's three hidden vectors; in the compute dtype.
+                let bytes = t.precision.dtype().size_in_bytes() as f64;
+                let per_token =
+                    (6 * llama.dim + llama.block_size * llama.n_head + 3 * llama.hidden) as f64;
+                let n = llama.param_count();
+                let kept = per_token * llama.block_size as f64 * llama.n_layer as f64 * bytes;
+                (format!("this Llama ({n} parameters)"), n as f64, kept)
             }
             ModelConfig::Cnn { cnn } => {
                 let maps = (2 * cnn.blocks + 2) as f64 * 3.0;

@@ -11,13 +11,14 @@ use pipewright::pipeline::Recompute;
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::{invalid, Result};
-use pipewright_models::{CnnConfig, GptConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec};
+use pipewright_models::TaskSpec;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     Gpt,
+    Llama,
     Cnn,
 }
 
@@ -187,6 +188,16 @@ pub struct TrainArgs {
     /// a multiple of --tp. Padded ids never occur.
     #[arg(long, value_parser = positive)]
     pub vocab_size: Option<usize>,
+    // Llama sizes (with --n-layer, --n-head, --n-embd, --vocab-size).
+    /// Llama key/value heads (grouped-query attention; default: --n-head).
+    #[arg(long, value_parser = positive)]
+    pub n_kv_head: Option<usize>,
+    /// Llama MLP width (default: 8/3 of --n-embd, rounded up to a multiple of 8).
+    #[arg(long, value_parser = positive)]
+    pub mlp_hidden: Option<usize>,
+    /// Llama rotary base.
+    #[arg(long, default_value_t = 10000.0, value_parser = finite)]
+    pub rope_theta: f64,
     // CNN sizes.
     /// CNN channels of the first blocks.
     #[arg(long, default_value_t = 16, value_parser = positive)]
@@ -265,93 +276,6 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
 }
 
 impl TrainArgs {
-    /// The run the flags describe, checked, and its task (built to learn its shape).
-    pub fn spec(&self) -> Result<(RunSpec, Box<dyn Task>)> {
-        let (model, task, built) = self.model_and_task()?;
-        let train = self.train_spec()?;
-        Ok((RunSpec { model, task, train }, built))
-    }
-
-    /// The model the flags describe, the task's spec and the task itself (`profile` and
-    /// `plan` need no more).
-    pub fn model_and_task(&self) -> Result<(ModelConfig, TaskSpec, Box<dyn Task>)> {
-        self.check_flags_apply()?;
-        let task = task_spec(self)?;
-        let built = task.build(self.seed)?;
-        Ok((make_model(self, built.as_ref())?, task, built))
-    }
-
-    /// Fails on a size flag given for a model or task the run does not use (it would be
-    /// ignored without a word). A flag at its default value is not told apart from an absent
-    /// one.
-    fn check_flags_apply(&self) -> Result<()> {
-        let d = Self::defaults();
-        let given = |flags: &[(&str, bool)]| -> Vec<String> {
-            flags
-                .iter()
-                .filter(|(_, g)| *g)
-                .map(|(f, _)| format!("--{f}"))
-                .collect()
-        };
-        let (model, other) = match self.model {
-            ModelKind::Gpt => (
-                "gpt",
-                given(&[
-                    ("width", self.width != d.width),
-                    ("blocks", self.blocks != d.blocks),
-                    ("long-skip", self.long_skip),
-                ]),
-            ),
-            ModelKind::Cnn => (
-                "cnn",
-                given(&[
-                    ("n-layer", self.n_layer != d.n_layer),
-                    ("n-head", self.n_head != d.n_head),
-                    ("n-embd", self.n_embd != d.n_embd),
-                    ("vocab-size", self.vocab_size.is_some()),
-                    ("dropout", self.dropout != d.dropout),
-                ]),
-            ),
-        };
-        if !other.is_empty() {
-            return Err(invalid!(
-                "this run trains --model {model}, which does not use {}: drop them, or choose the \
-                 model they size",
-                other.join(", ")
-            ));
-        }
-        let task = given(&[
-            (
-                "digits",
-                self.digits != d.digits && !matches!(self.task, TaskKind::Adder),
-            ),
-            (
-                "image-size",
-                self.image_size != d.image_size && !matches!(self.task, TaskKind::Shapes),
-            ),
-        ]);
-        if !task.is_empty() {
-            return Err(invalid!(
-                "this run learns --task {}, which does not use {}: drop them, or choose the task \
-                 they belong to",
-                format!("{:?}", self.task).to_lowercase(),
-                task.join(", ")
-            ));
-        }
-        Ok(())
-    }
-
-    /// The flags' defaults (what `pipewright train` alone runs).
-    fn defaults() -> Self {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Only {
-            #[command(flatten)]
-            a: TrainArgs,
-        }
-        Only::parse_from(["train"]).a
-    }
-
     /// Everything the flags say about training, besides the model and the data.
     pub fn train_spec(&self) -> Result<TrainSpec> {
         if self.clip < 0.0 || !self.clip.is_finite() {
@@ -421,78 +345,5 @@ impl TrainArgs {
             ));
         }
         Ok(self.batch_size / per)
-    }
-}
-
-/// The model the flags describe, for `task`.
-fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
-    match (a.model, task.shape()) {
-        (ModelKind::Gpt, TaskShape::Tokens { vocab, seq_len }) => {
-            let block_size = a.block_size.unwrap_or(seq_len);
-            if block_size < seq_len {
-                return Err(invalid!(
-                    "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
-                ));
-            }
-            let vocab_size = a.vocab_size.unwrap_or(vocab);
-            if vocab_size < vocab {
-                return Err(invalid!(
-                    "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
-                ));
-            }
-            if !vocab_size.is_multiple_of(a.tp) {
-                let padded = vocab_size.div_ceil(a.tp) * a.tp;
-                return Err(invalid!(
-                    "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
-                     (padded ids never occur)",
-                    a.tp
-                ));
-            }
-            if !a.n_head.is_multiple_of(a.tp) {
-                return Err(invalid!(
-                    "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
-                    a.n_head,
-                    a.tp
-                ));
-            }
-            let cfg = GptConfig {
-                vocab_size,
-                block_size,
-                n_layer: a.n_layer,
-                n_head: a.n_head,
-                n_embd: a.n_embd,
-                dropout: a.dropout,
-            };
-            Ok(ModelConfig::Gpt { gpt: cfg, vocab })
-        }
-        (
-            ModelKind::Cnn,
-            TaskShape::Images {
-                channels, classes, ..
-            },
-        ) => {
-            if a.tp > 1 {
-                return Err(invalid!(
-                    "--tp splits the GPT's layers; the CNN has no tensor-parallel layers: use --tp 1"
-                ));
-            }
-            let cfg = CnnConfig {
-                in_channels: channels,
-                classes,
-                width: a.width,
-                blocks: a.blocks,
-                blocks_per_stage: 2,
-                long_skip: a.long_skip,
-            };
-            Ok(ModelConfig::Cnn { cnn: cfg })
-        }
-        (ModelKind::Gpt, _) => Err(invalid!(
-            "--model gpt needs a token task (adder, sort, text), not {}",
-            task.name()
-        )),
-        (ModelKind::Cnn, _) => Err(invalid!(
-            "--model cnn needs an image task (shapes), not {}",
-            task.name()
-        )),
     }
 }

@@ -3,6 +3,7 @@
 //! under mpirun. Every layout, serial included, trains through [`Varuna`].
 
 mod args;
+mod model;
 mod morph;
 mod report;
 

@@ -1,6 +1,6 @@
 //! Morphing (Varuna) for `pipewright train`: a restarted attempt in a world of another size
 //! morphs its [`RunSpec`] ([`RunSpec::morph`]). A GPT is planned from its shapes on
-//! `--hardware` (the launcher's ranks per node as a node); other models, which the planner
+//! `--hardware` (the launcher's ranks per node as a node); other models (the Llama, the CNN), which the planner
 //! cannot size without a profile, take the nearest layout.
 
 use pipewright::dist::Env;
@@ -15,7 +15,7 @@ pub fn morph(a: &TrainArgs, env: &Env, spec: &RunSpec) -> Result<RunSpec> {
     let world = env.world_size;
     let hw = match spec.model {
         ModelConfig::Gpt { .. } => Some(Hardware::load(&a.hardware)?),
-        ModelConfig::Cnn { .. } => None,
+        ModelConfig::Llama { .. } | ModelConfig::Cnn { .. } => None,
     };
     let (morphed, m) = spec.morph(world, hw.as_ref().map(|hw| (hw, env.local_world_size)))?;
     let why = match m.step_s {

@@ -1,0 +1,213 @@
+//! The model the flags of `pipewright train` describe, and the check that no flag of another
+//! model or task is given (it would be ignored without a word).
+
+use pipewright::{invalid, Result};
+use pipewright_models::{
+    CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec,
+};
+
+use super::args::{ModelKind, TaskKind, TrainArgs};
+
+impl TrainArgs {
+    /// The run the flags describe, checked, and its task (built to learn its shape).
+    pub fn spec(&self) -> Result<(RunSpec, Box<dyn Task>)> {
+        let (model, task, built) = self.model_and_task()?;
+        let train = self.train_spec()?;
+        Ok((RunSpec { model, task, train }, built))
+    }
+
+    /// The model the flags describe, the task's spec and the task itself (`profile` and
+    /// `plan` need no more).
+    pub fn model_and_task(&self) -> Result<(ModelConfig, TaskSpec, Box<dyn Task>)> {
+        check_flags_apply(self)?;
+        let task = super::args::task_spec(self)?;
+        let built = task.build(self.seed)?;
+        Ok((make_model(self, built.as_ref())?, task, built))
+    }
+}
+
+/// Fails on a size flag given for a model or task the run does not use (it would be
+/// ignored without a word). A flag at its default value is not told apart from an absent
+/// one.
+fn check_flags_apply(a: &TrainArgs) -> Result<()> {
+    let d = defaults();
+    let given = |flags: &[(&str, bool)]| -> Vec<String> {
+        flags
+            .iter()
+            .filter(|(_, g)| *g)
+            .map(|(f, _)| format!("--{f}"))
+            .collect()
+    };
+    let (model, other) = match a.model {
+        ModelKind::Gpt => (
+            "gpt",
+            given(&[
+                ("width", a.width != d.width),
+                ("blocks", a.blocks != d.blocks),
+                ("long-skip", a.long_skip),
+                ("n-kv-head", a.n_kv_head.is_some()),
+                ("mlp-hidden", a.mlp_hidden.is_some()),
+                ("rope-theta", a.rope_theta != d.rope_theta),
+            ]),
+        ),
+        ModelKind::Llama => (
+            "llama",
+            given(&[
+                ("width", a.width != d.width),
+                ("blocks", a.blocks != d.blocks),
+                ("long-skip", a.long_skip),
+                ("dropout", a.dropout != d.dropout),
+            ]),
+        ),
+        ModelKind::Cnn => (
+            "cnn",
+            given(&[
+                ("n-layer", a.n_layer != d.n_layer),
+                ("n-head", a.n_head != d.n_head),
+                ("n-embd", a.n_embd != d.n_embd),
+                ("vocab-size", a.vocab_size.is_some()),
+                ("dropout", a.dropout != d.dropout),
+                ("n-kv-head", a.n_kv_head.is_some()),
+                ("mlp-hidden", a.mlp_hidden.is_some()),
+                ("rope-theta", a.rope_theta != d.rope_theta),
+            ]),
+        ),
+    };
+    if !other.is_empty() {
+        return Err(invalid!(
+            "this run trains --model {model}, which does not use {}: drop them, or choose the \
+             model they size",
+            other.join(", ")
+        ));
+    }
+    let task = given(&[
+        (
+            "digits",
+            a.digits != d.digits && !matches!(a.task, TaskKind::Adder),
+        ),
+        (
+            "image-size",
+            a.image_size != d.image_size && !matches!(a.task, TaskKind::Shapes),
+        ),
+    ]);
+    if !task.is_empty() {
+        return Err(invalid!(
+            "this run learns --task {}, which does not use {}: drop them, or choose the task \
+             they belong to",
+            format!("{:?}", a.task).to_lowercase(),
+            task.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The flags' defaults (what `pipewright train` alone runs).
+fn defaults() -> TrainArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Only {
+        #[command(flatten)]
+        a: TrainArgs,
+    }
+    Only::parse_from(["train"]).a
+}
+
+/// The model the flags describe, for `task`.
+fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
+    match (a.model, task.shape()) {
+        (kind @ (ModelKind::Gpt | ModelKind::Llama), TaskShape::Tokens { vocab, seq_len }) => {
+            let block_size = a.block_size.unwrap_or(seq_len);
+            if block_size < seq_len {
+                return Err(invalid!(
+                    "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
+                ));
+            }
+            let vocab_size = a.vocab_size.unwrap_or(vocab);
+            if vocab_size < vocab {
+                return Err(invalid!(
+                    "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
+                ));
+            }
+            if !vocab_size.is_multiple_of(a.tp) {
+                let padded = vocab_size.div_ceil(a.tp) * a.tp;
+                return Err(invalid!(
+                    "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
+                     (padded ids never occur)",
+                    a.tp
+                ));
+            }
+            if !a.n_head.is_multiple_of(a.tp) {
+                return Err(invalid!(
+                    "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
+                    a.n_head,
+                    a.tp
+                ));
+            }
+            if let ModelKind::Llama = kind {
+                let n_kv_head = a.n_kv_head.unwrap_or(a.n_head);
+                let hidden = a.mlp_hidden.unwrap_or((8 * a.n_embd / 3).div_ceil(8) * 8);
+                for (flag, n) in [("--n-kv-head", n_kv_head), ("--mlp-hidden", hidden)] {
+                    if !n.is_multiple_of(a.tp) {
+                        return Err(invalid!(
+                            "{flag} {n} cannot be split over --tp {}: choose a multiple of --tp",
+                            a.tp
+                        ));
+                    }
+                }
+                let llama = LlamaConfig {
+                    vocab_size,
+                    block_size,
+                    n_layer: a.n_layer,
+                    n_head: a.n_head,
+                    n_kv_head,
+                    dim: a.n_embd,
+                    hidden,
+                    norm_eps: 1e-5,
+                    rope_theta: a.rope_theta,
+                };
+                llama.validate()?;
+                return Ok(ModelConfig::Llama { llama, vocab });
+            }
+            let cfg = GptConfig {
+                vocab_size,
+                block_size,
+                n_layer: a.n_layer,
+                n_head: a.n_head,
+                n_embd: a.n_embd,
+                dropout: a.dropout,
+            };
+            Ok(ModelConfig::Gpt { gpt: cfg, vocab })
+        }
+        (
+            ModelKind::Cnn,
+            TaskShape::Images {
+                channels, classes, ..
+            },
+        ) => {
+            if a.tp > 1 {
+                return Err(invalid!(
+                    "--tp splits the GPT's and the Llama's layers; the CNN has no tensor-parallel \
+                     layers: use --tp 1"
+                ));
+            }
+            let cfg = CnnConfig {
+                in_channels: channels,
+                classes,
+                width: a.width,
+                blocks: a.blocks,
+                blocks_per_stage: 2,
+                long_skip: a.long_skip,
+            };
+            Ok(ModelConfig::Cnn { cnn: cfg })
+        }
+        (ModelKind::Gpt | ModelKind::Llama, _) => Err(invalid!(
+            "--model {} needs a token task (adder, sort, text, tokens), not {}",
+            format!("{:?}", a.model).to_lowercase(),
+            task.name()
+        )),
+        (ModelKind::Cnn, _) => Err(invalid!(
+            "--model cnn needs an image task (shapes), not {}",
+            task.name()
+        )),
+    }
+}
