@@ -10,6 +10,10 @@ Run with the venv of ../shared/tools/torch-env.sh plus `pip install transformers
   LlamaForCausalLM (eager attention, grouped-query: 4 query heads over 2 key/value heads, SwiGLU,
   RMSNorm, rotary, untied head) with perturbed random weights, a batch, the loss and every
   gradient (`python tools/make_fixtures.py llama` makes only this one).
+- crates/pipewright-models/tests/fixtures/hf-gpt2/ and hf-llama/: the two parity models as
+  `save_pretrained` writes them (config.json and safetensors; the Llama sharded over several
+  files with model.safetensors.index.json), made from the parity files' parameters
+  (`python tools/make_fixtures.py hf` makes only these), for `--init-from` and export.
 - crates/pipewright/tests/fixtures/optim.safetensors: torch.optim.AdamW / SGD trajectories over
   three steps with changing learning rates, and torch.nn.utils.clip_grad_norm_.
 """
@@ -157,12 +161,45 @@ def llama_parity():
     print("wrote", path, "loss", loss.item())
 
 
+def hf_dirs():
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fx = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures")
+    f = load_file(os.path.join(fx, "gpt2_parity.safetensors"))
+    vocab, block, n_layer, n_head, n_embd = f["config"].tolist()
+    gpt = GPT2LMHeadModel(GPT2Config(
+        vocab_size=vocab, n_positions=block, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+        activation_function="gelu_new", tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+    ))
+    state = {("" if k == "param.lm_head.weight" else "transformer.") + k[6:]: v
+             for k, v in f.items() if k.startswith("param.")}
+    gpt.load_state_dict(state, strict=False)
+    gpt.save_pretrained(os.path.join(fx, "hf-gpt2"))
+    f = load_file(os.path.join(fx, "llama_parity.safetensors"))
+    vocab, block, n_layer, n_head, n_kv, dim, hidden = f["config"].tolist()
+    eps, theta = f["config_f"].tolist()
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, max_position_embeddings=block, num_hidden_layers=n_layer,
+        num_attention_heads=n_head, num_key_value_heads=n_kv, hidden_size=dim,
+        intermediate_size=hidden, rms_norm_eps=eps, rope_theta=theta, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, hidden_act="silu", bos_token_id=0, eos_token_id=0,
+    ))
+    llama.load_state_dict({k[6:]: v for k, v in f.items() if k.startswith("param.")})
+    llama.save_pretrained(os.path.join(fx, "hf-llama"), max_shard_size="60KB")
+    print("wrote", os.path.join(fx, "hf-gpt2"), os.path.join(fx, "hf-llama"))
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["llama"]:
         llama_parity()
+    elif sys.argv[1:] == ["hf"]:
+        hf_dirs()
     else:
         gpt2_parity()
         optim()
         llama_parity()
+        hf_dirs()

@@ -10,7 +10,7 @@ use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{files, invalid, Error, Result};
 
-use pipewright_models::{hf_gpt2, run, ModelConfig, RunSpec};
+use pipewright_models::{hf, run, ModelConfig, RunSpec};
 
 use crate::train::{task_spec, TrainArgs};
 
@@ -47,6 +47,9 @@ pub enum ExportFormat {
     /// `config.json` and `model.safetensors` that `GPT2LMHeadModel.from_pretrained` loads.
     #[value(name = "hf-gpt2")]
     HfGpt2,
+    /// `config.json` and `model.safetensors` that `LlamaForCausalLM.from_pretrained` loads.
+    #[value(name = "hf-llama")]
+    HfLlama,
 }
 
 #[derive(Args)]
@@ -54,7 +57,7 @@ pub struct ExportArgs {
     pub dir: PathBuf,
     #[arg(long, value_enum)]
     pub format: ExportFormat,
-    /// The file (safetensors) or directory (hf-gpt2) to write.
+    /// The file (safetensors) or directory (hf-gpt2, hf-llama) to write.
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -79,7 +82,7 @@ pub fn run(c: CkptCommand) -> Result<()> {
             files::ensure_new(&a.out, "--out")?;
             match a.format {
                 ExportFormat::Safetensors => export_whole(&a.dir, &a.out),
-                ExportFormat::HfGpt2 => export_hf_gpt2(&a.dir, &a.out),
+                ExportFormat::HfGpt2 | ExportFormat::HfLlama => export_hf(&a.dir, a.format, &a.out),
             }
         }
     }
@@ -189,18 +192,28 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `config.json` and `model.safetensors` in Hugging Face GPT-2's names, the vocabulary padding
-/// removed.
-fn export_hf_gpt2(dir: &Path, out: &Path) -> Result<()> {
+/// `config.json` and `model.safetensors` in Hugging Face's names (GPT-2 or Llama), the
+/// vocabulary padding removed.
+fn export_hf(dir: &Path, format: ExportFormat, out: &Path) -> Result<()> {
     let r = Reader::open(dir)?;
     let spec = stored_run(&r)?;
-    let ModelConfig::Gpt { gpt, vocab } = spec.model else {
+    let (arch, fits) = match format {
+        ExportFormat::HfLlama => (
+            "LlamaForCausalLM",
+            matches!(spec.model, ModelConfig::Llama { .. }),
+        ),
+        _ => (
+            "GPT2LMHeadModel",
+            matches!(spec.model, ModelConfig::Gpt { .. }),
+        ),
+    };
+    if !fits {
         return Err(invalid!(
-            "--format hf-gpt2 exports a GPT; this checkpoint holds a {:?}",
+            "this format writes a {arch}; the checkpoint holds {:?}: choose the format of its model",
             spec.model
         ));
-    };
-    let n = hf_gpt2::export(&r, &gpt, vocab, out)?;
-    println!("wrote {} (GPT2LMHeadModel, {n} tensors)", out.display());
+    }
+    let n = hf::export(&r, &spec.model, out)?;
+    println!("wrote {} ({arch}, {n} tensors)", out.display());
     Ok(())
 }

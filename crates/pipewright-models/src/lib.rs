@@ -5,7 +5,7 @@
 
 pub mod cnn;
 pub mod gpt;
-pub mod hf_gpt2;
+pub mod hf;
 pub mod llama;
 pub mod parity;
 pub mod run;

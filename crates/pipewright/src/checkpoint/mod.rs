@@ -17,6 +17,7 @@
 //! ([`load::Reader`]) reads the parts a rank needs and slices or assembles them for its split.
 
 pub mod format;
+pub mod hf;
 pub mod load;
 pub mod save;
 pub mod state;
@@ -26,6 +27,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 
 pub use format::{EntryKind, Manifest};
+pub use hf::HfWeights;
 pub use load::Reader;
 pub use save::{step_dir, Header, Held, Snapshot, Split, Written};
 pub use state::{Owned, Restored};

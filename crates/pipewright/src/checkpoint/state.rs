@@ -30,7 +30,8 @@ pub struct Owned<'a> {
 }
 
 impl Owned<'_> {
-    fn split(&self, name: &str) -> (Split, Option<Vec<usize>>) {
+    /// How this rank holds parameter `name`, and its whole shape when split.
+    pub fn split(&self, name: &str) -> (Split, Option<Vec<usize>>) {
         match self.shards.iter().find(|(n, _)| n == name) {
             Some((_, s)) => (
                 Split {

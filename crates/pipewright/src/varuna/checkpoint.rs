@@ -112,6 +112,57 @@ impl Varuna {
         }
     }
 
+    /// Loads pretrained weights from the Hugging Face model directory `dir` into this rank's
+    /// parameters (collective: every rank fails if one does). `names` gives the names a
+    /// parameter may have there, in order of preference (a tied head absent from the file is
+    /// found under its embedding's name). Each rank reads only its own part of each tensor; a
+    /// missing tensor or a shape that differs is an error naming it.
+    pub fn load_pretrained(
+        &mut self,
+        dir: &Path,
+        names: &dyn Fn(&str) -> Vec<String>,
+    ) -> Result<()> {
+        self.finish_checkpoint()?;
+        let owned = self.owned();
+        let read = checkpoint::HfWeights::open(dir).and_then(|w| {
+            let mut values = Vec::new();
+            for (name, var) in owned.params {
+                let (split, whole) = owned.split(name);
+                let whole = whole.unwrap_or_else(|| var.dims().to_vec());
+                let tried = names(name);
+                let hf = tried.iter().find(|n| w.has(n)).ok_or_else(|| {
+                    Error::State(format!(
+                        "`{}` has no tensor for parameter `{name}` (looked for {tried:?})",
+                        dir.display()
+                    ))
+                })?;
+                let theirs = w.shape(hf).unwrap_or_default();
+                if theirs != whole.as_slice() {
+                    return Err(Error::State(format!(
+                        "`{}`: `{hf}` is {theirs:?} but parameter `{name}` is {whole:?}: the \
+                         model's sizes differ from the pretrained one's",
+                        dir.display()
+                    )));
+                }
+                let t = w.read(hf, split)?;
+                values.push((
+                    var.clone(),
+                    t.to_dtype(var.dtype())?.to_device(var.device())?,
+                ));
+            }
+            Ok(values)
+        });
+        let status = read.as_ref().map(|_| Vec::new()).map_err(|e| match e {
+            Error::State(m) => Error::State(m.clone()),
+            other => Error::State(other.to_string()),
+        });
+        checkpoint::agree(Some(self.world.as_ref()), status)?;
+        for (var, t) in read? {
+            var.set(&t)?;
+        }
+        self.masters.sync()
+    }
+
     /// Loads the checkpoint at `path` (a `step-NNNNNNNN` directory, or a directory of them
     /// whose `latest` is taken), saved from any layout and precision, into this rank's stages
     /// and shards (collective over the world). Returns the step training goes on from.
