@@ -236,7 +236,8 @@ fn check_ckpt(args: &[String], stdout: &str) {
         }
         "export" => {
             let out = Path::new(value_of(args, "--out").unwrap());
-            let file = if value_of(args, "--format") == Some("hf-gpt2") {
+            let format = value_of(args, "--format");
+            let file = if format.is_some_and(|f| f.starts_with("hf-")) {
                 assert!(out.join("config.json").exists());
                 out.join("model.safetensors")
             } else {
@@ -245,7 +246,12 @@ fn check_ckpt(args: &[String], stdout: &str) {
             let bytes = std::fs::read(file).unwrap();
             let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
             let header = String::from_utf8_lossy(&bytes[8..8 + n]).to_string();
-            assert!(header.contains("wte.weight"), "{header}");
+            let embedding = if format == Some("hf-llama") {
+                "model.embed_tokens.weight"
+            } else {
+                "wte.weight"
+            };
+            assert!(header.contains(embedding), "{header}");
         }
         other => panic!("the README shows `ckpt {other}`, which this test does not check"),
     }

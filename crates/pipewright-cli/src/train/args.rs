@@ -188,6 +188,11 @@ pub struct TrainArgs {
     /// a multiple of --tp. Padded ids never occur.
     #[arg(long, value_parser = positive)]
     pub vocab_size: Option<usize>,
+    /// Start from pretrained weights: a Hugging Face model directory (GPT-2 or Llama:
+    /// `config.json` and `model.safetensors`, or its shards and index), which also gives the
+    /// model's sizes. Each rank reads only its own slices.
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
     // Llama sizes (with --n-layer, --n-head, --n-embd, --vocab-size).
     /// Llama key/value heads (grouped-query attention; default: --n-head).
     #[arg(long, value_parser = positive)]

@@ -262,6 +262,11 @@ impl Setup {
         let world = nccl_world(a, world, &opts.device)?;
         let mut v = Varuna::new(&self.model, world, opts)?;
         v.set_optimizer(|ps| self.spec.train.optimizer(ps))?;
+        // Pretrained weights first; a checkpoint the run goes on from replaces them.
+        if let Some(dir) = &a.init_from {
+            let model = &self.spec.model;
+            v.load_pretrained(dir, &|n| pipewright_models::hf::hf_names(model, n))?;
+        }
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();

@@ -22,8 +22,70 @@ impl TrainArgs {
         check_flags_apply(self)?;
         let task = super::args::task_spec(self)?;
         let built = task.build(self.seed)?;
-        Ok((make_model(self, built.as_ref())?, task, built))
+        let model = match &self.init_from {
+            Some(dir) => pretrained(self, dir, built.as_ref())?,
+            None => make_model(self, built.as_ref())?,
+        };
+        Ok((model, task, built))
     }
+}
+
+/// The model of the Hugging Face directory `dir` (`--init-from`), checked against the flags
+/// (no size flag: the directory gives the sizes) and the task (its ids and sequences fit).
+fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<ModelConfig> {
+    let d = defaults();
+    let sizes = [
+        ("--n-layer", a.n_layer != d.n_layer),
+        ("--n-head", a.n_head != d.n_head),
+        ("--n-embd", a.n_embd != d.n_embd),
+        ("--vocab-size", a.vocab_size.is_some()),
+        ("--block-size", a.block_size.is_some()),
+        ("--n-kv-head", a.n_kv_head.is_some()),
+        ("--mlp-hidden", a.mlp_hidden.is_some()),
+    ];
+    let given: Vec<&str> = sizes.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
+    if !given.is_empty() {
+        return Err(invalid!(
+            "--init-from takes the model's sizes from `{}`: drop {}",
+            dir.join("config.json").display(),
+            given.join(", ")
+        ));
+    }
+    let model = pipewright_models::hf::config_from_dir(dir)?;
+    let (kind, vocab_size, block) = match &model {
+        ModelConfig::Gpt { gpt, .. } => (ModelKind::Gpt, gpt.vocab_size, gpt.block_size),
+        ModelConfig::Llama { llama, .. } => (ModelKind::Llama, llama.vocab_size, llama.block_size),
+        ModelConfig::Cnn { .. } => {
+            return Err(invalid!("`{}` holds no language model", dir.display()))
+        }
+    };
+    if std::mem::discriminant(&kind) != std::mem::discriminant(&a.model) {
+        return Err(invalid!(
+            "`{}` holds a {:?}: pass --model {}",
+            dir.display(),
+            kind,
+            format!("{kind:?}").to_lowercase()
+        ));
+    }
+    let TaskShape::Tokens { vocab, seq_len } = task.shape() else {
+        return Err(invalid!(
+            "a pretrained language model needs a token task, not {}",
+            task.name()
+        ));
+    };
+    if vocab > vocab_size || seq_len > block {
+        return Err(invalid!(
+            "the task's {vocab} token ids and sequences of {seq_len} do not fit the pretrained \
+             model's vocabulary of {vocab_size} and {block} positions"
+        ));
+    }
+    if let Some(n) = model.tp_divides().into_iter().find(|n| n % a.tp != 0) {
+        return Err(invalid!(
+            "the pretrained model's {n} (heads or vocabulary) cannot be split over --tp {}",
+            a.tp
+        ));
+    }
+    Ok(model)
 }
 
 /// Fails on a size flag given for a model or task the run does not use (it would be
