@@ -14,6 +14,8 @@ Run with the venv of ../shared/tools/torch-env.sh plus `pip install transformers
   `save_pretrained` writes them (config.json and safetensors; the Llama sharded over several
   files with model.safetensors.index.json), made from the parity files' parameters
   (`python tools/make_fixtures.py hf` makes only these), for `--init-from` and export.
+- crates/pipewright-models/tests/fixtures/generate.json: transformers' greedy `generate` of 8
+  tokens after a prompt, for both directories (`python tools/make_fixtures.py generate`).
 - crates/pipewright/tests/fixtures/optim.safetensors: torch.optim.AdamW / SGD trajectories over
   three steps with changing learning rates, and torch.nn.utils.clip_grad_norm_.
 """
@@ -191,6 +193,24 @@ def hf_dirs():
     print("wrote", os.path.join(fx, "hf-gpt2"), os.path.join(fx, "hf-llama"))
 
 
+def generate_fixture():
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    fx = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures")
+    out = {}
+    for name in ["hf-gpt2", "hf-llama"]:
+        m = AutoModelForCausalLM.from_pretrained(os.path.join(fx, name))
+        prompt = [3, 1, 4, 1, 5]
+        g = m.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                       pad_token_id=0, eos_token_id=None)
+        out[name] = {"prompt": prompt, "greedy": g[0, len(prompt):].tolist()}
+    with open(os.path.join(fx, "generate.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print("wrote", os.path.join(fx, "generate.json"), out)
+
+
 if __name__ == "__main__":
     import sys
 
@@ -198,8 +218,11 @@ if __name__ == "__main__":
         llama_parity()
     elif sys.argv[1:] == ["hf"]:
         hf_dirs()
+    elif sys.argv[1:] == ["generate"]:
+        generate_fixture()
     else:
         gpt2_parity()
         optim()
         llama_parity()
         hf_dirs()
+        generate_fixture()

@@ -120,7 +120,7 @@ fn inspect(dir: &Path) -> Result<()> {
 
 /// The run a checkpoint came from, as `pipewright train` stored it: its [`RunSpec`], or for a
 /// checkpoint saved before runs were recorded so, the flags and the model config it stored.
-fn stored_run(r: &Reader) -> Result<RunSpec> {
+pub(crate) fn stored_run(r: &Reader) -> Result<RunSpec> {
     let meta = &r.manifest().meta;
     if meta.get(run::META_KEY).is_some() || meta.get("args").is_none() {
         return RunSpec::from_meta(meta);

@@ -5,6 +5,7 @@ mod bench;
 mod bench_ckpt;
 mod ckpt;
 mod data;
+mod generate;
 mod launch;
 mod plan;
 mod profile;
@@ -57,6 +58,8 @@ enum Command {
     /// A tokenizer for a corpus, and the corpus as token shards (`train --task tokens`).
     #[command(subcommand)]
     Data(data::DataCommand),
+    /// Continue a prompt with a trained checkpoint or a Hugging Face model (any pp x tp).
+    Generate(Box<generate::GenerateArgs>),
     /// Inspect, verify, reshard and export checkpoints.
     #[command(subcommand)]
     Ckpt(ckpt::CkptCommand),
@@ -80,6 +83,7 @@ fn main() {
         Command::Schedule(a) => schedule::run(a),
         Command::Ckpt(c) => ckpt::run(c),
         Command::Data(c) => data::run(c),
+        Command::Generate(a) => generate::run(*a),
         Command::Balance(a) => balance::run(a),
         Command::Profile(a) => profile::run(*a),
         Command::Plan(a) => plan::run(*a),

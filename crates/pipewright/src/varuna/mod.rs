@@ -17,6 +17,7 @@
 //! the masters are cast into the model.
 
 mod checkpoint;
+mod generate;
 mod options;
 
 use std::time::Instant;
@@ -24,6 +25,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor, Var};
 
 pub use checkpoint::TrainState;
+pub use generate::Sampling;
 pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 
 use crate::batch::Batch;

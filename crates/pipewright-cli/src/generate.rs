@@ -1,0 +1,113 @@
+//! `pipewright generate`: text (or token ids) from a trained checkpoint or a Hugging Face model
+//! directory, on ranks as threads in any pp x tp layout; every rank draws the same tokens.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use pipewright::checkpoint::Reader;
+use pipewright::comm::local;
+use pipewright::data::Tokenizer;
+use pipewright::nn::optim::OptimizerConfig;
+use pipewright::topology::Layout;
+use pipewright::varuna::{Sampling, Varuna, VarunaOptions};
+use pipewright::{invalid, Result};
+use pipewright_models::{hf, ModelConfig};
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A checkpoint of `pipewright train` (a step directory, or a directory of them).
+    #[arg(long, conflicts_with = "init_from")]
+    pub checkpoint: Option<PathBuf>,
+    /// A Hugging Face model directory (GPT-2 or Llama).
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    /// The `tokenizer.json` that encodes --prompt and decodes the output.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// The text to continue (with --tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// The token ids to continue, comma-separated (no tokenizer needed).
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Tokens to add.
+    #[arg(long, default_value_t = 32, value_parser = crate::train::positive)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 is greedy decoding.
+    #[arg(long, default_value_t = 0.8, value_parser = crate::train::finite)]
+    pub temperature: f64,
+    /// Draw among the k most likely tokens only.
+    #[arg(long, value_parser = crate::train::positive)]
+    pub top_k: Option<usize>,
+    /// Seeds the draws.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Pipeline stages.
+    #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
+    pub pp: usize,
+    /// Tensor-parallel ranks.
+    #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
+    pub tp: usize,
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let (model, source) = match (&a.checkpoint, &a.init_from) {
+        (Some(c), None) => (crate::ckpt::stored_run(&Reader::open(c)?)?.model, c.clone()),
+        (None, Some(d)) => (hf::config_from_dir(d)?, d.clone()),
+        _ => {
+            return Err(invalid!(
+                "name the model: --checkpoint DIR or --init-from DIR"
+            ))
+        }
+    };
+    let (block_size, vocab) = match &model {
+        ModelConfig::Gpt { gpt, vocab } => (gpt.block_size, *vocab),
+        ModelConfig::Llama { llama, vocab } => (llama.block_size, *vocab),
+        ModelConfig::Cnn { .. } => return Err(invalid!("the CNN does not generate text")),
+    };
+    let tok = a.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
+    let prompt = match (&a.prompt, &a.prompt_ids, &tok) {
+        (Some(text), None, Some(t)) => t.encode(text)?,
+        (Some(_), None, None) => {
+            return Err(invalid!("--prompt needs --tokenizer FILE to encode it"))
+        }
+        (None, Some(ids), _) => ids.clone(),
+        _ => {
+            return Err(invalid!(
+                "give --prompt TEXT (with --tokenizer) or --prompt-ids 1,2,3"
+            ))
+        }
+    };
+    let sampling = Sampling {
+        max_new_tokens: a.max_new_tokens,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+        block_size,
+        vocab,
+    };
+    let (seq, tied) = model.build()?;
+    let layout = Layout::new(a.pp, a.tp, 1)?;
+    let opts = VarunaOptions {
+        shared_weights: tied,
+        ..VarunaOptions::new(layout, 1, 1)
+    };
+    let from_checkpoint = a.checkpoint.is_some();
+    let mut out = local::run(layout.world(), |comm| {
+        let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        if from_checkpoint {
+            v.load_checkpoint(&source)?;
+        } else {
+            v.load_pretrained(&source, &|n| hf::hf_names(&model, n))?;
+        }
+        v.generate(&prompt, &sampling)
+    })?;
+    let ids = out.remove(0);
+    let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    println!("ids {}", list.join(","));
+    if let Some(t) = &tok {
+        println!("{}{}", t.decode(&prompt)?, t.decode(&ids)?);
+    }
+    Ok(())
+}

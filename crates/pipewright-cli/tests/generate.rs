@@ -1,0 +1,152 @@
+//! `pipewright generate`: greedy decoding of the fixture GPT-2 and Llama gives the tokens
+//! transformers' `generate` gave (`tools/make_fixtures.py generate`) on every layout; sampling
+//! with a seed gives the same tokens on every layout; a checkpoint of a corpus run generates
+//! text through its tokenizer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{run, text, tmp, train};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright-models/tests/fixtures")
+}
+
+fn ids(args: &[&str]) -> String {
+    let o = run(&[&["generate"][..], args].concat());
+    assert!(o.status.success(), "{args:?}: {}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    out.lines()
+        .find_map(|l| l.strip_prefix("ids "))
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string()
+}
+
+#[test]
+fn greedy_decoding_matches_transformers_on_every_layout() {
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("generate.json")).unwrap())
+            .unwrap();
+    for name in ["hf-gpt2", "hf-llama"] {
+        let dir = fixtures().join(name);
+        let prompt: Vec<String> = want[name]["prompt"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        let greedy: Vec<String> = want[name]["greedy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string())
+            .collect();
+        let (d, p) = (dir.to_str().unwrap(), prompt.join(","));
+        let base = [
+            "--init-from",
+            d,
+            "--prompt-ids",
+            &p,
+            "--max-new-tokens",
+            "8",
+        ];
+        for layout in [&[][..], &["--tp", "2"], &["--pp", "2", "--tp", "2"]] {
+            let greedy_args = [&base[..], &["--temperature", "0"], layout].concat();
+            assert_eq!(ids(&greedy_args), greedy.join(","), "{name} {layout:?}");
+        }
+        // Sampling: the seed decides, not the layout.
+        let sampled = [
+            &base[..],
+            &["--temperature", "1.0", "--top-k", "5", "--seed", "7"],
+        ]
+        .concat();
+        let one = ids(&sampled);
+        assert_eq!(ids(&[&sampled[..], &["--tp", "2"]].concat()), one, "{name}");
+        assert_ne!(
+            one,
+            greedy.join(","),
+            "{name}: sampling at temperature 1 differs from greedy"
+        );
+    }
+}
+
+#[test]
+fn a_corpus_checkpoint_generates_text() {
+    let dir = tmp("gen");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright/src/pipeline");
+    let (tok, shards, out) = (dir.join("tok.json"), dir.join("shards"), dir.join("run"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    assert!(run(&[
+        "data",
+        "tokenizer",
+        "--vocab-size",
+        "400",
+        "--out",
+        &s(&tok),
+        &s(&src)
+    ])
+    .status
+    .success());
+    assert!(run(&[
+        "data",
+        "prepare",
+        "--tokenizer",
+        &s(&tok),
+        "--out",
+        &s(&shards),
+        &s(&src)
+    ])
+    .status
+    .success());
+    let o = train(&[
+        "--task",
+        "tokens",
+        "--data",
+        &s(&shards),
+        "--block-size",
+        "32",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--batch-size",
+        "8",
+        "--steps",
+        "20",
+        "--checkpoint-every",
+        "20",
+        "--out",
+        &s(&out),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&[
+        "generate",
+        "--checkpoint",
+        &s(&out.join("checkpoints")),
+        "--tokenizer",
+        &s(&tok),
+        "--prompt",
+        "pub fn ",
+        "--max-new-tokens",
+        "12",
+        "--tp",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let text_line = stdout.lines().nth(1).unwrap_or_default();
+    assert!(
+        text_line.starts_with("pub fn ") && text_line.len() > 7,
+        "{stdout}"
+    );
+    let o = run(&[
+        "generate",
+        "--checkpoint",
+        &s(&out.join("checkpoints")),
+        "--prompt",
+        "x",
+    ]);
+    assert!(!o.status.success() && text(&o).contains("--prompt needs --tokenizer"));
+}
