@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{run, text, tmp, train};
+use common::{corpus, run, text, tmp, train};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright-models/tests/fixtures")
@@ -74,32 +74,9 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
 #[test]
 fn a_corpus_checkpoint_generates_text() {
     let dir = tmp("gen");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright/src/pipeline");
-    let (tok, shards, out) = (dir.join("tok.json"), dir.join("shards"), dir.join("run"));
+    let (tok, shards) = corpus(&dir, 400);
+    let out = dir.join("run");
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    assert!(run(&[
-        "data",
-        "tokenizer",
-        "--vocab-size",
-        "400",
-        "--out",
-        &s(&tok),
-        &s(&src)
-    ])
-    .status
-    .success());
-    assert!(run(&[
-        "data",
-        "prepare",
-        "--tokenizer",
-        &s(&tok),
-        "--out",
-        &s(&shards),
-        &s(&src)
-    ])
-    .status
-    .success());
     let o = train(&[
         "--task",
         "tokens",

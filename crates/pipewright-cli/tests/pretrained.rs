@@ -7,22 +7,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{run, text, tmp, train};
+use common::{losses, run, text, tmp, train};
 use pipewright::checkpoint::{HfWeights, Split};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../pipewright-models/tests/fixtures")
         .join(name)
-}
-
-fn losses(out: &Path) -> Vec<f64> {
-    std::fs::read_to_string(out.join("scalars.csv"))
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
-        .collect()
 }
 
 fn trained(extra: &[&str], out: &Path) -> Vec<f64> {

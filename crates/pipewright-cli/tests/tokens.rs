@@ -7,45 +7,13 @@ mod common;
 
 use std::path::Path;
 
-use common::{run, text, tmp, train};
-
-fn losses(out: &Path) -> Vec<f64> {
-    std::fs::read_to_string(out.join("scalars.csv"))
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
-        .collect()
-}
+use common::{corpus, losses, text, tmp, train};
 
 #[test]
 fn a_corpus_trains_on_any_layout_and_resumes_on_the_same_tokens() {
     let dir = tmp("tokens");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright/src/pipeline");
-    let (tok, shards) = (dir.join("tok.json"), dir.join("shards"));
+    let (_, shards) = corpus(&dir, 512);
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let o = run(&[
-        "data",
-        "tokenizer",
-        "--vocab-size",
-        "512",
-        "--out",
-        &s(&tok),
-        &s(&src),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let o = run(&[
-        "data",
-        "prepare",
-        "--tokenizer",
-        &s(&tok),
-        "--out",
-        &s(&shards),
-        &s(&src),
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("held-out tokens"), "{}", text(&o));
     let base = [
         "--task",
         "tokens",

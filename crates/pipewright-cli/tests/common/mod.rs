@@ -75,3 +75,45 @@ pub fn refused(args: &[&str], says: &str) {
     );
     assert!(!text(&o).contains("panicked"), "{}", text(&o));
 }
+
+/// The losses of a run directory's `scalars.csv`, one per step.
+pub fn losses(out: &std::path::Path) -> Vec<f64> {
+    std::fs::read_to_string(out.join("scalars.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
+        .collect()
+}
+
+/// A tokenizer of `vocab` tokens trained on the library's pipeline sources, and those sources
+/// prepared into token shards, in `dir`: (tokenizer.json, shard directory).
+pub fn corpus(dir: &std::path::Path, vocab: usize) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright/src/pipeline");
+    let (tok, shards) = (dir.join("tok.json"), dir.join("shards"));
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let v = vocab.to_string();
+    let o = run(&[
+        "data",
+        "tokenizer",
+        "--vocab-size",
+        &v,
+        "--out",
+        &s(&tok),
+        &s(&src),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&[
+        "data",
+        "prepare",
+        "--tokenizer",
+        &s(&tok),
+        "--out",
+        &s(&shards),
+        &s(&src),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("held-out tokens"), "{}", text(&o));
+    (tok, shards)
+}
