@@ -9,9 +9,9 @@
 //! key/value groups both split), `o_proj` row-parallel; `gate_proj` and `up_proj`
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
-use candle_core::{DType, Tensor, Var, D};
+use candle_core::{Tensor, Var, D};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
-use pipewright::nn::{join, scaled_softmax, Linear, Module, WeightLayout};
+use pipewright::nn::{join, scaled_softmax, Linear, Module, RmsNorm, WeightLayout};
 use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -123,7 +123,12 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
         .cut();
     }
     s.push(LayerSpec::new("model.norm", move |init| {
-        Ok(Box::new(RmsNorm::new(init, "model.norm", cfg.dim, cfg.norm_eps)?) as Box<dyn Layer>)
+        Ok(Box::new(FinalNorm(RmsNorm::new(
+            init,
+            "model.norm",
+            cfg.dim,
+            cfg.norm_eps,
+        )?)) as Box<dyn Layer>)
     }));
     s.push(LayerSpec::new("lm_head", move |init| {
         let head = linear(init, "lm_head", cfg.dim, cfg.vocab_size)?;
@@ -181,43 +186,20 @@ impl Layer for Embed {
     }
 }
 
-/// Root-mean-square normalisation with a gain (`weight`), in f32 whatever the model computes in.
-pub struct RmsNorm {
-    name: String,
-    weight: Var,
-    eps: f64,
-}
+/// The final RMSNorm as a layer.
+struct FinalNorm(RmsNorm);
 
-impl RmsNorm {
-    /// A gain of ones over `dim` channels.
-    pub fn new(init: &Build, name: &str, dim: usize, eps: f64) -> Result<Self> {
-        Ok(Self {
-            name: name.to_string(),
-            weight: init.constant(&[dim], 1.0)?,
-            eps,
-        })
-    }
-
-    fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let dt = x.dtype();
-        let x = x.to_dtype(DType::F32)?;
-        let rms = (x.sqr()?.mean_keepdim(D::Minus1)? + self.eps)?.sqrt()?;
-        let y = x.broadcast_div(&rms)?.to_dtype(dt)?;
-        Ok(y.broadcast_mul(self.weight.as_tensor())?)
-    }
-}
-
-impl Layer for RmsNorm {
+impl Layer for FinalNorm {
     fn name(&self) -> &str {
-        &self.name
+        self.0.name()
     }
 
     fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
-        Ok(self.apply(&x.into_tensor(&self.name)?)?.into())
+        Ok(self.0.forward(&x.into_tensor(self.0.name())?)?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
-        vec![(join(&self.name, "weight"), self.weight.clone())]
+        self.0.params()
     }
 }
 
@@ -349,8 +331,8 @@ impl Layer for LlamaBlock {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
-        let x = (&x + self.attention(&self.input_norm.apply(&x)?, cx)?)?;
-        let n = self.post_norm.apply(&x)?;
+        let x = (&x + self.attention(&self.input_norm.forward(&x)?, cx)?)?;
+        let n = self.post_norm.forward(&x)?;
         let g = self.gate.forward(&n, cx)?;
         let u = self.up.forward(&n, cx)?;
         let h = self.down.forward(&(g.silu()? * u)?, cx)?;

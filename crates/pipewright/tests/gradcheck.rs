@@ -129,6 +129,18 @@ fn layer_norm() {
 }
 
 #[test]
+fn rms_norm() {
+    let x = var("x", &[3, 4, 6]);
+    let norm = pipewright::nn::RmsNorm::new(&init(), "norm", 6, 1e-5).unwrap();
+    for (_, p) in norm.params() {
+        p.set(&randn("rmsp", p.dims())).unwrap();
+    }
+    check("rms_norm", &with_input(&x, norm.params()), || {
+        norm.forward(&x)
+    });
+}
+
+#[test]
 fn activations_and_softmax() {
     let x = var("x", &[4, 7]);
     check("gelu", &with_input(&x, vec![]), || gelu(&x));

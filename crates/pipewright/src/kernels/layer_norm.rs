@@ -44,7 +44,7 @@ const LANES: usize = 8;
 
 /// The `K` sums `sum_j f(a_j, b_j, c_j)` over three rows of equal length, each in [`LANES`]
 /// interleaved partial sums added in a fixed order (the same for every row and thread).
-fn sums<const K: usize, T: Real>(
+pub(crate) fn sums<const K: usize, T: Real>(
     a: &[T],
     b: &[T],
     c: &[T],

@@ -20,6 +20,7 @@ pub(crate) mod gelu;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod reduce;
+pub(crate) mod rms_norm;
 pub(crate) mod softmax;
 
 pub use cross_entropy::IGNORE_INDEX;

@@ -12,6 +12,7 @@ pub mod layer_norm;
 pub mod linear;
 pub mod loss;
 pub mod optim;
+pub mod rms_norm;
 
 pub use crate::grads::{max_rel_diff, sum_sq_share, Grads};
 pub use crate::init::Init;
@@ -26,6 +27,7 @@ pub use embedding::Embedding;
 pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use loss::{count_targets, cross_entropy, cross_entropy_sum};
+pub use rms_norm::{rms_norm, RmsNorm};
 
 use candle_core::Var;
 

@@ -1,0 +1,178 @@
+//! RMSNorm over the last dimension, fused (Llama's): each row's reciprocal root mean square
+//! computed once and the output written in the same pass; the backward recomputes it from the
+//! row and writes the input's gradient and each row block's share of the weight's gradient in
+//! one pass.
+
+use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+
+use super::layer_norm::sums;
+use super::{dispatch, input, par, storage, Out, Real};
+
+const NAME: &str = "pipewright-rms-norm";
+
+/// Row blocks the backward sums the weight's gradient over: fixed, so the sums are the same
+/// whatever the number of threads.
+const GRAD_BLOCKS: usize = 32;
+
+/// `x / sqrt(mean(x^2) + eps) * weight` of a CPU float tensor, with a fused backward for `x`
+/// and `weight`.
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    x.contiguous()?
+        .apply_op2(&weight.contiguous()?, RmsNorm { eps })
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+struct RmsNormGrad {
+    eps: f64,
+}
+
+/// 1 / sqrt(mean(row^2) + eps).
+fn rstd<T: Real>(row: &[T], eps: T) -> T {
+    let n = T::from(row.len()).unwrap();
+    let [ss] = sums(row, row, row, |v, _, _| [v * v]);
+    (ss / n + eps).sqrt().recip()
+}
+
+fn forward<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+    let cols = w.len();
+    let rows = x.len() / cols.max(1);
+    let eps = T::from(eps).unwrap();
+    let mut out = Out::new(x.len());
+    let o = out.rows();
+    par(rows, x.len(), |r| {
+        for i in r {
+            let row = &x[i * cols..(i + 1) * cols];
+            let s = rstd(row, eps);
+            // SAFETY: row i is this call's alone.
+            let y = unsafe { o.get(i * cols..(i + 1) * cols) };
+            for j in 0..cols {
+                y[j] = row[j] * s * w[j];
+            }
+        }
+    });
+    // SAFETY: every row was written.
+    unsafe { out.into_vec(x.len()) }
+}
+
+/// `[dx (rows x cols) | dw (cols)]` in one buffer.
+fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
+    let cols = w.len();
+    let rows = x.len() / cols.max(1);
+    let eps = T::from(eps).unwrap();
+    let n = T::from(cols).unwrap();
+    let blocks = GRAD_BLOCKS.min(rows.max(1));
+    let per = rows.div_ceil(blocks);
+    let total = x.len() + cols;
+    let mut out = Out::new(total);
+    let dx = out.rows();
+    let mut partial = vec![T::zero(); blocks * cols];
+    let pr = partial.as_mut_ptr() as usize;
+    par(blocks, x.len(), |bs| {
+        for blk in bs {
+            // SAFETY: block blk's part of `partial` is this call's alone.
+            let dw =
+                unsafe { std::slice::from_raw_parts_mut((pr as *mut T).add(blk * cols), cols) };
+            for i in blk * per..((blk + 1) * per).min(rows) {
+                let row = &x[i * cols..(i + 1) * cols];
+                let gr = &g[i * cols..(i + 1) * cols];
+                let s = rstd(row, eps);
+                for j in 0..cols {
+                    dw[j] += gr[j] * row[j] * s;
+                }
+                // d/dx of x*s*w: s*(g*w) - x * s^3 * mean(g*w*x).
+                let [gwx] = sums(row, gr, w, |v, g, wj| [g * wj * v]);
+                let m = gwx / n * s * s * s;
+                // SAFETY: row i is this call's alone.
+                let d = unsafe { dx.get(i * cols..(i + 1) * cols) };
+                for j in 0..cols {
+                    d[j] = s * gr[j] * w[j] - row[j] * m;
+                }
+            }
+        }
+    });
+    // SAFETY: the tail after dx is written here, by this thread alone.
+    let tail = unsafe { dx.get(x.len()..total) };
+    tail.copy_from_slice(&partial[..cols]);
+    for part in partial.chunks(cols).skip(1) {
+        for (t, &p) in tail.iter_mut().zip(part) {
+            *t += p;
+        }
+    }
+    // SAFETY: every row of dx and the tail were written.
+    unsafe { out.into_vec(total) }
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let cols = *lx.dims().last().unwrap_or(&0);
+        if lw.dims() != [cols] || cols == 0 {
+            candle_core::bail!(
+                "{NAME}: weight {:?} must have the {cols} elements of a row",
+                lw.dims()
+            );
+        }
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(forward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                self.eps
+            )),
+            lx.shape().clone()
+        )))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = x.elem_count();
+        let cols = w.elem_count();
+        let packed = x.apply_op3_no_bwd(w, &g.contiguous()?, &RmsNormGrad { eps: self.eps })?;
+        let dx = packed.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = packed.narrow(0, n, cols)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+impl candle_core::CustomOp3 for RmsNormGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-rms-norm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = lx.shape().elem_count() + lw.shape().elem_count();
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(backward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                &input(sg, lg, NAME)?,
+                self.eps
+            )),
+            Shape::from(n)
+        )))
+    }
+}
