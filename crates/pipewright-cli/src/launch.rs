@@ -343,9 +343,7 @@ fn record(dir: &Path, attempts: &[Attempt]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
     let text = serde_json::to_string_pretty(&serde_json::json!({ "attempts": attempts }))
         .map_err(|e| invalid!("{e}"))?;
-    let (tmp, path) = (dir.join(".launch.json.tmp"), dir.join("launch.json"));
-    std::fs::write(&tmp, text).map_err(|e| Error::io("cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into", &path, e))
+    pipewright::files::write_atomic(&dir.join("launch.json"), text.as_bytes())
 }
 
 /// `pipewright rank-env -- PROGRAM ARGS`: what the launcher runs in each rank: sets torchrun's

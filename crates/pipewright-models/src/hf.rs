@@ -216,9 +216,6 @@ pub fn export(r: &Reader, model: &ModelConfig, out: &Path) -> Result<usize> {
     )?;
     let text = serde_json::to_string_pretty(&config)
         .map_err(|e| invalid!("cannot write config.json: {e}"))?;
-    let cp = out.join("config.json");
-    let tmp = cp.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| Error::io("cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, &cp).map_err(|e| Error::io("cannot rename into", &cp, e))?;
+    pipewright::files::write_atomic(&out.join("config.json"), text.as_bytes())?;
     Ok(n)
 }

@@ -43,11 +43,20 @@ pub enum ModelConfig {
 impl ModelConfig {
     /// The model and its tied pairs.
     pub fn build(&self) -> Result<(Sequential, Vec<(String, String)>)> {
-        Ok(match self {
-            ModelConfig::Gpt { gpt: cfg, .. } => (gpt(*cfg)?, vec![(TIED.0.into(), TIED.1.into())]),
-            ModelConfig::Llama { llama: cfg, .. } => (llama(*cfg)?, Vec::new()),
-            ModelConfig::Cnn { cnn: cfg } => (cnn(*cfg)?, Vec::new()),
-        })
+        let model = match self {
+            ModelConfig::Gpt { gpt: cfg, .. } => gpt(*cfg)?,
+            ModelConfig::Llama { llama: cfg, .. } => llama(*cfg)?,
+            ModelConfig::Cnn { cnn: cfg } => cnn(*cfg)?,
+        };
+        Ok((model, self.tied()))
+    }
+
+    /// The parameter pairs kept equal (the GPT's head and embedding).
+    pub fn tied(&self) -> Vec<(String, String)> {
+        match self {
+            ModelConfig::Gpt { .. } => vec![(TIED.0.into(), TIED.1.into())],
+            _ => Vec::new(),
+        }
     }
 
     /// Sizes a tensor-parallel size must divide (the CNN does not split: `[1]`).
@@ -146,7 +155,7 @@ impl RunSpec {
     /// The trainer's options for `model` built from [`RunSpec::model`]: the tied pairs, and the
     /// balance resolved (profiled on one micro-batch of `task` when by time or size).
     pub fn varuna_options(&self, model: &Sequential, task: &dyn Task) -> Result<VarunaOptions> {
-        let (_, tied) = self.model.build()?;
+        let tied = self.model.tied();
         let balance = match &self.train.balance {
             None => None,
             Some(_) => {

@@ -64,3 +64,14 @@ pub fn inside(dir: &Path, name: &str) -> Result<std::path::PathBuf> {
     }
     Ok(path)
 }
+
+/// Writes `bytes` to `path` whole or not at all: into `.NAME.tmp` beside it, then renamed over
+/// it, so a reader (or a run killed while writing) never sees half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("cannot rename into", path, e))
+}

@@ -69,14 +69,19 @@ impl Init {
         Self::new(Device::Cpu, DType::F32, seed)
     }
 
-    /// Elements of a parameter `key` of `shape`, once it is known to fit: its f64 draws and
-    /// the tensor are checked against the memory available before either is allocated.
+    /// Elements of a parameter `key` of `shape`, once it is known to fit: a large one's f64
+    /// draws and tensor are checked against the memory available before either is allocated.
     fn elements(&self, key: &str, shape: &[usize]) -> Result<usize> {
         let n = shape
             .iter()
             .try_fold(1usize, |n, d| n.checked_mul(*d))
             .ok_or_else(|| crate::invalid!("parameter `{key}` of shape {shape:?} is too large"))?;
         let bytes = n as f64 * (8 + self.dtype.size_in_bytes()) as f64;
+        // Reading the system's free memory for every small parameter would cost more than the
+        // parameter: only one that could matter is checked.
+        if bytes < (64 << 20) as f64 {
+            return Ok(n);
+        }
         crate::memory::check_fits(
             bytes,
             &format!("parameter `{key}` of shape {shape:?}"),

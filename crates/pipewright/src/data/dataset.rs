@@ -233,12 +233,17 @@ impl TokenDataset {
                 self.tokens(Split::Train)
             ));
         }
-        (0..rows as u64)
-            .map(|r| {
-                let g = step * rows as u64 + r;
-                Ok(self.order(g / n, block, seed)[(g % n) as usize] as u64)
+        let first = step * rows as u64;
+        let mut held: Option<(u64, Arc<Vec<u32>>)> = None;
+        Ok((first..first + rows as u64)
+            .map(|g| {
+                let epoch = g / n;
+                if held.as_ref().is_none_or(|(e, _)| *e != epoch) {
+                    held = Some((epoch, self.order(epoch, block, seed)));
+                }
+                held.as_ref().map_or(0, |(_, o)| o[(g % n) as usize] as u64)
             })
-            .collect()
+            .collect())
     }
 
     /// The training batch of `step`: inputs `(rows, block)` u32 and targets `(rows, block)` i64.

@@ -272,8 +272,9 @@ fn write_shards(
     // (text, split, ends its document)
     let mut pending: Vec<(String, usize, bool)> = Vec::new();
     let flush = |pending: &mut Vec<(String, usize, bool)>, splits: &mut [Writer; 2]| {
-        let texts = pending.iter().map(|p| p.0.clone()).collect();
-        for (ids, (_, s, end)) in tok.encode_many(texts)?.into_iter().zip(pending.drain(..)) {
+        let (texts, ends): (Vec<String>, Vec<(usize, bool)>) =
+            pending.drain(..).map(|(t, s, end)| (t, (s, end))).unzip();
+        for (ids, (s, end)) in tok.encode_many(texts)?.into_iter().zip(ends) {
             splits[s].push(&ids)?;
             if end {
                 splits[s].push(&[eos])?;

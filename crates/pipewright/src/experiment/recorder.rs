@@ -74,9 +74,7 @@ impl Csv {
                 }
             }
         }
-        let tmp = path.with_extension("csv.tmp");
-        std::fs::write(&tmp, kept).map_err(|e| Error::io("cannot write", &tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io("cannot rename into", &path, e))?;
+        crate::files::write_atomic(&path, kept.as_bytes())?;
         let out = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)

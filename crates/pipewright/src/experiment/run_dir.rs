@@ -59,9 +59,7 @@ impl RunDir {
     /// Writes `name` atomically.
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         let target = self.path.join(name);
-        let tmp = self.path.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes).map_err(|e| Error::io("cannot write", &tmp, e))?;
-        std::fs::rename(&tmp, &target).map_err(|e| Error::io("cannot rename into", &target, e))?;
+        crate::files::write_atomic(&target, bytes)?;
         Ok(target)
     }
 

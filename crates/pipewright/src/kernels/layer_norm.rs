@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
-use super::{dispatch, input, par, storage, Out, Real};
+use super::{add_blocks, dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-layer-norm";
 
@@ -146,13 +146,7 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
         }
     });
     // SAFETY: the tail after dx is written here, by this thread alone.
-    let sums = unsafe { dx.get(x.len()..total) };
-    sums.copy_from_slice(&partial[..2 * cols]);
-    for part in partial.chunks(2 * cols).skip(1) {
-        for (s, &p) in sums.iter_mut().zip(part) {
-            *s += p;
-        }
-    }
+    add_blocks(unsafe { dx.get(x.len()..total) }, &partial);
     // SAFETY: every row of dx and the tail were written.
     unsafe { out.into_vec(total) }
 }

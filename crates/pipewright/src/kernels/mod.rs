@@ -49,6 +49,19 @@ pub(crate) trait Real:
 impl Real for f32 {}
 impl Real for f64 {}
 
+/// `into` = the sum of `partial`'s blocks of `into.len()` elements, added in block order (the
+/// same order whatever the number of threads): what the backward kernels' per-block weight
+/// gradient sums end with.
+pub(crate) fn add_blocks<T: Real>(into: &mut [T], partial: &[T]) {
+    let width = into.len();
+    into.copy_from_slice(&partial[..width]);
+    for part in partial.chunks(width).skip(1) {
+        for (t, &p) in into.iter_mut().zip(part) {
+            *t += p;
+        }
+    }
+}
+
 /// The largest element of `row` (minus infinity when empty).
 pub(crate) fn row_max<T: Real>(row: &[T]) -> T {
     row.iter()

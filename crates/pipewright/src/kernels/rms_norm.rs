@@ -6,7 +6,7 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
 use super::layer_norm::sums;
-use super::{dispatch, input, par, storage, Out, Real};
+use super::{add_blocks, dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-rms-norm";
 
@@ -94,13 +94,7 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
         }
     });
     // SAFETY: the tail after dx is written here, by this thread alone.
-    let tail = unsafe { dx.get(x.len()..total) };
-    tail.copy_from_slice(&partial[..cols]);
-    for part in partial.chunks(cols).skip(1) {
-        for (t, &p) in tail.iter_mut().zip(part) {
-            *t += p;
-        }
-    }
+    add_blocks(unsafe { dx.get(x.len()..total) }, &partial);
     // SAFETY: every row of dx and the tail were written.
     unsafe { out.into_vec(total) }
 }

@@ -443,10 +443,7 @@ impl Schedule {
 
     /// Writes [`Schedule::to_csv`] to `path` (whole, or not at all: a temporary file renamed).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("csv.tmp");
-        std::fs::write(&tmp, self.to_csv())
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| invalid!("cannot write the schedule to {}: {e}", path.display()))
+        crate::files::write_atomic(path, self.to_csv().as_bytes())
     }
 
     /// Reads a schedule written by [`Schedule::save`] (or by hand, or by PyTorch's

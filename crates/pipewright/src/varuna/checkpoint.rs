@@ -152,10 +152,7 @@ impl Varuna {
             }
             Ok(values)
         });
-        let status = read.as_ref().map(|_| Vec::new()).map_err(|e| match e {
-            Error::State(m) => Error::State(m.clone()),
-            other => Error::State(other.to_string()),
-        });
+        let status = read.as_ref().map(|_| Vec::new()).map_err(as_state);
         checkpoint::agree(Some(self.world.as_ref()), status)?;
         for (var, t) in read? {
             var.set(&t)?;
@@ -196,10 +193,7 @@ impl Varuna {
             restored.apply(optimizer)?;
             Ok(state)
         });
-        let status = loaded.as_ref().map(|_| Vec::new()).map_err(|e| match e {
-            Error::State(m) => Error::State(m.clone()),
-            other => Error::State(other.to_string()),
-        });
+        let status = loaded.as_ref().map(|_| Vec::new()).map_err(as_state);
         checkpoint::agree(Some(self.world.as_ref()), status)?;
         let state = loaded?;
         self.masters.sync()?;
@@ -208,5 +202,14 @@ impl Varuna {
             self.scaler = state.loss_scaler.clone().or_else(|| self.scaler.clone());
         }
         Ok(state)
+    }
+}
+
+/// A rank's load error as the state error every rank reports (its message once, not wrapped
+/// again when it is one already).
+fn as_state(e: &Error) -> Error {
+    match e {
+        Error::State(m) => Error::State(m.clone()),
+        other => Error::State(other.to_string()),
     }
 }
