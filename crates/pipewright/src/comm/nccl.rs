@@ -262,6 +262,13 @@ impl Inner {
         };
         self.agree(name, t, 0)?;
         let dt = t.dtype();
+        if t.elem_count() == 0 {
+            // Nothing to reduce (every member agreed on the shape), and candle's CUDA kernels
+            // cannot run on an empty tensor (the f16 widening would fail there): an empty
+            // result of the output's shape, on the input's device.
+            let (dims, _) = reduce_plan(&t.to_device(&Device::Cpu)?, op, self.size(), scatter)?;
+            return Ok(Tensor::zeros(dims, dt, &Device::Cpu)?.to_device(t.device())?);
+        }
         let (dims, work) = reduce_plan(t, op, self.size(), scatter)?;
         #[cfg(feature = "cuda")]
         if t.device().is_cuda() {
