@@ -48,6 +48,10 @@ pub struct GenerateArgs {
     /// Tensor-parallel ranks.
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
     pub tp: usize,
+    /// Rerun the whole context for every token instead of keeping its keys and values (the
+    /// same tokens, slower; Hugging Face's `use_cache=False`).
+    #[arg(long)]
+    pub no_kv_cache: bool,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -85,6 +89,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         seed: a.seed,
         block_size,
         vocab,
+        use_cache: !a.no_kv_cache,
     };
     let (seq, tied) = model.build()?;
     let layout = Layout::new(a.pp, a.tp, 1)?;

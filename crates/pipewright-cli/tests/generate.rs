@@ -51,7 +51,13 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
             "--max-new-tokens",
             "8",
         ];
-        for layout in [&[][..], &["--tp", "2"], &["--pp", "2", "--tp", "2"]] {
+        let layouts = [
+            &[][..],
+            &["--tp", "2"],
+            &["--pp", "2", "--tp", "2"],
+            &["--tp", "2", "--no-kv-cache"],
+        ];
+        for layout in layouts {
             let greedy_args = [&base[..], &["--temperature", "0"], layout].concat();
             assert_eq!(ids(&greedy_args), greedy.join(","), "{name} {layout:?}");
         }

@@ -178,16 +178,18 @@ impl Layer for GptEmbed {
                 ids.dims()
             ),
         })?;
-        if t > self.block_size {
+        let past = cx.position();
+        if past + t > self.block_size {
             return Err(Error::Layer {
                 layer: "embed".into(),
                 msg: format!(
-                    "sequence of {t} tokens is longer than block_size {}: raise --block-size",
+                    "sequence of {} tokens is longer than block_size {}: raise --block-size",
+                    past + t,
                     self.block_size
                 ),
             });
         }
-        let pos = Tensor::arange(0u32, t as u32, ids.device())?;
+        let pos = Tensor::arange(past as u32, (past + t) as u32, ids.device())?;
         let x = self
             .wte
             .forward(&ids, cx)?

@@ -203,15 +203,21 @@ impl Layer for FinalNorm {
     }
 }
 
-/// `cos` and `sin` of the rotary angles of positions `0..t` for heads of width `hd`, as
-/// Hugging Face lays them out (the frequencies twice over the head).
-fn rotary(t: usize, hd: usize, theta: f64, like: &Tensor) -> Result<(Tensor, Tensor)> {
+/// `cos` and `sin` of the rotary angles of positions `start..start + t` for heads of width
+/// `hd`, as Hugging Face lays them out (the frequencies twice over the head).
+fn rotary(
+    start: usize,
+    t: usize,
+    hd: usize,
+    theta: f64,
+    like: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let half = hd / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
         .collect();
     let mut ang = Vec::with_capacity(t * hd);
-    for p in 0..t {
+    for p in start..start + t {
         for k in 0..hd {
             ang.push(p as f32 * inv[k % half]);
         }
@@ -288,11 +294,13 @@ impl LlamaBlock {
             layer: self.name.clone(),
             msg: format!("expects (batch, time, channels), got {:?}", x.dims()),
         })?;
-        if t > self.cfg.block_size {
+        let past = cx.position();
+        if past + t > self.cfg.block_size {
             return Err(Error::Layer {
                 layer: self.name.clone(),
                 msg: format!(
-                    "sequence of {t} tokens is longer than block_size {}: raise --block-size",
+                    "sequence of {} tokens is longer than block_size {}: raise --block-size",
+                    past + t,
                     self.cfg.block_size
                 ),
             });
@@ -305,8 +313,15 @@ impl LlamaBlock {
         let q = heads(self.q.forward(x, cx)?, h)?;
         let k = heads(self.k.forward(x, cx)?, kvh)?;
         let v = heads(self.v.forward(x, cx)?, kvh)?;
-        let (cos, sin) = rotary(t, hd, self.cfg.rope_theta, &q)?;
+        let (cos, sin) = rotary(past, t, hd, self.cfg.rope_theta, &q)?;
         let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
+        // Decoding: the cache keeps the key/value heads (not repeated: GQA's saving), and the
+        // new queries attend over every cached key too.
+        let (k, v) = match &cx.kv_cache {
+            Some(cache) => cache.append(&self.name, &k, &v)?,
+            None => (k, v),
+        };
+        let keys = k.dim(2)?;
         // Each key/value head serves `rep` query heads in a row.
         let rep = h / kvh;
         let repeat = |y: Tensor| -> Result<Tensor> {
@@ -314,8 +329,8 @@ impl LlamaBlock {
                 return Ok(y);
             }
             Ok(y.unsqueeze(2)?
-                .broadcast_as((b, kvh, rep, t, hd))?
-                .reshape((b, h, t, hd))?)
+                .broadcast_as((b, kvh, rep, keys, hd))?
+                .reshape((b, h, keys, hd))?)
         };
         let (k, v) = (repeat(k)?, repeat(v)?);
         let att = scaled_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), true)?;

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use candle_core::{Tensor, TensorId};
 
+use super::kv_cache::KvCache;
 use crate::{Error, Result};
 
 /// Train or evaluation mode.
@@ -37,6 +38,9 @@ pub struct Cx {
     /// Check every layer's output for NaN and inf ([`crate::model::Stage::forward`] fails at
     /// the first, naming the layer, micro-batch and step).
     pub detect_anomaly: bool,
+    /// Incremental decoding: attention layers attend over these cached keys and values too,
+    /// and positions start at its [`KvCache::past`] (see [`crate::model::KvCache`]).
+    pub kv_cache: Option<KvCache>,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
     /// Activations split over the tensor-parallel group, by tensor (see [`crate::shard::attr`]).
@@ -54,6 +58,7 @@ impl Cx {
             defer_batch_stats: false,
             weight_grads: None,
             detect_anomaly: false,
+            kv_cache: None,
             recomputing: false,
             stash: HashMap::new(),
             parallel: HashMap::new(),
@@ -63,6 +68,12 @@ impl Cx {
     /// A context for inference: evaluation mode, no randomness.
     pub fn eval() -> Self {
         Self::new(Mode::Eval, 0, 0, 0)
+    }
+
+    /// The position of this forward's first token: the tokens already in the key/value cache,
+    /// 0 without one.
+    pub fn position(&self) -> usize {
+        self.kv_cache.as_ref().map_or(0, KvCache::past)
     }
 
     /// Whether the mode is [`Mode::Train`].

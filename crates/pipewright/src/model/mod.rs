@@ -13,6 +13,7 @@ mod activation;
 mod build;
 mod cx;
 pub mod deferred;
+mod kv_cache;
 mod param;
 
 use std::ops::Range;
@@ -23,6 +24,7 @@ use candle_core::Var;
 pub use activation::Activation;
 pub use build::Build;
 pub use cx::{Cx, Mode};
+pub use kv_cache::KvCache;
 pub use param::{Shard, WeightLayout};
 
 use crate::batch::Batch;

@@ -8,7 +8,7 @@ use super::transfer::{recv_activation, send_activation};
 use crate::batch::Batch;
 use crate::comm::{Pending, ReduceOp};
 use crate::loss::output_in_f32;
-use crate::model::{Activation, Cx};
+use crate::model::{Activation, Cx, KvCache};
 use crate::shard::whole_output;
 use crate::Result;
 
@@ -31,6 +31,19 @@ impl PipelineStage {
         with_loss: bool,
         with_output: bool,
     ) -> Result<ForwardOnly> {
+        self.forward_cached(batch, with_loss, with_output, None)
+    }
+
+    /// [`PipelineStage::forward_only`] through a key/value cache of this rank's stages: the
+    /// batch's tokens follow the cached ones (incremental decoding). The caller advances the
+    /// cache after the call.
+    pub fn forward_cached(
+        &self,
+        batch: &Batch,
+        with_loss: bool,
+        with_output: bool,
+        cache: Option<&KvCache>,
+    ) -> Result<ForwardOnly> {
         let last = self.stage_count() - 1;
         let mut sends: Vec<Pending<()>> = Vec::new();
         let (mut loss, mut output) = (None, None);
@@ -45,6 +58,7 @@ impl PipelineStage {
             };
             let imports = self.import_skips(k, 0)?;
             let mut cx = Cx::eval();
+            cx.kv_cache = cache.cloned();
             let (y, exports) = self.skips.run(stage, k, k == last, x, &imports, &mut cx)?;
             self.export_skips(0, &exports, &mut sends)?;
             if k < last {

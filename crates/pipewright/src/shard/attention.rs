@@ -85,7 +85,7 @@ impl CausalSelfAttention {
         let (h, lc) = (self.local_heads, self.local_heads * hd);
         let qkv = self.c_attn.forward(x, cx)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        if kernels::fused(&qkv) && !self.attn_dropout.is_active(cx) {
+        if kernels::fused(&qkv) && !self.attn_dropout.is_active(cx) && cx.kv_cache.is_none() {
             // One fused op from the packed q | k | v to the heads' joined outputs.
             let y = kernels::attention::causal_attention(&qkv, h, scale)?;
             let y = self.c_proj.forward(&y, cx)?;
@@ -99,6 +99,12 @@ impl CausalSelfAttention {
                 .contiguous()?)
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        // Decoding: the new tokens attend over the cached ones too (the causal softmax lines
+        // the last query up with the last key).
+        let (k, v) = match &cx.kv_cache {
+            Some(cache) => cache.append(&self.name, &k, &v)?,
+            None => (k, v),
+        };
         let att = scaled_softmax(&q.matmul(&k.t()?)?, scale, true)?;
         // The serial run's mask, this rank's heads of it.
         let parts = self.n_head / h;

@@ -1,13 +1,17 @@
 //! Sampling from a trained language model on any layout of ranks: every rank runs the same
 //! loop on the same logits (the last stage's output, whole, on every rank) with the same seeded
-//! draws, so all ranks agree on every token. Each new token runs the model over the context
-//! again (at most the model's `block_size` last tokens): there is no key/value cache yet.
+//! draws, so all ranks agree on every token. With a key/value cache (the default) the prompt
+//! runs once and each new token alone after it, each rank caching the keys and values of its
+//! own layers and heads; once the context outgrows the model's `block_size`, the window of the
+//! last `block_size` tokens runs again whole (a model only knows positions below it), so the
+//! tokens are the same with and without the cache.
 
 use candle_core::{Device, IndexOp, Tensor};
 use rand::Rng;
 
 use super::Varuna;
 use crate::batch::Batch;
+use crate::model::KvCache;
 use crate::{invalid, Result};
 
 /// How [`Varuna::generate`] draws tokens.
@@ -26,6 +30,9 @@ pub struct Sampling {
     /// Ids that may be drawn (`0..vocab`: a vocabulary padded for tensor parallelism has ids
     /// no data holds).
     pub vocab: usize,
+    /// Keep the keys and values of the tokens seen (Hugging Face's `use_cache`): each new
+    /// token costs one token's forward instead of the whole context's.
+    pub use_cache: bool,
 }
 
 impl Sampling {
@@ -38,6 +45,7 @@ impl Sampling {
             seed: 0,
             block_size,
             vocab,
+            use_cache: true,
         }
     }
 }
@@ -90,14 +98,48 @@ impl Varuna {
             ));
         }
         let mut rng = crate::init::rng_for(s.seed, "generate");
+        let window = s.block_size.max(1);
+        let cache = s.use_cache.then(|| KvCache::with_capacity(window));
         let mut ids = prompt.to_vec();
         for _ in 0..s.max_new_tokens {
-            let ctx = &ids[ids.len().saturating_sub(s.block_size.max(1))..];
-            let x = Tensor::from_vec(ctx.to_vec(), (1, ctx.len()), &Device::Cpu)?;
-            let logits = self.predict(&Batch::new().with(Batch::INPUTS, x))?;
-            let last: Vec<f32> = logits.i((0, ctx.len() - 1))?.to_vec1()?;
+            let fresh = match &cache {
+                // The last token drawn follows the cached ones.
+                Some(c) if c.past() > 0 && c.past() < window => &ids[ids.len() - 1..],
+                _ => {
+                    if let Some(c) = &cache {
+                        c.clear();
+                    }
+                    &ids[ids.len().saturating_sub(window)..]
+                }
+            };
+            let logits = self.predict_tokens(fresh, cache.as_ref())?;
+            let last: Vec<f32> = logits.i((0, fresh.len() - 1))?.to_vec1()?;
             ids.push(pick(&last, s, &mut rng));
         }
         Ok(ids[prompt.len()..].to_vec())
+    }
+
+    /// The logits `(1, tokens, vocab)` of one sequence's `tokens`, following the tokens already
+    /// in `cache` when one is given (which then holds these too): the step a decoding loop of
+    /// one's own (beam search, speculative decoding) repeats. Collective over the pipeline.
+    pub fn predict_tokens(&self, tokens: &[u32], cache: Option<&KvCache>) -> Result<Tensor> {
+        if tokens.is_empty() {
+            return Err(invalid!("predict_tokens needs at least one token"));
+        }
+        if let Some(c) = cache {
+            c.check_room(tokens.len())?;
+        }
+        let x = Tensor::from_vec(tokens.to_vec(), (1, tokens.len()), &Device::Cpu)?;
+        let batch = Batch::new().with(Batch::INPUTS, x);
+        self.check_batch(&batch, false)?;
+        let batch = batch.to_device(&self.opts.device)?;
+        let r = self
+            .pipeline
+            .stage()
+            .forward_cached(&batch, false, true, cache)?;
+        if let Some(c) = cache {
+            c.advance(tokens.len());
+        }
+        Ok(r.output.expect("asked for the output"))
     }
 }
