@@ -1,0 +1,120 @@
+//! Loading pretrained weights, each rank reads only its own slices: counted by the allocator,
+//! what a tensor-parallel rank allocates while it loads a Hugging Face Llama directory is its
+//! share of the model, not the whole model (which a rank that read whole tensors and cut them
+//! would hold). The oracle: the same load on one rank, which must hold the whole model.
+
+use std::path::Path;
+
+use pipewright::checkpoint::Reader;
+use pipewright::comm::local;
+use pipewright::memory::{self, CountingAlloc};
+use pipewright::nn::optim::OptimizerConfig;
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright_models::llama::LlamaConfig;
+use pipewright_models::{hf, ModelConfig};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+fn model() -> ModelConfig {
+    let llama = LlamaConfig {
+        vocab_size: 4096,
+        block_size: 64,
+        n_layer: 2,
+        n_head: 4,
+        n_kv_head: 2,
+        dim: 256,
+        hidden: 768,
+        norm_eps: 1e-5,
+        rope_theta: 10000.0,
+    };
+    ModelConfig::Llama { llama, vocab: 4096 }
+}
+
+/// Per rank of `layout`: the most bytes it held while loading `dir`, above what it held
+/// before, and its parameters' bytes.
+fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
+    let model = model();
+    let (seq, tied) = model.build().unwrap();
+    let opts = VarunaOptions {
+        shared_weights: tied,
+        ..VarunaOptions::new(layout, 1, 1)
+    };
+    // The ranks are threads: one barrier between building and loading on all of them.
+    let sync = std::sync::Barrier::new(layout.world());
+    local::run(layout.world(), |comm| {
+        let rank = {
+            use pipewright::comm::Communicator;
+            comm.rank()
+        };
+        let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        let own: u64 = v
+            .pipeline()
+            .params()
+            .iter()
+            .map(|(_, p)| p.elem_count() as u64 * 4)
+            .sum();
+        sync.wait();
+        let before = memory::thread_live_bytes().unwrap();
+        if rank == 0 {
+            memory::reset_peaks();
+        }
+        sync.wait();
+        v.load_pretrained(dir, &|n| hf::hf_names(&model, n))?;
+        Ok((memory::rank_peak_bytes(rank).unwrap() - before, own))
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_tensor_parallel_rank_reads_only_its_slices() {
+    let tmp = std::env::temp_dir().join(format!("pw-pre-mem-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    // A Hugging Face directory of a 3.6M-parameter Llama, written by the export.
+    let saved = local::run(1, |comm| {
+        let (seq, _) = model().build()?;
+        let mut v = Varuna::new(
+            &seq,
+            Box::new(comm),
+            VarunaOptions::new(Layout::new(1, 1, 1)?, 1, 1),
+        )?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.checkpoint(&tmp.join("ckpt"), &Default::default())?;
+        Ok(v.pipeline()
+            .params()
+            .iter()
+            .map(|(_, p)| p.elem_count() as u64 * 4)
+            .sum::<u64>())
+    })
+    .unwrap()[0];
+    hf::export(
+        &Reader::open(&tmp.join("ckpt")).unwrap(),
+        &model(),
+        &tmp.join("hf"),
+    )
+    .unwrap();
+
+    let whole = load(&tmp.join("hf"), Layout::new(1, 1, 1).unwrap());
+    let (peak, own) = whole[0];
+    assert_eq!(own, saved);
+    assert!(
+        peak >= own * 9 / 10,
+        "one rank loading the whole model held only {peak} bytes of its {own}: the count misses"
+    );
+    for (rank, (peak, own)) in load(&tmp.join("hf"), Layout::new(1, 2, 1).unwrap())
+        .into_iter()
+        .enumerate()
+    {
+        assert!(
+            own < saved * 6 / 10,
+            "rank {rank} holds {own} of {saved} bytes"
+        );
+        assert!(
+            peak < saved * 6 / 10,
+            "tp rank {rank} held {peak} bytes while loading a {saved}-byte model (its share: {own})"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
