@@ -17,6 +17,8 @@ use pipewright_models::{llama, LlamaConfig};
 use rand::{Rng, SeedableRng};
 
 fn main() -> pipewright::Result<()> {
+    // As the `pipewright` binary does: freed tensors' pages are reused, not faulted in anew.
+    pipewright::memory::keep_freed_memory();
     let cfg = LlamaConfig {
         vocab_size: 4096,
         block_size: 256,

@@ -9,9 +9,9 @@
 //! key/value groups both split), `o_proj` row-parallel; `gate_proj` and `up_proj`
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
-use candle_core::{Tensor, Var, D};
+use candle_core::{Tensor, Var};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
-use pipewright::nn::{join, scaled_softmax, Linear, Module, RmsNorm, WeightLayout};
+use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
 use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -203,43 +203,6 @@ impl Layer for FinalNorm {
     }
 }
 
-/// `cos` and `sin` of the rotary angles of positions `start..start + t` for heads of width
-/// `hd`, as Hugging Face lays them out (the frequencies twice over the head).
-fn rotary(
-    start: usize,
-    t: usize,
-    hd: usize,
-    theta: f64,
-    like: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let half = hd / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
-        .collect();
-    let mut ang = Vec::with_capacity(t * hd);
-    for p in start..start + t {
-        for k in 0..hd {
-            ang.push(p as f32 * inv[k % half]);
-        }
-    }
-    let ang = Tensor::from_vec(ang, (t, hd), like.device())?;
-    Ok((
-        ang.cos()?.to_dtype(like.dtype())?,
-        ang.sin()?.to_dtype(like.dtype())?,
-    ))
-}
-
-/// `x * cos + rotate_half(x) * sin` for `x` of `(batch, heads, time, hd)`.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let hd = x.dim(D::Minus1)?;
-    let (x1, x2) = (
-        x.narrow(D::Minus1, 0, hd / 2)?,
-        x.narrow(D::Minus1, hd / 2, hd / 2)?,
-    );
-    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
-}
-
 /// A Llama block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 pub struct LlamaBlock {
     name: String,
@@ -313,8 +276,8 @@ impl LlamaBlock {
         let q = heads(self.q.forward(x, cx)?, h)?;
         let k = heads(self.k.forward(x, cx)?, kvh)?;
         let v = heads(self.v.forward(x, cx)?, kvh)?;
-        let (cos, sin) = rotary(past, t, hd, self.cfg.rope_theta, &q)?;
-        let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
+        let theta = self.cfg.rope_theta;
+        let (q, k) = (rope(&q, past, theta)?, rope(&k, past, theta)?);
         // Decoding: the cache keeps the key/value heads (not repeated: GQA's saving), and the
         // new queries attend over every cached key too.
         let (k, v) = match &cx.kv_cache {
@@ -350,7 +313,7 @@ impl Layer for LlamaBlock {
         let n = self.post_norm.forward(&x)?;
         let g = self.gate.forward(&n, cx)?;
         let u = self.up.forward(&n, cx)?;
-        let h = self.down.forward(&(g.silu()? * u)?, cx)?;
+        let h = self.down.forward(&swiglu(&g, &u)?, cx)?;
         Ok((x + h)?.into())
     }
 

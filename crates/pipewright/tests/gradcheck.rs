@@ -141,6 +141,18 @@ fn rms_norm() {
 }
 
 #[test]
+fn swiglu_and_rotary() {
+    let (g, u) = (var("g", &[3, 5, 8]), var("u", &[3, 5, 8]));
+    let both = vec![("g".to_string(), g.clone()), ("u".to_string(), u.clone())];
+    check("swiglu", &both, || pipewright::nn::swiglu(&g, &u));
+    // (batch, heads, time, head_dim), positions from 3 as after a cache of 3 tokens.
+    let x = var("x", &[2, 3, 5, 8]);
+    check("rope", &with_input(&x, vec![]), || {
+        pipewright::nn::rope(&x, 3, 10000.0)
+    });
+}
+
+#[test]
 fn activations_and_softmax() {
     let x = var("x", &[4, 7]);
     check("gelu", &with_input(&x, vec![]), || gelu(&x));

@@ -5,8 +5,9 @@
 //! each, forward and backward, every one allocating and walking a whole tensor, and every
 //! graph node costs its backward a zero-filled gradient and an addition; on the benchmark GPT
 //! that was more of a training step than the matrix products. Here each of GELU, LayerNorm,
-//! softmax, causal attention, cross-entropy, the linear layer and the bias add is one candle
-//! custom op whose backward is itself one fused op; AdamW and gradient norms are one pass each.
+//! softmax, causal attention, cross-entropy, the linear layer and the bias add (and the
+//! Llama's RMSNorm, SwiGLU gate and rotary embedding) is one candle custom op whose backward
+//! is itself one fused op; AdamW and gradient norms are one pass each.
 //! They run for f32 (and f64, for the finite-difference tests) on the CPU, and for f16 and
 //! bf16 by widening to f32 and rounding each result once; other devices take the composed
 //! ops, which compute the same function (and are the oracle of `tests/kernels.rs`).
@@ -21,7 +22,9 @@ pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod reduce;
 pub(crate) mod rms_norm;
+pub(crate) mod rotary;
 pub(crate) mod softmax;
+pub(crate) mod swiglu;
 
 pub use cross_entropy::IGNORE_INDEX;
 

@@ -12,6 +12,15 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
     Ok(x.gelu()?)
 }
 
+/// SwiGLU's gate `silu(gate) * up` (Llama's MLP, between its column- and row-parallel
+/// layers): one fused kernel each way on the CPU, composed ops elsewhere.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if kernels::fused(gate) && gate.dtype() == up.dtype() && up.device().is_cpu() {
+        return Ok(kernels::swiglu::swiglu(gate, up)?);
+    }
+    Ok((gate.silu()? * up)?)
+}
+
 /// `max(x, 0)`.
 pub fn relu(x: &Tensor) -> Result<Tensor> {
     Ok(x.relu()?)

@@ -13,13 +13,14 @@ pub mod linear;
 pub mod loss;
 pub mod optim;
 pub mod rms_norm;
+pub mod rotary;
 
 pub use crate::grads::{max_rel_diff, sum_sq_share, Grads};
 pub use crate::init::Init;
 pub use crate::kernels::IGNORE_INDEX;
 pub use crate::model::deferred;
 pub use crate::model::WeightLayout;
-pub use activation::{causal_mask, gelu, relu, residual, scaled_softmax, softmax_last_dim};
+pub use activation::{causal_mask, gelu, relu, residual, scaled_softmax, softmax_last_dim, swiglu};
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
 pub use dropout::Dropout;
@@ -28,6 +29,7 @@ pub use layer_norm::LayerNorm;
 pub use linear::Linear;
 pub use loss::{count_targets, cross_entropy, cross_entropy_sum};
 pub use rms_norm::{rms_norm, RmsNorm};
+pub use rotary::rope;
 
 use candle_core::Var;
 

@@ -1,13 +1,17 @@
-//! Loading pretrained weights, each rank reads only its own slices: counted by the allocator,
-//! what a tensor-parallel rank allocates while it loads a Hugging Face Llama directory is its
-//! share of the model, not the whole model (which a rank that read whole tensors and cut them
-//! would hold). The oracle: the same load on one rank, which must hold the whole model.
+//! What ranks hold, counted by the allocator (the tests take turns: the counts are per rank
+//! number, shared by every test's rank 0).
+//! - Loading pretrained weights, each rank reads only its own slices: what a tensor-parallel
+//!   rank allocates while it loads a Hugging Face Llama directory is its share of the model,
+//!   not the whole model (which a rank that read whole tensors and cut them would hold). The
+//!   oracle: the same load on one rank, which must hold the whole model.
+//! - A key/value cache grows by its keys and values alone, not the graphs that made them.
 
 use std::path::Path;
 
 use pipewright::checkpoint::Reader;
 use pipewright::comm::local;
 use pipewright::memory::{self, CountingAlloc};
+use pipewright::model::KvCache;
 use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
@@ -16,6 +20,14 @@ use pipewright_models::{hf, ModelConfig};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
+
+static TURNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
 
 fn model() -> ModelConfig {
     let llama = LlamaConfig {
@@ -70,6 +82,7 @@ fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
 
 #[test]
 fn a_tensor_parallel_rank_reads_only_its_slices() {
+    let _turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = std::env::temp_dir().join(format!("pw-pre-mem-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     // A Hugging Face directory of a 3.6M-parameter Llama, written by the export.
@@ -117,4 +130,42 @@ fn a_tensor_parallel_rank_reads_only_its_slices() {
         );
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn the_cache_holds_keys_and_values_only() {
+    let _turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    for name in ["hf-gpt2", "hf-llama"] {
+        let dir = fixture(name);
+        let model = hf::config_from_dir(&dir).unwrap();
+        let (seq, tied) = model.build().unwrap();
+        let opts = VarunaOptions {
+            shared_weights: tied,
+            ..VarunaOptions::new(Layout::new(1, 1, 1).unwrap(), 1, 1)
+        };
+        let (grew, cached) = local::run(1, |comm| {
+            let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
+            v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+            v.load_pretrained(&dir, &|n| hf::hf_names(&model, n))?;
+            let block = match &model {
+                ModelConfig::Llama { llama, .. } => llama.block_size,
+                ModelConfig::Gpt { gpt, .. } => gpt.block_size,
+                ModelConfig::Cnn { .. } => unreachable!("fixtures are language models"),
+            };
+            let cache = KvCache::with_capacity(block);
+            v.predict_tokens(&[1, 2, 3, 4], Some(&cache))?;
+            let (live, bytes) = (memory::thread_live_bytes().unwrap(), cache.bytes());
+            for t in 4..block as u32 {
+                v.predict_tokens(&[t], Some(&cache))?;
+            }
+            let grew = memory::thread_live_bytes().unwrap() as i64 - live as i64;
+            Ok((grew, (cache.bytes() - bytes) as i64))
+        })
+        .unwrap()[0];
+        // The cache's growth, and a little for the allocator's and candle's own.
+        assert!(
+            grew <= cached + 16 * 1024,
+            "{name}: live bytes grew {grew} while the cache grew {cached}"
+        );
+    }
 }
