@@ -30,6 +30,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 torch.manual_seed(1234)
 
 
+def batch_loss_grads(model, vocab, config, name=lambda n: n):
+    """A random batch of 3 x 12 tokens (a few targets ignored) through `model`: the batch, the
+    cross-entropy loss, the logits, and every parameter (`name` maps its name) and its gradient,
+    with the model's sizes under "config"."""
+    b, t = 3, 12
+    ids = torch.randint(0, vocab, (b, t))
+    targets = torch.randint(0, vocab, (b, t))
+    targets[0, :4] = -100
+    targets[2, 7] = -100
+    logits = model(ids).logits
+    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    out = {
+        "config": torch.tensor(config, dtype=torch.int64),
+        "input_ids": ids.to(torch.int64),
+        "targets": targets.to(torch.int64),
+        "loss": loss.detach().reshape(1),
+        "logits": logits.detach().contiguous(),
+    }
+    for n, p in model.named_parameters():
+        out["param." + name(n)] = p.detach().clone().contiguous()
+        out["grad." + name(n)] = p.grad.detach().clone().contiguous()
+    return out
+
+
 def gpt2_parity():
     vocab, block, n_layer, n_head, n_embd = 50, 16, 2, 4, 32
     cfg = GPT2Config(
@@ -48,31 +73,14 @@ def gpt2_parity():
             else:
                 p.copy_(0.15 * torch.randn_like(p))
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
-    b, t = 3, 12
-    ids = torch.randint(0, vocab, (b, t))
-    targets = torch.randint(0, vocab, (b, t))
-    targets[0, :4] = -100
-    targets[2, 7] = -100
-    logits = model(ids).logits
-    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
-    loss.backward()
-    out = {
-        "config": torch.tensor([vocab, block, n_layer, n_head, n_embd], dtype=torch.int64),
-        "input_ids": ids.to(torch.int64),
-        "targets": targets.to(torch.int64),
-        "loss": loss.detach().reshape(1),
-        "logits": logits.detach().contiguous(),
-    }
-    for name, p in model.named_parameters():
-        short = name.removeprefix("transformer.")
-        out["param." + short] = p.detach().clone().contiguous()
-        out["grad." + short] = p.grad.detach().clone().contiguous()
+    out = batch_loss_grads(model, vocab, [vocab, block, n_layer, n_head, n_embd],
+                           lambda n: n.removeprefix("transformer."))
     # The tie is one parameter in PyTorch; pipewright keeps two equal ones.
     out["param.lm_head.weight"] = out["param.wte.weight"].clone()
     out["grad.lm_head.weight"] = out["grad.wte.weight"].clone()
     path = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures/gpt2_parity.safetensors")
     save_file(out, path)
-    print("wrote", path, "loss", loss.item())
+    print("wrote", path, "loss", out["loss"].item())
 
 
 def optim():
@@ -139,28 +147,11 @@ def llama_parity():
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.15 * torch.randn_like(p))
-    b, t = 3, 12
-    ids = torch.randint(0, vocab, (b, t))
-    targets = torch.randint(0, vocab, (b, t))
-    targets[0, :4] = -100
-    targets[2, 7] = -100
-    logits = model(ids).logits
-    loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
-    loss.backward()
-    out = {
-        "config": torch.tensor([vocab, block, n_layer, n_head, n_kv, dim, hidden], dtype=torch.int64),
-        "config_f": torch.tensor([eps, theta], dtype=torch.float64),
-        "input_ids": ids.to(torch.int64),
-        "targets": targets.to(torch.int64),
-        "loss": loss.detach().reshape(1),
-        "logits": logits.detach().contiguous(),
-    }
-    for name, p in model.named_parameters():
-        out["param." + name] = p.detach().clone().contiguous()
-        out["grad." + name] = p.grad.detach().clone().contiguous()
+    out = batch_loss_grads(model, vocab, [vocab, block, n_layer, n_head, n_kv, dim, hidden])
+    out["config_f"] = torch.tensor([eps, theta], dtype=torch.float64)
     path = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures/llama_parity.safetensors")
     save_file(out, path)
-    print("wrote", path, "loss", loss.item())
+    print("wrote", path, "loss", out["loss"].item())
 
 
 def hf_dirs():

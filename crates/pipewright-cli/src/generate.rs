@@ -11,7 +11,7 @@ use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Sampling, Varuna, VarunaOptions};
 use pipewright::{invalid, Result};
-use pipewright_models::{hf, ModelConfig};
+use pipewright_models::hf;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -64,10 +64,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             ))
         }
     };
-    let (block_size, vocab) = match &model {
-        ModelConfig::Gpt { gpt, vocab } => (gpt.block_size, *vocab),
-        ModelConfig::Llama { llama, vocab } => (llama.block_size, *vocab),
-        ModelConfig::Cnn { .. } => return Err(invalid!("the CNN does not generate text")),
+    let sampling = Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        seed: a.seed,
+        use_cache: !a.no_kv_cache,
+        ..model.sampling(a.max_new_tokens)?
     };
     let tok = a.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
     let prompt = match (&a.prompt, &a.prompt_ids, &tok) {
@@ -81,15 +83,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 "give --prompt TEXT (with --tokenizer) or --prompt-ids 1,2,3"
             ))
         }
-    };
-    let sampling = Sampling {
-        max_new_tokens: a.max_new_tokens,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        seed: a.seed,
-        block_size,
-        vocab,
-        use_cache: !a.no_kv_cache,
     };
     let (seq, tied) = model.build()?;
     let layout = Layout::new(a.pp, a.tp, 1)?;

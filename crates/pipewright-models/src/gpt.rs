@@ -144,6 +144,23 @@ pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
     Ok(s)
 }
 
+/// The position of the first of `t` new tokens (after those in the key/value cache), or an
+/// error naming the embedding and the flag when they would pass `block_size`: the language
+/// models' embeddings check it once per forward.
+pub(crate) fn window(t: usize, cx: &Cx, block_size: usize) -> Result<usize> {
+    let past = cx.position();
+    if past + t > block_size {
+        return Err(Error::Layer {
+            layer: "embed".into(),
+            msg: format!(
+                "sequence of {} tokens is longer than block_size {block_size}: raise --block-size",
+                past + t
+            ),
+        });
+    }
+    Ok(past)
+}
+
 /// Token plus position embedding (`wte`, `wpe`), then dropout.
 pub struct GptEmbed {
     wte: ParallelEmbedding,
@@ -178,17 +195,7 @@ impl Layer for GptEmbed {
                 ids.dims()
             ),
         })?;
-        let past = cx.position();
-        if past + t > self.block_size {
-            return Err(Error::Layer {
-                layer: "embed".into(),
-                msg: format!(
-                    "sequence of {} tokens is longer than block_size {}: raise --block-size",
-                    past + t,
-                    self.block_size
-                ),
-            });
-        }
+        let past = window(t, cx, self.block_size)?;
         let pos = Tensor::arange(past as u32, (past + t) as u32, ids.device())?;
         let x = self
             .wte

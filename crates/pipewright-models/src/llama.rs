@@ -9,14 +9,14 @@
 //! key/value groups both split), `o_proj` row-parallel; `gate_proj` and `up_proj`
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
-use candle_core::{Tensor, Var};
+use candle_core::{Tensor, Var, D};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
 use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::gpt::LmHead;
+use crate::gpt::{window, LmHead};
 
 /// A Llama's sizes (Hugging Face's `LlamaConfig` names in the comments).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,14 +105,17 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
     cfg.validate()?;
     let mut s = Sequential::new();
     s.push(LayerSpec::new("embed", move |init| {
-        Ok(Box::new(Embed(ParallelEmbedding::new(
-            init,
-            &init.tp,
-            "model.embed_tokens",
-            cfg.vocab_size,
-            cfg.dim,
-            0.02,
-        )?)) as Box<dyn Layer>)
+        Ok(Box::new(Embed {
+            table: ParallelEmbedding::new(
+                init,
+                &init.tp,
+                "model.embed_tokens",
+                cfg.vocab_size,
+                cfg.dim,
+                0.02,
+            )?,
+            block_size: cfg.block_size,
+        }) as Box<dyn Layer>)
     }))
     .cut();
     for i in 0..cfg.n_layer {
@@ -164,8 +167,12 @@ fn parallel(
     })
 }
 
-/// The token embedding (vocabulary-parallel).
-struct Embed(ParallelEmbedding);
+/// The token embedding (vocabulary-parallel); it refuses sequences past the window, which the
+/// rotary positions of the blocks after it cannot know.
+struct Embed {
+    table: ParallelEmbedding,
+    block_size: usize,
+}
 
 impl Layer for Embed {
     fn name(&self) -> &str {
@@ -174,15 +181,16 @@ impl Layer for Embed {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let ids = x.into_tensor("embed")?;
-        Ok(self.0.forward(&ids, cx)?.into())
+        window(ids.dim(D::Minus1)?, cx, self.block_size)?;
+        Ok(self.table.forward(&ids, cx)?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
-        self.0.params()
+        self.table.params()
     }
 
     fn shards(&self) -> Vec<(String, Shard)> {
-        self.0.shards()
+        self.table.shards()
     }
 }
 
@@ -258,16 +266,6 @@ impl LlamaBlock {
             msg: format!("expects (batch, time, channels), got {:?}", x.dims()),
         })?;
         let past = cx.position();
-        if past + t > self.cfg.block_size {
-            return Err(Error::Layer {
-                layer: self.name.clone(),
-                msg: format!(
-                    "sequence of {} tokens is longer than block_size {}: raise --block-size",
-                    past + t,
-                    self.cfg.block_size
-                ),
-            });
-        }
         let hd = self.cfg.head_dim();
         let (h, kvh) = self.local;
         let heads = |y: Tensor, n: usize| -> Result<Tensor> {

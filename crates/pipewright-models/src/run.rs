@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use pipewright::experiment::TrainSpec;
 use pipewright::plan::{Cluster, Hardware, Morph, MorphPlanner, Profile};
 use pipewright::precision::Precision;
-use pipewright::varuna::VarunaOptions;
+use pipewright::varuna::{Sampling, VarunaOptions};
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +57,18 @@ impl ModelConfig {
             ModelConfig::Gpt { .. } => vec![(TIED.0.into(), TIED.1.into())],
             _ => Vec::new(),
         }
+    }
+
+    /// Greedy decoding of `max_new_tokens` tokens within the model's window and the data's
+    /// vocabulary (`Sampling::greedy`; set the other fields for sampling); an error for the
+    /// CNN, which makes no text.
+    pub fn sampling(&self, max_new_tokens: usize) -> Result<Sampling> {
+        let (block, vocab) = match self {
+            ModelConfig::Gpt { gpt, vocab } => (gpt.block_size, *vocab),
+            ModelConfig::Llama { llama, vocab } => (llama.block_size, *vocab),
+            ModelConfig::Cnn { .. } => return Err(invalid!("the CNN does not generate text")),
+        };
+        Ok(Sampling::greedy(max_new_tokens, block, vocab))
     }
 
     /// Sizes a tensor-parallel size must divide (the CNN does not split: `[1]`).

@@ -147,11 +147,7 @@ fn the_cache_holds_keys_and_values_only() {
             let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
             v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
             v.load_pretrained(&dir, &|n| hf::hf_names(&model, n))?;
-            let block = match &model {
-                ModelConfig::Llama { llama, .. } => llama.block_size,
-                ModelConfig::Gpt { gpt, .. } => gpt.block_size,
-                ModelConfig::Cnn { .. } => unreachable!("fixtures are language models"),
-            };
+            let block = model.sampling(0)?.block_size;
             let cache = KvCache::with_capacity(block);
             v.predict_tokens(&[1, 2, 3, 4], Some(&cache))?;
             let (live, bytes) = (memory::thread_live_bytes().unwrap(), cache.bytes());

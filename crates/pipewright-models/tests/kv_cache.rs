@@ -13,7 +13,7 @@ use pipewright::model::KvCache;
 use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
-use pipewright::varuna::{Sampling, Varuna, VarunaOptions};
+use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::Batch;
 use pipewright_models::{hf, ModelConfig};
 
@@ -46,14 +46,6 @@ fn with_model<R: Send>(
     out.remove(0)
 }
 
-fn window(model: &ModelConfig) -> (usize, usize) {
-    match model {
-        ModelConfig::Gpt { gpt, vocab } => (gpt.block_size, *vocab),
-        ModelConfig::Llama { llama, vocab } => (llama.block_size, *vocab),
-        ModelConfig::Cnn { .. } => unreachable!("fixtures are language models"),
-    }
-}
-
 fn layouts() -> [Layout; 3] {
     [
         Layout::new(1, 1, 1).unwrap(),
@@ -67,7 +59,8 @@ fn cached_logits_equal_the_whole_sequence_forward() {
     for name in ["hf-gpt2", "hf-llama"] {
         for layout in layouts() {
             let (whole, stepped, bytes) = with_model(name, layout, |v, model| {
-                let (block, vocab) = window(model);
+                let window = model.sampling(0)?;
+                let (block, vocab) = (window.block_size, window.vocab);
                 let ids: Vec<u32> = (0..block as u32)
                     .map(|i| (i * 7 + 3) % vocab as u32)
                     .collect();
@@ -97,9 +90,9 @@ fn generation_is_the_same_with_and_without_the_cache() {
     for name in ["hf-gpt2", "hf-llama"] {
         for layout in layouts() {
             let (cached, uncached, sampled) = with_model(name, layout, |v, model| {
-                let (block, vocab) = window(model);
-                // Past the window: the last `block` tokens run again whole.
-                let mut s = Sampling::greedy(block + 6, block, vocab);
+                // Past the window: the last `block_size` tokens run again whole.
+                let block = model.sampling(0)?.block_size;
+                let mut s = model.sampling(block + 6)?;
                 let prompt = [1, 2, 3, 4, 5];
                 let cached = v.generate(&prompt, &s)?;
                 s.use_cache = false;

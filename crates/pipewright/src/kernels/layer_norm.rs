@@ -5,13 +5,9 @@
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
-use super::{add_blocks, dispatch, input, par, storage, Out, Real};
+use super::{dispatch, input, par, row_grads, storage, Out, Real};
 
 const NAME: &str = "pipewright-layer-norm";
-
-/// Row blocks the backward sums weight and bias gradients over: fixed, so the sums are the
-/// same whatever the number of threads.
-const GRAD_BLOCKS: usize = 32;
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` of a CPU f32/f64 tensor (biased variance,
 /// as `torch.nn.LayerNorm`), with a fused backward for `x`, `weight` and `bias`.
@@ -104,51 +100,29 @@ fn forward<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
 /// `[dx (rows x cols) | dw (cols) | db (cols)]` in one buffer.
 fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
     let cols = w.len();
-    let rows = x.len() / cols;
     let eps = T::from(eps).unwrap();
     let n = T::from(cols).unwrap();
-    let blocks = GRAD_BLOCKS.min(rows.max(1));
-    let per = rows.div_ceil(blocks);
-    let total = x.len() + 2 * cols;
-    let mut out = Out::new(total);
-    let dx = out.rows();
-    // Each block's weight and bias gradient sums, then added in block order.
-    let mut partial = vec![T::zero(); blocks * 2 * cols];
-    let pr = partial.as_mut_ptr() as usize;
-    par(blocks, x.len(), |bs| {
-        for blk in bs {
-            // SAFETY: block blk's part of `partial` is this call's alone.
-            let part = unsafe {
-                std::slice::from_raw_parts_mut((pr as *mut T).add(blk * 2 * cols), 2 * cols)
-            };
-            let (dw, db) = part.split_at_mut(cols);
-            for i in blk * per..((blk + 1) * per).min(rows) {
-                let row = &x[i * cols..(i + 1) * cols];
-                let gr = &g[i * cols..(i + 1) * cols];
-                let (mean, rstd) = stats(row, eps);
-                for j in 0..cols {
-                    let xh = (row[j] - mean) * rstd;
-                    dw[j] += gr[j] * xh;
-                    db[j] += gr[j];
-                }
-                let [s1, s2] = sums(row, gr, w, |v, g, wj| {
-                    let gw = g * wj;
-                    [gw, gw * ((v - mean) * rstd)]
-                });
-                let (m1, m2) = (s1 / n, s2 / n);
-                // SAFETY: row i is this call's alone.
-                let d = unsafe { dx.get(i * cols..(i + 1) * cols) };
-                for j in 0..cols {
-                    let xh = (row[j] - mean) * rstd;
-                    d[j] = rstd * (gr[j] * w[j] - m1 - xh * m2);
-                }
-            }
+    // Each block's weight and bias gradient sums side by side.
+    row_grads(x.len() / cols, cols, 2 * cols, |i, part, d| {
+        let (dw, db) = part.split_at_mut(cols);
+        let row = &x[i * cols..(i + 1) * cols];
+        let gr = &g[i * cols..(i + 1) * cols];
+        let (mean, rstd) = stats(row, eps);
+        for j in 0..cols {
+            let xh = (row[j] - mean) * rstd;
+            dw[j] += gr[j] * xh;
+            db[j] += gr[j];
         }
-    });
-    // SAFETY: the tail after dx is written here, by this thread alone.
-    add_blocks(unsafe { dx.get(x.len()..total) }, &partial);
-    // SAFETY: every row of dx and the tail were written.
-    unsafe { out.into_vec(total) }
+        let [s1, s2] = sums(row, gr, w, |v, g, wj| {
+            let gw = g * wj;
+            [gw, gw * ((v - mean) * rstd)]
+        });
+        let (m1, m2) = (s1 / n, s2 / n);
+        for j in 0..cols {
+            let xh = (row[j] - mean) * rstd;
+            d[j] = rstd * (gr[j] * w[j] - m1 - xh * m2);
+        }
+    })
 }
 
 impl CustomOp3 for LayerNorm {

@@ -52,17 +52,49 @@ pub(crate) trait Real:
 impl Real for f32 {}
 impl Real for f64 {}
 
-/// `into` = the sum of `partial`'s blocks of `into.len()` elements, added in block order (the
-/// same order whatever the number of threads): what the backward kernels' per-block weight
-/// gradient sums end with.
-pub(crate) fn add_blocks<T: Real>(into: &mut [T], partial: &[T]) {
-    let width = into.len();
+/// Row blocks a normalisation's backward sums its weight gradients over: fixed, so the sums
+/// are the same whatever the number of threads.
+const GRAD_BLOCKS: usize = 32;
+
+/// The backward of a row-wise op with per-column weights (LayerNorm, RMSNorm): rows in
+/// [`GRAD_BLOCKS`] blocks on the pool, `row(i, acc, dx)` writing row `i`'s input gradient
+/// into `dx` (`cols` elements) and adding its weight-gradient terms into its block's `acc`
+/// (`width` elements). Returns `[dx (rows x cols) | the blocks' acc summed in block order]`.
+pub(crate) fn row_grads<T: Real>(
+    rows: usize,
+    cols: usize,
+    width: usize,
+    row: impl Fn(usize, &mut [T], &mut [T]) + Sync,
+) -> Vec<T> {
+    let blocks = GRAD_BLOCKS.min(rows.max(1));
+    let per = rows.div_ceil(blocks);
+    let n = rows * cols;
+    let total = n + width;
+    let mut out = Out::new(total);
+    let dx = out.rows();
+    let mut partial = vec![T::zero(); blocks * width];
+    let pr = partial.as_mut_ptr() as usize;
+    par(blocks, n, |bs| {
+        for blk in bs {
+            // SAFETY: block blk's part of `partial` is this call's alone.
+            let acc =
+                unsafe { std::slice::from_raw_parts_mut((pr as *mut T).add(blk * width), width) };
+            for i in blk * per..((blk + 1) * per).min(rows) {
+                // SAFETY: row i is this call's alone.
+                row(i, acc, unsafe { dx.get(i * cols..(i + 1) * cols) });
+            }
+        }
+    });
+    // SAFETY: the tail after dx is written here, by this thread alone.
+    let into = unsafe { dx.get(n..total) };
     into.copy_from_slice(&partial[..width]);
     for part in partial.chunks(width).skip(1) {
         for (t, &p) in into.iter_mut().zip(part) {
             *t += p;
         }
     }
+    // SAFETY: every row of dx and the tail were written.
+    unsafe { out.into_vec(total) }
 }
 
 /// The largest element of `row` (minus infinity when empty).

@@ -6,13 +6,9 @@
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
 use super::layer_norm::sums;
-use super::{add_blocks, dispatch, input, par, storage, Out, Real};
+use super::{dispatch, input, par, row_grads, storage, Out, Real};
 
 const NAME: &str = "pipewright-rms-norm";
-
-/// Row blocks the backward sums the weight's gradient over: fixed, so the sums are the same
-/// whatever the number of threads.
-const GRAD_BLOCKS: usize = 32;
 
 /// `x / sqrt(mean(x^2) + eps) * weight` of a CPU float tensor, with a fused backward for `x`
 /// and `weight`.
@@ -60,43 +56,22 @@ fn forward<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
 /// `[dx (rows x cols) | dw (cols)]` in one buffer.
 fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
     let cols = w.len();
-    let rows = x.len() / cols.max(1);
     let eps = T::from(eps).unwrap();
     let n = T::from(cols).unwrap();
-    let blocks = GRAD_BLOCKS.min(rows.max(1));
-    let per = rows.div_ceil(blocks);
-    let total = x.len() + cols;
-    let mut out = Out::new(total);
-    let dx = out.rows();
-    let mut partial = vec![T::zero(); blocks * cols];
-    let pr = partial.as_mut_ptr() as usize;
-    par(blocks, x.len(), |bs| {
-        for blk in bs {
-            // SAFETY: block blk's part of `partial` is this call's alone.
-            let dw =
-                unsafe { std::slice::from_raw_parts_mut((pr as *mut T).add(blk * cols), cols) };
-            for i in blk * per..((blk + 1) * per).min(rows) {
-                let row = &x[i * cols..(i + 1) * cols];
-                let gr = &g[i * cols..(i + 1) * cols];
-                let s = rstd(row, eps);
-                for j in 0..cols {
-                    dw[j] += gr[j] * row[j] * s;
-                }
-                // d/dx of x*s*w: s*(g*w) - x * s^3 * mean(g*w*x).
-                let [gwx] = sums(row, gr, w, |v, g, wj| [g * wj * v]);
-                let m = gwx / n * s * s * s;
-                // SAFETY: row i is this call's alone.
-                let d = unsafe { dx.get(i * cols..(i + 1) * cols) };
-                for j in 0..cols {
-                    d[j] = s * gr[j] * w[j] - row[j] * m;
-                }
-            }
+    row_grads(x.len() / cols.max(1), cols, cols, |i, dw, d| {
+        let row = &x[i * cols..(i + 1) * cols];
+        let gr = &g[i * cols..(i + 1) * cols];
+        let s = rstd(row, eps);
+        for j in 0..cols {
+            dw[j] += gr[j] * row[j] * s;
         }
-    });
-    // SAFETY: the tail after dx is written here, by this thread alone.
-    add_blocks(unsafe { dx.get(x.len()..total) }, &partial);
-    // SAFETY: every row of dx and the tail were written.
-    unsafe { out.into_vec(total) }
+        // d/dx of x*s*w: s*(g*w) - x * s^3 * mean(g*w*x).
+        let [gwx] = sums(row, gr, w, |v, g, wj| [g * wj * v]);
+        let m = gwx / n * s * s * s;
+        for j in 0..cols {
+            d[j] = s * gr[j] * w[j] - row[j] * m;
+        }
+    })
 }
 
 impl CustomOp2 for RmsNorm {
