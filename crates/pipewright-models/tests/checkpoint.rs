@@ -3,124 +3,20 @@
 //! for bit at the same layout (dropout on, f16's loss scaler too), and within 1e-5 at another
 //! layout; damaged, foreign and unwritable checkpoints are clear errors.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{Tensor, Var};
 use pipewright::checkpoint::{self, CheckpointOptions};
-use pipewright::comm::{local, Communicator};
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
-use pipewright::precision::{LossScaler, Precision};
+use pipewright::comm::local;
+use pipewright::precision::Precision;
 use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::varuna::Varuna;
 use pipewright::Batch;
 use pipewright_models::parity::ParityRun;
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task};
 
-const STEPS: u64 = 20;
-const SAVE_AT: u64 = 10;
-
-fn adamw(params: Vec<(String, Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
-    Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pw-ckpt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
-/// What a run ends with, over all ranks: losses of its steps and every parameter and optimizer
-/// tensor by (global name, rank's part).
-#[derive(Debug, PartialEq)]
-struct End {
-    losses: Vec<f64>,
-    state: BTreeMap<String, Vec<f32>>,
-    scale: f64,
-}
-
-fn cfg(dropout: f64) -> GptConfig {
-    GptConfig {
-        dropout,
-        ..ParityRun::default().gpt
-    }
-}
-
-fn options(layout: Layout, precision: Precision) -> VarunaOptions {
-    VarunaOptions {
-        precision,
-        loss_scaler: LossScaler::with(1024.0, 3),
-        ..ParityRun::default().options(layout)
-    }
-}
-
-/// Steps `from..to` at `layout`, after loading `resume` if given, saving into `save` after step
-/// `SAVE_AT` if given.
-fn run(
-    c: GptConfig,
-    opts: VarunaOptions,
-    from: u64,
-    to: u64,
-    resume: Option<&Path>,
-    save: Option<&Path>,
-) -> End {
-    let layout = opts.topology().unwrap().layout();
-    let task = Adder::new(2, 0).unwrap();
-    let per_rank = local::run(layout.world(), |comm| {
-        let rank = comm.rank();
-        let mut v = Varuna::new(&gpt(c)?, Box::new(comm), opts.clone())?;
-        v.set_optimizer(adamw)?;
-        if let Some(p) = resume {
-            assert_eq!(v.load_checkpoint(p)?.step, from);
-        }
-        let loader = DistributedLoader::new(
-            |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
-            opts.global_batch_size,
-            v.coords().dp_rank,
-            layout.dp,
-            candle_core::Device::Cpu,
-        )?;
-        let mut losses = Vec::new();
-        for s in from..to {
-            losses.push(v.step(&loader.batch(s)?)?.loss);
-            if s + 1 == SAVE_AT {
-                if let Some(root) = save {
-                    let dir = v.checkpoint(root, &CheckpointOptions::default())?;
-                    assert!(dir.ends_with("step-00000010"), "{}", dir.display());
-                }
-            }
-        }
-        let mut state = BTreeMap::new();
-        for (n, p) in v.pipeline().params() {
-            state.insert(format!("{n}@{rank}"), flat(p.as_tensor()));
-        }
-        for (k, t) in v.optimizer().unwrap().state_dict()? {
-            state.insert(format!("opt.{k}@{rank}"), flat(&t));
-        }
-        Ok((losses, state, v.loss_scale()))
-    })
-    .unwrap();
-    let mut end = End {
-        losses: per_rank[0].0.clone(),
-        state: BTreeMap::new(),
-        scale: per_rank[0].2,
-    };
-    for (_, s, _) in per_rank {
-        end.state.extend(s);
-    }
-    end
-}
-
-fn flat(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(candle_core::DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
-}
+mod resume;
+use resume::*;
 
 #[test]
 fn resuming_at_the_same_layout_is_bit_identical() {

@@ -1,7 +1,7 @@
 //! The Varuna step over pp x tp x dp layouts (ranks as threads) against serial training
 //! ([`pipewright_models::parity`]): the losses and gradient norms of 5 clipped AdamW steps and
 //! the final parameters agree within 1e-5; bf16 and f16 follow f32; an overflow on one rank
-//! makes every rank skip the step.
+//! makes every rank skip the step (with and without ZeRO).
 
 use candle_core::Var;
 use pipewright::comm::{local, Communicator};
@@ -10,6 +10,7 @@ use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::precision::{LossScaler, Precision};
 use pipewright::topology::Layout;
 use pipewright::varuna::{Placement, Varuna, VarunaOptions};
+use pipewright::zero::Zero;
 use pipewright::{Batch, Build};
 use pipewright_models::parity::{worst_difference, ParityRun, RankResult};
 use pipewright_models::tasks::Adder;
@@ -210,8 +211,16 @@ fn low_precision_computes_in_the_low_type() {
 
 #[test]
 fn an_overflow_on_one_rank_skips_the_step_everywhere() {
+    // Under ZeRO-2 rank 3 finds it in its piece of the summed gradients.
+    for zero in [Zero::Off, Zero::OptimizerState, Zero::Gradients] {
+        overflow_skips_everywhere(zero);
+    }
+}
+
+fn overflow_skips_everywhere(zero: Zero) {
     let layout = Layout::new(2, 1, 2).unwrap();
     let opts = VarunaOptions {
+        zero,
         precision: Precision::F16,
         loss_scaler: LossScaler::with(1024.0, 1000),
         ..options(layout)
@@ -275,7 +284,7 @@ fn an_overflow_on_one_rank_skips_the_step_everywhere() {
         assert_eq!(
             steps[1],
             (true, 1024.0, true),
-            "rank {rank}: step 1 is skipped, parameters untouched"
+            "ZeRO-{zero} rank {rank}: step 1 is skipped, parameters untouched"
         );
         assert_eq!(
             steps[2],

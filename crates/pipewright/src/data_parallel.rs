@@ -32,20 +32,11 @@ pub fn all_reduce_grads(
         .iter()
         .map(|(n, g)| (n.clone(), g.dims().to_vec()))
         .collect();
-    let mut buckets: Vec<Vec<(String, Vec<usize>)>> = Vec::new();
-    let mut bytes = usize::MAX;
-    for (n, dims) in names {
-        let size = dims.iter().product::<usize>() * 4;
-        if bytes >= bucket_bytes {
-            buckets.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += size;
-        buckets
-            .last_mut()
-            .expect("a bucket was pushed")
-            .push((n, dims));
-    }
+    let sizes: Vec<usize> = names.iter().map(|(_, d)| d.iter().product()).collect();
+    let buckets: Vec<&[(String, Vec<usize>)]> = buckets(&sizes, bucket_bytes)
+        .into_iter()
+        .map(|r| &names[r])
+        .collect();
     for bucket in &buckets {
         let flat = bucket
             .iter()
@@ -59,7 +50,7 @@ pub fn all_reduce_grads(
             .collect::<Result<Vec<_>>>()?;
         let sum = comm.all_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
         let mut at = 0;
-        for (n, dims) in bucket {
+        for (n, dims) in bucket.iter() {
             let len: usize = dims.iter().product();
             let g = sum.narrow(0, at, len)?.reshape(dims.as_slice())?;
             let dt = grads.get(n).expect("listed").dtype();
@@ -68,6 +59,24 @@ pub fn all_reduce_grads(
         }
     }
     Ok(buckets.len())
+}
+
+/// Consecutive runs of tensors of `sizes` elements (in order) filling buckets of about
+/// `bucket_bytes` of f32: a bucket takes tensors until it holds `bucket_bytes` or more, so one
+/// larger tensor has a bucket of its own. The one bucketing of gradient sums and of ZeRO's
+/// shards ([`crate::zero`]).
+pub fn buckets(sizes: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut bytes = usize::MAX;
+    for (i, n) in sizes.iter().enumerate() {
+        if bytes >= bucket_bytes {
+            out.push(i..i);
+            bytes = 0;
+        }
+        bytes += n * 4;
+        out.last_mut().expect("a bucket was pushed").end = i + 1;
+    }
+    out
 }
 
 /// Rows `rank * n/size ..` of every tensor of `batch`: replica `rank`'s part of a global

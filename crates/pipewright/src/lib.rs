@@ -31,6 +31,8 @@
 //!   into any layout, verify); `Varuna::checkpoint` / `load_checkpoint` use it.
 //! - [`dist`]: who this process is (torchrun, `mpirun`, Slurm or nothing), `dist::init()` for
 //!   the world communicator, heartbeats for `pipewright launch`.
+//! - [`zero`]: sharded data parallelism (ZeRO-1/2): optimizer state, master weights and
+//!   gradients split over the replicas.
 //! - [`plan`]: profiling layers and balancing stages by time or size.
 //! - [`Error`] / [`Result`]: every fallible call.
 
@@ -62,6 +64,7 @@ pub mod shard;
 mod storage;
 pub mod topology;
 pub mod varuna;
+pub mod zero;
 
 pub use batch::Batch;
 pub use candle_core;

@@ -234,7 +234,7 @@ impl SerialTrainer {
             tp.comm(),
             root,
             header,
-            o.snapshot(self.optimizer.as_ref())?,
+            o.snapshot(&self.optimizer.state_dict()?)?,
         )
     }
 
@@ -253,7 +253,7 @@ impl SerialTrainer {
         };
         let (step, optimizer_step) = (field("step")?, field("optimizer_step")?);
         let restored = o.read(&r, optimizer_step)?;
-        restored.apply(self.optimizer.as_mut())?;
+        restored.apply(|s| self.optimizer.load_state_dict(s))?;
         self.step = step;
         Ok(step)
     }

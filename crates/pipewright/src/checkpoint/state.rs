@@ -8,7 +8,7 @@ use candle_core::{Tensor, Var};
 use super::format::EntryKind;
 use super::load::Reader;
 use super::save::{Held, Snapshot, Split};
-use crate::nn::optim::{Optimizer, StateDict};
+use crate::nn::optim::StateDict;
 use crate::shard::Shard;
 use crate::{Error, Result};
 
@@ -59,10 +59,9 @@ impl Owned<'_> {
             .collect()
     }
 
-    /// Copies of what this rank writes (parameters, `optimizer`'s state, buffers), taken off
-    /// the training tensors so training may go on while they are written.
-    pub fn snapshot(&self, optimizer: &dyn Optimizer) -> Result<Snapshot> {
-        let state = optimizer.state_dict()?;
+    /// Copies of what this rank writes (parameters, the optimizer's `state` over them,
+    /// buffers), taken off the training tensors so training may go on while they are written.
+    pub fn snapshot(&self, state: &StateDict) -> Result<Snapshot> {
         let mut tensors = Vec::new();
         for (name, var) in self.params {
             let (split, whole) = self.split(name);
@@ -80,7 +79,7 @@ impl Owned<'_> {
                 Ok(())
             };
             held(name, EntryKind::Param, var.as_tensor())?;
-            for key in optimizer_keys(&state, name) {
+            for key in optimizer_keys(state, name) {
                 held(&key, EntryKind::Optimizer, &state[&key])?;
             }
         }
@@ -146,10 +145,10 @@ pub struct Restored {
 }
 
 impl Restored {
-    /// Gives `optimizer` its state and only then (it may refuse) sets the parameters and
-    /// buffers.
-    pub fn apply(self, optimizer: &mut dyn Optimizer) -> Result<()> {
-        optimizer.load_state_dict(&self.state)?;
+    /// Gives the optimizer state read to `load` (an optimizer's `load_state_dict`) and only
+    /// then (it may refuse) sets the parameters and buffers.
+    pub fn apply(self, load: impl FnOnce(&StateDict) -> Result<()>) -> Result<()> {
+        load(&self.state)?;
         for (var, t) in self.values {
             var.set(&t)?;
         }

@@ -27,6 +27,7 @@ use super::evaluate::ForwardOnly;
 use super::io::check_arity;
 pub use super::options::PipelineOptions;
 use super::schedule::{Action, Schedule};
+use super::sink::GradSink;
 use super::stage::PipelineStage;
 use super::tied::Tied;
 use super::trace::TraceEvent;
@@ -176,6 +177,15 @@ impl Pipeline {
         &self.params
     }
 
+    /// This rank's parameters by model stage, in stage order: (stage, its parameters).
+    pub fn params_by_stage(&self) -> Vec<(usize, Vec<(String, Var)>)> {
+        self.stage
+            .own
+            .iter()
+            .map(|(k, s)| (*k, s.params()))
+            .collect()
+    }
+
     /// Number of scalar parameters of the whole model, over all ranks of the pipeline
     /// (collective over the pipeline's ranks).
     pub fn total_params(&self) -> Result<usize> {
@@ -230,6 +240,18 @@ impl Pipeline {
         denominator: usize,
         loss_scale: f64,
     ) -> Result<(f64, Grads)> {
+        self.loss_and_grads_into(batch, denominator, loss_scale, None)
+    }
+
+    /// [`Pipeline::loss_and_grads`] with each micro-batch's gradients given to `sink` as soon
+    /// as they are complete; the gradients returned are those it gave back.
+    pub fn loss_and_grads_into(
+        &mut self,
+        batch: &Batch,
+        denominator: usize,
+        loss_scale: f64,
+        mut sink: Option<&mut dyn GradSink>,
+    ) -> Result<(f64, Grads)> {
         let mbs = batch.split(self.stage.opts.chunks)?;
         if mbs.len() != self.schedule.micro_batches {
             return Err(invalid!(
@@ -245,6 +267,9 @@ impl Pipeline {
         let mut sends: Vec<Pending<()>> = Vec::new();
         let mut grads = Grads::new();
         let mut awaiting_weight: HashMap<(usize, usize), bool> = HashMap::new();
+        // A sink's micro-batch gradients, until complete (their weight part comes later under
+        // a split backward).
+        let mut partial: HashMap<(usize, usize), Grads> = HashMap::new();
         let mut arity: HashMap<usize, (usize, usize, bool)> = HashMap::new();
         let mut loss = 0.0;
         (
@@ -317,9 +342,20 @@ impl Pipeline {
                         denominator,
                         loss_scale,
                     };
-                    recomputed = self
-                        .stage
-                        .backward(s, (k, mb), &ctx, &mut grads, &mut sends)?;
+                    let mut mine = Grads::new();
+                    let into = if sink.is_some() {
+                        &mut mine
+                    } else {
+                        &mut grads
+                    };
+                    recomputed = self.stage.backward(s, (k, mb), &ctx, into, &mut sends)?;
+                    if let Some(sink) = sink.as_deref_mut() {
+                        if matches!(a, Action::BackwardInput { .. }) {
+                            partial.insert((mb, k), mine);
+                        } else {
+                            grads.accumulate(sink.take(k, mine)?)?;
+                        }
+                    }
                     // Under a split backward the activations stay until the weight gradient.
                     if matches!(a, Action::BackwardInput { .. }) {
                         awaiting_weight.insert((mb, k), kept);
@@ -332,7 +368,15 @@ impl Pipeline {
                     let queue = self.stage.queue.as_ref().ok_or_else(|| {
                         invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
                     })?;
-                    grads.accumulate(queue.weight_grads(mb + self.stage.mb_offset)?)?;
+                    let weights = queue.weight_grads(mb + self.stage.mb_offset)?;
+                    match sink.as_deref_mut() {
+                        Some(sink) => {
+                            let mut mine = partial.remove(&(mb, k)).unwrap_or_default();
+                            mine.accumulate(weights)?;
+                            grads.accumulate(sink.take(k, mine)?)?;
+                        }
+                        None => grads.accumulate(weights)?,
+                    }
                     if awaiting_weight.remove(&(mb, k)) == Some(true) {
                         self.held -= 1;
                     }
@@ -381,16 +425,28 @@ impl Pipeline {
     /// (collective over the pipeline and the tensor-parallel group): each tied pair and each
     /// whole parameter counted once, each shard once.
     pub fn grad_norm(&self, grads: &Grads) -> Result<f64> {
+        self.grad_norm_of_shards(grads, None)
+    }
+
+    /// [`Pipeline::grad_norm`] when each member of `shards` (a data-parallel group under
+    /// ZeRO-2) holds its own part of each gradient: the parts' squares are summed over it
+    /// first.
+    pub fn grad_norm_of_shards(
+        &self,
+        grads: &Grads,
+        shards: Option<&dyn Communicator>,
+    ) -> Result<f64> {
         let sq = sum_sq_share(
             grads,
             self.tied.pairs(),
             &self.sharded,
             self.stage.tp.rank(),
         )?;
-        let sq = self
-            .stage
-            .comm
-            .all_reduce(&Tensor::new(&[sq], &Device::Cpu)?, ReduceOp::Sum)?;
+        let mut sq = Tensor::new(&[sq], &Device::Cpu)?;
+        if let Some(c) = shards.filter(|c| c.size() > 1) {
+            sq = c.all_reduce(&sq, ReduceOp::Sum)?;
+        }
+        let sq = self.stage.comm.all_reduce(&sq, ReduceOp::Sum)?;
         let sq = self.stage.tp.all_reduce(&sq, ReduceOp::Sum)?;
         Ok(sq.to_vec1::<f64>()?[0].max(0.0).sqrt())
     }

@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
 use super::Varuna;
 use crate::checkpoint::{self, CheckpointOptions, Header, Owned, Reader};
-use crate::nn::optim::LrSchedule;
+use crate::nn::optim::{LrSchedule, StateDict};
 use crate::precision::LossScaler;
 use crate::{invalid, Error, Result};
 
@@ -31,16 +32,39 @@ pub struct TrainState {
 }
 
 impl Varuna {
-    fn owned(&self) -> Owned<'_> {
+    /// What this rank holds of `params` (its whole f32 parameters, see
+    /// [`Varuna::whole_masters`]) as the checkpoint sees it.
+    fn owned<'a>(&'a self, params: &'a [(String, Var)]) -> Owned<'a> {
         let c = self.coords;
         Owned {
             rank: self.world.rank(),
-            params: self.masters.master(),
+            params,
             shards: self.pipeline.shards(),
             buffers: self.pipeline.buffers(),
             write_whole: c.dp_rank == 0 && c.tp_rank == 0,
             write_shards: c.dp_rank == 0,
         }
+    }
+
+    /// The optimizer's state over whole parameters (collective over the replicas under ZeRO,
+    /// whose pieces are gathered).
+    fn whole_optimizer_state(&self) -> Result<StateDict> {
+        let optimizer = self
+            .optimizer
+            .as_ref()
+            .ok_or_else(|| invalid!("no optimizer: call set_optimizer before checkpoint"))?;
+        let state = optimizer.state_dict()?;
+        match self.weights.sharded() {
+            Some(z) => z.whole_state(self.dp.as_ref(), &state),
+            None => Ok(state),
+        }
+    }
+
+    /// A snapshot of everything this rank writes (collective under ZeRO).
+    fn snapshot(&self) -> Result<checkpoint::Snapshot> {
+        let whole = self.whole_masters(false)?;
+        let state = self.whole_optimizer_state()?;
+        self.owned(&whole).snapshot(&state)
     }
 
     fn header(&self, opts: &CheckpointOptions) -> Result<Header> {
@@ -80,9 +104,7 @@ impl Varuna {
     pub fn checkpoint(&mut self, root: &Path, opts: &CheckpointOptions) -> Result<PathBuf> {
         self.finish_checkpoint()?;
         let header = self.header(opts)?;
-        let snap = self
-            .owned()
-            .snapshot(self.optimizer.as_deref().expect("checked"))?;
+        let snap = self.snapshot()?;
         checkpoint::save_now(Some(self.world.as_ref()), root, header, snap)
     }
 
@@ -92,9 +114,7 @@ impl Varuna {
     pub fn checkpoint_async(&mut self, root: &Path, opts: &CheckpointOptions) -> Result<()> {
         self.finish_checkpoint()?;
         let header = self.header(opts)?;
-        let snap = self
-            .owned()
-            .snapshot(self.optimizer.as_deref().expect("checked"))?;
+        let snap = self.snapshot()?;
         self.pending = Some(checkpoint::start(
             Some(self.world.as_ref()),
             root,
@@ -123,7 +143,8 @@ impl Varuna {
         names: &dyn Fn(&str) -> Vec<String>,
     ) -> Result<()> {
         self.finish_checkpoint()?;
-        let owned = self.owned();
+        let whole = self.whole_masters(true)?;
+        let owned = self.owned(&whole);
         let read = checkpoint::HfWeights::open(dir).and_then(|w| {
             let mut values = Vec::new();
             for (name, var) in owned.params {
@@ -157,7 +178,7 @@ impl Varuna {
         for (var, t) in read? {
             var.set(&t)?;
         }
-        self.masters.sync()
+        self.set_whole_masters(&whole)
     }
 
     /// Loads the checkpoint at `path` (a `step-NNNNNNNN` directory, or a directory of them
@@ -166,8 +187,9 @@ impl Varuna {
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<TrainState> {
         self.finish_checkpoint()?;
         let opened = Reader::open(path);
+        let whole = self.whole_masters(true)?;
         // Every rank's parameters, so that a model mismatch is named whole on every rank.
-        let mine = serde_json::to_vec(&self.owned().param_shapes())
+        let mine = serde_json::to_vec(&self.owned(&whole).param_shapes())
             .map_err(|e| invalid!("checkpoint: {e}"))?;
         let all = checkpoint::agree(Some(self.world.as_ref()), Ok(mine))?;
         let mut params = Vec::new();
@@ -186,17 +208,21 @@ impl Varuna {
                     r.dir().display()
                 ))
             })?;
-            let restored = self.owned().read(&r, state.optimizer_step)?;
+            let restored = self.owned(&whole).read(&r, state.optimizer_step)?;
             let optimizer = self.optimizer.as_deref_mut().ok_or_else(|| {
                 invalid!("no optimizer: call set_optimizer before load_checkpoint")
             })?;
-            restored.apply(optimizer)?;
+            let sharded = self.weights.sharded();
+            restored.apply(|s| match sharded {
+                Some(z) => optimizer.load_state_dict(&z.cut_state(s)?),
+                None => optimizer.load_state_dict(s),
+            })?;
             Ok(state)
         });
         let status = loaded.as_ref().map(|_| Vec::new()).map_err(as_state);
         checkpoint::agree(Some(self.world.as_ref()), status)?;
         let state = loaded?;
-        self.masters.sync()?;
+        self.set_whole_masters(&whole)?;
         self.pipeline.set_steps_taken(state.step);
         if self.scaler.is_some() {
             self.scaler = state.loss_scaler.clone().or_else(|| self.scaler.clone());

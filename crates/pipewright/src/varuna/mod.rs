@@ -19,6 +19,7 @@
 mod checkpoint;
 mod generate;
 mod options;
+mod zero;
 
 use std::time::Instant;
 
@@ -36,9 +37,10 @@ use crate::grads::Grads;
 use crate::init::Init;
 use crate::model::{Build, Sequential};
 use crate::nn::optim::{scale_to_norm, Optimizer};
-use crate::pipeline::{Pipeline, PipelineOptions, TraceEvent};
+use crate::pipeline::{GradSink, Pipeline, PipelineOptions, TraceEvent};
 use crate::precision::{has_overflow, to_master_grads, LossScaler, MasterWeights, Precision};
 use crate::topology::{Axis, Coords, Topology};
+use crate::zero::{ShardedGrads, Zero};
 use crate::{invalid, Error, Result};
 
 type GradHook = Box<dyn FnMut(&mut Grads) + Send>;
@@ -50,7 +52,8 @@ pub struct Varuna {
     world: Box<dyn Communicator>,
     dp: Box<dyn Communicator>,
     pipeline: Pipeline,
-    masters: MasterWeights,
+    /// The f32 masters the optimizer updates, whole or (ZeRO) this replica's pieces.
+    weights: zero::Weights,
     optimizer: Option<Box<dyn Optimizer>>,
     opts: VarunaOptions,
     scaler: Option<LossScaler>,
@@ -111,6 +114,14 @@ impl Varuna {
         };
         let masters = MasterWeights::new(params, master)?;
         masters.sync()?;
+        let weights = zero::weights(
+            opts.zero,
+            &pipeline,
+            &opts.shared_weights,
+            opts.bucket_bytes,
+            dp.as_ref(),
+            masters,
+        )?;
         let scaler = opts
             .precision
             .scales_loss()
@@ -121,7 +132,7 @@ impl Varuna {
             world,
             dp,
             pipeline,
-            masters,
+            weights,
             optimizer: None,
             opts,
             scaler,
@@ -144,12 +155,13 @@ impl Varuna {
     }
 
     /// Registers the optimizer, made over this rank's f32 master parameters (Varuna's
-    /// `set_optimizer`; make it after the wrapper, it needs the parameters).
+    /// `set_optimizer`; make it after the wrapper, it needs the parameters). Under ZeRO it is
+    /// made over this replica's pieces of them (see [`crate::zero`]).
     pub fn set_optimizer(
         &mut self,
         make: impl FnOnce(Vec<(String, Var)>) -> Result<Box<dyn Optimizer>>,
     ) -> Result<()> {
-        self.optimizer = Some(make(self.masters.master().to_vec())?);
+        self.optimizer = Some(make(self.optimized())?);
         Ok(())
     }
 
@@ -166,7 +178,8 @@ impl Varuna {
     }
 
     /// Called every step with this rank's f32, unscaled gradients, before the sum over
-    /// replicas: to inspect or change them (tests inject an overflow with it).
+    /// replicas (under ZeRO-2, after it: this replica's pieces of the sums): to inspect or
+    /// change them (tests inject an overflow with it).
     pub fn set_grad_hook(&mut self, hook: impl FnMut(&mut Grads) + Send + 'static) {
         self.grad_hook = Some(Box::new(hook));
     }
@@ -248,7 +261,15 @@ impl Varuna {
         }
         let scale = self.loss_scale();
         let started = Instant::now();
-        let (loss, grads) = self.pipeline.loss_and_grads(&batch, total, scale)?;
+        // ZeRO-2 reduces each micro-batch's gradients as the pipeline completes them.
+        let mut sharded = (self.zero() == Zero::Gradients)
+            .then(|| self.weights.sharded())
+            .flatten()
+            .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale));
+        let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
+        let (loss, grads) = self
+            .pipeline
+            .loss_and_grads_into(&batch, total, scale, sink)?;
         self.wall += started.elapsed().as_secs_f64();
         let events = self.pipeline.take_trace();
         self.busy += events
@@ -258,12 +279,17 @@ impl Varuna {
         if let Some(t) = self.trace.as_mut() {
             t.extend(events);
         }
-        // f32 and unscaled in one pass (the scale is a power of two: exact).
-        let mut grads = to_master_grads(&grads, 1.0 / scale)?;
+        let mut grads = match sharded {
+            Some(s) => s.finish(&grads)?,
+            // f32 and unscaled in one pass (the scale is a power of two: exact).
+            None => to_master_grads(&grads, 1.0 / scale)?,
+        };
         if let Some(hook) = self.grad_hook.as_mut() {
             hook(&mut grads);
         }
-        all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
+        if self.zero() != Zero::Gradients {
+            all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
+        }
         let loss = self
             .dp
             .all_reduce(&Tensor::new(&[loss], &Device::Cpu)?, ReduceOp::Sum)?
@@ -305,15 +331,25 @@ impl Varuna {
                 }
             }
         }
-        let norm = self.pipeline.grad_norm(&grads)?;
+        let norm = match self.zero() {
+            Zero::Gradients => self
+                .pipeline
+                .grad_norm_of_shards(&grads, Some(self.dp.as_ref()))?,
+            _ => self.pipeline.grad_norm(&grads)?,
+        };
         if let Some(max) = self.opts.clip {
             scale_to_norm(&mut grads, norm, max)?;
+        }
+        if let Some(z) = self.weights.sharded() {
+            if z.stage() == Zero::OptimizerState {
+                grads = z.cut_grads(&grads)?;
+            }
         }
         self.optimizer
             .as_mut()
             .expect("checked above")
             .step(&grads, lr)?;
-        self.masters.sync()?;
+        self.weights.publish(self.dp.as_ref())?;
         if let Some(s) = self.scaler.as_mut() {
             s.update(false);
         }

@@ -14,6 +14,7 @@ use crate::pipeline::schedule::{Schedule, ScheduleKind};
 use crate::pipeline::Recompute;
 use crate::precision::{LossScaler, Precision};
 use crate::topology::{Layout, Topology};
+use crate::zero::Zero;
 use crate::{invalid, Result};
 
 /// Where ranks go.
@@ -75,8 +76,10 @@ pub struct VarunaOptions {
     pub lr: LrSchedule,
     /// Used with f16 only.
     pub loss_scaler: LossScaler,
-    /// Bytes per gradient bucket summed over replicas.
+    /// Bytes per gradient bucket summed over replicas (and per ZeRO bucket).
     pub bucket_bytes: usize,
+    /// What the data-parallel replicas shard ([`crate::zero`]); nothing to shard with dp 1.
+    pub zero: Zero,
     /// The objective, computed on the last stage (Varuna's model returns its loss; here the
     /// loss is given apart, see [`crate::loss`]). Cross-entropy against
     /// [`Batch::TARGETS`] by default.
@@ -87,8 +90,8 @@ pub struct VarunaOptions {
 }
 
 impl VarunaOptions {
-    /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler and
-    /// DDP's 25 MiB buckets.
+    /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler,
+    /// DDP's 25 MiB buckets, no ZeRO.
     pub fn new(layout: Layout, global_batch_size: usize, chunk_size: usize) -> Self {
         Self {
             placement: Placement::Layout(layout),
@@ -109,6 +112,7 @@ impl VarunaOptions {
             lr: LrSchedule::Constant { lr: 1e-3 },
             loss_scaler: LossScaler::new(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            zero: Zero::Off,
             loss: Arc::new(CrossEntropy::default()),
             device: Device::Cpu,
         }

@@ -1,0 +1,16 @@
+//! [`GradSink`]: where each micro-batch's finished parameter gradients go as the schedule
+//! produces them, when they should not simply be summed on the rank until the batch ends
+//! (ZeRO-2 reduce-scatters them at once and keeps only its shard's running sum,
+//! [`crate::zero::ShardedGrads`]).
+
+use crate::grads::Grads;
+use crate::Result;
+
+/// Takes each micro-batch's gradients of a model stage once they are complete.
+pub trait GradSink {
+    /// The gradients of model stage `k` for one micro-batch (after its backward, or after its
+    /// weight-gradient action under a split backward; in the compute type, times the loss
+    /// scale); returns those the pipeline should still sum itself (tied weights, which are
+    /// summed between stages when the batch ends).
+    fn take(&mut self, k: usize, grads: Grads) -> Result<Grads>;
+}
