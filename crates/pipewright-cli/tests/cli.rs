@@ -408,6 +408,22 @@ fn every_layout_writes_the_serial_runs_losses() {
             );
         }
     }
+    // ZeRO shards the replicas' state and trains to the same losses.
+    for extra in [
+        &["--dp", "2", "--zero", "2"][..],
+        &["--tp", "2", "--dp", "2", "--zero", "1"],
+        &["--zero", "2"],
+    ] {
+        let (got, _) = run("zero", extra);
+        for (a, b) in got.iter().zip(&serial) {
+            assert!(
+                ((a - b) / b).abs() < 1e-5,
+                "{extra:?}: {got:?} vs {serial:?}"
+            );
+        }
+    }
+    fails_with(&["--zero", "3", "--dp", "2"], "ZeRO stage 3");
+    fails_with(&["--zero", "x"], "unknown ZeRO stage `x`: use 0, 1 or 2");
     fails_with(&["--tp", "4", "--n-head", "4"], "pass --vocab-size 12");
     fails_with(
         &["--tp", "4", "--n-head", "2", "--vocab-size", "12"],
@@ -441,4 +457,14 @@ fn every_layout_writes_the_serial_runs_losses() {
     let (losses, summary) = run("bf16", &["--precision", "bf16", "--dp", "2"]);
     assert_eq!(summary["layout"], "pp=1 tp=1 dp=2 bf16");
     assert!(losses.iter().all(|l| l.is_finite()));
+}
+
+#[test]
+fn zero_with_one_replica_is_said_once_and_trains() {
+    let out = tmp("zero-dp1");
+    let o = tiny_run(&out, &["--zero", "2", "--pp", "2"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert_eq!(t.matches("nothing to shard").count(), 1, "{t}");
+    let _ = std::fs::remove_dir_all(out);
 }

@@ -1,4 +1,5 @@
-//! A layout under Open MPI against serial training: `mpirun -np N layout_parity PP TP DP`.
+//! A layout under Open MPI against serial training: `mpirun -np N layout_parity PP TP DP
+//! [ZERO]` (ZERO: the ZeRO stage, 0 by default).
 //! Every rank trains its part of a small GPT with the Varuna step (5 clipped AdamW steps) and
 //! also trains the serial model, then compares losses, gradient norms and its parameters with
 //! the serial ones. Rank 0 prints the worst relative difference and `1 passed, 0 failed` when
@@ -8,6 +9,8 @@ use candle_core::{Device, Tensor};
 use pipewright::comm::mpi::Mpi;
 use pipewright::comm::{Communicator, ReduceOp};
 use pipewright::topology::Layout;
+use pipewright::varuna::VarunaOptions;
+use pipewright::zero::Zero;
 use pipewright_models::parity::{worst_difference, ParityRun};
 
 fn main() {
@@ -20,21 +23,27 @@ fn main() {
     };
     let rank = world.rank();
     let result = (|| -> pipewright::Result<Option<f64>> {
-        let args: Vec<usize> = std::env::args()
+        let usage = || pipewright::invalid!("usage: layout_parity PP TP DP [ZERO]");
+        let mut args: Vec<usize> = std::env::args()
             .skip(1)
-            .map(|a| {
-                a.parse()
-                    .map_err(|_| pipewright::invalid!("usage: layout_parity PP TP DP"))
-            })
+            .map(|a| a.parse().map_err(|_| usage()))
             .collect::<pipewright::Result<_>>()?;
-        let [pp, tp, dp] = args[..] else {
-            return Err(pipewright::invalid!("usage: layout_parity PP TP DP"));
+        if args.len() == 3 {
+            args.push(0);
+        }
+        let [pp, tp, dp, zero] = args[..] else {
+            return Err(usage());
         };
         let layout = Layout::new(pp, tp, dp)?;
+        let zero = Zero::try_from(zero as u8)?;
         let run = ParityRun::default();
         let want = run.serial()?;
         let all: Box<dyn Communicator> = world.split(&(0..world.size()).collect::<Vec<_>>())?;
-        let got = run.rank(Box::new(world), run.options(layout))?;
+        let opts = VarunaOptions {
+            zero,
+            ..run.options(layout)
+        };
+        let got = run.rank(Box::new(world), opts)?;
         let worst = worst_difference(&got, &want)?;
         let w = all.all_reduce(&Tensor::new(&[worst], &Device::Cpu)?, ReduceOp::Max)?;
         let worst = w.to_vec1::<f64>()?[0];

@@ -1,6 +1,7 @@
 //! The flags of `pipewright train` and what they build: the task, the model, the optimizer and
 //! the learning-rate schedule.
 
+use pipewright::zero::Zero;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
@@ -124,6 +125,10 @@ pub struct TrainArgs {
     /// Activation recomputation: always, except_last or never.
     #[arg(long, default_value = "never")]
     pub recompute: String,
+    /// Shard over the --dp replicas (ZeRO): 0 nothing, 1 the optimizer state and f32 master
+    /// weights, 2 the gradients too. Nothing to shard with --dp 1.
+    #[arg(long, default_value = "0")]
+    pub zero: String,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
     /// micro-batches (as whole-batch statistics would).
     #[arg(long)]
@@ -322,6 +327,7 @@ impl TrainArgs {
             optimizer,
             lr,
             clip: (self.clip > 0.0).then_some(self.clip),
+            zero: self.zero.parse::<Zero>()?,
             seed: self.seed,
             cadence: Cadence {
                 steps: self.steps,

@@ -200,6 +200,13 @@ impl Setup {
         }
         // Fail on a bad layout, split, schedule or device before anything is written.
         opts.validate(&model, a.pp * a.tp * a.dp)?;
+        if opts.zero != pipewright::zero::Zero::Off && a.dp == 1 && env.rank == 0 {
+            println!(
+                "note: --zero {} shards over data-parallel replicas and --dp is 1: nothing to \
+                 shard, training without it",
+                opts.zero
+            );
+        }
         pipewright::device::device(&a.device, 0)?;
         if a.trace.is_some() && a.pp == 1 {
             return Err(invalid!(

@@ -5,6 +5,7 @@
 //! It leaves out the model and the data, which are the program's: `pipewright-models`'
 //! `RunSpec` adds its reference models and tasks; a user's program adds its own beside it.
 
+use crate::zero::Zero;
 use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +80,9 @@ pub struct TrainSpec {
     pub lr: LrSchedule,
     /// Clip the global gradient norm to this.
     pub clip: Option<f64>,
+    /// What the data-parallel replicas shard (ZeRO); runs recorded before it had none.
+    #[serde(default)]
+    pub zero: Zero,
     /// Seeds initialisation, dropout, the data and everything random.
     pub seed: u64,
     /// How long the run trains and when it evaluates, logs and saves.
@@ -87,7 +91,7 @@ pub struct TrainSpec {
 
 impl TrainSpec {
     /// `steps` steps of `layout` on `global_batch` rows in micro-batches of `micro_batch`:
-    /// f32, 1F1B, AdamW at a constant 1e-3, no clipping, one evaluation at the end.
+    /// f32, 1F1B, AdamW at a constant 1e-3, no clipping, no ZeRO, one evaluation at the end.
     pub fn new(layout: Layout, global_batch: usize, micro_batch: usize, steps: u64) -> Self {
         Self {
             layout,
@@ -102,6 +106,7 @@ impl TrainSpec {
             optimizer: OptimizerConfig::default(),
             lr: LrSchedule::Constant { lr: 1e-3 },
             clip: None,
+            zero: Zero::Off,
             seed: 0,
             cadence: Cadence::steps(steps),
         }
@@ -170,6 +175,7 @@ impl TrainSpec {
             deferred_batch_norm: self.deferred_batch_norm,
             clip: self.clip,
             lr: self.lr,
+            zero: self.zero,
             ..VarunaOptions::new(self.layout, self.global_batch, self.micro_batch)
         }
     }
