@@ -50,7 +50,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
     pub repeats: usize,
     /// Predict only these layouts instead of searching, each written as
-    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never` (repeat the flag for more).
+    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1` (repeat the flag for more).
     #[arg(long)]
     pub candidate: Vec<String>,
 }
@@ -118,13 +118,14 @@ pub fn run(p: PlanArgs) -> Result<()> {
         profile.source
     );
     println!(
-        "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:<12} {:>11} {:>7} {:>11}",
+        "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>7} {:>11}",
         "rank",
         "layout",
         "mbs",
         "chunks",
         "schedule",
         "recomp",
+        "zero",
         "balance",
         "step",
         "bubble",
@@ -138,17 +139,19 @@ pub fn run(p: PlanArgs) -> Result<()> {
             c.schedule.to_string()
         };
         println!(
-            "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:<12} {:>11} {:>6.1}% {:>11}",
+            "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>6.1}% {:>11}",
             i + 1,
             c.layout.to_string(),
             c.micro_batch,
             c.micro_batches,
             schedule,
             c.recompute.to_string(),
+            c.zero.to_string(),
             balance_text(&e.balance),
             seconds(e.step_s),
             e.bubble * 100.0,
-            format_bytes(e.max_peak_bytes())
+            // MiB, not the nearest tenth of a GiB: a prediction to set beside a measurement.
+            format!("{:.1} MiB", e.max_peak_bytes() / (1u64 << 20) as f64)
         );
     }
     if p.measure {
@@ -214,6 +217,7 @@ fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measu
     a.schedule = c.schedule.to_string();
     a.virtual_stages = c.virtual_stages;
     a.recompute = c.recompute.to_string();
+    a.zero = c.zero.to_string();
     a.balance = Some(
         e.balance
             .iter()

@@ -78,6 +78,7 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
         schedule: kind,
         virtual_stages: a.r#virtual,
         recompute: a.recompute.parse()?,
+        zero: pipewright::zero::Zero::Off,
     };
     let (e, sim) = estimate(&profile, &cluster, &cand)?;
     println!(

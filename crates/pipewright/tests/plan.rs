@@ -114,6 +114,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         schedule: ScheduleKind::OneFOneB,
         virtual_stages: 1,
         recompute: Recompute::Never,
+        zero: pipewright::zero::Zero::Off,
         tp_divides: vec![1],
     };
     // World 2: (1, 1, 2) or (2, 1, 1); without a profile the same pp is nearest.
@@ -179,6 +180,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
                 schedule: ScheduleKind::OneFOneB,
                 virtual_stages: 1,
                 recompute: Recompute::Never,
+                zero: pipewright::zero::Zero::Off,
             };
             (estimate(&profile, &cluster6, &c).unwrap().0.step_s, layout)
         })

@@ -205,6 +205,7 @@ impl TrainSpec {
             schedule: self.schedule,
             virtual_stages: self.virtual_stages,
             recompute: self.recompute,
+            zero: self.zero,
             tp_divides,
         };
         let m = morph(&req, model, planner)?;

@@ -16,12 +16,13 @@ use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use crate::pipeline::timeline::Simulation;
 use crate::pipeline::Recompute;
 use crate::topology::Layout;
+use crate::zero::Zero;
 use crate::Result;
 
 /// Bytes per parameter a rank keeps besides its activations: the parameter, its gradient,
 /// the running sum of the micro-batches' gradients and AdamW's two moments, 4 bytes each
 /// (half precision keeps f32 master weights in place of the sum's width). The optimizer step
-/// holds as much (the clipped gradient in place of the backward's).
+/// holds the summed gradient and no other ([`FIRST_BACKWARD_BYTES_PER_PARAM`]).
 pub const STATE_BYTES_PER_PARAM: f64 = 20.0;
 
 /// Bytes per parameter while the first backward of a step runs: no running sum yet.
@@ -36,6 +37,25 @@ pub const BACKWARD_EXTRA_SHARE: f64 = 0.3;
 /// What a rank allocates besides its model: its schedule, batches and communicator
 /// (measured here with [`crate::memory`]: a 13,600-parameter GPT rank peaks at 1.4 MiB).
 pub const RANK_BYTES: f64 = 1.2 * 1024.0 * 1024.0;
+
+/// Bytes per parameter a rank keeps under `zero` over `dp` replicas (4-byte values, as
+/// [`STATE_BYTES_PER_PARAM`] counts them): in a backward (`first`: the step's first, before any
+/// running sum) and in the optimizer step, where the clipped gradient replaces the summed one
+/// parameter by parameter. ZeRO-1 shards the moments and keeps f32 master pieces (the model's
+/// weights are no longer the masters); ZeRO-2 sums into its pieces from the first micro-batch
+/// on, and its step holds only its pieces of the summed gradients.
+pub fn state_bytes_per_param(zero: Zero, dp: usize, first: bool) -> (f64, f64) {
+    let d = dp.max(1) as f64;
+    let sum = if first { 0.0 } else { 4.0 };
+    match zero {
+        Zero::OptimizerState if dp > 1 => (8.0 + sum + 12.0 / d, 8.0 + 12.0 / d),
+        Zero::Gradients if dp > 1 => (8.0 + 16.0 / d, 4.0 + 16.0 / d),
+        _ => (
+            FIRST_BACKWARD_BYTES_PER_PARAM + sum,
+            FIRST_BACKWARD_BYTES_PER_PARAM,
+        ),
+    }
+}
 
 /// Bytes the optimizer streams per parameter (reads parameter, gradient and two moments,
 /// writes three of them back).
@@ -58,6 +78,9 @@ pub struct Candidate {
     /// The recompute mode.
     #[serde(serialize_with = "display")]
     pub recompute: Recompute,
+    /// What the data-parallel replicas shard.
+    #[serde(serialize_with = "display")]
+    pub zero: Zero,
 }
 
 fn display<T: fmt::Display, S: serde::Serializer>(
@@ -286,10 +309,23 @@ pub fn estimate(
     for r in 0..pp {
         let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
         let params: f64 = mine.iter().map(|c| c.params).sum();
-        let grads = dp_link.all_reduce(dp, params * 4.0);
-        let optimizer = params * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
-            * cluster.thread_ratio(hw.cores_per_device)
-            / cluster.concurrent_share();
+        let bytes = params * 4.0;
+        // ZeRO-1 all-gathers the updated weights after the sum; ZeRO-2 reduce-scatters every
+        // micro-batch's gradients instead of one sum (in the schedule, not overlapped).
+        let grads = match cand.zero {
+            _ if dp <= 1 => 0.0,
+            Zero::Off => dp_link.all_reduce(dp, bytes),
+            Zero::OptimizerState => dp_link.all_reduce(dp, bytes) + dp_link.all_gather(dp, bytes),
+            Zero::Gradients => {
+                (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64)
+                    + dp_link.all_gather(dp, bytes)
+            }
+        };
+        let shards = if cand.zero == Zero::Off { 1 } else { dp };
+        let optimizer =
+            params * OPTIMIZER_BYTES_PER_PARAM / shards as f64 / hw.memory_bandwidth_bytes_per_s
+                * cluster.thread_ratio(hw.cores_per_device)
+                / cluster.concurrent_share();
         after = after.max(grads + optimizer);
         let kept_max = mine.iter().map(|c| c.kept).fold(0.0, f64::max);
         let kept_mean = mine.iter().map(|c| c.kept).sum::<f64>() / v as f64;
@@ -308,13 +344,9 @@ pub fn estimate(
         }
         // The peak is in a backward (after the first, the running sum of the gradients is
         // held too) or in the optimizer step, whichever holds more.
-        let per_param = if m * v > 1 {
-            STATE_BYTES_PER_PARAM
-        } else {
-            FIRST_BACKWARD_BYTES_PER_PARAM
-        };
+        let (per_param, step_per_param) = state_bytes_per_param(cand.zero, dp, m * v == 1);
         let backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max;
-        let live = RANK_BYTES + backward.max(params * STATE_BYTES_PER_PARAM);
+        let live = RANK_BYTES + backward.max(params * step_per_param);
         peak_bytes.push(hw.runtime_bytes() as f64 + live);
     }
     Ok((

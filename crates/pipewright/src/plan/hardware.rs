@@ -94,6 +94,12 @@ impl Link {
         let steps = 2.0 * (n - 1) as f64;
         steps * (self.latency_s + bytes / n as f64 / self.bandwidth_bytes_per_s)
     }
+
+    /// Seconds of a ring all-gather (or reduce-scatter) of `bytes` in all over `n` devices:
+    /// half an all-reduce's steps.
+    pub fn all_gather(&self, n: usize, bytes: f64) -> f64 {
+        self.all_reduce(n, bytes) / 2.0
+    }
 }
 
 /// One kind of node of a cluster.

@@ -13,6 +13,7 @@ use crate::pipeline::partition::partition;
 use crate::pipeline::schedule::{Schedule, ScheduleKind};
 use crate::pipeline::Recompute;
 use crate::topology::Layout;
+use crate::zero::Zero;
 use crate::{invalid, Result};
 
 /// What a run keeps across a morph, and the world it morphs into.
@@ -32,6 +33,8 @@ pub struct MorphRequest {
     pub virtual_stages: usize,
     /// The recompute mode.
     pub recompute: Recompute,
+    /// The run's ZeRO stage.
+    pub zero: Zero,
     /// Sizes a tensor-parallel size must divide (GPT: heads and vocabulary; `[1]` for a model
     /// that does not split).
     pub tp_divides: Vec<usize>,
@@ -116,6 +119,7 @@ pub fn morph(
             schedule: req.schedule,
             virtual_stages: req.virtual_stages,
             recompute: req.recompute,
+            zero: req.zero,
         })
         .collect();
     let request = Request {

@@ -9,6 +9,7 @@ use super::profile::Profile;
 use crate::pipeline::schedule::ScheduleKind;
 use crate::pipeline::Recompute;
 use crate::topology::Layout;
+use crate::zero::Zero;
 use crate::{invalid, Result};
 
 /// What to plan for.
@@ -79,16 +80,24 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
                     schedules.push((ScheduleKind::Interleaved, 2));
                 }
             }
+            let zeros: &[Zero] = if dp > 1 {
+                &[Zero::Off, Zero::OptimizerState, Zero::Gradients]
+            } else {
+                &[Zero::Off]
+            };
             for (schedule, virtual_stages) in schedules {
                 for recompute in [Recompute::Never, Recompute::Always] {
-                    out.push(Candidate {
-                        layout: Layout { pp, tp, dp },
-                        micro_batch,
-                        micro_batches: m,
-                        schedule,
-                        virtual_stages,
-                        recompute,
-                    });
+                    for &zero in zeros {
+                        out.push(Candidate {
+                            layout: Layout { pp, tp, dp },
+                            micro_batch,
+                            micro_batches: m,
+                            schedule,
+                            virtual_stages,
+                            recompute,
+                            zero,
+                        });
+                    }
                 }
             }
         }
@@ -96,9 +105,9 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
     out
 }
 
-/// A candidate written as `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never` (`virtual=2`
-/// with the interleaved schedule; left out: pp, tp, dp and virtual 1, mbs the replica's
-/// rows, 1f1b, never) for a global batch of `global_batch` rows.
+/// A candidate written as `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1`
+/// (`virtual=2` with the interleaved schedule; left out: pp, tp, dp and virtual 1, mbs the
+/// replica's rows, 1f1b, never, zero 0) for a global batch of `global_batch` rows.
 pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
     let mut c = Candidate {
         layout: Layout {
@@ -111,6 +120,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
         schedule: ScheduleKind::OneFOneB,
         virtual_stages: 1,
         recompute: Recompute::Never,
+        zero: Zero::Off,
     };
     for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
         let (k, v) = part.trim().split_once('=').ok_or_else(|| {
@@ -130,9 +140,10 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             "virtual" => c.virtual_stages = n()?,
             "schedule" => c.schedule = v.parse()?,
             "recompute" => c.recompute = v.parse()?,
+            "zero" => c.zero = v.parse()?,
             _ => {
                 return Err(invalid!(
-                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, dp, mbs, schedule, virtual, recompute"
+                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, dp, mbs, schedule, virtual, recompute, zero"
                 ))
             }
         }
@@ -230,14 +241,15 @@ pub fn rank(
         let s = smallest.expect("some candidate was estimated");
         return Err(invalid!(
             "no layout fits in {} per device: the smallest cap that works is {} ({} bytes: {} \
-             micro-batch {} {} recompute {})",
+             micro-batch {} {} recompute {} zero {})",
             format_bytes(req.memory_bytes),
             format_bytes(s.max_peak_bytes()),
             s.max_peak_bytes().ceil(),
             s.candidate.layout,
             s.candidate.micro_batch,
             s.candidate.schedule,
-            s.candidate.recompute
+            s.candidate.recompute,
+            s.candidate.zero
         ));
     }
     fits.sort_by(|a, b| {

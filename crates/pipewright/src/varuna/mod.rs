@@ -267,7 +267,7 @@ impl Varuna {
             .flatten()
             .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale));
         let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
-        let (loss, grads) = self
+        let (loss, produced) = self
             .pipeline
             .loss_and_grads_into(&batch, total, scale, sink)?;
         self.wall += started.elapsed().as_secs_f64();
@@ -280,10 +280,12 @@ impl Varuna {
             t.extend(events);
         }
         let mut grads = match sharded {
-            Some(s) => s.finish(&grads)?,
+            Some(s) => s.finish(&produced)?,
             // f32 and unscaled in one pass (the scale is a power of two: exact).
-            None => to_master_grads(&grads, 1.0 / scale)?,
+            None => to_master_grads(&produced, 1.0 / scale)?,
         };
+        // Freed as the sum replaces them, bucket by bucket, not held through the step.
+        drop(produced);
         if let Some(hook) = self.grad_hook.as_mut() {
             hook(&mut grads);
         }
@@ -349,6 +351,8 @@ impl Varuna {
             .as_mut()
             .expect("checked above")
             .step(&grads, lr)?;
+        // The summed gradients are done with before the weights are gathered.
+        drop(grads);
         self.weights.publish(self.dp.as_ref())?;
         if let Some(s) = self.scaler.as_mut() {
             s.update(false);

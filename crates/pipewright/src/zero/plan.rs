@@ -249,6 +249,23 @@ impl ShardPlan {
         pieces: &BTreeMap<String, Tensor>,
         everywhere: bool,
     ) -> Result<BTreeMap<String, Tensor>> {
+        let mut out = BTreeMap::new();
+        self.gather_each(comm, pieces, everywhere, |n, t| {
+            out.insert(n.to_string(), t);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// [`ShardPlan::gather`] giving each whole tensor to `take` as its bucket arrives, so that
+    /// no more than one bucket is held whole at a time (the weights after a step).
+    pub fn gather_each(
+        &self,
+        comm: &dyn Communicator,
+        pieces: &BTreeMap<String, Tensor>,
+        everywhere: bool,
+        mut take: impl FnMut(&str, Tensor) -> Result<()>,
+    ) -> Result<()> {
         let names: Vec<&String> = self
             .buckets
             .iter()
@@ -265,7 +282,6 @@ impl ShardPlan {
             let all = comm.all_reduce(&t, ReduceOp::Max)?.to_vec1::<u32>()?;
             all.iter().map(|f| *f == 1).collect()
         };
-        let mut out = BTreeMap::new();
         let mut i = 0;
         for (b, bucket) in self.buckets.iter().enumerate() {
             let mut shard = Vec::new();
@@ -294,12 +310,11 @@ impl ShardPlan {
             for (name, dims, first) in &bucket.params {
                 if present[i] {
                     let n: usize = dims.iter().product();
-                    let t = whole.narrow(0, *first, n)?.reshape(dims.as_slice())?;
-                    out.insert(name.clone(), t);
+                    take(name, whole.narrow(0, *first, n)?.reshape(dims.as_slice())?)?;
                 }
                 i += 1;
             }
         }
-        Ok(out)
+        Ok(())
     }
 }

@@ -35,7 +35,8 @@ impl ZeroShards {
         let pieces = plan
             .cut(|n| whole.get(n).map(|v| v.as_tensor().clone()))?
             .into_iter()
-            .map(|(n, t)| Ok((n, Var::from_tensor(&t.contiguous()?)?)))
+            // A copy: a view would keep the whole master alive and alias the model's weight.
+            .map(|(n, t)| Ok((n, Var::from_tensor(&t.copy()?)?)))
             .collect::<Result<Vec<_>>>()?;
         if pieces.len() != plan.pieces().len() {
             return Err(invalid!(
@@ -85,14 +86,13 @@ impl ZeroShards {
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect();
-        let whole = self.plan.gather(comm, &mine, true)?;
-        for (n, var) in &self.model {
-            let t = whole
+        let model: BTreeMap<&str, &Var> = self.model.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        self.plan.gather_each(comm, &mine, true, |n, t| {
+            let var = model
                 .get(n)
-                .ok_or_else(|| invalid!("ZeRO: no gathered value for `{n}`"))?;
-            var.set(&t.to_dtype(var.dtype())?)?;
-        }
-        Ok(())
+                .ok_or_else(|| invalid!("ZeRO: gathered `{n}`, which the model does not hold"))?;
+            Ok(var.set(&t.to_dtype(var.dtype())?)?)
+        })
     }
 
     /// The whole f32 master weights (collective over the group): the model's own when it
