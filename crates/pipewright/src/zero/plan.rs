@@ -64,6 +64,24 @@ pub struct Piece {
 }
 
 impl Piece {
+    /// This piece of `whole` (its parameter, or a state of the parameter's shape named
+    /// `what`), in f32.
+    pub fn cut(&self, whole: &Tensor, what: &str) -> Result<Tensor> {
+        if whole.elem_count() != self.dims.iter().product::<usize>() {
+            return Err(crate::Error::State(format!(
+                "`{what}` has shape {:?} but its parameter `{}` has {:?}",
+                whole.dims(),
+                self.name,
+                self.dims
+            )));
+        }
+        Ok(whole
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .narrow(0, self.elems.start, self.elems.len())?
+            .reshape(self.shape())?)
+    }
+
     /// The piece's shape: its parameter's rank, ones before its length.
     pub fn shape(&self) -> Vec<usize> {
         let mut s = vec![1; self.dims.len().saturating_sub(1)];
@@ -184,20 +202,7 @@ impl ShardPlan {
         let mut out = Vec::new();
         for p in &self.pieces {
             if let Some(t) = get(&p.name) {
-                if t.elem_count() != p.dims.iter().product::<usize>() {
-                    return Err(invalid!(
-                        "`{}` has shape {:?}, the ZeRO plan was made for {:?}",
-                        p.name,
-                        t.dims(),
-                        p.dims
-                    ));
-                }
-                let piece = t
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?
-                    .narrow(0, p.elems.start, p.elems.len())?
-                    .reshape(p.shape())?;
-                out.push((p.name.clone(), piece));
+                out.push((p.name.clone(), p.cut(&t, &p.name)?));
             }
         }
         Ok(out)

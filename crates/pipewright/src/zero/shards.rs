@@ -11,7 +11,7 @@ use super::Zero;
 use crate::comm::Communicator;
 use crate::grads::Grads;
 use crate::nn::optim::StateDict;
-use crate::{invalid, Error, Result};
+use crate::{invalid, Result};
 
 /// One rank's ZeRO state: the plan, the model's weights (whole, in the compute type) and the
 /// f32 master pieces of this member's shards, which the optimizer is made over.
@@ -164,19 +164,7 @@ impl ZeroShards {
             let Some(p) = self.plan.piece(name) else {
                 continue;
             };
-            if t.elem_count() != p.dims.iter().product::<usize>() {
-                return Err(Error::State(format!(
-                    "`{key}` has shape {:?} but its parameter has {:?}",
-                    t.dims(),
-                    p.dims
-                )));
-            }
-            let piece = t
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .narrow(0, p.elems.start, p.elems.len())?
-                .reshape(p.shape())?;
-            out.insert(key.clone(), piece);
+            out.insert(key.clone(), p.cut(t, key)?);
         }
         Ok(out)
     }
