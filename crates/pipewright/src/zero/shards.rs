@@ -68,6 +68,14 @@ impl ZeroShards {
         &self.pieces
     }
 
+    /// The master pieces' values by name, as [`ShardPlan::gather`] takes them.
+    fn piece_values(&self) -> BTreeMap<String, Tensor> {
+        self.pieces
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect()
+    }
+
     /// This member's pieces of whole gradients (ZeRO-1: every member holds the summed
     /// gradients and keeps its pieces' part of them).
     pub fn cut_grads(&self, whole: &Grads) -> Result<Grads> {
@@ -81,11 +89,7 @@ impl ZeroShards {
     /// Gives every member's updated pieces to the model's weights (collective over the
     /// group: the all-gather after each optimizer step).
     pub fn publish(&self, comm: &dyn Communicator) -> Result<()> {
-        let mine = self
-            .pieces
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
+        let mine = self.piece_values();
         let model: BTreeMap<&str, &Var> = self.model.iter().map(|(n, v)| (n.as_str(), v)).collect();
         self.plan.gather_each(comm, &mine, true, |n, t| {
             let var = model
@@ -102,11 +106,7 @@ impl ZeroShards {
         if self.model.iter().all(|(_, v)| v.dtype() == DType::F32) {
             return Ok(self.model.clone());
         }
-        let mine = self
-            .pieces
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
+        let mine = self.piece_values();
         let whole = self.plan.gather(comm, &mine, true)?;
         self.model
             .iter()
