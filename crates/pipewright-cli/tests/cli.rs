@@ -413,6 +413,7 @@ fn every_layout_writes_the_serial_runs_losses() {
         &["--dp", "2", "--zero", "2"][..],
         &["--tp", "2", "--dp", "2", "--zero", "1"],
         &["--zero", "2"],
+        &["--pp", "2", "--dp", "2", "--zero", "3"],
     ] {
         let (got, _) = run("zero", extra);
         for (a, b) in got.iter().zip(&serial) {
@@ -422,8 +423,11 @@ fn every_layout_writes_the_serial_runs_losses() {
             );
         }
     }
-    fails_with(&["--zero", "3", "--dp", "2"], "ZeRO stage 3");
-    fails_with(&["--zero", "x"], "unknown ZeRO stage `x`: use 0, 1 or 2");
+    fails_with(
+        &["--zero", "4", "--dp", "2"],
+        "unknown ZeRO stage 4: use 0, 1, 2 or 3",
+    );
+    fails_with(&["--zero", "x"], "unknown ZeRO stage `x`: use 0, 1, 2 or 3");
     fails_with(&["--tp", "4", "--n-head", "4"], "pass --vocab-size 12");
     fails_with(
         &["--tp", "4", "--n-head", "2", "--vocab-size", "12"],
@@ -462,7 +466,7 @@ fn every_layout_writes_the_serial_runs_losses() {
 #[test]
 fn zero_with_one_replica_is_said_once_and_trains() {
     let out = tmp("zero-dp1");
-    let o = tiny_run(&out, &["--zero", "2", "--pp", "2"]);
+    let o = tiny_run(&out, &["--zero", "3", "--pp", "2"]);
     let t = text(&o);
     assert!(o.status.success(), "{t}");
     assert_eq!(t.matches("nothing to shard").count(), 1, "{t}");

@@ -149,12 +149,7 @@ impl ParityRun {
             let o = v.step(&loader.batch(s)?)?;
             steps.push((o.loss, o.grad_norm, o.overflow));
         }
-        let params = v
-            .pipeline()
-            .params()
-            .iter()
-            .map(|(n, p)| Ok((n.clone(), p.as_tensor().copy()?)))
-            .collect::<Result<_>>()?;
+        let params = v.parameters()?;
         Ok(RankResult {
             steps,
             params,

@@ -211,8 +211,13 @@ fn low_precision_computes_in_the_low_type() {
 
 #[test]
 fn an_overflow_on_one_rank_skips_the_step_everywhere() {
-    // Under ZeRO-2 rank 3 finds it in its piece of the summed gradients.
-    for zero in [Zero::Off, Zero::OptimizerState, Zero::Gradients] {
+    // Under ZeRO-2 and 3 rank 3 finds it in its piece of the summed gradients.
+    for zero in [
+        Zero::Off,
+        Zero::OptimizerState,
+        Zero::Gradients,
+        Zero::Parameters,
+    ] {
         overflow_skips_everywhere(zero);
     }
 }
@@ -252,12 +257,11 @@ fn overflow_skips_everywhere(zero: Zero) {
             candle_core::Device::Cpu,
         )?;
         let snapshot = |v: &Varuna| -> Vec<Vec<f32>> {
-            v.pipeline()
-                .params()
+            v.parameters()
+                .unwrap()
                 .iter()
                 .map(|(_, p)| {
-                    p.as_tensor()
-                        .to_dtype(candle_core::DType::F32)
+                    p.to_dtype(candle_core::DType::F32)
                         .unwrap()
                         .flatten_all()
                         .unwrap()

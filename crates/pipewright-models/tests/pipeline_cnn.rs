@@ -154,3 +154,63 @@ fn a_skip_connection_jumps_over_whole_stages() {
     }
     assert!(want.2.contains_key("head.skip.weight"));
 }
+
+#[test]
+fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
+    use pipewright::comm::local;
+    use pipewright::data_parallel::DistributedLoader;
+    use pipewright::topology::Layout;
+    use pipewright::varuna::Varuna;
+    use pipewright::zero::Zero;
+    // The long skip leaves the stem and lands on the head: inside one stage at pp 1 (popped
+    // four cuts later), from stage 0 to stage 1 at pp 2 (sent on from a cut).
+    let c = Case {
+        model: with_skip(true),
+        ..case(6, false)
+    };
+    let want = serial(&c);
+    for (pp, recompute) in [(1, Recompute::Never), (2, Recompute::Always)] {
+        let opts = pipewright::varuna::VarunaOptions {
+            zero: Zero::Parameters,
+            bucket_bytes: 1024,
+            ..options(&c, pp, ScheduleKind::OneFOneB, 1, recompute)
+        };
+        let opts = pipewright::varuna::VarunaOptions {
+            placement: pipewright::varuna::Placement::Layout(Layout::new(pp, 1, 2).unwrap()),
+            ..opts
+        };
+        let per_rank = local::run(pp * 2, |comm| {
+            let mut v = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
+            assert_eq!(v.zero(), Zero::Parameters);
+            v.set_optimizer(adamw)?;
+            let dp_rank = v.coords().dp_rank;
+            let loader = DistributedLoader::new(
+                |s, _| Ok(shapes_batch(s)),
+                BATCH,
+                dp_rank,
+                2,
+                candle_core::Device::Cpu,
+            )?;
+            let mut losses = Vec::new();
+            for s in 0..3 {
+                losses.push(v.step(&loader.batch(s)?)?.loss);
+            }
+            Ok((losses, v.parameters()?))
+        })
+        .unwrap();
+        for (r, (losses, params)) in per_rank.iter().enumerate() {
+            let what = format!("ZeRO-3 cnn long skip pp {pp} {recompute:?} rank {r}");
+            for (a, b) in losses.iter().zip(&want.0) {
+                assert!(
+                    ((a - b) / b).abs() < 1e-5,
+                    "{what}: {losses:?} vs {:?}",
+                    want.0
+                );
+            }
+            for (n, p) in params {
+                let d = rel_diff(p, &want.2[n]);
+                assert!(d < 1e-5, "{what}: {n} off by {d:e}");
+            }
+        }
+    }
+}

@@ -1,10 +1,10 @@
-//! ZeRO-1 and ZeRO-2 ([`pipewright::zero`]) against serial training: every stage at dp 2 with
+//! ZeRO-1, 2 and 3 ([`pipewright::zero`]) against serial training: every stage at dp 2 with
 //! pipeline and tensor parallelism, under 1F1B, zero-bubble and interleaved schedules and
 //! recomputation, gives the serial run's losses, gradient norms (clipping acts) and final
 //! parameters within 1e-5, with tied weights and weight decay; an overflow on one rank skips
-//! the step everywhere; each replica holds 1/dp of the optimizer state; a ZeRO run resumes bit
-//! for bit at its layout, and its checkpoint resumes under any other stage and dp (and a plain
-//! run's under ZeRO) within 1e-5.
+//! the step everywhere; each replica holds 1/dp of the optimizer state (and under ZeRO-3 none
+//! of the model's weights between uses); a ZeRO run resumes bit for bit at its layout, and its
+//! checkpoint resumes under any other stage and dp (and a plain run's under ZeRO) within 1e-5.
 
 use pipewright::comm::local;
 use pipewright::data_parallel::DistributedLoader;
@@ -31,7 +31,7 @@ fn parallel(run: &ParityRun, opts: VarunaOptions) -> Vec<RankResult> {
 fn every_zero_stage_trains_as_serial() {
     let run = ParityRun::default();
     let want = run.serial().unwrap();
-    for zero in [Zero::OptimizerState, Zero::Gradients] {
+    for zero in [Zero::OptimizerState, Zero::Gradients, Zero::Parameters] {
         for (pp, tp, dp) in [(1, 1, 2), (2, 1, 2), (1, 2, 2), (1, 1, 4), (2, 2, 2)] {
             let layout = Layout::new(pp, tp, dp).unwrap();
             let opts = VarunaOptions {
@@ -52,20 +52,43 @@ fn every_zero_stage_trains_as_serial() {
 }
 
 #[test]
-fn zero_two_keeps_working_under_every_schedule_and_recomputation() {
+fn zero_two_and_three_keep_working_under_every_schedule_and_recomputation() {
     let run = ParityRun {
         steps: 3,
         ..ParityRun::default()
     };
     let want = run.serial().unwrap();
     let layout = Layout::new(2, 1, 2).unwrap();
-    for (schedule, virtual_stages, recompute) in [
-        (ScheduleKind::ZeroBubbleH1, 1, Recompute::Never),
-        (ScheduleKind::GPipe, 1, Recompute::Always),
-        (ScheduleKind::Interleaved, 2, Recompute::ExceptLast),
+    for (zero, schedule, virtual_stages, recompute) in [
+        (
+            Zero::Gradients,
+            ScheduleKind::ZeroBubbleH1,
+            1,
+            Recompute::Never,
+        ),
+        (Zero::Gradients, ScheduleKind::GPipe, 1, Recompute::Always),
+        (
+            Zero::Gradients,
+            ScheduleKind::Interleaved,
+            2,
+            Recompute::ExceptLast,
+        ),
+        (
+            Zero::Parameters,
+            ScheduleKind::ZeroBubbleH1,
+            1,
+            Recompute::Never,
+        ),
+        (Zero::Parameters, ScheduleKind::GPipe, 1, Recompute::Always),
+        (
+            Zero::Parameters,
+            ScheduleKind::Interleaved,
+            2,
+            Recompute::ExceptLast,
+        ),
     ] {
         let opts = VarunaOptions {
-            zero: Zero::Gradients,
+            zero,
             bucket_bytes: 4096,
             schedule,
             virtual_stages,
@@ -76,7 +99,7 @@ fn zero_two_keeps_working_under_every_schedule_and_recomputation() {
             let worst = worst_difference(got, &want).unwrap();
             assert!(
                 worst < 1e-5,
-                "{schedule:?} {recompute} rank {rank}: off by {worst:e}"
+                "ZeRO-{zero} {schedule:?} {recompute} rank {rank}: off by {worst:e}"
             );
         }
     }
@@ -85,13 +108,14 @@ fn zero_two_keeps_working_under_every_schedule_and_recomputation() {
 #[test]
 fn zero_stages_parse_and_one_replica_runs_without() {
     assert_eq!("2".parse::<Zero>().unwrap(), Zero::Gradients);
-    let three = "3".parse::<Zero>().unwrap_err().to_string();
-    assert!(three.contains("stage 2"), "{three}");
-    let bad = "x".parse::<Zero>().unwrap_err().to_string();
-    assert!(bad.contains("use 0, 1 or 2"), "{bad}");
+    assert_eq!("3".parse::<Zero>().unwrap(), Zero::Parameters);
+    for bad in ["4", "x"] {
+        let e = bad.parse::<Zero>().unwrap_err().to_string();
+        assert!(e.contains("use 0, 1, 2 or 3"), "{e}");
+    }
     let run = ParityRun::default();
     let opts = VarunaOptions {
-        zero: Zero::Gradients,
+        zero: Zero::Parameters,
         ..run.options(Layout::new(2, 1, 1).unwrap())
     };
     let zero = local::run(2, |comm| {
@@ -109,12 +133,14 @@ fn each_replica_keeps_its_share_of_the_optimizer_state() {
         (Zero::Off, 2),
         (Zero::OptimizerState, 2),
         (Zero::Gradients, 4),
+        (Zero::Parameters, 2),
     ] {
         let opts = VarunaOptions {
             zero,
             ..run.options(Layout::new(1, 1, dp).unwrap())
         };
-        // (optimizer-state elements, parameter elements) of each rank after one step.
+        // (optimizer-state elements, parameter elements, weight elements the model's own
+        // variables hold) of each rank after one step.
         let held = local::run(dp, |comm| {
             let mut v = Varuna::new(&gpt(run.gpt)?, Box::new(comm), opts.clone())?;
             v.set_optimizer(|p| Ok(Box::new(AdamW::new(p, AdamWConfig::default())?)))?;
@@ -138,9 +164,14 @@ fn each_replica_keeps_its_share_of_the_optimizer_state() {
                 .iter()
                 .map(|(_, p)| p.elem_count())
                 .sum();
-            Ok((moments, params))
+            let held: usize = v.pipeline().params().iter().map(|(_, p)| held(p)).sum();
+            Ok((moments, params, held))
         })
         .unwrap();
+        for h in &held {
+            let want = if zero == Zero::Parameters { 0 } else { h.1 };
+            assert_eq!(h.2, want, "ZeRO-{zero}: weight elements held between steps");
+        }
         let params = held[0].1;
         let total: usize = held.iter().map(|h| h.0).sum();
         if zero == Zero::Off {
@@ -159,6 +190,14 @@ fn each_replica_keeps_its_share_of_the_optimizer_state() {
     }
 }
 
+/// The elements `v`'s storage holds now (ZeRO-3 empties a layer's between its uses).
+fn held(v: &candle_core::Var) -> usize {
+    match &*v.storage_and_layout().0 {
+        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(s)) => s.len(),
+        _ => unreachable!("the parity GPT is f32 on the CPU"),
+    }
+}
+
 fn zero_options(l: (usize, usize, usize), zero: Zero, precision: Precision) -> VarunaOptions {
     VarunaOptions {
         zero,
@@ -173,6 +212,7 @@ fn a_zero_run_resumes_bit_for_bit_at_its_layout() {
         ((1, 1, 2), Zero::Gradients, Precision::F32),
         ((2, 1, 2), Zero::OptimizerState, Precision::F16),
         ((1, 2, 2), Zero::Gradients, Precision::Bf16),
+        ((2, 1, 2), Zero::Parameters, Precision::Bf16),
     ]
     .into_iter()
     .enumerate()
@@ -201,13 +241,17 @@ fn zero_checkpoints_resume_under_any_stage_and_dp() {
     // Saved sharded over 4 replicas, resumed over 2 with ZeRO-1 and whole; and the reverse.
     for (from, to) in [
         (
-            ((1, 1, 4), Zero::Gradients),
-            vec![((1, 1, 2), Zero::OptimizerState), ((2, 1, 1), Zero::Off)],
+            ((1, 1, 4), Zero::Parameters),
+            vec![
+                ((1, 1, 2), Zero::OptimizerState),
+                ((2, 1, 1), Zero::Off),
+                ((1, 1, 2), Zero::Gradients),
+            ],
         ),
         (
             ((2, 1, 1), Zero::Off),
             vec![
-                ((1, 1, 4), Zero::Gradients),
+                ((1, 1, 4), Zero::Parameters),
                 ((1, 2, 2), Zero::OptimizerState),
             ],
         ),

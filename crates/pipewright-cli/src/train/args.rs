@@ -126,7 +126,8 @@ pub struct TrainArgs {
     #[arg(long, default_value = "never")]
     pub recompute: String,
     /// Shard over the --dp replicas (ZeRO): 0 nothing, 1 the optimizer state and f32 master
-    /// weights, 2 the gradients too. Nothing to shard with --dp 1.
+    /// weights, 2 the gradients too, 3 the model's weights too (FSDP: each layer gathers its
+    /// weights when it computes). Nothing to shard with --dp 1.
     #[arg(long, default_value = "0")]
     pub zero: String,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all

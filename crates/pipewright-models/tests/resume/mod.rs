@@ -92,8 +92,8 @@ pub fn run(
             }
         }
         let mut state = BTreeMap::new();
-        for (n, p) in v.pipeline().params() {
-            state.insert(format!("{n}@{rank}"), flat(p.as_tensor()));
+        for (n, p) in v.parameters()? {
+            state.insert(format!("{n}@{rank}"), flat(&p));
         }
         for (k, t) in v.optimizer().unwrap().state_dict()? {
             state.insert(format!("opt.{k}@{rank}"), flat(&t));

@@ -112,6 +112,15 @@ impl Cx {
         })
     }
 
+    /// Replaces every stashed tensor by what `f` makes of it (a forward cut into one graph per
+    /// layer gives later layers a leaf in place of a tensor with a graph behind it).
+    pub fn restash(&mut self, mut f: impl FnMut(Tensor) -> Result<Tensor>) -> Result<()> {
+        for t in self.stash.values_mut() {
+            *t = f(t.clone())?;
+        }
+        Ok(())
+    }
+
     /// Marks `t` as split on `dim` over the tensor-parallel group (`None` clears the mark);
     /// see [`crate::shard::register_parallel_dim`].
     pub fn set_parallel_dim(&mut self, t: &Tensor, dim: Option<i64>) {

@@ -15,6 +15,7 @@ mod cx;
 pub mod deferred;
 mod kv_cache;
 mod param;
+mod stage;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -26,9 +27,9 @@ pub use build::Build;
 pub use cx::{Cx, Mode};
 pub use kv_cache::KvCache;
 pub use param::{Shard, WeightLayout};
+pub use stage::{Between, LayerParams, Stage};
 
 use crate::batch::Batch;
-use crate::comm::TpGroup;
 use crate::{invalid, Result};
 
 /// One built layer. Parameters are [`Var`]s with global names.
@@ -247,12 +248,7 @@ impl Sequential {
             .iter()
             .map(|s| s.build(b))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Stage {
-            range,
-            layers,
-            tp: b.tp.clone(),
-            inputs: self.inputs.clone(),
-        })
+        Ok(Stage::new(range, layers, b.tp.clone(), self.inputs.clone()))
     }
 }
 
@@ -265,93 +261,4 @@ pub struct Skip {
     pub from: usize,
     /// Index of the popping layer.
     pub to: usize,
-}
-
-/// A built contiguous range of layers.
-pub struct Stage {
-    range: Range<usize>,
-    layers: Vec<Box<dyn Layer>>,
-    tp: TpGroup,
-    inputs: Vec<String>,
-}
-
-impl Stage {
-    /// Which layers of the model this stage holds.
-    pub fn range(&self) -> Range<usize> {
-        self.range.clone()
-    }
-
-    /// The built layers in order.
-    pub fn layers(&self) -> &[Box<dyn Layer>] {
-        &self.layers
-    }
-
-    /// Runs every layer in order.
-    pub fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
-        self.layers.iter().try_fold(x, |x, l| {
-            let y = l.forward(x, cx)?;
-            if cx.detect_anomaly {
-                check_finite(l.name(), &y, cx)?;
-            }
-            Ok(y)
-        })
-    }
-
-    /// Every trainable parameter with its global name, in layer order.
-    pub fn params(&self) -> Vec<(String, Var)> {
-        self.layers.iter().flat_map(|l| l.params()).collect()
-    }
-
-    /// Every buffer with its global name.
-    pub fn buffers(&self) -> Vec<(String, Var)> {
-        self.layers.iter().flat_map(|l| l.buffers()).collect()
-    }
-
-    /// The batch tensors the model's first layer takes ([`Sequential::inputs`]).
-    pub fn input_names(&self) -> &[String] {
-        &self.inputs
-    }
-
-    /// The tensor-parallel group the stage was built for.
-    pub fn tp(&self) -> &TpGroup {
-        &self.tp
-    }
-
-    /// Every sharded parameter with how it is split.
-    pub fn shards(&self) -> Vec<(String, Shard)> {
-        self.layers.iter().flat_map(|l| l.shards()).collect()
-    }
-
-    /// Ends a training batch in every layer.
-    pub fn finish_batch(&self) -> Result<()> {
-        self.layers.iter().try_for_each(|l| l.finish_batch())
-    }
-
-    /// The parameter called `name`.
-    pub fn param(&self, name: &str) -> Option<Var> {
-        self.params()
-            .into_iter()
-            .find_map(|(n, v)| (n == name).then_some(v))
-    }
-
-    /// Number of scalar parameters.
-    pub fn num_params(&self) -> usize {
-        self.params().iter().map(|(_, v)| v.elem_count()).sum()
-    }
-}
-
-/// Fails when a float tensor of `y` holds a NaN or an inf, naming `layer`, the micro-batch and
-/// the step.
-fn check_finite(layer: &str, y: &Activation, cx: &Cx) -> Result<()> {
-    for t in y.tensors().into_iter().filter(|t| t.dtype().is_float()) {
-        if !crate::grads::all_finite(t)? {
-            return Err(crate::invalid!(
-                "anomaly: layer `{layer}` produced NaN or inf values in micro-batch {} of step {}: \
-                 lower the learning rate, clip gradients, or check this layer's input",
-                cx.micro_batch,
-                cx.step
-            ));
-        }
-    }
-    Ok(())
 }

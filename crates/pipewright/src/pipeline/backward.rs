@@ -1,10 +1,13 @@
 //! The backward of one micro-batch on one model stage: re-run the forward if it was not kept
 //! ([`super::recompute`]), inject the gradients that come back from the next stage and from
-//! skip connections sent on, run candle's backward once, and send the input's and imported
-//! skips' gradients back.
+//! skip connections sent on, run candle's backward (once, or once per layer when the forward
+//! was cut, [`super::segments`]), and send the input's and imported skips' gradients back.
+
+use std::ops::Range;
 
 use candle_core::{Tensor, Var};
 
+use super::segments::{Cuts, Leaves};
 use super::stage::PipelineStage;
 use super::transfer::{inject_gradients, send_gradients, Tags};
 use crate::batch::Batch;
@@ -27,7 +30,14 @@ pub(super) struct Saved {
     pub imports: Vec<(usize, Var)>,
     /// Skip tensors sent to later stages (their gradients come back); `None` when recomputed.
     pub exports: Option<Vec<(usize, Tensor)>>,
+    /// Where the kept forward was cut into one graph per layer (ZeRO-3), if it was.
+    pub cuts: Option<Cuts>,
 }
+
+/// Takes the parameter gradients of a range of a stage's layers (global indices) as each
+/// backward gives them: the whole stage's at once, or one layer's at a time when the forward
+/// was cut.
+pub(super) type GiveGrads<'a> = dyn FnMut(Range<usize>, Grads) -> Result<()> + 'a;
 
 /// What a step's backward actions share: the micro-batch, the count the loss is divided by,
 /// and the loss scale.
@@ -38,21 +48,21 @@ pub(super) struct Step<'a> {
 }
 
 impl PipelineStage {
-    /// The backward of micro-batch `mb` on model stage `k` (chunk `c` of this rank): adds its
-    /// parameter gradients to `grads` and queues the sends of its input gradients. Returns
+    /// The backward of micro-batch `mb` on model stage `k` (chunk `c` of this rank): gives its
+    /// parameter gradients to `give` and queues the sends of its input gradients. Returns
     /// whether the forward was recomputed.
     pub(super) fn backward(
         &self,
         s: Saved,
         (k, mb): (usize, usize),
         ctx: &Step<'_>,
-        grads: &mut Grads,
+        give: &mut GiveGrads<'_>,
         sends: &mut Vec<Pending<()>>,
     ) -> Result<bool> {
         let last = self.stage_count() - 1;
         let mut recomputed = false;
-        let (output, exports) = match (s.output, s.exports) {
-            (Some(o), Some(e)) => (o, e),
+        let (output, exports, cuts) = match (s.output, s.exports) {
+            (Some(o), Some(e)) => (o, e, s.cuts),
             _ => {
                 recomputed = true;
                 let (mb_batch, x) = (ctx.batch, s.input.clone());
@@ -88,26 +98,37 @@ impl PipelineStage {
                  gradient to carry back through it"
             )
         })?;
-        let store = objective.backward()?;
-        let mine = Grads::from_store(&store, &self.own_stage(k)?.params());
-        if self.opts.detect_anomaly {
-            let mut bad = Vec::new();
-            for (name, g) in mine.iter() {
-                if !crate::grads::all_finite(g)? {
-                    bad.push(name.as_str());
-                }
+        let stage = self.own_stage(k)?;
+        let mut cuts = cuts.unwrap_or_default();
+        let mut watched = cuts.leaves();
+        watched.extend(s.vars.iter().flatten().map(|v| v.as_tensor().clone()));
+        watched.extend(s.imports.iter().map(|(_, v)| v.as_tensor().clone()));
+        let mut leaves = Leaves::new(watched);
+        let start = |c: &Cuts| c.last_layer().map_or(stage.range().start, |l| l + 1);
+        let mut layers = start(&cuts)..stage.range().end;
+        let mut objective = Some(objective);
+        loop {
+            if let Some(o) = objective {
+                // The layers' parameters whole for their own backward only (ZeRO-3).
+                layers.clone().try_for_each(|l| stage.fetch(l))?;
+                let store = o.backward();
+                layers.clone().try_for_each(|l| stage.release(l))?;
+                let store = store?;
+                let params: Vec<_> = layers.clone().flat_map(|l| stage.layer_params(l)).collect();
+                let mine = Grads::from_store(&store, &params);
+                self.check_grads(&mine, k, mb)?;
+                give(layers.clone(), mine)?;
+                leaves.add(&store)?;
             }
-            if !bad.is_empty() {
-                return Err(invalid!(
-                    "anomaly: the backward of micro-batch {} of step {} gave NaN or inf gradients \
-                     to {} (model stage {k}): lower the learning rate or clip gradients",
-                    mb + self.mb_offset,
-                    self.step,
-                    bad.join(", ")
-                ));
+            match cuts.pop_objective(&leaves)? {
+                Some((layer, o)) => {
+                    layers = start(&cuts)..layer + 1;
+                    objective = o;
+                }
+                None => break,
             }
         }
-        grads.accumulate(mine)?;
+        let store = leaves.into_store();
         if k > 0 {
             let (to, msg) = (self.rank_of(k - 1), self.tags.activation(mb, k - 1, true));
             sends.extend(send_gradients(
@@ -128,5 +149,28 @@ impl PipelineStage {
             sends.push(self.comm.isend(&g, from, tag)?);
         }
         Ok(recomputed)
+    }
+
+    /// With anomaly detection on, fails when a gradient of `mine` holds a NaN or an inf.
+    fn check_grads(&self, mine: &Grads, k: usize, mb: usize) -> Result<()> {
+        if !self.opts.detect_anomaly {
+            return Ok(());
+        }
+        let mut bad = Vec::new();
+        for (name, g) in mine.iter() {
+            if !crate::grads::all_finite(g)? {
+                bad.push(name.as_str());
+            }
+        }
+        if !bad.is_empty() {
+            return Err(invalid!(
+                "anomaly: the backward of micro-batch {} of step {} gave NaN or inf gradients \
+                 to {} (model stage {k}): lower the learning rate or clip gradients",
+                mb + self.mb_offset,
+                self.step,
+                bad.join(", ")
+            ));
+        }
+        Ok(())
     }
 }

@@ -59,7 +59,9 @@ impl PipelineStage {
             let imports = self.import_skips(k, 0)?;
             let mut cx = Cx::eval();
             cx.kv_cache = cache.cloned();
-            let (y, exports) = self.skips.run(stage, k, k == last, x, &imports, &mut cx)?;
+            let (y, exports) = self
+                .skips
+                .run(stage, (k, k == last), x, &imports, &mut cx, None)?;
             self.export_skips(0, &exports, &mut sends)?;
             if k < last {
                 let (to, msg) = (self.rank_of(k + 1), self.tags.activation(0, k, false));

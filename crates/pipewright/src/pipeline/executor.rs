@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
@@ -37,9 +38,12 @@ use crate::comm::TpGroup;
 use crate::comm::{Communicator, Pending, ReduceOp};
 use crate::loss::SharedLoss;
 use crate::model::deferred::leftover;
-use crate::model::{Build, Sequential};
+use crate::model::{Build, LayerParams, Sequential};
 use crate::nn::{sum_sq_share, Grads};
 use crate::{invalid, Result};
+
+/// One layer's parameters: (model stage, layer, its parameters with their global names).
+pub type LayerParamsOf = (usize, usize, Vec<(String, Var)>);
 
 /// One rank of a pipeline: runs its list of the schedule's actions on its [`PipelineStage`],
 /// keeps tied weights equal, and counts what it holds.
@@ -172,18 +176,27 @@ impl Pipeline {
             .collect()
     }
 
-    /// This rank's parameters with their global names.
+    /// This rank's parameters with their global names. Under ZeRO-3 their storage is empty
+    /// between the uses of their layer: read values with
+    /// [`crate::varuna::Varuna::parameters`].
     pub fn params(&self) -> &[(String, Var)] {
         &self.params
     }
 
-    /// This rank's parameters by model stage, in stage order: (stage, its parameters).
-    pub fn params_by_stage(&self) -> Vec<(usize, Vec<(String, Var)>)> {
-        self.stage
-            .own
-            .iter()
-            .map(|(k, s)| (*k, s.params()))
+    /// This rank's parameters by layer, in order: (model stage, layer, its parameters).
+    pub fn params_by_layer(&self) -> Vec<LayerParamsOf> {
+        let stages = self.stage.own.iter();
+        stages
+            .flat_map(|(k, s)| s.range().map(move |l| (*k, l, s.layer_params(l))))
             .collect()
+    }
+
+    /// Keeps every stage's parameters in `params` between uses (ZeRO-3, see
+    /// [`crate::model::Stage::set_layer_params`]).
+    pub fn set_layer_params(&mut self, params: Option<Arc<dyn LayerParams>>) {
+        for (_, s) in &mut self.stage.own {
+            s.set_layer_params(params.clone());
+        }
     }
 
     /// Number of scalar parameters of the whole model, over all ranks of the pipeline
@@ -289,7 +302,7 @@ impl Pipeline {
                     let input = self.stage.stage_input(k, mb, &mbs[mb])?;
                     let imports = self.stage.import_skips(k, mb)?;
                     let x = input.activation.clone();
-                    let (out, exports) = self.stage.train_forward(
+                    let (out, exports, cuts) = self.stage.train_forward(
                         (k, mb),
                         x,
                         &imports,
@@ -323,6 +336,7 @@ impl Pipeline {
                             output: keep.then_some(out),
                             imports,
                             exports: keep.then_some(exports),
+                            cuts: cuts.filter(|_| keep),
                         },
                     );
                     if keep {
@@ -342,19 +356,22 @@ impl Pipeline {
                         denominator,
                         loss_scale,
                     };
+                    let split = matches!(a, Action::BackwardInput { .. });
                     let mut mine = Grads::new();
-                    let into = if sink.is_some() {
-                        &mut mine
-                    } else {
-                        &mut grads
-                    };
-                    recomputed = self.stage.backward(s, (k, mb), &ctx, into, &mut sends)?;
-                    if let Some(sink) = sink.as_deref_mut() {
-                        if matches!(a, Action::BackwardInput { .. }) {
-                            partial.insert((mb, k), mine);
-                        } else {
-                            grads.accumulate(sink.take(k, mine)?)?;
+                    // Each layer's (or the stage's) gradients as the backward gives them: to
+                    // the sink at once, unless their weight part is still to come.
+                    let mut give = |layers: Range<usize>, g: Grads| -> Result<()> {
+                        match sink.as_deref_mut() {
+                            Some(sink) if !split => grads.accumulate(sink.take(k, layers, g)?),
+                            Some(_) => mine.accumulate(g),
+                            None => grads.accumulate(g),
                         }
+                    };
+                    recomputed = self
+                        .stage
+                        .backward(s, (k, mb), &ctx, &mut give, &mut sends)?;
+                    if split && sink.is_some() {
+                        partial.insert((mb, k), mine);
                     }
                     // Under a split backward the activations stay until the weight gradient.
                     if matches!(a, Action::BackwardInput { .. }) {
@@ -373,7 +390,8 @@ impl Pipeline {
                         Some(sink) => {
                             let mut mine = partial.remove(&(mb, k)).unwrap_or_default();
                             mine.accumulate(weights)?;
-                            grads.accumulate(sink.take(k, mine)?)?;
+                            let layers = self.stage.ranges[k].clone();
+                            grads.accumulate(sink.take(k, layers, mine)?)?;
                         }
                         None => grads.accumulate(weights)?,
                     }

@@ -16,6 +16,7 @@ mod options;
 pub mod partition;
 pub mod recompute;
 pub mod schedule;
+pub mod segments;
 pub mod simulate;
 pub mod sink;
 pub mod skip;

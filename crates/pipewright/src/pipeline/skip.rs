@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use candle_core::{Tensor, Var};
 
+use super::segments::Cuts;
 use crate::model::{Activation, Cx, Sequential, Stage};
 use crate::{invalid, Result};
 
@@ -62,22 +63,26 @@ impl Skips {
     /// Runs model stage `k` on `x`: stashes the skips `imports` received from earlier stages,
     /// runs the layers, and pops the skips that later stages pop (returned as exports). A
     /// stash nobody pops is an error, and so is an output that crosses a cut (`last` false)
-    /// without the input's rows on dim 0.
+    /// without the input's rows on dim 0. With `cuts`, the forward is cut into one graph per
+    /// layer there ([`Cuts`]).
     pub fn run(
         &self,
         stage: &Stage,
-        k: usize,
-        last: bool,
+        (k, last): (usize, bool),
         x: Activation,
         imports: &[(usize, Var)],
         cx: &mut Cx,
+        cuts: Option<&mut Cuts>,
     ) -> Result<(Activation, Vec<(usize, Tensor)>)> {
         let here = format!("model stage {k}");
         for (i, v) in imports {
             cx.stash(&here, &self.routes[*i].name, v.as_tensor().clone())?;
         }
         let rows = x.batch_size()?;
-        let out = stage.forward(x, cx)?;
+        let out = match cuts {
+            Some(c) => stage.forward_each(x, cx, &mut |i, y, cx| c.cut(i, y, cx))?,
+            None => stage.forward(x, cx)?,
+        };
         if !last {
             if let Some(bad) = out
                 .tensors()

@@ -12,6 +12,7 @@ use candle_core::{Device, Tensor, Var};
 use super::options::PipelineOptions;
 use super::partition::partition;
 use super::schedule::Schedule;
+use super::segments::Cuts;
 use super::skip::Skips;
 use super::transfer::Tags;
 use crate::batch::Batch;
@@ -20,6 +21,10 @@ use crate::loss::{output_in_f32, SharedLoss};
 use crate::model::deferred::WeightGradQueue;
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
 use crate::{invalid, Result};
+
+/// What a training forward of one stage gives: its output (on the last stage the loss), the
+/// skips it sends on, and where it was cut into one graph per layer (ZeRO-3).
+pub(super) type Forward = (Activation, Vec<(usize, Tensor)>, Option<Cuts>);
 
 /// The model stages one rank holds, built, with what their forwards and backwards need: the
 /// pipeline communicator, where every other stage is, the skip routes and message tags, the
@@ -115,7 +120,8 @@ impl PipelineStage {
     }
 
     /// Runs model stage `k` in training mode; on the last stage the output becomes the
-    /// micro-batch's loss over `denominator`.
+    /// micro-batch's loss over `denominator`. When the stage releases its parameters between
+    /// uses (ZeRO-3) the forward is cut into one graph per layer, and the cuts come back too.
     pub(super) fn train_forward(
         &self,
         (k, mb): (usize, usize),
@@ -124,8 +130,10 @@ impl PipelineStage {
         batch: &Batch,
         denominator: usize,
         recomputing: bool,
-    ) -> Result<(Activation, Vec<(usize, Tensor)>)> {
+    ) -> Result<Forward> {
         let last = k + 1 == self.stage_count();
+        let stage = self.own_stage(k)?;
+        let mut cuts = stage.releases_params().then(Cuts::default);
         let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
         cx.defer_batch_stats = self.opts.deferred_batch_norm;
         cx.detect_anomaly = self.opts.detect_anomaly;
@@ -133,15 +141,15 @@ impl PipelineStage {
         // The same context as the first forward: same dropout masks; layers with side effects
         // (BatchNorm statistics) see is_recomputing().
         cx.set_recomputing(recomputing);
-        let (out, exports) = self
-            .skips
-            .run(self.own_stage(k)?, k, last, x, imports, &mut cx)?;
+        let (out, exports) =
+            self.skips
+                .run(stage, (k, last), x, imports, &mut cx, cuts.as_mut())?;
         if !last {
-            return Ok((out, exports));
+            return Ok((out, exports, cuts));
         }
         let out = output_in_f32(out, &mut cx)?;
         let (sum, _) = self.loss.sum(&out, batch, &cx, &self.tp)?;
-        Ok(((sum / denominator as f64)?.into(), exports))
+        Ok(((sum / denominator as f64)?.into(), exports, cuts))
     }
 
     /// The batch tensors the model's first stage takes.

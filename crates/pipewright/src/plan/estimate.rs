@@ -50,6 +50,8 @@ pub fn state_bytes_per_param(zero: Zero, dp: usize, first: bool) -> (f64, f64) {
     match zero {
         Zero::OptimizerState if dp > 1 => (8.0 + sum + 12.0 / d, 8.0 + 12.0 / d),
         Zero::Gradients if dp > 1 => (8.0 + 16.0 / d, 4.0 + 16.0 / d),
+        // The weights too: a layer's are whole only while it computes.
+        Zero::Parameters if dp > 1 => (16.0 / d, 16.0 / d),
         _ => (
             FIRST_BACKWARD_BYTES_PER_PARAM + sum,
             FIRST_BACKWARD_BYTES_PER_PARAM,
@@ -320,6 +322,9 @@ pub fn estimate(
                 (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64)
                     + dp_link.all_gather(dp, bytes)
             }
+            // ZeRO-3: every micro-batch gathers the weights for its forward and again for its
+            // backward, and reduce-scatters its gradients (in the schedule, not overlapped).
+            Zero::Parameters => 3.0 * (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64),
         };
         let shards = if cand.zero == Zero::Off { 1 } else { dp };
         let optimizer =

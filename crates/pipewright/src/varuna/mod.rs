@@ -116,7 +116,7 @@ impl Varuna {
         masters.sync()?;
         let weights = zero::weights(
             opts.zero,
-            &pipeline,
+            &mut pipeline,
             &opts.shared_weights,
             opts.bucket_bytes,
             dp.as_ref(),
@@ -261,11 +261,12 @@ impl Varuna {
         }
         let scale = self.loss_scale();
         let started = Instant::now();
-        // ZeRO-2 reduces each micro-batch's gradients as the pipeline completes them.
-        let mut sharded = (self.zero() == Zero::Gradients)
+        // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
+        let by_layer = self.zero() == Zero::Parameters;
+        let mut sharded = (self.zero().shards_grads())
             .then(|| self.weights.sharded())
             .flatten()
-            .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale));
+            .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale, by_layer));
         let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
         let (loss, produced) = self
             .pipeline
@@ -289,7 +290,7 @@ impl Varuna {
         if let Some(hook) = self.grad_hook.as_mut() {
             hook(&mut grads);
         }
-        if self.zero() != Zero::Gradients {
+        if !self.zero().shards_grads() {
             all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
         }
         let loss = self
@@ -333,11 +334,11 @@ impl Varuna {
                 }
             }
         }
-        let norm = match self.zero() {
-            Zero::Gradients => self
-                .pipeline
-                .grad_norm_of_shards(&grads, Some(self.dp.as_ref()))?,
-            _ => self.pipeline.grad_norm(&grads)?,
+        let norm = if self.zero().shards_grads() {
+            self.pipeline
+                .grad_norm_of_shards(&grads, Some(self.dp.as_ref()))?
+        } else {
+            self.pipeline.grad_norm(&grads)?
         };
         if let Some(max) = self.opts.clip {
             scale_to_norm(&mut grads, norm, max)?;

@@ -1,13 +1,16 @@
 //! ZeRO in the Varuna step ([`crate::zero`]): the plan of this rank's parameters over its
 //! data-parallel group, and the f32 state a checkpoint reads and writes, whole or in pieces.
 
-use candle_core::{DType, Var};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor, Var};
 
 use super::Varuna;
 use crate::comm::Communicator;
 use crate::pipeline::Pipeline;
 use crate::precision::MasterWeights;
-use crate::zero::{ParamSpec, ShardPlan, Zero, ZeroShards, AFTER_PIPELINE};
+use crate::zero::{LayerGather, ParamSpec, ShardPlan, Zero, ZeroShards, AFTER_PIPELINE};
 use crate::Result;
 
 /// The f32 master weights a rank updates: whole, or under ZeRO its replica's pieces.
@@ -19,12 +22,13 @@ pub(super) enum Weights {
 }
 
 /// This rank's weights: under ZeRO (when `zero` shards anything) each model stage's parameters in
-/// buckets of their own (their gradients are complete together), tied weights apart (they
-/// are summed between stages after the pipeline), the whole masters dropped once cut; else
-/// `masters` whole (without ZeRO or with one replica).
+/// buckets of their own (their gradients are complete together; under ZeRO-3 each layer's,
+/// which the layer gathers when it computes), tied weights apart (they are summed between
+/// stages after the pipeline), the whole masters dropped once cut; else `masters` whole
+/// (without ZeRO or with one replica).
 pub(super) fn weights(
     zero: Zero,
-    pipeline: &Pipeline,
+    pipeline: &mut Pipeline,
     tied: &[(String, String)],
     bucket_bytes: usize,
     dp: &dyn Communicator,
@@ -36,17 +40,31 @@ pub(super) fn weights(
     let is_tied = |n: &str| tied.iter().any(|(a, b)| a == n || b == n);
     let mut specs: Vec<ParamSpec> = Vec::new();
     let mut model = Vec::new();
-    for (k, params) in pipeline.params_by_stage() {
-        for (n, v) in params {
-            let tag = if is_tied(&n) { AFTER_PIPELINE } else { k };
+    let mut layers = BTreeMap::new();
+    for (k, layer, params) in pipeline.params_by_layer() {
+        for (n, v) in &params {
+            let group = if zero == Zero::Parameters { layer } else { k };
+            let tag = if is_tied(n) { AFTER_PIPELINE } else { group };
             specs.push((n.clone(), v.dims().to_vec(), tag));
-            model.push((n, v));
+            model.push((n.clone(), v.clone()));
         }
+        layers.insert(layer, params);
     }
     let device = masters.master().first().map(|(_, v)| v.device().clone());
     let device = device.unwrap_or(candle_core::Device::Cpu);
     let plan = ShardPlan::new(&specs, bucket_bytes, dp.rank(), dp.size(), device)?;
-    ZeroShards::new(zero, plan, model, masters.master()).map(Weights::Sharded)
+    let z = ZeroShards::new(zero, plan.clone(), model, masters.master())?;
+    drop(masters);
+    if zero == Zero::Parameters {
+        // A communicator of its own: layers gather inside the schedule, between the step's
+        // other collectives over the replicas.
+        let all: Vec<usize> = (0..dp.size()).collect();
+        let gather = LayerGather::new(plan, dp.split(&all)?, z.pieces().to_vec(), layers)?;
+        let gather = Arc::new(gather);
+        pipeline.set_layer_params(Some(gather.clone()));
+        return Ok(Weights::Sharded(z.with_gather(gather)));
+    }
+    Ok(Weights::Sharded(z))
 }
 
 impl Varuna {
@@ -57,6 +75,20 @@ impl Varuna {
             Weights::Sharded(z) => z.stage(),
             Weights::Whole(_) => Zero::Off,
         }
+    }
+
+    /// The model's parameters, whole, in the compute type, by name: the values its layers
+    /// compute with (collective over the data-parallel replicas under ZeRO-3, whose layers
+    /// hold them only while they compute: they are gathered).
+    pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        if let Some(g) = self.weights.sharded().and_then(ZeroShards::gather) {
+            return g.gather_all();
+        }
+        self.pipeline
+            .params()
+            .iter()
+            .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?)))
+            .collect()
     }
 
     /// The parameters the optimizer is made over: the f32 masters, or under ZeRO this

@@ -1,9 +1,12 @@
 //! [`ShardedGrads`]: ZeRO-2's gradients. Each micro-batch's gradients of a model stage are
 //! reduce-scattered over the data-parallel group as soon as the schedule completes them, and
 //! each member keeps only the running sum of its shards; tied weights, whose gradients are
-//! summed between their stages when the batch ends, are reduce-scattered then.
+//! summed between their stages when the batch ends, are reduce-scattered then. Under ZeRO-3
+//! the plan's groups are layers, and each layer's gradients are reduce-scattered as soon as
+//! its own backward gives them.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 
 use candle_core::Tensor;
 
@@ -26,17 +29,26 @@ pub struct ShardedGrads<'a> {
     sums: Vec<Option<Tensor>>,
     /// Parameters that had a gradient (the others get none, as without ZeRO).
     present: BTreeSet<String>,
+    /// Whether the plan's groups are layers (ZeRO-3), not model stages.
+    by_layer: bool,
 }
 
 impl<'a> ShardedGrads<'a> {
-    /// Empty sums for one step whose gradients come times `loss_scale`.
-    pub fn new(plan: &'a ShardPlan, comm: &'a dyn Communicator, loss_scale: f64) -> Self {
+    /// Empty sums for one step whose gradients come times `loss_scale`; `by_layer` when the
+    /// plan's groups are layers (ZeRO-3), else model stages.
+    pub fn new(
+        plan: &'a ShardPlan,
+        comm: &'a dyn Communicator,
+        loss_scale: f64,
+        by_layer: bool,
+    ) -> Self {
         Self {
             plan,
             comm,
             factor: 1.0 / loss_scale,
             sums: Vec::new(),
             present: BTreeSet::new(),
+            by_layer,
         }
     }
 
@@ -79,7 +91,7 @@ impl<'a> ShardedGrads<'a> {
 }
 
 impl GradSink for ShardedGrads<'_> {
-    fn take(&mut self, k: usize, grads: Grads) -> Result<Grads> {
+    fn take(&mut self, k: usize, layers: Range<usize>, grads: Grads) -> Result<Grads> {
         let (mut now, mut later) = (Grads::new(), Grads::new());
         for (n, g) in grads.iter() {
             if self.plan.in_group(n, AFTER_PIPELINE) {
@@ -88,7 +100,11 @@ impl GradSink for ShardedGrads<'_> {
                 now.insert(n.clone(), g.clone());
             }
         }
-        let buckets = self.plan.buckets_of(k);
+        let buckets = if self.by_layer {
+            layers.flat_map(|l| self.plan.buckets_of(l)).collect()
+        } else {
+            self.plan.buckets_of(k)
+        };
         self.add(&buckets, &now)?;
         Ok(later)
     }

@@ -9,6 +9,14 @@
 //! - ZeRO-2 ([`Zero::Gradients`]): gradients are reduce-scattered instead, each micro-batch's
 //!   as soon as the schedule completes them ([`ShardedGrads`]), so a replica keeps only its
 //!   shard's running sum.
+//! - ZeRO-3 / FSDP ([`Zero::Parameters`]): the model's weights too. Buckets never span two
+//!   layers; a layer's weights are all-gathered from the master pieces just before each of its
+//!   forwards ([`LayerGather`], a [`crate::model::LayerParams`]) and their memory given back
+//!   just after. The forward is cut into one graph per layer ([`crate::pipeline::segments`]),
+//!   so the backward runs one layer at a time, gathers that layer's weights again and
+//!   reduce-scatters its gradients at once. (Candle cannot free a tensor that a graph holds,
+//!   as FSDP's `resize_(0)` does; [`crate::storage`] empties and refills the storage in
+//!   place instead, so the graphs see the weights only while their layer is fetched.)
 //!
 //! The optimizer is any [`crate::nn::optim::Optimizer`], made over the master *pieces* (a
 //! piece keeps its parameter's name and rank): element-wise optimizers (AdamW, SGD) step a
@@ -17,14 +25,13 @@
 //! stage and shard; overflow skipping and loss scaling see every piece. Checkpoints stay
 //! layout-free: the pieces are gathered into whole tensors to save, and cut again on load, so a
 //! run saved under any stage and dp resumes under any other.
-//!
-//! Parameters themselves are not sharded (ZeRO-3 / FSDP): a layer holds its weights as candle
-//! variables, which cannot give their memory back while a forward's graph keeps them.
 
+mod gather;
 mod grads;
 mod plan;
 mod shards;
 
+pub use gather::LayerGather;
 pub use grads::{ShardedGrads, AFTER_PIPELINE};
 pub use plan::{ParamSpec, Piece, ShardPlan};
 pub use shards::ZeroShards;
@@ -42,16 +49,24 @@ pub enum Zero {
     OptimizerState,
     /// ZeRO-2: master weights, optimizer state and gradients.
     Gradients,
+    /// ZeRO-3 (FSDP): master weights, optimizer state, gradients and the model's weights.
+    Parameters,
 }
 
 impl Zero {
-    /// The stage's number (0, 1, 2).
+    /// The stage's number (0, 1, 2, 3).
     pub fn number(self) -> u8 {
         match self {
             Zero::Off => 0,
             Zero::OptimizerState => 1,
             Zero::Gradients => 2,
+            Zero::Parameters => 3,
         }
+    }
+
+    /// Whether gradients are reduce-scattered as the pipeline completes them (stages 2, 3).
+    pub fn shards_grads(self) -> bool {
+        matches!(self, Zero::Gradients | Zero::Parameters)
     }
 }
 
@@ -62,11 +77,8 @@ impl TryFrom<u8> for Zero {
             0 => Ok(Zero::Off),
             1 => Ok(Zero::OptimizerState),
             2 => Ok(Zero::Gradients),
-            3 => Err(invalid!(
-                "ZeRO stage 3 (parameters sharded, FSDP) is not available: stage 2 shards the \
-                 optimizer state, master weights and gradients"
-            )),
-            _ => Err(invalid!("unknown ZeRO stage {n}: use 0, 1 or 2")),
+            3 => Ok(Zero::Parameters),
+            _ => Err(invalid!("unknown ZeRO stage {n}: use 0, 1, 2 or 3")),
         }
     }
 }
@@ -83,7 +95,7 @@ impl std::str::FromStr for Zero {
         let n: u8 = s
             .trim()
             .parse()
-            .map_err(|_| invalid!("unknown ZeRO stage `{s}`: use 0, 1 or 2"))?;
+            .map_err(|_| invalid!("unknown ZeRO stage `{s}`: use 0, 1, 2 or 3"))?;
         Zero::try_from(n)
     }
 }

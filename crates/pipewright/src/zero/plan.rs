@@ -288,38 +288,71 @@ impl ShardPlan {
             all.iter().map(|f| *f == 1).collect()
         };
         let mut i = 0;
-        for (b, bucket) in self.buckets.iter().enumerate() {
-            let mut shard = Vec::new();
-            let mut filled = 0;
-            for p in self.pieces.iter().filter(|p| p.bucket == b) {
-                shard.push(match pieces.get(&p.name) {
-                    Some(t) => t.to_dtype(DType::F32)?.flatten_all()?,
-                    None => Tensor::zeros(p.elems.len(), DType::F32, &self.device)?,
-                });
-                filled += p.elems.len();
-            }
-            if filled < bucket.shard {
-                shard.push(Tensor::zeros(
-                    bucket.shard - filled,
-                    DType::F32,
-                    &self.device,
-                )?);
-            }
-            let shard = Tensor::cat(&shard, 0)?;
-            let parts = comm.all_gather(&shard)?;
-            let parts: Vec<Tensor> = parts
-                .into_iter()
-                .map(|t| t.to_device(&self.device))
-                .collect::<candle_core::Result<_>>()?;
-            let whole = Tensor::cat(&parts, 0)?;
-            for (name, dims, first) in &bucket.params {
+        for b in 0..self.buckets.len() {
+            let whole = self.gather_bucket(b, comm, pieces)?;
+            for (name, dims, first) in &self.buckets[b].params {
                 if present[i] {
-                    let n: usize = dims.iter().product();
-                    take(name, whole.narrow(0, *first, n)?.reshape(dims.as_slice())?)?;
+                    take(name, param_of(&whole, dims, *first)?)?;
                 }
                 i += 1;
             }
         }
         Ok(())
     }
+
+    /// Bucket `b` whole, flat in f32 (collective over the group): every member's shard of it
+    /// from its `pieces` (by name; a piece it lacks reads as zeros), all-gathered.
+    pub fn gather_bucket(
+        &self,
+        b: usize,
+        comm: &dyn Communicator,
+        pieces: &BTreeMap<String, Tensor>,
+    ) -> Result<Tensor> {
+        let bucket = &self.buckets[b];
+        let mut shard = Vec::new();
+        let mut filled = 0;
+        for p in self.pieces.iter().filter(|p| p.bucket == b) {
+            shard.push(match pieces.get(&p.name) {
+                Some(t) => t.to_dtype(DType::F32)?.flatten_all()?,
+                None => Tensor::zeros(p.elems.len(), DType::F32, &self.device)?,
+            });
+            filled += p.elems.len();
+        }
+        if filled < bucket.shard {
+            shard.push(Tensor::zeros(
+                bucket.shard - filled,
+                DType::F32,
+                &self.device,
+            )?);
+        }
+        let parts = comm.all_gather(&Tensor::cat(&shard, 0)?)?;
+        let parts: Vec<Tensor> = parts
+            .into_iter()
+            .map(|t| t.to_device(&self.device))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// The buckets that hold any of `names`, in order.
+    pub fn buckets_holding(&self, names: &[String]) -> Vec<usize> {
+        (0..self.buckets.len())
+            .filter(|b| self.buckets[*b].params.iter().any(|p| names.contains(&p.0)))
+            .collect()
+    }
+
+    /// The parameters of bucket `b` cut from its whole value (as [`ShardPlan::gather_bucket`]
+    /// gives it): (name, tensor of the parameter's shape).
+    pub fn params_of_bucket(&self, b: usize, whole: &Tensor) -> Result<Vec<(String, Tensor)>> {
+        self.buckets[b]
+            .params
+            .iter()
+            .map(|(name, dims, first)| Ok((name.clone(), param_of(whole, dims, *first)?)))
+            .collect()
+    }
+}
+
+/// The parameter of shape `dims` that starts at element `first` of a flat bucket.
+fn param_of(whole: &Tensor, dims: &[usize], first: usize) -> Result<Tensor> {
+    let n: usize = dims.iter().product();
+    Ok(whole.narrow(0, first, n)?.reshape(dims)?)
 }

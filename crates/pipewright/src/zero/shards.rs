@@ -3,9 +3,11 @@
 //! after each step, and the layout-free checkpoint.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use super::gather::LayerGather;
 use super::plan::ShardPlan;
 use super::Zero;
 use crate::comm::Communicator;
@@ -20,6 +22,7 @@ pub struct ZeroShards {
     plan: ShardPlan,
     model: Vec<(String, Var)>,
     pieces: Vec<(String, Var)>,
+    gather: Option<Arc<LayerGather>>,
 }
 
 impl ZeroShards {
@@ -50,7 +53,19 @@ impl ZeroShards {
             plan,
             model,
             pieces,
+            gather: None,
         })
+    }
+
+    /// ZeRO-3: the layers gather their weights through `gather`.
+    pub fn with_gather(mut self, gather: Arc<LayerGather>) -> Self {
+        self.gather = Some(gather);
+        self
+    }
+
+    /// The layers' gatherer under ZeRO-3.
+    pub fn gather(&self) -> Option<&Arc<LayerGather>> {
+        self.gather.as_ref()
     }
 
     /// The ZeRO stage.
@@ -87,8 +102,12 @@ impl ZeroShards {
     }
 
     /// Gives every member's updated pieces to the model's weights (collective over the
-    /// group: the all-gather after each optimizer step).
+    /// group: the all-gather after each optimizer step). Under ZeRO-3 there is nothing to
+    /// give: each layer gathers its weights from the pieces when it computes.
     pub fn publish(&self, comm: &dyn Communicator) -> Result<()> {
+        if self.stage == Zero::Parameters {
+            return Ok(());
+        }
         let mine = self.piece_values();
         let model: BTreeMap<&str, &Var> = self.model.iter().map(|(n, v)| (n.as_str(), v)).collect();
         self.plan.gather_each(comm, &mine, true, |n, t| {
@@ -103,7 +122,8 @@ impl ZeroShards {
     /// computes in f32 (after [`ZeroShards::publish`] they equal the masters), else gathered
     /// from the pieces. For a checkpoint.
     pub fn whole_masters(&self, comm: &dyn Communicator) -> Result<Vec<(String, Var)>> {
-        if self.model.iter().all(|(_, v)| v.dtype() == DType::F32) {
+        let released = self.stage == Zero::Parameters;
+        if !released && self.model.iter().all(|(_, v)| v.dtype() == DType::F32) {
             return Ok(self.model.clone());
         }
         let mine = self.piece_values();
@@ -169,8 +189,9 @@ impl ZeroShards {
         Ok(out)
     }
 
-    /// Sets the master pieces and the model's weights from whole f32 masters (a checkpoint
-    /// or pretrained weights every member read whole).
+    /// Sets the master pieces and the model's weights (under ZeRO-3 the pieces alone: the
+    /// layers gather from them) from whole f32 masters (a checkpoint or pretrained weights
+    /// every member read whole).
     pub fn load_masters(&self, whole: &[(String, Var)]) -> Result<()> {
         let by_name: BTreeMap<&str, &Var> = whole.iter().map(|(n, v)| (n.as_str(), v)).collect();
         let cut = self
@@ -179,6 +200,9 @@ impl ZeroShards {
         for ((n, piece), (name, var)) in cut.iter().zip(&self.pieces) {
             debug_assert_eq!(n, name);
             var.set(piece)?;
+        }
+        if self.stage == Zero::Parameters {
+            return Ok(());
         }
         for (n, var) in &self.model {
             if let Some(w) = by_name.get(n.as_str()) {
