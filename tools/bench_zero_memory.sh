@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # ZeRO's memory and step time, measured side by side in one run: a 116M-parameter GPT trained
-# for 3 steps under mpirun (one process per rank) at dp 1, 2 and 4 with ZeRO 0, 1 and 2, each
+# for 3 steps under mpirun (one process per rank) at dp 1, 2 and 4 with ZeRO 0, 1, 2 and 3, each
 # rank's allocated training peak (rank 0's, the replicas are alike) beside the planner's
 # prediction for the same candidate, and the median step against plain dp at the same dp.
-# Prints a markdown table (BENCHMARKS.md, "ZeRO"). About 8 minutes on 2 cores.
+# Prints a markdown table (BENCHMARKS.md, "ZeRO"). About 11 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build -q --release -p pipewright-cli --features mpi
@@ -17,7 +17,7 @@ echo "| dp | ZeRO | measured peak / rank | predicted | predicted / measured | me
 echo "|---:|---:|---:|---:|---:|---:|---:|"
 for dp in 1 2 4; do
   base=""
-  for zero in 0 1 2; do
+  for zero in 0 1 2 3; do
     if [ "$dp" = 1 ] && [ "$zero" != 0 ]; then continue; fi
     run="$out/dp$dp-zero$zero"
     bash tools/mpirun.sh "$dp" "$bin" train "${model[@]}" --dp "$dp" --zero "$zero" \

@@ -140,7 +140,7 @@ impl Stage {
         self.layers.iter().flat_map(|l| l.buffers()).collect()
     }
 
-    /// The batch tensors the model's first layer takes ([`Sequential::inputs`]).
+    /// The batch tensors the model's first layer takes ([`super::Sequential::inputs`]).
     pub fn input_names(&self) -> &[String] {
         &self.inputs
     }

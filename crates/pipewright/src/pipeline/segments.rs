@@ -12,7 +12,7 @@
 //!   variable (a skip received from an earlier stage, a leaf) stays.
 //! - The backward of a layer's graph starts from (root x gradient of its leaf), summed over
 //!   its output's tensors and its stashed ones, where the leaves' gradients come from the
-//!   later layers' backwards ([`Leaves`]).
+//!   later layers' backwards.
 
 use std::collections::HashMap;
 

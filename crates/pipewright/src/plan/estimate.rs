@@ -43,7 +43,8 @@ pub const RANK_BYTES: f64 = 1.2 * 1024.0 * 1024.0;
 /// running sum) and in the optimizer step, where the clipped gradient replaces the summed one
 /// parameter by parameter. ZeRO-1 shards the moments and keeps f32 master pieces (the model's
 /// weights are no longer the masters); ZeRO-2 sums into its pieces from the first micro-batch
-/// on, and its step holds only its pieces of the summed gradients.
+/// on, and its step holds only its pieces of the summed gradients; ZeRO-3 holds no whole
+/// weights either (a layer's are whole only while it computes: [`ZERO3_LAYER_COPIES`]).
 pub fn state_bytes_per_param(zero: Zero, dp: usize, first: bool) -> (f64, f64) {
     let d = dp.max(1) as f64;
     let sum = if first { 0.0 } else { 4.0 };
@@ -58,6 +59,11 @@ pub fn state_bytes_per_param(zero: Zero, dp: usize, first: bool) -> (f64, f64) {
         ),
     }
 }
+
+/// Whole copies of one layer's parameters ZeRO-3 holds at once, beside its sharded state: in
+/// the layer's backward, its gathered weights, their gradient and the flat copy of it the
+/// reduce-scatter sends (4-byte values).
+pub const ZERO3_LAYER_COPIES: f64 = 3.0;
 
 /// Bytes the optimizer streams per parameter (reads parameter, gradient and two moments,
 /// writes three of them back).
@@ -182,6 +188,8 @@ struct StageCost {
     backward_input: f64,
     backward_weight: f64,
     params: f64,
+    /// The parameters of its largest layer (ZeRO-3 holds one layer's whole at a time).
+    largest: f64,
     kept: f64,
     /// What the split backward holds until the weight gradients (zero-bubble schedules).
     deferred: f64,
@@ -206,6 +214,7 @@ fn stage_cost(
         backward_input: 0.0,
         backward_weight: 0.0,
         params: 0.0,
+        largest: 0.0,
         kept: 0.0,
         deferred: 0.0,
         input: if layers.start == 0 {
@@ -218,6 +227,7 @@ fn stage_cost(
     for l in &p.layers[layers] {
         let r = rows as f64;
         let t = if l.tp_split { tp as f64 } else { 1.0 };
+        let before = s.params;
         if let Some(m) = l.split.iter().find(|m| m.tp == tp) {
             // Measured at this tp size: the shard's own times, its collectives included.
             s.forward += m.forward.at(rows) * slow;
@@ -239,6 +249,7 @@ fn stage_cost(
             s.backward_weight += part(l.backward_weight);
             s.params += l.params as f64 / t;
         }
+        s.largest = s.largest.max(s.params - before);
         // The shard's kept bytes as measured at this tp size (its collectives' outputs are
         // live tensors of its graph), else modelled from the unsplit layer.
         let measured = l.split.iter().find(|m| m.tp == tp);
@@ -350,7 +361,11 @@ pub fn estimate(
         // The peak is in a backward (after the first, the running sum of the gradients is
         // held too) or in the optimizer step, whichever holds more.
         let (per_param, step_per_param) = state_bytes_per_param(cand.zero, dp, m * v == 1);
-        let backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max;
+        let mut backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max;
+        if cand.zero == Zero::Parameters && dp > 1 {
+            let largest = mine.iter().map(|c| c.largest).fold(0.0, f64::max);
+            backward += ZERO3_LAYER_COPIES * 4.0 * largest;
+        }
         let live = RANK_BYTES + backward.max(params * step_per_param);
         peak_bytes.push(hw.runtime_bytes() as f64 + live);
     }

@@ -81,7 +81,12 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
                 }
             }
             let zeros: &[Zero] = if dp > 1 {
-                &[Zero::Off, Zero::OptimizerState, Zero::Gradients]
+                &[
+                    Zero::Off,
+                    Zero::OptimizerState,
+                    Zero::Gradients,
+                    Zero::Parameters,
+                ]
             } else {
                 &[Zero::Off]
             };

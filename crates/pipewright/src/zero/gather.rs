@@ -1,7 +1,7 @@
 //! [`LayerGather`]: ZeRO-3's weights between uses. Each member keeps only its f32 master
 //! pieces; a layer's weights are all-gathered from them (in f32, then cast to the compute
 //! type, so they are exactly what ZeRO-1/2 would have published) into the layer's own
-//! variables just before it computes, and emptied just after ([`crate::storage::release`]).
+//! variables just before it computes, and emptied just after (`storage.rs`'s `release`).
 
 use std::collections::BTreeMap;
 

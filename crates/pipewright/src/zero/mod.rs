@@ -15,7 +15,7 @@
 //!   just after. The forward is cut into one graph per layer ([`crate::pipeline::segments`]),
 //!   so the backward runs one layer at a time, gathers that layer's weights again and
 //!   reduce-scatters its gradients at once. (Candle cannot free a tensor that a graph holds,
-//!   as FSDP's `resize_(0)` does; [`crate::storage`] empties and refills the storage in
+//!   as FSDP's `resize_(0)` does; `storage.rs` empties and refills the storage in
 //!   place instead, so the graphs see the weights only while their layer is fetched.)
 //!
 //! The optimizer is any [`crate::nn::optim::Optimizer`], made over the master *pieces* (a
