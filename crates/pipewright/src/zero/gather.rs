@@ -19,7 +19,9 @@ use crate::{invalid, Result};
 pub struct LayerGather {
     plan: ShardPlan,
     comm: Box<dyn Communicator>,
-    pieces: Vec<(String, Var)>,
+    /// The master pieces' values by name: the optimizer and a checkpoint's load write into
+    /// the same storage, so the map made once stays current.
+    pieces: BTreeMap<String, Tensor>,
     layers: BTreeMap<usize, Vec<(String, Var)>>,
 }
 
@@ -32,6 +34,10 @@ impl LayerGather {
         pieces: Vec<(String, Var)>,
         layers: BTreeMap<usize, Vec<(String, Var)>>,
     ) -> Result<Self> {
+        let pieces = pieces
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
         let g = Self {
             plan,
             comm,
@@ -62,14 +68,11 @@ impl LayerGather {
             .get(&layer)
             .ok_or_else(|| invalid!("ZeRO-3: layer {layer} is not held by this rank"))?;
         let names: Vec<String> = vars.iter().map(|(n, _)| n.clone()).collect();
-        let pieces: BTreeMap<String, Tensor> = self
-            .pieces
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
         let mut out = Vec::new();
         for b in self.plan.buckets_holding(&names) {
-            let whole = self.plan.gather_bucket(b, self.comm.as_ref(), &pieces)?;
+            let whole = self
+                .plan
+                .gather_bucket(b, self.comm.as_ref(), &self.pieces)?;
             for (name, t) in self.plan.params_of_bucket(b, &whole)? {
                 if let Some((_, var)) = vars.iter().find(|(n, _)| *n == name) {
                     out.push((name, t.to_dtype(var.dtype())?));
