@@ -68,11 +68,7 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
     let hw = crate::plan::hardware(&a.hardware, a.link.as_deref())?;
     let cluster = Cluster::new(&hw, a.pp * a.tp * a.dp, Some(a.nodes))?;
     let cand = Candidate {
-        layout: Layout {
-            pp: a.pp,
-            tp: a.tp,
-            dp: a.dp,
-        },
+        layout: Layout::new(a.pp, a.tp, a.dp)?,
         micro_batch: a.mbs,
         micro_batches: a.chunks,
         schedule: kind,

@@ -13,6 +13,7 @@
 //! loss. LayerNorms and `wpe` are whole on every rank.
 
 use candle_core::{DType, Device, Tensor, Var};
+use pipewright::context_parallel::Chunks;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::{join, Dropout, Embedding, LayerNorm, Linear, Module};
 use pipewright::plan::{Hardware, Profile, Transformer};
@@ -146,9 +147,11 @@ pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
 
 /// The position of the first of `t` new tokens (after those in the key/value cache), or an
 /// error naming the embedding and the flag when they would pass `block_size`: the language
-/// models' embeddings check it once per forward.
-pub(crate) fn window(t: usize, cx: &Cx, block_size: usize) -> Result<usize> {
+/// models' embeddings check it once per forward. Under context parallelism `t` is this rank's
+/// slice and the check is on the whole sequence (`t` times the ring's size).
+pub(crate) fn window(t: usize, cx: &Cx, block_size: usize, ring: &Chunks) -> Result<usize> {
     let past = cx.position();
+    let t = t * ring.size;
     if past + t > block_size {
         return Err(Error::Layer {
             layer: "embed".into(),
@@ -167,6 +170,7 @@ pub struct GptEmbed {
     wpe: Embedding,
     drop: Dropout,
     block_size: usize,
+    ring: Chunks,
 }
 
 impl GptEmbed {
@@ -177,6 +181,7 @@ impl GptEmbed {
             wpe: Embedding::new(init, "wpe", cfg.block_size, cfg.n_embd, 0.01)?,
             drop: Dropout::new("drop", cfg.dropout),
             block_size: cfg.block_size,
+            ring: Chunks::of(&init.cp),
         })
     }
 }
@@ -195,8 +200,15 @@ impl Layer for GptEmbed {
                 ids.dims()
             ),
         })?;
-        let past = window(t, cx, self.block_size)?;
-        let pos = Tensor::arange(past as u32, (past + t) as u32, ids.device())?;
+        let past = window(t, cx, self.block_size, &self.ring)?;
+        let pos = if self.ring.is_split() {
+            // This rank's two chunks of the sequence.
+            let [a, z] = self.ring.positions(t);
+            let at: Vec<u32> = a.chain(z).map(|p| p as u32).collect();
+            Tensor::new(at.as_slice(), ids.device())?
+        } else {
+            Tensor::arange(past as u32, (past + t) as u32, ids.device())?
+        };
         let x = self
             .wte
             .forward(&ids, cx)?
@@ -242,7 +254,8 @@ impl Block {
                 cfg.n_head,
                 cfg.dropout,
                 proj_std,
-            )?,
+            )?
+            .on_ring(init.cp.clone()),
             ln_2: LayerNorm::new(init, &join(name, "ln_2"), d, 1e-5)?,
             c_fc: ParallelLinear::from_whole(
                 Linear::conv1d(init, &join(name, "mlp.c_fc"), d, 4 * d, 0.02)?,

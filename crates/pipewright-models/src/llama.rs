@@ -10,9 +10,10 @@
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
 use candle_core::{Tensor, Var, D};
+use pipewright::context_parallel::{ring_attention, Chunks};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
-use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear};
+use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear, TpGroup};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -115,6 +116,7 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
                 0.02,
             )?,
             block_size: cfg.block_size,
+            ring: Chunks::of(&init.cp),
         }) as Box<dyn Layer>)
     }))
     .cut();
@@ -172,6 +174,7 @@ fn parallel(
 struct Embed {
     table: ParallelEmbedding,
     block_size: usize,
+    ring: Chunks,
 }
 
 impl Layer for Embed {
@@ -181,7 +184,7 @@ impl Layer for Embed {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let ids = x.into_tensor("embed")?;
-        window(ids.dim(D::Minus1)?, cx, self.block_size)?;
+        window(ids.dim(D::Minus1)?, cx, self.block_size, &self.ring)?;
         Ok(self.table.forward(&ids, cx)?.into())
     }
 
@@ -226,6 +229,8 @@ pub struct LlamaBlock {
     down: ParallelLinear,
     /// Query and key/value heads on this rank.
     local: (usize, usize),
+    /// The context-parallel ring the sequence is split over (a group of one: whole).
+    ring: TpGroup,
 }
 
 impl LlamaBlock {
@@ -257,6 +262,7 @@ impl LlamaBlock {
             up: parallel(init, &at("mlp.up_proj"), d, cfg.hidden, Column)?,
             down: parallel(init, &at("mlp.down_proj"), cfg.hidden, d, Row)?,
             local: (cfg.n_head / tp, cfg.n_kv_head / tp),
+            ring: init.cp.clone(),
         })
     }
 
@@ -275,6 +281,9 @@ impl LlamaBlock {
         let k = heads(self.k.forward(x, cx)?, kvh)?;
         let v = heads(self.v.forward(x, cx)?, kvh)?;
         let theta = self.cfg.rope_theta;
+        if self.ring.size() > 1 {
+            return self.ring_attention(&q, &k, &v, cx);
+        }
         let (q, k) = (rope(&q, past, theta)?, rope(&k, past, theta)?);
         // Decoding: the cache keeps the key/value heads (not repeated: GQA's saving), and the
         // new queries attend over every cached key too.
@@ -296,6 +305,37 @@ impl LlamaBlock {
         let (k, v) = (repeat(k)?, repeat(v)?);
         let att = scaled_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), true)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, h * hd))?;
+        self.o.forward(&y, cx)
+    }
+}
+
+impl LlamaBlock {
+    /// Attention over the context-parallel ring: `q`, `k`, `v` `(batch, heads, t, head_dim)`
+    /// of this rank's two chunks, each rotated by its own positions.
+    fn ring_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, cx: &mut Cx) -> Result<Tensor> {
+        if cx.kv_cache.is_some() {
+            return Err(Error::Layer {
+                layer: self.name.clone(),
+                msg: "key/value caches run at cp 1: generate from a layout without context \
+                      parallelism"
+                    .into(),
+            });
+        }
+        let (b, h, t, hd) = q.dims4()?;
+        let theta = self.cfg.rope_theta;
+        let at = Chunks::of(&self.ring).positions(t);
+        let rotate = |y: &Tensor| -> Result<Tensor> {
+            let c = t / 2;
+            let halves = [
+                rope(&y.narrow(2, 0, c)?, at[0].start, theta)?,
+                rope(&y.narrow(2, c, c)?, at[1].start, theta)?,
+            ];
+            Ok(Tensor::cat(&halves, 2)?)
+        };
+        let rep = self.local.0 / self.local.1;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let y = ring_attention(&rotate(q)?, &rotate(k)?, v, scale, rep, &self.ring)?;
+        let y = y.transpose(1, 2)?.reshape((b, t, h * hd))?;
         self.o.forward(&y, cx)
     }
 }

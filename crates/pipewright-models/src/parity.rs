@@ -37,6 +37,9 @@ pub struct ParityRun {
     pub lr: f64,
     /// Small enough that clipping acts on every step.
     pub clip: f64,
+    /// Digits of the adder task's numbers: sequences of `3 * digits` tokens (2: 6 tokens; 8:
+    /// 24, which splits over a context-parallel ring of 2, 3 or 4).
+    pub digits: usize,
 }
 
 impl Default for ParityRun {
@@ -56,6 +59,7 @@ impl Default for ParityRun {
             steps: 5,
             lr: 1e-3,
             clip: 0.05,
+            digits: 2,
         }
     }
 }
@@ -90,7 +94,7 @@ fn tied() -> Vec<(String, String)> {
 impl ParityRun {
     /// The serial oracle: the same micro-batches (global batch / chunk size of them).
     pub fn serial(&self) -> Result<SerialResult> {
-        let task = Adder::new(2, 0)?;
+        let task = Adder::new(self.digits, 0)?;
         let stage = gpt(self.gpt)?.build(&Build::cpu(self.seed))?;
         let opt = adamw(stage.params())?;
         let mut t = SerialTrainer::new(
@@ -132,9 +136,24 @@ impl ParityRun {
         }
     }
 
+    /// The run at context-parallel sizes: sequences of 24 tokens (8-digit sums) and no dropout
+    /// (context parallelism runs without it).
+    pub fn for_context_parallel() -> Self {
+        let base = Self::default();
+        Self {
+            gpt: GptConfig {
+                block_size: 24,
+                dropout: 0.0,
+                ..base.gpt
+            },
+            digits: 8,
+            ..base
+        }
+    }
+
     /// One rank of the parallel run (every rank of `world` calls it).
     pub fn rank(&self, world: Box<dyn Communicator>, opts: VarunaOptions) -> Result<RankResult> {
-        let task = Adder::new(2, 0)?;
+        let task = Adder::new(self.digits, 0)?;
         let mut v = Varuna::new(&gpt(self.gpt)?, world, opts)?;
         v.set_optimizer(adamw)?;
         let loader = DistributedLoader::new(

@@ -110,14 +110,16 @@ fn adamw(ps: Vec<(String, candle_core::Var)>) -> pipewright::Result<Box<dyn Opti
     Ok(Box::new(AdamW::new(ps, AdamWConfig::default())?))
 }
 
-/// Losses of 3 steps of the fixture's Llama on `layout` (ranks as threads), micro-batches of 2.
-fn losses(layout: Layout) -> Vec<f64> {
+/// Losses of 3 steps of the fixture's Llama on `layout` (ranks as threads), micro-batches of 2,
+/// with sequence parallelism when `sp`.
+fn losses(layout: Layout, sp: bool) -> Vec<f64> {
     let f = fixture();
     let cfg = config(&f);
     let model = llama(cfg).unwrap();
     let opts = VarunaOptions {
         seed: 3,
         clip: Some(1.0),
+        sequence_parallel: sp,
         ..VarunaOptions::new(layout, 8, 2)
     };
     let make = |step: u64, rows: usize| -> pipewright::Result<Batch> {
@@ -149,14 +151,27 @@ fn losses(layout: Layout) -> Vec<f64> {
 
 #[test]
 fn every_layout_trains_to_the_serial_losses() {
-    let serial = losses(Layout::new(1, 1, 1).unwrap());
+    let serial = losses(Layout::new(1, 1, 1).unwrap(), false);
     assert!(serial[2] < serial[0], "it learns: {serial:?}");
-    for (pp, tp, dp) in [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2)] {
-        let got = losses(Layout::new(pp, tp, dp).unwrap());
+    // (pp, tp, cp, dp, sequence parallelism): context parallelism rotates each of a rank's two
+    // chunks by its own positions and attends over the ring with grouped key/value heads.
+    for (pp, tp, cp, dp, sp) in [
+        (2, 1, 1, 1, false),
+        (1, 2, 1, 1, false),
+        (1, 1, 1, 2, false),
+        (2, 2, 1, 1, false),
+        (2, 1, 1, 2, false),
+        (1, 1, 2, 1, false),
+        (2, 2, 2, 1, false),
+        (1, 2, 1, 1, true),
+        (1, 2, 2, 1, true),
+    ] {
+        let layout = Layout::new(pp, tp, dp).unwrap().with_cp(cp).unwrap();
+        let got = losses(layout, sp);
         for (a, b) in serial.iter().zip(&got) {
             assert!(
                 (a - b).abs() <= 1e-5 * a.abs(),
-                "pp={pp} tp={tp} dp={dp}: {got:?} vs serial {serial:?}"
+                "{layout} sequence parallel {sp}: {got:?} vs serial {serial:?}"
             );
         }
     }

@@ -15,8 +15,10 @@
 //!   ([`pipeline::Pipeline`]: one batch's loss and gradients, no optimizer).
 //! - [`serial`]: [`serial::SerialTrainer`], single-device training, the oracle of every layout.
 //! - [`experiment`]: run directory, [`experiment::Recorder`] (TensorBoard + CSV).
-//! - [`topology`]: [`topology::Layout`] `{pp, tp, dp}`, [`topology::Topology`] (Varuna's
-//!   `stage_to_rank_map`), rank <-> (stage, tp_rank, dp_rank), axis groups.
+//! - [`topology`]: [`topology::Layout`] `{pp, tp, cp, dp}`, [`topology::Topology`] (Varuna's
+//!   `stage_to_rank_map`), rank <-> (stage, tp_rank, cp_rank, dp_rank), axis groups.
+//! - [`context_parallel`]: sequences split over a ring of ranks, causal ring attention with
+//!   load-balanced chunks.
 //! - [`comm`]: the [`comm::Communicator`] trait (send/recv, all_reduce, all_gather,
 //!   reduce_scatter, broadcast, barrier, sub-groups) and [`comm::local`] (ranks as threads).
 //! - [`shard`]: tensor parallelism (TorchShard): `slice`, [`shard::ParallelLinear`],
@@ -42,6 +44,7 @@ pub mod batch;
 pub mod bytes;
 pub mod checkpoint;
 pub mod comm;
+pub mod context_parallel;
 pub mod data;
 pub mod data_parallel;
 pub mod device;

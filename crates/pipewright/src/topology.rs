@@ -1,15 +1,21 @@
-//! Where each rank sits: [`Layout`] `{pp, tp, dp}` and [`Topology`] (a layout plus a placement
-//! of its positions on world ranks, such as Varuna's `stage_to_rank_map`).
+//! Where each rank sits: [`Layout`] `{pp, tp, cp, dp}` and [`Topology`] (a layout plus a
+//! placement of its positions on world ranks, such as Varuna's `stage_to_rank_map`).
 //!
-//! Ordering: within a layout, the tensor-parallel rank varies fastest, then the data-parallel
-//! rank, then the pipeline stage:
+//! Ordering: within a layout, the tensor-parallel rank varies fastest, then the
+//! context-parallel rank, then the data-parallel rank, then the pipeline stage (Megatron's
+//! order):
 //!
 //! ```text
-//! index = stage * (dp * tp) + dp_rank * tp + tp_rank
+//! index = stage * (dp * cp * tp) + dp_rank * (cp * tp) + cp_rank * tp + tp_rank
 //! ```
 //!
-//! so the ranks of one tensor-parallel group are neighbours (they talk most), and each stage
-//! owns one contiguous block of `dp * tp` ranks. [`Topology::new`] places index `i` on world
+//! so the ranks of one tensor-parallel group are neighbours (they talk most, every layer), a
+//! context-parallel ring comes next (key/value blocks every attention), and each stage owns
+//! one contiguous block of `dp * cp * tp` ranks. With `cp = 1` (the default) this is
+//! `stage * (dp * tp) + dp_rank * tp + tp_rank`.
+//!
+//! Context-parallel ranks hold the same weights and split each sequence: they sum their
+//! gradients with the data-parallel ranks ([`Axis::Replica`] is both together). [`Topology::new`] places index `i` on world
 //! rank `i`; [`Topology::from_stage_to_rank_map`] places them as a launcher says.
 
 use std::fmt;
@@ -27,10 +33,17 @@ pub enum Axis {
     Tensor,
     /// Replicas of the same stage and shard.
     Data,
+    /// Ranks splitting the sequences of one replica (same stage, tp and dp rank).
+    Context,
+    /// Every rank holding the same weights (same stage and tp rank): the data-parallel and
+    /// context-parallel ranks together, which sum their gradients (the data-parallel group
+    /// when cp = 1).
+    Replica,
 }
 
-/// A rank's position: pipeline stage, tensor-parallel rank, data-parallel rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A rank's position: pipeline stage, tensor-parallel rank, context-parallel rank,
+/// data-parallel rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Coords {
     /// The pipeline stage.
     pub stage: usize,
@@ -38,9 +51,16 @@ pub struct Coords {
     pub tp_rank: usize,
     /// The data-parallel replica.
     pub dp_rank: usize,
+    /// The rank within the context-parallel ring (which slice of each sequence it holds).
+    #[serde(default)]
+    pub cp_rank: usize,
 }
 
-/// Degrees of pipeline, tensor and data parallelism.
+fn one() -> usize {
+    1
+}
+
+/// Degrees of pipeline, tensor, context and data parallelism.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Layout {
     /// Pipeline stages.
@@ -49,23 +69,39 @@ pub struct Layout {
     pub tp: usize,
     /// Data-parallel replicas.
     pub dp: usize,
+    /// Context-parallel ranks per replica, each holding `1/cp` of every sequence (1: none;
+    /// absent from files written before it existed).
+    #[serde(default = "one")]
+    pub cp: usize,
 }
 
 impl fmt::Display for Layout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pp={} tp={} dp={}", self.pp, self.tp, self.dp)
+        write!(f, "pp={} tp={} ", self.pp, self.tp)?;
+        if self.cp > 1 {
+            write!(f, "cp={} ", self.cp)?;
+        }
+        write!(f, "dp={}", self.dp)
     }
 }
 
 impl Layout {
-    /// A layout of `pp x tp x dp` ranks; every size at least 1.
+    /// A layout of `pp x tp x dp` ranks (no context parallelism); every size at least 1.
     pub fn new(pp: usize, tp: usize, dp: usize) -> Result<Self> {
         if pp == 0 || tp == 0 || dp == 0 {
             return Err(invalid!(
                 "layout pp={pp} tp={tp} dp={dp}: every degree must be at least 1"
             ));
         }
-        Ok(Self { pp, tp, dp })
+        Ok(Self { pp, tp, dp, cp: 1 })
+    }
+
+    /// The same layout with each replica's sequences split over `cp` context-parallel ranks.
+    pub fn with_cp(self, cp: usize) -> Result<Self> {
+        if cp == 0 {
+            return Err(invalid!("layout {self}: cp must be at least 1"));
+        }
+        Ok(Self { cp, ..self })
     }
 
     /// One rank does everything.
@@ -74,7 +110,14 @@ impl Layout {
             pp: 1,
             tp: 1,
             dp: 1,
+            cp: 1,
         }
+    }
+
+    /// Ranks holding one stage's weights whole or as one shard each: `cp * dp`, the ranks that
+    /// sum their gradients.
+    pub fn replicas(&self) -> usize {
+        self.cp * self.dp
     }
 
     /// The layout with `pp` stages and `tp`-way shards that fills `world` ranks (dp derived).
@@ -88,16 +131,16 @@ impl Layout {
         Self::new(pp, tp, world / (pp * tp))
     }
 
-    /// Ranks of the layout, `pp * tp * dp`.
+    /// Ranks of the layout, `pp * tp * cp * dp`.
     pub fn world(&self) -> usize {
-        self.pp * self.tp * self.dp
+        self.pp * self.tp * self.cp * self.dp
     }
 
     /// Checks that the layout fills exactly `world` ranks.
     pub fn check_world(&self, world: usize) -> Result<()> {
         if self.world() != world {
             return Err(invalid!(
-                "layout {self} needs {} ranks but the world has {world}: make pp*tp*dp equal the number of ranks",
+                "layout {self} needs {} ranks but the world has {world}: make pp*tp*cp*dp equal the number of ranks",
                 self.world()
             ));
         }
@@ -113,29 +156,44 @@ impl Layout {
             ));
         }
         Ok(Coords {
-            stage: i / (self.dp * self.tp),
-            dp_rank: (i / self.tp) % self.dp,
+            stage: i / (self.dp * self.cp * self.tp),
+            dp_rank: (i / (self.cp * self.tp)) % self.dp,
+            cp_rank: (i / self.tp) % self.cp,
             tp_rank: i % self.tp,
         })
     }
 
     /// Layout index of `c`.
     pub fn index(&self, c: Coords) -> Result<usize> {
-        if c.stage >= self.pp || c.tp_rank >= self.tp || c.dp_rank >= self.dp {
+        if c.stage >= self.pp
+            || c.tp_rank >= self.tp
+            || c.dp_rank >= self.dp
+            || c.cp_rank >= self.cp
+        {
             return Err(invalid!("coordinates {c:?} are outside layout {self}"));
         }
-        Ok(c.stage * self.dp * self.tp + c.dp_rank * self.tp + c.tp_rank)
+        Ok(c.stage * self.dp * self.cp * self.tp
+            + c.dp_rank * self.cp * self.tp
+            + c.cp_rank * self.tp
+            + c.tp_rank)
     }
 
-    /// Layout indices of the `axis` group that holds index `i`, in order along the axis.
+    /// Layout indices of the `axis` group that holds index `i`, in order along the axis
+    /// ([`Axis::Replica`]: data-parallel rank slowest, context-parallel rank fastest).
     pub fn group(&self, i: usize, axis: Axis) -> Result<Vec<usize>> {
         let c = self.coords(i)?;
-        let (n, set): (usize, fn(Coords, usize) -> Coords) = match axis {
-            Axis::Pipeline => (self.pp, |c, k| Coords { stage: k, ..c }),
-            Axis::Tensor => (self.tp, |c, k| Coords { tp_rank: k, ..c }),
-            Axis::Data => (self.dp, |c, k| Coords { dp_rank: k, ..c }),
+        let (n, set): (usize, fn(Coords, usize, usize) -> Coords) = match axis {
+            Axis::Pipeline => (self.pp, |c, k, _| Coords { stage: k, ..c }),
+            Axis::Tensor => (self.tp, |c, k, _| Coords { tp_rank: k, ..c }),
+            Axis::Data => (self.dp, |c, k, _| Coords { dp_rank: k, ..c }),
+            Axis::Context => (self.cp, |c, k, _| Coords { cp_rank: k, ..c }),
+            Axis::Replica => (self.cp * self.dp, |c, k, cp| Coords {
+                dp_rank: k / cp,
+                cp_rank: k % cp,
+                ..c
+            }),
         };
-        (0..n).map(|k| self.index(set(c, k))).collect()
+        (0..n).map(|k| self.index(set(c, k, self.cp))).collect()
     }
 
     /// Every `axis` group, each in order along the axis, groups ordered by their first index.
@@ -220,6 +278,7 @@ impl Topology {
             )));
         }
         let layout = Layout::new(stages.len(), tp, per_stage / tp)?;
+        // Positions within a stage: (dp_rank, tp_rank), tp fastest (cp = 1 here).
         let world = layout.world();
         let place: Vec<usize> = stages.concat();
         let mut index = vec![usize::MAX; world];
@@ -249,7 +308,7 @@ impl Topology {
 
     /// The placement as a `stage_to_rank_map` string (`"0,4;1,5;"`).
     pub fn stage_to_rank_map(&self) -> String {
-        let per = self.layout.dp * self.layout.tp;
+        let per = self.layout.dp * self.layout.cp * self.layout.tp;
         self.place
             .chunks(per)
             .map(|c| {

@@ -78,7 +78,7 @@ fn candidate(
     recompute: Recompute,
 ) -> Candidate {
     Candidate {
-        layout: Layout { pp, tp: 1, dp: 1 },
+        layout: Layout::new(pp, 1, 1).unwrap(),
         micro_batch: rows,
         micro_batches: m,
         schedule,

@@ -101,11 +101,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
     );
 
     // Morph a run of pp 2 x dp 2 in micro-batches of 4 rows to other worlds.
-    let from = Layout {
-        pp: 2,
-        tp: 1,
-        dp: 2,
-    };
+    let from = Layout::new(2, 1, 2).unwrap();
     let request = |world| MorphRequest {
         world,
         from,
@@ -156,7 +152,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         }]
     );
     // Before the micro-batch size: pp 1, 2 and 4 (dp 8, 4, 2 each divide 24 rows).
-    let l = |pp, dp| Layout { pp, tp: 1, dp };
+    let l = |pp, dp| Layout::new(pp, 1, dp).unwrap();
     assert_eq!(layouts(8, 5, &[1], 24), vec![l(1, 8), l(2, 4), l(4, 2)]);
     // World 6 with the planner: its choice is the fastest layout by the estimate.
     let cluster6 = Cluster::new(&hw, 6, None).unwrap();

@@ -20,6 +20,7 @@ fn tensor_rank_varies_fastest_then_data_then_pipeline() {
             stage,
             tp_rank,
             dp_rank,
+            cp_rank: 0,
         };
         assert_eq!(l.coords(r).unwrap(), c, "rank {r}");
         assert_eq!(l.index(c).unwrap(), r);
@@ -95,7 +96,8 @@ fn stage_to_rank_map_round_trips() {
         Coords {
             stage: 0,
             tp_rank: 0,
-            dp_rank: 1
+            dp_rank: 1,
+            ..Coords::default()
         }
     );
     assert_eq!(
@@ -103,14 +105,16 @@ fn stage_to_rank_map_round_trips() {
         Coords {
             stage: 1,
             tp_rank: 0,
-            dp_rank: 0
+            dp_rank: 0,
+            ..Coords::default()
         }
     );
     assert_eq!(
         t.rank(Coords {
             stage: 1,
             tp_rank: 0,
-            dp_rank: 1
+            dp_rank: 1,
+            ..Coords::default()
         })
         .unwrap(),
         3
@@ -148,4 +152,32 @@ fn bad_stage_to_rank_maps_are_explained() {
             .to_string();
         assert!(e.contains(needle), "`{map}`: {e}");
     }
+}
+
+#[test]
+fn context_parallel_ranks_sit_between_tensor_and_data() {
+    // pp 2 x tp 2 x cp 2 x dp 2: tp fastest, then cp, then dp, then the stage.
+    let l = Layout::new(2, 2, 2).unwrap().with_cp(2).unwrap();
+    assert_eq!(l.world(), 16);
+    assert_eq!(l.to_string(), "pp=2 tp=2 cp=2 dp=2");
+    let c = l.coords(6).unwrap();
+    assert_eq!((c.stage, c.dp_rank, c.cp_rank, c.tp_rank), (0, 1, 1, 0));
+    for i in 0..16 {
+        assert_eq!(l.index(l.coords(i).unwrap()).unwrap(), i);
+    }
+    assert_eq!(l.group(5, Axis::Tensor).unwrap(), vec![4, 5]);
+    assert_eq!(l.group(5, Axis::Context).unwrap(), vec![5, 7]);
+    assert_eq!(l.group(5, Axis::Data).unwrap(), vec![1, 5]);
+    assert_eq!(l.group(5, Axis::Pipeline).unwrap(), vec![5, 13]);
+    // The ranks holding the same weights: every cp and dp rank of a stage and shard.
+    assert_eq!(l.group(5, Axis::Replica).unwrap(), vec![1, 3, 5, 7]);
+    for axis in [Axis::Context, Axis::Replica] {
+        let mut all: Vec<usize> = l.groups(axis).into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..16).collect::<Vec<_>>(), "{axis:?}");
+    }
+    // Files written before cp existed read as cp 1.
+    let old: Layout = serde_json::from_str(r#"{"pp":2,"tp":1,"dp":2}"#).unwrap();
+    assert_eq!(old, Layout::new(2, 1, 2).unwrap());
+    assert!(Layout::new(1, 1, 1).unwrap().with_cp(0).is_err());
 }

@@ -1,4 +1,5 @@
-//! [`Build`]: what a layer builder gets (the initialiser and the tensor-parallel group).
+//! [`Build`]: what a layer builder gets (the initialiser, the tensor-parallel group, the
+//! context-parallel ring and whether sequence parallelism is on).
 
 use crate::comm::TpGroup;
 use crate::init::Init;
@@ -14,6 +15,14 @@ pub struct Build {
     pub init: Init,
     /// The tensor-parallel group the layer splits over (a group of one: not split).
     pub tp: TpGroup,
+    /// The context-parallel ring the sequences are split over (a group of one: whole
+    /// sequences). Attention and position embeddings read it (see
+    /// [`crate::context_parallel`]).
+    pub cp: TpGroup,
+    /// Megatron's sequence parallelism: between tensor-parallel regions activations are split
+    /// along the sequence over `tp` (all-gathered before a column-parallel layer,
+    /// reduce-scattered after a row-parallel one) instead of whole on every rank.
+    pub sequence_parallel: bool,
 }
 
 impl Build {
@@ -22,6 +31,8 @@ impl Build {
         Self {
             init,
             tp: TpGroup::single(),
+            cp: TpGroup::single(),
+            sequence_parallel: false,
         }
     }
 
@@ -35,6 +46,25 @@ impl Build {
     pub fn with_tp(mut self, tp: TpGroup) -> Self {
         self.tp = tp;
         self
+    }
+
+    /// The same build for one rank of a context-parallel ring (each rank holds a slice of every
+    /// sequence).
+    pub fn with_cp(mut self, cp: TpGroup) -> Self {
+        self.cp = cp;
+        self
+    }
+
+    /// Turns sequence parallelism on or off (it changes nothing unless `tp` has more than one
+    /// rank).
+    pub fn with_sequence_parallel(mut self, on: bool) -> Self {
+        self.sequence_parallel = on;
+        self
+    }
+
+    /// Whether activations between tensor-parallel regions are split along the sequence.
+    pub fn splits_sequence(&self) -> bool {
+        self.sequence_parallel && self.tp.size() > 1
     }
 }
 

@@ -273,7 +273,7 @@ pub fn estimate(
     cluster: &Cluster,
     cand: &Candidate,
 ) -> Result<(Estimate, Simulation)> {
-    let Layout { pp, tp, dp } = cand.layout;
+    let Layout { pp, tp, dp, .. } = cand.layout;
     let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
     let units = profile.units();

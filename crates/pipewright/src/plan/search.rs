@@ -58,7 +58,7 @@ pub fn layouts(
         for tp in divisors(rest).filter(|tp| tp_divides.iter().all(|d| d.is_multiple_of(*tp))) {
             let dp = rest / tp;
             if global_batch.is_multiple_of(dp) {
-                out.push(Layout { pp, tp, dp });
+                out.push(Layout { pp, tp, dp, cp: 1 });
             }
         }
     }
@@ -69,7 +69,7 @@ pub fn layouts(
 /// each of `tp_divides`.
 pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Candidate> {
     let mut out = Vec::new();
-    for Layout { pp, tp, dp } in layouts(req.world, units, tp_divides, req.global_batch) {
+    for Layout { pp, tp, dp, .. } in layouts(req.world, units, tp_divides, req.global_batch) {
         let rows = req.global_batch / dp;
         for micro_batch in micro_batch_sizes(rows) {
             let m = rows / micro_batch;
@@ -94,7 +94,7 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
                 for recompute in [Recompute::Never, Recompute::Always] {
                     for &zero in zeros {
                         out.push(Candidate {
-                            layout: Layout { pp, tp, dp },
+                            layout: Layout { pp, tp, dp, cp: 1 },
                             micro_batch,
                             micro_batches: m,
                             schedule,
@@ -115,11 +115,7 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
 /// replica's rows, 1f1b, never, zero 0) for a global batch of `global_batch` rows.
 pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
     let mut c = Candidate {
-        layout: Layout {
-            pp: 1,
-            tp: 1,
-            dp: 1,
-        },
+        layout: Layout::serial(),
         micro_batch: 0,
         micro_batches: 0,
         schedule: ScheduleKind::OneFOneB,
@@ -196,7 +192,7 @@ pub fn rank(
         return Err(invalid!("world, global batch and top must be positive"));
     }
     for c in &all {
-        let Layout { pp, tp, dp } = c.layout;
+        let Layout { pp, tp, dp, .. } = c.layout;
         if pp * tp * dp != req.world {
             return Err(invalid!(
                 "{} is not a layout of {} ranks",

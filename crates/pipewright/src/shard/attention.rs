@@ -4,11 +4,15 @@
 //! column-parallel with the heads split (each rank keeps its heads' q, k and v columns),
 //! `c_proj` row-parallel, so each rank attends with its own heads and one all-reduce joins
 //! them.
+//!
+//! On a context-parallel ring ([`CausalSelfAttention::on_ring`]) each rank holds a slice of
+//! the sequence and attends over the whole of it with [`crate::context_parallel::ring_attention`].
 
 use candle_core::{Tensor, Var};
 
 use super::{ParallelDim, ParallelLinear};
 use crate::comm::TpGroup;
+use crate::context_parallel::ring_attention;
 use crate::init::Init;
 use crate::model::Cx;
 use crate::model::Shard;
@@ -28,6 +32,8 @@ pub struct CausalSelfAttention {
     /// Heads on this rank.
     local_heads: usize,
     tp_rank: usize,
+    /// The context-parallel ring the sequence is split over (a group of one: whole).
+    ring: TpGroup,
 }
 
 impl CausalSelfAttention {
@@ -72,7 +78,15 @@ impl CausalSelfAttention {
             n_head,
             local_heads: n_head / tp.size(),
             tp_rank: tp.rank(),
+            ring: TpGroup::single(),
         })
+    }
+
+    /// The same attention for sequences split over the context-parallel `ring` (each rank's
+    /// tokens as [`crate::context_parallel::Chunks`] lays them out).
+    pub fn on_ring(mut self, ring: TpGroup) -> Self {
+        self.ring = ring;
+        self
     }
 
     /// `x`: `(batch, time, n_embd)`.
@@ -85,6 +99,9 @@ impl CausalSelfAttention {
         let (h, lc) = (self.local_heads, self.local_heads * hd);
         let qkv = self.c_attn.forward(x, cx)?;
         let scale = 1.0 / (hd as f64).sqrt();
+        if self.ring.size() > 1 {
+            return self.forward_ring(&qkv, (b, t, h, hd), scale, cx);
+        }
         if kernels::fused(&qkv) && !self.attn_dropout.is_active(cx) && cx.kv_cache.is_none() {
             // One fused op from the packed q | k | v to the heads' joined outputs.
             let y = kernels::attention::causal_attention(&qkv, h, scale)?;
@@ -112,6 +129,38 @@ impl CausalSelfAttention {
             .attn_dropout
             .forward_part(&att, cx, 1, self.tp_rank, parts)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, lc))?;
+        let y = self.c_proj.forward(&y, cx)?;
+        self.resid_dropout.forward(&y, cx)
+    }
+}
+
+impl CausalSelfAttention {
+    /// Attention over the ring: this rank's queries against every rank's keys and values.
+    fn forward_ring(
+        &self,
+        qkv: &Tensor,
+        (b, t, h, hd): (usize, usize, usize, usize),
+        scale: f64,
+        cx: &mut Cx,
+    ) -> Result<Tensor> {
+        if self.attn_dropout.is_active(cx) || cx.kv_cache.is_some() {
+            return Err(Error::Layer {
+                layer: self.name.clone(),
+                msg: "attention dropout and key/value caches run at cp 1: use dropout 0 with \
+                      context parallelism, and generate from a layout without it"
+                    .into(),
+            });
+        }
+        let lc = h * hd;
+        let heads = |i: usize| -> Result<Tensor> {
+            Ok(qkv
+                .narrow(2, i * lc, lc)?
+                .reshape((b, t, h, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let y = ring_attention(&heads(0)?, &heads(1)?, &heads(2)?, scale, 1, &self.ring)?;
+        let y = y.transpose(1, 2)?.reshape((b, t, lc))?;
         let y = self.c_proj.forward(&y, cx)?;
         self.resid_dropout.forward(&y, cx)
     }

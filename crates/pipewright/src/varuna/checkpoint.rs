@@ -41,8 +41,8 @@ impl Varuna {
             params,
             shards: self.pipeline.shards(),
             buffers: self.pipeline.buffers(),
-            write_whole: c.dp_rank == 0 && c.tp_rank == 0,
-            write_shards: c.dp_rank == 0,
+            write_whole: c.dp_rank == 0 && c.cp_rank == 0 && c.tp_rank == 0,
+            write_shards: c.dp_rank == 0 && c.cp_rank == 0,
         }
     }
 

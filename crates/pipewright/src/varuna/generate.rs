@@ -132,6 +132,12 @@ impl Varuna {
         let x = Tensor::from_vec(tokens.to_vec(), (1, tokens.len()), &Device::Cpu)?;
         let batch = Batch::new().with(Batch::INPUTS, x);
         self.check_batch(&batch, false)?;
+        if self.cp.size() > 1 {
+            return Err(invalid!(
+                "decoding with a key/value cache runs at cp 1: load the checkpoint into a \
+                 layout without context parallelism to generate"
+            ));
+        }
         let batch = batch.to_device(&self.opts.device)?;
         let r = self
             .pipeline

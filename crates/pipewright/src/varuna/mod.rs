@@ -17,6 +17,7 @@
 //! the masters are cast into the model.
 
 mod checkpoint;
+mod context;
 mod generate;
 mod options;
 mod zero;
@@ -50,7 +51,11 @@ pub struct Varuna {
     topo: Topology,
     coords: Coords,
     world: Box<dyn Communicator>,
+    /// The ranks holding this rank's weights ([`Axis::Replica`]: data- and context-parallel),
+    /// which sum their gradients, losses and target counts.
     dp: Box<dyn Communicator>,
+    /// The context-parallel ring splitting this replica's sequences (a group of one: none).
+    cp: TpGroup,
     pipeline: Pipeline,
     /// The f32 masters the optimizer updates, whole or (ZeRO) this replica's pieces.
     weights: zero::Weights,
@@ -81,9 +86,13 @@ impl Varuna {
         let coords = topo.coords(world.rank())?;
         let tp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
-        let dp = axis_group(world.as_ref(), &topo, Axis::Data)?;
+        let dp = axis_group(world.as_ref(), &topo, Axis::Replica)?;
+        let cp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Context)?);
         let init = Init::new(opts.device.clone(), opts.precision.dtype(), opts.seed);
-        let build = Build::new(init).with_tp(tp.clone());
+        let build = Build::new(init)
+            .with_tp(tp.clone())
+            .with_cp(cp.clone())
+            .with_sequence_parallel(opts.sequence_parallel);
         let popts = PipelineOptions {
             chunks,
             schedule: opts.schedule,
@@ -131,6 +140,7 @@ impl Varuna {
             coords,
             world,
             dp,
+            cp,
             pipeline,
             weights,
             optimizer: None,
@@ -250,7 +260,7 @@ impl Varuna {
                 self.opts.global_batch_size
             ));
         }
-        let batch = batch.to_device(&self.opts.device)?;
+        let batch = self.local_batch(batch)?;
         let step = self.pipeline.steps_taken();
         let mine = self.opts.loss.count(&batch)?;
         let total = self.sum_dp_i64(mine as i64)? as usize;
@@ -373,9 +383,9 @@ impl Varuna {
     /// on every rank (each replica computes it; collective over the replica's ranks).
     pub fn evaluate(&self, batch: &Batch, keep_output: bool) -> Result<Evaluation> {
         self.check_batch(batch, true)?;
-        let batch = batch.to_device(&self.opts.device)?;
+        let batch = self.local_batch(batch)?;
         let r = self.pipeline.forward_only(&batch, true, keep_output)?;
-        let (sum, count) = r.loss.expect("asked for the loss");
+        let (sum, count) = self.sum_over_ring(r.loss.expect("asked for the loss"))?;
         if count == 0 {
             return Err(invalid!(
                 "the batch has no counted target: every target is ignored"
@@ -384,7 +394,7 @@ impl Varuna {
         Ok(Evaluation {
             loss: sum / count as f64,
             count,
-            output: r.output,
+            output: r.output.map(|o| self.whole_sequence(&o)).transpose()?,
         })
     }
 
@@ -392,9 +402,9 @@ impl Varuna {
     /// rank; the batch needs no targets.
     pub fn predict(&self, batch: &Batch) -> Result<Tensor> {
         self.check_batch(batch, false)?;
-        let batch = batch.to_device(&self.opts.device)?;
+        let batch = self.local_batch(batch)?;
         let r = self.pipeline.forward_only(&batch, false, true)?;
-        Ok(r.output.expect("asked for the output"))
+        self.whole_sequence(&r.output.expect("asked for the output"))
     }
 
     /// Fraction of step time this rank spent not computing (between actions, or inside one
@@ -444,8 +454,13 @@ impl Varuna {
                         format!("{}..{}", rg.start, rg.end)
                     })
                     .collect();
+                let ring = if l.cp > 1 {
+                    format!(", cp slice {}/{}", c.cp_rank, l.cp)
+                } else {
+                    String::new()
+                };
                 Ok(format!(
-                    "rank {r}: stage {} (layers {}), tp shard {}/{}, dp replica {}/{}",
+                    "rank {r}: stage {} (layers {}), tp shard {}/{}{ring}, dp replica {}/{}",
                     c.stage,
                     layers.join(" + "),
                     c.tp_rank,

@@ -80,6 +80,10 @@ pub struct VarunaOptions {
     pub bucket_bytes: usize,
     /// What the data-parallel replicas shard ([`crate::zero`]); nothing to shard with dp 1.
     pub zero: Zero,
+    /// Megatron's sequence parallelism over the tensor-parallel group: activations outside
+    /// the tensor-parallel layers (norms, residuals, dropout) split along the sequence instead
+    /// of whole on every rank; exact against tp without it. No effect with tp 1.
+    pub sequence_parallel: bool,
     /// The objective, computed on the last stage (Varuna's model returns its loss; here the
     /// loss is given apart, see [`crate::loss`]). Cross-entropy against
     /// [`Batch::TARGETS`] by default.
@@ -113,6 +117,7 @@ impl VarunaOptions {
             loss_scaler: LossScaler::new(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             zero: Zero::Off,
+            sequence_parallel: false,
             loss: Arc::new(CrossEntropy::default()),
             device: Device::Cpu,
         }
