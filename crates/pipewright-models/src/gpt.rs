@@ -18,7 +18,7 @@ use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::{join, Dropout, Embedding, LayerNorm, Linear, Module};
 use pipewright::plan::{Hardware, Profile, Transformer};
 use pipewright::shard::{
-    CausalSelfAttention, ParallelDim, ParallelEmbedding, ParallelLinear, Shard,
+    CausalSelfAttention, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel, Shard,
 };
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -129,18 +129,20 @@ pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
         .cut();
     }
     s.push(LayerSpec::new("ln_f", move |init| {
-        Ok(Box::new(Norm(LayerNorm::new(init, "ln_f", cfg.n_embd, 1e-5)?)) as Box<dyn Layer>)
+        Ok(Box::new(Norm(
+            LayerNorm::new(init, "ln_f", cfg.n_embd, 1e-5)?,
+            SequenceParallel::new(init),
+        )) as Box<dyn Layer>)
     }));
     s.push(LayerSpec::new("lm_head", move |init| {
         // Drawn from wte's stream: equal to wte.weight at the start.
         let w = init.normal(TIED.0, &[cfg.vocab_size, cfg.n_embd], 0.02)?;
         let whole = Linear::from_vars("lm_head", w, None, pipewright::nn::WeightLayout::OutIn)?;
-        Ok(Box::new(LmHead(ParallelLinear::from_whole(
-            whole,
-            Some(ParallelDim::Column),
-            1,
-            &init.tp,
-        )?)) as Box<dyn Layer>)
+        // Sequence parallelism ends here: the head gathers the whole sequence.
+        Ok(Box::new(LmHead(
+            ParallelLinear::from_whole(whole, Some(ParallelDim::Column), 1, &init.tp)?
+                .sequence_parallel(init.splits_sequence()),
+        )) as Box<dyn Layer>)
     }));
     Ok(s)
 }
@@ -171,6 +173,7 @@ pub struct GptEmbed {
     drop: Dropout,
     block_size: usize,
     ring: Chunks,
+    sp: SequenceParallel,
 }
 
 impl GptEmbed {
@@ -182,6 +185,7 @@ impl GptEmbed {
             drop: Dropout::new("drop", cfg.dropout),
             block_size: cfg.block_size,
             ring: Chunks::of(&init.cp),
+            sp: SequenceParallel::new(init),
         })
     }
 }
@@ -213,7 +217,8 @@ impl Layer for GptEmbed {
             .wte
             .forward(&ids, cx)?
             .broadcast_add(&self.wpe.forward_cx(&pos, cx)?)?;
-        Ok(self.drop.forward(&x, cx)?.into())
+        let x = self.sp.scatter(&x)?;
+        Ok(self.sp.dropout(&self.drop, &x, cx)?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
@@ -236,6 +241,7 @@ pub struct Block {
     c_fc: ParallelLinear,
     c_proj: ParallelLinear,
     drop: Dropout,
+    sp: SequenceParallel,
 }
 
 impl Block {
@@ -243,6 +249,7 @@ impl Block {
     pub fn new(init: &Build, name: &str, cfg: GptConfig) -> Result<Self> {
         let d = cfg.n_embd;
         let proj_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
+        let sp = SequenceParallel::new(init);
         Ok(Self {
             name: name.to_string(),
             ln_1: LayerNorm::new(init, &join(name, "ln_1"), d, 1e-5)?,
@@ -255,14 +262,16 @@ impl Block {
                 cfg.dropout,
                 proj_std,
             )?
-            .on_ring(init.cp.clone()),
+            .on_ring(init.cp.clone())
+            .sequence_parallel(sp.clone()),
             ln_2: LayerNorm::new(init, &join(name, "ln_2"), d, 1e-5)?,
             c_fc: ParallelLinear::from_whole(
                 Linear::conv1d(init, &join(name, "mlp.c_fc"), d, 4 * d, 0.02)?,
                 Some(ParallelDim::Column),
                 1,
                 &init.tp,
-            )?,
+            )?
+            .sequence_parallel(sp.is_on()),
             // GELU folded into the second layer (fused on the CPU, never stored).
             c_proj: ParallelLinear::from_whole(
                 Linear::conv1d(init, &join(name, "mlp.c_proj"), 4 * d, d, proj_std)?,
@@ -271,8 +280,10 @@ impl Block {
                 &init.tp,
             )?
             .input_is_parallel(true)
+            .sequence_parallel(sp.is_on())
             .map_local(Linear::gelu_input),
             drop: Dropout::new(&join(name, "mlp.dropout"), cfg.dropout),
+            sp,
         })
     }
 }
@@ -284,9 +295,12 @@ impl Layer for Block {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
-        let x = (&x + self.attn.forward(&self.ln_1.forward(&x)?, cx)?)?;
-        let h = self.c_fc.forward(&self.ln_2.forward(&x)?, cx)?;
-        let h = self.drop.forward(&self.c_proj.forward(&h, cx)?, cx)?;
+        let w = |t: &Tensor| self.sp.weight(t);
+        let x = (&x + self.attn.forward(&self.ln_1.forward_with(&x, w)?, cx)?)?;
+        let h = self.c_fc.forward(&self.ln_2.forward_with(&x, w)?, cx)?;
+        let h = self
+            .sp
+            .dropout(&self.drop, &self.c_proj.forward(&h, cx)?, cx)?;
         Ok((x + h)?.into())
     }
 
@@ -307,8 +321,9 @@ impl Layer for Block {
     }
 }
 
-/// The final LayerNorm as a layer.
-pub struct Norm(LayerNorm);
+/// The final LayerNorm as a layer (on this rank's part of the sequence under sequence
+/// parallelism).
+pub struct Norm(LayerNorm, SequenceParallel);
 
 impl Layer for Norm {
     fn name(&self) -> &str {
@@ -316,7 +331,8 @@ impl Layer for Norm {
     }
 
     fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
-        Ok(self.0.forward(&x.into_tensor("ln_f")?)?.into())
+        let x = x.into_tensor("ln_f")?;
+        Ok(self.0.forward_with(&x, |w| self.1.weight(w))?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {

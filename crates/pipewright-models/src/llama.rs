@@ -13,7 +13,9 @@ use candle_core::{Tensor, Var, D};
 use pipewright::context_parallel::{ring_attention, Chunks};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
-use pipewright::shard::{ParallelDim, ParallelEmbedding, ParallelLinear, TpGroup};
+use pipewright::shard::{
+    ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel, TpGroup,
+};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +119,7 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
             )?,
             block_size: cfg.block_size,
             ring: Chunks::of(&init.cp),
+            sp: SequenceParallel::new(init),
         }) as Box<dyn Layer>)
     }))
     .cut();
@@ -128,21 +131,18 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
         .cut();
     }
     s.push(LayerSpec::new("model.norm", move |init| {
-        Ok(Box::new(FinalNorm(RmsNorm::new(
-            init,
-            "model.norm",
-            cfg.dim,
-            cfg.norm_eps,
-        )?)) as Box<dyn Layer>)
+        Ok(Box::new(FinalNorm(
+            RmsNorm::new(init, "model.norm", cfg.dim, cfg.norm_eps)?,
+            SequenceParallel::new(init),
+        )) as Box<dyn Layer>)
     }));
     s.push(LayerSpec::new("lm_head", move |init| {
         let head = linear(init, "lm_head", cfg.dim, cfg.vocab_size)?;
-        Ok(Box::new(LmHead::new(ParallelLinear::from_whole(
-            head,
-            Some(ParallelDim::Column),
-            1,
-            &init.tp,
-        )?)) as Box<dyn Layer>)
+        // Sequence parallelism ends here: the head gathers the whole sequence.
+        Ok(Box::new(LmHead::new(
+            ParallelLinear::from_whole(head, Some(ParallelDim::Column), 1, &init.tp)?
+                .sequence_parallel(init.splits_sequence()),
+        )) as Box<dyn Layer>)
     }));
     Ok(s)
 }
@@ -161,7 +161,8 @@ fn parallel(
     out: usize,
     dim: ParallelDim,
 ) -> Result<ParallelLinear> {
-    let p = ParallelLinear::from_whole(linear(init, name, inp, out)?, Some(dim), 1, &init.tp)?;
+    let p = ParallelLinear::from_whole(linear(init, name, inp, out)?, Some(dim), 1, &init.tp)?
+        .sequence_parallel(init.splits_sequence());
     Ok(if dim == ParallelDim::Row {
         p.input_is_parallel(true)
     } else {
@@ -175,6 +176,7 @@ struct Embed {
     table: ParallelEmbedding,
     block_size: usize,
     ring: Chunks,
+    sp: SequenceParallel,
 }
 
 impl Layer for Embed {
@@ -185,7 +187,7 @@ impl Layer for Embed {
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let ids = x.into_tensor("embed")?;
         window(ids.dim(D::Minus1)?, cx, self.block_size, &self.ring)?;
-        Ok(self.table.forward(&ids, cx)?.into())
+        Ok(self.sp.scatter(&self.table.forward(&ids, cx)?)?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
@@ -197,8 +199,9 @@ impl Layer for Embed {
     }
 }
 
-/// The final RMSNorm as a layer.
-struct FinalNorm(RmsNorm);
+/// The final RMSNorm as a layer (on this rank's part of the sequence under sequence
+/// parallelism).
+struct FinalNorm(RmsNorm, SequenceParallel);
 
 impl Layer for FinalNorm {
     fn name(&self) -> &str {
@@ -206,7 +209,8 @@ impl Layer for FinalNorm {
     }
 
     fn forward(&self, x: Activation, _cx: &mut Cx) -> Result<Activation> {
-        Ok(self.0.forward(&x.into_tensor(self.0.name())?)?.into())
+        let x = x.into_tensor(self.0.name())?;
+        Ok(self.0.forward_with(&x, |w| self.1.weight(w))?.into())
     }
 
     fn params(&self) -> Vec<(String, Var)> {
@@ -231,6 +235,9 @@ pub struct LlamaBlock {
     local: (usize, usize),
     /// The context-parallel ring the sequence is split over (a group of one: whole).
     ring: TpGroup,
+    /// Sequence parallelism: the block's input and output are this rank's part of the
+    /// sequence.
+    sp: SequenceParallel,
 }
 
 impl LlamaBlock {
@@ -263,6 +270,7 @@ impl LlamaBlock {
             down: parallel(init, &at("mlp.down_proj"), cfg.hidden, d, Row)?,
             local: (cfg.n_head / tp, cfg.n_kv_head / tp),
             ring: init.cp.clone(),
+            sp: SequenceParallel::new(init),
         })
     }
 
@@ -277,9 +285,9 @@ impl LlamaBlock {
         let heads = |y: Tensor, n: usize| -> Result<Tensor> {
             Ok(y.reshape((b, t, n, hd))?.transpose(1, 2)?.contiguous()?)
         };
-        let q = heads(self.q.forward(x, cx)?, h)?;
-        let k = heads(self.k.forward(x, cx)?, kvh)?;
-        let v = heads(self.v.forward(x, cx)?, kvh)?;
+        let q = heads(self.q.forward_gathered(x, cx)?, h)?;
+        let k = heads(self.k.forward_gathered(x, cx)?, kvh)?;
+        let v = heads(self.v.forward_gathered(x, cx)?, kvh)?;
         let theta = self.cfg.rope_theta;
         if self.ring.size() > 1 {
             return self.ring_attention(&q, &k, &v, cx);
@@ -347,10 +355,14 @@ impl Layer for LlamaBlock {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let x = x.into_tensor(&self.name)?;
-        let x = (&x + self.attention(&self.input_norm.forward(&x)?, cx)?)?;
-        let n = self.post_norm.forward(&x)?;
-        let g = self.gate.forward(&n, cx)?;
-        let u = self.up.forward(&n, cx)?;
+        let w = |t: &Tensor| self.sp.weight(t);
+        // Into the tensor-parallel region once for q, k and v (the whole sequence under
+        // sequence parallelism), once for gate and up.
+        let n = self.sp.gather(&self.input_norm.forward_with(&x, w)?)?;
+        let x = (&x + self.attention(&n, cx)?)?;
+        let n = self.sp.gather(&self.post_norm.forward_with(&x, w)?)?;
+        let g = self.gate.forward_gathered(&n, cx)?;
+        let u = self.up.forward_gathered(&n, cx)?;
         let h = self.down.forward(&swiglu(&g, &u)?, cx)?;
         Ok((x + h)?.into())
     }

@@ -45,3 +45,23 @@ fn context_parallel_composes_with_tensor_and_data_parallel() {
     let run = ParityRun::for_context_parallel();
     check(&run, run.options(layout(1, 2, 2, 2)), 1e-5);
 }
+
+#[test]
+fn sequence_parallelism_trains_as_serial() {
+    // With dropout (0.1): each rank draws its part of the serial run's masks.
+    let run = ParityRun::default();
+    for l in [layout(1, 2, 1, 1), layout(2, 2, 1, 1), layout(1, 2, 1, 2)] {
+        let opts = VarunaOptions {
+            sequence_parallel: true,
+            ..run.options(l)
+        };
+        check(&run, opts, 1e-5);
+    }
+    // With a context-parallel ring: each rank's slice split again over tp.
+    let run = ParityRun::for_context_parallel();
+    let opts = VarunaOptions {
+        sequence_parallel: true,
+        ..run.options(layout(1, 2, 2, 1))
+    };
+    check(&run, opts, 1e-5);
+}

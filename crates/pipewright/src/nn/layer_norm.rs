@@ -42,7 +42,21 @@ impl LayerNorm {
 
     /// Normalises `x` over its last dimension, then scales and shifts it.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        layer_norm(x, self.weight.as_tensor(), self.bias.as_tensor(), self.eps)
+        self.forward_with(x, |w| Ok(w.clone()))
+    }
+
+    /// [`LayerNorm::forward`] with the weight and bias passed through `route` first (sequence
+    /// parallelism routes them through an op that sums their gradients over a group).
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        route: impl Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let (w, b) = (
+            route(self.weight.as_tensor())?,
+            route(self.bias.as_tensor())?,
+        );
+        layer_norm(x, &w, &b, self.eps)
     }
 }
 

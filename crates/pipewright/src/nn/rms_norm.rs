@@ -39,7 +39,17 @@ impl RmsNorm {
 
     /// Normalises `x` over its last dimension and scales it.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        rms_norm(x, self.weight.as_tensor(), self.eps)
+        self.forward_with(x, |w| Ok(w.clone()))
+    }
+
+    /// [`RmsNorm::forward`] with the gain passed through `route` first (sequence parallelism
+    /// routes it through an op that sums its gradient over a group).
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        route: impl Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        rms_norm(x, &route(self.weight.as_tensor())?, self.eps)
     }
 
     /// The layer's name.

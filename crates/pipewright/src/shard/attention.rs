@@ -10,7 +10,7 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{ParallelDim, ParallelLinear};
+use super::{ParallelDim, ParallelLinear, SequenceParallel};
 use crate::comm::TpGroup;
 use crate::context_parallel::ring_attention;
 use crate::init::Init;
@@ -34,6 +34,8 @@ pub struct CausalSelfAttention {
     tp_rank: usize,
     /// The context-parallel ring the sequence is split over (a group of one: whole).
     ring: TpGroup,
+    /// Sequence parallelism: the input and output are this rank's part of the sequence.
+    sp: SequenceParallel,
 }
 
 impl CausalSelfAttention {
@@ -79,7 +81,17 @@ impl CausalSelfAttention {
             local_heads: n_head / tp.size(),
             tp_rank: tp.rank(),
             ring: TpGroup::single(),
+            sp: SequenceParallel::default(),
         })
+    }
+
+    /// The same attention under sequence parallelism `sp` (input and output split along the
+    /// sequence over the tensor-parallel group when on).
+    pub fn sequence_parallel(mut self, sp: SequenceParallel) -> Self {
+        self.c_attn = self.c_attn.sequence_parallel(sp.is_on());
+        self.c_proj = self.c_proj.sequence_parallel(sp.is_on());
+        self.sp = sp;
+        self
     }
 
     /// The same attention for sequences split over the context-parallel `ring` (each rank's
@@ -91,13 +103,15 @@ impl CausalSelfAttention {
 
     /// `x`: `(batch, time, n_embd)`.
     pub fn forward(&self, x: &Tensor, cx: &mut Cx) -> Result<Tensor> {
-        let (b, t, c) = x.dims3().map_err(|_| Error::Layer {
+        let (b, _, c) = x.dims3().map_err(|_| Error::Layer {
             layer: self.name.clone(),
             msg: format!("expects (batch, time, channels), got {:?}", x.dims()),
         })?;
         let hd = c / self.n_head;
         let (h, lc) = (self.local_heads, self.local_heads * hd);
         let qkv = self.c_attn.forward(x, cx)?;
+        // The whole sequence (sequence parallelism gathers it in `c_attn`).
+        let t = qkv.dim(1)?;
         let scale = 1.0 / (hd as f64).sqrt();
         if self.ring.size() > 1 {
             return self.forward_ring(&qkv, (b, t, h, hd), scale, cx);
@@ -106,7 +120,7 @@ impl CausalSelfAttention {
             // One fused op from the packed q | k | v to the heads' joined outputs.
             let y = kernels::attention::causal_attention(&qkv, h, scale)?;
             let y = self.c_proj.forward(&y, cx)?;
-            return self.resid_dropout.forward(&y, cx);
+            return self.sp.dropout(&self.resid_dropout, &y, cx);
         }
         let heads = |i: usize| -> Result<Tensor> {
             Ok(qkv
@@ -130,7 +144,7 @@ impl CausalSelfAttention {
             .forward_part(&att, cx, 1, self.tp_rank, parts)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, lc))?;
         let y = self.c_proj.forward(&y, cx)?;
-        self.resid_dropout.forward(&y, cx)
+        self.sp.dropout(&self.resid_dropout, &y, cx)
     }
 }
 
@@ -162,7 +176,7 @@ impl CausalSelfAttention {
         let y = ring_attention(&heads(0)?, &heads(1)?, &heads(2)?, scale, 1, &self.ring)?;
         let y = y.transpose(1, 2)?.reshape((b, t, lc))?;
         let y = self.c_proj.forward(&y, cx)?;
-        self.resid_dropout.forward(&y, cx)
+        self.sp.dropout(&self.resid_dropout, &y, cx)
     }
 }
 

@@ -7,7 +7,10 @@
 use candle_core::{DType, Tensor, Var};
 
 use super::attr::register_parallel_attribute;
-use super::ops::{copy_to_group, gather_from_group, reduce_from_group, scatter_to_group};
+use super::ops::{
+    copy_to_group, gather_from_group, gather_sequence, reduce_from_group, reduce_scatter_sequence,
+    scatter_to_group,
+};
 use super::part;
 use crate::comm::TpGroup;
 use crate::init::Init;
@@ -68,6 +71,10 @@ pub struct ParallelLinear {
     stride: usize,
     gather_output: bool,
     input_is_parallel: bool,
+    /// Megatron's sequence parallelism: a column-parallel layer all-gathers its input along
+    /// the sequence (instead of copying it), a row-parallel one reduce-scatters its output
+    /// along it (instead of all-reducing).
+    sequence_parallel: bool,
     shards: Vec<(String, Shard)>,
 }
 
@@ -146,6 +153,7 @@ impl ParallelLinear {
             stride,
             gather_output: false,
             input_is_parallel: false,
+            sequence_parallel: false,
             shards,
         })
     }
@@ -185,15 +193,12 @@ impl ParallelLinear {
         match self.dim {
             None => self.local.forward_cx(x, cx),
             Some(ParallelDim::Column) => {
-                let y = self.local.forward_cx(&copy_to_group(x, g)?, cx)?;
-                if self.gather_output {
-                    gather_from_group(&y, g, y.rank() - 1, self.stride)
+                let x = if self.sequence_parallel {
+                    gather_sequence(x, g)?
                 } else {
-                    if g.size() > 1 {
-                        cx.set_parallel_dim(&y, Some(-1));
-                    }
-                    Ok(y)
-                }
+                    copy_to_group(x, g)?
+                };
+                self.column_output(self.local.forward_cx(&x, cx)?, cx)
             }
             Some(ParallelDim::Row) => {
                 let x = if g.size() == 1 || self.input_is_parallel || cx.parallel_dim(x) == Some(-1)
@@ -202,13 +207,58 @@ impl ParallelLinear {
                 } else {
                     scatter_to_group(x, g, x.rank().saturating_sub(1), 1)?
                 };
-                let y = reduce_from_group(&self.local.forward_cx(&x, cx)?, g)?;
-                match &self.row_bias {
-                    Some(b) => crate::nn::linear::add_bias(&y, b.as_tensor()),
+                let y = self.local.forward_cx(&x, cx)?;
+                let (y, b) = match (&self.row_bias, self.sequence_parallel) {
+                    // The bias meets only this rank's positions: its gradient is summed.
+                    (Some(b), true) => (
+                        reduce_scatter_sequence(&y, g)?,
+                        Some(copy_to_group(b.as_tensor(), g)?),
+                    ),
+                    (None, true) => (reduce_scatter_sequence(&y, g)?, None),
+                    (b, false) => (
+                        reduce_from_group(&y, g)?,
+                        b.as_ref().map(|b| b.as_tensor().clone()),
+                    ),
+                };
+                match b {
+                    Some(b) => crate::nn::linear::add_bias(&y, &b),
                     None => Ok(y),
                 }
             }
         }
+    }
+
+    /// A column-parallel layer's forward of an input already whole on every rank of the group
+    /// and already routed into it (the output of [`crate::shard::SequenceParallel::gather`],
+    /// shared by several layers that read the same input: Llama's q, k and v): no collective
+    /// on the input.
+    pub fn forward_gathered(&self, x: &Tensor, cx: &mut Cx) -> Result<Tensor> {
+        if self.dim != Some(ParallelDim::Column) {
+            return Err(Error::Layer {
+                layer: self.name.clone(),
+                msg: "only a column-parallel layer takes a gathered input".into(),
+            });
+        }
+        self.column_output(self.local.forward_cx(x, cx)?, cx)
+    }
+
+    /// A column-parallel layer's output: gathered when asked, else marked split.
+    fn column_output(&self, y: Tensor, cx: &mut Cx) -> Result<Tensor> {
+        let g = &self.group;
+        if self.gather_output {
+            return gather_from_group(&y, g, y.rank() - 1, self.stride);
+        }
+        if g.size() > 1 {
+            cx.set_parallel_dim(&y, Some(-1));
+        }
+        Ok(y)
+    }
+
+    /// The same layer under sequence parallelism when `on` (and the group has more than one
+    /// rank): see [`crate::shard::sequence`].
+    pub fn sequence_parallel(mut self, on: bool) -> Self {
+        self.sequence_parallel = on && self.group.size() > 1 && self.dim.is_some();
+        self
     }
 }
 

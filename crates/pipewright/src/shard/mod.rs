@@ -10,6 +10,8 @@
 //!   conjugate collective (copy <-> all-reduce, gather <-> scatter).
 //! - [`layers`]: [`ParallelLinear`] (column, row or replicated) and [`ParallelEmbedding`].
 //! - [`attention`]: GPT-2's causal self-attention with its heads split over the group.
+//! - [`sequence`]: Megatron's sequence parallelism (activations between the parallel layers
+//!   split along the sequence).
 //! - [`loss`]: vocabulary-parallel cross-entropy that never forms the full vocabulary.
 //! - [`attr`]: parallel-dim metadata of tensors and parameters ([`Shard`]).
 //! - [`state`]: collect and relocate state dicts between sharded and whole form.
@@ -23,6 +25,7 @@ pub mod attr;
 pub mod layers;
 pub mod loss;
 pub mod ops;
+pub mod sequence;
 pub mod state;
 
 use candle_core::Tensor;
@@ -35,7 +38,11 @@ pub use attention::CausalSelfAttention;
 pub use attr::{get_parallel_dim, register_parallel_attribute, register_parallel_dim};
 pub use layers::{ParallelDim, ParallelEmbedding, ParallelLinear};
 pub use loss::vocab_parallel_cross_entropy_sum;
-pub use ops::{copy_to_group, gather_from_group, reduce_from_group, scatter_to_group};
+pub use ops::{
+    copy_to_group, gather_from_group, gather_sequence, reduce_from_group, reduce_scatter_sequence,
+    scatter_to_group,
+};
+pub use sequence::SequenceParallel;
 pub use state::{
     collect_state_dict, load_state_dict, register_ddp_parameters_to_ignore, relocate_state_dict,
     state_dict,

@@ -7,6 +7,13 @@
 //! | [`reduce_from_group`] | all-reduce (sum) | identity |
 //! | [`gather_from_group`] | all-gather, join | keep own part |
 //! | [`scatter_to_group`] | keep own part | all-gather, join |
+//! | [`gather_sequence`] | all-gather along the sequence | reduce-scatter along it |
+//! | [`reduce_scatter_sequence`] | reduce-scatter along the sequence | all-gather along it |
+//!
+//! The last two are Megatron's sequence-parallel regions (dim 1 of `(batch, sequence, ...)`):
+//! where tensor parallelism all-reduces a row-parallel layer's output, sequence parallelism
+//! reduce-scatters it along the sequence, and all-gathers before the next column-parallel
+//! layer.
 //!
 //! Every member of the group must call them in the same order, forward and backward; the
 //! layers do, because every tensor-parallel rank builds the same graph. In a group of one they
@@ -27,6 +34,8 @@ enum Kind {
     Reduce,
     Gather { axis: usize, stride: usize },
     Scatter { axis: usize, stride: usize },
+    SeqGather,
+    SeqReduceScatter,
 }
 
 /// An op whose forward value was computed (with its collective) before the op was applied: the
@@ -59,6 +68,8 @@ impl CustomOp1 for Collective {
             Kind::Reduce => "reduce-from-group",
             Kind::Gather { .. } => "gather-from-group",
             Kind::Scatter { .. } => "scatter-to-group",
+            Kind::SeqGather => "gather-sequence",
+            Kind::SeqReduceScatter => "reduce-scatter-sequence",
         }
     }
 
@@ -91,6 +102,8 @@ impl CustomOp1 for Collective {
                 let parts = g.all_gather(&grad.contiguous()?).map_err(to_candle)?;
                 assemble(&parts, axis, stride).map_err(to_candle)?
             }
+            Kind::SeqGather => reduce_scatter_dim1(grad, g).map_err(to_candle)?,
+            Kind::SeqReduceScatter => all_gather_dim1(grad, g).map_err(to_candle)?,
         };
         Ok(Some(r))
     }
@@ -148,4 +161,46 @@ pub fn scatter_to_group(x: &Tensor, group: &TpGroup, axis: usize, stride: usize)
     }
     let mine = part(&x.detach(), axis, stride, group.rank(), group.size())?;
     apply(x, mine, Kind::Scatter { axis, stride }, group)
+}
+
+/// The sum over the group of `x` `(batch, sequence, ...)`, member `r` keeping part `r` of the
+/// sequence.
+fn reduce_scatter_dim1(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    let comm = group
+        .comm()
+        .ok_or_else(|| crate::invalid!("a reduce-scatter needs a group of more than one rank"))?;
+    super::part_len(x.dim(1)?, 1, group.size())?;
+    let y = comm.reduce_scatter(&x.transpose(0, 1)?.contiguous()?, ReduceOp::Sum)?;
+    Ok(y.transpose(0, 1)?.contiguous()?)
+}
+
+/// Every member's `x` joined along dim 1 (the sequence) in rank order.
+fn all_gather_dim1(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    let parts = group.all_gather(&x.contiguous()?)?;
+    let parts = parts
+        .iter()
+        .map(|p| p.to_device(x.device()))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(Tensor::cat(&parts, 1)?)
+}
+
+/// All-gather along the sequence (dim 1) forward, reduce-scatter backward: a sequence-parallel
+/// activation becomes the whole sequence for a column-parallel layer (whose ranks each add a
+/// partial gradient for every position).
+pub fn gather_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let whole = all_gather_dim1(&x.detach(), group)?;
+    apply(x, whole, Kind::SeqGather, group)
+}
+
+/// Reduce-scatter along the sequence (dim 1) forward, all-gather backward: the partial outputs
+/// of a row-parallel layer, summed, each member keeping its part of the sequence.
+pub fn reduce_scatter_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+    if group.size() == 1 {
+        return Ok(x.clone());
+    }
+    let mine = reduce_scatter_dim1(&x.detach(), group)?;
+    apply(x, mine, Kind::SeqReduceScatter, group)
 }
