@@ -107,6 +107,15 @@ pub struct TrainArgs {
     /// Data-parallel replicas (each takes its rows of every batch; gradients are summed).
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub dp: usize,
+    /// Context-parallel ranks per replica: each holds 1/cp of every sequence (a front and a
+    /// back chunk) and attends over a ring (GPT and Llama; the sequence length must be a
+    /// multiple of 2 x cp; no dropout).
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub cp: usize,
+    /// Megatron's sequence parallelism with --tp > 1: activations outside the tensor-parallel
+    /// layers split along the sequence over the tp ranks (same result, less memory).
+    #[arg(long)]
+    pub sequence_parallel: bool,
     /// What the model computes in: f32, bf16, or f16 (with dynamic loss scaling); the
     /// optimizer keeps f32 master weights.
     #[arg(long, default_value = "f32")]
@@ -287,6 +296,16 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
 }
 
 impl TrainArgs {
+    /// The layout the flags ask for (`--pp --tp --cp --dp`).
+    pub fn layout(&self) -> Result<Layout> {
+        Layout::new(self.pp, self.tp, self.dp)?.with_cp(self.cp)
+    }
+
+    /// Ranks the flags ask for.
+    pub fn world(&self) -> usize {
+        self.pp * self.tp * self.cp * self.dp
+    }
+
     /// Everything the flags say about training, besides the model and the data.
     pub fn train_spec(&self) -> Result<TrainSpec> {
         if self.clip < 0.0 || !self.clip.is_finite() {
@@ -316,7 +335,7 @@ impl TrainArgs {
             },
         };
         Ok(TrainSpec {
-            layout: Layout::new(self.pp, self.tp, self.dp)?,
+            layout: self.layout()?,
             global_batch: self.batch_size,
             micro_batch: self.micro_batch()?,
             schedule: self.schedule.parse::<ScheduleKind>()?,
@@ -329,6 +348,7 @@ impl TrainArgs {
             lr,
             clip: (self.clip > 0.0).then_some(self.clip),
             zero: self.zero.parse::<Zero>()?,
+            sequence_parallel: self.sequence_parallel,
             seed: self.seed,
             cadence: Cadence {
                 steps: self.steps,

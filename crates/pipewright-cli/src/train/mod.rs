@@ -53,7 +53,8 @@ where
     Experiment::new("train", body)
         .about(
             "Train a reference model on a generated task, on one device or split over pipeline \
-             (pp), tensor-parallel (tp) and data-parallel (dp) ranks, into a run directory.",
+             (pp), tensor-parallel (tp), context-parallel (cp) and data-parallel (dp) ranks, into \
+             a run directory.",
         )
         .args::<TrainArgs>()
         .alias("random_seed", "seed")
@@ -61,7 +62,7 @@ where
         .run_dir("out")
         .world(|p| {
             let a: TrainArgs = p.args()?;
-            Ok(a.pp * a.tp * a.dp)
+            Ok(a.world())
         })
         .subcommand(&["train"])
 }
@@ -127,12 +128,12 @@ impl Setup {
         let env = pipewright::dist::Env::from_env();
         if matches!(a.backend, pipewright::comm::Backend::Mpi)
             && !pipewright::dist::Env::under_mpi()
-            && a.pp * a.tp * a.dp > 1
+            && a.world() > 1
         {
             return Err(invalid!(
                 "--backend mpi runs one process per rank: start it under `mpirun -np {}`, or pass \
                  --distributed to have pipewright start them (a build with `--features mpi`)",
-                a.pp * a.tp * a.dp
+                a.world()
             ));
         }
         if matches!(a.backend, pipewright::comm::Backend::Nccl) {
@@ -178,7 +179,7 @@ impl Setup {
         if env.restart > 0 && env.world_size != spec.train.world() {
             spec = morph::morph(&a, &env, &spec)?;
             let l = spec.train.layout;
-            (a.pp, a.tp, a.dp) = (l.pp, l.tp, l.dp);
+            (a.pp, a.tp, a.cp, a.dp) = (l.pp, l.tp, l.cp, l.dp);
             a.chunk_size = Some(spec.train.micro_batch);
             if spec.train.balance.is_none() {
                 a.balance = None;
@@ -199,7 +200,7 @@ impl Setup {
             );
         }
         // Fail on a bad layout, split, schedule or device before anything is written.
-        opts.validate(&model, a.pp * a.tp * a.dp)?;
+        opts.validate(&model, a.world())?;
         if opts.zero != pipewright::zero::Zero::Off && a.dp == 1 && env.rank == 0 {
             println!(
                 "note: --zero {} shards over data-parallel replicas and --dp is 1: nothing to \
@@ -235,14 +236,15 @@ impl Setup {
         traces: &std::sync::Mutex<Vec<Vec<TraceEvent>>>,
     ) -> Result<()> {
         let a = &self.a;
-        let world = a.pp * a.tp * a.dp;
+        let world = a.world();
         if cx.get_num_processes() != world {
             return Err(invalid!(
-                "the job has {} ranks but --pp {} x --tp {} x --dp {} needs {world}: start it with \
-                 mpirun -np {world}",
+                "the job has {} ranks but --pp {} x --tp {} x --cp {} x --dp {} needs {world}: start \
+                 it with mpirun -np {world}",
                 cx.get_num_processes(),
                 a.pp,
                 a.tp,
+                a.cp,
                 a.dp
             ));
         }

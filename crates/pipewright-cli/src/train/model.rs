@@ -205,6 +205,7 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
                     a.tp
                 ));
             }
+            check_sequence_split(a, seq_len)?;
             if let ModelKind::Llama = kind {
                 let n_kv_head = a.n_kv_head.unwrap_or(a.n_head);
                 let hidden = a.mlp_hidden.unwrap_or((8 * a.n_embd / 3).div_ceil(8) * 8);
@@ -252,6 +253,11 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
                      layers: use --tp 1"
                 ));
             }
+            if a.cp > 1 {
+                return Err(invalid!(
+                    "--cp splits sequences; the CNN reads images: use --cp 1"
+                ));
+            }
             let cfg = CnnConfig {
                 in_channels: channels,
                 classes,
@@ -272,4 +278,34 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
             task.name()
         )),
     }
+}
+
+/// Fails early, naming the flags, when `--cp` or `--sequence-parallel` cannot split sequences
+/// of `seq_len` tokens (the library would fail at the first step).
+fn check_sequence_split(a: &TrainArgs, seq_len: usize) -> Result<()> {
+    let n = 2 * a.cp;
+    if a.cp > 1 && !seq_len.is_multiple_of(n) {
+        return Err(invalid!(
+            "--cp {} splits each sequence into 2 x cp = {n} chunks, but the task's sequences have \
+             {seq_len} tokens: choose a sequence length that is a multiple of {n}, or a --cp whose \
+             2 x cp divides {seq_len}",
+            a.cp
+        ));
+    }
+    if a.cp > 1 && a.dropout > 0.0 {
+        return Err(invalid!(
+            "--cp runs attention over a ring without dropout: pass --dropout 0 with --cp {}",
+            a.cp
+        ));
+    }
+    if a.sequence_parallel && a.tp > 1 && !(seq_len / a.cp).is_multiple_of(a.tp) {
+        return Err(invalid!(
+            "--sequence-parallel splits each rank's {} tokens over --tp {}: choose a sequence \
+             length that is a multiple of {}",
+            seq_len / a.cp,
+            a.tp,
+            pipewright::varuna::sequence_multiple(a.cp, a.tp, true)
+        ));
+    }
+    Ok(())
 }

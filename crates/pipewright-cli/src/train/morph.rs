@@ -23,9 +23,6 @@ pub fn morph(a: &TrainArgs, env: &Env, spec: &RunSpec) -> Result<RunSpec> {
         None => m.why,
     };
     let (from, to) = (spec.train.layout, morphed.train.layout);
-    eprintln!(
-        "pipewright train: morphing from pp={} tp={} dp={} to pp={} tp={} dp={} for a world of {world} ({why})",
-        from.pp, from.tp, from.dp, to.pp, to.tp, to.dp
-    );
+    eprintln!("pipewright train: morphing from {from} to {to} for a world of {world} ({why})");
     Ok(morphed)
 }

@@ -91,9 +91,8 @@ impl Hooks for TrainHooks<'_> {
             self.training_peak = peak_memory_bytes();
             self.allocated_peak = memory::peak_bytes();
             if !pipewright::dist::Env::under_mpi() {
-                self.rank_allocated_peaks = (0..a.pp * a.tp * a.dp)
-                    .filter_map(memory::rank_peak_bytes)
-                    .collect();
+                self.rank_allocated_peaks =
+                    (0..a.world()).filter_map(memory::rank_peak_bytes).collect();
             }
         }
         let trainer = cx.trainer()?;
@@ -207,6 +206,12 @@ pub fn train_loop(
     }
     if a.tp > 1 {
         layout += &format!(", tensor-parallel tp={}", a.tp);
+        if a.sequence_parallel {
+            layout += " with sequence parallelism";
+        }
+    }
+    if a.cp > 1 {
+        layout += &format!(", context-parallel cp={}", a.cp);
     }
     if let Some(dir) = dir {
         println!(
@@ -286,7 +291,7 @@ pub fn write_summary(
     bubbles: &[f64],
     balance: &[usize],
 ) -> Result<()> {
-    summary.layout = format!("pp={} tp={} dp={} {}", a.pp, a.tp, a.dp, a.precision);
+    summary.layout = format!("{} {}", a.layout()?, a.precision);
     summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();

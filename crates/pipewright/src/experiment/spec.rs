@@ -83,6 +83,10 @@ pub struct TrainSpec {
     /// What the data-parallel replicas shard (ZeRO); runs recorded before it had none.
     #[serde(default)]
     pub zero: Zero,
+    /// Megatron's sequence parallelism over the tensor-parallel ranks (see
+    /// [`VarunaOptions::sequence_parallel`]); runs recorded before it had none.
+    #[serde(default)]
+    pub sequence_parallel: bool,
     /// Seeds initialisation, dropout, the data and everything random.
     pub seed: u64,
     /// How long the run trains and when it evaluates, logs and saves.
@@ -107,6 +111,7 @@ impl TrainSpec {
             lr: LrSchedule::Constant { lr: 1e-3 },
             clip: None,
             zero: Zero::Off,
+            sequence_parallel: false,
             seed: 0,
             cadence: Cadence::steps(steps),
         }
@@ -176,6 +181,7 @@ impl TrainSpec {
             clip: self.clip,
             lr: self.lr,
             zero: self.zero,
+            sequence_parallel: self.sequence_parallel,
             ..VarunaOptions::new(self.layout, self.global_batch, self.micro_batch)
         }
     }

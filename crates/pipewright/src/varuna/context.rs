@@ -19,6 +19,49 @@ impl Varuna {
         if !me.is_split() {
             return Ok(batch);
         }
+        self.cut(&batch, me)
+    }
+
+    /// [`Varuna::local_batch`] of inputs alone, whose sequences are first padded on the right
+    /// (with zeros) to a length that the ring and sequence parallelism split; returns the
+    /// batch and the length before padding. Exact for causal models (no position sees a later
+    /// one), the only kind ring attention runs: the output's first positions are those of the
+    /// unpadded inputs.
+    pub(super) fn local_inputs(&self, batch: &Batch) -> Result<(Batch, Option<usize>)> {
+        let me = Chunks::of(&self.cp);
+        let n = sequence_multiple(me.size, self.topo.layout().tp, self.opts.sequence_parallel);
+        if n == 1 {
+            return Ok((batch.to_device(&self.opts.device)?, None));
+        }
+        let mut padded = Batch::new();
+        let mut len = None;
+        for (name, t) in batch.iter() {
+            let t = t.to_device(&self.opts.device)?;
+            if t.rank() >= 2 {
+                let l = t.dim(1)?;
+                len = Some(l);
+                let more = l.div_ceil(n).max(1) * n - l;
+                padded.insert(
+                    name,
+                    if more > 0 {
+                        t.pad_with_zeros(1, 0, more)?
+                    } else {
+                        t
+                    },
+                );
+            } else {
+                padded.insert(name, t);
+            }
+        }
+        let local = if me.is_split() {
+            self.cut(&padded, me)?
+        } else {
+            padded
+        };
+        Ok((local, len))
+    }
+
+    fn cut(&self, batch: &Batch, me: Chunks) -> Result<Batch> {
         let mut out = Batch::new();
         for (name, t) in batch.iter() {
             if t.rank() < 2 {
@@ -46,11 +89,20 @@ impl Varuna {
     }
 
     /// The model output over whole sequences from this rank's slice (dim 1), joined over the
-    /// ring.
-    pub(super) fn whole_sequence(&self, out: &Tensor) -> Result<Tensor> {
-        if self.cp.size() == 1 {
-            return Ok(out.clone());
+    /// ring, cut back to `len` positions when the inputs were padded.
+    pub(super) fn whole_sequence(&self, out: &Tensor, len: Option<usize>) -> Result<Tensor> {
+        let whole = if self.cp.size() == 1 {
+            out.clone()
+        } else {
+            self.join_ring(out)?
+        };
+        match len {
+            Some(l) if l < whole.dim(1)? => Ok(whole.narrow(1, 0, l)?),
+            _ => Ok(whole),
         }
+    }
+
+    fn join_ring(&self, out: &Tensor) -> Result<Tensor> {
         let parts = self.cp.all_gather(&out.contiguous()?)?;
         let device = out.device();
         let parts = parts
@@ -59,4 +111,18 @@ impl Varuna {
             .collect::<candle_core::Result<Vec<_>>>()?;
         Chunks::join(&parts, 1)
     }
+}
+
+/// The lengths that sequences must be a multiple of to split over a ring of `cp` ranks (two
+/// chunks each) and, with sequence parallelism, each rank's part over `tp` ranks.
+pub fn sequence_multiple(cp: usize, tp: usize, sequence_parallel: bool) -> usize {
+    let ring = if cp > 1 { 2 * cp } else { 1 };
+    let split = if sequence_parallel { cp * tp } else { 1 };
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    ring / gcd(ring, split) * split
 }

@@ -27,6 +27,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor, Var};
 
 pub use checkpoint::TrainState;
+pub use context::sequence_multiple;
 pub use generate::Sampling;
 pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 
@@ -394,17 +395,21 @@ impl Varuna {
         Ok(Evaluation {
             loss: sum / count as f64,
             count,
-            output: r.output.map(|o| self.whole_sequence(&o)).transpose()?,
+            output: r
+                .output
+                .map(|o| self.whole_sequence(&o, None))
+                .transpose()?,
         })
     }
 
     /// The evaluation-mode output (f32, whole) of the model for `batch`'s inputs, on every
-    /// rank; the batch needs no targets.
+    /// rank; the batch needs no targets. Under context parallelism sequences the ring does not
+    /// split are padded on the right and the output cut back (exact for causal models).
     pub fn predict(&self, batch: &Batch) -> Result<Tensor> {
         self.check_batch(batch, false)?;
-        let batch = self.local_batch(batch)?;
+        let (batch, len) = self.local_inputs(batch)?;
         let r = self.pipeline.forward_only(&batch, false, true)?;
-        self.whole_sequence(&r.output.expect("asked for the output"))
+        self.whole_sequence(&r.output.expect("asked for the output"), len)
     }
 
     /// Fraction of step time this rank spent not computing (between actions, or inside one
