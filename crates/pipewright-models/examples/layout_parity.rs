@@ -1,5 +1,7 @@
 //! A layout under Open MPI against serial training: `mpirun -np N layout_parity PP TP DP
-//! [ZERO]` (ZERO: the ZeRO stage, 0 by default).
+//! [ZERO [CP [SP]]]` (ZERO: the ZeRO stage, 0 by default; CP: context-parallel ranks, 1 by
+//! default; SP: 1 for sequence parallelism). With CP > 1 or SP the run has sequences of 24
+//! tokens and no dropout ([`ParityRun::for_context_parallel`]).
 //! Every rank trains its part of a small GPT with the Varuna step (5 clipped AdamW steps) and
 //! also trains the serial model, then compares losses, gradient norms and its parameters with
 //! the serial ones. Rank 0 prints the worst relative difference and `1 passed, 0 failed` when
@@ -23,24 +25,30 @@ fn main() {
     };
     let rank = world.rank();
     let result = (|| -> pipewright::Result<Option<f64>> {
-        let usage = || pipewright::invalid!("usage: layout_parity PP TP DP [ZERO]");
+        let usage = || pipewright::invalid!("usage: layout_parity PP TP DP [ZERO [CP [SP]]]");
         let mut args: Vec<usize> = std::env::args()
             .skip(1)
             .map(|a| a.parse().map_err(|_| usage()))
             .collect::<pipewright::Result<_>>()?;
-        if args.len() == 3 {
-            args.push(0);
+        // ZERO 0, CP 1, SP 0 when left out.
+        while (3..6).contains(&args.len()) {
+            args.push([0, 1, 0][args.len() - 3]);
         }
-        let [pp, tp, dp, zero] = args[..] else {
+        let [pp, tp, dp, zero, cp, sp] = args[..] else {
             return Err(usage());
         };
-        let layout = Layout::new(pp, tp, dp)?;
+        let layout = Layout::new(pp, tp, dp)?.with_cp(cp)?;
         let zero = Zero::try_from(zero as u8)?;
-        let run = ParityRun::default();
+        let run = if cp > 1 || sp == 1 {
+            ParityRun::for_context_parallel()
+        } else {
+            ParityRun::default()
+        };
         let want = run.serial()?;
         let all: Box<dyn Communicator> = world.split(&(0..world.size()).collect::<Vec<_>>())?;
         let opts = VarunaOptions {
             zero,
+            sequence_parallel: sp == 1,
             ..run.options(layout)
         };
         let got = run.rank(Box::new(world), opts)?;
