@@ -116,40 +116,18 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
     // World 2: (1, 1, 2) or (2, 1, 1); without a profile the same pp is nearest.
     assert_eq!(
         morph_layouts(&request(2), &m),
-        vec![
-            Layout {
-                pp: 2,
-                tp: 1,
-                dp: 1
-            },
-            Layout {
-                pp: 1,
-                tp: 1,
-                dp: 2
-            }
-        ]
+        vec![Layout::new(2, 1, 1).unwrap(), Layout::new(1, 1, 2).unwrap()]
     );
     let nearest = morph(&request(2), &m, None).unwrap();
     assert_eq!(
         (nearest.layout, nearest.step_s),
-        (
-            Layout {
-                pp: 2,
-                tp: 1,
-                dp: 1
-            },
-            None
-        )
+        (Layout::new(2, 1, 1).unwrap(), None)
     );
     // World 8: pp 8 has no stage for every rank (5 layers) and dp 4 or 8 does not divide the
     // 6 micro-batches of 4 rows: only pp 4 x dp 2 is left.
     assert_eq!(
         morph_layouts(&request(8), &m),
-        vec![Layout {
-            pp: 4,
-            tp: 1,
-            dp: 2
-        }]
+        vec![Layout::new(4, 1, 2).unwrap()]
     );
     // Before the micro-batch size: pp 1, 2 and 4 (dp 8, 4, 2 each divide 24 rows).
     let l = |pp, dp| Layout::new(pp, 1, dp).unwrap();
