@@ -114,12 +114,6 @@ impl Layout {
         }
     }
 
-    /// Ranks holding one stage's weights whole or as one shard each: `cp * dp`, the ranks that
-    /// sum their gradients.
-    pub fn replicas(&self) -> usize {
-        self.cp * self.dp
-    }
-
     /// The layout with `pp` stages and `tp`-way shards that fills `world` ranks (dp derived).
     pub fn for_world(world: usize, pp: usize, tp: usize) -> Result<Self> {
         if pp == 0 || tp == 0 || world == 0 || !world.is_multiple_of(pp * tp) {

@@ -8,6 +8,7 @@
 //! sender's device for local threads, the CPU for MPI, the GPU for NCCL): receivers move it to
 //! their device, which costs nothing when it is there already.
 
+mod autograd;
 mod backend;
 pub mod conformance;
 mod group;
@@ -19,6 +20,7 @@ pub mod nccl;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 
+pub(crate) use autograd::precomputed;
 pub use backend::Backend;
 pub use group::TpGroup;
 

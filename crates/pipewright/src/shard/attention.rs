@@ -122,14 +122,7 @@ impl CausalSelfAttention {
             let y = self.c_proj.forward(&y, cx)?;
             return self.sp.dropout(&self.resid_dropout, &y, cx);
         }
-        let heads = |i: usize| -> Result<Tensor> {
-            Ok(qkv
-                .narrow(2, i * lc, lc)?
-                .reshape((b, t, h, hd))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let [q, k, v] = split_heads(&qkv, (b, t, h, hd))?;
         // Decoding: the new tokens attend over the cached ones too (the causal softmax lines
         // the last query up with the last key).
         let (k, v) = match &cx.kv_cache {
@@ -165,19 +158,26 @@ impl CausalSelfAttention {
                     .into(),
             });
         }
-        let lc = h * hd;
-        let heads = |i: usize| -> Result<Tensor> {
-            Ok(qkv
-                .narrow(2, i * lc, lc)?
-                .reshape((b, t, h, hd))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let y = ring_attention(&heads(0)?, &heads(1)?, &heads(2)?, scale, 1, &self.ring)?;
-        let y = y.transpose(1, 2)?.reshape((b, t, lc))?;
+        let [q, k, v] = split_heads(qkv, (b, t, h, hd))?;
+        let y = ring_attention(&q, &k, &v, scale, 1, &self.ring)?;
+        let y = y.transpose(1, 2)?.reshape((b, t, h * hd))?;
         let y = self.c_proj.forward(&y, cx)?;
         self.sp.dropout(&self.resid_dropout, &y, cx)
     }
+}
+
+/// q, k and v `(batch, heads, time, head_dim)` of this rank's `h` heads from the packed
+/// `(batch, time, 3 * h * head_dim)` output of `c_attn`.
+fn split_heads(qkv: &Tensor, (b, t, h, hd): (usize, usize, usize, usize)) -> Result<[Tensor; 3]> {
+    let lc = h * hd;
+    let one = |i: usize| -> Result<Tensor> {
+        Ok(qkv
+            .narrow(2, i * lc, lc)?
+            .reshape((b, t, h, hd))?
+            .transpose(1, 2)?
+            .contiguous()?)
+    };
+    Ok([one(0)?, one(1)?, one(2)?])
 }
 
 impl Module for CausalSelfAttention {

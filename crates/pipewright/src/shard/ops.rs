@@ -19,11 +19,10 @@
 //! layers do, because every tensor-parallel rank builds the same graph. In a group of one they
 //! are the identity and add nothing to the graph.
 
-use std::sync::Mutex;
-
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle_core::Tensor;
 
 use super::{assemble, part};
+use crate::comm::precomputed;
 use crate::comm::ReduceOp;
 use crate::comm::TpGroup;
 use crate::Result;
@@ -38,32 +37,9 @@ enum Kind {
     SeqReduceScatter,
 }
 
-/// An op whose forward value was computed (with its collective) before the op was applied: the
-/// op hands that value to candle and keeps the backward.
-struct Collective {
-    kind: Kind,
-    group: TpGroup,
-    value: Mutex<Option<Tensor>>,
-}
-
-fn to_candle(e: crate::Error) -> candle_core::Error {
-    candle_core::Error::Msg(e.to_string())
-}
-
-impl Collective {
-    /// The forward value, taken so that the graph does not keep a second copy of it alive.
-    fn take(&self) -> candle_core::Result<Tensor> {
-        self.value
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| candle_core::Error::Msg(format!("{}: run twice", self.name())))
-    }
-}
-
-impl CustomOp1 for Collective {
-    fn name(&self) -> &'static str {
-        match self.kind {
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
             Kind::Copy => "copy-to-group",
             Kind::Reduce => "reduce-from-group",
             Kind::Gather { .. } => "gather-from-group",
@@ -73,49 +49,25 @@ impl CustomOp1 for Collective {
         }
     }
 
-    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        crate::storage::copy_of(&self.take()?, self.name(), crate::storage::cpu)
-    }
-
-    fn cuda_fwd(
-        &self,
-        _s: &candle_core::CudaStorage,
-        _l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        crate::storage::copy_of(&self.take()?, self.name(), crate::storage::cuda)
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        let g = &self.group;
-        let r = match self.kind {
-            Kind::Copy => g.all_reduce(grad, ReduceOp::Sum).map_err(to_candle)?,
-            Kind::Reduce => grad.clone(),
-            Kind::Gather { axis, stride } => {
-                part(grad, axis, stride, g.rank(), g.size()).map_err(to_candle)?
-            }
+    /// The conjugate collective of `grad`.
+    fn backward(self, g: &TpGroup, grad: &Tensor) -> Result<Tensor> {
+        match self {
+            Kind::Copy => g.all_reduce(grad, ReduceOp::Sum),
+            Kind::Reduce => Ok(grad.clone()),
+            Kind::Gather { axis, stride } => part(grad, axis, stride, g.rank(), g.size()),
             Kind::Scatter { axis, stride } => {
-                let parts = g.all_gather(&grad.contiguous()?).map_err(to_candle)?;
-                assemble(&parts, axis, stride).map_err(to_candle)?
+                let parts = g.all_gather(&grad.contiguous()?)?;
+                assemble(&parts, axis, stride)
             }
-            Kind::SeqGather => reduce_scatter_dim1(grad, g).map_err(to_candle)?,
-            Kind::SeqReduceScatter => all_gather_dim1(grad, g).map_err(to_candle)?,
-        };
-        Ok(Some(r))
+            Kind::SeqGather => reduce_scatter_dim1(grad, g),
+            Kind::SeqReduceScatter => all_gather_dim1(grad, g),
+        }
     }
 }
 
 fn apply(x: &Tensor, value: Tensor, kind: Kind, group: &TpGroup) -> Result<Tensor> {
-    let op = Collective {
-        kind,
-        group: group.clone(),
-        value: Mutex::new(Some(value)),
-    };
-    Ok(x.apply_op1(op)?)
+    let g = group.clone();
+    precomputed(x, value, kind.name(), move |grad| kind.backward(&g, grad))
 }
 
 /// Identity forward, all-reduce backward: feeds a replicated tensor into a column-parallel
