@@ -20,7 +20,7 @@ pub mod nccl;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 
-pub(crate) use autograd::precomputed;
+pub(crate) use autograd::{precomputed, precomputed3};
 pub use backend::Backend;
 pub use group::TpGroup;
 

@@ -5,11 +5,10 @@
 //! - [`chunks`]: which positions a rank holds. A sequence of `T` tokens is cut into `2 * cp`
 //!   chunks and rank `r` takes chunk `r` and chunk `2 cp - 1 - r` (one from the front, one from
 //!   the back), so that under a causal mask every rank has the same attention work.
-//! - [`ring`]: moving a tensor one step around the ring as an autograd op (the backward moves
-//!   its gradient one step back).
-//! - [`attention`]: causal attention over the ring: each rank keeps its queries and passes key
-//!   and value blocks around, merging each block into an online softmax; its backward passes the
-//!   key and value gradients back around the ring.
+//! - [`ring`]: moving a tensor one step around the ring.
+//! - [`attention`]: causal attention over the ring as one autograd op: each rank keeps its
+//!   queries and passes key and value blocks around, merging each block into an online softmax
+//!   and keeping no scores; its backward passes the blocks around again with their gradients.
 //!
 //! Everything outside attention is per token, so a layer other than attention and the
 //! embeddings (which need positions) runs unchanged on its rank's slice. The ranks of a ring
@@ -22,4 +21,3 @@ pub mod ring;
 
 pub use attention::ring_attention;
 pub use chunks::Chunks;
-pub use ring::ring_shift;
