@@ -1,4 +1,4 @@
-//! `pipewright plan`: AutoConfig. Every pp x tp x dp layout of `--world` ranks, with every
+//! `pipewright plan`: AutoConfig. Every pp x tp x cp x dp layout of `--world` ranks, with every
 //! micro-batch size, schedule and recompute mode, predicted from a profile (`--profile`, made
 //! by `pipewright profile`) or from the GPT's shapes (the model flags of `train`) on a
 //! hardware description, kept when each rank fits in `--memory`, ranked by predicted step
@@ -50,7 +50,8 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
     pub repeats: usize,
     /// Predict only these layouts instead of searching, each written as
-    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1` (repeat the flag for more).
+    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1` (`cp=2`, `sp=1` too; repeat
+    /// the flag for more).
     #[arg(long)]
     pub candidate: Vec<String>,
 }
@@ -118,7 +119,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
         profile.source
     );
     println!(
-        "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>7} {:>11}",
+        "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>7} {:>11}",
         "rank",
         "layout",
         "mbs",
@@ -139,9 +140,9 @@ pub fn run(p: PlanArgs) -> Result<()> {
             c.schedule.to_string()
         };
         println!(
-            "{:<4} {:<16} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>6.1}% {:>11}",
+            "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>6.1}% {:>11}",
             i + 1,
-            c.layout.to_string(),
+            layout_text(c),
             c.micro_batch,
             c.micro_batches,
             schedule,
@@ -158,6 +159,15 @@ pub fn run(p: PlanArgs) -> Result<()> {
         measure(&p, &hw, &best)?;
     }
     Ok(())
+}
+
+/// The candidate's layout, `sp` after it with sequence parallelism.
+fn layout_text(c: &pipewright::plan::Candidate) -> String {
+    if c.sequence_parallel {
+        format!("{} sp", c.layout)
+    } else {
+        c.layout.to_string()
+    }
 }
 
 fn balance_text(b: &[usize]) -> String {
@@ -212,6 +222,8 @@ fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measu
     a.pp = c.layout.pp;
     a.tp = c.layout.tp;
     a.dp = c.layout.dp;
+    a.cp = c.layout.cp;
+    a.sequence_parallel = c.sequence_parallel;
     a.chunks = c.micro_batches;
     a.chunk_size = None;
     a.schedule = c.schedule.to_string();

@@ -75,6 +75,7 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
         virtual_stages: a.r#virtual,
         recompute: a.recompute.parse()?,
         zero: pipewright::zero::Zero::Off,
+        sequence_parallel: false,
     };
     let (e, sim) = estimate(&profile, &cluster, &cand)?;
     println!(

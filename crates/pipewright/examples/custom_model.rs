@@ -280,7 +280,7 @@ pub fn plan_and_morph(steps: u64) -> Result<(TrainSpec, TrainSpec)> {
         top: 3,
     };
     // The serial oracle's micro-batch size, so that every layout adds the same sums.
-    let all = candidates(&req, profile.units(), &profile.tp_divides)
+    let all = candidates(&req, &profile)
         .into_iter()
         .filter(|c| c.micro_batch == CHUNK_SIZE)
         .collect();

@@ -59,6 +59,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         tp_all_reduce_bytes_per_sample: 0.0,
         split: Vec::new(),
         measured: Vec::new(),
+        attention: None,
     };
     Profile {
         source: "test".into(),
@@ -85,6 +86,7 @@ fn candidate(
         virtual_stages: 1,
         recompute,
         zero: pipewright::zero::Zero::Off,
+        sequence_parallel: false,
     }
 }
 
@@ -278,9 +280,17 @@ fn gpt3_on_1024_h100s_plans_like_megatron_in_seconds() {
     let took = t.elapsed().as_secs_f64();
     assert!(took < 10.0, "planning took {took} s");
     let best = plans[0].candidate.layout;
-    // Tensor parallelism fills a node's NVLink, pipeline stages cross nodes.
-    assert_eq!(best.tp, 8, "{best}");
+    // Tensor parallelism stays inside a node's NVLink, pipeline stages cross nodes. With
+    // sequence parallelism (searched with every tp > 1) tp 4 fits without recomputation (80.4
+    // of 80 GiB) and ranks first; Megatron's tp 8 is within 5 % of it.
+    assert!(best.tp >= 4 && best.tp <= 8, "{best}");
     assert!(best.pp >= 4 && best.dp >= 2, "{best}");
+    assert!(
+        plans
+            .iter()
+            .any(|e| e.candidate.layout.tp == 8 && e.step_s < 1.05 * plans[0].step_s),
+        "{plans:?}"
+    );
     // 175 B parameters: about 6 x 175e9 x tokens FLOPs at half of 1024 x 989 TFLOP/s at best.
     let ideal = 6.0 * 175e9 * 1536.0 * 2048.0 / (1024.0 * 989e12 * 0.5);
     assert!(

@@ -87,7 +87,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         top: 3,
     };
     let cluster = Cluster::new(&hw, 4, None).unwrap();
-    let all = candidates(&req, profile.units(), &profile.tp_divides);
+    let all = candidates(&req, &profile);
     assert!(all.iter().all(|c| c.layout.tp == 1 && c.layout.pp <= 5));
     let best = rank(&profile, &cluster, &req, all.clone()).unwrap();
     let fastest = all
@@ -155,6 +155,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
                 virtual_stages: 1,
                 recompute: Recompute::Never,
                 zero: pipewright::zero::Zero::Off,
+                sequence_parallel: false,
             };
             (estimate(&profile, &cluster6, &c).unwrap().0.step_s, layout)
         })

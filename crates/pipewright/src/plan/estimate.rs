@@ -10,6 +10,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::balance::balance_cost;
+use super::context;
 use super::hardware::{Hardware, Link};
 use super::profile::{Fit, Profile};
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
@@ -89,6 +90,8 @@ pub struct Candidate {
     /// What the data-parallel replicas shard.
     #[serde(serialize_with = "display")]
     pub zero: Zero,
+    /// Megatron's sequence parallelism (with tp > 1).
+    pub sequence_parallel: bool,
 }
 
 fn display<T: fmt::Display, S: serde::Serializer>(
@@ -191,23 +194,32 @@ struct StageCost {
     /// The parameters of its largest layer (ZeRO-3 holds one layer's whole at a time).
     largest: f64,
     kept: f64,
+    /// The most transient bytes one of its layers holds while it computes (attention).
+    working: f64,
     /// What the split backward holds until the weight gradients (zero-bubble schedules).
     deferred: f64,
     input: f64,
     output: f64,
 }
 
-/// The costs of model stage layers `layers` for one micro-batch of `rows` at tp size `tp`.
+/// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
+/// cp and sequence parallelism (see [`super::context`]).
 fn stage_cost(
     p: &Profile,
     c: &Cluster,
-    tp: usize,
+    cand: &Candidate,
     rows: usize,
     units: std::ops::Range<usize>,
 ) -> StageCost {
+    let Layout { tp, cp, .. } = cand.layout;
+    let sp = cand.sequence_parallel && tp > 1;
     let layers = p.unit_layers(units);
     let tp_link = c.link(tp);
-    let slow = c.thread_ratio(p.threads);
+    let ring_link = c.link(tp * cp);
+    // This rank's share of every token-wise cost, and of what crosses a cut.
+    let share = context::share(cp);
+    let cut = share / if sp { tp as f64 } else { 1.0 };
+    let slow = c.thread_ratio(p.threads) * share;
     let mut s = StageCost {
         forward: 0.0,
         backward: 0.0,
@@ -216,13 +228,14 @@ fn stage_cost(
         params: 0.0,
         largest: 0.0,
         kept: 0.0,
+        working: 0.0,
         deferred: 0.0,
         input: if layers.start == 0 {
             0.0
         } else {
-            p.layers[layers.start - 1].output_bytes_per_sample * rows as f64
+            p.layers[layers.start - 1].output_bytes_per_sample * rows as f64 * cut
         },
-        output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64,
+        output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64 * cut,
     };
     for l in &p.layers[layers] {
         let r = rows as f64;
@@ -236,8 +249,9 @@ fn stage_cost(
             s.backward_weight += m.backward_weight.at(rows) * slow;
             s.params += m.params as f64;
         } else {
+            // Sequence parallelism's reduce-scatter and all-gather move an all-reduce's bytes.
             let comm = if l.tp_split && tp > 1 {
-                tp_link.all_reduce(tp, l.tp_all_reduce_bytes_per_sample * r)
+                tp_link.all_reduce(tp, l.tp_all_reduce_bytes_per_sample * r * share)
             } else {
                 0.0
             };
@@ -250,18 +264,31 @@ fn stage_cost(
             s.params += l.params as f64 / t;
         }
         s.largest = s.largest.max(s.params - before);
+        if let Some(a) = &l.attention {
+            let (f, b) = context::ring_seconds(a, rows, tp, cp, ring_link);
+            s.forward += f;
+            s.backward += b;
+            s.backward_input += b;
+            s.working = s
+                .working
+                .max(context::working_bytes(a, rows, tp, cp, p.dtype_bytes));
+        }
         // The shard's kept bytes as measured at this tp size (its collectives' outputs are
         // live tensors of its graph), else modelled from the unsplit layer.
         let measured = l.split.iter().find(|m| m.tp == tp);
+        // (Sequence parallelism splits the whole part over tp as well.)
         let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
-        s.kept += measured
-            .and_then(|m| m.kept_bytes_per_sample)
-            .unwrap_or(whole + (l.kept_bytes_per_sample - whole) / t)
-            * r;
+        let kept = match measured.and_then(|m| m.kept_bytes_per_sample) {
+            Some(k) if !sp => k,
+            _ if sp => l.kept_bytes_per_sample / t,
+            _ => whole + (l.kept_bytes_per_sample - whole) / t,
+        };
+        s.kept += kept * r * share;
         s.deferred += measured
             .and_then(|m| m.deferred_bytes_per_sample)
             .unwrap_or(l.deferred_bytes_per_sample / t)
-            * r;
+            * r
+            * share;
     }
     s
 }
@@ -273,13 +300,15 @@ pub fn estimate(
     cluster: &Cluster,
     cand: &Candidate,
 ) -> Result<(Estimate, Simulation)> {
-    let Layout { pp, tp, dp, .. } = cand.layout;
+    let Layout { pp, tp, dp, cp } = cand.layout;
+    // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
+    let replicas = cp * dp;
     let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
     let units = profile.units();
     let unit_time: Vec<f64> = (0..units)
         .map(|u| {
-            let s = stage_cost(profile, cluster, tp, rows, u..u + 1);
+            let s = stage_cost(profile, cluster, cand, rows, u..u + 1);
             s.forward + s.backward
         })
         .collect();
@@ -288,7 +317,7 @@ pub fn estimate(
     let costs: Vec<StageCost> = balance
         .iter()
         .map(|&n| {
-            let c = stage_cost(profile, cluster, tp, rows, start..start + n);
+            let c = stage_cost(profile, cluster, cand, rows, start..start + n);
             start += n;
             c
         })
@@ -304,7 +333,7 @@ pub fn estimate(
             Action::BackwardWeight { .. } => c.backward_weight,
         }
     };
-    let pp_link = cluster.link(pp * tp * dp);
+    let pp_link = cluster.link(pp * tp * replicas);
     let transfer = |from: usize, to: usize| pp_link.p2p(costs[from.min(to)].output);
     // Every pipeline rank stands for its stage's tp x dp ranks, busy and idle together: a
     // share of them computing at full speed at once is that share of the pipeline ranks.
@@ -316,7 +345,9 @@ pub fn estimate(
     let schedule = Schedule::new(cand.schedule, pp, m, v)?;
     let sim = schedule.simulate_with(&cost, &transfer, slots)?;
     let hw = cluster.hardware;
-    let dp_link = cluster.link(tp * dp);
+    let dp_link = cluster.link(tp * replicas);
+    // Below, the data-parallel sums and ZeRO's shards span the ring too.
+    let dp = replicas;
     let mut after = 0f64;
     let mut peak_bytes = Vec::with_capacity(pp);
     for r in 0..pp {
@@ -361,7 +392,8 @@ pub fn estimate(
         // The peak is in a backward (after the first, the running sum of the gradients is
         // held too) or in the optimizer step, whichever holds more.
         let (per_param, step_per_param) = state_bytes_per_param(cand.zero, dp, m * v == 1);
-        let mut backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max;
+        let working = mine.iter().map(|c| c.working).fold(0.0, f64::max);
+        let mut backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max + working;
         if cand.zero == Zero::Parameters && dp > 1 {
             let largest = mine.iter().map(|c| c.largest).fold(0.0, f64::max);
             backward += ZERO3_LAYER_COPIES * 4.0 * largest;

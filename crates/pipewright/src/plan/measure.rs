@@ -163,6 +163,7 @@ pub fn measure(
                     })
                     .collect(),
                 measured,
+                attention: None,
             }
         })
         .collect();

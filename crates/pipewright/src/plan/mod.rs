@@ -9,12 +9,14 @@
 //! - [`balance`]: the contiguous split of per-layer (or per-segment) costs over pipeline stages
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
 //!   `balance_by_size` over given costs).
+//! - [`context`]: what context and sequence parallelism change in a layer's costs.
 //! - [`estimate`](mod@estimate): one layout's predicted step time, bubble and peak memory per stage, the
 //!   schedule replayed by the simulator with the profiled costs.
 //! - [`search`](mod@search): AutoConfig, every layout under a memory cap ranked by predicted step time.
 //! - [`morph`](mod@morph): the layout a run restarted in a world of another size takes.
 
 pub mod balance;
+pub mod context;
 pub mod estimate;
 pub mod hardware;
 pub mod layer_cost;
@@ -30,7 +32,7 @@ pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use layer_cost::{median, profile_layers, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
-pub use profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
+pub use profile::{AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use transformer::Transformer;
 

@@ -120,6 +120,8 @@ pub fn morph(
             virtual_stages: req.virtual_stages,
             recompute: req.recompute,
             zero: req.zero,
+            // Morphing keeps to cp 1 layouts, without sequence parallelism.
+            sequence_parallel: false,
         })
         .collect();
     let request = Request {

@@ -99,6 +99,24 @@ pub struct LayerProfile {
     /// The timings the fits came from (measured profiles).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<Timing>,
+    /// The causal self-attention inside the layer, if any: what context parallelism splits
+    /// (its ring's messages and working memory are modelled from it, [`super::context`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionShape>,
+}
+
+/// The shape of a layer's causal self-attention.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention; `heads` for plain multi-head).
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Tokens per sample.
+    pub seq: usize,
 }
 
 /// One rank's shard of a layer at a measured tensor-parallel size.
@@ -202,6 +220,20 @@ impl Profile {
                 l.deferred_bytes_per_sample,
                 l.tp_all_reduce_bytes_per_sample,
             ];
+            if let Some(a) = l.attention {
+                if a.heads == 0
+                    || a.kv_heads == 0
+                    || a.head_dim == 0
+                    || a.seq == 0
+                    || !a.heads.is_multiple_of(a.kv_heads)
+                {
+                    return Err(invalid!(
+                        "profile {what}: layer {}'s attention {a:?} needs positive sizes and \
+                         heads a multiple of kv_heads",
+                        l.name
+                    ));
+                }
+            }
             let split_values = split.flat_map(|f| [f.fixed_s, f.per_sample_s]);
             if values
                 .into_iter()
@@ -215,6 +247,12 @@ impl Profile {
             }
         }
         Ok(())
+    }
+
+    /// Tokens per sample of the model's attention (what context parallelism splits), or
+    /// `None` when no layer attends.
+    pub fn sequence(&self) -> Option<usize> {
+        self.layers.iter().find_map(|l| l.attention.map(|a| a.seq))
     }
 
     /// Units the model may be split into (layers, or segments between cut points).

@@ -1,5 +1,7 @@
-//! AutoConfig (Varuna's, and what Megatron users do by hand): every pp x tp x dp layout of a
-//! world, every micro-batch size, schedule and recompute mode, predicted by
+//! AutoConfig (Varuna's, and what Megatron users do by hand): every pp x tp x cp x dp layout
+//! of a world (cp when the model attends over sequences that split into 2 x cp chunks of at
+//! least [`MIN_CHUNK_TOKENS`]; sequence parallelism whenever tp > 1), every micro-batch size, schedule,
+//! recompute mode and ZeRO stage, predicted by
 //! [`estimate`](fn@super::estimate::estimate), kept when each rank fits in the memory cap, and
 //! ranked by step time.
 
@@ -65,11 +67,34 @@ pub fn layouts(
     out
 }
 
-/// Every candidate of `req`'s world for a model of `units` units whose tp size must divide
-/// each of `tp_divides`.
-pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Candidate> {
+/// The fewest tokens of one chunk a ring is searched with (a rank holds two): shorter chunks
+/// make attention's products too thin to be worth a ring (Megatron and torchtitan turn to
+/// context parallelism for sequences of 8k tokens and more; a pinned candidate may use any).
+pub const MIN_CHUNK_TOKENS: usize = 512;
+
+/// Context-parallel sizes searched for `world` ranks and a model attending over `seq` tokens
+/// (1 alone when it does not): those that divide the world and split the sequence into
+/// `2 x cp` chunks of at least [`MIN_CHUNK_TOKENS`].
+fn cp_sizes(world: usize, seq: Option<usize>) -> Vec<usize> {
+    divisors(world)
+        .filter(|&cp| {
+            cp == 1
+                || seq.is_some_and(|s| s.is_multiple_of(2 * cp) && s / (2 * cp) >= MIN_CHUNK_TOKENS)
+        })
+        .collect()
+}
+
+/// Every candidate of `req`'s world for `profile`'s model.
+pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
+    let (units, tp_divides) = (profile.units(), &profile.tp_divides);
     let mut out = Vec::new();
-    for Layout { pp, tp, dp, .. } in layouts(req.world, units, tp_divides, req.global_batch) {
+    let mut all = Vec::new();
+    for cp in cp_sizes(req.world, profile.sequence()) {
+        for l in layouts(req.world / cp, units, tp_divides, req.global_batch) {
+            all.push(Layout { cp, ..l });
+        }
+    }
+    for Layout { pp, tp, dp, cp } in all {
         let rows = req.global_batch / dp;
         for micro_batch in micro_batch_sizes(rows) {
             let m = rows / micro_batch;
@@ -90,18 +115,24 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
             } else {
                 &[Zero::Off]
             };
+            // Sequence parallelism: the same step and less memory in the model, so with tp > 1
+            // it is searched alone (pin `sp=0` to compare).
+            let sps: &[bool] = if tp > 1 { &[true] } else { &[false] };
             for (schedule, virtual_stages) in schedules {
                 for recompute in [Recompute::Never, Recompute::Always] {
                     for &zero in zeros {
-                        out.push(Candidate {
-                            layout: Layout { pp, tp, dp, cp: 1 },
-                            micro_batch,
-                            micro_batches: m,
-                            schedule,
-                            virtual_stages,
-                            recompute,
-                            zero,
-                        });
+                        for &sequence_parallel in sps {
+                            out.push(Candidate {
+                                layout: Layout { pp, tp, dp, cp },
+                                micro_batch,
+                                micro_batches: m,
+                                schedule,
+                                virtual_stages,
+                                recompute,
+                                zero,
+                                sequence_parallel,
+                            });
+                        }
                     }
                 }
             }
@@ -111,8 +142,9 @@ pub fn candidates(req: &Request, units: usize, tp_divides: &[usize]) -> Vec<Cand
 }
 
 /// A candidate written as `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1`
-/// (`virtual=2` with the interleaved schedule; left out: pp, tp, dp and virtual 1, mbs the
-/// replica's rows, 1f1b, never, zero 0) for a global batch of `global_batch` rows.
+/// (`virtual=2` with the interleaved schedule, `cp=2` for context parallelism, `sp=1` for
+/// sequence parallelism; left out: pp, tp, cp, dp and virtual 1, mbs the replica's rows, 1f1b,
+/// never, zero 0, sp 0) for a global batch of `global_batch` rows.
 pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
     let mut c = Candidate {
         layout: Layout::serial(),
@@ -122,6 +154,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
         virtual_stages: 1,
         recompute: Recompute::Never,
         zero: Zero::Off,
+        sequence_parallel: false,
     };
     for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
         let (k, v) = part.trim().split_once('=').ok_or_else(|| {
@@ -137,6 +170,14 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             "pp" => c.layout.pp = n()?,
             "tp" => c.layout.tp = n()?,
             "dp" => c.layout.dp = n()?,
+            "cp" => c.layout.cp = n()?,
+            "sp" => {
+                c.sequence_parallel = match v {
+                    "1" | "on" | "true" => true,
+                    "0" | "off" | "false" => false,
+                    _ => return Err(invalid!("sp in candidate `{spec}` is 1 or 0")),
+                }
+            }
             "mbs" => c.micro_batch = n()?,
             "virtual" => c.virtual_stages = n()?,
             "schedule" => c.schedule = v.parse()?,
@@ -144,7 +185,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             "zero" => c.zero = v.parse()?,
             _ => {
                 return Err(invalid!(
-                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, dp, mbs, schedule, virtual, recompute, zero"
+                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, cp, dp, mbs, schedule, virtual, recompute, zero, sp"
                 ))
             }
         }
@@ -173,12 +214,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
 /// smaller peak). Errors say why none is left: a world the model cannot be split over, or
 /// the smallest memory cap any layout needs.
 pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec<Estimate>> {
-    rank(
-        profile,
-        cluster,
-        req,
-        candidates(req, profile.units(), &profile.tp_divides),
-    )
+    rank(profile, cluster, req, candidates(req, profile))
 }
 
 /// [`search`] among the given candidates only (each checked against the world and model).
@@ -192,8 +228,8 @@ pub fn rank(
         return Err(invalid!("world, global batch and top must be positive"));
     }
     for c in &all {
-        let Layout { pp, tp, dp, .. } = c.layout;
-        if pp * tp * dp != req.world {
+        let Layout { pp, tp, cp, .. } = c.layout;
+        if c.layout.world() != req.world {
             return Err(invalid!(
                 "{} is not a layout of {} ranks",
                 c.layout,
@@ -206,6 +242,22 @@ pub fn rank(
                 c.layout,
                 c.virtual_stages,
                 profile.units()
+            ));
+        }
+        if cp > 1 && !profile.sequence().is_some_and(|s| s.is_multiple_of(2 * cp)) {
+            return Err(invalid!(
+                "{}: cp {cp} needs a model that attends over sequences of a multiple of 2 x cp = \
+                 {} tokens (this profile's: {:?}; a measured profile does not record its \
+                 attention: plan cp from the model's shapes)",
+                c.layout,
+                2 * cp,
+                profile.sequence()
+            ));
+        }
+        if c.sequence_parallel && tp == 1 {
+            return Err(invalid!(
+                "{}: sequence parallelism splits over the tensor-parallel ranks: it needs tp > 1",
+                c.layout
             ));
         }
         if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {

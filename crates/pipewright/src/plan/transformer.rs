@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::hardware::Hardware;
-use super::profile::{Fit, LayerProfile, Profile};
+use super::profile::{AttentionShape, Fit, LayerProfile, Profile};
 use crate::{invalid, Result};
 
 /// A GPT-2/GPT-3-shaped decoder (the layers of `pipewright_models::gpt`: the embeddings, the
@@ -104,6 +104,7 @@ impl Transformer {
                     tp_all_reduce_bytes_per_sample: all_reduces * s * h * q,
                     split: Vec::new(),
                     measured: Vec::new(),
+                    attention: None,
                 }
             };
         let mut layers = vec![layer("embedding".into(), v * h + s * h, 0.0, 1.0, 1.0, h)];
@@ -113,14 +114,21 @@ impl Transformer {
             // projection and MLP outputs and the residual sum whole (6 h per token), q|k|v, the
             // attention output and the MLP's hidden layer split (8 h); the split backward
             // holds the four products' output gradients (9 h).
-            layers.push(layer(
+            let mut block = layer(
                 format!("h.{i}"),
                 12.0 * h * h + 13.0 * h,
                 24.0 * s * h * h + 2.0 * s * s * h,
                 14.0,
                 6.0,
                 9.0 * h,
-            ));
+            );
+            block.attention = Some(AttentionShape {
+                heads: self.n_head,
+                kv_heads: self.n_head,
+                head_dim: self.d_model / self.n_head,
+                seq: self.seq,
+            });
+            layers.push(block);
         }
         // The final norm and the head (tied to the embedding, so a separate stage holds a
         // copy): logits kept for the cross-entropy, split over the vocabulary.
