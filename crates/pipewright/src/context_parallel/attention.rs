@@ -3,7 +3,7 @@
 //!
 //! Each rank keeps its queries (two chunks, see [`super::Chunks`]) and, over `cp` steps, sees
 //! every rank's keys and values: at step `s` it holds rank `r - s`'s block and passes it on
-//! ([`super::ring::pass_on`]). A (query chunk, key chunk) pair is skipped when the keys all lie
+//! (`ring::pass_on`). A (query chunk, key chunk) pair is skipped when the keys all lie
 //! after the queries, masked causally when they are the same chunk, and whole otherwise; with
 //! the front-and-back chunks every rank computes the same number of pairs. Blocks merge into
 //! an online softmax (a running maximum, sum and weighted values per query, in f32, or f64 for

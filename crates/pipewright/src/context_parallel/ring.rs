@@ -1,4 +1,4 @@
-//! [`pass_on`]: a tensor one step around the context-parallel ring.
+//! `pass_on`: a tensor one step around the context-parallel ring.
 //!
 //! Rank `r` sends its tensor to rank `r + 1` and gets rank `r - 1`'s. Every rank of the ring
 //! calls it the same number of times, in the same order, forward and backward (the ranks run
