@@ -118,8 +118,15 @@ pub fn run(p: PlanArgs) -> Result<()> {
         format_bytes(memory as f64),
         profile.source
     );
+    let half = profile.dtype_bytes == 2;
     println!(
-        "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>7} {:>11}",
+        "mfu: the model's FLOPs per step over {} peak FLOP/s per device ({}); bound: what \
+         most of the step waits on (compute, memory, comm, bubble)",
+        format_flops(hw.peak_flops(half)),
+        if half { "bf16/f16" } else { "f32" }
+    );
+    println!(
+        "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>6} {:<7} {:>11} {:>7} {:>11}",
         "rank",
         "layout",
         "mbs",
@@ -128,6 +135,8 @@ pub fn run(p: PlanArgs) -> Result<()> {
         "recomp",
         "zero",
         "balance",
+        "mfu",
+        "bound",
         "step",
         "bubble",
         "peak/rank"
@@ -140,7 +149,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
             c.schedule.to_string()
         };
         println!(
-            "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>11} {:>6.1}% {:>11}",
+            "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>6} {:<7} {:>11} {:>6.1}% {:>11}",
             i + 1,
             layout_text(c),
             c.micro_batch,
@@ -149,6 +158,8 @@ pub fn run(p: PlanArgs) -> Result<()> {
             c.recompute.to_string(),
             c.zero.to_string(),
             balance_text(&e.balance),
+            e.mfu.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
+            e.bound.to_string(),
             seconds(e.step_s),
             e.bubble * 100.0,
             // MiB, not the nearest tenth of a GiB: a prediction to set beside a measurement.
@@ -176,6 +187,14 @@ fn balance_text(b: &[usize]) -> String {
         format!("{} stages", b.len())
     } else {
         s
+    }
+}
+
+fn format_flops(f: f64) -> String {
+    if f >= 1e12 {
+        format!("{:.0} T", f / 1e12)
+    } else {
+        format!("{:.0} G", f / 1e9)
     }
 }
 

@@ -1,10 +1,12 @@
 //! `pipewright profile`: each layer of a model (the flags of `train`) profiled here at a few
 //! micro-batch sizes: forward and backward time fitted as fixed + per-sample seconds,
 //! parameters, output and kept activation bytes per sample. The JSON it writes is what
-//! `pipewright plan --profile` reads.
+//! `pipewright plan --profile` reads. With `--gemm`, it times matrix products of many shapes
+//! instead and writes a hardware file whose curve (`plan --hardware FILE`) costs a model
+//! planned from its shapes.
 
 use clap::Args;
-use pipewright::plan::{measure, Sizes};
+use pipewright::plan::{gemm_grid, measure, time_gemms, Sizes};
 use pipewright::{Batch, Build, Result};
 
 use crate::train::TrainArgs;
@@ -25,9 +27,21 @@ pub struct ProfileArgs {
     /// have ranks computing at once on this machine: they slow each other down.
     #[arg(long, default_value_t = 1)]
     pub concurrent: usize,
+    /// Time matrix products of many shapes on --device in --precision, fit the device's
+    /// roofline (ceiling, bandwidth, per-product overhead) and write --hardware with it to
+    /// --out (default hardware.json).
+    #[arg(long)]
+    pub gemm: bool,
+    /// With --gemm: multiply every product's sizes (1 suits a small CPU; a GPU reaches its
+    /// ceiling from 4 or 8).
+    #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
+    pub gemm_scale: usize,
 }
 
 pub fn run(p: ProfileArgs) -> Result<()> {
+    if p.gemm {
+        return gemm(&p);
+    }
     // The pools as `train` sizes them for as many ranks as copies run at once (an unset
     // RAYON_NUM_THREADS left candle's products 20-30 % slower here than train's explicit one).
     pipewright::comm::size_thread_pools(p.concurrent);
@@ -69,6 +83,55 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     let out = a.out.clone().unwrap_or_else(|| "profile.json".into());
     profile.save(&out)?;
     println!("wrote {}", out.display());
+    Ok(())
+}
+
+/// `profile --gemm`: the products timed, the curve fitted and printed, the file written.
+fn gemm(p: &ProfileArgs) -> Result<()> {
+    pipewright::comm::size_thread_pools(p.concurrent);
+    let a = &p.train;
+    let precision: pipewright::precision::Precision = a.precision.parse()?;
+    let dtype = precision.dtype();
+    let device = pipewright::device::device(&a.device, 0)?;
+    let base = crate::plan::hardware(&a.hardware, None)?;
+    let shapes = gemm_grid(p.gemm_scale);
+    let timings = time_gemms(&shapes, dtype, &device, 5)?;
+    let q = dtype.size_in_bytes();
+    let hw = base.with_measured_gemm(&timings, q, &format!("on {} ({})", hostname(), a.device))?;
+    let curve = hw.gemm(q == 2);
+    println!(
+        "{:>6} {:>6} {:>6} {:>5} {:>12} {:>12} {:>8}",
+        "m", "n", "k", "batch", "measured", "fitted", "GFLOP/s"
+    );
+    for t in &timings {
+        let g = &t.gemm;
+        println!(
+            "{:>6} {:>6} {:>6} {:>5} {:>10.1}us {:>10.1}us {:>8.1}",
+            g.m,
+            g.n,
+            g.k,
+            g.batch,
+            t.seconds * 1e6,
+            curve.seconds(g) * 1e6,
+            g.flops() / t.seconds / 1e9
+        );
+    }
+    println!(
+        "curve ({}): ceiling {:.1} GFLOP/s ({:.0} % of the file's peak), bandwidth {:.2} GB/s, \
+         overhead {:.1} us per product",
+        a.precision,
+        curve.ceiling_flops_per_s / 1e9,
+        curve.ceiling_flops_per_s / hw.peak_flops(q == 2) * 100.0,
+        curve.bandwidth_bytes_per_s / 1e9,
+        curve.overhead_s * 1e6
+    );
+    let out = a.out.clone().unwrap_or_else(|| "hardware.json".into());
+    hw.save(&out)?;
+    println!(
+        "wrote {} (pipewright plan --hardware {})",
+        out.display(),
+        out.display()
+    );
     Ok(())
 }
 

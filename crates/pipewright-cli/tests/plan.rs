@@ -159,3 +159,78 @@ fn concurrent_profile_copies_count_the_same_bytes_as_one() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--concurrent must be positive"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Seconds of the first ranked row's step (`... 12.3 ms  4.0%  20.1 MiB`).
+fn first_step_seconds(stdout: &str) -> f64 {
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("1 "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let w: Vec<&str> = row.split_whitespace().collect();
+    let v: f64 = w[w.len() - 5].parse().unwrap();
+    match w[w.len() - 4] {
+        "ms" => v / 1e3,
+        "s" => v,
+        u => panic!("unit {u} in {row}"),
+    }
+}
+
+#[test]
+fn profile_gemm_writes_a_curve_that_plan_reads() {
+    let dir = std::env::temp_dir().join(format!("pw-gemm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let hw = dir.join("hw.json");
+    let o = common::pipewright()
+        .args(["profile", "--gemm", "--out", hw.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("curve (f32): ceiling"), "{stdout}");
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&hw).unwrap()).unwrap();
+    let curve = &file["gemm_f32"];
+    assert_eq!(
+        curve["measured"].as_array().unwrap().len(),
+        pipewright::plan::gemm_grid(1).len()
+    );
+    assert!(
+        curve["ceiling_flops_per_s"].as_f64().unwrap() > 1e9,
+        "{curve}"
+    );
+
+    // plan costs the GPT's products on the file's curve: a ceiling a hundred times lower makes
+    // the predicted step slower by far.
+    let step = |path: &std::path::Path| {
+        let mut args = MODEL.to_vec();
+        args.extend([
+            "--hardware",
+            path.to_str().unwrap(),
+            "--candidate",
+            "pp=2,mbs=4",
+        ]);
+        let o = plan(&args);
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            o.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(stdout.contains("products measured"), "{stdout}");
+        first_step_seconds(&stdout)
+    };
+    let measured = step(&hw);
+    let mut slow = file.clone();
+    let ceiling = slow["gemm_f32"]["ceiling_flops_per_s"].as_f64().unwrap();
+    slow["gemm_f32"]["ceiling_flops_per_s"] = (ceiling / 100.0).into();
+    let slow_path = dir.join("slow.json");
+    std::fs::write(&slow_path, serde_json::to_string(&slow).unwrap()).unwrap();
+    let slower = step(&slow_path);
+    assert!(slower > 5.0 * measured, "{measured} -> {slower}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

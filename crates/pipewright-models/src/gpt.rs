@@ -105,6 +105,7 @@ impl GptConfig {
             n_head: self.n_head,
             vocab: self.vocab_size,
             seq: self.block_size,
+            attention: Default::default(),
         };
         let mut profile = shape.profile(hw, dtype_bytes)?;
         profile.tp_divides = self.tp_divides();

@@ -203,6 +203,7 @@ impl RunSpec {
                 cluster: Cluster {
                     hardware: hw,
                     ranks_per_node: (*per_node).clamp(1, world.max(1)),
+                    runtime: Default::default(),
                 },
                 memory_bytes: hw.memory_bytes() as f64,
             });

@@ -28,6 +28,8 @@ fn hardware(latency_s: f64) -> Hardware {
         peak_flops_f32: 1e12,
         peak_flops_half: 1e12,
         efficiency: 1.0,
+        gemm_f32: None,
+        gemm_half: None,
         memory_bandwidth_bytes_per_s: 1e9,
         runtime_memory: "1MiB".into(),
         intra_node: link,
@@ -60,6 +62,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         split: Vec::new(),
         measured: Vec::new(),
         attention: None,
+        shapes: None,
     };
     Profile {
         source: "test".into(),
@@ -96,6 +99,7 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let cluster = Cluster {
         hardware: &hw,
         ranks_per_node: 1,
+        runtime: Default::default(),
     };
     let p = profile(2, 1e-3, 2e-3, 1000, 50.0);
     let (m, rows) = (4, 2);
@@ -137,6 +141,7 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     let cluster = Cluster {
         hardware: &hw,
         ranks_per_node: 2,
+        runtime: Default::default(),
     };
     let p = profile(2, 1e-3, 3e-3, 0, 10.0);
     let m = 6;
@@ -199,6 +204,7 @@ fn a_model_too_big_for_one_stage_gets_more_stages() {
     let cluster = Cluster {
         hardware: &hw,
         ranks_per_node: 4,
+        runtime: Default::default(),
     };
     // Four layers of 2.5 M parameters at 20 bytes each: 200 MB on one rank, 50 MB on four.
     let p = profile(4, 1e-3, 2e-3, 2_500_000, 1000.0);
@@ -246,6 +252,7 @@ fn a_world_the_model_cannot_use_is_refused() {
     let cluster = Cluster {
         hardware: &hw,
         ranks_per_node: 3,
+        runtime: Default::default(),
     };
     // 2 layers, tp must divide 4, the batch of 8 rows: 3 ranks fit no axis.
     let req = Request {
@@ -268,6 +275,7 @@ fn gpt3_on_1024_h100s_plans_like_megatron_in_seconds() {
     let cluster = Cluster {
         hardware: &hw,
         ranks_per_node: 8,
+        runtime: Default::default(),
     };
     let req = Request {
         world: 1024,
@@ -280,24 +288,24 @@ fn gpt3_on_1024_h100s_plans_like_megatron_in_seconds() {
     let took = t.elapsed().as_secs_f64();
     assert!(took < 10.0, "planning took {took} s");
     let best = plans[0].candidate.layout;
-    // Tensor parallelism stays inside a node's NVLink, pipeline stages cross nodes. With
-    // sequence parallelism (searched with every tp > 1) tp 4 fits without recomputation (80.4
-    // of 80 GiB) and ranks first; Megatron's tp 8 is within 5 % of it.
-    assert!(best.tp >= 4 && best.tp <= 8, "{best}");
+    // Tensor parallelism stays inside a node's NVLink, pipeline stages cross nodes. Costed by
+    // shape, tp 8's products are thinner and its collectives larger than tp 4's: with sequence
+    // parallelism (searched with every tp > 1) tp 4 ranks first, as NVIDIA's published NeMo
+    // configurations of GPT-3 175B on H100s use (tp 4, pp 8, interleaved).
+    assert!(best.tp == 4, "{best}");
     assert!(best.pp >= 4 && best.dp >= 2, "{best}");
+    // 175 B parameters: about 6 x 175e9 x tokens FLOPs; no run reaches 60 % of 1024 x 989
+    // TFLOP/s (Megatron-LM reports 42-47 % MFU for GPT-3 on H100s at scale), and a plan
+    // slower than twice the time at 50 % would be a poor one.
+    let flops = 6.0 * 175e9 * 1536.0 * 2048.0;
+    let peak = 1024.0 * 989e12;
     assert!(
-        plans
-            .iter()
-            .any(|e| e.candidate.layout.tp == 8 && e.step_s < 1.05 * plans[0].step_s),
-        "{plans:?}"
-    );
-    // 175 B parameters: about 6 x 175e9 x tokens FLOPs at half of 1024 x 989 TFLOP/s at best.
-    let ideal = 6.0 * 175e9 * 1536.0 * 2048.0 / (1024.0 * 989e12 * 0.5);
-    assert!(
-        plans[0].step_s > ideal && plans[0].step_s < 2.0 * ideal,
+        plans[0].step_s > flops / (peak * 0.6) && plans[0].step_s < 2.0 * flops / (peak * 0.5),
         "{}",
         plans[0].step_s
     );
+    let mfu = plans[0].mfu.unwrap();
+    assert!(mfu > 0.3 && mfu < 0.6, "{mfu}");
     assert!((Transformer::gpt3_175b().params() as f64 - 174.6e9).abs() < 1e9);
 }
 

@@ -102,6 +102,28 @@ pub fn stage_costs(costs: &[f64], balance: &[usize]) -> Vec<f64> {
         .collect()
 }
 
+/// Megatron-LM's partition of `units` (an embedding, the blocks, a head) over `stages`: the
+/// blocks split evenly (the first stages take one more when they do not divide), the
+/// embedding on the first stage and the head on the last, whatever each costs.
+pub fn even_blocks(units: usize, stages: usize) -> Result<Vec<usize>> {
+    if stages == 0 || units < stages + 2 && stages > 1 || units < 1 {
+        return Err(invalid!(
+            "cannot split {units} units (an embedding, blocks and a head) evenly over {stages} \
+             stages: give each stage a block at least"
+        ));
+    }
+    if stages == 1 {
+        return Ok(vec![units]);
+    }
+    let blocks = units - 2;
+    let mut out: Vec<usize> = (0..stages)
+        .map(|i| blocks / stages + usize::from(i < blocks % stages))
+        .collect();
+    out[0] += 1;
+    out[stages - 1] += 1;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +188,13 @@ mod tests {
                 .fold(f64::INFINITY, f64::min);
             assert_eq!(max_stage(&costs, &got), best, "{costs:?} over {p}: {got:?}");
         }
+    }
+
+    #[test]
+    fn even_blocks_put_the_embedding_first_and_the_head_last() {
+        // 7 blocks over 3 stages: 3, 2, 2, with the embedding and the head around them.
+        assert_eq!(even_blocks(9, 3).unwrap(), vec![4, 2, 3]);
+        assert_eq!(even_blocks(9, 1).unwrap(), vec![9]);
+        assert!(even_blocks(4, 3).is_err());
     }
 }

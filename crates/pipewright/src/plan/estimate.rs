@@ -9,10 +9,12 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::balance::balance_cost;
+use super::balance::{balance_cost, even_blocks};
+use super::bound::{Bound, Breakdown};
+use super::cluster::Cluster;
 use super::context;
-use super::hardware::{Hardware, Link};
 use super::profile::{Fit, Profile};
+use crate::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use crate::pipeline::timeline::Simulation;
 use crate::pipeline::Recompute;
@@ -101,66 +103,6 @@ fn display<T: fmt::Display, S: serde::Serializer>(
     s.collect_str(v)
 }
 
-/// Where a job runs: the machines and how many ranks share a node.
-#[derive(Clone, Copy, Debug)]
-pub struct Cluster<'a> {
-    /// The machines' hardware.
-    pub hardware: &'a Hardware,
-    /// Ranks placed on one node (tp fastest, then dp, then pp: `topology`'s order).
-    pub ranks_per_node: usize,
-}
-
-impl<'a> Cluster<'a> {
-    /// `world` ranks spread evenly over `nodes` nodes of `hardware` (default: as many nodes
-    /// as the ranks need devices).
-    pub fn new(hardware: &'a Hardware, world: usize, nodes: Option<usize>) -> Result<Self> {
-        let nodes = nodes.unwrap_or_else(|| world.div_ceil(hardware.devices_per_node));
-        if nodes == 0 || !world.is_multiple_of(nodes) {
-            return Err(crate::invalid!(
-                "a world of {world} ranks does not spread evenly over {nodes} nodes"
-            ));
-        }
-        Ok(Self {
-            hardware,
-            ranks_per_node: world / nodes,
-        })
-    }
-
-    /// Ranks on one device.
-    fn ranks_per_device(&self) -> usize {
-        self.ranks_per_node.div_ceil(self.hardware.devices_per_node)
-    }
-
-    /// CPU threads each rank gets: its share of the device's cores, at least one (what
-    /// `comm::size_thread_pools` gives a run's ranks).
-    pub fn threads_per_rank(&self) -> usize {
-        (self.hardware.cores_per_device / self.ranks_per_device()).max(1)
-    }
-
-    /// The share of a device's ranks that can compute at full speed at once: its cores over
-    /// their threads, at most 1.
-    fn concurrent_share(&self) -> f64 {
-        let threads = self.ranks_per_device() * self.threads_per_rank();
-        (self.hardware.cores_per_device as f64 / threads as f64).min(1.0)
-    }
-
-    /// How much slower than the profile a rank computes alone: the profile's threads over
-    /// the rank's (as if time scaled linearly with threads, which it does not quite: profile
-    /// with the rank's thread count).
-    fn thread_ratio(&self, profile_threads: usize) -> f64 {
-        profile_threads as f64 / self.threads_per_rank() as f64
-    }
-
-    /// The link of a group whose members lie within `span` consecutive ranks.
-    fn link(&self, span: usize) -> Link {
-        if span <= self.ranks_per_node {
-            self.hardware.intra_node
-        } else {
-            self.hardware.inter_node
-        }
-    }
-}
-
 /// A predicted step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
@@ -174,6 +116,14 @@ pub struct Estimate {
     pub bubble: f64,
     /// Peak bytes of each pipeline rank.
     pub peak_bytes: Vec<f64>,
+    /// Where the slowest pipeline rank's step goes.
+    pub breakdown: Breakdown,
+    /// What bounds the step: the largest part of the breakdown.
+    pub bound: Bound,
+    /// Model FLOPs utilisation: the model's forward and backward FLOPs (no recomputation) per
+    /// step over the step time and every rank's peak, when the profile knows its FLOPs (a
+    /// model planned from its shapes).
+    pub mfu: Option<f64>,
 }
 
 impl Estimate {
@@ -200,6 +150,11 @@ struct StageCost {
     deferred: f64,
     input: f64,
     output: f64,
+    /// Of forward and backward: seconds bound by the device's ceiling, by memory, and
+    /// communicating (tp collectives, the ring).
+    compute: f64,
+    memory: f64,
+    comm: f64,
 }
 
 /// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
@@ -219,8 +174,14 @@ fn stage_cost(
     // This rank's share of every token-wise cost, and of what crosses a cut.
     let share = context::share(cp);
     let cut = share / if sp { tp as f64 } else { 1.0 };
-    let slow = c.thread_ratio(p.threads) * share;
+    let threads = c.thread_ratio(p.threads);
+    let slow = threads * share;
+    let hw = c.hardware;
+    let curve = hw.gemm(p.dtype_bytes == 2);
     let mut s = StageCost {
+        compute: 0.0,
+        memory: 0.0,
+        comm: 0.0,
         forward: 0.0,
         backward: 0.0,
         backward_input: 0.0,
@@ -241,20 +202,40 @@ fn stage_cost(
         let r = rows as f64;
         let t = if l.tp_split { tp as f64 } else { 1.0 };
         let before = s.params;
-        if let Some(m) = l.split.iter().find(|m| m.tp == tp) {
+        // Sequence parallelism's reduce-scatter and all-gather move an all-reduce's bytes.
+        let comm = if l.tp_split && tp > 1 {
+            tp_link.all_reduce(tp, l.tp_all_reduce_bytes_per_sample * r * share)
+        } else {
+            0.0
+        };
+        if let Some(shapes) = &l.shapes {
+            // Costed by shape at this tp, cp and micro-batch on the device's curve.
+            let k = shapes.cost(
+                l.attention.as_ref(),
+                &curve,
+                hw.memory_bandwidth_bytes_per_s,
+                rows,
+                if l.tp_split { tp } else { 1 },
+                cp,
+                sp,
+            );
+            s.forward += k.forward * threads + comm;
+            s.backward += (k.backward_input + k.backward_weight) * threads + comm;
+            s.backward_input += k.backward_input * threads + comm;
+            s.backward_weight += k.backward_weight * threads;
+            s.compute += k.compute * threads;
+            s.memory += k.memory * threads;
+            s.comm += 2.0 * comm;
+            s.params += l.params as f64 / t;
+        } else if let Some(m) = l.split.iter().find(|m| m.tp == tp) {
             // Measured at this tp size: the shard's own times, its collectives included.
             s.forward += m.forward.at(rows) * slow;
             s.backward += m.backward.at(rows) * slow;
             s.backward_input += m.backward_input.at(rows) * slow;
             s.backward_weight += m.backward_weight.at(rows) * slow;
             s.params += m.params as f64;
+            s.compute += (m.forward.at(rows) + m.backward.at(rows)) * slow;
         } else {
-            // Sequence parallelism's reduce-scatter and all-gather move an all-reduce's bytes.
-            let comm = if l.tp_split && tp > 1 {
-                tp_link.all_reduce(tp, l.tp_all_reduce_bytes_per_sample * r * share)
-            } else {
-                0.0
-            };
             s.forward += l.forward.at(rows) / t * slow + comm;
             let b = l.backward.at(rows);
             s.backward += b / t * slow + comm;
@@ -262,6 +243,8 @@ fn stage_cost(
             s.backward_input += part(l.backward_input) + comm;
             s.backward_weight += part(l.backward_weight);
             s.params += l.params as f64 / t;
+            s.compute += (l.forward.at(rows) + b) / t * slow;
+            s.comm += 2.0 * comm;
         }
         s.largest = s.largest.max(s.params - before);
         if let Some(a) = &l.attention {
@@ -269,6 +252,7 @@ fn stage_cost(
             s.forward += f;
             s.backward += b;
             s.backward_input += b;
+            s.comm += f + b;
             s.working = s
                 .working
                 .max(context::working_bytes(a, rows, tp, cp, p.dtype_bytes));
@@ -312,7 +296,11 @@ pub fn estimate(
             s.forward + s.backward
         })
         .collect();
-    let balance = balance_cost(&unit_time, stages)?;
+    let balance = if cluster.runtime.even_blocks {
+        even_blocks(units, stages)?
+    } else {
+        balance_cost(&unit_time, stages)?
+    };
     let mut start = 0;
     let costs: Vec<StageCost> = balance
         .iter()
@@ -334,7 +322,15 @@ pub fn estimate(
         }
     };
     let pp_link = cluster.link(pp * tp * replicas);
-    let transfer = |from: usize, to: usize| pp_link.p2p(costs[from.min(to)].output);
+    // Scatter/gather: each tp rank sends 1/tp of the output, the receivers all-gather it.
+    let transfer = |from: usize, to: usize| {
+        let out = costs[from.min(to)].output;
+        if cluster.runtime.scatter_gather && tp > 1 {
+            pp_link.p2p(out / tp as f64) + cluster.link(tp).all_gather(tp, out)
+        } else {
+            pp_link.p2p(out)
+        }
+    };
     // Every pipeline rank stands for its stage's tp x dp ranks, busy and idle together: a
     // share of them computing at full speed at once is that share of the pipeline ranks.
     let slots = if cluster.concurrent_share() < 1.0 {
@@ -349,11 +345,12 @@ pub fn estimate(
     // Below, the data-parallel sums and ZeRO's shards span the ring too.
     let dp = replicas;
     let mut after = 0f64;
+    let mut after_comm = 0f64;
     let mut peak_bytes = Vec::with_capacity(pp);
     for r in 0..pp {
         let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
         let params: f64 = mine.iter().map(|c| c.params).sum();
-        let bytes = params * 4.0;
+        let bytes = params * cluster.runtime.grad_reduce_bytes;
         // ZeRO-1 all-gathers the updated weights after the sum; ZeRO-2 reduce-scatters every
         // micro-batch's gradients instead of one sum (in the schedule, not overlapped).
         let grads = match cand.zero {
@@ -373,7 +370,18 @@ pub fn estimate(
             params * OPTIMIZER_BYTES_PER_PARAM / shards as f64 / hw.memory_bandwidth_bytes_per_s
                 * cluster.thread_ratio(hw.cores_per_device)
                 / cluster.concurrent_share();
-        after = after.max(grads + optimizer);
+        // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
+        let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
+            let last = mine.iter().map(|c| c.backward).sum::<f64>();
+            let bucket = bytes.min(DEFAULT_BUCKET_BYTES as f64);
+            (grads - last).max(dp_link.all_reduce(dp, bucket))
+        } else {
+            grads
+        };
+        if grads + optimizer > after {
+            after = grads + optimizer;
+            after_comm = grads;
+        }
         let kept_max = mine.iter().map(|c| c.kept).fold(0.0, f64::max);
         let kept_mean = mine.iter().map(|c| c.kept).sum::<f64>() / v as f64;
         let input_mean = mine.iter().map(|c| c.input).sum::<f64>() / v as f64;
@@ -401,13 +409,54 @@ pub fn estimate(
         let live = RANK_BYTES + backward.max(params * step_per_param);
         peak_bytes.push(hw.runtime_bytes() as f64 + live);
     }
+    // The busiest pipeline rank's work, split as its stages' costs are (recomputed forwards
+    // counted as forwards); the idle share is the bubble; the sums after the schedule are
+    // communication, the optimizer memory-bound.
+    let parts = (0..pp)
+        .map(|r| {
+            let mut p = [0.0; 3];
+            for k in schedule.stages_of(r) {
+                let c = &costs[k];
+                let again = (0..m).filter(|&mb| recomputes(mb)).count() as f64 * c.forward;
+                let scale = (m as f64 * (c.forward + c.backward) + again)
+                    / (c.compute + c.memory + c.comm).max(f64::MIN_POSITIVE);
+                p[0] += c.compute * scale;
+                p[1] += c.memory * scale;
+                p[2] += c.comm * scale;
+            }
+            p
+        })
+        .fold([0.0; 3], |a, p| {
+            if p.iter().sum::<f64>() > a.iter().sum() {
+                p
+            } else {
+                a
+            }
+        });
+    let busy =
+        (sim.makespan * (1.0 - sim.bubble)) / parts.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    let breakdown = Breakdown {
+        compute_s: parts[0] * busy,
+        memory_s: parts[1] * busy + (after - after_comm),
+        communication_s: parts[2] * busy + after_comm,
+        bubble_s: sim.makespan * sim.bubble,
+    };
+    let step_s = sim.makespan + after;
+    let samples = (rows * m * cand.layout.dp) as f64;
+    let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
+    let mfu = profile
+        .flops_per_sample()
+        .map(|f| 3.0 * f * samples / step_s / peak);
     Ok((
         Estimate {
             candidate: *cand,
             balance,
-            step_s: sim.makespan + after,
+            step_s,
             bubble: sim.bubble,
             peak_bytes,
+            bound: breakdown.bound(),
+            breakdown,
+            mfu,
         },
         sim,
     ))

@@ -2,14 +2,17 @@
 //! device's memory, peak FLOP/s, memory bandwidth, and the links inside and between nodes),
 //! and byte sizes with units (`4GiB`, `512MiB`) as the planner reads and prints them.
 //!
-//! Two files ship with the crate (`hardware/*.json`, also built in by name): `h100-node` (8
-//! H100 SXM per node, NVLink inside, 400 Gb/s InfiniBand between) and `cpu-2core` (the 2-core
-//! machine pipewright's CI runs on, where every rank of a job shares one CPU).
+//! Three files ship with the crate (`hardware/*.json`, also built in by name): `h100-node` (8
+//! H100 SXM per node, NVLink inside, 400 Gb/s InfiniBand between), `a100-node` (8 A100 SXM
+//! 80GB, NVLink 3 inside, 200 Gb/s HDR InfiniBand per GPU between: NVIDIA's DGX A100 and
+//! Selene) and `cpu-2core` (the 2-core machine pipewright's CI runs on, where every rank of a
+//! job shares one CPU). Each carries matrix-product curves by shape ([`GemmCurve`]).
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::gemm::{GemmCurve, GemmTiming};
 pub use crate::bytes::{format_bytes, parse_bytes};
 use crate::{invalid, Error, Result};
 
@@ -121,8 +124,16 @@ pub struct Hardware {
     pub peak_flops_f32: f64,
     /// FLOP/s of one device in bf16/f16 matrix products.
     pub peak_flops_half: f64,
-    /// Share of the peak that the matrix products of a training step reach.
+    /// Share of the peak that the matrix products of a training step reach (the products of
+    /// a measured profile; a model planned from its shapes uses the curves below).
     pub efficiency: f64,
+    /// Matrix products in f32 by shape (`pipewright profile --gemm`; default: `peak_flops_f32
+    /// x efficiency` and the memory bandwidth, no overhead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_f32: Option<GemmCurve>,
+    /// Matrix products in bf16/f16 by shape (default from `peak_flops_half`, as for f32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_half: Option<GemmCurve>,
     /// Bytes per second the element-wise work of a step streams through memory.
     pub memory_bandwidth_bytes_per_s: f64,
     /// Bytes a rank holds before its first tensor (the runtime, a CUDA context), with a unit.
@@ -137,8 +148,9 @@ fn one() -> usize {
     1
 }
 
-const PRESETS: [(&str, &str); 2] = [
+const PRESETS: [(&str, &str); 3] = [
     ("h100-node", include_str!("../../hardware/h100-node.json")),
+    ("a100-node", include_str!("../../hardware/a100-node.json")),
     ("cpu-2core", include_str!("../../hardware/cpu-2core.json")),
 ];
 
@@ -195,6 +207,11 @@ impl Hardware {
                 "hardware file {what}: efficiency is a share of the peak, in (0, 1]"
             ));
         }
+        for (field, curve) in [("gemm_f32", &self.gemm_f32), ("gemm_half", &self.gemm_half)] {
+            if let Some(c) = curve {
+                c.check(&format!("hardware file {what}: {field}"))?;
+            }
+        }
         for (field, l) in [
             ("intra_node", self.intra_node),
             ("inter_node", self.inter_node),
@@ -218,6 +235,57 @@ impl Hardware {
     /// What a rank holds before its first tensor, in bytes.
     pub fn runtime_bytes(&self) -> u64 {
         parse_bytes(&self.runtime_memory).expect("checked when loaded")
+    }
+
+    /// How one device runs matrix products in `half` precision or in f32: the file's measured
+    /// curve, else `peak x efficiency` at the memory bandwidth with no overhead.
+    pub fn gemm(&self, half: bool) -> GemmCurve {
+        let curve = if half {
+            &self.gemm_half
+        } else {
+            &self.gemm_f32
+        };
+        curve.clone().unwrap_or_else(|| {
+            GemmCurve::new(
+                self.peak_flops(half) * self.efficiency,
+                self.memory_bandwidth_bytes_per_s,
+                0.0,
+                if half { 2 } else { 4 },
+            )
+        })
+    }
+
+    /// This description with the curve fitted to `timings` of `dtype_bytes`-byte products
+    /// (`pipewright profile --gemm`) in place of its f32 (4) or half-precision (2) one, and
+    /// `source` added to its name.
+    pub fn with_measured_gemm(
+        &self,
+        timings: &[GemmTiming],
+        dtype_bytes: usize,
+        source: &str,
+    ) -> Result<Self> {
+        let curve = GemmCurve::fit(timings, dtype_bytes)?;
+        let mut hw = self.clone();
+        match dtype_bytes {
+            4 => hw.gemm_f32 = Some(curve),
+            2 => hw.gemm_half = Some(curve),
+            _ => {
+                return Err(invalid!(
+                    "dtype_bytes is 2 (bf16, f16) or 4 (f32), not {dtype_bytes}"
+                ))
+            }
+        }
+        if !hw.name.contains(source) {
+            hw.name = format!("{}; products measured {source}", hw.name);
+        }
+        hw.check("measured")?;
+        Ok(hw)
+    }
+
+    /// Writes the description as JSON (atomically), for `plan --hardware FILE`.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| invalid!("{e}"))?;
+        crate::files::write_atomic(path, text.as_bytes())
     }
 
     /// Peak FLOP/s of one device computing in `half` precision or in f32.

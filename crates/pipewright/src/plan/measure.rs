@@ -164,6 +164,7 @@ pub fn measure(
                     .collect(),
                 measured,
                 attention: None,
+                shapes: None,
             }
         })
         .collect();

@@ -10,30 +10,40 @@
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
 //!   `balance_by_size` over given costs).
 //! - [`context`]: what context and sequence parallelism change in a layer's costs.
+//! - [`gemm`]: a matrix product's seconds by shape on a device (a roofline fitted to timings);
+//!   [`shapes`]: a layer's products and element-wise passes, costed at a candidate's sizes.
 //! - [`estimate`](mod@estimate): one layout's predicted step time, bubble and peak memory per stage, the
 //!   schedule replayed by the simulator with the profiled costs.
 //! - [`search`](mod@search): AutoConfig, every layout under a memory cap ranked by predicted step time.
 //! - [`morph`](mod@morph): the layout a run restarted in a world of another size takes.
 
 pub mod balance;
+pub mod bound;
+pub mod cluster;
 pub mod context;
 pub mod estimate;
+pub mod gemm;
 pub mod hardware;
 pub mod layer_cost;
 pub mod measure;
 pub mod morph;
 pub mod profile;
 pub mod search;
+pub mod shapes;
 pub mod transformer;
 
 pub use balance::{balance_cost, stage_costs};
-pub use estimate::{estimate, Candidate, Cluster, Estimate};
+pub use bound::{Bound, Breakdown};
+pub use cluster::{Cluster, Runtime};
+pub use estimate::{estimate, Candidate, Estimate};
+pub use gemm::{gemm_grid, time_gemms, Gemm, GemmCurve, GemmTiming};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use layer_cost::{median, profile_layers, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
 pub use profile::{AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing};
 pub use search::{layouts, parse_candidate, rank, search, Request};
+pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
 pub use transformer::Transformer;
 
 use crate::batch::Batch;

@@ -5,7 +5,8 @@
 //! taken; without one, the layout nearest the old one (the same tp, then the same pp, then the
 //! nearest sizes). Any [`Sequential`] morphs: a user's model as well as the GPT.
 
-use super::estimate::{Candidate, Cluster};
+use super::cluster::Cluster;
+use super::estimate::Candidate;
 use super::profile::Profile;
 use super::search::{layouts, rank, Request};
 use crate::model::Sequential;

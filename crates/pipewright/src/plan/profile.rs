@@ -7,6 +7,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::shapes::AttentionShape;
+use super::shapes::LayerShapes;
 use crate::{invalid, Error, Result};
 
 /// Seconds as a straight line in the micro-batch's rows: `fixed_s + per_sample_s * rows`.
@@ -103,20 +105,11 @@ pub struct LayerProfile {
     /// (its ring's messages and working memory are modelled from it, [`super::context`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionShape>,
-}
-
-/// The shape of a layer's causal self-attention.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AttentionShape {
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads (grouped-query attention; `heads` for plain multi-head).
-    pub kv_heads: usize,
-    /// Width of one head.
-    pub head_dim: usize,
-    /// Tokens per sample.
-    pub seq: usize,
+    /// Its products and element-wise passes by shape (a model planned from its shapes): the
+    /// planner costs these on the hardware's curve at each candidate's tp, cp and micro-batch
+    /// instead of scaling the fits above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shapes: Option<LayerShapes>,
 }
 
 /// One rank's shard of a layer at a measured tensor-parallel size.
@@ -253,6 +246,19 @@ impl Profile {
     /// `None` when no layer attends.
     pub fn sequence(&self) -> Option<usize> {
         self.layers.iter().find_map(|l| l.attention.map(|a| a.seq))
+    }
+
+    /// Forward FLOPs of one sample through the whole model (attention's products whole), when
+    /// every layer has its shapes: what MFU counts three times (forward and backward).
+    pub fn flops_per_sample(&self) -> Option<f64> {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.shapes
+                    .as_ref()
+                    .map(|s| s.flops_per_sample(l.attention.as_ref()))
+            })
+            .sum()
     }
 
     /// Units the model may be split into (layers, or segments between cut points).

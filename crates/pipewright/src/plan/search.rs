@@ -5,7 +5,8 @@
 //! [`estimate`](fn@super::estimate::estimate), kept when each rank fits in the memory cap, and
 //! ranked by step time.
 
-use super::estimate::{estimate, Candidate, Cluster, Estimate};
+use super::cluster::Cluster;
+use super::estimate::{estimate, Candidate, Estimate};
 use super::hardware::format_bytes;
 use super::profile::Profile;
 use crate::pipeline::schedule::ScheduleKind;

@@ -1,12 +1,14 @@
 //! A profile from a model description, without running it: a GPT-shaped transformer's
-//! FLOPs, parameters and activation bytes per layer from its shapes, turned into seconds by a
-//! [`Hardware`] description (products at `peak x efficiency`, element-wise work at the memory
-//! bandwidth). This is how the planner sizes models that do not fit this machine.
+//! products, element-wise passes, parameters and activation bytes per layer from its shapes
+//! ([`LayerShapes`]), turned into seconds by a [`Hardware`] description (each product on the
+//! device's curve for its shape, element-wise work at the memory bandwidth). This is how the
+//! planner sizes models that do not fit this machine.
 
 use serde::{Deserialize, Serialize};
 
 use super::hardware::Hardware;
 use super::profile::{AttentionShape, Fit, LayerProfile, Profile};
+use super::shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
 use crate::{invalid, Result};
 
 /// A GPT-2/GPT-3-shaped decoder (the layers of `pipewright_models::gpt`: the embeddings, the
@@ -23,6 +25,9 @@ pub struct Transformer {
     pub vocab: usize,
     /// Tokens per sample (the sequence length).
     pub seq: usize,
+    /// How attention computes its scores (pipewright's fused kernel by default).
+    #[serde(default)]
+    pub attention: AttentionKernel,
 }
 
 impl Transformer {
@@ -34,6 +39,7 @@ impl Transformer {
             n_head: 96,
             vocab: 50257,
             seq: 2048,
+            attention: AttentionKernel::Fused,
         }
     }
 
@@ -71,73 +77,118 @@ impl Transformer {
         }
         let (h, v, s) = (self.d_model as f64, self.vocab as f64, self.seq as f64);
         let q = dtype_bytes as f64;
-        let flops_per_s = hw.peak_flops(dtype_bytes == 2) * hw.efficiency;
+        let curve = hw.gemm(dtype_bytes == 2);
         let bw = hw.memory_bandwidth_bytes_per_s;
-        // Forward seconds per sample: the products, then the element-wise passes (about three
-        // reads and writes of what the layer keeps); the backward does twice both. Per token,
-        // `kept` and `kept_whole` in hidden-size units, `deferred` in elements.
-        let layer =
-            |name: String, params: f64, flops: f64, kept: f64, kept_whole: f64, deferred: f64| {
-                let (kept, kept_whole) = (kept * s * h * q, kept_whole * s * h * q);
-                let all_reduces = if name.starts_with("h.") { 2.0 } else { 1.0 };
-                let fwd = flops / flops_per_s + 3.0 * kept / bw;
-                LayerProfile {
-                    name,
-                    params: params as u64,
-                    tp_split: true,
-                    forward: Fit {
-                        fixed_s: 0.0,
-                        per_sample_s: fwd,
-                    },
-                    backward: Fit {
-                        fixed_s: 0.0,
-                        per_sample_s: 2.0 * fwd,
-                    },
-                    backward_input: None,
-                    backward_weight: None,
-                    output_bytes_per_sample: s * h * q,
-                    kept_bytes_per_sample: kept,
-                    kept_whole_bytes_per_sample: kept_whole,
-                    deferred_bytes_per_sample: deferred * s * q,
-                    // Megatron's two all-reduces of the hidden state per block (one in the
-                    // embedding and in the head).
-                    tp_all_reduce_bytes_per_sample: all_reduces * s * h * q,
-                    split: Vec::new(),
-                    measured: Vec::new(),
-                    attention: None,
-                }
+        let (d, vocab, seq) = (self.d_model, self.vocab, self.seq);
+        // Per token, `kept` and `kept_whole` in hidden-size units, `deferred` in elements;
+        // element-wise bytes per token in elements. The fits are the shapes' costs at tp 1,
+        // cp 1 (what balancing and the profile's own printout read); the planner costs the
+        // shapes at each candidate's sizes.
+        let layer = |name: String,
+                     params: f64,
+                     shapes: LayerShapes,
+                     attention: Option<AttentionShape>,
+                     kept: (f64, f64),
+                     deferred: f64| {
+            let cost = |rows: usize| shapes.cost(attention.as_ref(), &curve, bw, rows, 1, 1, false);
+            let fit = |part: fn(&ShapeCost) -> f64| {
+                let points: Vec<(f64, f64)> =
+                    [1, 2, 4, 8].map(|r| (r as f64, part(&cost(r)))).to_vec();
+                Fit::through(&points)
             };
-        let mut layers = vec![layer("embedding".into(), v * h + s * h, 0.0, 1.0, 1.0, h)];
+            let all_reduces = if name.starts_with("h.") { 2.0 } else { 1.0 };
+            LayerProfile {
+                name,
+                params: params as u64,
+                tp_split: true,
+                forward: fit(|c| c.forward),
+                backward: fit(|c| c.backward_input + c.backward_weight),
+                backward_input: Some(fit(|c| c.backward_input)),
+                backward_weight: Some(fit(|c| c.backward_weight)),
+                output_bytes_per_sample: s * h * q,
+                kept_bytes_per_sample: kept.0 * s * h * q,
+                kept_whole_bytes_per_sample: kept.1 * s * h * q,
+                deferred_bytes_per_sample: deferred * s * q,
+                // Megatron's two all-reduces of the hidden state per block (one in the
+                // embedding and in the head).
+                tp_all_reduce_bytes_per_sample: all_reduces * s * h * q,
+                split: Vec::new(),
+                measured: Vec::new(),
+                attention,
+                shapes: Some(shapes),
+            }
+        };
+        let linear = |inputs, outputs, split| Linear {
+            inputs,
+            outputs,
+            split,
+        };
+        // The embedding: a gather of token and position rows and their sum.
+        let embed = LayerShapes {
+            tokens: seq,
+            linear: Vec::new(),
+            attention: None,
+            elementwise_whole_bytes: 4.0 * h * q,
+            elementwise_split_bytes: 0.0,
+        };
+        let mut layers = vec![layer(
+            "embedding".into(),
+            v * h + s * h,
+            embed,
+            None,
+            (1.0, 1.0),
+            h,
+        )];
         for i in 0..self.n_layer {
-            // q|k|v, the projection and the MLP (24 s h^2) and the causal attention's two
-            // products over the lower triangle (2 s^2 h); kept: the input, both norms, the
-            // projection and MLP outputs and the residual sum whole (6 h per token), q|k|v, the
-            // attention output and the MLP's hidden layer split (8 h); the split backward
-            // holds the four products' output gradients (9 h).
-            let mut block = layer(
-                format!("h.{i}"),
-                12.0 * h * h + 13.0 * h,
-                24.0 * s * h * h + 2.0 * s * s * h,
-                14.0,
-                6.0,
-                9.0 * h,
-            );
-            block.attention = Some(AttentionShape {
+            // q|k|v (column-parallel), the projection (row-parallel), the MLP's two (column,
+            // row); element-wise: two norms and two residual sums whole (10 h per token), the
+            // biases, GELU and attention's reshapes over split activations (24 h). Kept: the
+            // input, both norms, the projection and MLP outputs and the residual sum whole (6 h
+            // per token), q|k|v, the attention output and the MLP's hidden layer split (8 h);
+            // the split backward holds the four products' output gradients (9 h).
+            let block = LayerShapes {
+                tokens: seq,
+                linear: vec![
+                    linear(d, 3 * d, Split::Columns),
+                    linear(d, d, Split::Rows),
+                    linear(d, 4 * d, Split::Columns),
+                    linear(4 * d, d, Split::Rows),
+                ],
+                attention: Some(self.attention),
+                elementwise_whole_bytes: 10.0 * h * q,
+                elementwise_split_bytes: 24.0 * h * q,
+            };
+            let attention = Some(AttentionShape {
                 heads: self.n_head,
                 kv_heads: self.n_head,
                 head_dim: self.d_model / self.n_head,
                 seq: self.seq,
             });
-            layers.push(block);
+            layers.push(layer(
+                format!("h.{i}"),
+                12.0 * h * h + 13.0 * h,
+                block,
+                attention,
+                (14.0, 6.0),
+                9.0 * h,
+            ));
         }
         // The final norm and the head (tied to the embedding, so a separate stage holds a
-        // copy): logits kept for the cross-entropy, split over the vocabulary.
+        // copy): logits kept for the cross-entropy, split over the vocabulary, which reads
+        // and writes them about four times.
+        let head = LayerShapes {
+            tokens: seq,
+            linear: vec![linear(d, vocab, Split::Columns)],
+            attention: None,
+            elementwise_whole_bytes: 2.0 * h * q,
+            elementwise_split_bytes: 4.0 * v * q,
+        };
         layers.push(layer(
             "head".into(),
             v * h + 2.0 * h,
-            2.0 * s * h * v,
-            2.0 + v / h,
-            2.0,
+            head,
+            None,
+            (2.0 + v / h, 2.0),
             v,
         ));
         let n = layers.len();

@@ -1,0 +1,102 @@
+//! Where a job runs and how its runtime communicates: the machines, how many ranks share a
+//! node, and the runtime's choices the cost model follows ([`Runtime`]: pipewright's by
+//! default; other runtimes' to compare with their published measurements).
+
+use serde::Serialize;
+
+use super::hardware::{Hardware, Link};
+use crate::Result;
+
+/// How a training runtime moves gradients and activations, as the planner costs it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Runtime {
+    /// Bytes per element of the data-parallel gradient sums (pipewright sums f32 buckets: 4).
+    pub grad_reduce_bytes: f64,
+    /// Whether the gradient sums start during the step's last backward, bucket by bucket, so
+    /// only what outlasts it is exposed (PyTorch DDP's and Megatron's `--overlap-grad-reduce`);
+    /// pipewright sums after the schedule ends.
+    pub overlap_grad_reduce: bool,
+    /// Whether a stage sends its output to the next split over its tp ranks, each sending
+    /// `1/tp` and the receivers all-gathering it over the node's links (Megatron-LM's
+    /// scatter/gather); pipewright's tp ranks each send the whole.
+    pub scatter_gather: bool,
+    /// Whether stages take equal numbers of blocks, the embedding on the first and the head
+    /// on the last (Megatron-LM's split, [`super::balance::even_blocks`]) instead of pipewright's
+    /// balance by predicted time.
+    pub even_blocks: bool,
+}
+
+impl Default for Runtime {
+    /// pipewright's runtime.
+    fn default() -> Self {
+        Self {
+            grad_reduce_bytes: 4.0,
+            overlap_grad_reduce: false,
+            scatter_gather: false,
+            even_blocks: false,
+        }
+    }
+}
+
+/// Where a job runs: the machines and how many ranks share a node.
+#[derive(Clone, Copy, Debug)]
+pub struct Cluster<'a> {
+    /// The machines' hardware.
+    pub hardware: &'a Hardware,
+    /// Ranks placed on one node (tp fastest, then dp, then pp: `topology`'s order).
+    pub ranks_per_node: usize,
+    /// How the training runtime schedules its communication.
+    pub runtime: Runtime,
+}
+
+impl<'a> Cluster<'a> {
+    /// `world` ranks spread evenly over `nodes` nodes of `hardware` (default: as many nodes
+    /// as the ranks need devices).
+    pub fn new(hardware: &'a Hardware, world: usize, nodes: Option<usize>) -> Result<Self> {
+        let nodes = nodes.unwrap_or_else(|| world.div_ceil(hardware.devices_per_node));
+        if nodes == 0 || !world.is_multiple_of(nodes) {
+            return Err(crate::invalid!(
+                "a world of {world} ranks does not spread evenly over {nodes} nodes"
+            ));
+        }
+        Ok(Self {
+            hardware,
+            ranks_per_node: world / nodes,
+            runtime: Runtime::default(),
+        })
+    }
+
+    /// Ranks on one device.
+    pub(crate) fn ranks_per_device(&self) -> usize {
+        self.ranks_per_node.div_ceil(self.hardware.devices_per_node)
+    }
+
+    /// CPU threads each rank gets: its share of the device's cores, at least one (what
+    /// `comm::size_thread_pools` gives a run's ranks).
+    pub fn threads_per_rank(&self) -> usize {
+        (self.hardware.cores_per_device / self.ranks_per_device()).max(1)
+    }
+
+    /// The share of a device's ranks that can compute at full speed at once: its cores over
+    /// their threads, at most 1.
+    pub(crate) fn concurrent_share(&self) -> f64 {
+        let threads = self.ranks_per_device() * self.threads_per_rank();
+        (self.hardware.cores_per_device as f64 / threads as f64).min(1.0)
+    }
+
+    /// How much slower than the profile a rank computes alone: the profile's threads over
+    /// the rank's (as if time scaled linearly with threads, which it does not quite: profile
+    /// with the rank's thread count).
+    pub(crate) fn thread_ratio(&self, profile_threads: usize) -> f64 {
+        profile_threads as f64 / self.threads_per_rank() as f64
+    }
+
+    /// The link of a group whose members lie within `span` consecutive ranks.
+    pub(crate) fn link(&self, span: usize) -> Link {
+        if span <= self.ranks_per_node {
+            self.hardware.intra_node
+        } else {
+            self.hardware.inter_node
+        }
+    }
+}

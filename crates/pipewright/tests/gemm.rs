@@ -1,0 +1,205 @@
+//! Matrix products by shape: the roofline's two regimes against their analytic times, a
+//! product's share of the peak rising with its size, the fit recovering a known curve from
+//! its timings, and a hardware file carrying a measured curve through a save and a load.
+
+use pipewright::plan::{
+    gemm_grid, AttentionKernel, Gemm, GemmCurve, GemmTiming, Hardware, LayerShapes, Linear, Split,
+};
+
+/// A device of 100 TFLOP/s at 1 TB/s (ridge: 100 FLOPs a byte), 5 us a product, 2-byte values.
+fn curve() -> GemmCurve {
+    GemmCurve::new(100e12, 1e12, 5e-6, 2)
+}
+
+#[test]
+fn a_thin_product_is_bound_by_memory_and_a_large_one_by_the_ceiling() {
+    let c = curve();
+    // 8192 tokens through an 8192 x 8 weight: 1.07 GFLOP over 134 MB (8 FLOPs a byte).
+    let thin = Gemm::new(8192, 8, 8192);
+    let bytes = (8192.0 * 8192.0 + 8192.0 * 8.0 + 8192.0 * 8.0) * 2.0;
+    assert!(c.memory_bound(&thin));
+    assert!((c.seconds(&thin) - (5e-6 + bytes / 1e12)).abs() < 1e-15);
+    // 8192^3: 1.1 TFLOP over 403 MB (2731 FLOPs a byte).
+    let large = Gemm::new(8192, 8192, 8192);
+    assert!(!c.memory_bound(&large));
+    let flops = 2.0 * 8192f64.powi(3);
+    assert!((c.seconds(&large) - (5e-6 + flops / 100e12)).abs() < 1e-15);
+    // Against a 200 TFLOP/s peak: the large one runs at nearly the ceiling's half, the thin one
+    // at its intensity times the bandwidth.
+    assert!((c.efficiency(&large, 200e12) - 0.5).abs() < 0.001);
+    let thin_share = thin.flops() / (5e-6 + bytes / 1e12) / 200e12;
+    assert!((c.efficiency(&thin, 200e12) - thin_share).abs() < 1e-12);
+    assert!(thin_share < 0.05);
+    // Batched: eight heads cost eight times one head's work and bytes, one overhead.
+    let head = Gemm::new(2048, 2048, 128);
+    let heads = Gemm { batch: 8, ..head };
+    assert!((heads.flops() - 8.0 * head.flops()).abs() < 1.0);
+    assert!(
+        (c.seconds(&heads) - 5e-6 - 8.0 * (c.seconds(&head) - 5e-6)).abs() < 1e-15,
+        "{} {}",
+        c.seconds(&heads),
+        c.seconds(&head)
+    );
+}
+
+#[test]
+fn a_products_share_of_the_peak_rises_with_its_size_towards_the_ceiling() {
+    let c = curve();
+    let shares: Vec<f64> = [16, 64, 256, 1024, 4096, 16384]
+        .iter()
+        .map(|&n| c.efficiency(&Gemm::new(n, n, n), 100e12))
+        .collect();
+    assert!(shares.windows(2).all(|w| w[1] > w[0]), "{shares:?}");
+    assert!(shares[0] < 0.01 && shares[5] > 0.99, "{shares:?}");
+}
+
+#[test]
+fn the_fit_recovers_the_curve_its_timings_came_from() {
+    let truth = GemmCurve::new(2e11, 1e10, 2e-6, 4);
+    // The grid's products, and one so small its time is the overhead alone.
+    let mut shapes = gemm_grid(1);
+    shapes.push(Gemm::new(1, 1, 1));
+    let timings: Vec<GemmTiming> = shapes
+        .iter()
+        .map(|g| GemmTiming {
+            gemm: *g,
+            seconds: truth.seconds(g),
+        })
+        .collect();
+    let fit = GemmCurve::fit(&timings, 4).unwrap();
+    assert!(
+        (fit.ceiling_flops_per_s / 2e11 - 1.0).abs() < 1e-3,
+        "{fit:?}"
+    );
+    assert!(
+        (fit.bandwidth_bytes_per_s / 1e10 - 1.0).abs() < 1e-3,
+        "{fit:?}"
+    );
+    // The overhead is the fastest product's time: 2 us and its 6 FLOPs' bytes at 10 GB/s.
+    assert!((fit.overhead_s - truth.seconds(&Gemm::new(1, 1, 1))).abs() < 1e-15);
+    assert_eq!(fit.measured.len(), timings.len());
+    for t in &timings {
+        assert!(
+            (fit.seconds(&t.gemm) / t.seconds - 1.0).abs() < 2e-3,
+            "{t:?}"
+        );
+    }
+}
+
+#[test]
+fn too_few_or_bad_timings_are_refused() {
+    let t = |s: f64| GemmTiming {
+        gemm: Gemm::new(64, 64, 64),
+        seconds: s,
+    };
+    let err = GemmCurve::fit(&[t(1e-3), t(1e-3)], 4).unwrap_err();
+    assert!(err.to_string().contains("3 timings or more"), "{err}");
+    let err = GemmCurve::fit(&[t(1e-3), t(0.0), t(1e-3)], 4).unwrap_err();
+    assert!(err.to_string().contains("positive seconds"), "{err}");
+}
+
+#[test]
+fn a_measured_curve_survives_a_save_and_a_load() {
+    let base = Hardware::load("h100-node").unwrap();
+    let truth = GemmCurve::new(3e11, 2e10, 1e-6, 4);
+    let timings: Vec<GemmTiming> = gemm_grid(1)
+        .into_iter()
+        .map(|g| GemmTiming {
+            gemm: g,
+            seconds: truth.seconds(&g),
+        })
+        .collect();
+    let hw = base.with_measured_gemm(&timings, 4, "here").unwrap();
+    assert!(hw.name.contains("products measured here"), "{}", hw.name);
+    let path = std::env::temp_dir().join(format!("pw-gemm-hw-{}.json", std::process::id()));
+    hw.save(&path).unwrap();
+    let back = Hardware::load(path.to_str().unwrap()).unwrap();
+    // (JSON keeps every number to its last digit or so: serde_json's reader may round one ulp.)
+    let (a, b) = (back.gemm(false), hw.gemm_f32.clone().unwrap());
+    let near = |x: f64, y: f64| (x / y - 1.0).abs() < 1e-12;
+    assert!(near(a.ceiling_flops_per_s, b.ceiling_flops_per_s), "{a:?}");
+    assert!(
+        near(a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s),
+        "{a:?}"
+    );
+    assert!(near(a.overhead_s, b.overhead_s), "{a:?}");
+    assert_eq!(a.measured.len(), b.measured.len());
+    assert!(a
+        .measured
+        .iter()
+        .zip(&b.measured)
+        .all(|(x, y)| x.gemm == y.gemm && near(x.seconds, y.seconds)));
+    assert_eq!(back.name, hw.name);
+    // Half precision keeps the file's own curve.
+    assert_eq!(back.gemm(true), base.gemm(true));
+    // A curve that cannot be is named.
+    let text = std::fs::read_to_string(&path).unwrap().replacen(
+        "\"ceiling_flops_per_s\": 3",
+        "\"ceiling_flops_per_s\": -3",
+        1,
+    );
+    let err = Hardware::parse(&text, "bad.json").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("bad.json: gemm_f32: ceiling_flops_per_s must be positive"),
+        "{err}"
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_file_without_a_curve_uses_its_peak_and_efficiency() {
+    let mut hw = Hardware::load("h100-node").unwrap();
+    hw.gemm_half = None;
+    let c = hw.gemm(true);
+    assert_eq!(c.ceiling_flops_per_s, 989e12 * 0.5);
+    assert_eq!(c.bandwidth_bytes_per_s, hw.memory_bandwidth_bytes_per_s);
+    assert_eq!((c.overhead_s, c.dtype_bytes), (0.0, 2));
+}
+
+/// Tensor parallelism thins a layer's products: at tp 8 a block of width 1024 runs each
+/// product at a smaller share of the peak than at tp 1, so its per-rank time is more than an
+/// eighth of tp 1's (a flat efficiency would say exactly an eighth).
+#[test]
+fn tensor_parallel_shards_of_a_narrow_model_cost_more_than_their_share() {
+    let hw = Hardware::load("h100-node").unwrap();
+    let c = hw.gemm(true);
+    let d = 1024;
+    let block = LayerShapes {
+        tokens: 1024,
+        linear: vec![
+            Linear {
+                inputs: d,
+                outputs: 3 * d,
+                split: Split::Columns,
+            },
+            Linear {
+                inputs: d,
+                outputs: d,
+                split: Split::Rows,
+            },
+        ],
+        attention: None::<AttentionKernel>,
+        elementwise_whole_bytes: 0.0,
+        elementwise_split_bytes: 0.0,
+    };
+    let at = |tp| block.cost(None, &c, 3e12, 1, tp, 1, false).total();
+    let (one, eight) = (at(1), at(8));
+    assert!(eight > one / 8.0 * 1.2, "{one} {eight}");
+    // A wide model's shards keep nearer their share.
+    let wide = LayerShapes {
+        linear: block
+            .linear
+            .iter()
+            .map(|l| Linear {
+                inputs: l.inputs * 8,
+                outputs: l.outputs * 8,
+                split: l.split,
+            })
+            .collect(),
+        ..block.clone()
+    };
+    let at = |tp| wide.cost(None, &c, 3e12, 1, tp, 1, false).total();
+    let wide_ratio = at(8) / (at(1) / 8.0);
+    assert!(wide_ratio < eight / (one / 8.0), "{wide_ratio}");
+}
