@@ -6,7 +6,7 @@
 //! planned from its shapes.
 
 use clap::Args;
-use pipewright::plan::{gemm_grid, measure, time_gemms, Sizes};
+use pipewright::plan::{gemm_grid, measure, time_fused_attention, time_gemms, Sizes};
 use pipewright::{Batch, Build, Result};
 
 use crate::train::TrainArgs;
@@ -96,8 +96,10 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
     let base = crate::plan::hardware(&a.hardware, None)?;
     let shapes = gemm_grid(p.gemm_scale);
     let timings = time_gemms(&shapes, dtype, &device, 5)?;
+    let attention = time_fused_attention(&device, dtype, 3)?;
     let q = dtype.size_in_bytes();
-    let hw = base.with_measured_gemm(&timings, q, &format!("on {} ({})", hostname(), a.device))?;
+    let source = format!("on {} ({})", hostname(), a.device);
+    let hw = base.with_measured_gemm(&timings, attention.as_deref(), q, &source)?;
     let curve = hw.gemm(q == 2);
     println!(
         "{:>6} {:>6} {:>6} {:>5} {:>12} {:>12} {:>8}",
@@ -125,6 +127,15 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
         curve.bandwidth_bytes_per_s / 1e9,
         curve.overhead_s * 1e6
     );
+    if let Some(r) = &curve.attention {
+        println!(
+            "fused attention: {:.1} GFLOP/s of causal work forward at 512 tokens, {:.1} at \
+             8192, backward {:.2}x the forward",
+            r.flops_per_s(512) / 1e9,
+            r.flops_per_s(8192) / 1e9,
+            r.backward_ratio
+        );
+    }
     let out = a.out.clone().unwrap_or_else(|| "hardware.json".into());
     hw.save(&out)?;
     println!(

@@ -142,7 +142,14 @@ fn check_outputs(args: &[String], stdout: &str) {
                 .unwrap();
         assert!(!index["train"].as_array().unwrap().is_empty(), "{index}");
     }
-    if args[0] == "profile" {
+    if args[0] == "profile" && args.iter().any(|a| a == "--gemm") {
+        // A hardware file whose f32 curve was fitted to the grid's timings.
+        let path = value_of(args, "--out").unwrap();
+        let hw = pipewright::plan::Hardware::load(path).unwrap();
+        let curve = hw.gemm_f32.expect("a measured f32 curve");
+        assert_eq!(curve.measured.len(), pipewright::plan::gemm_grid(1).len());
+        assert!(curve.ceiling_flops_per_s > 1e9, "{curve:?}");
+    } else if args[0] == "profile" {
         let path = value_of(args, "--out").unwrap();
         let p: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();

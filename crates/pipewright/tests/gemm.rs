@@ -1,9 +1,11 @@
 //! Matrix products by shape: the roofline's two regimes against their analytic times, a
 //! product's share of the peak rising with its size, the fit recovering a known curve from
-//! its timings, and a hardware file carrying a measured curve through a save and a load.
+//! its timings, a hardware file carrying a measured curve through a save and a load, and the
+//! fused attention kernel's measured rate by sequence length.
 
 use pipewright::plan::{
-    gemm_grid, AttentionKernel, Gemm, GemmCurve, GemmTiming, Hardware, LayerShapes, Linear, Split,
+    gemm_grid, AttentionKernel, AttentionRate, AttentionShape, AttentionTiming, Gemm, GemmCurve,
+    GemmTiming, Hardware, LayerShapes, Linear, Split,
 };
 
 /// A device of 100 TFLOP/s at 1 TB/s (ridge: 100 FLOPs a byte), 5 us a product, 2-byte values.
@@ -109,7 +111,7 @@ fn a_measured_curve_survives_a_save_and_a_load() {
             seconds: truth.seconds(&g),
         })
         .collect();
-    let hw = base.with_measured_gemm(&timings, 4, "here").unwrap();
+    let hw = base.with_measured_gemm(&timings, None, 4, "here").unwrap();
     assert!(hw.name.contains("products measured here"), "{}", hw.name);
     let path = std::env::temp_dir().join(format!("pw-gemm-hw-{}.json", std::process::id()));
     hw.save(&path).unwrap();
@@ -202,4 +204,64 @@ fn tensor_parallel_shards_of_a_narrow_model_cost_more_than_their_share() {
     let at = |tp| wide.cost(None, &c, 3e12, 1, tp, 1, false).total();
     let wide_ratio = at(8) / (at(1) / 8.0);
     assert!(wide_ratio < eight / (one / 8.0), "{wide_ratio}");
+}
+
+fn timing(seq: usize, forward_s: f64) -> AttentionTiming {
+    AttentionTiming {
+        pairs: 2,
+        seq,
+        head_dim: 32,
+        forward_s,
+        backward_s: 3.0 * forward_s,
+    }
+}
+
+/// The fused kernel's rate is read off its timings by sequence: exact at a timed length,
+/// log-log between two, flat beyond the ends; its backward the timed multiple.
+#[test]
+fn the_fused_attention_rate_is_read_off_its_timings_by_length() {
+    // 2 pairs of width 32: 2 x 2 x 32 x seq^2 FLOPs; 100 GFLOP/s at 1024 tokens, 25 at 4096.
+    let work = |seq: usize| 128.0 * (seq as f64).powi(2);
+    let r = AttentionRate::fit(&[
+        timing(4096, work(4096) / 25e9),
+        timing(1024, work(1024) / 100e9),
+    ])
+    .unwrap();
+    assert!((r.backward_ratio - 3.0).abs() < 1e-12);
+    let near = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
+    assert!(near(r.flops_per_s(1024), 100e9) && near(r.flops_per_s(4096), 25e9));
+    // Half way in log length, half way in log rate.
+    assert!(near(r.flops_per_s(2048), 50e9), "{}", r.flops_per_s(2048));
+    assert!(near(r.flops_per_s(256), 100e9) && near(r.flops_per_s(65536), 25e9));
+    assert!(near(
+        r.forward_seconds(8, 2048, 64),
+        2.0 * 8.0 * 64.0 * 2048f64.powi(2) / 50e9
+    ));
+
+    // A layer's fused attention on a curve that carries the rate: forward at the rate (plus
+    // the product overhead), backward the multiple.
+    let mut c = GemmCurve::new(1e12, 1e11, 0.0, 4);
+    c.attention = Some(r.clone());
+    let layer = LayerShapes {
+        tokens: 2048,
+        linear: Vec::new(),
+        attention: Some(AttentionKernel::Fused),
+        elementwise_whole_bytes: 0.0,
+        elementwise_split_bytes: 0.0,
+    };
+    let a = AttentionShape {
+        heads: 2,
+        kv_heads: 2,
+        head_dim: 32,
+        seq: 2048,
+    };
+    let k = layer.cost(Some(&a), &c, 1e11, 3, 1, 1, false);
+    assert!(
+        near(k.forward, 2.0 * 6.0 * 32.0 * 2048f64.powi(2) / 50e9),
+        "{k:?}"
+    );
+    assert!(near(k.backward_input, 3.0 * k.forward) && k.backward_weight == 0.0);
+
+    let err = AttentionRate::fit(&[timing(1024, 0.0)]).unwrap_err();
+    assert!(err.to_string().contains("positive seconds"), "{err}");
 }

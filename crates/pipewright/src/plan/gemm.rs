@@ -18,6 +18,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::attention_rate::AttentionRate;
 use crate::{invalid, Result};
 
 /// One matrix product: `batch` products of an `m x k` matrix by a `k x n` one.
@@ -83,6 +84,10 @@ pub struct GemmCurve {
     /// The timings it was fitted to (`pipewright profile --gemm`), kept to be read again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<GemmTiming>,
+    /// The device's fused causal attention kernel, where it has one and it was timed (a
+    /// fused attention layer is costed at this rate instead of the products' ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionRate>,
 }
 
 impl GemmCurve {
@@ -94,6 +99,7 @@ impl GemmCurve {
             overhead_s,
             dtype_bytes,
             measured: Vec::new(),
+            attention: None,
         }
     }
 
@@ -192,6 +198,9 @@ impl GemmCurve {
                 "{what}: dtype_bytes is 2 (bf16, f16) or 4 (f32), not {}",
                 self.dtype_bytes
             ));
+        }
+        if let Some(a) = &self.attention {
+            a.check(what)?;
         }
         Ok(())
     }

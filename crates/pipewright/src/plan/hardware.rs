@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::attention_rate::{AttentionRate, AttentionTiming};
 use super::gemm::{GemmCurve, GemmTiming};
 pub use crate::bytes::{format_bytes, parse_bytes};
 use crate::{invalid, Error, Result};
@@ -256,15 +257,18 @@ impl Hardware {
     }
 
     /// This description with the curve fitted to `timings` of `dtype_bytes`-byte products
+    /// and, where the device has a fused attention kernel, its `attention` timings
     /// (`pipewright profile --gemm`) in place of its f32 (4) or half-precision (2) one, and
     /// `source` added to its name.
     pub fn with_measured_gemm(
         &self,
         timings: &[GemmTiming],
+        attention: Option<&[AttentionTiming]>,
         dtype_bytes: usize,
         source: &str,
     ) -> Result<Self> {
-        let curve = GemmCurve::fit(timings, dtype_bytes)?;
+        let mut curve = GemmCurve::fit(timings, dtype_bytes)?;
+        curve.attention = attention.map(AttentionRate::fit).transpose()?;
         let mut hw = self.clone();
         match dtype_bytes {
             4 => hw.gemm_f32 = Some(curve),

@@ -17,6 +17,7 @@
 //! - [`search`](mod@search): AutoConfig, every layout under a memory cap ranked by predicted step time.
 //! - [`morph`](mod@morph): the layout a run restarted in a world of another size takes.
 
+pub mod attention_rate;
 pub mod balance;
 pub mod bound;
 pub mod cluster;
@@ -32,6 +33,7 @@ pub mod search;
 pub mod shapes;
 pub mod transformer;
 
+pub use attention_rate::{time_fused_attention, AttentionRate, AttentionTiming};
 pub use balance::{balance_cost, stage_costs};
 pub use bound::{Bound, Breakdown};
 pub use cluster::{Cluster, Runtime};

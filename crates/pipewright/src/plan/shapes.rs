@@ -18,6 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::attention_rate::causal_work;
 use super::gemm::{Gemm, GemmCurve};
 
 /// The shape of a layer's causal self-attention.
@@ -121,8 +122,8 @@ const MATERIALIZED_SCORE_PASSES: f64 = 4.5;
 const RING_SCORE_PASSES: f64 = 4.0;
 
 impl LayerShapes {
-    /// Forward FLOPs per sample at tp 1, cp 1, counting attention's products whole (the
-    /// model FLOPs of MFU, as Megatron-LM and PaLM count them).
+    /// Forward FLOPs per sample at tp 1, cp 1, attention's products over the causal half (the
+    /// work the model needs, whatever a kernel computes and masks: the model FLOPs of MFU).
     pub fn flops_per_sample(&self, attention: Option<&AttentionShape>) -> f64 {
         let t = self.tokens as f64;
         let linear: f64 = self
@@ -130,9 +131,7 @@ impl LayerShapes {
             .iter()
             .map(|l| 2.0 * t * l.inputs as f64 * l.outputs as f64)
             .sum();
-        let attn = attention.map_or(0.0, |a| {
-            4.0 * (a.seq as f64).powi(2) * (a.heads * a.head_dim) as f64
-        });
+        let attn = attention.map_or(0.0, |a| causal_work(a.heads, a.seq, a.head_dim));
         linear + attn
     }
 
@@ -213,6 +212,14 @@ impl LayerShapes {
                     batch,
                 };
                 match kernel {
+                    AttentionKernel::Fused if curve.attention.is_some() => {
+                        // The device's own kernel, at its measured rate.
+                        let rate = curve.attention.as_ref().expect("matched");
+                        let s = curve.overhead_s + rate.forward_seconds(batch, a.seq, d);
+                        fwd += s;
+                        bwd_in += s * rate.backward_ratio;
+                        c.compute += s * (1.0 + rate.backward_ratio);
+                    }
                     AttentionKernel::Fused => {
                         // Half the products' work; reads q, k, v, writes the output.
                         let work = (scores.flops() + values.flops()) / 2.0;

@@ -1,0 +1,173 @@
+//! How fast a device's fused causal attention kernel runs, measured: the planner's matrix
+//! product curve says how candle's products run, but pipewright's CPU attention is a kernel
+//! of its own (`kernels/attention.rs`: scores in scratch memory, the backward recomputing
+//! them), whose rate no product timing predicts. `pipewright profile --gemm` times it at a
+//! few shapes ([`time_fused_attention`]) and the planner costs a fused attention layer at
+//! that rate.
+//!
+//! Work is counted as the kernel does it: the two products over the causal half, `2 seq^2
+//! head_dim` FLOPs per (row, head). Its rate depends on the sequence: once a pair's `seq x
+//! seq` scratch outgrows the caches it streams through memory (measured here: 75 GFLOP/s at
+//! 512 tokens, 32 from 4096 on), so the planner reads the rate at a layer's sequence off the
+//! timings (log-log between them, flat beyond the longest and shortest), and the backward as
+//! the measured multiple of the forward.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use crate::{invalid, Result};
+
+/// One shape of fused attention timed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionTiming {
+    /// Rows times heads.
+    pub pairs: usize,
+    /// Tokens per row.
+    pub seq: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// Median seconds of the forward.
+    pub forward_s: f64,
+    /// Median seconds of the backward.
+    pub backward_s: f64,
+}
+
+impl AttentionTiming {
+    /// FLOPs of the forward's causal half.
+    pub fn work(&self) -> f64 {
+        causal_work(self.pairs, self.seq, self.head_dim)
+    }
+}
+
+/// FLOPs of the two products over the causal half for `pairs` (row, head) pairs.
+pub fn causal_work(pairs: usize, seq: usize, head_dim: usize) -> f64 {
+    2.0 * pairs as f64 * (seq as f64).powi(2) * head_dim as f64
+}
+
+/// A fused causal attention kernel's measured rates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionRate {
+    /// Backward seconds over forward seconds (all timings together: the long ones count most).
+    pub backward_ratio: f64,
+    /// The timings the rates are read from.
+    pub measured: Vec<AttentionTiming>,
+}
+
+impl AttentionRate {
+    /// The rates of `timings` (2 or more, of positive seconds).
+    pub fn fit(timings: &[AttentionTiming]) -> Result<Self> {
+        let r = Self {
+            backward_ratio: timings.iter().map(|t| t.backward_s).sum::<f64>()
+                / timings.iter().map(|t| t.forward_s).sum::<f64>(),
+            measured: timings.to_vec(),
+        };
+        r.check("the attention timings")?;
+        Ok(r)
+    }
+
+    /// FLOP/s of the forward's causal work over `seq` tokens: the timings' rates, averaged
+    /// where several share a length, interpolated in log-log between lengths, flat beyond.
+    pub fn flops_per_s(&self, seq: usize) -> f64 {
+        let mut points: Vec<(f64, f64)> = Vec::new();
+        let mut sorted = self.measured.clone();
+        sorted.sort_by_key(|t| t.seq);
+        for group in sorted.chunk_by(|a, b| a.seq == b.seq) {
+            let rate =
+                group.iter().map(|t| t.work() / t.forward_s).sum::<f64>() / group.len() as f64;
+            points.push(((group[0].seq as f64).ln(), rate.ln()));
+        }
+        let x = (seq.max(1) as f64).ln();
+        let (first, last) = (points[0], points[points.len() - 1]);
+        if x <= first.0 {
+            return first.1.exp();
+        }
+        if x >= last.0 {
+            return last.1.exp();
+        }
+        let i = points.iter().position(|p| p.0 >= x).expect("inside");
+        let (a, b) = (points[i - 1], points[i]);
+        (a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0)).exp()
+    }
+
+    /// Forward seconds of `pairs` (row, head) pairs over `seq` tokens, heads `head_dim` wide.
+    pub fn forward_seconds(&self, pairs: usize, seq: usize, head_dim: usize) -> f64 {
+        causal_work(pairs, seq, head_dim) / self.flops_per_s(seq)
+    }
+
+    /// Checks the rates; `what` names them in errors.
+    pub fn check(&self, what: &str) -> Result<()> {
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if self.measured.is_empty()
+            || !positive(self.backward_ratio)
+            || self
+                .measured
+                .iter()
+                .any(|t| !positive(t.forward_s) || !positive(t.backward_s) || t.work() <= 0.0)
+        {
+            return Err(invalid!(
+                "{what}: attention needs timings of positive seconds and sizes, and a positive \
+                 backward_ratio"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Times pipewright's fused causal attention on `device` in `dtype` at a few shapes (2 heads
+/// of width 32 over 512 to 8192 tokens, 4 of width 64 over 1024): a warm-up, then the median
+/// of `repeats` forwards and backwards. `None` where the kernel does not run (it is the CPU's,
+/// in f32 or f64; elsewhere attention is products the curve already costs).
+pub fn time_fused_attention(
+    device: &Device,
+    dtype: DType,
+    repeats: usize,
+) -> Result<Option<Vec<AttentionTiming>>> {
+    if !device.is_cpu() || !matches!(dtype, DType::F32 | DType::F64) {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for (heads, head_dim, seq) in [
+        (2, 32, 512),
+        (2, 32, 2048),
+        (2, 32, 4096),
+        (2, 32, 8192),
+        (4, 64, 1024),
+    ] {
+        let qkv = Var::from_tensor(
+            &Tensor::randn(0f32, 1.0, (1, seq, 3 * heads * head_dim), device)?.to_dtype(dtype)?,
+        )?;
+        let scale = 1.0 / (head_dim as f64).sqrt();
+        let run = || -> Result<(f64, f64)> {
+            let start = Instant::now();
+            let y = crate::kernels::attention::causal_attention(qkv.as_tensor(), heads, scale)?;
+            let forward = start.elapsed().as_secs_f64();
+            let loss = y.sum_all()?;
+            let start = Instant::now();
+            let grads = loss.backward()?;
+            let backward = start.elapsed().as_secs_f64();
+            drop(grads);
+            Ok((forward, backward))
+        };
+        run()?;
+        let mut runs = (0..repeats.max(1))
+            .map(|_| run())
+            .collect::<Result<Vec<_>>>()?;
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (mut f, mut b): (Vec<f64>, Vec<f64>) = runs.drain(..).unzip();
+        out.push(AttentionTiming {
+            pairs: heads,
+            seq,
+            head_dim,
+            forward_s: median(&mut f),
+            backward_s: median(&mut b),
+        });
+    }
+    Ok(Some(out))
+}
