@@ -14,6 +14,7 @@ use super::bound::{Bound, Breakdown};
 use super::cluster::Cluster;
 use super::context;
 use super::profile::{Fit, Profile};
+use super::shapes::ShapeCost;
 use crate::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use crate::pipeline::timeline::Simulation;
@@ -159,12 +160,45 @@ struct StageCost {
 
 /// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
 /// cp and sequence parallelism (see [`super::context`]).
+/// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured
+/// layer), costed once per distinct layer: a model's blocks are alike.
+fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<Option<ShapeCost>> {
+    let Layout { tp, cp, .. } = cand.layout;
+    let sp = cand.sequence_parallel && tp > 1;
+    let curve = c.hardware.gemm(p.dtype_bytes == 2);
+    let mut out: Vec<Option<ShapeCost>> = Vec::with_capacity(p.layers.len());
+    for (i, l) in p.layers.iter().enumerate() {
+        let alike = i > 0 && {
+            let prev = &p.layers[i - 1];
+            prev.shapes == l.shapes && prev.attention == l.attention && prev.tp_split == l.tp_split
+        };
+        let k = if alike {
+            out[i - 1]
+        } else {
+            l.shapes.as_ref().map(|shapes| {
+                shapes.cost(
+                    l.attention.as_ref(),
+                    &curve,
+                    c.hardware.memory_bandwidth_bytes_per_s,
+                    rows,
+                    if l.tp_split { tp } else { 1 },
+                    cp,
+                    sp,
+                )
+            })
+        };
+        out.push(k);
+    }
+    out
+}
+
 fn stage_cost(
     p: &Profile,
     c: &Cluster,
     cand: &Candidate,
     rows: usize,
     units: std::ops::Range<usize>,
+    shaped: &[Option<ShapeCost>],
 ) -> StageCost {
     let Layout { tp, cp, .. } = cand.layout;
     let sp = cand.sequence_parallel && tp > 1;
@@ -176,8 +210,6 @@ fn stage_cost(
     let cut = share / if sp { tp as f64 } else { 1.0 };
     let threads = c.thread_ratio(p.threads);
     let slow = threads * share;
-    let hw = c.hardware;
-    let curve = hw.gemm(p.dtype_bytes == 2);
     let mut s = StageCost {
         compute: 0.0,
         memory: 0.0,
@@ -198,7 +230,7 @@ fn stage_cost(
         },
         output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64 * cut,
     };
-    for l in &p.layers[layers] {
+    for (l, shape) in p.layers[layers.clone()].iter().zip(&shaped[layers]) {
         let r = rows as f64;
         let t = if l.tp_split { tp as f64 } else { 1.0 };
         let before = s.params;
@@ -208,17 +240,8 @@ fn stage_cost(
         } else {
             0.0
         };
-        if let Some(shapes) = &l.shapes {
+        if let Some(k) = shape {
             // Costed by shape at this tp, cp and micro-batch on the device's curve.
-            let k = shapes.cost(
-                l.attention.as_ref(),
-                &curve,
-                hw.memory_bandwidth_bytes_per_s,
-                rows,
-                if l.tp_split { tp } else { 1 },
-                cp,
-                sp,
-            );
             s.forward += k.forward * threads + comm;
             s.backward += (k.backward_input + k.backward_weight) * threads + comm;
             s.backward_input += k.backward_input * threads + comm;
@@ -290,9 +313,10 @@ pub fn estimate(
     let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
     let units = profile.units();
+    let shaped = shape_costs(profile, cluster, cand, rows);
     let unit_time: Vec<f64> = (0..units)
         .map(|u| {
-            let s = stage_cost(profile, cluster, cand, rows, u..u + 1);
+            let s = stage_cost(profile, cluster, cand, rows, u..u + 1, &shaped);
             s.forward + s.backward
         })
         .collect();
@@ -305,7 +329,7 @@ pub fn estimate(
     let costs: Vec<StageCost> = balance
         .iter()
         .map(|&n| {
-            let c = stage_cost(profile, cluster, cand, rows, start..start + n);
+            let c = stage_cost(profile, cluster, cand, rows, start..start + n, &shaped);
             start += n;
             c
         })
