@@ -1,4 +1,4 @@
-//! Predicting one layout's training step from a [`Profile`] and a [`Hardware`] description:
+//! Predicting one layout's training step from a [`Profile`] and a [`Hardware`](super::Hardware) description:
 //! the layers balanced over the model stages by time, the schedule's action lists replayed by
 //! the simulator with every stage's own durations and the links' delays, then the
 //! data-parallel gradient all-reduce and the optimizer; and each pipeline rank's peak memory
