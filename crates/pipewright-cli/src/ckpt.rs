@@ -17,9 +17,17 @@ use crate::train::{task_spec, TrainArgs};
 #[derive(Subcommand)]
 pub enum CkptCommand {
     /// One table: every tensor's name, whole shape, dtype, parts and bytes; the layout and step.
-    Inspect { dir: PathBuf },
+    Inspect {
+        /// A checkpoint directory (`.../checkpoints/step-N`), or a checkpoints directory
+        /// (its latest).
+        dir: PathBuf,
+    },
     /// Checks every file's and every tensor part's checksum, and that every tensor is complete.
-    Verify { dir: PathBuf },
+    Verify {
+        /// A checkpoint directory (`.../checkpoints/step-N`), or a checkpoints directory
+        /// (its latest).
+        dir: PathBuf,
+    },
     /// Writes the checkpoint again for another layout (loaded and saved by ranks as threads).
     Reshard(ReshardArgs),
     /// Whole tensors by global name, or a Hugging Face GPT-2 directory.
@@ -28,11 +36,16 @@ pub enum CkptCommand {
 
 #[derive(Args)]
 pub struct ReshardArgs {
+    /// A checkpoint directory (`.../checkpoints/step-N`), or a checkpoints directory (its
+    /// latest).
     pub dir: PathBuf,
+    /// Pipeline stages of the layout to write.
     #[arg(long, default_value_t = 1)]
     pub pp: usize,
+    /// Tensor-parallel ranks of the layout to write.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// Data-parallel replicas of the layout to write.
     #[arg(long, default_value_t = 1)]
     pub dp: usize,
     /// The checkpoint directory to write (its `step-NNNNNNNN` and `latest`).
@@ -54,7 +67,11 @@ pub enum ExportFormat {
 
 #[derive(Args)]
 pub struct ExportArgs {
+    /// A checkpoint directory (`.../checkpoints/step-N`), or a checkpoints directory (its
+    /// latest).
     pub dir: PathBuf,
+    /// What to write: safetensors (every parameter whole), hf-gpt2 or hf-llama (a
+    /// Hugging Face model directory).
     #[arg(long, value_enum)]
     pub format: ExportFormat,
     /// The file (safetensors) or directory (hf-gpt2, hf-llama) to write.

@@ -36,6 +36,7 @@ enum Command {
     /// `pipewright train --help` lists its flags and the standard parameters).
     #[command(disable_help_flag = true)]
     Train {
+        /// Train's flags and the experiment's parameters (`pipewright train --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
         args: Vec<std::ffi::OsString>,
     },
@@ -94,5 +95,35 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand says what it is (`--help` lists none bare).
+    #[test]
+    fn every_flag_and_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, bare: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" || arg.is_hide_set() {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    bare.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                walk(sub, &format!("{path} {}", sub.get_name()), bare);
+            }
+        }
+        let mut bare = Vec::new();
+        walk(&super::Cli::command(), "pipewright", &mut bare);
+        // `train` parses its own flags (with the experiment's parameters, described there).
+        let train = <crate::train::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        walk(&train, "pipewright train", &mut bare);
+        assert!(bare.is_empty(), "arguments without help: {bare:?}");
     }
 }

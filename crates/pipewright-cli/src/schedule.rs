@@ -37,9 +37,10 @@ pub struct ScheduleArgs {
     /// With --profile: rows per micro-batch.
     #[arg(long, default_value_t = 1)]
     pub mbs: usize,
-    /// With --profile: tensor-parallel and data-parallel sizes of the layout.
+    /// With --profile: tensor-parallel size of the layout.
     #[arg(long, default_value_t = 1)]
     pub tp: usize,
+    /// With --profile: data-parallel size of the layout.
     #[arg(long, default_value_t = 1)]
     pub dp: usize,
     /// With --profile: activation recomputation (always, except_last, never).

@@ -50,13 +50,19 @@ pub enum LrScheduleKind {
 /// Every flag of a run; written to `params.json`.
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct TrainArgs {
+    /// The model: a GPT-2-shaped decoder (gpt), a Llama (RMSNorm, SwiGLU, rotary positions,
+    /// grouped-query attention), or a CNN with skip connections and batch norm (cnn).
     #[arg(long, value_enum, default_value = "gpt")]
     pub model: ModelKind,
+    /// What it learns: sums of numbers (adder), sorting (sort), a text file's bytes (text,
+    /// with --data), shapes in images (shapes, the CNN's), or a prepared corpus's token
+    /// shards (tokens, with --data).
     #[arg(long, value_enum, default_value = "adder")]
     pub task: TaskKind,
     /// Text file for `--task text`; token shard directory for `--task tokens` (`data prepare`).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Optimizer steps to train for (a resumed run counts the steps it already took).
     #[arg(long, default_value_t = 1000, value_parser = positive_u64)]
     pub steps: u64,
     /// Rows of every step, over all data-parallel replicas.
@@ -163,8 +169,11 @@ pub struct TrainArgs {
     /// Final learning rate of the cosine schedule, as a fraction of --lr.
     #[arg(long, default_value_t = 0.1, value_parser = finite)]
     pub min_lr_ratio: f64,
+    /// The optimizer: adamw, or sgd.
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerKind,
+    /// Weight decay: AdamW's decoupled decay of matrices and embeddings (not biases or norm
+    /// gains); SGD's L2 term on every parameter.
     #[arg(long, default_value_t = 0.1, value_parser = finite)]
     pub weight_decay: f64,
     /// SGD momentum.
@@ -188,15 +197,20 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 250, value_parser = positive_u64)]
     pub eval_every: u64,
     // GPT sizes.
+    /// Transformer blocks of the GPT or the Llama.
     #[arg(long, default_value_t = 2, value_parser = positive)]
     pub n_layer: usize,
+    /// Attention heads (tensor and pipeline sizes must fit them: tp divides the heads).
     #[arg(long, default_value_t = 4, value_parser = positive)]
     pub n_head: usize,
+    /// Hidden size (a multiple of --n-head).
     #[arg(long, default_value_t = 128, value_parser = positive)]
     pub n_embd: usize,
     /// Longest sequence the GPT accepts (default: the task's sequence length).
     #[arg(long, value_parser = positive)]
     pub block_size: Option<usize>,
+    /// The GPT's dropout probability (after the embeddings, in attention, after the MLP),
+    /// in [0, 1); 0 with --cp > 1.
     #[arg(long, default_value_t = 0.0, value_parser = finite)]
     pub dropout: f64,
     /// GPT vocabulary (default: the task's); a larger one pads the vocabulary, for example to
