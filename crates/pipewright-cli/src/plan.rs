@@ -159,7 +159,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
             c.zero.to_string(),
             balance_text(&e.balance),
             e.mfu.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
-            e.bound.to_string(),
+            e.bound().to_string(),
             seconds(e.step_s),
             e.bubble * 100.0,
             // MiB, not the nearest tenth of a GiB: a prediction to set beside a measurement.

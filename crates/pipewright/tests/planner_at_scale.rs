@@ -128,7 +128,7 @@ fn predict_parts(r: &Row, hw: &Hardware) -> (f64, f64, String, String) {
         k.communication_s / e.step_s * 100.0,
         k.bubble_s / e.step_s * 100.0
     );
-    (tflops, e.mfu.unwrap(), e.bound.to_string(), parts)
+    (tflops, e.mfu.unwrap(), e.bound().to_string(), parts)
 }
 
 #[test]

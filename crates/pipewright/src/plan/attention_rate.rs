@@ -72,14 +72,19 @@ impl AttentionRate {
     /// FLOP/s of the forward's causal work over `seq` tokens: the timings' rates, averaged
     /// where several share a length, interpolated in log-log between lengths, flat beyond.
     pub fn flops_per_s(&self, seq: usize) -> f64 {
-        let mut points: Vec<(f64, f64)> = Vec::new();
-        let mut sorted = self.measured.clone();
-        sorted.sort_by_key(|t| t.seq);
-        for group in sorted.chunk_by(|a, b| a.seq == b.seq) {
-            let rate =
-                group.iter().map(|t| t.work() / t.forward_s).sum::<f64>() / group.len() as f64;
-            points.push(((group[0].seq as f64).ln(), rate.ln()));
-        }
+        let mut rates: Vec<(usize, f64)> = self
+            .measured
+            .iter()
+            .map(|t| (t.seq, t.work() / t.forward_s))
+            .collect();
+        rates.sort_by_key(|r| r.0);
+        let points: Vec<(f64, f64)> = rates
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|g| {
+                let rate = g.iter().map(|r| r.1).sum::<f64>() / g.len() as f64;
+                ((g[0].0 as f64).ln(), rate.ln())
+            })
+            .collect();
         let x = (seq.max(1) as f64).ln();
         let (first, last) = (points[0], points[points.len() - 1]);
         if x <= first.0 {

@@ -106,7 +106,7 @@ pub fn stage_costs(costs: &[f64], balance: &[usize]) -> Vec<f64> {
 /// blocks split evenly (the first stages take one more when they do not divide), the
 /// embedding on the first stage and the head on the last, whatever each costs.
 pub fn even_blocks(units: usize, stages: usize) -> Result<Vec<usize>> {
-    if stages == 0 || units < stages + 2 && stages > 1 || units < 1 {
+    if stages == 0 || units == 0 || (stages > 1 && units < stages + 2) {
         return Err(invalid!(
             "cannot split {units} units (an embedding, blocks and a head) evenly over {stages} \
              stages: give each stage a block at least"

@@ -119,8 +119,6 @@ pub struct Estimate {
     pub peak_bytes: Vec<f64>,
     /// Where the slowest pipeline rank's step goes.
     pub breakdown: Breakdown,
-    /// What bounds the step: the largest part of the breakdown.
-    pub bound: Bound,
     /// Model FLOPs utilisation: the model's forward and backward FLOPs (no recomputation) per
     /// step over the step time and every rank's peak, when the profile knows its FLOPs (a
     /// model planned from its shapes).
@@ -131,6 +129,11 @@ impl Estimate {
     /// The largest peak of any rank.
     pub fn max_peak_bytes(&self) -> f64 {
         self.peak_bytes.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// What bounds the step: the largest part of its breakdown.
+    pub fn bound(&self) -> Bound {
+        self.breakdown.bound()
     }
 }
 
@@ -158,8 +161,6 @@ struct StageCost {
     comm: f64,
 }
 
-/// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
-/// cp and sequence parallelism (see [`super::context`]).
 /// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured
 /// layer), costed once per distinct layer: a model's blocks are alike.
 fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<Option<ShapeCost>> {
@@ -192,6 +193,9 @@ fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<O
     out
 }
 
+/// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
+/// cp and sequence parallelism (see [`super::context`]); `shaped` holds each layer's cost by
+/// shape ([`shape_costs`]).
 fn stage_cost(
     p: &Profile,
     c: &Cluster,
@@ -240,17 +244,13 @@ fn stage_cost(
         } else {
             0.0
         };
-        if let Some(k) = shape {
-            // Costed by shape at this tp, cp and micro-batch on the device's curve.
-            s.forward += k.forward * threads + comm;
-            s.backward += (k.backward_input + k.backward_weight) * threads + comm;
-            s.backward_input += k.backward_input * threads + comm;
-            s.backward_weight += k.backward_weight * threads;
-            s.compute += k.compute * threads;
-            s.memory += k.memory * threads;
-            s.comm += 2.0 * comm;
-            s.params += l.params as f64 / t;
-        } else if let Some(m) = l.split.iter().find(|m| m.tp == tp) {
+        // A shard measured at this tp size (a measured profile's), else the layer's own costs.
+        let measured = l
+            .split
+            .iter()
+            .find(|m| m.tp == tp)
+            .filter(|_| shape.is_none());
+        if let Some(m) = measured {
             // Measured at this tp size: the shard's own times, its collectives included.
             s.forward += m.forward.at(rows) * slow;
             s.backward += m.backward.at(rows) * slow;
@@ -259,15 +259,31 @@ fn stage_cost(
             s.params += m.params as f64;
             s.compute += (m.forward.at(rows) + m.backward.at(rows)) * slow;
         } else {
-            s.forward += l.forward.at(rows) / t * slow + comm;
-            let b = l.backward.at(rows);
-            s.backward += b / t * slow + comm;
-            let part = |f: Option<Fit>| f.map_or(b / 2.0, |f| f.at(rows)) / t * slow;
-            s.backward_input += part(l.backward_input) + comm;
-            s.backward_weight += part(l.backward_weight);
-            s.params += l.params as f64 / t;
-            s.compute += (l.forward.at(rows) + b) / t * slow;
+            // Forward, full backward, its input and weight parts, and of forward and backward
+            // the seconds at the ceiling and bound by memory: from the shapes (costed at this
+            // tp, cp and micro-batch on the device's curve) or the fitted times.
+            let (f, b, i, w, compute, memory) = match shape {
+                Some(k) => {
+                    let (i, w) = (k.backward_input * threads, k.backward_weight * threads);
+                    let f = k.forward * threads;
+                    (f, i + w, i, w, k.compute * threads, k.memory * threads)
+                }
+                None => {
+                    let b = l.backward.at(rows);
+                    let part = |f: Option<Fit>| f.map_or(b / 2.0, |f| f.at(rows)) / t * slow;
+                    let (f, b) = (l.forward.at(rows) / t * slow, b / t * slow);
+                    let (i, w) = (part(l.backward_input), part(l.backward_weight));
+                    (f, b, i, w, f + b, 0.0)
+                }
+            };
+            s.forward += f + comm;
+            s.backward += b + comm;
+            s.backward_input += i + comm;
+            s.backward_weight += w;
+            s.compute += compute;
+            s.memory += memory;
             s.comm += 2.0 * comm;
+            s.params += l.params as f64 / t;
         }
         s.largest = s.largest.max(s.params - before);
         if let Some(a) = &l.attention {
@@ -457,14 +473,7 @@ pub fn estimate(
                 a
             }
         });
-    let busy =
-        (sim.makespan * (1.0 - sim.bubble)) / parts.iter().sum::<f64>().max(f64::MIN_POSITIVE);
-    let breakdown = Breakdown {
-        compute_s: parts[0] * busy,
-        memory_s: parts[1] * busy + (after - after_comm),
-        communication_s: parts[2] * busy + after_comm,
-        bubble_s: sim.makespan * sim.bubble,
-    };
+    let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
     let step_s = sim.makespan + after;
     let samples = (rows * m * cand.layout.dp) as f64;
     let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
@@ -478,7 +487,6 @@ pub fn estimate(
             step_s,
             bubble: sim.bubble,
             peak_bytes,
-            bound: breakdown.bound(),
             breakdown,
             mfu,
         },

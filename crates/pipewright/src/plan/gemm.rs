@@ -105,15 +105,20 @@ impl GemmCurve {
 
     /// Seconds of `g` (its elements the curve's width).
     pub fn seconds(&self, g: &Gemm) -> f64 {
-        let compute = g.flops() / self.ceiling_flops_per_s;
-        let memory = g.bytes(self.dtype_bytes) / self.bandwidth_bytes_per_s;
-        self.overhead_s + compute.max(memory)
+        self.roofline(g.flops(), g.bytes(self.dtype_bytes)).0
     }
 
     /// Whether `g` is bound by memory rather than by the ceiling.
     pub fn memory_bound(&self, g: &Gemm) -> bool {
-        g.bytes(self.dtype_bytes) / self.bandwidth_bytes_per_s
-            > g.flops() / self.ceiling_flops_per_s
+        self.roofline(g.flops(), g.bytes(self.dtype_bytes)).1
+    }
+
+    /// Seconds of a kernel doing `flops` over `bytes` of memory traffic, and whether memory
+    /// bounds it (a fused kernel that is no single product goes through here too).
+    pub fn roofline(&self, flops: f64, bytes: f64) -> (f64, bool) {
+        let compute = flops / self.ceiling_flops_per_s;
+        let memory = bytes / self.bandwidth_bytes_per_s;
+        (self.overhead_s + compute.max(memory), memory > compute)
     }
 
     /// `g`'s share of `peak` FLOP/s.

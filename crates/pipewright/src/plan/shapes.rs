@@ -224,11 +224,7 @@ impl LayerShapes {
                         // Half the products' work; reads q, k, v, writes the output.
                         let work = (scores.flops() + values.flops()) / 2.0;
                         let bytes = 4.0 * (batch * a.seq * d) as f64 * q;
-                        let s = curve.overhead_s
-                            + (work / curve.ceiling_flops_per_s)
-                                .max(bytes / curve.bandwidth_bytes_per_s);
-                        let bound_by_memory =
-                            bytes / curve.bandwidth_bytes_per_s > work / curve.ceiling_flops_per_s;
+                        let (s, bound_by_memory) = curve.roofline(work, bytes);
                         fwd += s;
                         bwd_in += 2.0 * s;
                         if bound_by_memory {
