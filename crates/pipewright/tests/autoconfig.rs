@@ -71,6 +71,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         bounds: (0..=n).collect(),
         tp_divides: vec![4],
         threads: 1,
+        optimizer: None,
     }
 }
 
@@ -128,6 +129,19 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     .unwrap();
     let extra = m as f64 * rows as f64 * 2.0 * 1e-3;
     assert!((r.step_s - step - extra).abs() < 1e-12);
+    // A measured profile's own update line replaces the bandwidth bound: 0.5 ms + 1 us a
+    // parameter over the 2000.
+    let measured = Profile {
+        optimizer: Some(Fit {
+            fixed_s: 5e-4,
+            per_sample_s: 1e-6,
+        }),
+        ..p.clone()
+    };
+    let cand = candidate(1, m, rows, ScheduleKind::OneFOneB, Recompute::Never);
+    let (t, _) = estimate(&measured, &cluster, &cand).unwrap();
+    let timed = step - 2000.0 * 28.0 / 1e9 + 5e-4 + 2000.0 * 1e-6;
+    assert!((t.step_s - timed).abs() < 1e-12, "{} vs {timed}", t.step_s);
 }
 
 #[test]

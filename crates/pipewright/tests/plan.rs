@@ -9,8 +9,8 @@ use pipewright::pipeline::schedule::ScheduleKind;
 use pipewright::pipeline::Recompute;
 use pipewright::plan::{
     balance_by, estimate, layouts, measure, morph, morph_layouts, profile_layers, rank,
-    search::candidates, By, Candidate, Cluster, Hardware, MorphPlanner, MorphRequest, Request,
-    Sizes,
+    search::candidates, By, Candidate, Cluster, Hardware, MorphPlanner, MorphRequest, Profile,
+    Request, Sizes,
 };
 use pipewright::topology::Layout;
 use pipewright::{Batch, Build, Result};
@@ -77,6 +77,20 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
     };
     let profile = measure(&m, &Build::cpu(0), &batch, &sizes, vec![1], "here".into()).unwrap();
     assert_eq!(profile.units(), 5);
+    // The update after the schedule is timed too: a line in parameters that costs something
+    // for the model's (about 17 k) and is not a bandwidth bound's 28 bytes at 8 GB/s.
+    let update = profile
+        .optimizer
+        .expect("a measured profile times its update");
+    let params: u64 = profile.layers.iter().map(|l| l.params).sum();
+    assert!(update.at(params as usize) > 0.0, "{update:?}");
+    let mut text = serde_json::to_value(&profile).unwrap();
+    text.as_object_mut().unwrap().remove("optimizer");
+    let old: Profile = serde_json::from_value(text).unwrap();
+    assert_eq!(
+        old.optimizer, None,
+        "a profile written before the update was timed still reads"
+    );
     let hw = Hardware::load("cpu-2core").unwrap();
 
     // Plan: every candidate of a world of 4 for a batch of 24, the fastest first.

@@ -69,8 +69,7 @@ pub fn state_bytes_per_param(zero: Zero, dp: usize, first: bool) -> (f64, f64) {
 /// reduce-scatter sends (4-byte values).
 pub const ZERO3_LAYER_COPIES: f64 = 3.0;
 
-/// Bytes the optimizer streams per parameter (reads parameter, gradient and two moments,
-/// writes three of them back).
+/// Bytes the optimizer streams per parameter (reads parameter, gradient, moments; writes 3).
 const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
 
 /// One point of the search: a layout and how its batch is cut and scheduled.
@@ -406,10 +405,16 @@ pub fn estimate(
             Zero::Parameters => 3.0 * (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64),
         };
         let shards = if cand.zero == Zero::Off { 1 } else { dp };
-        let optimizer =
-            params * OPTIMIZER_BYTES_PER_PARAM / shards as f64 / hw.memory_bandwidth_bytes_per_s
-                * cluster.thread_ratio(hw.cores_per_device)
-                / cluster.concurrent_share();
+        // Timed by a measured profile (with its threads), else bound by memory bandwidth.
+        let updated = params / shards as f64;
+        let optimizer = match profile.optimizer {
+            Some(f) => f.at(updated as usize) * cluster.thread_ratio(profile.threads),
+            None => {
+                updated * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
+                    * cluster.thread_ratio(hw.cores_per_device)
+                    / cluster.concurrent_share()
+            }
+        };
         // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
         let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
             let last = mine.iter().map(|c| c.backward).sum::<f64>();

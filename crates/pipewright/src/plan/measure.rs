@@ -3,6 +3,7 @@
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
 use super::layer_cost::{profile_layers, LayerCost};
+use super::optimizer_cost::time_optimizer;
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
 use crate::batch::Batch;
 use crate::comm::local;
@@ -95,13 +96,15 @@ pub fn measure(
         .iter()
         .map(|&r| batch(r))
         .collect::<Result<Vec<_>>>()?;
+    // The update is timed beside the layers, by as many copies at once.
     let profile_all = || {
-        batches
+        let runs = batches
             .iter()
             .map(|b| profile_layers(model, build, b, REPEATS))
-            .collect::<Result<Vec<_>>>()
+            .collect::<Result<Vec<_>>>()?;
+        Ok((runs, time_optimizer(model, build, REPEATS)?))
     };
-    let runs = if concurrent > 1 {
+    let (runs, optimizer) = if concurrent > 1 {
         local::run(concurrent, |_| profile_all())?.swap_remove(0)
     } else {
         profile_all()?
@@ -175,5 +178,6 @@ pub fn measure(
         bounds: unit_bounds(model),
         tp_divides,
         threads: candle_core::utils::get_num_threads(),
+        optimizer: Some(optimizer),
     })
 }

@@ -157,6 +157,12 @@ pub struct Profile {
     /// should have as many for the times to hold (`pipewright plan` warns otherwise).
     #[serde(default = "one")]
     pub threads: usize,
+    /// Seconds of the step's update after the schedule (finite check, norm, clip, AdamW) as
+    /// a line in the parameters a rank updates (the [`Fit`]'s rows are parameters), timed
+    /// here by [`measure`](fn@super::measure); none in a profile from shapes, whose update
+    /// is costed from memory bandwidth.
+    #[serde(default)]
+    pub optimizer: Option<Fit>,
 }
 
 fn one() -> usize {
@@ -193,6 +199,15 @@ impl Profile {
         if b.first() != Some(&0) || b.last() != Some(&n) || b.windows(2).any(|w| w[0] >= w[1]) {
             return Err(invalid!(
                 "profile {what}: bounds must rise from 0 to the layer count {n}, got {b:?}"
+            ));
+        }
+        let update = self
+            .optimizer
+            .iter()
+            .flat_map(|f| [f.fixed_s, f.per_sample_s]);
+        if update.into_iter().any(|v| !(v.is_finite() && v >= 0.0)) {
+            return Err(invalid!(
+                "profile {what}: the optimizer's seconds must be finite and not negative"
             ));
         }
         if self.dtype_bytes == 0 || self.threads == 0 || self.tp_divides.contains(&0) {

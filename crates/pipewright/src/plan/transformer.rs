@@ -200,6 +200,7 @@ impl Transformer {
             tp_divides: vec![self.n_head],
             // The peak is the whole device's.
             threads: hw.cores_per_device,
+            optimizer: None,
         })
     }
 }
