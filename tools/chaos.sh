@@ -10,7 +10,7 @@
 #          rank is killed again (the attempts morph pp2 x tp2 -> 2 ranks -> pp2 x tp2)
 # and the run must end as the uninterrupted one: bit-identical final parameters for the
 # same-layout restarts, losses within 1e-5 for morphs; and scalars.csv must hold one whole row
-# per step (0..29, every column). Prints a row per trial and the totals; exits non-zero when a
+# per step (1..30, every column). Prints a row per trial and the totals; exits non-zero when a
 # trial fails. BENCHMARKS.md records a 50-trial table; CI runs a few.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ rank_of() { # launcher pid: the pid of a random rank of its current attempt
 whole_rows() { # run directory: rows 0..29 in order, each with 4 columns, the file ending in a newline
   local f=$1/scalars.csv
   [ "$(tail -c 1 "$f" | od -An -c | tr -d ' ')" = '\n' ] &&
-    [ "$(tail -n +2 "$f" | cut -d, -f1 | tr '\n' ' ')" = "$(seq -s ' ' 0 29) " ] &&
+    [ "$(tail -n +2 "$f" | cut -d, -f1 | tr '\n' ' ')" = "$(seq -s ' ' 1 30) " ] &&
     awk -F, 'NR > 1 && NF != 4 { bad = 1 } END { exit bad }' "$f"
 }
 same_params() { # run directory: final parameters bit-identical to the uninterrupted run's

@@ -55,7 +55,7 @@ steps=$(cut -d, -f1 "$out/killed/scalars.csv" | tail -n +2 | tr '\n' ' ')
 "$bin" ckpt export "$out/killed/checkpoints" --format safetensors --out "$out/killed.safetensors" >/dev/null
 cmp -s "$out/whole.safetensors" "$out/killed.safetensors"
 same=$?
-[ "$code" -eq 0 ] && [ "$attempts" -eq 2 ] && [ "$steps" = "$(seq -s ' ' 0 29) " ] && [ "$same" -eq 0 ]
+[ "$code" -eq 0 ] && [ "$attempts" -eq 2 ] && [ "$steps" = "$(seq -s ' ' 1 30) " ] && [ "$same" -eq 0 ]
 check "a rank killed after step 10 (exit $code, $attempts attempts, final parameters identical: $([ $same -eq 0 ] && echo yes || echo no))" $?
 
 # Waits until the run in $1 has a checkpoint of step $2 or later.

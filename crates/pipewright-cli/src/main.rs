@@ -9,6 +9,7 @@ mod generate;
 mod launch;
 mod plan;
 mod profile;
+mod report;
 mod schedule;
 mod sweep;
 mod train;
@@ -51,6 +52,9 @@ enum Command {
     /// Choose a layout: every pp x tp x dp, micro-batch size, schedule and recompute mode
     /// under a memory cap, ranked by predicted step time (`--measure`: trained here too).
     Plan(Box<plan::PlanArgs>),
+    /// One self-contained HTML page for runs: curves, throughput and MFU, the pipeline timeline
+    /// measured beside predicted, memory per rank, the launch history, parameters and summary.
+    Report(report::ReportArgs),
     /// The balance (layers per stage) of a cost vector that minimises the slowest stage.
     Balance(balance::BalanceArgs),
     /// Run a program for every combination of parameter values, a few at once, and tabulate
@@ -88,6 +92,7 @@ fn main() {
         Command::Balance(a) => balance::run(a),
         Command::Profile(a) => profile::run(*a),
         Command::Plan(a) => plan::run(*a),
+        Command::Report(a) => report::run(a),
         Command::Sweep(a) => sweep::run(a),
         Command::Launch(a) => launch::run(a),
         Command::RankEnv { program } => launch::rank_env(&program),

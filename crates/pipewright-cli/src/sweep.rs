@@ -75,6 +75,9 @@ pub fn run(a: SweepArgs) -> Result<()> {
         println!("{}", row.join(" "));
     }
     println!("wrote {}", a.out.join("sweep.csv").display());
+    if a.out.join("report.html").exists() {
+        println!("report          {}", a.out.join("report.html").display());
+    }
     let failed = runs.iter().filter(|r| r.failure.is_some()).count();
     if failed > 0 {
         return Err(invalid!("{failed} of {} runs failed", runs.len()));

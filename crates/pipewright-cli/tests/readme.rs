@@ -172,6 +172,27 @@ fn check_outputs(args: &[String], stdout: &str) {
             .iter()
             .all(|l| l["forward"]["per_sample_s"].as_f64().unwrap() >= 0.0));
     }
+    if args[0] == "report" || (args[0] == "train" && args.iter().any(|a| a == "--report")) {
+        let page = match value_of(args, "--out") {
+            Some(o) if args[0] == "report" => PathBuf::from(o),
+            Some(o) => Path::new(o).join("report.html"),
+            None => unreachable!("the README names where its runs go"),
+        };
+        let html = std::fs::read_to_string(&page).unwrap();
+        for id in [
+            "summary",
+            "curves",
+            "throughput",
+            "timeline",
+            "memory",
+            "parameters",
+        ] {
+            assert!(
+                html.contains(&format!("id=\"{id}\"")),
+                "{page:?} lacks {id}"
+            );
+        }
+    }
     if args[0] == "sweep" {
         // 2 x 2 combinations, each trained and tabulated.
         let ok = stdout.lines().filter(|l| l.ends_with(" ok")).count();

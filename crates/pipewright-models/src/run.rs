@@ -5,8 +5,9 @@
 
 use std::path::PathBuf;
 
+use pipewright::experiment::report::Prediction;
 use pipewright::experiment::TrainSpec;
-use pipewright::plan::{Cluster, Hardware, Morph, MorphPlanner, Profile};
+use pipewright::plan::{estimate, Candidate, Cluster, Hardware, Morph, MorphPlanner, Profile};
 use pipewright::precision::Precision;
 use pipewright::varuna::{Sampling, VarunaOptions};
 use pipewright::{invalid, Batch, Error, Result, Sequential};
@@ -217,6 +218,34 @@ impl RunSpec {
             },
             m,
         ))
+    }
+
+    /// The planner's prediction for this run's own layout on `hw` (`ranks_per_node` ranks a
+    /// node), from the model's shapes: what a run's report draws beside what it measured. A
+    /// model the planner cannot size from its shapes (not a GPT) is an error saying so.
+    pub fn predict(&self, hw: &Hardware, ranks_per_node: usize) -> Result<Prediction> {
+        let profile = self.model.shapes_profile(self.train.precision, hw)?;
+        let t = &self.train;
+        let world = t.world();
+        let cluster = Cluster {
+            hardware: hw,
+            ranks_per_node: ranks_per_node.clamp(1, world.max(1)),
+            runtime: Default::default(),
+        };
+        let replicas = t.layout.dp.max(1);
+        let cand = Candidate {
+            layout: t.layout,
+            micro_batch: t.micro_batch,
+            micro_batches: (t.global_batch / (replicas * t.micro_batch.max(1))).max(1),
+            schedule: t.schedule,
+            virtual_stages: t.virtual_stages,
+            recompute: t.recompute,
+            zero: t.zero,
+            sequence_parallel: t.sequence_parallel,
+        };
+        let (e, sim) = estimate(&profile, &cluster, &cand)?;
+        let half = self.train.precision != Precision::F32;
+        Ok(Prediction::new(hw, hw.peak_flops(half), &e, &sim))
     }
 
     /// Fails, before the model is built or a batch made, when training would need more memory

@@ -152,6 +152,10 @@ pub struct TrainArgs {
     /// Write a Chrome trace of the pipeline's actions (open it in Perfetto).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// At the end, write the run's page, report.html in the run directory (what `pipewright
+    /// report RUN` writes: curves, throughput, timeline, memory, parameters).
+    #[arg(long)]
+    pub report: bool,
     /// Layers (or segments between cut points) per model stage: a list (`3,2`), or `time`
     /// (`auto`) or `size` to profile the model on one micro-batch here and take the balance
     /// whose slowest (largest) stage is least.

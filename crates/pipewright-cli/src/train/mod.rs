@@ -31,14 +31,23 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
     // Every check of the flags before anything is written.
     let setup = Setup::new(&params)?;
     let traces = std::sync::Mutex::new(Vec::new());
-    experiment(|cx| setup.rank(cx, &traces)).run(&params)?;
+    let run_dir = std::sync::Mutex::new(None);
+    experiment(|cx| setup.rank(cx, &traces, &run_dir)).run(&params)?;
     // Under MPI each process holds its own ranks' traces: rank 0's is written.
     if pipewright::dist::Env::from_env().rank == 0 {
         if setup.a.trace.is_some() && pipewright::dist::Env::under_mpi() {
             eprintln!("note: under MPI the trace holds rank 0's actions only");
         }
-        let traces = traces.into_inner().unwrap_or_default();
+        let mut traces = traces.into_inner().unwrap_or_default();
+        // The ranks finish in any order: each lane is its stage's (the trace's tid).
+        traces.sort_by_key(|t| t.first().map(|e| e.action.stage()));
         write_trace(&setup.a, &traces)?;
+        let dir: Option<std::path::PathBuf> = run_dir.into_inner().unwrap_or_default();
+        if let (true, Some(dir)) = (setup.a.report, dir) {
+            let out = dir.join("report.html");
+            pipewright::experiment::write_report(&[dir.as_path()], &out)?;
+            println!("report          {}", out.display());
+        }
     }
     Ok(())
 }
@@ -234,6 +243,7 @@ impl Setup {
         &self,
         cx: &mut Context,
         traces: &std::sync::Mutex<Vec<Vec<TraceEvent>>>,
+        run_dir: &std::sync::Mutex<Option<std::path::PathBuf>>,
     ) -> Result<()> {
         let a = &self.a;
         let world = a.world();
@@ -299,6 +309,28 @@ impl Setup {
         } else {
             None
         };
+        if let Some(d) = &dir {
+            *run_dir.lock().map_err(|_| invalid!("a rank panicked"))? = Some(d.path().into());
+            // The planner's prediction for this layout, for the report (a GPT's, from its
+            // shapes; other models have none, and the report says so).
+            let hw = pipewright::plan::Hardware::load(&a.hardware)?;
+            let per_node = if pipewright::dist::Env::under_mpi() {
+                env.local_world_size
+            } else {
+                a.world()
+            };
+            if let Ok(p) = self.spec.predict(&hw, per_node) {
+                p.save(d.path())?;
+            }
+            if start > 0 {
+                println!(
+                    "resumed from step-{start} ({} {}; {} steps to go)",
+                    self.spec.train.layout,
+                    a.precision,
+                    self.spec.train.cadence.steps.saturating_sub(start)
+                );
+            }
+        }
         let done = train_loop(
             self,
             num_params,

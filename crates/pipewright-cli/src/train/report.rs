@@ -6,6 +6,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
+use pipewright::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
 use pipewright::experiment::{
     fit, peak_memory_bytes, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
 };
@@ -78,6 +79,8 @@ struct TrainHooks<'a> {
     training_peak: Option<u64>,
     allocated_peak: Option<u64>,
     rank_allocated_peaks: Vec<u64>,
+    /// Steps an f16 run skipped (a gradient overflowed; the loss scale fell).
+    skipped: u64,
 }
 
 impl Hooks for TrainHooks<'_> {
@@ -104,7 +107,12 @@ impl Hooks for TrainHooks<'_> {
     }
 
     fn after_step(&mut self, _: &mut Context, d: &StepDone) -> Result<()> {
-        let (step, loss) = (d.steps - 1, d.outcome.loss);
+        // One numbering everywhere: a step is counted by the steps done with it (1 is the
+        // first), in the console, scalars.csv, tags.csv, images and checkpoints alike.
+        let (step, loss) = (d.steps, d.outcome.loss);
+        if d.outcome.overflow {
+            self.skipped += 1;
+        }
         if let (Some(m), true) = (d.metric, self.reporting) {
             let name = self.run.task.metric_name();
             let line = format!("step {:>6}  loss {loss:.4}  {name} {m:.4}", d.steps);
@@ -115,6 +123,7 @@ impl Hooks for TrainHooks<'_> {
             rec.set_count(d.steps);
             rec.figure("train/loss_curve", &LinePlot::new(self.curve.clone()))?;
         }
+        let scaled = self.run.a.precision == "f16";
         if let Some(rec) = self.rec.as_mut().filter(|_| d.log) {
             rec.record(ScalarRow {
                 step,
@@ -122,12 +131,29 @@ impl Hooks for TrainHooks<'_> {
                 lr: d.outcome.lr,
                 metric: d.metric,
             })?;
+            rec.set_count(step);
+            rec.scalar(STEP_SECONDS_TAG, d.seconds)?;
+            if d.seconds > 0.0 {
+                rec.scalar(THROUGHPUT_TAG, self.items_per_step as f64 / d.seconds)?;
+            }
+            if scaled {
+                rec.scalar("train/loss_scale", d.outcome.loss_scale)?;
+                rec.scalar("train/skipped_steps", self.skipped as f64)?;
+            }
         }
         let done = d.steps - self.first;
         let rate = done as f64 * self.items_per_step as f64 / self.start.elapsed().as_secs_f64();
         let items = self.items;
+        let scale = if scaled {
+            format!(
+                " | loss scale {} | skipped {}",
+                d.outcome.loss_scale, self.skipped
+            )
+        } else {
+            String::new()
+        };
         self.pb
-            .set_message(format!("loss {loss:.4} | {rate:.0} {items}/s"));
+            .set_message(format!("loss {loss:.4} | {rate:.0} {items}/s{scale}"));
         self.pb.inc(1);
         Ok(())
     }
@@ -182,7 +208,8 @@ pub fn train_loop(
             )?;
             let tag = format!("eval/{}", task.metric_name());
             let mut rec = if run.continuing {
-                Recorder::resume(dir.path(), &tag, first)?
+                // Rows of the steps after `first` go: they are recorded again.
+                Recorder::resume(dir.path(), &tag, first + 1)?
             } else {
                 Recorder::create(dir.path(), &tag)?
             };
@@ -250,6 +277,7 @@ pub fn train_loop(
         training_peak: None,
         allocated_peak: None,
         rank_allocated_peaks: Vec::new(),
+        skipped: 0,
     };
     let report = fit(cx, &run.spec.train.cadence, &mut hooks)?;
     hooks.pb.finish_and_clear();

@@ -2,7 +2,8 @@
 //! combination of parameter values (the cartesian product), each run in its own directory, at
 //! most `max_parallel` at once; a failed run is recorded and the others go on. The summary
 //! (each run's parameters, final loss and metric from its `summary.json` when it writes one,
-//! seconds and status) is written as `sweep.csv` beside the runs.
+//! seconds and status) is written as `sweep.csv` beside the runs, and their report page
+//! (`report.html`, every run overlaid) too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -99,6 +100,16 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
     runs.sort_by_key(|(i, _)| *i);
     let runs: Vec<SweepRun> = runs.into_iter().map(|(_, r)| r).collect();
     write_csv(&s.out.join("sweep.csv"), &s.grid, &runs)?;
+    // One page for the whole sweep, its runs overlaid (a run that made no directory has
+    // nothing to draw; sweep.csv names its failure).
+    let dirs: Vec<&Path> = runs
+        .iter()
+        .map(|r| r.dir.as_path())
+        .filter(|d| d.is_dir())
+        .collect();
+    if !dirs.is_empty() {
+        super::report::write_report(&dirs, &s.out.join("report.html"))?;
+    }
     Ok(runs)
 }
 

@@ -1,0 +1,287 @@
+//! Line charts as inline SVG for the report page: axes with round-number ticks, axis labels,
+//! a title, a legend, a log scale where a value spans decades (a loss), and each series'
+//! points in a `data-points` attribute that the page's script reads to show values under the
+//! pointer.
+
+use std::fmt::Write;
+
+use super::html::escape;
+
+/// One named line of `(x, y)` points.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    /// Its name in the legend (a run's).
+    pub name: String,
+    /// Its points, in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A chart of one quantity against another, several series overlaid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LineChart {
+    /// The heading above the plot.
+    pub title: String,
+    /// What x is (`step`).
+    pub x_label: String,
+    /// What y is (`loss`).
+    pub y_label: String,
+    /// A logarithmic y axis (only positive values are drawn).
+    pub log_y: bool,
+    /// The lines.
+    pub series: Vec<Series>,
+}
+
+/// Colours of the series, in turn (Tableau 10).
+const COLOURS: [&str; 8] = [
+    "#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#76b7b2", "#edc948", "#b07aa1", "#9c755f",
+];
+
+const W: f64 = 640.0;
+const H: f64 = 320.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 30.0;
+const BOTTOM: f64 = 50.0;
+
+/// Round-number ticks covering `lo..=hi`, about `n` of them (1, 2 or 5 times a power of 10).
+pub fn linear_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
+    if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
+        return vec![lo];
+    }
+    let raw = (hi - lo) / n.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    let first = (lo / step).ceil() as i64;
+    let last = (hi / step).floor() as i64;
+    (first..=last).map(|i| i as f64 * step).collect()
+}
+
+/// Ticks of a log axis over `lo..=hi` (both positive): the powers of ten inside, with 2 and 5
+/// times them when fewer than three decades are spanned.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+    let fine = hi / lo < 1000.0;
+    let mut out = Vec::new();
+    for e in a..=b {
+        for m in if fine {
+            &[1.0, 2.0, 5.0][..]
+        } else {
+            &[1.0][..]
+        } {
+            let v = m * 10f64.powi(e);
+            if v >= lo * (1.0 - 1e-9) && v <= hi * (1.0 + 1e-9) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// A tick's label: few digits, exponents for the very large and small.
+pub fn tick_label(v: f64) -> String {
+    let a = v.abs();
+    if v == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e6).contains(&a) {
+        format!("{v:.0e}")
+    } else if a >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+impl LineChart {
+    /// The chart as an SVG element (an empty-data chart says so instead of drawing axes).
+    pub fn svg(&self) -> String {
+        let keep = |y: f64| y.is_finite() && (!self.log_y || y > 0.0);
+        let pts = || {
+            self.series.iter().flat_map(|s| {
+                s.points
+                    .iter()
+                    .copied()
+                    .filter(|p| p.0.is_finite() && keep(p.1))
+            })
+        };
+        if pts().next().is_none() {
+            return format!(
+                "<p class=\"missing\">{}: nothing to draw (no values logged)</p>",
+                escape(&self.title)
+            );
+        }
+        let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+        for (x, y) in pts() {
+            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+        }
+        if x1 <= x0 {
+            (x0, x1) = (x0 - 1.0, x1 + 1.0);
+        }
+        if y1 <= y0 {
+            let pad = if y0 == 0.0 { 1.0 } else { y0.abs() * 0.1 };
+            (y0, y1) = (y0 - pad, y1 + pad);
+            if self.log_y {
+                y0 = y0.max(y1 / 10.0);
+            }
+        }
+        let fy = |y: f64| if self.log_y { y.log10() } else { y };
+        let (ly0, ly1) = (fy(y0), fy(y1));
+        let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
+        let py = |y: f64| TOP + (ly1 - fy(y)) / (ly1 - ly0) * (H - TOP - BOTTOM);
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "<svg class=\"chart\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" \
+             data-x0=\"{x0}\" data-x1=\"{x1}\" data-left=\"{LEFT}\" data-right=\"{}\" \
+             role=\"img\" aria-label=\"{}\">\
+             <text x=\"{}\" y=\"18\" class=\"title\" text-anchor=\"middle\">{}</text>",
+            W - RIGHT,
+            escape(&self.title),
+            W / 2.0,
+            escape(&self.title)
+        );
+        // Axes, ticks and grid.
+        let (bottom, right) = (H - BOTTOM, W - RIGHT);
+        let _ = write!(
+            s,
+            "<line x1=\"{LEFT}\" y1=\"{bottom}\" x2=\"{right}\" y2=\"{bottom}\" class=\"axis\"/>\
+             <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{bottom}\" class=\"axis\"/>"
+        );
+        for t in linear_ticks(x0, x1, 6) {
+            let x = px(t);
+            let _ = write!(
+                s,
+                "<line x1=\"{x}\" y1=\"{bottom}\" x2=\"{x}\" y2=\"{}\" class=\"axis\"/>\
+                 <text x=\"{x}\" y=\"{}\" text-anchor=\"middle\" class=\"tick\">{}</text>",
+                bottom + 5.0,
+                bottom + 18.0,
+                tick_label(t)
+            );
+        }
+        let yticks = if self.log_y {
+            // Within a decade the 1-2-5 marks may be one or none: round linear values then.
+            Some(log_ticks(y0, y1))
+                .filter(|t| t.len() >= 3)
+                .unwrap_or_else(|| linear_ticks(y0, y1, 5))
+        } else {
+            linear_ticks(y0, y1, 5)
+        };
+        for t in yticks {
+            let y = py(t);
+            let _ = write!(
+                s,
+                "<line x1=\"{LEFT}\" y1=\"{y}\" x2=\"{right}\" y2=\"{y}\" class=\"grid\"/>\
+                 <text x=\"{}\" y=\"{}\" text-anchor=\"end\" class=\"tick\">{}</text>",
+                LEFT - 6.0,
+                y + 4.0,
+                tick_label(t)
+            );
+        }
+        let scale = if self.log_y { " (log scale)" } else { "" };
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" class=\"label\">{}</text>\
+             <text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\" \
+             class=\"label\">{}{scale}</text>",
+            (LEFT + right) / 2.0,
+            H - 10.0,
+            escape(&self.x_label),
+            (TOP + bottom) / 2.0,
+            escape(&self.y_label)
+        );
+        for (i, series) in self.series.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            let drawn: Vec<(f64, f64)> = series
+                .points
+                .iter()
+                .copied()
+                .filter(|p| p.0.is_finite() && keep(p.1))
+                .collect();
+            let path: Vec<String> = drawn
+                .iter()
+                .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+                .collect();
+            let data: Vec<String> = drawn.iter().map(|(x, y)| format!("[{x},{y}]")).collect();
+            let _ = write!(
+                s,
+                "<polyline class=\"series\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" \
+                 points=\"{}\" data-name=\"{}\" data-points=\"[{}]\"/>",
+                path.join(" "),
+                escape(&series.name),
+                data.join(",")
+            );
+            if drawn.len() == 1 {
+                let _ = write!(
+                    s,
+                    "<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{colour}\"/>",
+                    px(drawn[0].0),
+                    py(drawn[0].1)
+                );
+            }
+            let _ = write!(
+                s,
+                "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{colour}\"/>\
+                 <text x=\"{}\" y=\"{}\" class=\"legend\">{}</text>",
+                right - 150.0,
+                TOP + 6.0 + 14.0 * i as f64,
+                right - 136.0,
+                TOP + 10.0 + 14.0 * i as f64,
+                escape(&series.name)
+            );
+        }
+        s.push_str("<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"30\" y2=\"270\" visibility=\"hidden\"/></svg>");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_numbers_inside_the_range() {
+        assert_eq!(
+            linear_ticks(0.0, 30.0, 6),
+            vec![0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0]
+        );
+        assert_eq!(
+            linear_ticks(1.0, 29.0, 6),
+            vec![5.0, 10.0, 15.0, 20.0, 25.0]
+        );
+        assert_eq!(log_ticks(0.03, 2.5), vec![0.05, 0.1, 0.2, 0.5, 1.0, 2.0]);
+        assert_eq!(
+            log_ticks(1e-4, 10.0),
+            vec![1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0]
+        );
+        assert_eq!(tick_label(0.25), "0.25");
+        assert_eq!(tick_label(1500.0), "1500");
+        assert_eq!(tick_label(2e-5), "2e-5");
+    }
+
+    #[test]
+    fn a_log_chart_draws_positive_points_and_says_so() {
+        let c = LineChart {
+            title: "loss".into(),
+            x_label: "step".into(),
+            y_label: "loss".into(),
+            log_y: true,
+            series: vec![Series {
+                name: "a<b".into(),
+                points: vec![(1.0, 2.0), (2.0, 0.0), (3.0, 0.5)],
+            }],
+        };
+        let svg = c.svg();
+        assert!(svg.contains("(log scale)"));
+        assert!(svg.contains("data-points=\"[[1,2],[3,0.5]]\""), "{svg}");
+        assert!(svg.contains("a&lt;b"));
+        let empty = LineChart {
+            series: vec![],
+            ..c
+        };
+        assert!(empty.svg().contains("nothing to draw"));
+    }
+}
