@@ -80,8 +80,9 @@ fn run_directory_holds_params_scalars_events_and_summary() {
         })
         .expect("an event file");
     let records = read_records(&std::fs::read(ev).unwrap()).unwrap();
-    // File version, the flags as hparams, one event per step, a loss curve per evaluation.
-    assert_eq!(records.len(), 1 + 1 + 6 + 2);
+    // File version, the flags as hparams, one event per step (the log's scalars), a loss
+    // curve per evaluation, and per logged step its seconds and throughput (tags).
+    assert_eq!(records.len(), 1 + 1 + 6 + 2 + 6 * 2);
     assert!(records[0].windows(13).any(|w| w == b"brain.Event:2"));
     assert!(records[1]
         .windows(28)
