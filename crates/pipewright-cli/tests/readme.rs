@@ -121,7 +121,8 @@ fn check_outputs(args: &[String], stdout: &str) {
     if let Some(trace) = value_of(args, "--trace") {
         let pp: usize = value_of(args, "--pp").unwrap().parse().unwrap();
         let chunks: usize = value_of(args, "--chunks").unwrap().parse().unwrap();
-        check_trace(Path::new(trace), pp, chunks);
+        let zb = value_of(args, "--schedule") == Some("zb1");
+        check_trace(Path::new(trace), pp, chunks, zb);
     }
     if args[..2] == ["bench", "comm"] {
         assert!(
@@ -322,14 +323,19 @@ fn check_svg(path: &Path, rows_wanted: usize, per_row: usize) {
     }
 }
 
-/// A zero-bubble trace: every stage's track has F, I and W events, one per micro-batch and
-/// step.
-fn check_trace(path: &Path, pp: usize, chunks: usize) {
+/// A trace: every stage's track has F and B events (a zero-bubble one's F, I and W), one per
+/// micro-batch and step.
+fn check_trace(path: &Path, pp: usize, chunks: usize, zero_bubble: bool) {
+    let letters: &[&str] = if zero_bubble {
+        &["F", "I", "W"]
+    } else {
+        &["F", "B"]
+    };
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let events = t["traceEvents"].as_array().unwrap();
     for stage in 0..pp {
-        for letter in ["F", "I", "W"] {
+        for &letter in letters {
             let n = events
                 .iter()
                 .filter(|e| e["ph"] == "X" && e["tid"] == stage && e["cat"] == letter)
