@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use pipewright::pipeline::read_chrome_trace;
 use pipewright::pipeline::schedule::{Schedule, ScheduleKind};
-use pipewright::pipeline::timeline::svg_panels;
+use pipewright::pipeline::timeline::{svg_panels, svg_panels_wide};
 use pipewright::pipeline::Simulation;
 use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Profile};
 use pipewright::topology::Layout;
@@ -137,16 +137,14 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         );
     }
     if let Some(path) = &a.svg {
-        let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
         // Unit costs: 28 pixels a unit; seconds: the longest timeline 1000 pixels wide.
-        let unit = if a.profile.is_some() && longest > 0.0 {
-            1000.0 / longest
-        } else {
-            28.0
-        };
         let refs: Vec<(&str, &Simulation)> = panels.iter().map(|(t, s)| (t.as_str(), s)).collect();
-        std::fs::write(path, svg_panels(&refs, unit))
-            .map_err(|e| Error::io("cannot write", path, e))?;
+        let svg = if a.profile.is_some() {
+            svg_panels_wide(&refs, 1000.0)
+        } else {
+            svg_panels(&refs, 28.0)
+        };
+        std::fs::write(path, svg).map_err(|e| Error::io("cannot write", path, e))?;
         println!("drew {}", path.display());
     }
     Ok(())

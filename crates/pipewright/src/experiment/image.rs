@@ -2,6 +2,7 @@
 //! schedule's timeline as lines) drawn into one without any font or plotting system: a frame,
 //! grid lines at the round values of each axis, and one coloured polyline per series.
 
+use super::report::chart::linear_ticks;
 use crate::{invalid, Result};
 
 /// An 8-bit RGB image, rows top to bottom.
@@ -91,25 +92,6 @@ pub struct LinePlot {
 
 const COLOURS: [[u8; 3]; 4] = [[78, 121, 167], [225, 87, 89], [89, 161, 79], [242, 142, 43]];
 
-/// Round grid values covering `lo..hi`: steps of 1, 2 or 5 times a power of ten.
-fn ticks(lo: f64, hi: f64) -> Vec<f64> {
-    let span = (hi - lo).max(f64::MIN_POSITIVE);
-    let raw = span / 5.0;
-    let p = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * p)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * p);
-    let mut t = (lo / step).ceil() * step;
-    let mut out = Vec::new();
-    while t <= hi && out.len() < 20 {
-        out.push(t);
-        t += step;
-    }
-    out
-}
-
 impl LinePlot {
     /// One series.
     pub fn new(points: Vec<(f64, f64)>) -> Self {
@@ -145,10 +127,10 @@ impl LinePlot {
         let py =
             |y: f64| h - 1 - m - ((y - y0) / (y1 - y0) * (h - 2 * m - 1) as f64).round() as i64;
         let grey = [225, 225, 225];
-        for t in ticks(x0, x1) {
+        for t in linear_ticks(x0, x1, 5) {
             img.line((px(t), m), (px(t), h - 1 - m), grey);
         }
-        for t in ticks(y0, y1) {
+        for t in linear_ticks(y0, y1, 5) {
             img.line((m, py(t)), (w - 1 - m, py(t)), grey);
         }
         let black = [60, 60, 60];

@@ -53,6 +53,15 @@ struct Csv {
     out: File,
 }
 
+/// The rows after the header of a CSV file's `text` that end in a newline (a run killed while
+/// writing, or one still being written, may end in a torn line), without it.
+pub fn whole_rows(text: &str) -> impl Iterator<Item = &str> {
+    text.split_inclusive('\n')
+        .skip(1)
+        .filter(|l| l.ends_with('\n'))
+        .map(str::trim_end)
+}
+
 impl Csv {
     /// Opens `path` keeping its whole rows (as many columns as `header`) whose first column is
     /// below `from` (none: a new file).
@@ -62,11 +71,7 @@ impl Csv {
         if let Some(from) = from {
             let old = std::fs::read_to_string(&path).unwrap_or_default();
             // A row is whole when it ends in a newline and has every column.
-            let whole = old
-                .split_inclusive('\n')
-                .skip(1)
-                .filter(|l| l.ends_with('\n'));
-            for line in whole.map(str::trim_end) {
+            for line in whole_rows(&old) {
                 let first = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
                 if first.is_some_and(|s| s < from) && line.split(',').count() == columns {
                     kept.push_str(line);

@@ -143,6 +143,13 @@ impl Simulation {
     }
 }
 
+/// [`svg_panels`] with the longest timeline `width` pixels wide (timelines in seconds).
+pub fn svg_panels_wide(panels: &[(&str, &Simulation)], width: f64) -> String {
+    let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
+    let unit = if longest > 0.0 { width / longest } else { 1.0 };
+    svg_panels(panels, unit)
+}
+
 /// Timelines stacked in one SVG picture on one time scale, `unit` pixels per time unit (a
 /// prediction above a measured trace, say): each panel its title and bubble, then a row per
 /// stage with a box per action.

@@ -18,7 +18,7 @@ pub use chart::{LineChart, Series};
 pub use prediction::Prediction;
 pub use run::{Logged, RunRecord};
 
-use crate::pipeline::timeline::svg_panels;
+use crate::pipeline::timeline::svg_panels_wide;
 use crate::pipeline::Simulation;
 use crate::Result;
 use html::{escape, key_table, table, value_text};
@@ -139,13 +139,11 @@ fn timelines(runs: &[RunRecord]) -> String {
             );
             continue;
         }
-        let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
-        let unit = if longest > 0.0 { 1000.0 / longest } else { 1.0 };
         let refs: Vec<(&str, &Simulation)> = panels.iter().map(|(t, p)| (t.as_str(), p)).collect();
         let _ = write!(
             s,
             "<div class=\"timeline\">{}</div>",
-            svg_panels(&refs, unit)
+            svg_panels_wide(&refs, 1000.0)
         );
         let mut rows = vec![vec!["timeline".to_string(), "stage".into(), "idle".into()]];
         for (title, p) in &panels {
@@ -258,6 +256,19 @@ fn launches(runs: &[RunRecord]) -> String {
     format!("<section id=\"launch\"><h2>Launch history</h2>{body}</section>")
 }
 
+/// The names of the runs that have `file`, and what it holds: one column each of a table.
+fn having<'a>(
+    runs: &'a [RunRecord],
+    file: impl Fn(&'a RunRecord) -> Option<&'a serde_json::Map<String, serde_json::Value>>,
+) -> (
+    Vec<String>,
+    Vec<&'a serde_json::Map<String, serde_json::Value>>,
+) {
+    runs.iter()
+        .filter_map(|r| Some((r.name.clone(), file(r)?)))
+        .unzip()
+}
+
 /// The page for `runs`.
 pub fn render(runs: &[RunRecord]) -> String {
     let names: Vec<String> = runs.iter().map(|r| r.name.clone()).collect();
@@ -276,12 +287,7 @@ pub fn render(runs: &[RunRecord]) -> String {
             "<section id=\"missing\"><h2>Missing</h2><ul class=\"missing\">{items}</ul></section>"
         );
     }
-    let summaries: Vec<_> = runs.iter().filter_map(|r| r.summary.as_ref()).collect();
-    let with_summary: Vec<String> = runs
-        .iter()
-        .filter(|r| r.summary.is_some())
-        .map(|r| r.name.clone())
-        .collect();
+    let (with_summary, summaries) = having(runs, |r| r.summary.as_ref());
     let _ = write!(
         body,
         "<section id=\"summary\"><h2>Summary</h2>{}</section>",
@@ -296,12 +302,7 @@ pub fn render(runs: &[RunRecord]) -> String {
     body.push_str(&timelines(runs));
     body.push_str(&memory(runs));
     body.push_str(&launches(runs));
-    let params: Vec<_> = runs.iter().filter_map(|r| r.parameters.as_ref()).collect();
-    let with_params: Vec<String> = runs
-        .iter()
-        .filter(|r| r.parameters.is_some())
-        .map(|r| r.name.clone())
-        .collect();
+    let (with_params, params) = having(runs, |r| r.parameters.as_ref());
     let _ = write!(
         body,
         "<section id=\"parameters\"><h2>Parameters</h2>{}</section>",

@@ -27,7 +27,7 @@ pub struct Prediction {
     pub step_s: f64,
     /// The model's FLOPs over the step and every rank's peak, when known.
     pub mfu: Option<f64>,
-    /// Idle share of the pipeline.
+    /// Idle share of the pipeline (the simulation's).
     pub bubble: f64,
     /// Each pipeline rank's peak allocated bytes: what the rank itself allocates (the
     /// hardware's runtime memory, a CUDA context's say, left out), as `train`'s allocator
@@ -98,15 +98,9 @@ impl Prediction {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
-        let ranks = spans.len().max(1) as f64;
         Ok(Simulation {
             peak_in_flight: vec![0; spans.len()],
-            bubble: if self.makespan > 0.0 {
-                1.0 - busy / (ranks * self.makespan)
-            } else {
-                0.0
-            },
+            bubble: self.bubble,
             spans,
             makespan: self.makespan,
         })

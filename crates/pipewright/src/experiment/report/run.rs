@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::prediction::Prediction;
+use crate::experiment::recorder::whole_rows;
 use crate::pipeline::{read_chrome_trace, Simulation};
 use crate::{Error, Result};
 
@@ -62,12 +63,8 @@ fn object(path: &Path) -> std::result::Result<Option<Map<String, Value>>, String
 
 fn csv_rows(path: &Path) -> Option<Vec<Vec<String>>> {
     let text = std::fs::read_to_string(path).ok()?;
-    // Whole rows only: a run being written may end in a torn line.
-    let rows = text
-        .split_inclusive('\n')
-        .skip(1)
-        .filter(|l| l.ends_with('\n'))
-        .map(|l| l.trim_end().split(',').map(str::to_string).collect())
+    let rows = whole_rows(&text)
+        .map(|l| l.split(',').map(str::to_string).collect())
         .collect();
     Some(rows)
 }
