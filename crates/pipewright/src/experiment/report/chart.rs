@@ -60,25 +60,54 @@ pub fn linear_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     (first..=last).map(|i| i as f64 * step).collect()
 }
 
-/// Ticks of a log axis over `lo..=hi` (both positive): the powers of ten inside, with 2 and 5
-/// times them when fewer than three decades are spanned.
+/// The marks of a log axis within each decade: 1, 2 and 5 over fewer than three decades,
+/// 1, 1.5, 2, 3, 5 and 7 within one (a loss that fell from 2.3 to 0.5 gets marks below 1).
+fn log_marks(lo: f64, hi: f64) -> &'static [f64] {
+    if hi / lo < 10.0 {
+        &[1.0, 1.5, 2.0, 3.0, 5.0, 7.0]
+    } else if hi / lo < 1000.0 {
+        &[1.0, 2.0, 5.0]
+    } else {
+        &[1.0]
+    }
+}
+
+/// `m` times ten to the `e`, as the nearest double to that decimal (0.7, not 7 x 0.1's
+/// 0.7000000000000001): powers of ten up to 1e22 are exact, and one division rounds once.
+fn decade(m: f64, e: i32) -> f64 {
+    if e >= 0 {
+        m * 10f64.powi(e)
+    } else {
+        m / 10f64.powi(-e)
+    }
+}
+
+/// Ticks of a log axis over `lo..=hi` (both positive): the powers of ten inside, with the
+/// finer marks (1, 1.5, 2, 3, 5, 7 within a decade; 1, 2, 5 within three) when the range
+/// spans few decades.
 pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
-    let fine = hi / lo < 1000.0;
     let mut out = Vec::new();
     for e in a..=b {
-        for m in if fine {
-            &[1.0, 2.0, 5.0][..]
-        } else {
-            &[1.0][..]
-        } {
-            let v = m * 10f64.powi(e);
+        for m in log_marks(lo, hi) {
+            let v = decade(*m, e);
             if v >= lo * (1.0 - 1e-9) && v <= hi * (1.0 + 1e-9) {
                 out.push(v);
             }
         }
     }
     out
+}
+
+/// The largest mark of a log axis over `lo..hi` at or below `lo`: where the axis starts, so
+/// that its lowest value lies above a labelled tick.
+fn log_floor(lo: f64, hi: f64) -> f64 {
+    let e = lo.log10().floor() as i32;
+    log_marks(lo, hi)
+        .iter()
+        .map(|m| decade(*m, e))
+        .filter(|v| *v <= lo * (1.0 + 1e-9))
+        .fold(decade(1.0, e), f64::max)
 }
 
 /// A tick's label: few digits, exponents for the very large and small.
@@ -88,7 +117,7 @@ pub fn tick_label(v: f64) -> String {
         "0".into()
     } else if !(1e-3..1e6).contains(&a) {
         format!("{v:.0e}")
-    } else if a >= 100.0 || v.fract() == 0.0 {
+    } else if v.fract() == 0.0 {
         format!("{v:.0}")
     } else {
         let s = format!("{v:.4}");
@@ -128,6 +157,9 @@ impl LineChart {
                 y0 = y0.max(y1 / 10.0);
             }
         }
+        if self.log_y {
+            y0 = log_floor(y0, y1);
+        }
         let fy = |y: f64| if self.log_y { y.log10() } else { y };
         let (ly0, ly1) = (fy(y0), fy(y1));
         let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
@@ -151,7 +183,12 @@ impl LineChart {
             "<line x1=\"{LEFT}\" y1=\"{bottom}\" x2=\"{right}\" y2=\"{bottom}\" class=\"axis\"/>\
              <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{bottom}\" class=\"axis\"/>"
         );
-        for t in linear_ticks(x0, x1, 6) {
+        // Steps are whole numbers: so are their ticks (no 199.5 between two steps).
+        let whole_x = pts().all(|p| p.0.fract() == 0.0);
+        for t in linear_ticks(x0, x1, 6)
+            .into_iter()
+            .filter(|t| !whole_x || t.fract() == 0.0)
+        {
             let x = px(t);
             let _ = write!(
                 s,
@@ -257,7 +294,15 @@ mod tests {
             log_ticks(1e-4, 10.0),
             vec![1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0]
         );
+        assert_eq!(
+            log_ticks(0.5, 2.3),
+            vec![0.5, 0.7, 1.0, 1.5, 2.0],
+            "within a decade the finer marks, below 1 too"
+        );
+        assert_eq!(log_floor(0.51, 2.3), 0.5);
+        assert_eq!(log_floor(0.03, 2.5), 0.02);
         assert_eq!(tick_label(0.25), "0.25");
+        assert_eq!(tick_label(199.5), "199.5");
         assert_eq!(tick_label(1500.0), "1500");
         assert_eq!(tick_label(2e-5), "2e-5");
     }
@@ -283,5 +328,26 @@ mod tests {
             ..c
         };
         assert!(empty.svg().contains("nothing to draw"));
+        // One point at step 200: whole-step ticks only, each label once.
+        let one = LineChart {
+            log_y: false,
+            series: vec![Series {
+                name: "m".into(),
+                points: vec![(200.0, 0.655)],
+            }],
+            ..empty
+        };
+        let svg = one.svg();
+        let labels: Vec<&str> = svg
+            .split("class=\"tick\">")
+            .skip(1)
+            .filter_map(|r| r.split('<').next())
+            .collect();
+        assert_eq!(
+            labels.iter().filter(|l| **l == "200").count(),
+            1,
+            "{labels:?}"
+        );
+        assert!(!labels.contains(&"199.5"), "{labels:?}");
     }
 }
