@@ -24,7 +24,8 @@ pub struct TraceEvent {
 }
 
 /// A Chrome trace (Perfetto, chrome://tracing): one track per pipeline stage, one event per
-/// action named as it prints (`1F3`: stage, letter, micro-batch), `R+` before it when recomputed.
+/// action named as it prints (`1F3`: stage, letter, micro-batch), `R+` before it when recomputed,
+/// with its step, micro-batch, stage and the microseconds of it spent waiting (`wait_us`).
 pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
     let mut events = Vec::new();
     for (stage, evs) in per_stage.iter().enumerate() {
@@ -41,7 +42,8 @@ pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
             events.push(serde_json::json!({
                 "name": name, "cat": e.action.letter().to_string(), "ph": "X", "pid": 0, "tid": stage,
                 "ts": e.start_us, "dur": e.dur_us,
-                "args": {"step": e.step, "micro_batch": e.action.mb(), "stage": e.action.stage()}
+                "args": {"step": e.step, "micro_batch": e.action.mb(), "stage": e.action.stage(),
+                         "wait_us": e.wait_us}
             }));
         }
     }
