@@ -44,7 +44,11 @@ struct State {
 struct World {
     size: usize,
     state: Mutex<State>,
-    cv: Condvar,
+    /// One per world rank, signalled when a message for that rank arrives (or any rank
+    /// fails): a message wakes only its receiver. One for the whole world woke every waiting
+    /// rank on every message, and with more ranks than cores those wake-ups took time slices
+    /// from the ranks computing.
+    cvs: Vec<Condvar>,
     timeout: Duration,
 }
 
@@ -57,7 +61,7 @@ impl World {
 
     fn post(&self, key: Key, msg: Msg) {
         self.lock().boxes.entry(key).or_default().push_back(msg);
-        self.cv.notify_all();
+        self.cvs[key.2].notify_all();
     }
 
     fn fail(&self, rank: usize, why: String) {
@@ -66,7 +70,9 @@ impl World {
             s.failed = Some((rank, why));
         }
         drop(s);
-        self.cv.notify_all();
+        for cv in &self.cvs {
+            cv.notify_all();
+        }
     }
 
     /// Waits for the next message under `key`.
@@ -97,8 +103,7 @@ impl World {
                 )));
             }
             let slice = (self.timeout - waited).min(Duration::from_millis(200));
-            s = self
-                .cv
+            s = self.cvs[key.2]
                 .wait_timeout(s, slice)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -389,7 +394,7 @@ impl LocalComm {
             world: Arc::new(World {
                 size: 1,
                 state: Mutex::new(State::default()),
-                cv: Condvar::new(),
+                cvs: vec![Condvar::new()],
                 timeout: default_timeout(),
             }),
             group: 0,

@@ -43,7 +43,7 @@ where
     let shared = Arc::new(World {
         size: world,
         state: Mutex::new(State::default()),
-        cv: Condvar::new(),
+        cvs: (0..world).map(|_| Condvar::new()).collect(),
         timeout,
     });
     let members = Arc::new((0..world).collect::<Vec<_>>());
