@@ -61,6 +61,10 @@ pub fn run(p: ProfileArgs) -> Result<()> {
             rows: p.sizes.clone(),
             tp: p.tp_sizes.clone(),
             concurrent: p.concurrent,
+            // The loss `train` trains every reference model with (Varuna's default).
+            loss: Some(std::sync::Arc::new(
+                pipewright::loss::CrossEntropy::default(),
+            )),
         },
         config.tp_divides(),
         source,

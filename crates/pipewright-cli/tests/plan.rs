@@ -160,6 +160,44 @@ fn concurrent_profile_copies_count_the_same_bytes_as_one() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_tensor_parallel_profile_times_the_split_loss_and_plans_from_it() {
+    // The last layer's split costs include the vocabulary-parallel loss after it: its
+    // output must stay marked split over the tp ranks in the profile (the whole-vocabulary
+    // loss on one shard's 5 classes failed "target 8 is outside 0..5").
+    let dir = std::env::temp_dir().join(format!("pw-tp-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("tp.json");
+    let o = common::pipewright()
+        .args(["profile", "--sizes", "2,4", "--tp-sizes", "1,2", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let head = p["layers"].as_array().unwrap().last().unwrap();
+    assert_eq!(head["split"][0]["tp"], 2, "{head}");
+    assert!(p["accumulate"]["per_sample_s"].as_f64().unwrap() > 0.0);
+    let o = common::pipewright()
+        .args([
+            "plan",
+            "--world",
+            "2",
+            "--nodes",
+            "1",
+            "--candidate",
+            "tp=2",
+            "--profile",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains("tp=2"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Seconds of the first ranked row's step (`... 12.3 ms  4.0%  20.1 MiB`).
 fn first_step_seconds(stdout: &str) -> f64 {
     let row = stdout

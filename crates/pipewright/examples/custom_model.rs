@@ -260,6 +260,8 @@ pub fn plan_and_morph(steps: u64) -> Result<(TrainSpec, TrainSpec)> {
         rows: vec![CHUNK_SIZE, 2 * CHUNK_SIZE],
         tp: vec![1],
         concurrent: 1,
+        // The loss the last stage computes is timed with the last layer.
+        loss: Some(Arc::new(Mse::new("y"))),
     };
     // The model does not split over tensor-parallel ranks: tp must divide 1.
     let sample = |rows: usize| batch(0, rows);

@@ -72,6 +72,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         tp_divides: vec![4],
         threads: 1,
         optimizer: None,
+        accumulate: None,
     }
 }
 
@@ -142,6 +143,23 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let (t, _) = estimate(&measured, &cluster, &cand).unwrap();
     let timed = step - 2000.0 * 28.0 / 1e9 + 5e-4 + 2000.0 * 1e-6;
     assert!((t.step_s - timed).abs() < 1e-12, "{} vs {timed}", t.step_s);
+    // A measured gradient sum (2 us + 3 ns a parameter) is paid by every backward after the
+    // first micro-batch's: m - 1 sums of the stage's 2000 parameters.
+    let summed = Profile {
+        accumulate: Some(Fit {
+            fixed_s: 2e-6,
+            per_sample_s: 3e-9,
+        }),
+        ..measured
+    };
+    let (u, _) = estimate(&summed, &cluster, &cand).unwrap();
+    let sums = (m - 1) as f64 * (2e-6 + 2000.0 * 3e-9);
+    assert!(
+        (u.step_s - timed - sums).abs() < 1e-12,
+        "{} vs {}",
+        u.step_s,
+        timed + sums
+    );
 }
 
 #[test]
@@ -149,7 +167,9 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     // GPipe over 2 alike stages of forward f and backward b with a hop of t:
     // (m + 1)(f + b) + 2t (derived by hand: the second stage's forwards end at (m + 1)f + t,
     // its backwards then run back to back, the first stage's last backward ends one b and
-    // one hop after the second stage's).
+    // one hop after the second stage's), then the step's two scalar all-reduces over the two
+    // ranks (the overflow flag over the world, the norm's squares over the pipeline), a ring
+    // of 2 steps each: 4t (the link's bandwidth is endless).
     let t = 5e-4;
     let hw = hardware(t);
     let cluster = Cluster {
@@ -166,7 +186,7 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     )
     .unwrap();
     let (f, b) = (1e-3, 3e-3);
-    let want = (m as f64 + 1.0) * (f + b) + 2.0 * t;
+    let want = (m as f64 + 1.0) * (f + b) + 2.0 * t + 4.0 * t;
     assert!((e.step_s - want).abs() < 1e-12, "{} vs {want}", e.step_s);
     assert_eq!(e.balance, vec![1, 1]);
     // GPipe holds every micro-batch on both stages; 1F1B at most p - s.

@@ -50,7 +50,7 @@ fn a_huge_layer_is_isolated_by_size_and_slowest_by_time() {
     let m = model(&[16, 16, 512, 512, 16, 16]);
     let x = Tensor::ones((64, 16), DType::F32, &Device::Cpu).unwrap();
     let sample = Batch::input(x);
-    let costs = profile_layers(&m, &Build::cpu(0), &sample, 3).unwrap();
+    let costs = profile_layers(&m, &Build::cpu(0), &sample, 3, None).unwrap();
     assert_eq!(costs.len(), 5);
     assert_eq!(costs[2].param_bytes, (512 * 512 + 512) * 4);
     assert_eq!(costs[0].activation_bytes, 64 * 16 * 4);
@@ -74,6 +74,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         rows: vec![2, 4],
         tp: vec![1],
         concurrent: 1,
+        loss: None,
     };
     let profile = measure(&m, &Build::cpu(0), &batch, &sizes, vec![1], "here".into()).unwrap();
     assert_eq!(profile.units(), 5);
@@ -84,12 +85,19 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         .expect("a measured profile times its update");
     let params: u64 = profile.layers.iter().map(|l| l.params).sum();
     assert!(update.at(params as usize) > 0.0, "{update:?}");
+    // So is the sum of each micro-batch's gradients into the step's running sum.
+    let sum = profile
+        .accumulate
+        .expect("a measured profile times its gradient sum");
+    assert!(sum.at(params as usize) > 0.0, "{sum:?}");
     let mut text = serde_json::to_value(&profile).unwrap();
     text.as_object_mut().unwrap().remove("optimizer");
+    text.as_object_mut().unwrap().remove("accumulate");
     let old: Profile = serde_json::from_value(text).unwrap();
     assert_eq!(
-        old.optimizer, None,
-        "a profile written before the update was timed still reads"
+        (old.optimizer, old.accumulate),
+        (None, None),
+        "a profile written before the update and the sum were timed still reads"
     );
     let hw = Hardware::load("cpu-2core").unwrap();
 

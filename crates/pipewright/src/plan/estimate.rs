@@ -23,51 +23,10 @@ use crate::topology::Layout;
 use crate::zero::Zero;
 use crate::Result;
 
-/// Bytes per parameter a rank keeps besides its activations: the parameter, its gradient,
-/// the running sum of the micro-batches' gradients and AdamW's two moments, 4 bytes each
-/// (half precision keeps f32 master weights in place of the sum's width). The optimizer step
-/// holds the summed gradient and no other ([`FIRST_BACKWARD_BYTES_PER_PARAM`]).
-pub const STATE_BYTES_PER_PARAM: f64 = 20.0;
-
-/// Bytes per parameter while the first backward of a step runs: no running sum yet.
-pub const FIRST_BACKWARD_BYTES_PER_PARAM: f64 = 16.0;
-
-/// A backward holds, beside the activations it consumes, this share of them again: the
-/// gradients of the graph's nodes live in candle's store until the nodes they flow into are
-/// done. Measured here with [`crate::memory`]: a GPT stage's live peak rose by 1.2-1.35 times
-/// its kept bytes from a micro-batch of 16 to one of 64 rows, for 2 and 4 blocks.
-pub const BACKWARD_EXTRA_SHARE: f64 = 0.3;
-
-/// What a rank allocates besides its model: its schedule, batches and communicator
-/// (measured here with [`crate::memory`]: a 13,600-parameter GPT rank peaks at 1.4 MiB).
-pub const RANK_BYTES: f64 = 1.2 * 1024.0 * 1024.0;
-
-/// Bytes per parameter a rank keeps under `zero` over `dp` replicas (4-byte values, as
-/// [`STATE_BYTES_PER_PARAM`] counts them): in a backward (`first`: the step's first, before any
-/// running sum) and in the optimizer step, where the clipped gradient replaces the summed one
-/// parameter by parameter. ZeRO-1 shards the moments and keeps f32 master pieces (the model's
-/// weights are no longer the masters); ZeRO-2 sums into its pieces from the first micro-batch
-/// on, and its step holds only its pieces of the summed gradients; ZeRO-3 holds no whole
-/// weights either (a layer's are whole only while it computes: [`ZERO3_LAYER_COPIES`]).
-pub fn state_bytes_per_param(zero: Zero, dp: usize, first: bool) -> (f64, f64) {
-    let d = dp.max(1) as f64;
-    let sum = if first { 0.0 } else { 4.0 };
-    match zero {
-        Zero::OptimizerState if dp > 1 => (8.0 + sum + 12.0 / d, 8.0 + 12.0 / d),
-        Zero::Gradients if dp > 1 => (8.0 + 16.0 / d, 4.0 + 16.0 / d),
-        // The weights too: a layer's are whole only while it computes.
-        Zero::Parameters if dp > 1 => (16.0 / d, 16.0 / d),
-        _ => (
-            FIRST_BACKWARD_BYTES_PER_PARAM + sum,
-            FIRST_BACKWARD_BYTES_PER_PARAM,
-        ),
-    }
-}
-
-/// Whole copies of one layer's parameters ZeRO-3 holds at once, beside its sharded state: in
-/// the layer's backward, its gathered weights, their gradient and the flat copy of it the
-/// reduce-scatter sends (4-byte values).
-pub const ZERO3_LAYER_COPIES: f64 = 3.0;
+pub use super::rank_memory::{
+    state_bytes_per_param, BACKWARD_EXTRA_SHARE, FIRST_BACKWARD_BYTES_PER_PARAM, RANK_BYTES,
+    STATE_BYTES_PER_PARAM, ZERO3_LAYER_COPIES,
+};
 
 /// Bytes the optimizer streams per parameter (reads parameter, gradient, moments; writes 3).
 const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
@@ -350,14 +309,27 @@ pub fn estimate(
         })
         .collect();
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
+    // Each backward after a stage's first micro-batch adds its weight gradients into the
+    // step's running sum (ZeRO-2/3: into this replica's pieces), timed by a measured profile.
+    let pieces = if cand.zero.shards_grads() {
+        replicas
+    } else {
+        1
+    };
+    let sum_grads = |k: usize, a: &Action| match profile.accumulate {
+        Some(f) if a.mb() > 0 => {
+            f.at((costs[k].params / pieces as f64) as usize) * cluster.thread_ratio(profile.threads)
+        }
+        _ => 0.0,
+    };
     let cost = |k: usize, a: &Action| {
         let c = &costs[k];
         let again = if recomputes(a.mb()) { c.forward } else { 0.0 };
         match a {
             Action::Forward { .. } => c.forward,
-            Action::Backward { .. } => c.backward + again,
+            Action::Backward { .. } => c.backward + again + sum_grads(k, a),
             Action::BackwardInput { .. } => c.backward_input + again,
-            Action::BackwardWeight { .. } => c.backward_weight,
+            Action::BackwardWeight { .. } => c.backward_weight + sum_grads(k, a),
         }
     };
     let pp_link = cluster.link(pp * tp * replicas);
@@ -478,6 +450,16 @@ pub fn estimate(
                 a
             }
         });
+    // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
+    // overflow flag over the world, the norm's squares over the pipeline and the tensor-parallel
+    // group (and over the replicas' pieces under ZeRO-2/3). Latency, one after another.
+    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.all_reduce(dp, 8.0)
+        + cluster
+            .link(cand.layout.world())
+            .all_reduce(cand.layout.world(), 8.0)
+        + pp_link.all_reduce(pp, 8.0)
+        + cluster.link(tp).all_reduce(tp, 8.0);
+    let (after, after_comm) = (after + scalars, after_comm + scalars);
     let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
     let step_s = sim.makespan + after;
     let samples = (rows * m * cand.layout.dp) as f64;

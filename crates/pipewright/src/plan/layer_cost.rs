@@ -7,10 +7,12 @@ use std::time::Instant;
 
 use std::collections::HashMap;
 
-use candle_core::{Storage, Tensor, TensorId, Var};
+use candle_core::{DType, Storage, Tensor, TensorId, Var};
 use serde::Serialize;
 
 use crate::batch::Batch;
+use crate::comm::TpGroup;
+use crate::loss::{output_in_f32, Loss};
 use crate::model::deferred::WeightGradQueue;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
 use crate::Result;
@@ -75,6 +77,45 @@ fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
 }
 
 /// What one timed pass of a layer gave.
+/// `x`'s tensors as new leaves: each float one a fresh variable (the backward stops there and
+/// gives its gradient) with the tensor-parallel split `cx` marks on the original (a
+/// vocabulary-parallel output stays split for the loss), the others as they are.
+fn fresh(x: &Activation, cx: &mut Cx) -> Result<Vec<Tensor>> {
+    x.tensors()
+        .into_iter()
+        .map(|t| {
+            if !t.dtype().is_float() {
+                return Ok(t.clone());
+            }
+            let v = Var::from_tensor(&t.detach())?.as_tensor().clone();
+            cx.set_parallel_dim(&v, cx.parallel_dim(t));
+            Ok(v)
+        })
+        .collect()
+}
+
+/// Seconds of the loss after the last layer, forward and backward, as the last pipeline
+/// stage runs it on a micro-batch: the output in f32, the summed loss over the rows, read as a
+/// number (the pipeline adds it up in f64), and its backward to the output.
+fn loss_pass(
+    loss: &dyn Loss,
+    y: &Activation,
+    batch: &Batch,
+    cx: &mut Cx,
+    tp: &TpGroup,
+) -> Result<(f64, f64)> {
+    let out = Activation::from_tensors(fresh(y, cx)?, y.is_tuple());
+    let t0 = Instant::now();
+    let out = output_in_f32(out, cx)?;
+    let (sum, _) = loss.sum(&out, batch, cx, tp)?;
+    let mean = (sum / batch.rows()? as f64)?;
+    mean.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    let forward_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    mean.backward()?;
+    Ok((forward_s, t1.elapsed().as_secs_f64()))
+}
+
 struct Pass {
     forward_s: f64,
     /// The backward (with the split backward: its input gradients).
@@ -94,17 +135,7 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
     let queue = WeightGradQueue::new();
     cx.weight_grads = split.then(|| queue.clone());
     // A fresh leaf for every float input: the backward stops at this layer.
-    let inputs = x
-        .tensors()
-        .into_iter()
-        .map(|t| {
-            Ok(if t.dtype().is_float() {
-                Var::from_tensor(&t.detach())?.as_tensor().clone()
-            } else {
-                t.clone()
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let inputs = fresh(x, cx)?;
     let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
     leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
     let before = crate::memory::thread_live_bytes();
@@ -166,11 +197,14 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 /// of `repeats` timings of each layer's forward and backward, and of its split backward's
 /// input and weight parts (the median, not the fastest: a training step's time is measured as
 /// the median of its steps, and on a busy machine the fastest of a few is a lucky one).
+/// With a `loss`, the last layer's forward and backward (and its split backward's input part)
+/// include the loss after it, timed as often: the last pipeline stage computes it.
 pub fn profile_layers(
     model: &Sequential,
     build: &Build,
     sample: &Batch,
     repeats: usize,
+    loss: Option<&dyn Loss>,
 ) -> Result<Vec<LayerCost>> {
     let stage = model.build(build)?;
     let mut x = Activation::from_batch(sample, model.input_names(), "the model")?;
@@ -216,8 +250,28 @@ pub fn profile_layers(
             deferred_bytes,
         });
         let tuple = y.is_tuple();
-        let next = y.tensors().into_iter().map(|t| t.detach()).collect();
+        let next = y
+            .tensors()
+            .into_iter()
+            .map(|t| {
+                let d = t.detach();
+                cx.set_parallel_dim(&d, cx.parallel_dim(t));
+                d
+            })
+            .collect();
         x = Activation::from_tensors(next, tuple);
+    }
+    if let (Some(loss), Some(last)) = (loss, out.last_mut()) {
+        let mut timed: [Vec<f64>; 2] = Default::default();
+        for _ in 0..repeats.max(1) {
+            let (f, b) = loss_pass(loss, &x, sample, &mut cx, &build.tp)?;
+            timed[0].push(f);
+            timed[1].push(b);
+        }
+        let [f, b] = timed.map(median);
+        last.forward_s += f;
+        last.backward_s += b;
+        last.backward_input_s += b;
     }
     Ok(out)
 }

@@ -2,18 +2,68 @@
 //! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
-use super::layer_cost::{profile_layers, LayerCost};
-use super::optimizer_cost::time_optimizer;
+use super::layer_cost::{median, profile_layers, LayerCost};
+use super::optimizer_cost::{time_accumulate, time_optimizer};
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
 use crate::batch::Batch;
 use crate::comm::local;
 use crate::comm::TpGroup;
+use crate::loss::{Loss, SharedLoss};
 use crate::model::{Build, Sequential};
 use crate::pipeline::partition::unit_bounds;
 use crate::{invalid, Result};
 
-/// Timings of each layer at each size, their median kept.
-const REPEATS: usize = 5;
+/// Rounds of timings: each round times every layer at every size once, in turn, and each
+/// timing's median over the rounds is kept. Rounds rather than repeats of one layer at a time:
+/// on a shared machine a slow stretch of a few milliseconds then lands on one timing of many
+/// layers instead of on every timing of one (measured here: five repeats in a row left two
+/// identical GPT blocks' backwards 35 % apart, and profiles taken minutes apart predicted the
+/// same layout 10 % apart). A profile of the README's GPT takes about a second.
+const ROUNDS: usize = 21;
+
+/// Every layer timed at each size of `batches`, [`ROUNDS`] rounds in turn after one untimed
+/// round (which allocates what the first passes would): per size, each layer's costs with
+/// every time the median over the rounds.
+fn profile_rounds(
+    model: &Sequential,
+    build: &Build,
+    batches: &[Batch],
+    loss: Option<&dyn Loss>,
+) -> Result<Vec<Vec<LayerCost>>> {
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for round in 0..=ROUNDS {
+        let costs = batches
+            .iter()
+            .map(|b| profile_layers(model, build, b, 1, loss))
+            .collect::<Result<Vec<_>>>()?;
+        if round > 0 {
+            rounds.push(costs);
+        }
+    }
+    let mut out = rounds.pop().expect("ROUNDS > 0");
+    for (s, size) in out.iter_mut().enumerate() {
+        for (i, c) in size.iter_mut().enumerate() {
+            let of = |f: fn(&LayerCost) -> f64| -> f64 {
+                let mut v: Vec<f64> = rounds.iter().map(|r| f(&r[s][i])).collect();
+                v.push(f(c));
+                median(v)
+            };
+            let times = [
+                of(|c| c.forward_s),
+                of(|c| c.backward_s),
+                of(|c| c.backward_input_s),
+                of(|c| c.backward_weight_s),
+            ];
+            [
+                c.forward_s,
+                c.backward_s,
+                c.backward_input_s,
+                c.backward_weight_s,
+            ] = times;
+        }
+    }
+    Ok(out)
+}
 
 /// The least-squares lines of `field` of layer `i` over `runs` (one per size).
 fn fit(sizes: &[usize], runs: &[Vec<LayerCost>], i: usize, field: fn(&LayerCost) -> f64) -> Fit {
@@ -32,22 +82,18 @@ fn profile_split(
     build: &Build,
     batches: &[Batch],
     tp: usize,
+    loss: Option<&dyn Loss>,
 ) -> Result<Vec<Vec<LayerCost>>> {
-    batches
-        .iter()
-        .map(|b| {
-            let mut per_rank = local::run(tp, |c| {
-                let build = build.clone().with_tp(TpGroup::new(Box::new(c)));
-                profile_layers(model, &build, b, REPEATS)
-            })?;
-            Ok(per_rank.swap_remove(0))
-        })
-        .collect()
+    let mut per_rank = local::run(tp, |c| {
+        let build = build.clone().with_tp(TpGroup::new(Box::new(c)));
+        profile_rounds(model, &build, batches, loss)
+    })?;
+    Ok(per_rank.swap_remove(0))
 }
 
-/// What [`measure`] times: micro-batch sizes, tensor-parallel sizes and how many copies run
-/// at once.
-#[derive(Clone, Debug)]
+/// What [`measure`] times: micro-batch sizes, tensor-parallel sizes, how many copies run at
+/// once, and the loss the last stage computes.
+#[derive(Clone)]
 pub struct Sizes {
     /// Micro-batch sizes (rows).
     pub rows: Vec<usize>,
@@ -55,6 +101,9 @@ pub struct Sizes {
     pub tp: Vec<usize>,
     /// Copies of the profile run at once (ranks computing at once on this machine).
     pub concurrent: usize,
+    /// The loss after the model's last layer (the last stage's work beyond its layers, timed
+    /// with the last layer), if any.
+    pub loss: Option<SharedLoss>,
 }
 
 /// A [`Profile`] of `model` measured here (with candle's pool as sized now: set
@@ -85,7 +134,9 @@ pub fn measure(
         rows: sizes,
         tp: tp_sizes,
         concurrent,
+        loss,
     } = sizes;
+    let loss = loss.as_deref();
     let concurrent = *concurrent;
     if sizes.is_empty() || sizes.contains(&0) || tp_sizes.contains(&0) || concurrent == 0 {
         return Err(invalid!(
@@ -96,22 +147,20 @@ pub fn measure(
         .iter()
         .map(|&r| batch(r))
         .collect::<Result<Vec<_>>>()?;
-    // The update is timed beside the layers, by as many copies at once.
+    // The update and the gradient sum are timed beside the layers, by as many copies at once.
     let profile_all = || {
-        let runs = batches
-            .iter()
-            .map(|b| profile_layers(model, build, b, REPEATS))
-            .collect::<Result<Vec<_>>>()?;
-        Ok((runs, time_optimizer(model, build, REPEATS)?))
+        let runs = profile_rounds(model, build, &batches, loss)?;
+        let update = time_optimizer(model, build, ROUNDS)?;
+        Ok((runs, (update, time_accumulate(model, build, ROUNDS)?)))
     };
-    let (runs, optimizer) = if concurrent > 1 {
+    let (runs, (optimizer, accumulate)) = if concurrent > 1 {
         local::run(concurrent, |_| profile_all())?.swap_remove(0)
     } else {
         profile_all()?
     };
     let mut splits = Vec::new();
     for &tp in tp_sizes.iter().filter(|&&t| t > 1) {
-        splits.push((tp, profile_split(model, build, &batches, tp)?));
+        splits.push((tp, profile_split(model, build, &batches, tp, loss)?));
     }
     let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
     let dtype_bytes = model
@@ -179,5 +228,6 @@ pub fn measure(
         tp_divides,
         threads: candle_core::utils::get_num_threads(),
         optimizer: Some(optimizer),
+        accumulate: Some(accumulate),
     })
 }

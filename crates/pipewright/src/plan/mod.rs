@@ -30,6 +30,7 @@ pub mod measure;
 pub mod morph;
 pub mod optimizer_cost;
 pub mod profile;
+pub mod rank_memory;
 pub mod search;
 pub mod shapes;
 pub mod transformer;
@@ -73,7 +74,7 @@ pub fn balance_by(
     sample: &Batch,
     stages: usize,
 ) -> Result<Vec<usize>> {
-    let costs = profile_layers(model, build, sample, 3)?;
+    let costs = profile_layers(model, build, sample, 3, None)?;
     let per_layer: Vec<f64> = costs
         .iter()
         .map(|c| match by {

@@ -1,9 +1,11 @@
-//! What a step costs after its pipeline schedule, measured: the gradients' finite check, their
-//! global norm, the clip's scale and the AdamW update, timed over a model's parameters on this
-//! machine. The planner's model of the same work from memory bandwidth (28 bytes a parameter)
-//! is a bound the CPU beats by far while a small model's state stays in cache (here: 0.2 ms
-//! for 0.4 M parameters on one thread, about 50 GB/s, where the bound says 1.4 ms), so a
-//! measured profile carries its own line.
+//! What a step costs besides its layers, measured over a model's parameters on this machine:
+//! the update after the pipeline schedule (the gradients' conversion to f32 masters, the
+//! overflow check, their global norm, the clip's scale and the AdamW update: the functions the
+//! Varuna step calls) and the sum of each micro-batch's gradients into the step's running sum
+//! (every backward after a stage's first). The planner's model of the update from memory
+//! bandwidth (28 bytes a parameter) is a bound the CPU beats by far while a small model's
+//! state stays in cache (here: 0.2 ms for 0.4 M parameters on one thread, about 50 GB/s,
+//! where the bound says 1.4 ms), so a measured profile carries its own lines.
 
 use std::time::Instant;
 
@@ -11,27 +13,32 @@ use candle_core::Var;
 
 use super::layer_cost::median;
 use super::profile::Fit;
-use crate::grads::{all_finite, Grads};
+use crate::grads::Grads;
 use crate::model::{Build, Sequential};
 use crate::nn::optim::{scale_to_norm, AdamW, AdamWConfig, Optimizer};
+use crate::precision::{has_overflow, to_master_grads};
 use crate::Result;
+
+/// Random gradients for `params`.
+fn random_grads(params: &[(String, Var)]) -> Result<Grads> {
+    let mut grads = Grads::new();
+    for (name, v) in params {
+        grads.insert(name.clone(), v.as_tensor().randn_like(0.0, 1.0)?);
+    }
+    Ok(grads)
+}
 
 /// Seconds of one update of `params` with random gradients: the median of `repeats` timings
 /// (after one untimed step, which allocates the moments).
 fn time_update(params: Vec<(String, Var)>, repeats: usize) -> Result<f64> {
-    let mut grads = Grads::new();
-    for (name, v) in &params {
-        grads.insert(name.clone(), v.as_tensor().randn_like(0.0, 1.0)?);
-    }
+    let grads = random_grads(&params)?;
     let mut opt = AdamW::new(params, AdamWConfig::default())?;
     opt.step(&grads, 1e-3)?;
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats.max(1) {
-        let mut g = grads.clone();
         let t = Instant::now();
-        for (_, x) in g.iter() {
-            all_finite(x)?;
-        }
+        let mut g = to_master_grads(&grads, 1.0)?;
+        has_overflow(&g)?;
         let norm = g.norm()?;
         scale_to_norm(&mut g, norm, 1.0)?;
         opt.step(&g, 1e-3)?;
@@ -40,10 +47,28 @@ fn time_update(params: Vec<(String, Var)>, repeats: usize) -> Result<f64> {
     Ok(median(times))
 }
 
-/// The update's seconds as a line in the parameters updated (a [`Fit`] whose rows are
-/// parameters): timed over all of `model`'s parameters and over its largest layer's, the
-/// median of `repeats` timings each.
-pub fn time_optimizer(model: &Sequential, build: &Build, repeats: usize) -> Result<Fit> {
+/// Seconds of adding one micro-batch's random gradients of `params` into a running sum: the
+/// median of `repeats` timings.
+fn time_sum(params: Vec<(String, Var)>, repeats: usize) -> Result<f64> {
+    let grads = random_grads(&params)?;
+    let mut sum = grads.clone();
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let g = grads.clone();
+        let t = Instant::now();
+        sum.accumulate(g)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(times))
+}
+
+/// `time`'s seconds as a line in the parameters it covers (a [`Fit`] whose rows are
+/// parameters): timed over all of `model`'s parameters and over its largest layer's.
+fn per_parameter(
+    model: &Sequential,
+    build: &Build,
+    time: impl Fn(Vec<(String, Var)>) -> Result<f64>,
+) -> Result<Fit> {
     let stage = model.build(build)?;
     let count = |p: &[(String, Var)]| p.iter().map(|(_, v)| v.elem_count()).sum::<usize>();
     let all = stage.params();
@@ -53,9 +78,9 @@ pub fn time_optimizer(model: &Sequential, build: &Build, repeats: usize) -> Resu
         .map(|l| l.params())
         .max_by_key(|p| count(p))
         .unwrap_or_default();
-    let mut points = vec![(count(&all) as f64, time_update(all, repeats)?)];
+    let mut points = vec![(count(&all) as f64, time(all)?)];
     if count(&largest) > 0 && count(&largest) < points[0].0 as usize {
-        points.push((count(&largest) as f64, time_update(largest, repeats)?));
+        points.push((count(&largest) as f64, time(largest)?));
     }
     if points.len() == 1 {
         // One size: all of it per parameter.
@@ -66,4 +91,16 @@ pub fn time_optimizer(model: &Sequential, build: &Build, repeats: usize) -> Resu
         });
     }
     Ok(Fit::through(&points))
+}
+
+/// The update's seconds as a line in the parameters updated, the median of `repeats`
+/// timings over all of `model`'s parameters and over its largest layer's.
+pub fn time_optimizer(model: &Sequential, build: &Build, repeats: usize) -> Result<Fit> {
+    per_parameter(model, build, |p| time_update(p, repeats))
+}
+
+/// The seconds of summing one micro-batch's gradients into the running sum, as a line in the
+/// parameters summed, timed as [`time_optimizer`] times the update.
+pub fn time_accumulate(model: &Sequential, build: &Build, repeats: usize) -> Result<Fit> {
+    per_parameter(model, build, |p| time_sum(p, repeats))
 }

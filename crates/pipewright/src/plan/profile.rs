@@ -163,6 +163,11 @@ pub struct Profile {
     /// is costed from memory bandwidth.
     #[serde(default)]
     pub optimizer: Option<Fit>,
+    /// Seconds of adding one micro-batch's gradients into the step's running sum, as a line
+    /// in the parameters summed (what every backward after a stage's first micro-batch does),
+    /// timed by [`measure`](fn@super::measure); none in a profile from shapes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accumulate: Option<Fit>,
 }
 
 fn one() -> usize {
@@ -201,13 +206,14 @@ impl Profile {
                 "profile {what}: bounds must rise from 0 to the layer count {n}, got {b:?}"
             ));
         }
-        let update = self
-            .optimizer
-            .iter()
+        let update = [self.optimizer, self.accumulate]
+            .into_iter()
+            .flatten()
             .flat_map(|f| [f.fixed_s, f.per_sample_s]);
         if update.into_iter().any(|v| !(v.is_finite() && v >= 0.0)) {
             return Err(invalid!(
-                "profile {what}: the optimizer's seconds must be finite and not negative"
+                "profile {what}: the optimizer's and the gradient sum's seconds must be finite \
+                 and not negative"
             ));
         }
         if self.dtype_bytes == 0 || self.threads == 0 || self.tp_divides.contains(&0) {

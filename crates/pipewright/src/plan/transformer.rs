@@ -201,6 +201,7 @@ impl Transformer {
             // The peak is the whole device's.
             threads: hw.cores_per_device,
             optimizer: None,
+            accumulate: None,
         })
     }
 }
