@@ -160,6 +160,28 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
         u.step_s,
         timed + sums
     );
+    // Two replicas sharing one single-core device each compute at half speed, in the schedule
+    // and in the update alike (the link is free): twice the step of one rank alone.
+    let one_core = Hardware {
+        devices_per_node: 1,
+        ..hw.clone()
+    };
+    let shared = Cluster {
+        hardware: &one_core,
+        ranks_per_node: 2,
+        runtime: Default::default(),
+    };
+    let two = Candidate {
+        layout: Layout::new(1, 1, 2).unwrap(),
+        ..cand
+    };
+    let (d, _) = estimate(&summed, &shared, &two).unwrap();
+    assert!(
+        (d.step_s - 2.0 * u.step_s).abs() < 1e-12,
+        "{} vs {}",
+        d.step_s,
+        2.0 * u.step_s
+    );
 }
 
 #[test]

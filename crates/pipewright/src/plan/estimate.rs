@@ -380,7 +380,10 @@ pub fn estimate(
         // Timed by a measured profile (with its threads), else bound by memory bandwidth.
         let updated = params / shards as f64;
         let optimizer = match profile.optimizer {
-            Some(f) => f.at(updated as usize) * cluster.thread_ratio(profile.threads),
+            Some(f) => {
+                f.at(updated as usize) * cluster.thread_ratio(profile.threads)
+                    / cluster.concurrent_share()
+            }
             None => {
                 updated * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
                     * cluster.thread_ratio(hw.cores_per_device)
