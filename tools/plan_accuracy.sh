@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The planner's predictions against measurement on this machine: profiles the README's adder
-# GPT with as many threads as each rank of the run will have, then `pipewright plan
-# --candidate ... --measure` trains each layout for PW_STEPS steps (default 60) as threads,
-# PW_REPEATS times (default 3, the layouts in turn), and prints predicted and the median
-# measured step time and training peak memory side by side. Covers pp
-# 1/2/4, tp 1/2, dp 1/2, four schedules and recompute on and off. Not used by CI (timings).
+# The planner's predictions against measurement on this machine. Each of PW_PASSES passes
+# (default 3) profiles the README's adder GPT with as many threads as each rank of the run will
+# have, then `pipewright plan --candidate ...
+# --measure` trains each layout for PW_STEPS steps (default 60) as threads, PW_REPEATS times
+# (default 1). A pass predicts from its own profile, taken a minute before its measurements:
+# this machine's speed drifts by 10-15 % between runs minutes apart, so a profile taken once
+# for all passes carries one moment's speed into every comparison. Prints, per layout, the
+# median over passes of the predicted and measured step time and largest rank's allocated
+# peak, their error, and each pass's error. Covers pp 1/2/4, tp 1/2, dp 1/2, four schedules
+# and recompute on and off. Not used by CI (timings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p pipewright-cli
@@ -12,22 +16,70 @@ pw=target/release/pipewright
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 steps=${PW_STEPS:-60}
-repeats=${PW_REPEATS:-3}
-# world 1: one rank with both cores.
-$pw profile --sizes 4,8,16,32,64 --out "$dir/p2.json" >/dev/null
-# worlds 2 and 4: one thread per rank, two ranks computing at once (one per core).
-RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 \
-  --out "$dir/p1.json" >/dev/null
+repeats=${PW_REPEATS:-1}
+passes=${PW_PASSES:-3}
 run() {
   local world=$1 profile=$2
   shift 2
   local args=()
   for c in "$@"; do args+=(--candidate "$c"); done
   $pw plan --world "$world" --nodes 1 --profile "$profile" --measure --steps "$steps" --repeats "$repeats" \
-    --out "$dir/w$world" "${args[@]}"
+    --out "$dir/pass$pass/w$world" "${args[@]}"
 }
-run 1 "$dir/p2.json" mbs=16 mbs=16,recompute=always
-run 2 "$dir/p1.json" pp=2,mbs=16 pp=2,mbs=16,schedule=gpipe tp=2 dp=2 \
-  pp=2,mbs=8,recompute=always pp=2,mbs=16,schedule=zb1
-run 4 "$dir/p1.json" pp=4,mbs=16 pp=2,tp=2,mbs=16 tp=2,dp=2 \
-  pp=4,mbs=8,schedule=gpipe,recompute=always pp=2,dp=2,mbs=8,schedule=interleaved,virtual=2
+for pass in $(seq "$passes"); do
+  # world 1: one rank with both cores.
+  $pw profile --sizes 4,8,16,32,64 --out "$dir/p1.json" >/dev/null
+  # worlds 2 and 4: one thread per rank, two ranks computing at once (one per core). Four
+  # copies on the two cores are no better for world 4: they run their rounds in near
+  # lockstep, so one layer can be preempted in most of its timings (measured here: one of two
+  # identical blocks' backward 2.2 times the other's), which no median removes.
+  RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 \
+    --out "$dir/p2.json" >/dev/null
+  run 1 "$dir/p1.json" mbs=16 mbs=16,recompute=always
+  run 2 "$dir/p2.json" pp=2,mbs=16 pp=2,mbs=16,schedule=gpipe tp=2 dp=2 \
+    pp=2,mbs=8,recompute=always pp=2,mbs=16,schedule=zb1
+  run 4 "$dir/p2.json" pp=4,mbs=16 pp=2,tp=2,mbs=16 tp=2,dp=2 \
+    pp=4,mbs=8,schedule=gpipe,recompute=always pp=2,dp=2,mbs=8,schedule=interleaved,virtual=2
+done | tee "$dir/log" >/dev/null
+python3 - "$dir/log" "$passes" <<'PY'
+import re, statistics, sys
+from collections import defaultdict
+log, passes = open(sys.argv[1]).read().splitlines(), int(sys.argv[2])
+def ms(v, unit):
+    return float(v) * {"ms": 1.0, "s": 1e3, "us": 1e-3}[unit]
+def mib(v, unit):
+    return float(v) * {"KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}[unit]
+rows, names, world = defaultdict(lambda: defaultdict(list)), {}, None
+for line in log:
+    if line.startswith("plan for "):
+        world = int(line.split()[2])
+    w = line.split()
+    if len(w) > 9 and w[0].isdigit() and w[1].startswith("pp="):
+        # rank, layout (pp tp dp [cp]), mbs, chunks, schedule (+ v), recompute, ...
+        layout = " ".join(x for x in w[1:5] if "=" in x)
+        rest = w[1 + len(layout.split()):]
+        sched = rest[2] + (" " + rest[3] if rest[3].startswith("v") else "")
+        rec = rest[4] if rest[3].startswith("v") else rest[3]
+        names[w[0]] = (world, f"{layout} | {rest[0]} x {rest[1]} | {sched} | {rec}")
+    m = re.match(r"^(\d+)\s+([\d.]+) (ms|s|us)\s+([\d.]+) (ms|s|us)\s+\S+\s+\S+ \S+\s+\S+ \S+\s+\S+\s+([\d.]+) (\w+)\s+([\d.]+) (\w+)", line)
+    if m and m.group(1) in names:
+        key = names[m.group(1)]
+        rows[key]["step"].append((ms(m.group(2), m.group(3)), ms(m.group(4), m.group(5))))
+        rows[key]["rank"].append((mib(m.group(6), m.group(7)), mib(m.group(8), m.group(9))))
+print(f"{passes} passes; medians over passes, each pass's error after them")
+print("| world | layout | mbs x chunks | schedule | recompute | predicted | measured | error | passes | pred. rank | meas. rank | error |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+within = [0, 0]
+for (world, name), r in sorted(rows.items()):
+    out = [str(world)] + [c.strip() for c in name.split("|")]
+    for i, (kind, unit) in enumerate([("step", "ms"), ("rank", "MiB")]):
+        p = statistics.median(a for a, _ in r[kind])
+        q = statistics.median(b for _, b in r[kind])
+        err = (p / q - 1) * 100
+        within[i] += abs(err) <= 10
+        out += [f"{p:.1f} {unit}", f"{q:.1f} {unit}", f"{err:+.1f} %"]
+        if kind == "step":
+            out.append(" ".join(f"{(a / b - 1) * 100:+.0f}" for a, b in r[kind]))
+    print("| " + " | ".join(out) + " |")
+print(f"within 10 %: step time {within[0]} of {len(rows)}, allocated peak {within[1]} of {len(rows)}")
+PY
