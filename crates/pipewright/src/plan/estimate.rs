@@ -456,12 +456,11 @@ pub fn estimate(
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
     // overflow flag over the world, the norm's squares over the pipeline and the tensor-parallel
     // group (and over the replicas' pieces under ZeRO-2/3). Latency, one after another.
-    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.all_reduce(dp, 8.0)
-        + cluster
-            .link(cand.layout.world())
-            .all_reduce(cand.layout.world(), 8.0)
-        + pp_link.all_reduce(pp, 8.0)
-        + cluster.link(tp).all_reduce(tp, 8.0);
+    let world = cand.layout.world();
+    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(dp)
+        + cluster.link(world).scalar_all_reduce(world)
+        + pp_link.scalar_all_reduce(pp)
+        + cluster.link(tp).scalar_all_reduce(tp);
     let (after, after_comm) = (after + scalars, after_comm + scalars);
     let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
     let step_s = sim.makespan + after;

@@ -99,6 +99,16 @@ impl Link {
         steps * (self.latency_s + bytes / n as f64 / self.bandwidth_bytes_per_s)
     }
 
+    /// Seconds of an all-reduce of a few bytes (a flag, a loss, a norm's squares) over `n`
+    /// devices: a tree's `2 log2(n)` latencies, as NCCL's tree and MPI's recursive doubling
+    /// run small messages (a ring's `2 (n - 1)` would charge 3072 GPUs 61 ms for a scalar).
+    pub fn scalar_all_reduce(&self, n: usize) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        2.0 * (n as f64).log2().ceil() * self.latency_s
+    }
+
     /// Seconds of a ring all-gather (or reduce-scatter) of `bytes` in all over `n` devices:
     /// half an all-reduce's steps.
     pub fn all_gather(&self, n: usize, bytes: f64) -> f64 {
