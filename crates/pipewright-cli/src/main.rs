@@ -14,7 +14,7 @@ mod schedule;
 mod sweep;
 mod train;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Counts live bytes per rank (`pipewright::memory`): the summary's allocated peaks.
 #[global_allocator]
@@ -78,10 +78,97 @@ enum Command {
     },
 }
 
+/// `train`'s flags that `plan` parses with them but never uses: it chooses the layout, the
+/// micro-batches, the schedule, recompute, ZeRO, the balance and the evaluation of every run it
+/// measures, and none checkpoints.
+const UNUSED_BY_PLAN: &[&str] = &[
+    "pp",
+    "tp",
+    "dp",
+    "cp",
+    "sequence_parallel",
+    "chunks",
+    "chunk_size",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "zero",
+    "balance",
+    "eval_every",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "keep",
+    "async_checkpoint",
+];
+
+/// `train`'s flags that `profile` parses with them but never uses: it times the model's layers
+/// (its model, task and data flags, the seed, where and in what it computes), not a run.
+const UNUSED_BY_PROFILE: &[&str] = &[
+    "steps",
+    "batch_size",
+    "chunks",
+    "chunk_size",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "keep",
+    "async_checkpoint",
+    "backend",
+    "pp",
+    "tp",
+    "dp",
+    "cp",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "zero",
+    "deferred_batch_norm",
+    "trace",
+    "report",
+    "balance",
+    "lr",
+    "lr_decay",
+    "warmup",
+    "min_lr_ratio",
+    "optimizer",
+    "weight_decay",
+    "momentum",
+    "clip",
+    "log_every",
+    "eval_every",
+];
+
+/// The command line: [`Cli`]'s, with the flags `plan` and `profile` take from `train` but never
+/// use hidden from their help (still accepted, so a `train` command line with `plan` or
+/// `profile` in front still parses).
+fn command() -> clap::Command {
+    fn hide(ids: &'static [&'static str]) -> impl FnOnce(clap::Command) -> clap::Command {
+        move |c| ids.iter().fold(c, |c, id| c.mut_arg(*id, |a| a.hide(true)))
+    }
+    // `--out` is a run directory to `train`; these write something else there.
+    Cli::command()
+        .mut_subcommand("plan", |c| {
+            hide(UNUSED_BY_PLAN)(c).mut_arg("out", |a| {
+                a.help(
+                    "With --measure: the directory the measured runs go in, one directory each \
+                     (default: output/plan)",
+                )
+            })
+        })
+        .mut_subcommand("profile", |c| {
+            hide(UNUSED_BY_PROFILE)(c).mut_arg("out", |a| {
+                a.help(
+                    "The JSON file written: the profile (default: profile.json), or with --gemm \
+                     the hardware file (default: hardware.json)",
+                )
+            })
+        })
+}
+
 fn main() {
     // Evaluations and checkpoints allocate and free the same large buffers again and again.
     pipewright::memory::keep_freed_memory();
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Train { args } => train::run(args),
         Command::Bench(b) => bench::run(b),
@@ -105,7 +192,6 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
 
     /// Every argument of every subcommand says what it is (`--help` lists none bare).
     #[test]
@@ -125,10 +211,73 @@ mod tests {
             }
         }
         let mut bare = Vec::new();
-        walk(&super::Cli::command(), "pipewright", &mut bare);
+        walk(&super::command(), "pipewright", &mut bare);
         // `train` parses its own flags (with the experiment's parameters, described there).
         let train = <crate::train::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"));
         walk(&train, "pipewright train", &mut bare);
         assert!(bare.is_empty(), "arguments without help: {bare:?}");
+    }
+
+    /// Every value a flag takes is named after the flag (`--virtual <VIRTUAL>`, not the field's
+    /// `<VIRTUAL_STAGES>`), unless it is named on purpose (`--param <NAME=VALUES>`).
+    #[test]
+    fn every_flags_value_is_named_after_it() {
+        fn walk(cmd: &clap::Command, path: &str, wrong: &mut Vec<String>) {
+            for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+                let (Some(long), Some([name, ..])) = (arg.get_long(), arg.get_value_names()) else {
+                    continue;
+                };
+                // The derive names a value after its field: wrong where the field is not the
+                // flag; a name set on purpose is neither.
+                let id = arg.get_id().as_str();
+                if name.as_str() == id.to_uppercase() && id != long.replace('-', "_") {
+                    wrong.push(format!("{path} --{long} <{name}>"));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                walk(sub, &format!("{path} {}", sub.get_name()), wrong);
+            }
+        }
+        let mut wrong = Vec::new();
+        let mut cmd = super::command();
+        cmd.build();
+        walk(&cmd, "pipewright", &mut wrong);
+        let mut train =
+            <crate::train::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        train.build();
+        walk(&train, "pipewright train", &mut wrong);
+        assert!(
+            wrong.is_empty(),
+            "values named unlike their flags: {wrong:?}"
+        );
+    }
+
+    /// `plan --help` and `profile --help` show their own flags, not `train`'s that they ignore
+    /// (checkpoints; for `profile`, the whole run), and still accept them.
+    #[test]
+    fn plan_and_profile_show_only_the_flags_they_use() {
+        let cmd = super::command();
+        for (sub, unused) in [
+            ("plan", super::UNUSED_BY_PLAN),
+            ("profile", super::UNUSED_BY_PROFILE),
+        ] {
+            let mut c = cmd.find_subcommand(sub).unwrap().clone();
+            let help = c.render_long_help().to_string();
+            for flag in ["--checkpoint-every", "--keep", "--chunks", "--virtual"] {
+                assert!(!help.contains(flag), "{sub} --help shows {flag}");
+            }
+            assert!(
+                help.contains("--model") && help.contains("--n-layer"),
+                "{help}"
+            );
+            for id in unused {
+                let arg = c.get_arguments().find(|a| a.get_id() == *id);
+                assert!(arg.is_some_and(|a| a.is_hide_set()), "{sub} {id}");
+            }
+        }
+        assert!(cmd
+            .clone()
+            .try_get_matches_from(["pipewright", "profile", "--chunks", "4", "--steps", "9"])
+            .is_ok());
     }
 }

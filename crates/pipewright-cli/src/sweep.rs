@@ -13,7 +13,7 @@ use pipewright::{invalid, Result};
 pub struct SweepArgs {
     /// A parameter and its values, `lr=1e-3,3e-3` (repeat for more; runs take every
     /// combination).
-    #[arg(long = "param", required = true)]
+    #[arg(long = "param", value_name = "NAME=VALUES", required = true)]
     pub params: Vec<String>,
     /// Runs at once.
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]

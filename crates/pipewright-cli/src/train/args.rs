@@ -130,7 +130,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "1f1b")]
     pub schedule: String,
     /// Model chunks per pipeline stage (interleaved schedule).
-    #[arg(long = "virtual", default_value_t = 1, value_parser = positive)]
+    #[arg(long = "virtual", value_name = "VIRTUAL", default_value_t = 1, value_parser = positive)]
     pub virtual_stages: usize,
     /// The machines the planner assumes when it chooses a layout (`plan`, and morphing to a
     /// new world under `launch`): a hardware file, or a built-in one: cpu-2core (this kind of
@@ -165,7 +165,12 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1e-3, value_parser = finite)]
     pub lr: f64,
     /// Learning-rate schedule: constant, or linear warm-up then cosine decay.
-    #[arg(long = "lr-schedule", value_enum, default_value = "cosine")]
+    #[arg(
+        long = "lr-schedule",
+        value_name = "LR_SCHEDULE",
+        value_enum,
+        default_value = "cosine"
+    )]
     pub lr_decay: LrScheduleKind,
     /// Warm-up steps of the cosine schedule.
     #[arg(long, default_value_t = 100)]
