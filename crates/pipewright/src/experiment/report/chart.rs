@@ -110,6 +110,29 @@ fn log_floor(lo: f64, hi: f64) -> f64 {
         .fold(decade(1.0, e), f64::max)
 }
 
+/// The ticks of an x axis over `lo..=hi`, about `n`: whole numbers only when the values are
+/// (steps: no 199.5 between two steps).
+pub fn x_ticks(lo: f64, hi: f64, n: usize, whole: bool) -> Vec<f64> {
+    linear_ticks(lo, hi, n)
+        .into_iter()
+        .filter(|t| !whole || t.fract() == 0.0)
+        .collect()
+}
+
+/// A y axis over the values `lo..=hi`: where it starts (a log axis at the mark below `lo`, so
+/// that the lowest value lies above a labelled tick) and its ticks (a log axis's 1-2-5 marks,
+/// or round linear values where a decade holds fewer than three of them).
+pub fn y_axis(lo: f64, hi: f64, log: bool) -> (f64, Vec<f64>) {
+    if !log {
+        return (lo, linear_ticks(lo, hi, 5));
+    }
+    let lo = log_floor(lo, hi);
+    let ticks = Some(log_ticks(lo, hi))
+        .filter(|t| t.len() >= 3)
+        .unwrap_or_else(|| linear_ticks(lo, hi, 5));
+    (lo, ticks)
+}
+
 /// A tick's label: few digits, exponents for the very large and small.
 pub fn tick_label(v: f64) -> String {
     let a = v.abs();
@@ -157,9 +180,7 @@ impl LineChart {
                 y0 = y0.max(y1 / 10.0);
             }
         }
-        if self.log_y {
-            y0 = log_floor(y0, y1);
-        }
+        let (y0, yticks) = y_axis(y0, y1, self.log_y);
         let fy = |y: f64| if self.log_y { y.log10() } else { y };
         let (ly0, ly1) = (fy(y0), fy(y1));
         let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
@@ -183,12 +204,7 @@ impl LineChart {
             "<line x1=\"{LEFT}\" y1=\"{bottom}\" x2=\"{right}\" y2=\"{bottom}\" class=\"axis\"/>\
              <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{bottom}\" class=\"axis\"/>"
         );
-        // Steps are whole numbers: so are their ticks (no 199.5 between two steps).
-        let whole_x = pts().all(|p| p.0.fract() == 0.0);
-        for t in linear_ticks(x0, x1, 6)
-            .into_iter()
-            .filter(|t| !whole_x || t.fract() == 0.0)
-        {
+        for t in x_ticks(x0, x1, 6, pts().all(|p| p.0.fract() == 0.0)) {
             let x = px(t);
             let _ = write!(
                 s,
@@ -199,14 +215,6 @@ impl LineChart {
                 tick_label(t)
             );
         }
-        let yticks = if self.log_y {
-            // Within a decade the 1-2-5 marks may be one or none: round linear values then.
-            Some(log_ticks(y0, y1))
-                .filter(|t| t.len() >= 3)
-                .unwrap_or_else(|| linear_ticks(y0, y1, 5))
-        } else {
-            linear_ticks(y0, y1, 5)
-        };
         for t in yticks {
             let y = py(t);
             let _ = write!(
