@@ -143,6 +143,12 @@ impl Simulation {
     }
 }
 
+/// The narrowest an action is drawn, in pixels, however short it is.
+const MIN_BOX_PX: f64 = 2.0;
+
+/// The width of a character of the timelines' 11-pixel monospace labels (0.6 em).
+const CHAR_PX: f64 = 6.6;
+
 /// [`svg_panels`] with the longest timeline `width` pixels wide (timelines in seconds).
 pub fn svg_panels_wide(panels: &[(&str, &Simulation)], width: f64) -> String {
     let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
@@ -188,19 +194,67 @@ pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
                 };
                 let x = left + sp.start * unit;
                 let wd = (sp.end - sp.start) * unit;
+                // A near-empty action (an embedding's stage) still shows, without the white
+                // edge that would hide it; its name is shown under the pointer, and written
+                // in the box only where it fits (it overlapped the next box's name).
+                let drawn = (wd - 1.0).max(MIN_BOX_PX);
+                let edge = if drawn > 2.0 * MIN_BOX_PX {
+                    " stroke=\"white\""
+                } else {
+                    ""
+                };
+                let name = sp.action.to_string();
                 s.push_str(&format!(
-                    "<rect x=\"{x}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{color}\" stroke=\"white\"/>\
-                     <text x=\"{}\" y=\"{}\" fill=\"white\" text-anchor=\"middle\">{}</text>\n",
-                    (wd - 1.0).max(0.5),
+                    "<rect x=\"{x}\" y=\"{y}\" width=\"{drawn}\" height=\"{}\" fill=\"{color}\"{edge}>\
+                     <title>{name}</title></rect>",
                     row - 4.0,
-                    x + wd / 2.0,
-                    y + row * 0.6,
-                    sp.action
                 ));
+                if drawn >= name.len() as f64 * CHAR_PX + 4.0 {
+                    s.push_str(&format!(
+                        "<text x=\"{}\" y=\"{}\" fill=\"white\" text-anchor=\"middle\">{name}</text>",
+                        x + drawn / 2.0,
+                        y + row * 0.6,
+                    ));
+                }
+                s.push('\n');
             }
         }
         top += sim.spans.len() as f64 * row + 10.0;
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_action_shows_and_no_name_spills_out_of_its_box() {
+        let span = |start: f64, end: f64, mb: usize| Span {
+            start,
+            end,
+            action: Action::Forward { mb, stage: 0 },
+        };
+        // At 100 pixels a unit: a 0.001-unit forward (0.1 px) and a 1-unit one (100 px).
+        let sim = Simulation {
+            spans: vec![vec![span(0.0, 0.001, 0), span(0.001, 1.001, 1)]],
+            makespan: 1.001,
+            bubble: 0.0,
+            peak_in_flight: vec![1],
+        };
+        let svg = svg_panels(&[("t", &sim)], 100.0);
+        let rects: Vec<&str> = svg.split("<rect").skip(2).collect();
+        assert_eq!(rects.len(), 2, "{svg}");
+        assert!(
+            rects[0].contains(&format!("width=\"{MIN_BOX_PX}\"")),
+            "{svg}"
+        );
+        // Both name themselves under the pointer; only the wide one in its box.
+        assert!(rects[0].contains("<title>0F0</title>") && rects[1].contains("<title>0F1</title>"));
+        assert!(
+            !svg.contains(">0F0</text>") && svg.contains(">0F1</text>"),
+            "{svg}"
+        );
+    }
 }
