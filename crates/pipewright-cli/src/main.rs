@@ -252,6 +252,19 @@ mod tests {
         );
     }
 
+    /// `train --help` groups its flags (model, task, training, parallelism, checkpoints,
+    /// output) instead of one list of sixty.
+    #[test]
+    fn every_train_flag_is_grouped() {
+        let train = <crate::train::TrainArgs as clap::Args>::augment_args(clap::Command::new("t"));
+        let loose: Vec<&str> = train
+            .get_arguments()
+            .filter(|a| !a.is_hide_set() && a.get_help_heading().is_none())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        assert!(loose.is_empty(), "flags under no heading: {loose:?}");
+    }
+
     /// `plan --help` and `profile --help` show their own flags, not `train`'s that they ignore
     /// (checkpoints; for `profile`, the whole run), and still accept them.
     #[test]

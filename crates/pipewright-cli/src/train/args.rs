@@ -52,41 +52,41 @@ pub enum LrScheduleKind {
 pub struct TrainArgs {
     /// The model: a GPT-2-shaped decoder (gpt), a Llama (RMSNorm, SwiGLU, rotary positions,
     /// grouped-query attention), or a CNN with skip connections and batch norm (cnn).
-    #[arg(long, value_enum, default_value = "gpt")]
+    #[arg(help_heading = "Model", long, value_enum, default_value = "gpt")]
     pub model: ModelKind,
     /// What it learns: sums of numbers (adder), sorting (sort), a text file's bytes (text,
     /// with --data), shapes in images (shapes, the CNN's), or a prepared corpus's token
     /// shards (tokens, with --data).
-    #[arg(long, value_enum, default_value = "adder")]
+    #[arg(help_heading = "Task", long, value_enum, default_value = "adder")]
     pub task: TaskKind,
     /// Text file for `--task text`; token shard directory for `--task tokens` (`data prepare`).
-    #[arg(long)]
+    #[arg(help_heading = "Task", long)]
     pub data: Option<PathBuf>,
     /// Optimizer steps to train for (a resumed run counts the steps it already took).
-    #[arg(long, default_value_t = 1000, value_parser = positive_u64)]
+    #[arg(help_heading = "Training", long, default_value_t = 1000, value_parser = positive_u64)]
     pub steps: u64,
     /// Rows of every step, over all data-parallel replicas.
-    #[arg(long, default_value_t = 64, value_parser = positive)]
+    #[arg(help_heading = "Training", long, default_value_t = 64, value_parser = positive)]
     pub batch_size: usize,
     /// Micro-batches each data-parallel replica splits its rows into (torchgpipe's `chunks`;
     /// gradient accumulation, the same mathematics as one batch).
-    #[arg(long, default_value_t = 1, value_parser = positive, conflicts_with = "chunk_size")]
+    #[arg(help_heading = "Training", long, default_value_t = 1, value_parser = positive, conflicts_with = "chunk_size")]
     pub chunks: usize,
     /// Rows of one micro-batch (Varuna's `chunk_size`): the other way to say --chunks, which
     /// becomes --batch-size / (--dp x --chunk-size).
-    #[arg(long, value_parser = positive)]
+    #[arg(help_heading = "Training", long, value_parser = positive)]
     pub chunk_size: Option<usize>,
     /// Save a checkpoint every N steps (0: never) into --checkpoint-dir.
-    #[arg(long, default_value_t = 0)]
+    #[arg(help_heading = "Checkpoints", long, default_value_t = 0)]
     pub checkpoint_every: u64,
     /// Where checkpoints go (default: <out>/checkpoints).
-    #[arg(long)]
+    #[arg(help_heading = "Checkpoints", long)]
     pub checkpoint_dir: Option<PathBuf>,
     /// Keep only the newest K checkpoints.
-    #[arg(long, value_parser = positive)]
+    #[arg(help_heading = "Checkpoints", long, value_parser = positive)]
     pub keep: Option<usize>,
     /// Write checkpoint files in a background thread while training goes on.
-    #[arg(long)]
+    #[arg(help_heading = "Checkpoints", long)]
     pub async_checkpoint: bool,
     /// The checkpoint the run goes on from: the experiment's `--checkpoint` (alias
     /// `--resume`): a checkpoint directory, or `latest` (the newest complete one in
@@ -96,76 +96,77 @@ pub struct TrainArgs {
     pub resume: Option<String>,
     /// Where each rank computes: cpu, or cuda (GPU ordinal = the rank's local rank; needs a
     /// build with `--features cuda`).
-    #[arg(long, default_value = "cpu")]
+    #[arg(help_heading = "Parallelism", long, default_value = "cpu")]
     pub device: String,
     /// How ranks talk: threads of this process (local), or one process per rank under
     /// `mpirun -np P` (mpi; build with `--features mpi`), or NCCL between GPUs, one per rank
     /// (nccl, with --device cuda; ranks as threads, or processes under mpirun). Under mpirun
     /// or `pipewright launch` local means mpi.
-    #[arg(long, default_value = "local")]
+    #[arg(help_heading = "Parallelism", long, default_value = "local")]
     pub backend: pipewright::comm::Backend,
     /// Pipeline stages (ranks as threads of this process).
-    #[arg(long, default_value_t = 1, value_parser = positive)]
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,
     /// Tensor-parallel ranks per stage (Megatron's split of the GPT: heads, MLP, vocabulary).
-    #[arg(long, default_value_t = 1, value_parser = positive)]
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub tp: usize,
     /// Data-parallel replicas (each takes its rows of every batch; gradients are summed).
-    #[arg(long, default_value_t = 1, value_parser = positive)]
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub dp: usize,
     /// Context-parallel ranks per replica: each holds 1/cp of every sequence (a front and a
     /// back chunk) and attends over a ring (GPT and Llama; the sequence length must be a
     /// multiple of 2 x cp; no dropout).
-    #[arg(long, default_value_t = 1, value_parser = positive)]
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub cp: usize,
     /// Megatron's sequence parallelism with --tp > 1: activations outside the tensor-parallel
     /// layers split along the sequence over the tp ranks (same result, less memory).
-    #[arg(long)]
+    #[arg(help_heading = "Parallelism", long)]
     pub sequence_parallel: bool,
     /// What the model computes in: f32, bf16, or f16 (with dynamic loss scaling); the
     /// optimizer keeps f32 master weights.
-    #[arg(long, default_value = "f32")]
+    #[arg(help_heading = "Parallelism", long, default_value = "f32")]
     pub precision: String,
     /// Pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble H1).
-    #[arg(long, default_value = "1f1b")]
+    #[arg(help_heading = "Parallelism", long, default_value = "1f1b")]
     pub schedule: String,
     /// Model chunks per pipeline stage (interleaved schedule).
-    #[arg(long = "virtual", value_name = "VIRTUAL", default_value_t = 1, value_parser = positive)]
+    #[arg(help_heading = "Parallelism", long = "virtual", value_name = "VIRTUAL", default_value_t = 1, value_parser = positive)]
     pub virtual_stages: usize,
     /// The machines the planner assumes when it chooses a layout (`plan`, and morphing to a
     /// new world under `launch`): a hardware file, or a built-in one: cpu-2core (this kind of
     /// machine), h100-node or a100-node.
-    #[arg(long, default_value = "cpu-2core")]
+    #[arg(help_heading = "Parallelism", long, default_value = "cpu-2core")]
     pub hardware: String,
     /// Activation recomputation: always, except_last or never.
-    #[arg(long, default_value = "never")]
+    #[arg(help_heading = "Parallelism", long, default_value = "never")]
     pub recompute: String,
     /// Shard over the --dp replicas (ZeRO): 0 nothing, 1 the optimizer state and f32 master
     /// weights, 2 the gradients too, 3 the model's weights too (FSDP: each layer gathers its
     /// weights when it computes). Nothing to shard with --dp 1.
-    #[arg(long, default_value = "0")]
+    #[arg(help_heading = "Parallelism", long, default_value = "0")]
     pub zero: String,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
     /// micro-batches (as whole-batch statistics would).
-    #[arg(long)]
+    #[arg(help_heading = "Parallelism", long)]
     pub deferred_batch_norm: bool,
     /// Write a Chrome trace of the pipeline's actions (open it in Perfetto).
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub trace: Option<PathBuf>,
     /// At the end, write the run's page, report.html in the run directory (what `pipewright
     /// report RUN` writes: curves, throughput, timeline, memory, parameters).
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub report: bool,
     /// Layers (or segments between cut points) per model stage: a list (`3,2`), or `time`
     /// (`auto`) or `size` to profile the model on one micro-batch here and take the balance
     /// whose slowest (largest) stage is least.
-    #[arg(long)]
+    #[arg(help_heading = "Parallelism", long)]
     pub balance: Option<String>,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3, value_parser = finite)]
+    #[arg(help_heading = "Training", long, default_value_t = 1e-3, value_parser = finite)]
     pub lr: f64,
     /// Learning-rate schedule: constant, or linear warm-up then cosine decay.
     #[arg(
+        help_heading = "Training",
         long = "lr-schedule",
         value_name = "LR_SCHEDULE",
         value_enum,
@@ -173,23 +174,23 @@ pub struct TrainArgs {
     )]
     pub lr_decay: LrScheduleKind,
     /// Warm-up steps of the cosine schedule.
-    #[arg(long, default_value_t = 100)]
+    #[arg(help_heading = "Training", long, default_value_t = 100)]
     pub warmup: u64,
     /// Final learning rate of the cosine schedule, as a fraction of --lr.
-    #[arg(long, default_value_t = 0.1, value_parser = finite)]
+    #[arg(help_heading = "Training", long, default_value_t = 0.1, value_parser = finite)]
     pub min_lr_ratio: f64,
     /// The optimizer: adamw, or sgd.
-    #[arg(long, value_enum, default_value = "adamw")]
+    #[arg(help_heading = "Training", long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerKind,
     /// Weight decay: AdamW's decoupled decay of matrices and embeddings (not biases or norm
     /// gains); SGD's L2 term on every parameter.
-    #[arg(long, default_value_t = 0.1, value_parser = finite)]
+    #[arg(help_heading = "Training", long, default_value_t = 0.1, value_parser = finite)]
     pub weight_decay: f64,
     /// SGD momentum.
-    #[arg(long, default_value_t = 0.9, value_parser = finite)]
+    #[arg(help_heading = "Training", long, default_value_t = 0.9, value_parser = finite)]
     pub momentum: f64,
     /// Clip the global gradient norm to this value (0: no clipping).
-    #[arg(long, default_value_t = 1.0, value_parser = finite)]
+    #[arg(help_heading = "Training", long, default_value_t = 1.0, value_parser = finite)]
     pub clip: f64,
     /// The seed of every random stream: the experiment's `--random-seed` (alias `--seed`).
     #[arg(skip)]
@@ -197,66 +198,66 @@ pub struct TrainArgs {
     pub seed: u64,
     /// Run directory (created; must not already hold a run unless it goes on with it; default
     /// `<output-dir>/train/<date>-<time>-<id>`).
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub out: Option<PathBuf>,
     /// Write one scalars row every K steps.
-    #[arg(long, default_value_t = 1, value_parser = positive_u64)]
+    #[arg(help_heading = "Output", long, default_value_t = 1, value_parser = positive_u64)]
     pub log_every: u64,
     /// Evaluate the task's metric every K steps (and at the end).
-    #[arg(long, default_value_t = 250, value_parser = positive_u64)]
+    #[arg(help_heading = "Output", long, default_value_t = 250, value_parser = positive_u64)]
     pub eval_every: u64,
     // GPT sizes.
     /// Transformer blocks of the GPT or the Llama.
-    #[arg(long, default_value_t = 2, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = 2, value_parser = positive)]
     pub n_layer: usize,
     /// Attention heads (tensor and pipeline sizes must fit them: tp divides the heads).
-    #[arg(long, default_value_t = 4, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = 4, value_parser = positive)]
     pub n_head: usize,
     /// Hidden size (a multiple of --n-head).
-    #[arg(long, default_value_t = 128, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = 128, value_parser = positive)]
     pub n_embd: usize,
     /// Longest sequence the GPT accepts (default: the task's sequence length).
-    #[arg(long, value_parser = positive)]
+    #[arg(help_heading = "Model", long, value_parser = positive)]
     pub block_size: Option<usize>,
     /// The GPT's dropout probability (after the embeddings, in attention, after the MLP),
     /// in [0, 1); 0 with --cp > 1.
-    #[arg(long, default_value_t = 0.0, value_parser = finite)]
+    #[arg(help_heading = "Model", long, default_value_t = 0.0, value_parser = finite)]
     pub dropout: f64,
     /// GPT vocabulary (default: the task's); a larger one pads the vocabulary, for example to
     /// a multiple of --tp. Padded ids never occur.
-    #[arg(long, value_parser = positive)]
+    #[arg(help_heading = "Model", long, value_parser = positive)]
     pub vocab_size: Option<usize>,
     /// Start from pretrained weights: a Hugging Face model directory (GPT-2 or Llama:
     /// `config.json` and `model.safetensors`, or its shards and index), which also gives the
     /// model's sizes. Each rank reads only its own slices.
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub init_from: Option<PathBuf>,
     // Llama sizes (with --n-layer, --n-head, --n-embd, --vocab-size).
     /// Llama key/value heads (grouped-query attention; default: --n-head).
-    #[arg(long, value_parser = positive)]
+    #[arg(help_heading = "Model", long, value_parser = positive)]
     pub n_kv_head: Option<usize>,
     /// Llama MLP width (default: 8/3 of --n-embd, rounded up to a multiple of 8).
-    #[arg(long, value_parser = positive)]
+    #[arg(help_heading = "Model", long, value_parser = positive)]
     pub mlp_hidden: Option<usize>,
     /// Llama rotary base.
-    #[arg(long, default_value_t = 10000.0, value_parser = finite)]
+    #[arg(help_heading = "Model", long, default_value_t = 10000.0, value_parser = finite)]
     pub rope_theta: f64,
     // CNN sizes.
     /// CNN channels of the first blocks.
-    #[arg(long, default_value_t = 16, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = 16, value_parser = positive)]
     pub width: usize,
     /// CNN: a long skip connection from the stem to the head (crosses every pipeline stage).
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub long_skip: bool,
     /// CNN residual blocks.
-    #[arg(long, default_value_t = 4, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = 4, value_parser = positive)]
     pub blocks: usize,
     // Task options.
     /// Digits of each adder operand.
-    #[arg(long, default_value_t = 2, value_parser = positive)]
+    #[arg(help_heading = "Task", long, default_value_t = 2, value_parser = positive)]
     pub digits: usize,
     /// Side of the shapes images.
-    #[arg(long, default_value_t = 16, value_parser = positive)]
+    #[arg(help_heading = "Task", long, default_value_t = 16, value_parser = positive)]
     pub image_size: usize,
 }
 

@@ -247,10 +247,12 @@ impl ArgsGroup {
 }
 
 /// The command line of an experiment named `name` with `params` (and `group`'s flags):
-/// `--help` lists each with its default; `--params-file FILE` too. A flag given twice takes
+/// `--help` lists each with its default under "Parameters"; `--params-file FILE` too. A flag given twice takes
 /// its last value (a file's values come first).
 pub fn command(name: &str, about: &str, params: &[Param], group: Option<ArgsGroup>) -> Command {
+    // The experiment's parameters under one heading; a group's flags bring their own.
     let mut cmd = Command::new(name.to_string())
+        .next_help_heading("Parameters")
         .args_override_self(true)
         .allow_negative_numbers(true)
         .arg(
