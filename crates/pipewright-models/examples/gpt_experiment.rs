@@ -126,14 +126,10 @@ impl<F: Fn(u64, usize) -> Result<Batch>> Hooks for AdderHooks<'_, F> {
         rec.scalar("train/loss", d.outcome.loss)?;
         if let Some(a) = d.metric {
             rec.scalar("eval/accuracy", a)?;
-            let plot = LinePlot {
-                title: "training loss".into(),
-                x_label: "step".into(),
-                y_label: "loss".into(),
-                log_y: true,
-                ..LinePlot::new(self.curve.clone())
-            };
-            rec.figure("train/loss_curve", &plot)?;
+            rec.figure(
+                "train/loss_curve",
+                &LinePlot::loss_curve(self.curve.clone()),
+            )?;
             println!(
                 "step {:>5}  loss {:.4}  accuracy {a:.4}",
                 d.steps, d.outcome.loss

@@ -132,14 +132,10 @@ impl Hooks for TrainHooks<'_> {
         self.curve.push((d.steps as f64, loss));
         if let Some(rec) = self.rec.as_mut().filter(|_| d.evaluated) {
             rec.set_count(d.steps);
-            let plot = LinePlot {
-                title: "training loss".into(),
-                x_label: "step".into(),
-                y_label: "loss".into(),
-                log_y: true,
-                ..LinePlot::new(self.curve.clone())
-            };
-            rec.figure("train/loss_curve", &plot)?;
+            rec.figure(
+                "train/loss_curve",
+                &LinePlot::loss_curve(self.curve.clone()),
+            )?;
         }
         if let Some(rec) = self.rec.as_mut().filter(|_| d.log) {
             rec.record(ScalarRow {

@@ -143,6 +143,18 @@ impl LinePlot {
         }
     }
 
+    /// A training loss against the step, on a log scale ("training loss", "step", "loss"):
+    /// the curve `train` and the experiments record at each evaluation.
+    pub fn loss_curve(points: Vec<(f64, f64)>) -> Self {
+        Self {
+            title: "training loss".into(),
+            x_label: "step".into(),
+            y_label: "loss".into(),
+            log_y: true,
+            ..Self::new(points)
+        }
+    }
+
     /// The plot drawn into a `width` x `height` image: white, the title above, a frame with
     /// tick marks and their values at round numbers (the report page's axes: whole steps, a
     /// log axis's 1-2-5 marks), grey grid lines, the axes' labels, and each series in its
