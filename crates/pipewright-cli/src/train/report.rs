@@ -116,17 +116,21 @@ impl Hooks for TrainHooks<'_> {
         let scaled = self.run.a.precision == "f16";
         // An f16 run's dynamic loss scale and the steps it skipped on overflow, in the log
         // lines as on the progress bar (which a file or a CI log does not show).
-        let scale = if scaled {
-            format!(
-                "  loss scale {}  skipped {}",
-                d.outcome.loss_scale, self.skipped
-            )
-        } else {
-            String::new()
+        let scale = |sep: &str| {
+            let (s, k) = (d.outcome.loss_scale, self.skipped);
+            if scaled {
+                format!("{sep}loss scale {s}{sep}skipped {k}")
+            } else {
+                String::new()
+            }
         };
         if let (Some(m), true) = (d.metric, self.reporting) {
             let name = self.run.task.metric_name();
-            let line = format!("step {:>6}  loss {loss:.4}  {name} {m:.4}{scale}", d.steps);
+            let line = format!(
+                "step {:>6}  loss {loss:.4}  {name} {m:.4}{}",
+                d.steps,
+                scale("  ")
+            );
             self.pb.suspend(|| println!("{line}"));
         }
         self.curve.push((d.steps as f64, loss));
@@ -157,9 +161,10 @@ impl Hooks for TrainHooks<'_> {
         let done = d.steps - self.first;
         let rate = done as f64 * self.items_per_step as f64 / self.start.elapsed().as_secs_f64();
         let items = self.items;
-        let bar = scale.replace("  ", " | ");
-        self.pb
-            .set_message(format!("loss {loss:.4} | {rate:.0} {items}/s{bar}"));
+        self.pb.set_message(format!(
+            "loss {loss:.4} | {rate:.0} {items}/s{}",
+            scale(" | ")
+        ));
         self.pb.inc(1);
         Ok(())
     }

@@ -316,12 +316,15 @@ pub fn estimate(
     } else {
         1
     };
-    let sum_grads = |k: usize, a: &Action| match profile.accumulate {
-        Some(f) if a.mb() > 0 => {
-            f.at((costs[k].params / pieces as f64) as usize) * cluster.thread_ratio(profile.threads)
-        }
-        _ => 0.0,
-    };
+    let sums: Vec<f64> = costs
+        .iter()
+        .map(|c| {
+            profile.accumulate.map_or(0.0, |f| {
+                f.at((c.params / pieces as f64) as usize) * cluster.thread_ratio(profile.threads)
+            })
+        })
+        .collect();
+    let sum_grads = |k: usize, a: &Action| if a.mb() > 0 { sums[k] } else { 0.0 };
     let cost = |k: usize, a: &Action| {
         let c = &costs[k];
         let again = if recomputes(a.mb()) { c.forward } else { 0.0 };
@@ -379,17 +382,15 @@ pub fn estimate(
         let shards = if cand.zero == Zero::Off { 1 } else { dp };
         // Timed by a measured profile (with its threads), else bound by memory bandwidth.
         let updated = params / shards as f64;
-        let optimizer = match profile.optimizer {
-            Some(f) => {
-                f.at(updated as usize) * cluster.thread_ratio(profile.threads)
-                    / cluster.concurrent_share()
-            }
-            None => {
-                updated * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s
-                    * cluster.thread_ratio(hw.cores_per_device)
-                    / cluster.concurrent_share()
-            }
+        // Either at the rank's threads, ranks sharing cores updating at once.
+        let (alone, threads) = match profile.optimizer {
+            Some(f) => (f.at(updated as usize), profile.threads),
+            None => (
+                updated * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s,
+                hw.cores_per_device,
+            ),
         };
+        let optimizer = alone * cluster.thread_ratio(threads) / cluster.concurrent_share();
         // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
         let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
             let last = mine.iter().map(|c| c.backward).sum::<f64>();

@@ -14,7 +14,7 @@ use crate::batch::Batch;
 use crate::comm::TpGroup;
 use crate::loss::{output_in_f32, Loss};
 use crate::model::deferred::WeightGradQueue;
-use crate::model::{Activation, Build, Cx, Mode, Sequential};
+use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
 use crate::Result;
 
 /// What one layer costs for one micro-batch.
@@ -76,7 +76,6 @@ fn graph_bytes(root: &Tensor, leaves: &[TensorId]) -> usize {
     by_storage.values().sum()
 }
 
-/// What one timed pass of a layer gave.
 /// `x`'s tensors as new leaves: each float one a fresh variable (the backward stops there and
 /// gives its gradient) with the tensor-parallel split `cx` marks on the original (a
 /// vocabulary-parallel output stays split for the loss), the others as they are.
@@ -116,6 +115,7 @@ fn loss_pass(
     Ok((forward_s, t1.elapsed().as_secs_f64()))
 }
 
+/// What one timed pass of a layer gave.
 struct Pass {
     forward_s: f64,
     /// The backward (with the split backward: its input gradients).
@@ -206,8 +206,18 @@ pub fn profile_layers(
     repeats: usize,
     loss: Option<&dyn Loss>,
 ) -> Result<Vec<LayerCost>> {
-    let stage = model.build(build)?;
-    let mut x = Activation::from_batch(sample, model.input_names(), "the model")?;
+    profile_stage(&model.build(build)?, sample, repeats, loss)
+}
+
+/// [`profile_layers`] of a model already built (`stage`, its tensor-parallel group its
+/// loss's): a profile that times the same layers many times builds them once.
+pub fn profile_stage(
+    stage: &Stage,
+    sample: &Batch,
+    repeats: usize,
+    loss: Option<&dyn Loss>,
+) -> Result<Vec<LayerCost>> {
+    let mut x = Activation::from_batch(sample, stage.input_names(), "the model")?;
     let mut cx = Cx::new(Mode::Train, 0, 0, 0);
     let mut out = Vec::new();
     for layer in stage.layers() {
@@ -264,7 +274,7 @@ pub fn profile_layers(
     if let (Some(loss), Some(last)) = (loss, out.last_mut()) {
         let mut timed: [Vec<f64>; 2] = Default::default();
         for _ in 0..repeats.max(1) {
-            let (f, b) = loss_pass(loss, &x, sample, &mut cx, &build.tp)?;
+            let (f, b) = loss_pass(loss, &x, sample, &mut cx, stage.tp())?;
             timed[0].push(f);
             timed[1].push(b);
         }

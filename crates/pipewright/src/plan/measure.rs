@@ -2,7 +2,7 @@
 //! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
-use super::layer_cost::{median, profile_layers, LayerCost};
+use super::layer_cost::{median, profile_stage, LayerCost};
 use super::optimizer_cost::{time_accumulate, time_optimizer};
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
 use crate::batch::Batch;
@@ -18,48 +18,38 @@ use crate::{invalid, Result};
 /// on a shared machine a slow stretch of a few milliseconds then lands on one timing of many
 /// layers instead of on every timing of one (measured here: five repeats in a row left two
 /// identical GPT blocks' backwards 35 % apart, and profiles taken minutes apart predicted the
-/// same layout 10 % apart). A profile of the README's GPT takes about a second.
+/// same layout 10 % apart). A profile of the README's GPT takes 1.4 s here.
 const ROUNDS: usize = 21;
 
-/// Every layer timed at each size of `batches`, [`ROUNDS`] rounds in turn after one untimed
-/// round (which allocates what the first passes would): per size, each layer's costs with
-/// every time the median over the rounds.
+/// Every layer of `model` (built once) timed at each size of `batches`, [`ROUNDS`] rounds in
+/// turn after one untimed round (which allocates what the first passes would): per size, each
+/// layer's costs with every time the median over the rounds.
 fn profile_rounds(
     model: &Sequential,
     build: &Build,
     batches: &[Batch],
     loss: Option<&dyn Loss>,
 ) -> Result<Vec<Vec<LayerCost>>> {
+    let stage = model.build(build)?;
     let mut rounds = Vec::with_capacity(ROUNDS);
     for round in 0..=ROUNDS {
         let costs = batches
             .iter()
-            .map(|b| profile_layers(model, build, b, 1, loss))
+            .map(|b| profile_stage(&stage, b, 1, loss))
             .collect::<Result<Vec<_>>>()?;
         if round > 0 {
             rounds.push(costs);
         }
     }
-    let mut out = rounds.pop().expect("ROUNDS > 0");
+    let mut out = rounds[ROUNDS - 1].clone();
     for (s, size) in out.iter_mut().enumerate() {
         for (i, c) in size.iter_mut().enumerate() {
-            let of = |f: fn(&LayerCost) -> f64| -> f64 {
-                let mut v: Vec<f64> = rounds.iter().map(|r| f(&r[s][i])).collect();
-                v.push(f(c));
-                median(v)
-            };
-            let times = [
-                of(|c| c.forward_s),
-                of(|c| c.backward_s),
-                of(|c| c.backward_input_s),
-                of(|c| c.backward_weight_s),
-            ];
-            [
-                c.forward_s,
-                c.backward_s,
-                c.backward_input_s,
-                c.backward_weight_s,
-            ] = times;
+            let of =
+                |f: fn(&LayerCost) -> f64| median(rounds.iter().map(|r| f(&r[s][i])).collect());
+            c.forward_s = of(|c| c.forward_s);
+            c.backward_s = of(|c| c.backward_s);
+            c.backward_input_s = of(|c| c.backward_input_s);
+            c.backward_weight_s = of(|c| c.backward_weight_s);
         }
     }
     Ok(out)

@@ -42,7 +42,7 @@ pub use cluster::{Cluster, Runtime};
 pub use estimate::{estimate, Candidate, Estimate};
 pub use gemm::{gemm_grid, time_gemms, Gemm, GemmCurve, GemmTiming};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
-pub use layer_cost::{median, profile_layers, LayerCost};
+pub use layer_cost::{median, profile_layers, profile_stage, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
 pub use optimizer_cost::time_optimizer;
