@@ -174,8 +174,7 @@ pub fn live_bytes() -> Option<u64> {
 
 /// Bytes held now by this thread's rank ([`set_rank`]), or by the process if it has none.
 pub fn thread_live_bytes() -> Option<u64> {
-    let c = rank_counter(RANK.with(Cell::get)).unwrap_or(&COUNTERS[0]);
-    read(c, |c| &c.live)
+    read(thread_counter(), |c| &c.live)
 }
 
 /// The most bytes the process has held at once since the start or [`reset_peaks`].
@@ -186,6 +185,28 @@ pub fn peak_bytes() -> Option<u64> {
 /// The most bytes charged to `rank` at once since the start or [`reset_peaks`].
 pub fn rank_peak_bytes(rank: usize) -> Option<u64> {
     read(COUNTERS[1..].get(rank)?, |c| &c.peak)
+}
+
+/// The counter this thread's allocations are charged to beside the process's: its rank's, or
+/// the process's when it has none.
+fn thread_counter() -> &'static Counter {
+    rank_counter(RANK.with(Cell::get)).unwrap_or(&COUNTERS[0])
+}
+
+/// Starts the peak of this thread's rank (of the process if it has none) again from what it
+/// holds now, and returns those bytes: with [`thread_peak_bytes`] after it, the most one piece
+/// of work (a layer's backward) held beyond what it started with.
+pub fn reset_thread_peak() -> Option<u64> {
+    let c = thread_counter();
+    c.peak
+        .store(c.live.load(Ordering::Relaxed), Ordering::Relaxed);
+    read(c, |c| &c.live)
+}
+
+/// The most bytes this thread's rank (the process if it has none) has held at once since the
+/// start, [`reset_peaks`] or [`reset_thread_peak`].
+pub fn thread_peak_bytes() -> Option<u64> {
+    read(thread_counter(), |c| &c.peak)
 }
 
 /// Starts every peak again from what is held now.

@@ -1,14 +1,17 @@
 //! A split backward for zero-bubble schedules: weight-bearing ops (linear, embedding,
-//! convolution) compute their forward with a detached weight and pass their output through a
-//! *tap*, an identity op whose backward passes the gradient on and queues (input, output
-//! gradient) for the stage. So a backward pass gives input gradients (and the small bias and
-//! norm gradients) only; [`WeightGradQueue::weight_grads`] later turns a micro-batch's queue
-//! into weight gradients, with the same operations candle's own backward would run, so the
-//! numbers are those of an unsplit backward.
+//! convolution) compute their forward with no graph (a detached input and weight) and pass their
+//! output through a *tap* whose backward gives the input its gradient, as candle's own backward
+//! of the op would, and queues (input, output gradient) for the stage. So a backward pass gives
+//! input gradients (and the small bias and norm gradients) only: candle's matmul and
+//! convolution backwards compute the weight's gradient whenever they run, even for a detached
+//! weight, which cost the input pass a weight gradient it threw away (a GPT block's input pass
+//! took 1.25 times its whole backward) and three weight-sized buffers. [`WeightGradQueue::weight_grads`]
+//! later turns a micro-batch's queue into weight gradients, with the same operations candle's
+//! own backward would run, so the numbers are those of an unsplit backward.
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::WeightLayout;
 use crate::grads::Grads;
@@ -71,10 +74,44 @@ struct Tap {
     work: Work,
 }
 
-/// The tap's second input is the weight itself: that makes the op part of the graph even when
-/// nothing upstream needs a gradient (a first layer fed with ids or images), and its backward
-/// gives the weight no gradient, so the weight's only gradient is the deferred one.
-impl CustomOp2 for Tap {
+impl Work {
+    /// The gradient of the op's input for the output gradient `grad`, as candle's backward of
+    /// the op computes it (`None` for an embedding's ids); `weight` is the layer's weight and
+    /// `input` the op's input.
+    fn input_grad(
+        &self,
+        input: &Tensor,
+        weight: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(match self {
+            // As candle's matmul backward: lhs_grad = grad rhs^T, rhs the weight as multiplied.
+            Work::Matmul { layout, .. } => {
+                let rhs = match layout {
+                    WeightLayout::OutIn => weight.t()?,
+                    WeightLayout::InOut => weight.clone(),
+                };
+                Some(grad.matmul(&rhs.t()?)?)
+            }
+            Work::Embedding { .. } => None,
+            // As candle's conv2d backward for its input (dilation 1).
+            Work::Conv2d {
+                padding, stride, ..
+            } => {
+                let k_h = weight.dim(2)?;
+                let out_size = (grad.dim(2)? - 1) * stride + k_h - 2 * padding;
+                let out_padding = input.dim(2)? - out_size;
+                Some(grad.conv_transpose2d(weight, *padding, out_padding, *stride, 1)?)
+            }
+        })
+    }
+}
+
+/// The tap's inputs: the op's output computed with no graph, the op's input (its gradient
+/// comes from the tap) and the weight itself. The weight makes the op part of the graph even
+/// when nothing upstream needs a gradient (a first layer fed with ids or images); the tap's
+/// backward gives it no gradient, so the weight's only gradient is the deferred one.
+impl CustomOp3 for Tap {
     fn name(&self) -> &'static str {
         "weight-grad-tap"
     }
@@ -83,6 +120,8 @@ impl CustomOp2 for Tap {
         &self,
         s: &CpuStorage,
         l: &Layout,
+        _x: &CpuStorage,
+        _xl: &Layout,
         _w: &CpuStorage,
         _wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
@@ -93,6 +132,8 @@ impl CustomOp2 for Tap {
         &self,
         s: &candle_core::CudaStorage,
         l: &Layout,
+        _x: &candle_core::CudaStorage,
+        _xl: &Layout,
         _w: &candle_core::CudaStorage,
         _wl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
@@ -101,11 +142,17 @@ impl CustomOp2 for Tap {
 
     fn bwd(
         &self,
-        _arg: &Tensor,
-        _weight: &Tensor,
+        _out: &Tensor,
+        input: &Tensor,
+        weight: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // Nothing upstream needs it when the input is no part of a graph (ids, images).
+        let input_grad = match input.track_op() {
+            true => self.work.input_grad(input, weight, grad)?,
+            false => None,
+        };
         let mut q = self.queue.0.lock().unwrap_or_else(|e| e.into_inner());
         q.push(Entry {
             mb: self.mb,
@@ -113,7 +160,7 @@ impl CustomOp2 for Tap {
             work: self.work.clone(),
             grad: grad.detach(),
         });
-        Ok((Some(grad.clone()), None))
+        Ok((None, input_grad, None))
     }
 }
 
@@ -123,17 +170,23 @@ impl WeightGradQueue {
         Self::default()
     }
 
-    /// `y` unchanged; its gradient, when it comes, is queued with `work` for parameter `param`
-    /// (`weight`) of micro-batch `mb`.
+    /// `y`, the output of `work`'s op on `input` computed from a detached input and weight (no
+    /// graph), as a tensor whose gradient, when it comes, gives `input` its gradient and is
+    /// queued with `work` for parameter `param` (`weight`) of micro-batch `mb`. `y` must be a
+    /// new tensor nothing else reads: its memory is given back (the result is its copy; the
+    /// graph keeps `y` as the tap's input but never reads it), so an activation is kept once.
     pub fn tap(
         &self,
-        y: &Tensor,
+        y: Tensor,
+        input: &Tensor,
         weight: &Tensor,
         mb: usize,
         param: &str,
         work: Work,
     ) -> Result<Tensor> {
-        Ok(y.contiguous()?.apply_op2(
+        let y = y.contiguous()?;
+        let out = y.apply_op3(
+            input,
             weight,
             Tap {
                 queue: self.clone(),
@@ -141,7 +194,9 @@ impl WeightGradQueue {
                 param: param.to_string(),
                 work,
             },
-        )?)
+        )?;
+        crate::storage::release(&y)?;
+        Ok(out)
     }
 
     /// Entries waiting for their weight gradient.

@@ -88,7 +88,8 @@ impl Conv2d {
             None => x.conv2d(&self.weight, self.padding, self.stride, 1, 1)?,
             Some((q, mb)) => {
                 let w = self.weight.as_tensor().detach();
-                let y = x.conv2d(&w, self.padding, self.stride, 1, 1)?;
+                // No graph: the tap gives the input its gradient, and the kernel's waits.
+                let y = x.detach().conv2d(&w, self.padding, self.stride, 1, 1)?;
                 let (_, _, k0, k1) = w.dims4()?;
                 let work = Work::Conv2d {
                     x: x.detach(),
@@ -97,7 +98,8 @@ impl Conv2d {
                     kernel: (k0, k1),
                 };
                 q.tap(
-                    &y,
+                    y,
+                    x,
                     self.weight.as_tensor(),
                     mb,
                     &join(&self.name, "weight"),

@@ -80,7 +80,8 @@ impl Embedding {
                     dim,
                 };
                 q.tap(
-                    &y,
+                    y,
+                    &flat,
                     self.weight.as_tensor(),
                     mb,
                     &join(&self.name, "weight"),

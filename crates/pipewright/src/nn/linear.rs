@@ -182,14 +182,19 @@ impl Linear {
             WeightLayout::OutIn => weight.t()?,
             WeightLayout::InOut => weight,
         };
-        let mut y = x2.matmul(&w)?;
+        let mut y = match defer {
+            // No graph: the tap gives the input its gradient, and the weight's waits.
+            Some(_) => x2.detach().matmul(&w)?,
+            None => x2.matmul(&w)?,
+        };
         if let Some((q, mb)) = defer {
             let work = Work::Matmul {
                 x: x2.detach(),
                 layout: self.layout,
             };
             y = q.tap(
-                &y,
+                y,
+                &x2,
                 self.weight.as_tensor(),
                 mb,
                 &join(&self.name, "weight"),
