@@ -1,6 +1,7 @@
 //! The counting allocator against bytes known in advance: each rank's peak is what its thread
-//! allocated, blocks freed elsewhere and grown in place stay charged to their maker, and the
-//! process counts every rank.
+//! allocated, blocks freed elsewhere and grown in place stay charged to their maker, the
+//! process counts every rank, a piece of work's own peak reads back, and what a rank receives
+//! from another is its own. (One test: the counters are the process's, and tests run at once.)
 
 use candle_core::{DType, Device, Tensor};
 use pipewright::comm::local;
@@ -74,5 +75,70 @@ fn ranks_are_charged_what_their_threads_allocate() {
         let p = std::alloc::alloc(layout);
         assert_eq!(p as usize % 4096, 0);
         std::alloc::dealloc(p, layout);
+    }
+
+    // One piece of work's peak: a 2 MiB spike above what the thread held when it began.
+    memory::set_rank(Some(9));
+    let kept = vec![1u8; MIB as usize];
+    let start = memory::reset_thread_peak().unwrap();
+    drop(vec![1u8; 2 * MIB as usize]);
+    let spike = memory::thread_peak_bytes().unwrap() - start;
+    assert!(
+        near(spike, 2 * MIB),
+        "a 2 MiB spike read back as {spike} bytes"
+    );
+    drop(kept);
+    memory::set_rank(None);
+
+    received_tensors_are_the_receivers();
+}
+
+/// What a rank receives from another is memory of its own (a copy made in its thread), as a
+/// rank of another process would hold it: a received, all-reduced or gathered tensor counts to
+/// the receiver, and the sender's charge ends with its own tensor. (Shared, it stayed charged
+/// to the sender, or to the rank that reduced, for as long as any rank held it.)
+fn received_tensors_are_the_receivers() {
+    use pipewright::comm::{Communicator, ReduceOp};
+    let grew = local::run(2, |c| {
+        let mib = || Tensor::ones((256, 1024), DType::F32, &Device::Cpu);
+        let live = || memory::thread_live_bytes().unwrap() as i64;
+        let mut grew = Vec::new();
+        let before = live();
+        let got = match c.rank() {
+            0 => {
+                c.send(&mib()?, 1, 0)?;
+                None
+            }
+            _ => Some(c.recv(0, 0)?),
+        };
+        c.barrier()?;
+        grew.push(live() - before);
+        drop(got);
+        let t = mib()?;
+        let before = live();
+        let sum = c.all_reduce(&t, ReduceOp::Sum)?;
+        c.barrier()?;
+        grew.push(live() - before);
+        drop(sum);
+        let before = live();
+        let parts = c.all_gather(&t)?;
+        c.barrier()?;
+        grew.push(live() - before);
+        drop(parts);
+        Ok(grew)
+    })
+    .unwrap();
+    let mib = MIB as i64;
+    // Sent then received; all-reduced; all-gathered (the other rank's part).
+    for (rank, want) in [(0, [0, mib, mib]), (1, [mib, mib, mib])] {
+        for (what, (got, want)) in ["recv", "all_reduce", "all_gather"]
+            .iter()
+            .zip(grew[rank].iter().zip(want))
+        {
+            assert!(
+                got.abs_diff(want) < 64 * 1024,
+                "rank {rank} after {what}: {got} bytes more, not {want}"
+            );
+        }
     }
 }

@@ -126,13 +126,22 @@ fn check_same(op: &str, ts: &[Tensor], reference: usize) -> std::result::Result<
     check_agree(op, &parts, reference)
 }
 
-fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
-    if op == ReduceOp::Avg && ts[0].dtype().is_int() {
-        return Err(Error::Invalid(format!(
+/// Whether tensors of `t`'s dtype can be reduced by `op` (an error for every rank if not).
+fn reducible(t: &Tensor, op: ReduceOp) -> std::result::Result<(), String> {
+    if op == ReduceOp::Avg && t.dtype().is_int() {
+        return Err(format!(
             "cannot average {:?} tensors: use ReduceOp::Sum and divide where the rounding is known",
-            ts[0].dtype()
-        )));
+            t.dtype()
+        ));
     }
+    Ok(())
+}
+
+/// `ts` (one per rank, in rank order) reduced by `op`, in the calling rank's thread: each rank
+/// reduces into memory of its own (counted to it, as a rank of another process would hold its
+/// own result; the ranks reduce at once), every rank's result the same bits.
+fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
+    reducible(&ts[0], op).map_err(Error::Invalid)?;
     let mut acc = ts[0].clone();
     for t in &ts[1..] {
         let t = t.to_device(acc.device())?;
@@ -232,6 +241,14 @@ impl LocalComm {
     }
 }
 
+/// `t`, received from another rank, as memory of the receiving rank: a copy, made (and
+/// counted, [`crate::memory`]) in its thread, as a rank of another process would receive into
+/// its own buffer. Sharing the sender's tensor charged it to the sender for as long as the
+/// receiver held it, so a rank's measured peak moved with its partners' timing.
+fn own(t: Tensor) -> Result<Tensor> {
+    Ok(t.copy()?)
+}
+
 fn first(ts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
     ts.into_iter().map(|mut v| v.remove(0)).collect()
 }
@@ -265,7 +282,7 @@ impl Communicator for LocalComm {
         let mut v = self
             .world
             .take((self.group, s, self.me(), tag), self.me(), "recv")?;
-        Ok(v.remove(0))
+        own(v.remove(0))
     }
 
     fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>> {
@@ -282,34 +299,40 @@ impl Communicator for LocalComm {
             self.me(),
         );
         Ok(Pending::new(move || {
-            Ok(world.take(key, me, "irecv")?.remove(0))
+            own(world.take(key, me, "irecv")?.remove(0))
         }))
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let n = self.size();
-        let mut r = self.collective("all_reduce", vec![t.clone()], |all| {
+        let all = self.collective("all_reduce", vec![t.clone()], |all| {
             let ts = first(all);
             check_same("all_reduce", &ts, 0)?;
-            let out = reduce(&ts, op).map_err(|e| format!("all_reduce: {e}"))?;
-            Ok(vec![vec![out]; n])
+            reducible(&ts[0], op).map_err(|e| format!("all_reduce: {e}"))?;
+            Ok(vec![ts; n])
         })?;
-        Ok(r.remove(0))
+        reduce(&all, op)
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let n = self.size();
-        self.collective("all_gather", vec![t.clone()], |all| {
+        let all = self.collective("all_gather", vec![t.clone()], |all| {
             let ts = first(all);
             let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
             check_same_dtype(&parts)?;
             Ok(vec![ts; n])
-        })
+        })?;
+        // Its own part is its input; the others', copies of its own.
+        let mine = self.rank;
+        all.into_iter()
+            .enumerate()
+            .map(|(r, t)| if r == mine { Ok(t) } else { own(t) })
+            .collect()
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let n = self.size();
-        let mut r = self.collective("reduce_scatter", vec![t.clone()], |all| {
+        let all = self.collective("reduce_scatter", vec![t.clone()], |all| {
             let ts = first(all);
             check_same("reduce_scatter", &ts, 0)?;
             let rows = ts[0].dims().first().copied().ok_or_else(|| {
@@ -321,18 +344,16 @@ impl Communicator for LocalComm {
                     describe(&ts[0])
                 ));
             }
-            let out = reduce(&ts, op).map_err(|e| format!("reduce_scatter: {e}"))?;
-            let part = rows / n;
-            (0..n)
-                .map(|r| {
-                    out.narrow(0, r * part, part)
-                        .and_then(|p| p.contiguous())
-                        .map(|p| vec![p])
-                        .map_err(|e| format!("reduce_scatter: {e}"))
-                })
-                .collect()
+            reducible(&ts[0], op).map_err(|e| format!("reduce_scatter: {e}"))?;
+            Ok(vec![ts; n])
         })?;
-        Ok(r.remove(0))
+        // Each rank reduces its own part only.
+        let part = all[0].dim(0)? / n;
+        let mine = all
+            .iter()
+            .map(|t| t.narrow(0, self.rank * part, part))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        reduce(&mine, op)?.contiguous().map_err(Into::into)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
@@ -343,7 +364,10 @@ impl Communicator for LocalComm {
             check_same("broadcast", &ts, root)?;
             Ok(vec![vec![ts[root].clone()]; n])
         })?;
-        Ok(r.remove(0))
+        match self.rank == root {
+            true => Ok(r.remove(0)),
+            false => own(r.remove(0)),
+        }
     }
 
     fn barrier(&self) -> Result<()> {
