@@ -8,7 +8,7 @@ use pipewright::pipeline::Recompute;
 use pipewright::plan::estimate::{BACKWARD_EXTRA_SHARE, RANK_BYTES};
 use pipewright::plan::{
     estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, LayerProfile, Link, Profile,
-    Request, Transformer,
+    Request, Transformer, Transient,
 };
 use pipewright::topology::Layout;
 use pipewright::zero::Zero;
@@ -57,6 +57,8 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         output_bytes_per_sample: 100.0,
         kept_bytes_per_sample: kept,
         kept_whole_bytes_per_sample: 0.0,
+        transient: None,
+        split_kept_bytes_per_sample: None,
         deferred_bytes_per_sample: 0.0,
         tp_all_reduce_bytes_per_sample: 0.0,
         split: Vec::new(),
@@ -121,6 +123,37 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let peak = 1048576.0 + RANK_BYTES + 2000.0 * 20.0 + (1.0 + BACKWARD_EXTRA_SHARE) * kept;
     assert_eq!(e.peak_bytes, vec![peak]);
     assert_eq!(e.bubble, 0.0);
+    // A measured backward's transient bytes replace the share: the largest layer's, not their
+    // sum (the layers' backwards run one after another).
+    let mut t = p.clone();
+    for l in &mut t.layers {
+        l.transient = Some(Transient {
+            backward_bytes_per_sample: 30.0,
+            input_bytes_per_sample: 7.0,
+        });
+    }
+    let plan =
+        |p: &Profile, kind| estimate(p, &cluster, &candidate(1, m, rows, kind, Recompute::Never));
+    let base = 1048576.0 + RANK_BYTES + 2000.0 * 20.0;
+    let r = rows as f64;
+    let (e, _) = plan(&t, ScheduleKind::OneFOneB).unwrap();
+    assert_eq!(e.peak_bytes, vec![base + kept + 30.0 * r]);
+    // ZB-H1 splits the backward: its forward keeps what the plain ops keep (80 bytes a row a
+    // layer), an input pass holds that and its own transient (7), and a weight pass holds the
+    // queue (5 a row a layer) after the graph is gone: here one micro-batch at a time.
+    for l in &mut t.layers {
+        l.split_kept_bytes_per_sample = Some(80.0);
+        l.deferred_bytes_per_sample = 5.0;
+    }
+    let (z, _) = plan(&t, ScheduleKind::ZeroBubbleH1).unwrap();
+    assert_eq!(z.peak_bytes, vec![base + 2.0 * 80.0 * r + 7.0 * r]);
+    // A queue larger than the graph (200 bytes a row a layer): the peak is at a weight pass
+    // (0F0 0I0 0W0 0F1 ...: one queue, no graph), the transient charged on top.
+    for l in &mut t.layers {
+        l.deferred_bytes_per_sample = 200.0;
+    }
+    let (z, _) = plan(&t, ScheduleKind::ZeroBubbleH1).unwrap();
+    assert_eq!(z.peak_bytes, vec![base + 2.0 * 200.0 * r + 7.0 * r]);
     // Recomputing runs every forward twice.
     let (r, _) = estimate(
         &p,

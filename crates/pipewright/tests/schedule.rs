@@ -4,6 +4,7 @@
 use pipewright::model::{LayerSpec, Sequential};
 use pipewright::pipeline::partition::{partition, uniform_balance};
 use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use pipewright::pipeline::timeline::held;
 
 #[test]
 fn every_schedule_is_complete_and_deadlock_free() {
@@ -105,6 +106,49 @@ fn activations_in_flight() {
                 .validate()
                 .unwrap();
             assert_eq!(z.peak_in_flight, o.peak_in_flight, "zb1 p={p} m={m}");
+            // A whole backward frees its micro-batch at once: nothing waits for a weight pass.
+            let one = Schedule::new(ScheduleKind::OneFOneB, p, m, 1).unwrap();
+            assert!(held(&one).iter().flatten().all(|h| h.queues == 0));
+        }
+    }
+}
+
+#[test]
+fn what_a_split_backward_holds_as_each_action_starts() {
+    // pipewright schedule --pp 2 --chunks 4 --schedule zb1, rank 0:
+    // 0F0 0F1 0I0 0W0 0F2 0I1 0W1 0F3 0I2 0W2 0I3 0W3, counted by hand.
+    let s = Schedule::new(ScheduleKind::ZeroBubbleH1, 2, 4, 1).unwrap();
+    let rank0: Vec<(usize, usize)> = held(&s)[0].iter().map(|h| (h.graphs, h.queues)).collect();
+    assert_eq!(
+        rank0,
+        [
+            (0, 0),
+            (1, 0),
+            (2, 0),
+            (1, 1),
+            (1, 0),
+            (2, 0),
+            (1, 1),
+            (1, 0),
+            (2, 0),
+            (1, 1),
+            (1, 0),
+            (0, 1)
+        ]
+    );
+    // Every input pass finds its graph, every weight pass its queue.
+    for p in 1..=6 {
+        for m in 1..=12 {
+            let s = Schedule::new(ScheduleKind::ZeroBubbleH1, p, m, 1).unwrap();
+            for (list, h) in s.actions.iter().zip(held(&s)) {
+                for (a, h) in list.iter().zip(h) {
+                    match a {
+                        Action::BackwardInput { .. } => assert!(h.graphs >= 1, "p={p} m={m} {a}"),
+                        Action::BackwardWeight { .. } => assert!(h.queues >= 1, "p={p} m={m} {a}"),
+                        _ => {}
+                    }
+                }
+            }
         }
     }
 }

@@ -49,6 +49,44 @@ pub struct Span {
     pub action: Action,
 }
 
+/// What a rank holds as one of its actions starts: the micro-batches whose forward it has run
+/// and whose backward (a split backward's input pass) it has not, so it keeps their
+/// activations, counting the one a backward works on; and the micro-batches whose input pass
+/// has run and whose weight pass has not, so it keeps their queued weight-gradient work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Micro-batches whose activations the rank keeps.
+    pub graphs: usize,
+    /// Micro-batches whose weight-gradient queue the rank keeps (split backwards only).
+    pub queues: usize,
+}
+
+/// Per rank of `s`, what it holds as each of its actions starts (in its order): where its
+/// memory peaks is one of these, inside the action that starts there.
+pub fn held(s: &Schedule) -> Vec<Vec<Held>> {
+    s.actions
+        .iter()
+        .map(|list| {
+            let mut now = Held::default();
+            list.iter()
+                .map(|a| {
+                    let at = now;
+                    match a {
+                        Action::Forward { .. } => now.graphs += 1,
+                        Action::Backward { .. } => now.graphs -= 1,
+                        Action::BackwardInput { .. } => {
+                            now.graphs -= 1;
+                            now.queues += 1;
+                        }
+                        Action::BackwardWeight { .. } => now.queues -= 1,
+                    }
+                    at
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// A simulated run of a schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Simulation {
@@ -58,7 +96,8 @@ pub struct Simulation {
     pub makespan: f64,
     /// Idle share of stage-time: 1 - busy / (stages * makespan).
     pub bubble: f64,
-    /// Per stage, the most micro-batches whose activations it holds at once.
+    /// Per stage, the most micro-batches it holds at once, from their forward until their
+    /// backward is done (a split backward's weight pass).
     pub peak_in_flight: Vec<usize>,
 }
 
@@ -73,21 +112,10 @@ impl Simulation {
         } else {
             0.0
         };
-        let peak_in_flight = s
-            .actions
+        // (A rank's last action is a backward: what it holds after it is never the most.)
+        let peak_in_flight = held(s)
             .iter()
-            .map(|list| {
-                let (mut now, mut peak) = (0i64, 0i64);
-                for a in list {
-                    match a {
-                        Action::Forward { .. } => now += 1,
-                        Action::Backward { .. } | Action::BackwardWeight { .. } => now -= 1,
-                        Action::BackwardInput { .. } => {}
-                    }
-                    peak = peak.max(now);
-                }
-                peak as usize
-            })
+            .map(|h| h.iter().map(|h| h.graphs + h.queues).max().unwrap_or(0))
             .collect();
         Simulation {
             spans,

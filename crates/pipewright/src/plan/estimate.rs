@@ -17,12 +17,13 @@ use super::profile::{Fit, Profile};
 use super::shapes::ShapeCost;
 use crate::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
-use crate::pipeline::timeline::Simulation;
+use crate::pipeline::timeline::{self, Simulation};
 use crate::pipeline::Recompute;
 use crate::topology::Layout;
 use crate::zero::Zero;
 use crate::Result;
 
+use super::rank_memory::{rank_live_bytes, StageBytes};
 pub use super::rank_memory::{
     state_bytes_per_param, BACKWARD_EXTRA_SHARE, FIRST_BACKWARD_BYTES_PER_PARAM, RANK_BYTES,
     STATE_BYTES_PER_PARAM, ZERO3_LAYER_COPIES,
@@ -103,14 +104,8 @@ struct StageCost {
     backward_input: f64,
     backward_weight: f64,
     params: f64,
-    /// The parameters of its largest layer (ZeRO-3 holds one layer's whole at a time).
-    largest: f64,
-    kept: f64,
-    /// The most transient bytes one of its layers holds while it computes (attention).
-    working: f64,
-    /// What the split backward holds until the weight gradients (zero-bubble schedules).
-    deferred: f64,
-    input: f64,
+    /// What it holds in memory.
+    bytes: StageBytes,
     output: f64,
     /// Of forward and backward: seconds bound by the device's ceiling, by memory, and
     /// communicating (tp collectives, the ring).
@@ -181,15 +176,11 @@ fn stage_cost(
         backward_input: 0.0,
         backward_weight: 0.0,
         params: 0.0,
-        largest: 0.0,
-        kept: 0.0,
-        working: 0.0,
-        deferred: 0.0,
-        input: if layers.start == 0 {
+        bytes: StageBytes::new(if layers.start == 0 {
             0.0
         } else {
             p.layers[layers.start - 1].output_bytes_per_sample * rows as f64 * cut
-        },
+        }),
         output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64 * cut,
     };
     for (l, shape) in p.layers[layers.clone()].iter().zip(&shaped[layers]) {
@@ -243,33 +234,20 @@ fn stage_cost(
             s.comm += 2.0 * comm;
             s.params += l.params as f64 / t;
         }
-        s.largest = s.largest.max(s.params - before);
+        s.bytes.largest = s.bytes.largest.max(s.params - before);
         if let Some(a) = &l.attention {
             let (f, b) = context::ring_seconds(a, rows, tp, cp, ring_link);
             s.forward += f;
             s.backward += b;
             s.backward_input += b;
             s.comm += f + b;
-            s.working = s
-                .working
-                .max(context::working_bytes(a, rows, tp, cp, p.dtype_bytes));
+            s.bytes.working =
+                s.bytes
+                    .working
+                    .max(context::working_bytes(a, rows, tp, cp, p.dtype_bytes));
         }
-        // The shard's kept bytes as measured at this tp size (its collectives' outputs are
-        // live tensors of its graph), else modelled from the unsplit layer.
         let measured = l.split.iter().find(|m| m.tp == tp);
-        // (Sequence parallelism splits the whole part over tp as well.)
-        let whole = l.kept_whole_bytes_per_sample.min(l.kept_bytes_per_sample);
-        let kept = match measured.and_then(|m| m.kept_bytes_per_sample) {
-            Some(k) if !sp => k,
-            _ if sp => l.kept_bytes_per_sample / t,
-            _ => whole + (l.kept_bytes_per_sample - whole) / t,
-        };
-        s.kept += kept * r * share;
-        s.deferred += measured
-            .and_then(|m| m.deferred_bytes_per_sample)
-            .unwrap_or(l.deferred_bytes_per_sample / t)
-            * r
-            * share;
+        s.bytes.add(l, measured, tp, sp, r * share);
     }
     s
 }
@@ -358,10 +336,11 @@ pub fn estimate(
     let dp_link = cluster.link(tp * replicas);
     // Below, the data-parallel sums and ZeRO's shards span the ring too.
     let dp = replicas;
+    let held_at = timeline::held(&schedule);
     let mut after = 0f64;
     let mut after_comm = 0f64;
     let mut peak_bytes = Vec::with_capacity(pp);
-    for r in 0..pp {
+    for (r, held) in held_at.iter().enumerate() {
         let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
         let params: f64 = mine.iter().map(|c| c.params).sum();
         let bytes = params * cluster.runtime.grad_reduce_bytes;
@@ -403,31 +382,11 @@ pub fn estimate(
             after = grads + optimizer;
             after_comm = grads;
         }
-        let kept_max = mine.iter().map(|c| c.kept).fold(0.0, f64::max);
-        let kept_mean = mine.iter().map(|c| c.kept).sum::<f64>() / v as f64;
-        let input_mean = mine.iter().map(|c| c.input).sum::<f64>() / v as f64;
-        let in_flight = sim.peak_in_flight[r] as f64;
-        // A recomputed micro-batch keeps its stage input until its backward runs the forward
-        // again; the backward then holds that micro-batch's activations and their gradients.
-        let mut held = match cand.recompute {
-            Recompute::Never => in_flight * (kept_mean + input_mean),
-            Recompute::Always => in_flight * input_mean + kept_max,
-            Recompute::ExceptLast => (in_flight - 1.0).max(0.0) * input_mean + 2.0 * kept_max,
-        };
-        // The split backward's queued output gradients wait for their weight gradients.
-        if schedule.splits_backward() {
-            held += in_flight * mine.iter().map(|c| c.deferred).sum::<f64>() / v as f64;
-        }
-        // The peak is in a backward (after the first, the running sum of the gradients is
-        // held too) or in the optimizer step, whichever holds more.
-        let (per_param, step_per_param) = state_bytes_per_param(cand.zero, dp, m * v == 1);
-        let working = mine.iter().map(|c| c.working).fold(0.0, f64::max);
-        let mut backward = params * per_param + held + BACKWARD_EXTRA_SHARE * kept_max + working;
-        if cand.zero == Zero::Parameters && dp > 1 {
-            let largest = mine.iter().map(|c| c.largest).fold(0.0, f64::max);
-            backward += ZERO3_LAYER_COPIES * 4.0 * largest;
-        }
-        let live = RANK_BYTES + backward.max(params * step_per_param);
+        let bytes: Vec<&StageBytes> = mine.iter().map(|c| &c.bytes).collect();
+        let state = state_bytes_per_param(cand.zero, dp, m * v == 1);
+        let zero3 = cand.zero == Zero::Parameters && dp > 1;
+        let split = schedule.splits_backward();
+        let live = rank_live_bytes(&bytes, params, state, held, cand.recompute, split, zero3);
         peak_bytes.push(hw.runtime_bytes() as f64 + live);
     }
     // The busiest pipeline rank's work, split as its stages' costs are (recomputed forwards

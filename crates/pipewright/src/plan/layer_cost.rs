@@ -37,10 +37,19 @@ pub struct LayerCost {
     /// Bytes its forward keeps for the backward (every tensor of its autograd graph but its
     /// parameters and input, each storage counted once).
     pub kept_bytes: usize,
-    /// Bytes the zero-bubble split backward holds until the weight gradients run beyond the
-    /// kept ones: as the allocator counts them when [`crate::memory::CountingAlloc`] is
-    /// installed, else the output gradients its weight-bearing ops queue.
+    /// Bytes its forward keeps for the zero-bubble split backward (which runs the plain ops
+    /// where the whole backward has fused kernels): as the allocator counts them when
+    /// [`crate::memory::CountingAlloc`] is installed, else the graph's as above.
+    pub split_kept_bytes: usize,
+    /// Bytes the split backward holds from its input pass until its weight pass, once the
+    /// graph is gone (the queue's inputs and output gradients): as the allocator counts them
+    /// when it is installed, else the queued output gradients.
     pub deferred_bytes: usize,
+    /// With [`crate::memory::CountingAlloc`] installed: the most its backward held at once
+    /// beyond what it started with and its parameters' gradients ...
+    pub backward_transient_bytes: Option<usize>,
+    /// ... and its split backward's input pass beyond what it keeps for the weight gradients.
+    pub input_transient_bytes: Option<usize>,
 }
 
 impl LayerCost {
@@ -122,12 +131,18 @@ struct Pass {
     backward_s: f64,
     /// The deferred weight gradients (split backward only).
     weight_s: f64,
-    output: Activation,
-    /// Bytes the graph keeps; with the split backward, the queued output gradients instead.
-    bytes: usize,
-    /// With the split backward and [`crate::memory::CountingAlloc`] installed: the live bytes
-    /// the pass holds between the input and the weight gradients (graph, output and queue).
-    held: Option<usize>,
+    /// The layer's output (of the whole backward's pass; the split one's is dropped).
+    output: Option<Activation>,
+    /// Bytes the forward keeps for the backward: the graph's tensors, or with the split
+    /// backward and [`crate::memory::CountingAlloc`] installed, the bytes its forward left live.
+    kept: usize,
+    /// With the split backward: the bytes that wait for the weight gradients once the graph is
+    /// gone (the queue's inputs and output gradients, as the allocator counts them where it
+    /// can, else the output gradients).
+    queued: usize,
+    /// With [`crate::memory::CountingAlloc`] installed: the most the backward (the input
+    /// pass) held at once beyond what it started with, and what it still held after it.
+    peak: Option<(usize, usize)>,
 }
 
 /// One timed pass of `layer` on `x`, with the zero-bubble split backward when `split`.
@@ -138,7 +153,9 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
     let inputs = fresh(x, cx)?;
     let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
     leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
-    let before = crate::memory::thread_live_bytes();
+    let live = crate::memory::thread_live_bytes;
+    let above = |then: Option<u64>| live().zip(then).map(|(n, t)| n.saturating_sub(t) as usize);
+    let before = live();
     let t0 = Instant::now();
     // (A stash a later layer pops stays in `cx` for it: skip connections.)
     let got = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
@@ -151,35 +168,44 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
             None => s,
         });
     }
+    let graph = objective.as_ref().map_or(0, |o| graph_bytes(o, &leaves));
+    let kept = match split {
+        true => above(before).unwrap_or(graph),
+        false => graph,
+    };
+    let start = crate::memory::reset_thread_peak();
     let t1 = Instant::now();
     if let Some(o) = &objective {
         o.backward()?;
     }
     let backward_s = t1.elapsed().as_secs_f64();
-    if split {
-        let bytes = queue.pending_bytes();
-        let held = crate::memory::thread_live_bytes()
-            .zip(before)
-            .map(|(now, then)| now.saturating_sub(then) as usize);
-        let t2 = Instant::now();
-        queue.weight_grads(0)?;
-        let weight_s = t2.elapsed().as_secs_f64();
+    // (The gradient store is gone: what stays is the split backward's queue.)
+    let peak = crate::memory::thread_peak_bytes()
+        .map(|p| p.saturating_sub(start.unwrap_or(0)) as usize)
+        .zip(above(start));
+    if !split {
         return Ok(Pass {
             forward_s,
             backward_s,
-            weight_s,
-            output: got,
-            bytes,
-            held,
+            weight_s: 0.0,
+            output: Some(got),
+            kept,
+            queued: 0,
+            peak,
         });
     }
+    drop((objective, got));
+    let queued = above(before).unwrap_or_else(|| queue.pending_bytes());
+    let t2 = Instant::now();
+    queue.weight_grads(0)?;
     Ok(Pass {
         forward_s,
         backward_s,
-        weight_s: 0.0,
-        output: got,
-        bytes: objective.map_or(0, |o| graph_bytes(&o, &leaves)),
-        held: None,
+        weight_s: t2.elapsed().as_secs_f64(),
+        output: None,
+        kept,
+        queued,
+        peak,
     })
 }
 
@@ -223,7 +249,13 @@ pub fn profile_stage(
     for layer in stage.layers() {
         let mut timed: [Vec<f64>; 4] = Default::default();
         let mut y = None;
-        let (mut kept_bytes, mut deferred_bytes) = (0, 0);
+        let mut kept = [0; 3];
+        let mut transient = (None, None);
+        let param_bytes: usize = layer
+            .params()
+            .iter()
+            .map(|(_, v)| bytes(v.as_tensor()))
+            .sum();
         for _ in 0..repeats.max(1) {
             let split = pass(layer.as_ref(), &x, &mut cx, true)?;
             let whole = pass(layer.as_ref(), &x, &mut cx, false)?;
@@ -236,11 +268,12 @@ pub fn profile_stage(
             for (slot, t) in timed.iter_mut().zip(times) {
                 slot.push(t);
             }
-            // What the split backward holds beyond the graph, counted by the allocator where
-            // it can be: the queue's inputs to the weight gradients as well as its gradients.
-            let beyond = split.held.map_or(0, |h| h.saturating_sub(whole.bytes));
-            (kept_bytes, deferred_bytes) = (whole.bytes, split.bytes.max(beyond));
-            y = Some(whole.output);
+            kept = [whole.kept, split.kept, split.queued];
+            transient = (
+                whole.peak.map(|(p, _)| p.saturating_sub(param_bytes)),
+                split.peak.map(|(p, kept)| p.saturating_sub(kept)),
+            );
+            y = whole.output;
         }
         let y = y.expect("at least one repeat");
         let median = timed.map(median);
@@ -250,14 +283,13 @@ pub fn profile_stage(
             backward_s: median[1],
             backward_input_s: median[2],
             backward_weight_s: median[3],
-            param_bytes: layer
-                .params()
-                .iter()
-                .map(|(_, v)| bytes(v.as_tensor()))
-                .sum(),
+            param_bytes,
             activation_bytes: y.tensors().into_iter().map(bytes).sum(),
-            kept_bytes,
-            deferred_bytes,
+            kept_bytes: kept[0],
+            split_kept_bytes: kept[1],
+            deferred_bytes: kept[2],
+            backward_transient_bytes: transient.0,
+            input_transient_bytes: transient.1,
         });
         let tuple = y.is_tuple();
         let next = y

@@ -4,7 +4,7 @@
 
 use super::layer_cost::{median, profile_stage, LayerCost};
 use super::optimizer_cost::{time_accumulate, time_optimizer};
-use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing};
+use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
 use crate::batch::Batch;
 use crate::comm::local;
 use crate::comm::TpGroup;
@@ -53,6 +53,14 @@ fn profile_rounds(
         }
     }
     Ok(out)
+}
+
+/// What `c`'s backward holds at its peak per sample of `rows`, if the allocator counted it.
+fn transient(c: &LayerCost, rows: f64) -> Option<Transient> {
+    Some(Transient {
+        backward_bytes_per_sample: c.backward_transient_bytes? as f64 / rows,
+        input_bytes_per_sample: c.input_transient_bytes? as f64 / rows,
+    })
 }
 
 /// The least-squares lines of `field` of layer `i` over `runs` (one per size).
@@ -189,7 +197,9 @@ pub fn measure(
                 output_bytes_per_sample: output,
                 kept_bytes_per_sample: kept,
                 deferred_bytes_per_sample: l.deferred_bytes as f64 / big,
+                split_kept_bytes_per_sample: Some(l.split_kept_bytes as f64 / big),
                 kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
+                transient: transient(l, big),
                 tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
                 split: splits
                     .iter()
@@ -202,6 +212,8 @@ pub fn measure(
                         backward_weight: fit(sizes, r, i, |c| c.backward_weight_s),
                         kept_bytes_per_sample: Some(r[last][i].kept_bytes as f64 / big),
                         deferred_bytes_per_sample: Some(r[last][i].deferred_bytes as f64 / big),
+                        split_kept_bytes_per_sample: Some(r[last][i].split_kept_bytes as f64 / big),
+                        transient: transient(&r[last][i], big),
                     })
                     .collect(),
                 measured,

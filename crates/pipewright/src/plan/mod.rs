@@ -46,7 +46,7 @@ pub use layer_cost::{median, profile_layers, profile_stage, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
 pub use optimizer_cost::time_optimizer;
-pub use profile::{AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing};
+pub use profile::{AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
 pub use transformer::Transformer;

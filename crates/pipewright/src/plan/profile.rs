@@ -43,6 +43,21 @@ impl Fit {
     }
 }
 
+/// Bytes per sample a layer's backward holds at its peak beyond what it started with and what
+/// the rest of the step keeps anyway: the gradients of its graph's nodes in candle's store, its
+/// output's and its input's. Measured by the allocator ([`crate::memory::CountingAlloc`]);
+/// without it a stage's backward is charged
+/// [`BACKWARD_EXTRA_SHARE`](super::rank_memory::BACKWARD_EXTRA_SHARE) of its kept bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Transient {
+    /// The whole backward, beyond its parameters' gradients (the rank's state counts those).
+    pub backward_bytes_per_sample: f64,
+    /// The zero-bubble split backward's input pass, beyond what it keeps for the weight
+    /// gradients.
+    pub input_bytes_per_sample: f64,
+}
+
 /// One timing a measured profile was fitted to.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,12 +100,19 @@ pub struct LayerProfile {
     pub output_bytes_per_sample: f64,
     /// Bytes a micro-batch keeps from this layer's forward until its backward, per sample.
     pub kept_bytes_per_sample: f64,
-    /// Bytes per sample the zero-bubble split backward holds from the input gradients to the
-    /// weight gradients beyond the kept ones (the queued output gradients).
+    /// Bytes per sample the zero-bubble split backward holds from its input pass to its
+    /// weight pass, once the graph is gone (the queue's inputs and output gradients).
     #[serde(default)]
     pub deferred_bytes_per_sample: f64,
+    /// Bytes per sample its forward keeps for the split backward, as measured (its plain ops
+    /// keep more than the whole backward's fused kernels); default: the kept bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_kept_bytes_per_sample: Option<f64>,
     /// The part of the kept bytes that tensor parallelism does not split.
     pub kept_whole_bytes_per_sample: f64,
+    /// What its backward holds at its peak, as measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transient: Option<Transient>,
     /// Bytes per sample all-reduced over the tp group in the forward, and again in the
     /// backward, when the layer is split.
     pub tp_all_reduce_bytes_per_sample: f64,
@@ -136,6 +158,12 @@ pub struct SplitCost {
     /// Bytes per sample the split backward defers, as measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deferred_bytes_per_sample: Option<f64>,
+    /// Bytes per sample its forward keeps for the split backward, as measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_kept_bytes_per_sample: Option<f64>,
+    /// What the shard's backward holds at its peak, as measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transient: Option<Transient>,
 }
 
 /// A model's layers with their costs.
@@ -249,9 +277,18 @@ impl Profile {
                 }
             }
             let split_values = split.flat_map(|f| [f.fixed_s, f.per_sample_s]);
+            let split_kept = std::iter::once(l.split_kept_bytes_per_sample)
+                .chain(l.split.iter().map(|s| s.split_kept_bytes_per_sample))
+                .flatten();
+            let transients = std::iter::once(l.transient)
+                .chain(l.split.iter().map(|s| s.transient))
+                .flatten()
+                .flat_map(|t| [t.backward_bytes_per_sample, t.input_bytes_per_sample]);
             if values
                 .into_iter()
                 .chain(split_values)
+                .chain(transients)
+                .chain(split_kept)
                 .any(|v| !(v.is_finite() && v >= 0.0))
             {
                 return Err(invalid!(

@@ -108,6 +108,8 @@ impl Transformer {
                 output_bytes_per_sample: s * h * q,
                 kept_bytes_per_sample: kept.0 * s * h * q,
                 kept_whole_bytes_per_sample: kept.1 * s * h * q,
+                transient: None,
+                split_kept_bytes_per_sample: None,
                 deferred_bytes_per_sample: deferred * s * q,
                 // Megatron's two all-reduces of the hidden state per block (one in the
                 // embedding and in the head).
