@@ -91,6 +91,33 @@ fn ranks_are_charged_what_their_threads_allocate() {
     memory::set_rank(None);
 
     received_tensors_are_the_receivers();
+    collectives_leave_nothing_behind();
+}
+
+/// A thousand scalar all-reduces leave the ranks holding what they held before: each
+/// collective's mailbox goes once its message is taken (an emptied one left behind grew the
+/// world's map by an entry per message, about 70 bytes each).
+fn collectives_leave_nothing_behind() {
+    use pipewright::comm::{Communicator, ReduceOp};
+    let grew = local::run(2, |c| {
+        let one = Tensor::new(1f32, &Device::Cpu)?;
+        let live = || memory::live_bytes().unwrap() as i64;
+        c.all_reduce(&one, ReduceOp::Sum)?;
+        c.barrier()?;
+        let before = live();
+        for _ in 0..1000 {
+            c.all_reduce(&one, ReduceOp::Sum)?;
+        }
+        c.barrier()?;
+        Ok(live() - before)
+    })
+    .unwrap();
+    for (rank, g) in grew.iter().enumerate() {
+        assert!(
+            *g < 16 * 1024,
+            "rank {rank}: the process grew by {g} bytes over 1000 all-reduces"
+        );
+    }
 }
 
 /// What a rank receives from another is memory of its own (a copy made in its thread), as a

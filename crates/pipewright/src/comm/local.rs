@@ -80,11 +80,18 @@ impl World {
         let start = Instant::now();
         let mut s = self.lock();
         loop {
-            if let Some(m) = s.boxes.get_mut(&key).and_then(|q| q.pop_front()) {
-                return match m {
-                    Msg::Tensors(t) => Ok(t),
-                    Msg::Failed(why) => Err(Error::Comm(why)),
-                };
+            if let Some(q) = s.boxes.get_mut(&key) {
+                if let Some(m) = q.pop_front() {
+                    // A collective's key is used once: an emptied box left behind grew the
+                    // map by one entry per message, step after step (4 KB a step a rank here).
+                    if q.is_empty() {
+                        s.boxes.remove(&key);
+                    }
+                    return match m {
+                        Msg::Tensors(t) => Ok(t),
+                        Msg::Failed(why) => Err(Error::Comm(why)),
+                    };
+                }
             }
             if let Some((r, why)) = &s.failed {
                 if *r != me {
