@@ -123,13 +123,16 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let peak = 1048576.0 + RANK_BYTES + 2000.0 * 20.0 + (1.0 + BACKWARD_EXTRA_SHARE) * kept;
     assert_eq!(e.peak_bytes, vec![peak]);
     assert_eq!(e.bubble, 0.0);
-    // A measured backward's transient bytes replace the share: the largest layer's, not their
-    // sum (the layers' backwards run one after another).
+    // A measured backward's transient bytes replace the share: what each layer's gradient store
+    // still holds when its backward ends (10 bytes a row) stays until the stage's backward
+    // ends, beside the most one layer holds beyond that while it runs (30 - 10).
     let mut t = p.clone();
     for l in &mut t.layers {
         l.transient = Some(Transient {
             backward_bytes_per_sample: 30.0,
+            backward_kept_bytes_per_sample: 10.0,
             input_bytes_per_sample: 7.0,
+            input_kept_bytes_per_sample: 0.0,
         });
     }
     let plan =
@@ -137,7 +140,7 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
     let base = 1048576.0 + RANK_BYTES + 2000.0 * 20.0;
     let r = rows as f64;
     let (e, _) = plan(&t, ScheduleKind::OneFOneB).unwrap();
-    assert_eq!(e.peak_bytes, vec![base + kept + 30.0 * r]);
+    assert_eq!(e.peak_bytes, vec![base + kept + (2.0 * 10.0 + 20.0) * r]);
     // ZB-H1 splits the backward: its forward keeps what the plain ops keep (80 bytes a row a
     // layer), an input pass holds that and its own transient (7), and a weight pass holds the
     // queue (5 a row a layer) after the graph is gone: here one micro-batch at a time.

@@ -46,10 +46,12 @@ pub struct LayerCost {
     /// when it is installed, else the queued output gradients.
     pub deferred_bytes: usize,
     /// With [`crate::memory::CountingAlloc`] installed: the most its backward held at once
-    /// beyond what it started with and its parameters' gradients ...
-    pub backward_transient_bytes: Option<usize>,
-    /// ... and its split backward's input pass beyond what it keeps for the weight gradients.
-    pub input_transient_bytes: Option<usize>,
+    /// beyond what it started with and its parameters' gradients, and of that what its
+    /// gradient store still held when it ended, beyond its input's gradient ...
+    pub backward_transient_bytes: Option<(usize, usize)>,
+    /// ... and the same of its split backward's input pass, beyond what it keeps for the
+    /// weight gradients.
+    pub input_transient_bytes: Option<(usize, usize)>,
 }
 
 impl LayerCost {
@@ -140,9 +142,20 @@ struct Pass {
     /// gone (the queue's inputs and output gradients, as the allocator counts them where it
     /// can, else the output gradients).
     queued: usize,
-    /// With [`crate::memory::CountingAlloc`] installed: the most the backward (the input
-    /// pass) held at once beyond what it started with, and what it still held after it.
-    peak: Option<(usize, usize)>,
+    /// With [`crate::memory::CountingAlloc`] installed: what the backward (the input pass)
+    /// held beyond what it started with.
+    peak: Option<Peak>,
+}
+
+/// Bytes a backward held beyond what it started with (as [`crate::memory`] counts them).
+#[derive(Clone, Copy)]
+struct Peak {
+    /// The most at once.
+    most: usize,
+    /// When it ended, its gradient store still alive.
+    ended: usize,
+    /// Once the store was gone.
+    after: usize,
 }
 
 /// One timed pass of `layer` on `x`, with the zero-bubble split backward when `split`.
@@ -175,14 +188,16 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
     };
     let start = crate::memory::reset_thread_peak();
     let t1 = Instant::now();
-    if let Some(o) = &objective {
-        o.backward()?;
-    }
+    let store = objective.as_ref().map(Tensor::backward).transpose()?;
     let backward_s = t1.elapsed().as_secs_f64();
-    // (The gradient store is gone: what stays is the split backward's queue.)
+    let ended = above(start);
+    // (Once the gradient store is gone, what stays is the split backward's queue.)
+    drop(store);
     let peak = crate::memory::thread_peak_bytes()
-        .map(|p| p.saturating_sub(start.unwrap_or(0)) as usize)
-        .zip(above(start));
+        .zip(start)
+        .map(|(p, s)| p.saturating_sub(s) as usize)
+        .zip(ended.zip(above(start)))
+        .map(|(most, (ended, after))| Peak { most, ended, after });
     if !split {
         return Ok(Pass {
             forward_s,
@@ -251,6 +266,12 @@ pub fn profile_stage(
         let mut y = None;
         let mut kept = [0; 3];
         let mut transient = (None, None);
+        let input_bytes: usize = x
+            .tensors()
+            .into_iter()
+            .filter(|t| t.dtype().is_float())
+            .map(bytes)
+            .sum();
         let param_bytes: usize = layer
             .params()
             .iter()
@@ -269,9 +290,18 @@ pub fn profile_stage(
                 slot.push(t);
             }
             kept = [whole.kept, split.kept, split.queued];
+            // Beyond the parameters' gradients (the rank's state) and the split backward's
+            // queue; what the store still held at the end less the input's gradient (in a
+            // stage, the next layer's backward takes it).
             transient = (
-                whole.peak.map(|(p, _)| p.saturating_sub(param_bytes)),
-                split.peak.map(|(p, kept)| p.saturating_sub(kept)),
+                whole.peak.map(|p| {
+                    let ended = p.ended.saturating_sub(param_bytes + input_bytes);
+                    (p.most.saturating_sub(param_bytes), ended)
+                }),
+                split.peak.map(|p| {
+                    let ended = p.ended.saturating_sub(p.after + input_bytes);
+                    (p.most.saturating_sub(p.after), ended)
+                }),
             );
             y = whole.output;
         }

@@ -57,9 +57,13 @@ fn profile_rounds(
 
 /// What `c`'s backward holds at its peak per sample of `rows`, if the allocator counted it.
 fn transient(c: &LayerCost, rows: f64) -> Option<Transient> {
+    let ((whole, whole_kept), (input, input_kept)) =
+        (c.backward_transient_bytes?, c.input_transient_bytes?);
     Some(Transient {
-        backward_bytes_per_sample: c.backward_transient_bytes? as f64 / rows,
-        input_bytes_per_sample: c.input_transient_bytes? as f64 / rows,
+        backward_bytes_per_sample: whole as f64 / rows,
+        backward_kept_bytes_per_sample: whole_kept as f64 / rows,
+        input_bytes_per_sample: input as f64 / rows,
+        input_kept_bytes_per_sample: input_kept as f64 / rows,
     })
 }
 

@@ -51,11 +51,19 @@ impl Fit {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Transient {
-    /// The whole backward, beyond its parameters' gradients (the rank's state counts those).
+    /// The whole backward, beyond its parameters' gradients (the rank's state counts those)
+    /// ...
     pub backward_bytes_per_sample: f64,
+    /// ... and of that, what its gradient store still holds when it ends: kept until the
+    /// stage's backward ends, while the stage's earlier layers run theirs.
+    #[serde(default)]
+    pub backward_kept_bytes_per_sample: f64,
     /// The zero-bubble split backward's input pass, beyond what it keeps for the weight
-    /// gradients.
+    /// gradients ...
     pub input_bytes_per_sample: f64,
+    /// ... and of that, what its gradient store still holds when it ends.
+    #[serde(default)]
+    pub input_kept_bytes_per_sample: f64,
 }
 
 /// One timing a measured profile was fitted to.
@@ -283,7 +291,14 @@ impl Profile {
             let transients = std::iter::once(l.transient)
                 .chain(l.split.iter().map(|s| s.transient))
                 .flatten()
-                .flat_map(|t| [t.backward_bytes_per_sample, t.input_bytes_per_sample]);
+                .flat_map(|t| {
+                    [
+                        t.backward_bytes_per_sample,
+                        t.backward_kept_bytes_per_sample,
+                        t.input_bytes_per_sample,
+                        t.input_kept_bytes_per_sample,
+                    ]
+                });
             if values
                 .into_iter()
                 .chain(split_values)

@@ -26,9 +26,11 @@ pub(super) struct StageBytes {
     pub deferred: f64,
     /// Its input (kept for its backward, or for recomputing its forward).
     pub input: f64,
-    /// The most one of its layers' backward holds at its peak, whole and its split input pass,
-    /// as measured (`None` when a layer has no measurement).
-    pub transient: Option<[f64; 2]>,
+    /// What its backward holds beyond its activations and the parameters' gradients, whole
+    /// and its split input pass, as measured (`None` when a layer has no measurement): the sum
+    /// of what its layers' gradient stores still hold when each layer's backward ends (kept
+    /// until the stage's backward ends), and the most one layer holds beyond that while it runs.
+    pub transient: Option<[[f64; 2]; 2]>,
 }
 
 impl StageBytes {
@@ -41,7 +43,7 @@ impl StageBytes {
             working: 0.0,
             deferred: 0.0,
             input,
-            transient: Some([0.0; 2]),
+            transient: Some([[0.0; 2]; 2]),
         }
     }
 
@@ -74,10 +76,22 @@ impl StageBytes {
             None if tp == 1 => l.transient,
             None => None,
         };
+        let add = |[kept, most]: [f64; 2], peak: f64, ended: f64| {
+            let ended = ended.min(peak) * rows;
+            [kept + ended, most.max(peak * rows - ended)]
+        };
         self.transient = self.transient.zip(layer).map(|([whole, input], t)| {
             [
-                whole.max(t.backward_bytes_per_sample * rows),
-                input.max(t.input_bytes_per_sample * rows),
+                add(
+                    whole,
+                    t.backward_bytes_per_sample,
+                    t.backward_kept_bytes_per_sample,
+                ),
+                add(
+                    input,
+                    t.input_bytes_per_sample,
+                    t.input_kept_bytes_per_sample,
+                ),
             ]
         });
     }
@@ -122,13 +136,17 @@ pub(super) fn rank_live_bytes(
         .fold(0.0, f64::max);
     let working = stages.iter().map(|c| c.working).fold(0.0, f64::max);
     // What a backward holds at its peak beyond its activations and the parameters' state: as
-    // measured layer by layer, else a share of the kept bytes.
+    // measured layer by layer (the earlier layers' gradient stores beside the largest layer's
+    // own peak), else a share of the kept bytes.
     let measured = stages
         .iter()
         .map(|c| c.transient)
         .collect::<Option<Vec<_>>>();
     let extra = match measured {
-        Some(t) => t.iter().map(|t| t[usize::from(split)]).fold(0.0, f64::max),
+        Some(t) => t
+            .iter()
+            .map(|t| t[usize::from(split)].iter().sum::<f64>())
+            .fold(0.0, f64::max),
         None => BACKWARD_EXTRA_SHARE * kept_max,
     };
     let mut backward = params * per_param + held + extra + working;
