@@ -45,6 +45,7 @@ pub mod bytes;
 pub mod checkpoint;
 pub mod comm;
 pub mod context_parallel;
+pub mod cpu_time;
 pub mod data;
 pub mod data_parallel;
 pub mod device;

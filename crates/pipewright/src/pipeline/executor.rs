@@ -295,6 +295,7 @@ impl Pipeline {
         for a in actions {
             let started = self.epoch.elapsed().as_secs_f64() * 1e6;
             let waited_before = self.stage.waited_ns.load(Ordering::Relaxed);
+            let cpu_before = crate::cpu_time::thread_cpu_seconds();
             let mut recomputed = false;
             let (mb, k) = (a.mb(), a.stage());
             match a {
@@ -410,6 +411,9 @@ impl Pipeline {
                     dur_us: now - started,
                     recomputed,
                     wait_us: waited as f64 / 1e3,
+                    cpu_us: crate::cpu_time::thread_cpu_seconds()
+                        .zip(cpu_before)
+                        .map(|(now, then)| (now - then) * 1e6),
                 });
             }
         }

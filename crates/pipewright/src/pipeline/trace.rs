@@ -21,11 +21,16 @@ pub struct TraceEvent {
     pub recomputed: bool,
     /// Microseconds of the action spent waiting for a neighbour's tensor (the rest computed).
     pub wait_us: f64,
+    /// Microseconds of CPU the rank's thread ran ([`crate::cpu_time`]; `None` where unknown;
+    /// candle's pool threads beside it not counted): less than the time not spent waiting
+    /// when the OS ran other ranks on its core meanwhile.
+    pub cpu_us: Option<f64>,
 }
 
 /// A Chrome trace (Perfetto, chrome://tracing): one track per pipeline stage, one event per
 /// action named as it prints (`1F3`: stage, letter, micro-batch), `R+` before it when recomputed,
-/// with its step, micro-batch, stage and the microseconds of it spent waiting (`wait_us`).
+/// with its step, micro-batch, stage, the microseconds of it spent waiting (`wait_us`) and the
+/// CPU its thread ran (`cpu_us`).
 pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
     let mut events = Vec::new();
     for (stage, evs) in per_stage.iter().enumerate() {
@@ -43,7 +48,7 @@ pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
                 "name": name, "cat": e.action.letter().to_string(), "ph": "X", "pid": 0, "tid": stage,
                 "ts": e.start_us, "dur": e.dur_us,
                 "args": {"step": e.step, "micro_batch": e.action.mb(), "stage": e.action.stage(),
-                         "wait_us": e.wait_us}
+                         "wait_us": e.wait_us, "cpu_us": e.cpu_us}
             }));
         }
     }
@@ -125,6 +130,7 @@ mod tests {
             dur_us,
             recomputed,
             wait_us: 0.0,
+            cpu_us: Some(1.5),
         };
         let f = Action::Forward { mb: 1, stage: 1 };
         let b = Action::Backward { mb: 1, stage: 1 };
@@ -156,5 +162,15 @@ mod tests {
         );
         assert!(read_chrome_trace(&trace, Some(7)).is_err());
         assert!(read_chrome_trace("{}", None).is_err());
+        // Each event carries what it waited and what CPU its thread ran.
+        let doc: serde_json::Value = serde_json::from_str(&trace).unwrap();
+        let args: Vec<_> = doc["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| (e["args"]["wait_us"].as_f64(), e["args"]["cpu_us"].as_f64()))
+            .collect();
+        assert_eq!(args, vec![(Some(0.0), Some(1.5)); 4]);
     }
 }
