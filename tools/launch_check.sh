@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `pipewright launch` under Open MPI on this machine:
 # 1. 4 ranks of `pipewright train --pp 2 --tp 2` write the losses of the same run on threads;
-# 2. a rank killed with SIGKILL after the step-10 checkpoint: the launcher restarts the job,
-#    which goes on from its newest checkpoint; exit 0, one scalars row per step, and the final
-#    parameters bit-identical to an uninterrupted run's;
+# 2. a rank killed with SIGKILL once the step-10 checkpoint is written: the launcher restarts
+#    the job, which goes on from its newest checkpoint; exit 0, two attempts, one scalars row
+#    per step, and the final parameters bit-identical to an uninterrupted run's;
 # 3. a rank that always fails with --max-restarts 1: non-zero exit naming both attempts;
 # 4. SIGTERM to the launcher: the ranks save the step they are at and exit 0; a relaunch with
 #    --resume latest ends bit-identical to the uninterrupted run;
@@ -26,6 +26,17 @@ failed=0
 check() { # name, condition result
   if [ "$2" -eq 0 ]; then echo "launch: $1: ok"; passed=$((passed + 1)); else echo "launch: $1: FAILED"; failed=$((failed + 1)); fi
 }
+# Waits until the run in $1 has a checkpoint of step $2 or later.
+wait_for_step() {
+  for _ in $(seq 1200); do
+    local l
+    l=$(cat "$1/checkpoints/latest" 2>/dev/null | sed 's/step-0*//')
+    [ -n "$l" ] && [ "$l" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
 small=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunks 2 --dropout 0.1 --lr-schedule constant --eval-every 1000)
 
 # 1. Same losses as the threads run.
@@ -40,13 +51,12 @@ big=(train --n-layer 2 --n-head 4 --n-embd 128 --batch-size 64 --chunks 2 --drop
 "$bin" "${big[@]}" --out "$out/whole" >/dev/null
 "$bin" launch --nproc-per-node 4 --max-restarts 2 -- "$bin" "${big[@]}" --out "$out/killed" >"$out/killed.log" 2>&1 &
 launcher=$!
-for _ in $(seq 600); do
-  [ "$(cat "$out/killed/checkpoints/latest" 2>/dev/null)" = step-00000010 ] && break
-  sleep 0.1
-done
+# (At step 10 or later: polling for exactly step 10 could miss it on a fast machine, and then
+# kill no rank at all.)
+wait_for_step "$out/killed" 10
 mpirun_pid=$(pgrep -P "$launcher" mpirun | head -1)
-victim=$(pgrep -P "$mpirun_pid" | tail -1)
-kill -9 "$victim"
+victim=$(pgrep -P "${mpirun_pid:-0}" | tail -1)
+[ -n "$victim" ] && kill -9 "$victim"
 wait "$launcher"
 code=$?
 attempts=$(grep -c '"attempt"' "$out/killed/launch.json")
@@ -55,19 +65,11 @@ steps=$(cut -d, -f1 "$out/killed/scalars.csv" | tail -n +2 | tr '\n' ' ')
 "$bin" ckpt export "$out/killed/checkpoints" --format safetensors --out "$out/killed.safetensors" >/dev/null
 cmp -s "$out/whole.safetensors" "$out/killed.safetensors"
 same=$?
-[ "$code" -eq 0 ] && [ "$attempts" -eq 2 ] && [ "$steps" = "$(seq -s ' ' 1 30) " ] && [ "$same" -eq 0 ]
-check "a rank killed after step 10 (exit $code, $attempts attempts, final parameters identical: $([ $same -eq 0 ] && echo yes || echo no))" $?
+[ -n "$victim" ] && [ "$code" -eq 0 ] && [ "$attempts" -eq 2 ] && [ "$steps" = "$(seq -s ' ' 1 30) " ] && [ "$same" -eq 0 ]
+# (Its status first: a command substitution in check's arguments would set $? before it is read.)
+ok=$?
+check "a rank killed after step 10 (exit $code, $attempts attempts, final parameters identical: $([ $same -eq 0 ] && echo yes || echo no))" $ok
 
-# Waits until the run in $1 has a checkpoint of step $2 or later.
-wait_for_step() {
-  for _ in $(seq 1200); do
-    local l
-    l=$(cat "$1/checkpoints/latest" 2>/dev/null | sed 's/step-0*//')
-    [ -n "$l" ] && [ "$l" -ge "$2" ] && return 0
-    sleep 0.05
-  done
-  return 1
-}
 # Kills (signal $2) one rank of the launcher $1's current attempt.
 signal_rank() {
   local m
