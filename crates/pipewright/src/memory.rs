@@ -46,6 +46,12 @@ impl Counter {
         }
     }
 
+    /// Starts the peak again from what is held now.
+    fn reset_peak(&self) {
+        self.peak
+            .store(self.live.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     fn add(&self, bytes: i64) {
         let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if bytes > 0 {
@@ -198,8 +204,7 @@ fn thread_counter() -> &'static Counter {
 /// of work (a layer's backward) held beyond what it started with.
 pub fn reset_thread_peak() -> Option<u64> {
     let c = thread_counter();
-    c.peak
-        .store(c.live.load(Ordering::Relaxed), Ordering::Relaxed);
+    c.reset_peak();
     read(c, |c| &c.live)
 }
 
@@ -212,8 +217,7 @@ pub fn thread_peak_bytes() -> Option<u64> {
 /// Starts every peak again from what is held now.
 pub fn reset_peaks() {
     for c in &COUNTERS {
-        c.peak
-            .store(c.live.load(Ordering::Relaxed), Ordering::Relaxed);
+        c.reset_peak();
     }
 }
 

@@ -144,11 +144,11 @@ fn reducible(t: &Tensor, op: ReduceOp) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// `ts` (one per rank, in rank order) reduced by `op`, in the calling rank's thread: each rank
-/// reduces into memory of its own (counted to it, as a rank of another process would hold its
-/// own result; the ranks reduce at once), every rank's result the same bits.
+/// `ts` (one per rank, in rank order; [`reducible`] by `op`) reduced by `op`, in the calling
+/// rank's thread: each rank reduces into memory of its own (counted to it, as a rank of another
+/// process would hold its own result; the ranks reduce at once), every rank's result the same
+/// bits.
 fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
-    reducible(&ts[0], op).map_err(Error::Invalid)?;
     let mut acc = ts[0].clone();
     for t in &ts[1..] {
         let t = t.to_device(acc.device())?;

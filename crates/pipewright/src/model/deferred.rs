@@ -17,20 +17,17 @@ use super::WeightLayout;
 use crate::grads::Grads;
 use crate::{Error, Result};
 
-/// What a queued weight gradient needs.
+/// The weight-bearing op a tap stands after (its input, which the weight gradient needs too, is
+/// the tap's own).
 #[derive(Clone, Debug)]
 pub enum Work {
     /// `y = x W^T` (`OutIn`) or `y = x W` (`InOut`), `x` of shape `(rows, in)`.
     Matmul {
-        /// The layer's input.
-        x: Tensor,
         /// How the weight stores its features.
         layout: WeightLayout,
     },
-    /// `y = W[ids]` with `W` of shape `(rows, dim)`.
+    /// `y = W[ids]` with `W` of shape `(rows, dim)`, the ids flat.
     Embedding {
-        /// The ids looked up.
-        ids: Tensor,
         /// Rows of the table.
         rows: usize,
         /// Width of a row.
@@ -38,8 +35,6 @@ pub enum Work {
     },
     /// `y = conv2d(x, W)`.
     Conv2d {
-        /// The convolution's input.
-        x: Tensor,
         /// Zero padding on each side.
         padding: usize,
         /// The stride.
@@ -54,6 +49,8 @@ struct Entry {
     mb: usize,
     param: String,
     work: Work,
+    /// The op's input (`x`, or the ids).
+    input: Tensor,
     grad: Tensor,
 }
 
@@ -158,6 +155,7 @@ impl CustomOp3 for Tap {
             mb: self.mb,
             param: self.param.clone(),
             work: self.work.clone(),
+            input: input.detach(),
             grad: grad.detach(),
         });
         Ok((None, input_grad, None))
@@ -225,28 +223,28 @@ impl WeightGradQueue {
         for e in mine {
             let g = match &e.work {
                 // As candle's matmul backward: rhs_grad = lhs^T grad (then the transpose's).
-                Work::Matmul { x, layout } => {
-                    let gw = x.t()?.matmul(&e.grad)?;
+                Work::Matmul { layout } => {
+                    let gw = e.input.t()?.matmul(&e.grad)?;
                     match layout {
                         WeightLayout::InOut => gw,
                         WeightLayout::OutIn => gw.t()?,
                     }
                 }
                 // As index_select's backward.
-                Work::Embedding { ids, rows, dim } => Tensor::zeros(
+                Work::Embedding { rows, dim } => Tensor::zeros(
                     (*rows, *dim),
                     e.grad.dtype(),
                     e.grad.device(),
                 )?
-                .index_add(&ids.contiguous()?, &e.grad, 0)?,
+                .index_add(&e.input.contiguous()?, &e.grad, 0)?,
                 // As candle's conv2d backward for the kernel (dilation 1).
                 Work::Conv2d {
-                    x,
                     padding,
                     stride,
                     kernel,
                 } => {
-                    let gk = x
+                    let gk = e
+                        .input
                         .transpose(0, 1)?
                         .conv2d(&e.grad.transpose(0, 1)?, *padding, 1, *stride, 1)?
                         .transpose(0, 1)?;

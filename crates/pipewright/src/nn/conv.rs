@@ -92,7 +92,6 @@ impl Conv2d {
                 let y = x.detach().conv2d(&w, self.padding, self.stride, 1, 1)?;
                 let (_, _, k0, k1) = w.dims4()?;
                 let work = Work::Conv2d {
-                    x: x.detach(),
                     padding: self.padding,
                     stride: self.stride,
                     kernel: (k0, k1),

@@ -74,11 +74,7 @@ impl Embedding {
             None => self.weight.index_select(&flat, 0)?,
             Some((q, mb)) => {
                 let y = self.weight.as_tensor().detach().index_select(&flat, 0)?;
-                let work = Work::Embedding {
-                    ids: flat.clone(),
-                    rows: num,
-                    dim,
-                };
+                let work = Work::Embedding { rows: num, dim };
                 q.tap(
                     y,
                     &flat,

@@ -189,7 +189,6 @@ impl Linear {
         };
         if let Some((q, mb)) = defer {
             let work = Work::Matmul {
-                x: x2.detach(),
                 layout: self.layout,
             };
             y = q.tap(

@@ -295,7 +295,11 @@ impl Pipeline {
         for a in actions {
             let started = self.epoch.elapsed().as_secs_f64() * 1e6;
             let waited_before = self.stage.waited_ns.load(Ordering::Relaxed);
-            let cpu_before = crate::cpu_time::thread_cpu_seconds();
+            // (A system call: only for a trace.)
+            let cpu_before = self
+                .trace
+                .as_ref()
+                .and_then(|_| crate::cpu_time::thread_cpu_seconds());
             let mut recomputed = false;
             let (mb, k) = (a.mb(), a.stage());
             match a {

@@ -181,10 +181,10 @@ fn pass(layer: &dyn crate::Layer, x: &Activation, cx: &mut Cx, split: bool) -> R
             None => s,
         });
     }
-    let graph = objective.as_ref().map_or(0, |o| graph_bytes(o, &leaves));
+    let graph = || objective.as_ref().map_or(0, |o| graph_bytes(o, &leaves));
     let kept = match split {
-        true => above(before).unwrap_or(graph),
-        false => graph,
+        true => above(before).unwrap_or_else(graph),
+        false => graph(),
     };
     let start = crate::memory::reset_thread_peak();
     let t1 = Instant::now();
