@@ -151,6 +151,17 @@ fn concurrent_profile_copies_count_the_same_bytes_as_one() {
     }
     // The blocks' split backward holds more than the graph's queued gradients alone.
     assert!(one[1].1 > 0.0, "{one:?}");
+    // Copies computing at once also measure what twice as many lose: an efficiency in
+    // (0, 1]; one copy alone has nothing to crowd.
+    let crowded = |name: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["crowded_efficiency"].clone()
+    };
+    assert!(crowded("one.json").is_null());
+    let e = crowded("two.json")
+        .as_f64()
+        .expect("measured with --concurrent 2");
+    assert!(e > 0.0 && e <= 1.0, "{e}");
     let o = common::pipewright()
         .args(["profile", "--concurrent", "0", "--out"])
         .arg(dir.join("zero.json"))

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
-use pipewright::pipeline::Recompute;
+use pipewright::pipeline::{Recompute, Sharing};
 use pipewright::plan::estimate::{BACKWARD_EXTRA_SHARE, RANK_BYTES};
 use pipewright::plan::{
     estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, LayerProfile, Link, Profile,
@@ -75,6 +75,7 @@ fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         threads: 1,
         optimizer: None,
         accumulate: None,
+        crowded_efficiency: None,
     }
 }
 
@@ -280,14 +281,33 @@ fn ranks_sharing_one_processor_take_turns() {
         _ => b,
     };
     let none = |_: usize, _: usize| 0.0;
-    let alone = s.simulate_with(&cost, &none, f64::INFINITY).unwrap();
+    let at = |slots, crowded| Sharing { slots, crowded };
+    let alone = s.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
     assert_eq!(alone.makespan, 3.0 * (f + b));
-    assert_eq!(s.simulate_with(&cost, &none, 2.0).unwrap(), alone);
-    let shared = s.simulate_with(&cost, &none, 1.0).unwrap();
+    assert_eq!(s.simulate_with(&cost, &none, at(2.0, 0.5)).unwrap(), alone);
+    let shared = s.simulate_with(&cost, &none, at(1.0, 1.0)).unwrap();
     assert_eq!(shared.makespan, 4.0 * (f + b));
     // Stage 0's second forward ran beside stage 1's first: both took 2 f.
     let second = shared.spans[0][1];
     assert_eq!((second.start, second.end), (f, 3.0 * f));
+    // Crowded processors keep half their speed while both ranks are busy: those two forwards
+    // take 4 f, what ran alone (the first forward) is as it was.
+    let crowded = s.simulate_with(&cost, &none, at(1.0, 0.5)).unwrap();
+    let (first, second) = (crowded.spans[0][0], crowded.spans[0][1]);
+    assert_eq!(
+        [first.start, first.end, second.start, second.end],
+        [0.0, f, f, 5.0 * f]
+    );
+    assert_eq!(crowded.spans[1][0].end, 5.0 * f);
+    // One pipeline rank standing for four ranks on two cores (half a slot), crowded at 0.8:
+    // every action at 0.4 of full speed, so the step takes 2.5 times as long alone.
+    let one = Schedule::new(ScheduleKind::OneFOneB, 1, 2, 1).unwrap();
+    let alone = one.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
+    let dp4 = one.simulate_with(&cost, &none, at(0.5, 0.8)).unwrap();
+    assert!(
+        (dp4.makespan - 2.5 * alone.makespan).abs() <= 1e-12,
+        "{dp4:?}"
+    );
 }
 
 #[test]

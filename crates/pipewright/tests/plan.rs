@@ -122,6 +122,30 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         "{best:?}"
     );
 
+    // A crowded efficiency of 0.5 halves the speed of a layout whose ranks crowd the two
+    // cores (dp 4 on one node, a rank standing for all four: always) and leaves one whose
+    // ranks each have a core (dp 2) as it was.
+    let crowded = Profile {
+        crowded_efficiency: Some(0.5),
+        ..profile.clone()
+    };
+    for (dp, slower) in [(4, 2.0), (2, 1.0)] {
+        let cluster = Cluster::new(&hw, dp, Some(1)).unwrap();
+        let c = Candidate {
+            layout: Layout::new(1, 1, dp).unwrap(),
+            micro_batch: 3,
+            micro_batches: 2,
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            recompute: Recompute::Never,
+            zero: pipewright::zero::Zero::Off,
+            sequence_parallel: false,
+        };
+        let schedule = |p: &Profile| estimate(p, &cluster, &c).unwrap().1.makespan;
+        let ratio = schedule(&crowded) / schedule(&profile);
+        assert!((ratio - slower).abs() <= 1e-9, "dp {dp}: {ratio}");
+    }
+
     // Morph a run of pp 2 x dp 2 in micro-batches of 4 rows to other worlds.
     let from = Layout::new(2, 1, 2).unwrap();
     let request = |world| MorphRequest {

@@ -29,6 +29,7 @@ pub mod transfer;
 pub use executor::{Pipeline, PipelineOptions};
 pub use recompute::Recompute;
 pub use schedule::{Action, Schedule, ScheduleKind};
+pub use simulate::Sharing;
 pub use sink::GradSink;
 pub use stage::PipelineStage;
 pub use timeline::{Costs, Simulation, Span};

@@ -6,7 +6,8 @@
 //! action starting when its rank is free and what it needs has arrived (the forward of the
 //! model stage before, the gradient of the one after, plus the hop between them). Ranks that
 //! share processors (several ranks on one CPU) slow each other down: with `slots` ranks able
-//! to compute at full speed at once, `b` busy ranks each progress at `min(1, slots / b)`.
+//! to compute at full speed at once, `b` busy ranks each progress at `min(1, slots / b)`, and
+//! at a further `crowded` efficiency while they outnumber the slots ([`Sharing`]).
 //!
 //! Every running action progresses at the same rate, so they are kept in a heap by the
 //! amount of work done (at full speed) at which they end; rates change only at events.
@@ -55,15 +56,46 @@ fn needs(a: &Action, k: usize, last: usize) -> ([(bool, usize); 2], usize) {
     }
 }
 
+/// How pipeline ranks share processors in a simulation: `slots` ranks compute at full speed
+/// at once (infinity: every rank has its own device); while `b` busy ranks outnumber them,
+/// each progresses at `slots / b` times `crowded`, the efficiency the processors keep when
+/// they switch between more threads than they have (on this machine: context switches and
+/// wake-ups; measured by `pipewright profile --concurrent`, 1 where not measured).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sharing {
+    /// Ranks computing at full speed at once.
+    pub slots: f64,
+    /// The efficiency of processors crowded by more busy ranks than slots, in (0, 1].
+    pub crowded: f64,
+}
+
+impl Sharing {
+    /// Every rank on its own processor.
+    pub const ALONE: Sharing = Sharing {
+        slots: f64::INFINITY,
+        crowded: 1.0,
+    };
+
+    /// The speed of each of `busy` running actions, as a share of full speed.
+    pub fn rate(&self, busy: usize) -> f64 {
+        let b = busy as f64;
+        if b > self.slots {
+            self.slots / b * self.crowded
+        } else {
+            1.0
+        }
+    }
+}
+
 /// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
-/// `transfer(from, to)` seconds for what crosses between model stages, `slots` ranks
-/// computing at full speed at once (infinity: every rank has its own processor). Fails,
+/// `transfer(from, to)` seconds for what crosses between model stages, the ranks sharing
+/// processors as `sharing` says. Fails,
 /// naming what each stuck rank waits for, when no rank can move.
 fn run(
     s: &Schedule,
     cost: &dyn Fn(usize, &Action) -> f64,
     transfer: &dyn Fn(usize, usize) -> f64,
-    slots: f64,
+    sharing: Sharing,
 ) -> Result<Simulation> {
     let (p, m) = (s.ranks, s.micro_batches);
     let last = s.stages - 1;
@@ -111,11 +143,7 @@ fn run(
         check(r, 0.0, &ptr, &fwd, &grad, &mut active, &mut ready);
     }
     loop {
-        let rate = if running.is_empty() {
-            1.0
-        } else {
-            (slots / running.len() as f64).min(1.0)
-        };
+        let rate = sharing.rate(running.len());
         let next_end = running
             .peek()
             .map(|Reverse((w, _))| now + (w.0 - work) / rate);
@@ -266,22 +294,22 @@ fn validate_complete(s: &Schedule) -> Result<()> {
 impl Schedule {
     /// Checks the lists and simulates them under `costs`.
     pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
-        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, f64::INFINITY)
+        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, Sharing::ALONE)
     }
 
     /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
     /// action and `transfer(from, to)` seconds for what crosses from one model stage to
     /// another (the planner's costs: every stage its own durations, the links their delays),
-    /// with `slots` ranks computing at full speed at once (ranks sharing a CPU slow each other
-    /// down; infinity when every rank has its own device).
+    /// the ranks sharing processors as `sharing` says (ranks sharing a CPU slow each other
+    /// down; [`Sharing::ALONE`] when every rank has its own device).
     pub fn simulate_with(
         &self,
         cost: &dyn Fn(usize, &Action) -> f64,
         transfer: &dyn Fn(usize, usize) -> f64,
-        slots: f64,
+        sharing: Sharing,
     ) -> Result<Simulation> {
         validate_complete(self)?;
-        run(self, cost, transfer, slots)
+        run(self, cost, transfer, sharing)
     }
 
     /// [`Schedule::simulate`] under [`Costs::unit`]: complete and deadlock-free, or an error

@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use super::hardware::{Hardware, Link};
+use crate::pipeline::Sharing;
 use crate::Result;
 
 /// How a training runtime moves gradients and activations, as the planner costs it.
@@ -82,6 +83,20 @@ impl<'a> Cluster<'a> {
     pub(crate) fn concurrent_share(&self) -> f64 {
         let threads = self.ranks_per_device() * self.threads_per_rank();
         (self.hardware.cores_per_device as f64 / threads as f64).min(1.0)
+    }
+
+    /// How ranks share the device's cores in a simulation of `pp` pipeline ranks (each
+    /// standing for its stage's tp x dp ranks, busy and idle together): a share of them
+    /// computing at full speed at once is that share of the pipeline ranks; while more are
+    /// busy, they keep `crowded` of the cores' speed (a profile's crowded efficiency).
+    pub(crate) fn sharing(&self, pp: usize, crowded: Option<f64>) -> Sharing {
+        match self.concurrent_share() {
+            s if s < 1.0 => Sharing {
+                slots: s * pp as f64,
+                crowded: crowded.unwrap_or(1.0),
+            },
+            _ => Sharing::ALONE,
+        }
     }
 
     /// How much slower than the profile a rank computes alone: the profile's threads over

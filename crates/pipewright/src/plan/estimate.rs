@@ -323,15 +323,9 @@ pub fn estimate(
             pp_link.p2p(out)
         }
     };
-    // Every pipeline rank stands for its stage's tp x dp ranks, busy and idle together: a
-    // share of them computing at full speed at once is that share of the pipeline ranks.
-    let slots = if cluster.concurrent_share() < 1.0 {
-        cluster.concurrent_share() * pp as f64
-    } else {
-        f64::INFINITY
-    };
+    let sharing = cluster.sharing(pp, profile.crowded_efficiency);
     let schedule = Schedule::new(cand.schedule, pp, m, v)?;
-    let sim = schedule.simulate_with(&cost, &transfer, slots)?;
+    let sim = schedule.simulate_with(&cost, &transfer, sharing)?;
     let hw = cluster.hardware;
     let dp_link = cluster.link(tp * replicas);
     // Below, the data-parallel sums and ZeRO's shards span the ring too.
@@ -369,7 +363,9 @@ pub fn estimate(
                 hw.cores_per_device,
             ),
         };
-        let optimizer = alone * cluster.thread_ratio(threads) / cluster.concurrent_share();
+        // (Every rank updates at once: crowded ranks at their crowded efficiency.)
+        let optimizer =
+            alone * cluster.thread_ratio(threads) / cluster.concurrent_share() / sharing.crowded;
         // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
         let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
             let last = mine.iter().map(|c| c.backward).sum::<f64>();

@@ -2,6 +2,7 @@
 //! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
+use super::crowding::crowded_efficiency;
 use super::layer_cost::{median, profile_stage, LayerCost};
 use super::optimizer_cost::{time_accumulate, time_optimizer};
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
@@ -160,6 +161,17 @@ pub fn measure(
     } else {
         profile_all()?
     };
+    // Crowding: twice as many copies as ranks computing at once, at the middle size.
+    let crowded = match concurrent {
+        1 => None,
+        n => Some(crowded_efficiency(
+            model,
+            build,
+            &batches[batches.len() / 2],
+            loss,
+            n,
+        )?),
+    };
     let mut splits = Vec::new();
     for &tp in tp_sizes.iter().filter(|&&t| t > 1) {
         splits.push((tp, profile_split(model, build, &batches, tp, loss)?));
@@ -235,5 +247,6 @@ pub fn measure(
         threads: candle_core::utils::get_num_threads(),
         optimizer: Some(optimizer),
         accumulate: Some(accumulate),
+        crowded_efficiency: crowded,
     })
 }

@@ -10,6 +10,7 @@
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
 //!   `balance_by_size` over given costs).
 //! - [`context`]: what context and sequence parallelism change in a layer's costs.
+//! - [`crowding`]: what a machine loses while more ranks compute than it has cores.
 //! - [`gemm`]: a matrix product's seconds by shape on a device (a roofline fitted to timings);
 //!   [`shapes`]: a layer's products and element-wise passes, costed at a candidate's sizes.
 //! - [`estimate`](mod@estimate): one layout's predicted step time, bubble and peak memory per stage, the
@@ -22,6 +23,7 @@ pub mod balance;
 pub mod bound;
 pub mod cluster;
 pub mod context;
+pub mod crowding;
 pub mod estimate;
 pub mod gemm;
 pub mod hardware;
@@ -39,6 +41,7 @@ pub use attention_rate::{time_fused_attention, AttentionRate, AttentionTiming};
 pub use balance::{balance_cost, stage_costs};
 pub use bound::{Bound, Breakdown};
 pub use cluster::{Cluster, Runtime};
+pub use crowding::crowded_efficiency;
 pub use estimate::{estimate, Candidate, Estimate};
 pub use gemm::{gemm_grid, time_gemms, Gemm, GemmCurve, GemmTiming};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};

@@ -204,6 +204,10 @@ pub struct Profile {
     /// timed by [`measure`](fn@super::measure); none in a profile from shapes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accumulate: Option<Fit>,
+    /// The share of the cores' speed ranks keep while twice as many compute at once as there
+    /// are cores, measured with `--concurrent` above 1 ([`super::crowding`]); none: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crowded_efficiency: Option<f64>,
 }
 
 fn one() -> usize {

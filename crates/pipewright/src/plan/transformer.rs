@@ -204,6 +204,7 @@ impl Transformer {
             threads: hw.cores_per_device,
             optimizer: None,
             accumulate: None,
+            crowded_efficiency: None,
         })
     }
 }
