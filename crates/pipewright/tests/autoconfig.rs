@@ -311,6 +311,24 @@ fn ranks_sharing_one_processor_take_turns() {
 }
 
 #[test]
+fn crowded_tensor_parallel_ranks_keep_fluid_sharing() {
+    // A profile's crowded efficiency slows one-thread ranks crowding the cores (tests/plan.rs)
+    // but not tensor-parallel ones, whose collectives' waits crowding ranks fill: tp 2 x dp 2
+    // on the two cores schedules the same with an efficiency of 0.5 as with none.
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let cluster = Cluster::new(&hw, 4, Some(1)).unwrap();
+    let plain = profile(4, 1e-3, 2e-3, 1000, 100.0);
+    let crowded = Profile {
+        crowded_efficiency: Some(0.5),
+        ..plain.clone()
+    };
+    let mut cand = candidate(1, 2, 4, ScheduleKind::OneFOneB, Recompute::Never);
+    cand.layout = Layout::new(1, 2, 2).unwrap();
+    let schedule = |p: &Profile| estimate(p, &cluster, &cand).unwrap().1.makespan;
+    assert_eq!(schedule(&crowded), schedule(&plain));
+}
+
+#[test]
 fn a_model_too_big_for_one_stage_gets_more_stages() {
     let hw = hardware(1e-5);
     let cluster = Cluster {
