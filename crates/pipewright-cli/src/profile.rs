@@ -24,7 +24,9 @@ pub struct ProfileArgs {
     #[arg(long = "tp-sizes", value_delimiter = ',', default_value = "1")]
     pub tp_sizes: Vec<usize>,
     /// Copies of the profile to run at once (as threads), as many as the planned runs will
-    /// have ranks computing at once on this machine: they slow each other down.
+    /// have ranks computing at once on this machine: they slow each other down. Above 1, it
+    /// also measures what twice as many copies lose (the crowded efficiency `plan` applies
+    /// where ranks outnumber the cores).
     #[arg(long, default_value_t = 1)]
     pub concurrent: usize,
     /// Time matrix products of many shapes on --device in --precision, fit the device's
