@@ -89,8 +89,8 @@ impl Sharing {
 
 /// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
 /// `transfer(from, to)` seconds for what crosses between model stages, the ranks sharing
-/// processors as `sharing` says. Fails,
-/// naming what each stuck rank waits for, when no rank can move.
+/// processors as `sharing` says. Fails, naming what each stuck rank waits for, when no rank
+/// can move.
 fn run(
     s: &Schedule,
     cost: &dyn Fn(usize, &Action) -> f64,

@@ -18,7 +18,7 @@ use super::shapes::ShapeCost;
 use crate::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use crate::pipeline::timeline::{self, Simulation};
-use crate::pipeline::Recompute;
+use crate::pipeline::{Recompute, Sharing};
 use crate::topology::Layout;
 use crate::zero::Zero;
 use crate::Result;
@@ -323,15 +323,18 @@ pub fn estimate(
             pp_link.p2p(out)
         }
     };
-    // Tensor-parallel ranks crowding the cores lose no speed in their layers: what switching
-    // costs, the waits in their collectives that other ranks fill give back (measured here:
-    // tp 2 x dp 2 took 1.86-2.05 times tp 2 alone, as fluid sharing says: 2).
-    let sharing = cluster.sharing(pp, profile.crowded_efficiency.filter(|_| tp == 1));
     // The update has no collective's waits: every rank updates at once, crowded ranks at the
-    // profile's crowded efficiency.
-    let crowded_update = match cluster.concurrent_share() < 1.0 {
-        true => profile.crowded_efficiency.unwrap_or(1.0),
-        false => 1.0,
+    // profile's crowded efficiency. Tensor-parallel ranks crowding the cores lose no speed in
+    // their layers: what switching costs, the waits in their collectives that other ranks fill
+    // give back (measured here: tp 2 x dp 2 took 1.86-2.05 times tp 2 alone, as fluid sharing
+    // says: 2).
+    let crowded = cluster.sharing(pp, profile.crowded_efficiency);
+    let sharing = match tp {
+        1 => crowded,
+        _ => Sharing {
+            crowded: 1.0,
+            ..crowded
+        },
     };
     let schedule = Schedule::new(cand.schedule, pp, m, v)?;
     let sim = schedule.simulate_with(&cost, &transfer, sharing)?;
@@ -373,7 +376,7 @@ pub fn estimate(
             ),
         };
         let optimizer =
-            alone * cluster.thread_ratio(threads) / cluster.concurrent_share() / crowded_update;
+            alone * cluster.thread_ratio(threads) / cluster.concurrent_share() / crowded.crowded;
         // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
         let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
             let last = mine.iter().map(|c| c.backward).sum::<f64>();
