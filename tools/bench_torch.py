@@ -7,7 +7,12 @@ vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024), PW_BENCH_BATCH,
 PW_BENCH_DEVICE (cpu, cuda, cuda:N) and PW_BENCH_PRECISION (f32; bf16 and f16 under
 torch.autocast, the weights and AdamW in f32 as pipewright keeps its master copy). It also
 prints tokens/s, the model FLOPs of a step (PaLM's count, as the Rust bench), MFU when
-PW_BENCH_PEAK_TFLOPS is set, and on a GPU the peak memory allocated."""
+PW_BENCH_PEAK_TFLOPS is set, and on a GPU the peak memory allocated.
+
+PW_BENCH_TORCH=compiled runs PyTorch as fast as it goes instead of eager: attention through
+scaled_dot_product_attention (flash attention on a GPU), the model under torch.compile and
+AdamW's fused kernel: the runtime the planner's roofline models (fused element-wise passes,
+products at the device's curve), to compare `plan`'s prediction with."""
 import os
 import time
 
@@ -18,20 +23,28 @@ from transformers import GPT2Config, GPT2LMHeadModel
 torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "2")))
 torch.manual_seed(0)
 steps = int(os.environ.get("PW_BENCH_STEPS", "5"))
-if os.environ.get("PW_BENCH_SIZE") == "gpt2":
+size = os.environ.get("PW_BENCH_SIZE")
+if size == "gpt2":
     vocab, seq, d, layers, heads = 50257, 1024, 768, 12, 12
+elif size == "gpt2-medium":  # PyTorch only: GPT-2 350M, for the planner's GPU rows
+    vocab, seq, d, layers, heads = 50257, 1024, 1024, 24, 16
+elif size == "gpt-1.3b":  # PyTorch only: GPT-3 XL's shapes (heads of 128) at 1024 tokens
+    vocab, seq, d, layers, heads = 50257, 1024, 2048, 24, 16
 else:
     vocab, seq, d, layers, heads = 4096, 256, 512, 4, 8
 batch = int(os.environ.get("PW_BENCH_BATCH", "8"))
 device = torch.device(os.environ.get("PW_BENCH_DEVICE", "cpu"))
 precision = os.environ.get("PW_BENCH_PRECISION", "f32")
+compiled = os.environ.get("PW_BENCH_TORCH", "eager") == "compiled"
 low = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[precision]
 cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=d, n_layer=layers, n_head=heads,
                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
-                 activation_function="gelu_new", attn_implementation="eager",
+                 activation_function="gelu_new",
+                 attn_implementation="sdpa" if compiled else "eager",
                  bos_token_id=0, eos_token_id=0)
 model = GPT2LMHeadModel(cfg).to(device)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=(compiled and device.type == "cuda") or None)
+forward = torch.compile(model) if compiled else model
 scaler = torch.amp.GradScaler(device.type, enabled=low is torch.float16)
 ids = torch.randint(0, vocab, (batch, seq + 1), device=device)
 x, y = ids[:, :-1], ids[:, 1:]
@@ -45,7 +58,7 @@ def sync():
 def step():
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device.type, dtype=low, enabled=low is not None):
-        logits = model(x).logits
+        logits = forward(x).logits
         loss = F.cross_entropy(logits.reshape(-1, vocab).float(), y.reshape(-1))
     scaler.scale(loss).backward()
     scaler.step(opt)
@@ -62,6 +75,7 @@ for _ in range(steps):
     times.append((time.perf_counter() - s) * 1e3)
 times.sort()
 median = times[len(times) // 2]
+print("torch mode", "compiled" if compiled else "eager", "batch", batch)
 print("torch times_ms", [round(t, 1) for t in times])
 print(f"torch_median_ms {median:.1f}")
 params = sum(p.numel() for p in model.parameters())
@@ -73,3 +87,42 @@ if "PW_BENCH_PEAK_TFLOPS" in os.environ:
 if device.type == "cuda":
     line += f" peak_memory_bytes {torch.cuda.max_memory_allocated(device)}"
 print(line)
+
+if os.environ.get("PW_BENCH_KERNELS") and device.type == "cuda":
+    # One more step under the profiler: its kernels' time by kind, to set beside the
+    # planner's parts (products, attention, element-wise passes, the loss, the optimizer).
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+
+    def kind(name):
+        n = name.lower()
+        if any(s in n for s in ["flash", "fmha", "sdpa", "attention", "cudnn"]):
+            return "attention"
+        if any(s in n for s in ["gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "cublas"]):
+            return "products"
+        if "adam" in n or "multi_tensor" in n:
+            return "optimizer"
+        if any(s in n for s in ["softmax", "nll", "cross_entropy"]):
+            return "loss"
+        if n.startswith("triton"):
+            return "fused (triton)"
+        return "other"
+
+    kernels = [e for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    own = [(e.key, getattr(e, "self_device_time_total", 0) or e.self_cuda_time_total, e.count)
+           for e in kernels]
+    by_kind = {}
+    for name, us, count in own:
+        k = kind(name)
+        t, c = by_kind.get(k, (0.0, 0))
+        by_kind[k] = (t + us, c + count)
+    total = sum(t for t, _ in by_kind.values())
+    print(f"kernels: {total / 1e3:.2f} ms of GPU time in one step")
+    for k, (t, c) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {k:<16} {t / 1e3:8.2f} ms {c:6d} kernels")
+    for name, us, count in sorted(own, key=lambda x: -x[1])[:20]:
+        print(f"  {us / 1e3:8.3f} ms {count:5d}x {kind(name):<14} {name[:90]}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17's checks on a GPU machine (device time is scarce; a device command runs 10 minutes
 # at most): run from the repository root with gpu/ carried (tools/pack-gpu.sh made it), as
-# `bash tools/gpu-checks.sh [correctness] [speed] [pipeline]` (all by default; one call
+# `bash tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner]` (all by default; one call
 # each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
 # failure does not stop the rest. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
@@ -23,6 +23,15 @@
 #    stage, two stages as threads of one process, and two stages as two processes under
 #    Open MPI (tools/mpirun.sh with the packed runtime, gpu/mpi.txz; activations cross
 #    through the host), all on the one GPU; a table of median step time and tokens/s
+# planner (issue 35: the device's curve measured, and the planner against PyTorch on it):
+#  - `pipewright profile --gemm` in bf16 and in f32 (--gemm-scale 8) on the GPU, into one
+#    hardware file on top of h100-node (gpu/out/hw-measured.json)
+#  - the same products, the streaming bandwidth and fused (flash) attention timed in PyTorch
+#    (tools/gemm_torch.py --attention, which writes the attention rates into the file)
+#  - the GPT-2 124M bf16 step in PyTorch, eager at batch 8 and compiled (flash attention,
+#    torch.compile, fused AdamW: what the planner's roofline models) at batch 8 and 32, and
+#    GPT-2 350M and a 1.3B GPT (GPT-3 XL's widths) compiled at batch 8; each with one step's
+#    kernel time by kind
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=gpu/out
@@ -77,12 +86,31 @@ pipeline() {
       "$out/$name.log"
   done | tee "$out/pipeline.txt"
 }
+planner() {
+  local hw=$out/hw-measured.json
+  check gemm-bf16 run gpu/pipewright profile --gemm --device cuda --precision bf16 \
+    --gemm-scale 8 --hardware h100-node --out "$out/hw-bf16.json"
+  check gemm-f32 run gpu/pipewright profile --gemm --device cuda --precision f32 \
+    --gemm-scale 8 --hardware "$out/hw-bf16.json" --out "$hw"
+  check gemm-torch python3 tools/gemm_torch.py "$hw" --attention
+  export PW_BENCH_SIZE=gpt2 PW_BENCH_DEVICE=cuda PW_BENCH_PRECISION=bf16 PW_BENCH_PEAK_TFLOPS=989
+  export PW_BENCH_KERNELS=1
+  check torch-eager-b8 env PW_BENCH_BATCH=8 python3 tools/bench_torch.py
+  for b in 8 32; do
+    check "torch-compiled-b$b" env PW_BENCH_BATCH=$b PW_BENCH_STEPS=10 PW_BENCH_TORCH=compiled \
+      python3 tools/bench_torch.py
+  done
+  for size in gpt2-medium gpt-1.3b; do
+    check "torch-compiled-$size-b8" env PW_BENCH_SIZE=$size PW_BENCH_BATCH=8 PW_BENCH_STEPS=10 \
+      PW_BENCH_TORCH=compiled python3 tools/bench_torch.py
+  done
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for group in "${@:-correctness speed pipeline}"; do
+for group in "${@:-correctness speed pipeline planner}"; do
   for g in $group; do
     case $g in
-      correctness | speed | pipeline) $g ;;
-      *) echo "usage: tools/gpu-checks.sh [correctness] [speed] [pipeline]" >&2; exit 2 ;;
+      correctness | speed | pipeline | planner) $g ;;
+      *) echo "usage: tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner]" >&2; exit 2 ;;
     esac
   done
 done
