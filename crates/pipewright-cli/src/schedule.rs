@@ -46,7 +46,8 @@ pub struct ScheduleArgs {
     /// With --profile: activation recomputation (always, except_last, never).
     #[arg(long, default_value = "never")]
     pub recompute: String,
-    /// With --profile: a hardware file or a built-in one (cpu-2core, h100-node).
+    /// With --profile: a hardware file or a built-in one (cpu-2core, h100-node, h200-node,
+    /// a100-node).
     #[arg(long, default_value = "cpu-2core")]
     pub hardware: String,
     /// With --profile: the link between ranks of a node as measured here (`pipewright bench comm --out FILE`),

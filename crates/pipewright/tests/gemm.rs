@@ -1,7 +1,8 @@
 //! Matrix products by shape: the roofline's two regimes against their analytic times, a
 //! product's share of the peak rising with its size, the fit recovering a known curve from
-//! its timings, a hardware file carrying a measured curve through a save and a load, and the
-//! fused attention kernel's measured rate by sequence length.
+//! its timings, a hardware file carrying a measured curve through a save and a load, the
+//! fused attention kernel's measured rate by sequence length, and the measured built-in files
+//! holding nothing but the fit of their own timings.
 
 use pipewright::plan::{
     gemm_grid, AttentionKernel, AttentionRate, AttentionShape, AttentionTiming, Gemm, GemmCurve,
@@ -264,4 +265,41 @@ fn the_fused_attention_rate_is_read_off_its_timings_by_length() {
 
     let err = AttentionRate::fit(&[timing(1024, 0.0)]).unwrap_err();
     assert!(err.to_string().contains("positive seconds"), "{err}");
+}
+
+/// The built-in files measured on a device (`h200-node` on an H200, `cpu-2core` here) carry
+/// the timings their curves were fitted to; each curve and attention rate must be what the fit
+/// makes of those timings (to the 3 or 4 digits `cpu-2core` was written with), so no number in them
+/// was tuned by hand after measuring.
+#[test]
+fn measured_built_in_curves_are_the_fit_of_their_own_timings() {
+    let near = |x: f64, y: f64| (x / y - 1.0).abs() < 5e-3;
+    for name in ["h200-node", "cpu-2core"] {
+        let hw = Hardware::load(name).unwrap();
+        for curve in [hw.gemm_f32.as_ref(), hw.gemm_half.as_ref()] {
+            let c = curve.unwrap_or_else(|| panic!("{name} has both curves"));
+            let refit = GemmCurve::fit(&c.measured, c.dtype_bytes).unwrap();
+            for (file, fit) in [
+                (c.ceiling_flops_per_s, refit.ceiling_flops_per_s),
+                (c.bandwidth_bytes_per_s, refit.bandwidth_bytes_per_s),
+                (c.overhead_s, refit.overhead_s),
+            ] {
+                assert!(near(file, fit), "{name}: {file} in the file, {fit} fitted");
+            }
+            if let Some(a) = &c.attention {
+                let refit = AttentionRate::fit(&a.measured).unwrap();
+                assert!(near(a.backward_ratio, refit.backward_ratio), "{name}");
+            }
+        }
+    }
+    // The H200's half-precision curve carries flash attention's rates, at both head widths.
+    let h200 = Hardware::load("h200-node").unwrap().gemm(true);
+    let widths: Vec<usize> = h200
+        .attention
+        .unwrap()
+        .measured
+        .iter()
+        .map(|t| t.head_dim)
+        .collect();
+    assert!(widths.contains(&64) && widths.contains(&128), "{widths:?}");
 }

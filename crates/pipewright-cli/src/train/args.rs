@@ -134,7 +134,7 @@ pub struct TrainArgs {
     pub virtual_stages: usize,
     /// The machines the planner assumes when it chooses a layout (`plan`, and morphing to a
     /// new world under `launch`): a hardware file, or a built-in one: cpu-2core (this kind of
-    /// machine), h100-node or a100-node.
+    /// machine), h100-node, a100-node (published figures) or h200-node (measured on an H200).
     #[arg(help_heading = "Parallelism", long, default_value = "cpu-2core")]
     pub hardware: String,
     /// Activation recomputation: always, except_last or never.

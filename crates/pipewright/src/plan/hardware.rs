@@ -2,11 +2,13 @@
 //! device's memory, peak FLOP/s, memory bandwidth, and the links inside and between nodes),
 //! and byte sizes with units (`4GiB`, `512MiB`) as the planner reads and prints them.
 //!
-//! Three files ship with the crate (`hardware/*.json`, also built in by name): `h100-node` (8
+//! Four files ship with the crate (`hardware/*.json`, also built in by name): `h100-node` (8
 //! H100 SXM per node, NVLink inside, 400 Gb/s InfiniBand between), `a100-node` (8 A100 SXM
 //! 80GB, NVLink 3 inside, 200 Gb/s HDR InfiniBand per GPU between: NVIDIA's DGX A100 and
-//! Selene) and `cpu-2core` (the 2-core machine pipewright's CI runs on, where every rank of a
-//! job shares one CPU). Each carries matrix-product curves by shape ([`GemmCurve`]).
+//! Selene), both from published figures; `h200-node` (8 H200 SXM, the H100's links), its
+//! curves, flash attention rates and memory bandwidth measured on one H200; and `cpu-2core`
+//! (the 2-core machine pipewright's CI runs on, where every rank of a job shares one CPU).
+//! Each carries matrix-product curves by shape ([`GemmCurve`]).
 
 use std::path::Path;
 
@@ -159,14 +161,16 @@ fn one() -> usize {
     1
 }
 
-const PRESETS: [(&str, &str); 3] = [
+const PRESETS: [(&str, &str); 4] = [
     ("h100-node", include_str!("../../hardware/h100-node.json")),
+    ("h200-node", include_str!("../../hardware/h200-node.json")),
     ("a100-node", include_str!("../../hardware/a100-node.json")),
     ("cpu-2core", include_str!("../../hardware/cpu-2core.json")),
 ];
 
 impl Hardware {
-    /// A built-in description by name (`h100-node`, `cpu-2core`) or a JSON file.
+    /// A built-in description by name (`h100-node`, `h200-node`, `a100-node`, `cpu-2core`) or
+    /// a JSON file.
     pub fn load(name_or_path: &str) -> Result<Self> {
         if let Some((_, text)) = PRESETS.iter().find(|(n, _)| *n == name_or_path) {
             return Self::parse(text, name_or_path);
