@@ -134,11 +134,19 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
         curve.overhead_s * 1e6
     );
     if let Some(r) = &curve.attention {
+        let mut widths: Vec<usize> = r.measured.iter().map(|t| t.head_dim).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        for w in widths {
+            println!(
+                "fused attention, heads of {w}: {:.1} GFLOP/s of causal work forward at 512 \
+                 tokens, {:.1} at 8192",
+                r.flops_per_s(512, w) / 1e9,
+                r.flops_per_s(8192, w) / 1e9
+            );
+        }
         println!(
-            "fused attention: {:.1} GFLOP/s of causal work forward at 512 tokens, {:.1} at \
-             8192, backward {:.2}x the forward",
-            r.flops_per_s(512) / 1e9,
-            r.flops_per_s(8192) / 1e9,
+            "fused attention: backward {:.2}x the forward over all timings",
             r.backward_ratio
         );
     }

@@ -218,7 +218,8 @@ fn timing(seq: usize, forward_s: f64) -> AttentionTiming {
 }
 
 /// The fused kernel's rate is read off its timings by sequence: exact at a timed length,
-/// log-log between two, flat beyond the ends; its backward the timed multiple.
+/// log-log between two, flat beyond the ends; its backward the timed multiple (here the same
+/// at every length).
 #[test]
 fn the_fused_attention_rate_is_read_off_its_timings_by_length() {
     // 2 pairs of width 32: 2 x 2 x 32 x seq^2 FLOPs; 100 GFLOP/s at 1024 tokens, 25 at 4096.
@@ -230,10 +231,11 @@ fn the_fused_attention_rate_is_read_off_its_timings_by_length() {
     .unwrap();
     assert!((r.backward_ratio - 3.0).abs() < 1e-12);
     let near = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
-    assert!(near(r.flops_per_s(1024), 100e9) && near(r.flops_per_s(4096), 25e9));
+    let rate = |seq| r.flops_per_s(seq, 32);
+    assert!(near(rate(1024), 100e9) && near(rate(4096), 25e9));
     // Half way in log length, half way in log rate.
-    assert!(near(r.flops_per_s(2048), 50e9), "{}", r.flops_per_s(2048));
-    assert!(near(r.flops_per_s(256), 100e9) && near(r.flops_per_s(65536), 25e9));
+    assert!(near(rate(2048), 50e9), "{}", rate(2048));
+    assert!(near(rate(256), 100e9) && near(rate(65536), 25e9));
     assert!(near(
         r.forward_seconds(8, 2048, 64),
         2.0 * 8.0 * 64.0 * 2048f64.powi(2) / 50e9
@@ -265,6 +267,75 @@ fn the_fused_attention_rate_is_read_off_its_timings_by_length() {
 
     let err = AttentionRate::fit(&[timing(1024, 0.0)]).unwrap_err();
     assert!(err.to_string().contains("positive seconds"), "{err}");
+}
+
+/// Flash attention's rates differ by head width and its backward's multiple by length (an
+/// H200: 227 and 334 TFLOP/s at 1024 tokens in heads of 64 and 128; backward 4.6 times the
+/// forward at 1024 tokens, 3.1 at 8192): a layer reads the timings at the timed width nearest
+/// its own, forward and backward each at its own rate by length.
+#[test]
+fn attention_rates_are_read_at_the_nearest_head_width_forward_and_backward_apart() {
+    let work = |seq: usize, d: usize| 2.0 * 8.0 * d as f64 * (seq as f64).powi(2);
+    // Width 64: 200 TFLOP/s forward at 1024 tokens (backward 4x), 400 at 4096 (backward 2x);
+    // width 128: 300 forward at every length, backward 3x.
+    let t = |seq, d, rate: f64, ratio: f64| AttentionTiming {
+        pairs: 8,
+        seq,
+        head_dim: d,
+        forward_s: work(seq, d) / rate,
+        backward_s: ratio * work(seq, d) / rate,
+    };
+    let r = AttentionRate::fit(&[
+        t(1024, 64, 200e12, 4.0),
+        t(4096, 64, 400e12, 2.0),
+        t(1024, 128, 300e12, 3.0),
+        t(4096, 128, 300e12, 3.0),
+    ])
+    .unwrap();
+    let near = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
+    // Timed widths read their own timings.
+    assert!(near(r.flops_per_s(1024, 64), 200e12) && near(r.flops_per_s(1024, 128), 300e12));
+    // 80 is nearer 64 (x1.25) than 128 (x1.6); 96 nearer 128 (x1.33 against x1.5); 32 and
+    // 1024 take the ends.
+    assert!(near(r.flops_per_s(1024, 80), 200e12) && near(r.flops_per_s(1024, 96), 300e12));
+    assert!(near(r.flops_per_s(4096, 32), 400e12) && near(r.flops_per_s(4096, 1024), 300e12));
+    // The backward at its own rate by length: 50 TFLOP/s at 1024, 200 at 4096, so 100 at 2048
+    // (half way in log length, half way in log rate), where the forward runs at 283.
+    let pairs = 8;
+    assert!(near(
+        r.backward_seconds(pairs, 1024, 64),
+        4.0 * r.forward_seconds(pairs, 1024, 64)
+    ));
+    assert!(near(
+        r.backward_seconds(pairs, 2048, 64),
+        work(2048, 64) / 100e12
+    ));
+    assert!(near(
+        r.forward_seconds(pairs, 2048, 64),
+        work(2048, 64) / (200e12 * 400e12f64).sqrt()
+    ));
+    assert!(near(
+        r.backward_seconds(pairs, 2048, 128),
+        3.0 * r.forward_seconds(pairs, 2048, 128)
+    ));
+    // A layer of 8 heads of 64 over 2048 tokens (one row) costs its backward at that rate.
+    let mut c = GemmCurve::new(1e15, 1e12, 0.0, 2);
+    c.attention = Some(r);
+    let layer = LayerShapes {
+        tokens: 2048,
+        linear: Vec::new(),
+        attention: Some(AttentionKernel::Fused),
+        elementwise_whole_bytes: 0.0,
+        elementwise_split_bytes: 0.0,
+    };
+    let a = AttentionShape {
+        heads: 8,
+        kv_heads: 8,
+        head_dim: 64,
+        seq: 2048,
+    };
+    let k = layer.cost(Some(&a), &c, 1e12, 1, 1, 1, false);
+    assert!(near(k.backward_input, work(2048, 64) / 100e12), "{k:?}");
 }
 
 /// The built-in files measured on a device (`h200-node` on an H200, `cpu-2core` here) carry

@@ -8,9 +8,12 @@
 //! Work is counted as the kernel does it: the two products over the causal half, `2 seq^2
 //! head_dim` FLOPs per (row, head). Its rate depends on the sequence: once a pair's `seq x
 //! seq` scratch outgrows the caches it streams through memory (measured here: 75 GFLOP/s at
-//! 512 tokens, 32 from 4096 on), so the planner reads the rate at a layer's sequence off the
-//! timings (log-log between them, flat beyond the longest and shortest), and the backward as
-//! the measured multiple of the forward.
+//! 512 tokens, 32 from 4096 on), and on a GPU flash attention's rate rises with the length
+//! and the head's width (an H200: 137 TFLOP/s at 512 tokens in heads of 64, 546 at 8192 in
+//! heads of 128), and its backward's multiple of the forward falls with the length (4.7 at 512
+//! tokens, 3.1 at 8192). So the planner reads a layer's forward and backward rates off the
+//! timings at the timed head width nearest its own (by ratio), by its sequence: log-log
+//! between timed lengths, flat beyond the longest and shortest.
 
 use std::time::Instant;
 
@@ -51,7 +54,9 @@ pub fn causal_work(pairs: usize, seq: usize, head_dim: usize) -> f64 {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionRate {
-    /// Backward seconds over forward seconds (all timings together: the long ones count most).
+    /// Backward seconds over forward seconds of all timings together (the long ones count
+    /// most): the summary `profile --gemm` prints; the planner reads each shape's own
+    /// backward ([`AttentionRate::backward_seconds`]).
     pub backward_ratio: f64,
     /// The timings the rates are read from.
     pub measured: Vec<AttentionTiming>,
@@ -69,13 +74,39 @@ impl AttentionRate {
         Ok(r)
     }
 
-    /// FLOP/s of the forward's causal work over `seq` tokens: the timings' rates, averaged
-    /// where several share a length, interpolated in log-log between lengths, flat beyond.
-    pub fn flops_per_s(&self, seq: usize) -> f64 {
+    /// FLOP/s of the forward's causal work over `seq` tokens in heads `head_dim` wide, read off
+    /// the timings at the nearest timed width by length (the module's rule).
+    pub fn flops_per_s(&self, seq: usize, head_dim: usize) -> f64 {
+        self.rate(seq, head_dim, |t| t.forward_s)
+    }
+
+    /// Forward seconds of `pairs` (row, head) pairs over `seq` tokens, heads `head_dim` wide.
+    pub fn forward_seconds(&self, pairs: usize, seq: usize, head_dim: usize) -> f64 {
+        causal_work(pairs, seq, head_dim) / self.flops_per_s(seq, head_dim)
+    }
+
+    /// Backward seconds of the same, at the backward's own rate read off the timings.
+    pub fn backward_seconds(&self, pairs: usize, seq: usize, head_dim: usize) -> f64 {
+        causal_work(pairs, seq, head_dim) / self.rate(seq, head_dim, |t| t.backward_s)
+    }
+
+    /// FLOP/s of causal work over `seq` tokens done in the seconds `secs` picks from each
+    /// timing, read off the timings at the timed head width nearest `head_dim` (by ratio; of
+    /// two as near, the narrower): averaged where several share a length, interpolated in
+    /// log-log between lengths, flat beyond.
+    fn rate(&self, seq: usize, head_dim: usize, secs: fn(&AttentionTiming) -> f64) -> f64 {
+        let apart = |w: usize| (w.max(1) as f64 / head_dim.max(1) as f64).ln().abs();
+        let width = self
+            .measured
+            .iter()
+            .map(|t| t.head_dim)
+            .min_by(|a, b| apart(*a).total_cmp(&apart(*b)).then(a.cmp(b)))
+            .expect("checked: timings exist");
         let mut rates: Vec<(usize, f64)> = self
             .measured
             .iter()
-            .map(|t| (t.seq, t.work() / t.forward_s))
+            .filter(|t| t.head_dim == width)
+            .map(|t| (t.seq, t.work() / secs(t)))
             .collect();
         rates.sort_by_key(|r| r.0);
         let points: Vec<(f64, f64)> = rates
@@ -96,11 +127,6 @@ impl AttentionRate {
         let i = points.iter().position(|p| p.0 >= x).expect("inside");
         let (a, b) = (points[i - 1], points[i]);
         (a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0)).exp()
-    }
-
-    /// Forward seconds of `pairs` (row, head) pairs over `seq` tokens, heads `head_dim` wide.
-    pub fn forward_seconds(&self, pairs: usize, seq: usize, head_dim: usize) -> f64 {
-        causal_work(pairs, seq, head_dim) / self.flops_per_s(seq)
     }
 
     /// Checks the rates; `what` names them in errors.

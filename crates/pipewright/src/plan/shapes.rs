@@ -215,10 +215,11 @@ impl LayerShapes {
                     AttentionKernel::Fused if curve.attention.is_some() => {
                         // The device's own kernel, at its measured rate.
                         let rate = curve.attention.as_ref().expect("matched");
-                        let s = curve.overhead_s + rate.forward_seconds(batch, a.seq, d);
-                        fwd += s;
-                        bwd_in += s * rate.backward_ratio;
-                        c.compute += s * (1.0 + rate.backward_ratio);
+                        let f = curve.overhead_s + rate.forward_seconds(batch, a.seq, d);
+                        let b = curve.overhead_s + rate.backward_seconds(batch, a.seq, d);
+                        fwd += f;
+                        bwd_in += b;
+                        c.compute += f + b;
                     }
                     AttentionKernel::Fused => {
                         // Half the products' work; reads q, k, v, writes the output.
