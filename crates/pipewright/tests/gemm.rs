@@ -4,6 +4,7 @@
 //! fused attention kernel's measured rate by sequence length, and the measured built-in files
 //! holding nothing but the fit of their own timings.
 
+use pipewright::plan::shapes::ShapeCost;
 use pipewright::plan::{
     gemm_grid, AttentionKernel, AttentionRate, AttentionShape, AttentionTiming, Gemm, GemmCurve,
     GemmTiming, Hardware, LayerShapes, Linear, Split,
@@ -217,6 +218,32 @@ fn timing(seq: usize, forward_s: f64) -> AttentionTiming {
     }
 }
 
+/// What a layer of nothing but fused attention (`heads` of `head_dim` over 2048 tokens, `rows`
+/// of them) costs on a curve that carries `rate` (and no product overhead).
+fn fused_attention_cost(
+    rate: AttentionRate,
+    heads: usize,
+    head_dim: usize,
+    rows: usize,
+) -> ShapeCost {
+    let mut c = GemmCurve::new(1e12, 1e11, 0.0, 2);
+    c.attention = Some(rate);
+    let layer = LayerShapes {
+        tokens: 2048,
+        linear: Vec::new(),
+        attention: Some(AttentionKernel::Fused),
+        elementwise_whole_bytes: 0.0,
+        elementwise_split_bytes: 0.0,
+    };
+    let a = AttentionShape {
+        heads,
+        kv_heads: heads,
+        head_dim,
+        seq: 2048,
+    };
+    layer.cost(Some(&a), &c, 1e11, rows, 1, 1, false)
+}
+
 /// The fused kernel's rate is read off its timings by sequence: exact at a timed length,
 /// log-log between two, flat beyond the ends; its backward the timed multiple (here the same
 /// at every length).
@@ -241,24 +268,9 @@ fn the_fused_attention_rate_is_read_off_its_timings_by_length() {
         2.0 * 8.0 * 64.0 * 2048f64.powi(2) / 50e9
     ));
 
-    // A layer's fused attention on a curve that carries the rate: forward at the rate (plus
-    // the product overhead), backward the multiple.
-    let mut c = GemmCurve::new(1e12, 1e11, 0.0, 4);
-    c.attention = Some(r.clone());
-    let layer = LayerShapes {
-        tokens: 2048,
-        linear: Vec::new(),
-        attention: Some(AttentionKernel::Fused),
-        elementwise_whole_bytes: 0.0,
-        elementwise_split_bytes: 0.0,
-    };
-    let a = AttentionShape {
-        heads: 2,
-        kv_heads: 2,
-        head_dim: 32,
-        seq: 2048,
-    };
-    let k = layer.cost(Some(&a), &c, 1e11, 3, 1, 1, false);
+    // A layer's fused attention on a curve that carries the rate: forward at the rate, backward
+    // the multiple.
+    let k = fused_attention_cost(r.clone(), 2, 32, 3);
     assert!(
         near(k.forward, 2.0 * 6.0 * 32.0 * 2048f64.powi(2) / 50e9),
         "{k:?}"
@@ -319,22 +331,7 @@ fn attention_rates_are_read_at_the_nearest_head_width_forward_and_backward_apart
         3.0 * r.forward_seconds(pairs, 2048, 128)
     ));
     // A layer of 8 heads of 64 over 2048 tokens (one row) costs its backward at that rate.
-    let mut c = GemmCurve::new(1e15, 1e12, 0.0, 2);
-    c.attention = Some(r);
-    let layer = LayerShapes {
-        tokens: 2048,
-        linear: Vec::new(),
-        attention: Some(AttentionKernel::Fused),
-        elementwise_whole_bytes: 0.0,
-        elementwise_split_bytes: 0.0,
-    };
-    let a = AttentionShape {
-        heads: 8,
-        kv_heads: 8,
-        head_dim: 64,
-        seq: 2048,
-    };
-    let k = layer.cost(Some(&a), &c, 1e12, 1, 1, 1, false);
+    let k = fused_attention_cost(r, 8, 64, 1);
     assert!(near(k.backward_input, work(2048, 64) / 100e12), "{k:?}");
 }
 
