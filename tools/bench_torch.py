@@ -75,7 +75,8 @@ for _ in range(steps):
     times.append((time.perf_counter() - s) * 1e3)
 times.sort()
 median = times[len(times) // 2]
-print("torch mode", "compiled" if compiled else "eager", "batch", batch)
+print("torch mode", "compiled" if compiled else "eager", "batch", batch, "vocab", vocab, "seq", seq,
+      "d", d, "layers", layers, "heads", heads)
 print("torch times_ms", [round(t, 1) for t in times])
 print(f"torch_median_ms {median:.1f}")
 params = sum(p.numel() for p in model.parameters())

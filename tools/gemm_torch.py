@@ -5,14 +5,16 @@ by side: an independent check of the timings pipewright's curve rests on. Also t
 streaming bandwidth, as the planner charges element-wise passes (`memory_bandwidth_bytes_per_s`):
 a copy and an element-wise sum of 256 MiB tensors, counting the bytes read and written.
 
-With --attention it also times PyTorch's fused causal attention in bf16
+With --write it also times PyTorch's fused causal attention in bf16
 (scaled_dot_product_attention: flash attention on a GPU) at heads of width 64 and 128 over 512
-to 8192 tokens, forward and backward, and writes them into the file's `gemm_half.attention` as
-`pipewright profile --gemm` writes its own kernel's on a CPU (`plan/attention_rate.rs`: the
+to 8192 tokens, forward and backward, and rewrites the file with them in `gemm_half.attention`
+(as `pipewright profile --gemm` writes its own kernel's on a CPU; `plan/attention_rate.rs`: the
 planner costs fused attention at these rates; the backward ratio is the sum of the backwards
-over the sum of the forwards, as `AttentionRate::fit` computes it). The file is rewritten.
+over the sum of the forwards, as `AttentionRate::fit` computes it) and with the bf16
+element-wise sum's streaming rate as `memory_bandwidth_bytes_per_s`, what the planner charges
+element-wise passes at (a file made on top of another device's keeps that one's otherwise).
 
-    python3 tools/gemm_torch.py HARDWARE.json [--attention] [cuda]
+    python3 tools/gemm_torch.py HARDWARE.json [--write] [cuda]
 """
 import json
 import sys
@@ -21,7 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-args = [a for a in sys.argv[1:] if a != "--attention"]
+write = "--write" in sys.argv
+args = [a for a in sys.argv[1:] if a != "--write"]
 path = args[0]
 device = torch.device(args[1] if len(args) > 1 else "cuda")
 torch.backends.cuda.matmul.allow_tf32 = False  # f32 products in f32, as candle computes them
@@ -65,6 +68,7 @@ for key, dtype in [("gemm_half", torch.bfloat16), ("gemm_f32", torch.float32)]:
     print(f"{key} all shapes: pipewright {flops / ours / 1e12:.1f} TFLOP/s, torch "
           f"{flops / theirs / 1e12:.1f} TFLOP/s, time ratio {ours / theirs:.3f}")
 
+streams = {}
 for dtype in [torch.bfloat16, torch.float32]:
     n = (256 << 20) // torch.finfo(dtype).bits * 8
     a = torch.randn(n, device=device).to(dtype)
@@ -72,9 +76,10 @@ for dtype in [torch.bfloat16, torch.float32]:
     q = a.element_size()
     copy = median_seconds(lambda: a.clone())
     add = median_seconds(lambda: a + b)
+    streams[dtype] = 3 * n * q / add
     print(f"stream {dtype}: copy {2 * n * q / copy / 1e9:.0f} GB/s, "
-          f"add {3 * n * q / add / 1e9:.0f} GB/s (bytes read and written)")
-if "--attention" in sys.argv:
+          f"add {streams[dtype] / 1e9:.0f} GB/s (bytes read and written)")
+if write:
     timings = []
     for head_dim in [64, 128]:
         for seq in [512, 1024, 2048, 4096, 8192]:
@@ -106,7 +111,9 @@ if "--attention" in sys.argv:
             del q, k, v, grad
     ratio = sum(t["backward_s"] for t in timings) / sum(t["forward_s"] for t in timings)
     hw["gemm_half"]["attention"] = {"backward_ratio": ratio, "measured": timings}
+    hw["memory_bandwidth_bytes_per_s"] = streams[torch.bfloat16]
     with open(path, "w") as f:
         json.dump(hw, f, indent=2)
-    print(f"attention: backward {ratio:.2f}x the forward; written into {path}")
+    print(f"attention: backward {ratio:.2f}x the forward; written into {path} with the "
+          f"streaming rate {streams[torch.bfloat16] / 1e9:.0f} GB/s")
 print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")

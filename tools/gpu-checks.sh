@@ -27,11 +27,13 @@
 #  - `pipewright profile --gemm` in bf16 and in f32 (--gemm-scale 8) on the GPU, into one
 #    hardware file on top of h100-node (gpu/out/hw-measured.json)
 #  - the same products, the streaming bandwidth and fused (flash) attention timed in PyTorch
-#    (tools/gemm_torch.py --attention, which writes the attention rates into the file)
+#    (tools/gemm_torch.py --write, which writes the attention rates and the bandwidth into
+#    the file)
 #  - the GPT-2 124M bf16 step in PyTorch, eager at batch 8 and compiled (flash attention,
 #    torch.compile, fused AdamW: what the planner's roofline models) at batch 8 and 32, and
 #    GPT-2 350M and a 1.3B GPT (GPT-3 XL's widths) compiled at batch 8; each with one step's
-#    kernel time by kind
+#    kernel time by kind; then `plan`'s predictions for the compiled runs on the measured file
+#    beside them (tools/planner_vs_torch.py: docs/planner.md's "One GPU" table)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=gpu/out
@@ -92,7 +94,7 @@ planner() {
     --gemm-scale 8 --hardware h100-node --out "$out/hw-bf16.json"
   check gemm-f32 run gpu/pipewright profile --gemm --device cuda --precision f32 \
     --gemm-scale 8 --hardware "$out/hw-bf16.json" --out "$hw"
-  check gemm-torch python3 tools/gemm_torch.py "$hw" --attention
+  check gemm-torch python3 tools/gemm_torch.py "$hw" --write
   export PW_BENCH_SIZE=gpt2 PW_BENCH_DEVICE=cuda PW_BENCH_PRECISION=bf16 PW_BENCH_PEAK_TFLOPS=989
   export PW_BENCH_KERNELS=1
   check torch-eager-b8 env PW_BENCH_BATCH=8 python3 tools/bench_torch.py
@@ -104,6 +106,9 @@ planner() {
     check "torch-compiled-$size-b8" env PW_BENCH_SIZE=$size PW_BENCH_BATCH=8 PW_BENCH_STEPS=10 \
       PW_BENCH_TORCH=compiled python3 tools/bench_torch.py
   done
+  check planner-vs-torch python3 tools/planner_vs_torch.py "bash tools/run-on-gpu.sh gpu/pipewright" \
+    "$hw" "$out"/torch-compiled-*.log
+  cat "$out/planner-vs-torch.log"
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 for group in "${@:-correctness speed pipeline planner}"; do
