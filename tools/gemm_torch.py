@@ -36,16 +36,17 @@ def sync():
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn, repeats=5):
-    fn()
-    sync()
+def median_seconds(fn, repeats=5, setup=None):
+    """Median seconds of `fn()` (or `fn(setup())`, the setup untimed) after a warm-up."""
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats + 1):
+        arg = (setup(),) if setup else ()
+        sync()
         start = time.perf_counter()
-        fn()
+        fn(*arg)
         sync()
         times.append(time.perf_counter() - start)
-    times.sort()
+    times = sorted(times[1:])
     return times[len(times) // 2]
 
 
@@ -87,22 +88,13 @@ if write:
             q, k, v = (torch.randn(pairs // 8, 8, seq, head_dim, device=device,
                                    dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
             grad = torch.randn(pairs // 8, 8, seq, head_dim, device=device, dtype=torch.bfloat16)
-            forward = median_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-            outs = []
+            def attend():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            def backward():
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                sync()
-                start = time.perf_counter()
-                out.backward(grad)
-                sync()
-                outs.append(time.perf_counter() - start)
-
-            for _ in range(6):
-                backward()
-            outs = sorted(outs[1:])
+            forward = median_seconds(attend)
+            backward = median_seconds(lambda out: out.backward(grad), setup=attend)
             t = {"pairs": pairs, "seq": seq, "head_dim": head_dim, "forward_s": forward,
-                 "backward_s": outs[len(outs) // 2]}
+                 "backward_s": backward}
             work = 2.0 * pairs * seq * seq * head_dim
             print(f"attention {pairs:>4} pairs x {seq:>5} tokens, head {head_dim:>3}: forward "
                   f"{forward * 1e6:8.1f} us ({work / forward / 1e12:5.1f} TFLOP/s of causal work), "
