@@ -28,6 +28,7 @@ pub mod estimate;
 pub mod gemm;
 pub mod hardware;
 pub mod layer_cost;
+mod layer_pass;
 pub mod measure;
 pub mod morph;
 pub mod optimizer_cost;
