@@ -10,10 +10,14 @@
 //! a step as two (2.09-2.21 at 64 rows), where fluid sharing says 2; traced, the interleaved
 //! pipeline's actions took 7-12 % more CPU time each as two replicas on four ranks than as
 //! one on two. The efficiency is measured as throughput: `n` copies of the layers' rounds at
-//! once (one per core, each round ending with all of them, as a step ends with its replicas'
-//! sums), then `2n` copies, each copy the same work; `2 T(n) / T(2n)` is the share of the
-//! cores' speed the crowded copies keep (0.85-0.96 in profiles here, 1 when crowding costs
-//! nothing).
+//! once (one per core), then `2n` copies, each copy the same work; `2 T(n) / T(2n)` is the
+//! share of the cores' speed the crowded copies keep (1 when crowding costs nothing). The
+//! copies wait for each other after every pass over the layers, forward or backward, as ranks
+//! wait for messages after their actions, so a crowded core switches copies as often as a
+//! pipeline's: copies that waited only at the end of each round (four passes) switched at the
+//! OS's time slices instead and kept 0.86-0.97 here, where these keep 0.82-0.90 (four
+//! profiles each, alternating), and two replicas' pipeline actions (pp 2 x dp 2) took 1.19-1.25
+//! times their layers' profiled time against 1.05-1.09 for one replica.
 //!
 //! Tensor-parallel ranks are left out: the waits in their collectives, with a core idle when
 //! they run alone, are filled by the other ranks when crowded, which gives back what
@@ -23,20 +27,20 @@
 
 use std::time::Instant;
 
-use super::layer_cost::{median, profile_stage};
+use super::layer_cost::{median, profile_stage, sweep};
 use crate::batch::Batch;
 use crate::comm::{local, Communicator};
 use crate::loss::Loss;
-use crate::model::{Build, Sequential};
+use crate::model::{Activation, Build, Cx, Mode, Sequential};
 use crate::Result;
 
 /// Rounds of every layer's timed passes each copy runs in a trial (a round of the README's GPT
-/// at 16 rows takes about 4 ms alone: a run long against the OS's time slices of a few
-/// milliseconds).
+/// at 16 rows takes about 4 ms alone, four passes over the layers).
 const ROUNDS: usize = 25;
 
 /// Seconds from a common start until the last of `copies` copies (threads of this process)
-/// has run [`ROUNDS`] rounds of `model`'s layers on `batch` (after one untimed round each).
+/// has run [`ROUNDS`] rounds of `model`'s layers on `batch` (after one untimed round each),
+/// all of them waiting for each other after every pass over the layers.
 fn crowd(
     copies: usize,
     model: &Sequential,
@@ -49,11 +53,18 @@ fn crowd(
         profile_stage(&stage, batch, 1, loss)?;
         c.barrier()?;
         let t = Instant::now();
-        // Each round ends with every copy at once, as a step ends with its replicas' sums:
-        // the copies stay in step, and one that finishes its round early waits, its core free.
+        let input = Activation::from_batch(batch, stage.input_names(), "the model")?;
+        let mut cx = Cx::new(Mode::Train, 0, 0, 0);
+        let loss = loss.map(|l| (l, batch));
+        // Every copy waits for the others after each pass over the layers, forward or
+        // backward, as a pipeline's ranks wait for each other's messages after their actions:
+        // the copies stay in step, one that finishes early waits with its core free, and a
+        // crowded core switches to another copy, whose layers find the caches cold.
+        let pause = || c.barrier();
         for _ in 0..ROUNDS {
-            profile_stage(&stage, batch, 1, loss)?;
-            c.barrier()?;
+            for split in [true, false] {
+                sweep(&stage, &input, &mut cx, split, loss, &pause)?;
+            }
         }
         Ok(t.elapsed().as_secs_f64())
     })?;

@@ -124,12 +124,15 @@ type Sweep = (Vec<(Pass, usize)>, Option<(f64, f64)>);
 /// own ([`Forwarded`]) but in this order, so it finds the caches as a stage leaves them: timed
 /// twice in a row instead, a layer's second pass found its weights and input in the core's
 /// cache from the first, and the profile predicted this machine's layouts 5-18 % fast.
-fn sweep(
+/// `pause` runs after the forwards (and the loss) and after the backwards, where a stage's
+/// rank waits for its next message (the crowding trial's copies wait for each other there).
+pub(super) fn sweep(
     stage: &Stage,
     input: &Activation,
     cx: &mut Cx,
     split: bool,
     loss: Option<(&dyn Loss, &Batch)>,
+    pause: &dyn Fn() -> Result<()>,
 ) -> Result<Sweep> {
     let mut x = input.clone();
     let mut forwards = Vec::with_capacity(stage.layers().len());
@@ -154,11 +157,13 @@ fn sweep(
         .map(|(loss, batch)| loss_pass(loss, &x, batch, cx, stage.tp()))
         .transpose()?;
     drop(x);
+    pause()?;
     let mut passes = Vec::with_capacity(forwards.len());
     while let Some((f, input_bytes)) = forwards.pop() {
         passes.push((f.backward()?, input_bytes));
     }
     passes.reverse();
+    pause()?;
     Ok((passes, loss_s))
 }
 
@@ -179,8 +184,8 @@ pub fn profile_stage(
     let mut last = None;
     let loss = loss.map(|l| (l, sample));
     for _ in 0..repeats.max(1) {
-        let (splits, split_loss) = sweep(stage, &input, &mut cx, true, loss)?;
-        let (wholes, whole_loss) = sweep(stage, &input, &mut cx, false, loss)?;
+        let (splits, split_loss) = sweep(stage, &input, &mut cx, true, loss, &|| Ok(()))?;
+        let (wholes, whole_loss) = sweep(stage, &input, &mut cx, false, loss, &|| Ok(()))?;
         for (slot, ((split, _), (whole, _))) in timed.iter_mut().zip(splits.iter().zip(&wholes)) {
             let times = [
                 whole.forward_s,
