@@ -226,9 +226,9 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     // GPipe over 2 alike stages of forward f and backward b with a hop of t:
     // (m + 1)(f + b) + 2t (derived by hand: the second stage's forwards end at (m + 1)f + t,
     // its backwards then run back to back, the first stage's last backward ends one b and
-    // one hop after the second stage's), then the step's two scalar all-reduces over the two
-    // ranks (the overflow flag over the world, the norm's squares over the pipeline), a ring
-    // of 2 steps each: 4t (the link's bandwidth is endless).
+    // one hop after the second stage's), then the step's three scalar all-reduces over the two
+    // ranks (the overflow flag over the world, the batch's loss and the norm's squares over
+    // the pipeline), a tree of 2 steps each: 6t (the link's bandwidth is endless).
     let t = 5e-4;
     let hw = hardware(t);
     let cluster = Cluster {
@@ -245,7 +245,7 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     )
     .unwrap();
     let (f, b) = (1e-3, 3e-3);
-    let want = (m as f64 + 1.0) * (f + b) + 2.0 * t + 4.0 * t;
+    let want = (m as f64 + 1.0) * (f + b) + 2.0 * t + 6.0 * t;
     assert!((e.step_s - want).abs() < 1e-12, "{} vs {want}", e.step_s);
     assert_eq!(e.balance, vec![1, 1]);
     // GPipe holds every micro-batch on both stages; 1F1B at most p - s.

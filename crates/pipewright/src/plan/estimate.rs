@@ -421,12 +421,13 @@ pub fn estimate(
             }
         });
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
-    // overflow flag over the world, the norm's squares over the pipeline and the tensor-parallel
-    // group (and over the replicas' pieces under ZeRO-2/3). Latency, one after another.
+    // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
+    // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
+    // replicas' pieces under ZeRO-2/3). Latency, one after another.
     let world = cand.layout.world();
     let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(dp)
         + cluster.link(world).scalar_all_reduce(world)
-        + pp_link.scalar_all_reduce(pp)
+        + 2.0 * pp_link.scalar_all_reduce(pp)
         + cluster.link(tp).scalar_all_reduce(tp);
     let (after, after_comm) = (after + scalars, after_comm + scalars);
     let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
