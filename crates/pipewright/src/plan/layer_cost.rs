@@ -134,12 +134,13 @@ pub(super) fn sweep(
     loss: Option<(&dyn Loss, &Batch)>,
     pause: &dyn Fn() -> Result<()>,
 ) -> Result<Sweep> {
+    let sync = || stage.tp().comm().map_or(Ok(()), |c| c.barrier());
     let mut x = input.clone();
     let mut forwards = Vec::with_capacity(stage.layers().len());
     for layer in stage.layers() {
         let floats = x.tensors().into_iter().filter(|t| t.dtype().is_float());
         let input_bytes: usize = floats.map(bytes).sum();
-        let f = Forwarded::run(layer.as_ref(), &x, cx, split)?;
+        let f = Forwarded::run(layer.as_ref(), &x, cx, split, &sync)?;
         let y = f.output();
         let next = y
             .tensors()
@@ -154,13 +155,16 @@ pub(super) fn sweep(
         forwards.push((f, input_bytes));
     }
     let loss_s = loss
-        .map(|(loss, batch)| loss_pass(loss, &x, batch, cx, stage.tp()))
+        .map(|(loss, batch)| {
+            sync()?;
+            loss_pass(loss, &x, batch, cx, stage.tp())
+        })
         .transpose()?;
     drop(x);
     pause()?;
     let mut passes = Vec::with_capacity(forwards.len());
     while let Some((f, input_bytes)) = forwards.pop() {
-        passes.push((f.backward()?, input_bytes));
+        passes.push((f.backward(&sync)?, input_bytes));
     }
     passes.reverse();
     pause()?;

@@ -50,6 +50,11 @@ pub(super) fn fresh(x: &Activation, cx: &mut Cx) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// What runs just before a timing starts: a tensor-parallel group's barrier, so that a rank's
+/// timing does not include waiting in the layer's first collective for a partner still busy
+/// with the untimed work between timings (nothing without tensor parallelism).
+pub(super) type Barrier<'a> = dyn Fn() -> Result<()> + 'a;
+
 /// A layer's forward, run and timed, its graph waiting for [`Forwarded::backward`].
 pub(super) struct Forwarded {
     forward_s: f64,
@@ -104,12 +109,14 @@ fn above(then: Option<u64>) -> Option<usize> {
 }
 
 impl Forwarded {
-    /// `layer`'s forward on `x`, timed, with the zero-bubble split backward when `split`.
+    /// `layer`'s forward on `x`, timed, with the zero-bubble split backward when `split`;
+    /// `sync` runs just before the timing starts (a tensor-parallel group's barrier).
     pub(super) fn run(
         layer: &dyn crate::Layer,
         x: &Activation,
         cx: &mut Cx,
         split: bool,
+        sync: &Barrier<'_>,
     ) -> Result<Self> {
         let queue = WeightGradQueue::new();
         cx.weight_grads = split.then(|| queue.clone());
@@ -118,6 +125,7 @@ impl Forwarded {
         let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
         leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
         let before = crate::memory::thread_live_bytes();
+        sync()?;
         let t0 = Instant::now();
         // (A stash a later layer pops stays in `cx` for it: skip connections.)
         let output = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
@@ -157,8 +165,8 @@ impl Forwarded {
     }
 
     /// The backward of the forward, timed (and with the split backward, its deferred weight
-    /// gradients at once after it).
-    pub(super) fn backward(self) -> Result<Pass> {
+    /// gradients at once after it); `sync` runs just before each timing starts.
+    pub(super) fn backward(self, sync: &Barrier<'_>) -> Result<Pass> {
         let Forwarded {
             forward_s,
             split,
@@ -168,6 +176,7 @@ impl Forwarded {
             kept,
             before,
         } = self;
+        sync()?;
         let start = crate::memory::reset_thread_peak();
         let t1 = Instant::now();
         let store = objective.as_ref().map(Tensor::backward).transpose()?;
@@ -194,6 +203,7 @@ impl Forwarded {
         }
         drop((objective, output));
         let queued = above(before).unwrap_or_else(|| queue.pending_bytes());
+        sync()?;
         let t2 = Instant::now();
         queue.weight_grads(0)?;
         Ok(Pass {
