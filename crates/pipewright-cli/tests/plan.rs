@@ -189,6 +189,11 @@ fn a_tensor_parallel_profile_times_the_split_loss_and_plans_from_it() {
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let head = p["layers"].as_array().unwrap().last().unwrap();
     assert_eq!(head["split"][0]["tp"], 2, "{head}");
+    // Each split layer's share of its time computing (the rest its collectives wait).
+    for l in p["layers"].as_array().unwrap() {
+        let busy = l["split"][0]["busy_share"].as_f64().unwrap();
+        assert!(busy > 0.0 && busy <= 1.0, "{l}");
+    }
     assert!(p["accumulate"]["per_sample_s"].as_f64().unwrap() > 0.0);
     let o = common::pipewright()
         .args([

@@ -3,100 +3,18 @@
 
 use std::time::Instant;
 
-use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
-use pipewright::pipeline::{Recompute, Sharing};
+use pipewright::pipeline::schedule::ScheduleKind;
+use pipewright::pipeline::Recompute;
 use pipewright::plan::estimate::{BACKWARD_EXTRA_SHARE, RANK_BYTES};
 use pipewright::plan::{
-    estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, LayerProfile, Link, Profile,
-    Request, Transformer, Transient,
+    estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, Link, Profile, Request,
+    Transformer, Transient,
 };
 use pipewright::topology::Layout;
 use pipewright::zero::Zero;
 
-/// A hardware file with links of `latency_s` and no bandwidth limit worth the name.
-fn hardware(latency_s: f64) -> Hardware {
-    let link = Link {
-        latency_s,
-        bandwidth_bytes_per_s: 1e30,
-        all_reduce: None,
-    };
-    Hardware {
-        name: "test".into(),
-        devices_per_node: 8,
-        cores_per_device: 1,
-        memory: "1GiB".into(),
-        peak_flops_f32: 1e12,
-        peak_flops_half: 1e12,
-        efficiency: 1.0,
-        gemm_f32: None,
-        gemm_half: None,
-        memory_bandwidth_bytes_per_s: 1e9,
-        runtime_memory: "1MiB".into(),
-        intra_node: link,
-        inter_node: link,
-    }
-}
-
-/// `n` alike layers: forward `f` and backward `b` seconds per sample, `params` parameters,
-/// `kept` bytes kept per sample, 100 output bytes per sample.
-fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
-    let layer = |i: usize| LayerProfile {
-        name: format!("l{i}"),
-        params,
-        tp_split: true,
-        forward: Fit {
-            fixed_s: 0.0,
-            per_sample_s: f,
-        },
-        backward: Fit {
-            fixed_s: 0.0,
-            per_sample_s: b,
-        },
-        backward_input: None,
-        backward_weight: None,
-        output_bytes_per_sample: 100.0,
-        kept_bytes_per_sample: kept,
-        kept_whole_bytes_per_sample: 0.0,
-        transient: None,
-        split_kept_bytes_per_sample: None,
-        deferred_bytes_per_sample: 0.0,
-        tp_all_reduce_bytes_per_sample: 0.0,
-        split: Vec::new(),
-        measured: Vec::new(),
-        attention: None,
-        shapes: None,
-    };
-    Profile {
-        source: "test".into(),
-        dtype_bytes: 4,
-        layers: (0..n).map(layer).collect(),
-        bounds: (0..=n).collect(),
-        tp_divides: vec![4],
-        threads: 1,
-        optimizer: None,
-        accumulate: None,
-        crowded_efficiency: None,
-    }
-}
-
-fn candidate(
-    pp: usize,
-    m: usize,
-    rows: usize,
-    schedule: ScheduleKind,
-    recompute: Recompute,
-) -> Candidate {
-    Candidate {
-        layout: Layout::new(pp, 1, 1).unwrap(),
-        micro_batch: rows,
-        micro_batches: m,
-        schedule,
-        virtual_stages: 1,
-        recompute,
-        zero: pipewright::zero::Zero::Off,
-        sequence_parallel: false,
-    }
-}
+mod common;
+use common::{candidate, hardware, profile};
 
 #[test]
 fn one_stage_costs_every_micro_batch_then_the_optimizer() {
@@ -267,65 +185,6 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     };
     assert!((held(&e, 0) - m as f64 * 10.0).abs() < 1e-6);
     assert!((held(&o, 0) - 2.0 * 10.0).abs() < 1e-6);
-}
-
-#[test]
-fn ranks_sharing_one_processor_take_turns() {
-    // GPipe, 2 stages, 2 micro-batches, forward f and backward b. Alone: (m + 1)(f + b).
-    // On one processor (1 slot) the two stages' overlapping actions run at half speed, and
-    // nothing overlaps with idle time, so the step is all the work in a row: 2 m (f + b).
-    let (f, b) = (1.0, 3.0);
-    let s = Schedule::new(ScheduleKind::GPipe, 2, 2, 1).unwrap();
-    let cost = |_: usize, a: &Action| match a {
-        Action::Forward { .. } => f,
-        _ => b,
-    };
-    let none = |_: usize, _: usize| 0.0;
-    let at = |slots, crowded| Sharing { slots, crowded };
-    let alone = s.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
-    assert_eq!(alone.makespan, 3.0 * (f + b));
-    assert_eq!(s.simulate_with(&cost, &none, at(2.0, 0.5)).unwrap(), alone);
-    let shared = s.simulate_with(&cost, &none, at(1.0, 1.0)).unwrap();
-    assert_eq!(shared.makespan, 4.0 * (f + b));
-    // Stage 0's second forward ran beside stage 1's first: both took 2 f.
-    let second = shared.spans[0][1];
-    assert_eq!((second.start, second.end), (f, 3.0 * f));
-    // Crowded processors keep half their speed while both ranks are busy: those two forwards
-    // take 4 f, what ran alone (the first forward) is as it was.
-    let crowded = s.simulate_with(&cost, &none, at(1.0, 0.5)).unwrap();
-    let (first, second) = (crowded.spans[0][0], crowded.spans[0][1]);
-    assert_eq!(
-        [first.start, first.end, second.start, second.end],
-        [0.0, f, f, 5.0 * f]
-    );
-    assert_eq!(crowded.spans[1][0].end, 5.0 * f);
-    // One pipeline rank standing for four ranks on two cores (half a slot), crowded at 0.8:
-    // every action at 0.4 of full speed, so the step takes 2.5 times as long alone.
-    let one = Schedule::new(ScheduleKind::OneFOneB, 1, 2, 1).unwrap();
-    let alone = one.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
-    let dp4 = one.simulate_with(&cost, &none, at(0.5, 0.8)).unwrap();
-    assert!(
-        (dp4.makespan - 2.5 * alone.makespan).abs() <= 1e-12,
-        "{dp4:?}"
-    );
-}
-
-#[test]
-fn crowded_tensor_parallel_ranks_keep_fluid_sharing() {
-    // A profile's crowded efficiency slows one-thread ranks crowding the cores (tests/plan.rs)
-    // but not tensor-parallel ones, whose collectives' waits crowding ranks fill: tp 2 x dp 2
-    // on the two cores schedules the same with an efficiency of 0.5 as with none.
-    let hw = Hardware::load("cpu-2core").unwrap();
-    let cluster = Cluster::new(&hw, 4, Some(1)).unwrap();
-    let plain = profile(4, 1e-3, 2e-3, 1000, 100.0);
-    let crowded = Profile {
-        crowded_efficiency: Some(0.5),
-        ..plain.clone()
-    };
-    let mut cand = candidate(1, 2, 4, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(1, 2, 2).unwrap();
-    let schedule = |p: &Profile| estimate(p, &cluster, &cand).unwrap().1.makespan;
-    assert_eq!(schedule(&crowded), schedule(&plain));
 }
 
 #[test]

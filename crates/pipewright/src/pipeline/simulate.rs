@@ -60,13 +60,20 @@ fn needs(a: &Action, k: usize, last: usize) -> ([(bool, usize); 2], usize) {
 /// at once (infinity: every rank has its own device); while `b` busy ranks outnumber them,
 /// each progresses at `slots / b` times `crowded`, the efficiency the processors keep when
 /// they switch between more threads than they have (on this machine: context switches and
-/// wake-ups; measured by `pipewright profile --concurrent`, 1 where not measured).
+/// wake-ups; measured by `pipewright profile --concurrent`, 1 where not measured), and while
+/// more than one is busy, times `across` too (never above full speed).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sharing {
     /// Ranks computing at full speed at once.
     pub slots: f64,
     /// The efficiency of processors crowded by more busy ranks than slots, in (0, 1].
     pub crowded: f64,
+    /// The further factor while ranks of several stages are busy at once: ranks of different
+    /// stages run out of step, so what one waits inside its actions (a tensor-parallel
+    /// group's collectives) another computes in. The ranks of one stage run in step and wait
+    /// together, so one busy rank (a stage and its replicas) gains nothing. 1 where ranks
+    /// compute throughout their actions.
+    pub across: f64,
 }
 
 impl Sharing {
@@ -74,16 +81,17 @@ impl Sharing {
     pub const ALONE: Sharing = Sharing {
         slots: f64::INFINITY,
         crowded: 1.0,
+        across: 1.0,
     };
 
     /// The speed of each of `busy` running actions, as a share of full speed.
     pub fn rate(&self, busy: usize) -> f64 {
         let b = busy as f64;
-        if b > self.slots {
-            self.slots / b * self.crowded
-        } else {
-            1.0
+        if b <= self.slots {
+            return 1.0;
         }
+        let across = if busy > 1 { self.across } else { 1.0 };
+        (self.slots / b * self.crowded * across).min(1.0)
     }
 }
 

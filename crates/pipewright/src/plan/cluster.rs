@@ -94,6 +94,7 @@ impl<'a> Cluster<'a> {
             s if s < 1.0 => Sharing {
                 slots: s * pp as f64,
                 crowded: crowded.unwrap_or(1.0),
+                across: 1.0,
             },
             _ => Sharing::ALONE,
         }

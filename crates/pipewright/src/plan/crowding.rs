@@ -23,7 +23,10 @@
 //! they run alone, are filled by the other ranks when crowded, which gives back what
 //! switching costs (tp 2 x dp 2 took 1.86-2.05 times as long a step as tp 2 alone). Copies of
 //! tp groups running the profile's rounds filled more of each other's waits than training
-//! did (1.1-1.5 where training gave 1.0), so that measurement is not the model's.
+//! did (1.1-1.5 where training gave 1.0), so that measurement is not the model's. Replicas of
+//! one stage run in step and wait together; stages run out of step, and while several are
+//! busy each fills the others' waits as far as its measured busy share says
+//! ([`Sharing::across`](crate::pipeline::Sharing)).
 
 use std::time::Instant;
 

@@ -29,6 +29,9 @@ pub struct LayerCost {
     pub backward_input_s: f64,
     /// ... and of its deferred weight gradients.
     pub backward_weight_s: f64,
+    /// CPU seconds of its forward and backward (the median of the repeats), where the
+    /// thread's clock can be read: less than their time by what its collectives wait.
+    pub cpu_s: Option<f64>,
     /// Bytes of its parameters.
     pub param_bytes: usize,
     /// Bytes of its output for the micro-batch.
@@ -182,8 +185,9 @@ pub fn profile_stage(
     let input = Activation::from_batch(sample, stage.input_names(), "the model")?;
     let mut cx = Cx::new(Mode::Train, 0, 0, 0);
     let layers = stage.layers();
-    // Per layer: forward, backward, input and weight gradients, each timing of the repeats.
-    let mut timed: Vec<[Vec<f64>; 4]> = vec![Default::default(); layers.len()];
+    // Per layer: forward, backward, input and weight gradients and the CPU of the first two,
+    // each timing of the repeats.
+    let mut timed: Vec<[Vec<f64>; 5]> = vec![Default::default(); layers.len()];
     let mut loss_timed: [Vec<f64>; 3] = Default::default();
     let mut last = None;
     let loss = loss.map(|l| (l, sample));
@@ -196,6 +200,7 @@ pub fn profile_stage(
                 whole.backward_s,
                 split.backward_s,
                 split.weight_s,
+                whole.cpu_s.unwrap_or(f64::NAN),
             ];
             for (s, t) in slot.iter_mut().zip(times) {
                 s.push(t);
@@ -229,6 +234,7 @@ pub fn profile_stage(
                 backward_s: median[1],
                 backward_input_s: median[2],
                 backward_weight_s: median[3],
+                cpu_s: Some(median[4]).filter(|c| c.is_finite()),
                 param_bytes,
                 activation_bytes: whole.output_bytes,
                 kept_bytes: whole.kept,

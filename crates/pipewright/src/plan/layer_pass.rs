@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use candle_core::{Storage, Tensor, TensorId, Var};
 
+use crate::cpu_time::thread_cpu_seconds;
 use crate::model::deferred::WeightGradQueue;
 use crate::model::{Activation, Cx};
 use crate::Result;
@@ -58,6 +59,8 @@ pub(super) type Barrier<'a> = dyn Fn() -> Result<()> + 'a;
 /// A layer's forward, run and timed, its graph waiting for [`Forwarded::backward`].
 pub(super) struct Forwarded {
     forward_s: f64,
+    /// The thread's CPU seconds of the forward, where its clock can be read.
+    forward_cpu_s: Option<f64>,
     split: bool,
     queue: WeightGradQueue,
     /// The layer's output.
@@ -74,6 +77,9 @@ pub(super) struct Pass {
     pub forward_s: f64,
     /// The backward (with the split backward: its input gradients).
     pub backward_s: f64,
+    /// The thread's CPU seconds of the forward and the backward, where its clock can be read:
+    /// less than their time by the waits in their collectives.
+    pub cpu_s: Option<f64>,
     /// The deferred weight gradients (split backward only).
     pub weight_s: f64,
     /// Bytes of the layer's output.
@@ -126,10 +132,12 @@ impl Forwarded {
         leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
         let before = crate::memory::thread_live_bytes();
         sync()?;
+        let cpu = thread_cpu_seconds();
         let t0 = Instant::now();
         // (A stash a later layer pops stays in `cx` for it: skip connections.)
         let output = layer.forward(Activation::from_tensors(inputs, x.is_tuple()), cx)?;
         let forward_s = t0.elapsed().as_secs_f64();
+        let forward_cpu_s = thread_cpu_seconds().zip(cpu).map(|(b, a)| b - a);
         cx.weight_grads = None;
         let mut objective: Option<Tensor> = None;
         for t in output
@@ -150,6 +158,7 @@ impl Forwarded {
         };
         Ok(Forwarded {
             forward_s,
+            forward_cpu_s,
             split,
             queue,
             output,
@@ -169,6 +178,7 @@ impl Forwarded {
     pub(super) fn backward(self, sync: &Barrier<'_>) -> Result<Pass> {
         let Forwarded {
             forward_s,
+            forward_cpu_s,
             split,
             queue,
             output,
@@ -178,9 +188,14 @@ impl Forwarded {
         } = self;
         sync()?;
         let start = crate::memory::reset_thread_peak();
+        let cpu = thread_cpu_seconds();
         let t1 = Instant::now();
         let store = objective.as_ref().map(Tensor::backward).transpose()?;
         let backward_s = t1.elapsed().as_secs_f64();
+        let cpu_s = thread_cpu_seconds()
+            .zip(cpu)
+            .zip(forward_cpu_s)
+            .map(|((b, a), f)| f + b - a);
         let ended = above(start);
         // (Once the gradient store is gone, what stays is the split backward's queue.)
         drop(store);
@@ -194,6 +209,7 @@ impl Forwarded {
             return Ok(Pass {
                 forward_s,
                 backward_s,
+                cpu_s,
                 weight_s: 0.0,
                 output_bytes,
                 kept,
@@ -209,6 +225,7 @@ impl Forwarded {
         Ok(Pass {
             forward_s,
             backward_s,
+            cpu_s,
             weight_s: t2.elapsed().as_secs_f64(),
             output_bytes,
             kept,

@@ -51,6 +51,8 @@ fn profile_rounds(
             c.backward_s = of(|c| c.backward_s);
             c.backward_input_s = of(|c| c.backward_input_s);
             c.backward_weight_s = of(|c| c.backward_weight_s);
+            let cpus: Vec<f64> = rounds.iter().filter_map(|r| r[s][i].cpu_s).collect();
+            c.cpu_s = (!cpus.is_empty()).then(|| median(cpus));
         }
     }
     Ok(out)
@@ -76,6 +78,17 @@ fn fit(sizes: &[usize], runs: &[Vec<LayerCost>], i: usize, field: fn(&LayerCost)
         .map(|(&rows, r)| (rows as f64, field(&r[i])))
         .collect();
     Fit::through(&points)
+}
+
+/// The share of layer `i`'s forward and backward time over `runs` (one per size) that its
+/// thread computed, where the CPU clock was read: the rest it waited in its collectives.
+fn busy_share(runs: &[Vec<LayerCost>], i: usize) -> Option<f64> {
+    let (mut cpu, mut wall) = (0.0, 0.0);
+    for r in runs {
+        cpu += r[i].cpu_s?;
+        wall += r[i].forward_s + r[i].backward_s;
+    }
+    (wall > 0.0).then(|| (cpu / wall).clamp(0.0, 1.0))
 }
 
 /// Every layer profiled on `tp` ranks as threads of a tensor-parallel group at each size:
@@ -230,6 +243,7 @@ pub fn measure(
                         deferred_bytes_per_sample: Some(r[last][i].deferred_bytes as f64 / big),
                         split_kept_bytes_per_sample: Some(r[last][i].split_kept_bytes as f64 / big),
                         transient: transient(&r[last][i], big),
+                        busy_share: busy_share(r, i),
                     })
                     .collect(),
                 measured,

@@ -172,6 +172,11 @@ pub struct SplitCost {
     /// What the shard's backward holds at its peak, as measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transient: Option<Transient>,
+    /// The share of its forward and backward time the rank computed, as measured (by its
+    /// thread's CPU clock): the rest it waited in the group's collectives, waits that ranks of
+    /// other pipeline stages fill when they share the cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_share: Option<f64>,
 }
 
 /// A model's layers with their costs.
@@ -289,6 +294,13 @@ impl Profile {
                 }
             }
             let split_values = split.flat_map(|f| [f.fixed_s, f.per_sample_s]);
+            let busy = l.split.iter().filter_map(|s| s.busy_share);
+            if busy.into_iter().any(|b| !(0.0..=1.0).contains(&b)) {
+                return Err(invalid!(
+                    "profile {what}: layer {}'s busy share must lie in [0, 1]",
+                    l.name
+                ));
+            }
             let split_kept = std::iter::once(l.split_kept_bytes_per_sample)
                 .chain(l.split.iter().map(|s| s.split_kept_bytes_per_sample))
                 .flatten();
@@ -317,6 +329,21 @@ impl Profile {
             }
         }
         Ok(())
+    }
+
+    /// The share of a rank's time in its layers' forwards and backwards that it computes at
+    /// tensor-parallel size `tp` on micro-batches of `rows`, as measured (each layer's
+    /// [`SplitCost::busy_share`] weighted by its time): `None` where no layer's was.
+    pub fn busy_share(&self, tp: usize, rows: usize) -> Option<f64> {
+        let (mut busy, mut time) = (0.0, 0.0);
+        for s in self.layers.iter().flat_map(|l| l.split.iter()) {
+            if let (true, Some(b)) = (s.tp == tp, s.busy_share) {
+                let t = s.forward.at(rows) + s.backward.at(rows);
+                busy += b * t;
+                time += t;
+            }
+        }
+        (time > 0.0).then(|| busy / time)
     }
 
     /// Tokens per sample of the model's attention (what context parallelism splits), or

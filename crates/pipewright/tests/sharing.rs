@@ -1,0 +1,165 @@
+//! Ranks that share a machine's cores, as the planner simulates them: turns on the cores,
+//! the efficiency crowded cores keep, and tensor-parallel stages that compute while another
+//! stage's ranks wait in their collectives.
+
+use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use pipewright::pipeline::{Recompute, Sharing};
+use pipewright::plan::{estimate, Cluster, Fit, Hardware, Profile, SplitCost};
+use pipewright::topology::Layout;
+
+mod common;
+use common::{candidate, profile};
+
+#[test]
+fn ranks_sharing_one_processor_take_turns() {
+    // GPipe, 2 stages, 2 micro-batches, forward f and backward b. Alone: (m + 1)(f + b).
+    // On one processor (1 slot) the two stages' overlapping actions run at half speed, and
+    // nothing overlaps with idle time, so the step is all the work in a row: 2 m (f + b).
+    let (f, b) = (1.0, 3.0);
+    let s = Schedule::new(ScheduleKind::GPipe, 2, 2, 1).unwrap();
+    let cost = |_: usize, a: &Action| match a {
+        Action::Forward { .. } => f,
+        _ => b,
+    };
+    let none = |_: usize, _: usize| 0.0;
+    let at = |slots, crowded| Sharing {
+        slots,
+        crowded,
+        across: 1.0,
+    };
+    let alone = s.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
+    assert_eq!(alone.makespan, 3.0 * (f + b));
+    assert_eq!(s.simulate_with(&cost, &none, at(2.0, 0.5)).unwrap(), alone);
+    let shared = s.simulate_with(&cost, &none, at(1.0, 1.0)).unwrap();
+    assert_eq!(shared.makespan, 4.0 * (f + b));
+    // Stage 0's second forward ran beside stage 1's first: both took 2 f.
+    let second = shared.spans[0][1];
+    assert_eq!((second.start, second.end), (f, 3.0 * f));
+    // Crowded processors keep half their speed while both ranks are busy: those two forwards
+    // take 4 f, what ran alone (the first forward) is as it was.
+    let crowded = s.simulate_with(&cost, &none, at(1.0, 0.5)).unwrap();
+    let (first, second) = (crowded.spans[0][0], crowded.spans[0][1]);
+    assert_eq!(
+        [first.start, first.end, second.start, second.end],
+        [0.0, f, f, 5.0 * f]
+    );
+    assert_eq!(crowded.spans[1][0].end, 5.0 * f);
+    // One pipeline rank standing for four ranks on two cores (half a slot), crowded at 0.8:
+    // every action at 0.4 of full speed, so the step takes 2.5 times as long alone.
+    let one = Schedule::new(ScheduleKind::OneFOneB, 1, 2, 1).unwrap();
+    let alone = one.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
+    let dp4 = one.simulate_with(&cost, &none, at(0.5, 0.8)).unwrap();
+    assert!(
+        (dp4.makespan - 2.5 * alone.makespan).abs() <= 1e-12,
+        "{dp4:?}"
+    );
+}
+
+#[test]
+fn crowded_tensor_parallel_ranks_keep_fluid_sharing() {
+    // A profile's crowded efficiency slows one-thread ranks crowding the cores (tests/plan.rs)
+    // but not tensor-parallel ones, whose collectives' waits crowding ranks fill: tp 2 x dp 2
+    // on the two cores schedules the same with an efficiency of 0.5 as with none.
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let cluster = Cluster::new(&hw, 4, Some(1)).unwrap();
+    let plain = profile(4, 1e-3, 2e-3, 1000, 100.0);
+    let crowded = Profile {
+        crowded_efficiency: Some(0.5),
+        ..plain.clone()
+    };
+    let mut cand = candidate(1, 2, 4, ScheduleKind::OneFOneB, Recompute::Never);
+    cand.layout = Layout::new(1, 2, 2).unwrap();
+    let schedule = |p: &Profile| estimate(p, &cluster, &cand).unwrap().1.makespan;
+    assert_eq!(schedule(&crowded), schedule(&plain));
+}
+
+#[test]
+fn several_busy_stages_fill_each_others_waits_one_does_not() {
+    let s = Sharing {
+        slots: 1.0,
+        crowded: 0.8,
+        across: 1.5,
+    };
+    // Within the slots, full speed; two busy ranks on one slot: half, crowded, times across.
+    assert_eq!(s.rate(1), 1.0);
+    assert!((s.rate(2) - 0.5 * 0.8 * 1.5).abs() < 1e-12);
+    // One busy pipeline rank standing for a stage's in-step replicas gains nothing.
+    let half = Sharing { slots: 0.5, ..s };
+    assert!((half.rate(1) - 0.5 * 0.8).abs() < 1e-12);
+    // Never above full speed.
+    let lots = Sharing { across: 4.0, ..s };
+    assert_eq!(lots.rate(2), 1.0);
+}
+
+/// `p` with a measured tensor-parallel split at tp 2 on every layer: half its time and
+/// parameters, computing `busy` of its time.
+fn split_at_2(p: &Profile, busy: Option<f64>) -> Profile {
+    let mut p = p.clone();
+    for l in &mut p.layers {
+        let half = |f: Fit| Fit {
+            fixed_s: f.fixed_s / 2.0,
+            per_sample_s: f.per_sample_s / 2.0,
+        };
+        l.split = vec![SplitCost {
+            tp: 2,
+            params: l.params / 2,
+            forward: half(l.forward),
+            backward: half(l.backward),
+            backward_input: half(l.backward),
+            backward_weight: half(l.backward),
+            kept_bytes_per_sample: None,
+            deferred_bytes_per_sample: None,
+            split_kept_bytes_per_sample: None,
+            transient: None,
+            busy_share: busy,
+        }];
+    }
+    p
+}
+
+#[test]
+fn tensor_parallel_stages_out_of_step_compute_in_each_others_waits() {
+    // pp 2 x tp 2 on the two cores: four ranks, one slot for the two stages. Ranks computing
+    // half their time (the rest waiting in their collectives) fill each other's waits while
+    // both stages are busy: the schedule runs as if every rank had its own core (across
+    // 1 / 0.5 = 2, so two busy stages keep full speed). Measured as computing throughout,
+    // or unmeasured, both stages busy share the cores: slower.
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let roomy = Hardware {
+        cores_per_device: 4,
+        ..hw.clone()
+    };
+    let plain = profile(4, 1e-3, 2e-3, 1000, 100.0);
+    let mut cand = candidate(2, 4, 4, ScheduleKind::OneFOneB, Recompute::Never);
+    cand.layout = Layout::new(2, 2, 1).unwrap();
+    let schedule = |p: &Profile, hw: &Hardware, cand: &pipewright::plan::Candidate| {
+        let cluster = Cluster::new(hw, 4, Some(1)).unwrap();
+        estimate(p, &cluster, cand).unwrap().1.makespan
+    };
+    let half_busy = split_at_2(&plain, Some(0.5));
+    let alone = schedule(&half_busy, &roomy, &cand);
+    assert!((schedule(&half_busy, &hw, &cand) - alone).abs() <= 1e-12 * alone);
+    for busy in [Some(1.0), None] {
+        assert!(schedule(&split_at_2(&plain, busy), &hw, &cand) > 1.2 * alone);
+    }
+    // tp 2 x dp 2: one stage, its replicas in step, wait together: no gain.
+    cand.layout = Layout::new(1, 2, 2).unwrap();
+    let full = split_at_2(&plain, Some(1.0));
+    assert_eq!(
+        schedule(&half_busy, &hw, &cand),
+        schedule(&full, &hw, &cand)
+    );
+}
+
+#[test]
+fn a_profiles_busy_share_weighs_its_layers_by_time() {
+    // Two layers at tp 2, the second three times as long: busy 0.2 and 0.8 give 0.65. At
+    // tp 4, nothing measured.
+    let mut p = split_at_2(&profile(2, 1e-3, 2e-3, 1000, 100.0), Some(0.2));
+    let slow = &mut p.layers[1].split[0];
+    slow.busy_share = Some(0.8);
+    slow.forward.per_sample_s *= 3.0;
+    slow.backward.per_sample_s *= 3.0;
+    assert!((p.busy_share(2, 8).unwrap() - 0.65).abs() < 1e-12);
+    assert_eq!(p.busy_share(4, 8), None);
+}
