@@ -162,6 +162,18 @@ fn concurrent_profile_copies_count_the_same_bytes_as_one() {
         .as_f64()
         .expect("measured with --concurrent 2");
     assert!(e > 0.0 && e <= 1.0, "{e}");
+    // And what a two-stage pipeline's actions cost beyond their layers: measured, not negative.
+    let field = |name: &str, key: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join(name)).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["action_overhead"][key].clone()
+    };
+    assert!(field("one.json", "forward_s").is_null());
+    for key in ["forward_s", "backward_s"] {
+        let s = field("two.json", key)
+            .as_f64()
+            .expect("measured with --concurrent 2");
+        assert!((0.0..1e-2).contains(&s), "{key} {s}");
+    }
     let o = common::pipewright()
         .args(["profile", "--concurrent", "0", "--out"])
         .arg(dir.join("zero.json"))

@@ -7,8 +7,8 @@ use pipewright::pipeline::schedule::ScheduleKind;
 use pipewright::pipeline::Recompute;
 use pipewright::plan::estimate::{BACKWARD_EXTRA_SHARE, RANK_BYTES};
 use pipewright::plan::{
-    estimate, parse_bytes, search, Candidate, Cluster, Fit, Hardware, Link, Profile, Request,
-    Transformer, Transient,
+    estimate, parse_bytes, search, ActionOverhead, Candidate, Cluster, Fit, Hardware, Link,
+    Profile, Request, Transformer, Transient,
 };
 use pipewright::topology::Layout;
 use pipewright::zero::Zero;
@@ -166,6 +166,24 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     let want = (m as f64 + 1.0) * (f + b) + 2.0 * t + 6.0 * t;
     assert!((e.step_s - want).abs() < 1e-12, "{} vs {want}", e.step_s);
     assert_eq!(e.balance, vec![1, 1]);
+    // The executor's cost an action beyond its layers (a measured profile's): every forward
+    // and backward of the two stages is that much longer, so f and b are. One stage sends
+    // nothing and pays none.
+    let (fo, bo) = (2e-4, 5e-4);
+    let over = Profile {
+        action_overhead: Some(ActionOverhead {
+            forward_s: fo,
+            backward_s: bo,
+        }),
+        ..p.clone()
+    };
+    let gpipe = candidate(2, m, 1, ScheduleKind::GPipe, Recompute::Never);
+    let (eo, _) = estimate(&over, &cluster, &gpipe).unwrap();
+    let want = (m as f64 + 1.0) * (f + fo + b + bo) + 2.0 * t + 6.0 * t;
+    assert!((eo.step_s - want).abs() < 1e-12, "{} vs {want}", eo.step_s);
+    let one = candidate(1, m, 1, ScheduleKind::GPipe, Recompute::Never);
+    let alone = |p: &Profile| estimate(p, &cluster, &one).unwrap().0.step_s;
+    assert_eq!(alone(&over), alone(&p));
     // GPipe holds every micro-batch on both stages; 1F1B at most p - s.
     assert_eq!(sim.peak_in_flight, vec![m, m]);
     let (o, _) = estimate(

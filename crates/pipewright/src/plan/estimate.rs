@@ -303,13 +303,19 @@ pub fn estimate(
         })
         .collect();
     let sum_grads = |k: usize, a: &Action| if a.mb() > 0 { sums[k] } else { 0.0 };
+    // With more than one model stage, each forward and backward also pays the executor's
+    // messages and bookkeeping, as a measured profile timed them (`plan::action_cost`).
+    let (f_over, b_over) = match (pp * v, profile.action_overhead) {
+        (2.., Some(o)) => (o.forward_s, o.backward_s),
+        _ => (0.0, 0.0),
+    };
     let cost = |k: usize, a: &Action| {
         let c = &costs[k];
         let again = if recomputes(a.mb()) { c.forward } else { 0.0 };
         match a {
-            Action::Forward { .. } => c.forward,
-            Action::Backward { .. } => c.backward + again + sum_grads(k, a),
-            Action::BackwardInput { .. } => c.backward_input + again,
+            Action::Forward { .. } => c.forward + f_over,
+            Action::Backward { .. } => c.backward + again + sum_grads(k, a) + b_over,
+            Action::BackwardInput { .. } => c.backward_input + again + b_over,
             Action::BackwardWeight { .. } => c.backward_weight + sum_grads(k, a),
         }
     };

@@ -2,6 +2,7 @@
 //! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
+use super::action_cost::action_overhead;
 use super::crowding::crowded_efficiency;
 use super::layer_cost::{median, profile_stage, LayerCost};
 use super::optimizer_cost::{time_accumulate, time_optimizer};
@@ -152,6 +153,7 @@ pub fn measure(
         concurrent,
         loss,
     } = sizes;
+    let loss_shared = loss.clone();
     let loss = loss.as_deref();
     let concurrent = *concurrent;
     if sizes.is_empty() || sizes.contains(&0) || tp_sizes.contains(&0) || concurrent == 0 {
@@ -198,7 +200,7 @@ pub fn measure(
         .map(|(_, v)| v.dtype().size_in_bytes())
         .next()
         .unwrap_or(4);
-    let layers = (0..runs[0].len())
+    let layers: Vec<LayerProfile> = (0..runs[0].len())
         .map(|i| {
             let measured: Vec<Timing> = sizes
                 .iter()
@@ -252,6 +254,14 @@ pub fn measure(
             }
         })
         .collect();
+    // The executor's cost an action, with ranks one thread each as the copies were.
+    let action_overhead = match (concurrent, &loss_shared) {
+        (2.., Some(loss)) => {
+            let mid = &batches[batches.len() / 2];
+            action_overhead(model, build, mid, loss.clone(), &layers, accumulate)?
+        }
+        _ => None,
+    };
     Ok(Profile {
         source,
         dtype_bytes,
@@ -262,5 +272,6 @@ pub fn measure(
         optimizer: Some(optimizer),
         accumulate: Some(accumulate),
         crowded_efficiency: crowded,
+        action_overhead,
     })
 }

@@ -18,6 +18,7 @@
 //! - [`search`](mod@search): AutoConfig, every layout under a memory cap ranked by predicted step time.
 //! - [`morph`](mod@morph): the layout a run restarted in a world of another size takes.
 
+pub mod action_cost;
 pub mod attention_rate;
 pub mod balance;
 pub mod bound;
@@ -50,7 +51,9 @@ pub use layer_cost::{median, profile_layers, profile_stage, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
 pub use optimizer_cost::time_optimizer;
-pub use profile::{AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
+pub use profile::{
+    ActionOverhead, AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing, Transient,
+};
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
 pub use transformer::Transformer;

@@ -66,6 +66,17 @@ pub struct Transient {
     pub input_kept_bytes_per_sample: f64,
 }
 
+/// Seconds a pipeline's actions take beyond their layers: the executor's messages and
+/// bookkeeping, measured by [`super::action_cost`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionOverhead {
+    /// Of a forward ...
+    pub forward_s: f64,
+    /// ... and of a backward (or a split backward's input pass).
+    pub backward_s: f64,
+}
+
 /// One timing a measured profile was fitted to.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -213,6 +224,11 @@ pub struct Profile {
     /// are cores, measured with `--concurrent` above 1 ([`super::crowding`]); none: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crowded_efficiency: Option<f64>,
+    /// What each action of a multi-stage pipeline costs beyond its layers (the executor's
+    /// messages and bookkeeping), measured with `--concurrent` above 1
+    /// ([`super::action_cost`]); none: nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action_overhead: Option<ActionOverhead>,
 }
 
 fn one() -> usize {
@@ -255,10 +271,14 @@ impl Profile {
             .into_iter()
             .flatten()
             .flat_map(|f| [f.fixed_s, f.per_sample_s]);
-        if update.into_iter().any(|v| !(v.is_finite() && v >= 0.0)) {
+        let actions = self.action_overhead.map(|a| [a.forward_s, a.backward_s]);
+        if update
+            .chain(actions.into_iter().flatten())
+            .any(|v| !(v.is_finite() && v >= 0.0))
+        {
             return Err(invalid!(
-                "profile {what}: the optimizer's and the gradient sum's seconds must be finite \
-                 and not negative"
+                "profile {what}: the optimizer's, the gradient sum's and the actions' seconds \
+                 must be finite and not negative"
             ));
         }
         if self.dtype_bytes == 0 || self.threads == 0 || self.tp_divides.contains(&0) {

@@ -205,6 +205,7 @@ impl Transformer {
             optimizer: None,
             accumulate: None,
             crowded_efficiency: None,
+            action_overhead: None,
         })
     }
 }

@@ -71,6 +71,7 @@ pub fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         optimizer: None,
         accumulate: None,
         crowded_efficiency: None,
+        action_overhead: None,
     }
 }
 
