@@ -30,7 +30,7 @@ use crate::Result;
 /// Steps traced, after two untimed ones.
 const STEPS: usize = 20;
 
-/// Micro-batches a step.
+/// Micro-batches a step (fewer when the batch has fewer rows).
 const CHUNKS: usize = 4;
 
 /// [`ActionOverhead`] of `model` as a two-stage pipeline on `batch` (split into 4
@@ -47,9 +47,11 @@ pub fn action_overhead(
     if unit_bounds(model).len() < 3 {
         return Ok(None);
     }
+    // (At most a micro-batch a row.)
+    let chunks = CHUNKS.min(batch.rows()?);
     let per_rank = local::run(2, |c| {
         let opts = PipelineOptions {
-            chunks: CHUNKS,
+            chunks,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
             custom_schedule: None,
@@ -74,7 +76,7 @@ pub fn action_overhead(
         }
         Ok((ranges, events))
     })?;
-    let rows = batch.split(CHUNKS)?[0].rows()?;
+    let rows = batch.split(chunks)?[0].rows()?;
     let (mut forward, mut backward) = (Vec::new(), Vec::new());
     for (ranges, events) in &per_rank {
         for e in events {
