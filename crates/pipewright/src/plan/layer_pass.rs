@@ -176,25 +176,15 @@ impl Forwarded {
     /// The backward of the forward, timed (and with the split backward, its deferred weight
     /// gradients at once after it); `sync` runs just before each timing starts.
     pub(super) fn backward(self, sync: &Barrier<'_>) -> Result<Pass> {
-        let Forwarded {
-            forward_s,
-            forward_cpu_s,
-            split,
-            queue,
-            output,
-            objective,
-            kept,
-            before,
-        } = self;
         sync()?;
         let start = crate::memory::reset_thread_peak();
         let cpu = thread_cpu_seconds();
         let t1 = Instant::now();
-        let store = objective.as_ref().map(Tensor::backward).transpose()?;
+        let store = self.objective.as_ref().map(Tensor::backward).transpose()?;
         let backward_s = t1.elapsed().as_secs_f64();
         let cpu_s = thread_cpu_seconds()
             .zip(cpu)
-            .zip(forward_cpu_s)
+            .zip(self.forward_cpu_s)
             .map(|((b, a), f)| f + b - a);
         let ended = above(start);
         // (Once the gradient store is gone, what stays is the split backward's queue.)
@@ -204,31 +194,31 @@ impl Forwarded {
             .map(|(p, s)| p.saturating_sub(s) as usize)
             .zip(ended.zip(above(start)))
             .map(|(most, (ended, after))| Peak { most, ended, after });
-        let output_bytes = output.tensors().into_iter().map(bytes).sum();
-        if !split {
+        let output_bytes = self.output.tensors().into_iter().map(bytes).sum();
+        if !self.split {
             return Ok(Pass {
-                forward_s,
+                forward_s: self.forward_s,
                 backward_s,
                 cpu_s,
                 weight_s: 0.0,
                 output_bytes,
-                kept,
+                kept: self.kept,
                 queued: 0,
                 peak,
             });
         }
-        drop((objective, output));
-        let queued = above(before).unwrap_or_else(|| queue.pending_bytes());
+        drop((self.objective, self.output));
+        let queued = above(self.before).unwrap_or_else(|| self.queue.pending_bytes());
         sync()?;
         let t2 = Instant::now();
-        queue.weight_grads(0)?;
+        self.queue.weight_grads(0)?;
         Ok(Pass {
-            forward_s,
+            forward_s: self.forward_s,
             backward_s,
             cpu_s,
             weight_s: t2.elapsed().as_secs_f64(),
             output_bytes,
-            kept,
+            kept: self.kept,
             queued,
             peak,
         })

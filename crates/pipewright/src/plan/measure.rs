@@ -151,10 +151,9 @@ pub fn measure(
         rows: sizes,
         tp: tp_sizes,
         concurrent,
-        loss,
+        loss: shared_loss,
     } = sizes;
-    let loss_shared = loss.clone();
-    let loss = loss.as_deref();
+    let loss = shared_loss.as_deref();
     let concurrent = *concurrent;
     if sizes.is_empty() || sizes.contains(&0) || tp_sizes.contains(&0) || concurrent == 0 {
         return Err(invalid!(
@@ -255,7 +254,7 @@ pub fn measure(
         })
         .collect();
     // The executor's cost an action, with ranks one thread each as the copies were.
-    let action_overhead = match (concurrent, &loss_shared) {
+    let action_overhead = match (concurrent, shared_loss) {
         (2.., Some(loss)) => {
             let mid = &batches[batches.len() / 2];
             action_overhead(model, build, mid, loss.clone(), &layers, accumulate)?
