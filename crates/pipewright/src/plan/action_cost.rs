@@ -13,7 +13,11 @@
 //! as threads, both computing at once as two profile copies do), each traced action's time
 //! (not counting its waits) less its stage's layers as profiled at its rows, and, for a
 //! backward after the stage's first micro-batch, less the gradient sum's line; the medians
-//! over 20 steps, at least 0 (here 10-12 us a forward and 10-36 us a backward, three profiles).
+//! over 100 steps, at least 0 (here 0-11 us a forward and 19-61 us a backward, six profiles in
+//! a row). A hundred steps (half a second here) rather than twenty: the trial runs after the
+//! profile's rounds, and a slow spell of the machine that covered twenty steps (a tenth of a
+//! second) moved the result by its whole length, where the rounds' medians had absorbed it
+//! (six profiles in a row gave 13-166 us a backward with twenty).
 //! With it, `tools/plan_accuracy.sh`'s interleaved pp 2 x dp 2 went from 12-23 % fast to within
 //! 5 %.
 
@@ -29,8 +33,8 @@ use crate::pipeline::partition::unit_bounds;
 use crate::pipeline::{Action, Pipeline, PipelineOptions, Recompute, ScheduleKind};
 use crate::Result;
 
-/// Steps traced, after two untimed ones.
-const STEPS: usize = 20;
+/// Steps traced, after two untimed ones: enough to span a slow spell of the machine.
+const STEPS: usize = 100;
 
 /// Micro-batches a step (fewer when the batch has fewer rows).
 const CHUNKS: usize = 4;
