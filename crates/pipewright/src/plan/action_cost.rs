@@ -10,14 +10,21 @@
 //! a step per rank of an interleaved pp 2 pay it twice as often as 1F1B's eight.
 //!
 //! Measured as it occurs: the model as a two-stage 1F1B pipeline of four micro-batches (ranks
-//! as threads, both computing at once as two profile copies do), each traced action's time
-//! (not counting its waits) less its stage's layers as profiled at its rows, and, for a
-//! backward after the stage's first micro-batch, less the gradient sum's line; the medians
-//! over 100 steps, at least 0 (here 0-11 us a forward and 19-61 us a backward, six profiles in
-//! a row). A hundred steps (half a second here) rather than twenty: the trial runs after the
-//! profile's rounds, and a slow spell of the machine that covered twenty steps (a tenth of a
-//! second) moved the result by its whole length, where the rounds' medians had absorbed it
-//! (six profiles in a row gave 13-166 us a backward with twenty).
+//! as threads, both computing at once as two profile copies do), each step ending in an
+//! optimizer update as training's do; each traced action's time (not counting its waits) less
+//! its stage's layers as profiled at its rows, and, for a backward after the stage's first
+//! micro-batch, less the gradient sum's line. Per step the mean over its forwards and over its
+//! backwards (the step pays every action's: the first forward after the update, its caches
+//! cold, runs 40 % slower than the others), and the medians over the steps, at least 0: here
+//! 2-12 us a forward and 18-51 us a backward (six profiles in a row), the same at 16 rows a
+//! micro-batch as at 4 (7-15 and 5-31 us): a cost an action, not a share of its layers.
+//!
+//! [`measure`](super::measure()) traces three bursts of [`BURST`] steps, before, amid and after
+//! the layers' timings, so that the actions and the layers they are set against meet the same
+//! speeds of the machine. One trial of twenty steps after the profile (a tenth of a second
+//! here) gave 13-166 us a backward over six profiles in a row, and of a hundred steps 29-122:
+//! a slow spell of the machine fell on the trial and not on the profile's rounds (whose
+//! medians absorb it), or the other way.
 //! With it, `tools/plan_accuracy.sh`'s interleaved pp 2 x dp 2 went from 12-23 % fast to within
 //! 5 %.
 
@@ -29,86 +36,127 @@ use crate::batch::Batch;
 use crate::comm::local;
 use crate::loss::SharedLoss;
 use crate::model::{Build, Sequential};
+use crate::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use crate::pipeline::partition::unit_bounds;
-use crate::pipeline::{Action, Pipeline, PipelineOptions, Recompute, ScheduleKind};
+use crate::pipeline::{Action, Pipeline, PipelineOptions, Recompute, ScheduleKind, TraceEvent};
 use crate::Result;
 
-/// Steps traced, after two untimed ones: enough to span a slow spell of the machine.
-const STEPS: usize = 100;
+/// Steps traced a burst, after two untimed ones; [`measure`](super::measure()) traces three
+/// bursts spread over the profile's time.
+pub(super) const BURST: usize = 34;
 
 /// Micro-batches a step (fewer when the batch has fewer rows).
 const CHUNKS: usize = 4;
 
-/// [`ActionOverhead`] of `model` as a two-stage pipeline on `batch` (split into 4
-/// micro-batches), given its `layers` as profiled here and the gradient sum's line `sum`
-/// (seconds by parameters). `None` when the model has fewer than two units to split.
-pub fn action_overhead(
-    model: &Sequential,
-    build: &Build,
-    batch: &Batch,
-    loss: SharedLoss,
-    layers: &[LayerProfile],
-    sum: Fit,
-) -> Result<Option<ActionOverhead>> {
-    if unit_bounds(model).len() < 3 {
-        return Ok(None);
+/// One rank of the trial: its stages' layer ranges and each traced step's actions.
+type RankTrace = (Vec<Range<usize>>, Vec<Vec<TraceEvent>>);
+
+/// The actions of a two-stage pipeline of a model, traced in bursts: what
+/// [`ActionTrace::overhead`] compares with the profiled layers.
+pub struct ActionTrace {
+    /// Rows of each micro-batch.
+    rows: usize,
+    per_rank: Vec<RankTrace>,
+}
+
+impl ActionTrace {
+    /// `model` as a two-stage 1F1B pipeline on `batch` (split into 4 micro-batches), `BURST`
+    /// steps traced, each ending in an optimizer update as in training (it passes over every
+    /// parameter and its moments, and the next step's first actions find their caches cold:
+    /// here a first forward 40 % slower than the others). `None` when the model has fewer
+    /// than two units to split.
+    pub fn burst(
+        model: &Sequential,
+        build: &Build,
+        batch: &Batch,
+        loss: SharedLoss,
+    ) -> Result<Option<Self>> {
+        if unit_bounds(model).len() < 3 {
+            return Ok(None);
+        }
+        // (At most a micro-batch a row.)
+        let chunks = CHUNKS.min(batch.rows()?);
+        let per_rank = local::run(2, |c| {
+            let opts = PipelineOptions {
+                chunks,
+                schedule: ScheduleKind::OneFOneB,
+                virtual_stages: 1,
+                custom_schedule: None,
+                balance: None,
+                seed: 0,
+                tied: Vec::new(),
+                recompute: Recompute::Never,
+                deferred_batch_norm: false,
+                detect_anomaly: false,
+            };
+            let mut p = Pipeline::new(model, build, Box::new(c), opts, loss.clone())?;
+            let rows = batch.rows()?;
+            let mut opt = AdamW::new(p.params().to_vec(), AdamWConfig::default())?;
+            let mut steps = Vec::with_capacity(BURST);
+            for step in 0..BURST + 2 {
+                if step == 2 {
+                    p.enable_trace();
+                }
+                let (_, grads) = p.loss_and_grads(batch, rows, 1.0)?;
+                opt.step(&grads, 1e-3)?;
+                if step >= 2 {
+                    steps.push(p.take_trace());
+                }
+            }
+            Ok((p.ranges().to_vec(), steps))
+        })?;
+        let rows = batch.split(chunks)?[0].rows()?;
+        Ok(Some(ActionTrace { rows, per_rank }))
     }
-    // (At most a micro-batch a row.)
-    let chunks = CHUNKS.min(batch.rows()?);
-    let per_rank = local::run(2, |c| {
-        let opts = PipelineOptions {
-            chunks,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            custom_schedule: None,
-            balance: None,
-            seed: 0,
-            tied: Vec::new(),
-            recompute: Recompute::Never,
-            deferred_batch_norm: false,
-            detect_anomaly: false,
+
+    /// `other`'s steps added to these (the same model and batch).
+    pub fn extend(&mut self, other: ActionTrace) {
+        for ((_, mine), (_, theirs)) in self.per_rank.iter_mut().zip(other.per_rank) {
+            mine.extend(theirs);
+        }
+    }
+
+    /// [`ActionOverhead`]: each traced action's time (not counting its waits) less its
+    /// stage's `layers` as profiled at its rows, and, for a backward after the stage's first
+    /// micro-batch, less the gradient sum's line `sum` (seconds by parameters). Per step, the
+    /// mean excess of its forwards and of its backwards (a step pays every action's, the cold
+    /// first ones too); the medians over the steps, at least 0.
+    pub fn overhead(&self, layers: &[LayerProfile], sum: Fit) -> ActionOverhead {
+        let profiled = |stage: &Range<usize>| {
+            let of = &layers[stage.clone()];
+            let params: u64 = of.iter().map(|l| l.params).sum();
+            (
+                of.iter().map(|l| l.forward.at(self.rows)).sum::<f64>(),
+                of.iter().map(|l| l.backward.at(self.rows)).sum::<f64>(),
+                sum.at(params as usize),
+            )
         };
-        let mut p = Pipeline::new(model, build, Box::new(c), opts, loss.clone())?;
-        let rows = batch.rows()?;
-        for _ in 0..2 {
-            p.loss_and_grads(batch, rows, 1.0)?;
-        }
-        let ranges = p.ranges().to_vec();
-        p.enable_trace();
-        let mut events = Vec::new();
-        for _ in 0..STEPS {
-            p.loss_and_grads(batch, rows, 1.0)?;
-            events.extend(p.take_trace());
-        }
-        Ok((ranges, events))
-    })?;
-    let rows = batch.split(chunks)?[0].rows()?;
-    // A stage's layers as profiled at the micro-batch's rows: forward, backward, and the
-    // gradient sum a backward after the stage's first micro-batch adds.
-    let profiled = |stage: &Range<usize>| {
-        let of = &layers[stage.clone()];
-        let params: u64 = of.iter().map(|l| l.params).sum();
-        (
-            of.iter().map(|l| l.forward.at(rows)).sum::<f64>(),
-            of.iter().map(|l| l.backward.at(rows)).sum::<f64>(),
-            sum.at(params as usize),
-        )
-    };
-    let (mut forward, mut backward) = (Vec::new(), Vec::new());
-    for (ranges, events) in &per_rank {
-        let stages: Vec<_> = ranges.iter().map(profiled).collect();
-        for e in events {
-            let (f, b, summed) = stages[e.action.stage()];
-            let took = (e.dur_us - e.wait_us) * 1e-6;
-            match e.action {
-                Action::Forward { .. } => forward.push(took - f),
-                _ if e.action.mb() > 0 => backward.push(took - b - summed),
-                _ => backward.push(took - b),
+        let (mut forward, mut backward) = (Vec::new(), Vec::new());
+        for (ranges, steps) in &self.per_rank {
+            let stages: Vec<_> = ranges.iter().map(profiled).collect();
+            for events in steps {
+                let (mut f_excess, mut b_excess) = (Vec::new(), Vec::new());
+                for e in events {
+                    let (f, b, summed) = stages[e.action.stage()];
+                    let took = (e.dur_us - e.wait_us) * 1e-6;
+                    match e.action {
+                        Action::Forward { .. } => f_excess.push(took - f),
+                        _ if e.action.mb() > 0 => b_excess.push(took - b - summed),
+                        _ => b_excess.push(took - b),
+                    }
+                }
+                forward.push(mean(&f_excess));
+                backward.push(mean(&b_excess));
             }
         }
+        ActionOverhead {
+            forward_s: median(forward).max(0.0),
+            backward_s: median(backward).max(0.0),
+        }
     }
-    Ok(Some(ActionOverhead {
-        forward_s: median(forward).max(0.0),
-        backward_s: median(backward).max(0.0),
-    }))
+}
+
+/// The mean of `v` (0 when empty).
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
 }

@@ -2,7 +2,7 @@
 //! sizes (and tensor-parallel sizes, each on as many threads as ranks), fitted as fixed +
 //! per-sample seconds, with its parameter, output, kept and deferred bytes.
 
-use super::action_cost::action_overhead;
+use super::action_cost::ActionTrace;
 use super::crowding::crowded_efficiency;
 use super::layer_cost::{median, profile_stage, LayerCost};
 use super::optimizer_cost::{time_accumulate, time_optimizer};
@@ -164,6 +164,24 @@ pub fn measure(
         .iter()
         .map(|&r| batch(r))
         .collect::<Result<Vec<_>>>()?;
+    // The executor's cost an action, with ranks one thread each as the copies are: traced in
+    // three bursts, before, amid and after the layers' timings, so that its actions and the
+    // layers they are compared with meet the same speeds of the machine (one trial after
+    // the profile gave a backward 29-122 us in five profiles in a row: a slow spell of the
+    // machine fell on it and not on the profile's rounds, or the other way).
+    let burst = || match (concurrent, shared_loss) {
+        (2.., Some(loss)) => {
+            ActionTrace::burst(model, build, &batches[batches.len() / 2], loss.clone())
+        }
+        _ => Ok(None),
+    };
+    let mut actions = burst()?;
+    let more_actions = |a: &mut Option<ActionTrace>| -> Result<()> {
+        if let (Some(a), Some(b)) = (a.as_mut(), burst()?) {
+            a.extend(b);
+        }
+        Ok(())
+    };
     // The update and the gradient sum are timed beside the layers, by as many copies at once.
     let profile_all = || {
         let runs = profile_rounds(model, build, &batches, loss)?;
@@ -186,10 +204,12 @@ pub fn measure(
             n,
         )?),
     };
+    more_actions(&mut actions)?;
     let mut splits = Vec::new();
     for &tp in tp_sizes.iter().filter(|&&t| t > 1) {
         splits.push((tp, profile_split(model, build, &batches, tp, loss)?));
     }
+    more_actions(&mut actions)?;
     let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
     let dtype_bytes = model
         .build(build)?
@@ -253,14 +273,7 @@ pub fn measure(
             }
         })
         .collect();
-    // The executor's cost an action, with ranks one thread each as the copies were.
-    let action_overhead = match (concurrent, shared_loss) {
-        (2.., Some(loss)) => {
-            let mid = &batches[batches.len() / 2];
-            action_overhead(model, build, mid, loss.clone(), &layers, accumulate)?
-        }
-        _ => None,
-    };
+    let action_overhead = actions.map(|a| a.overhead(&layers, accumulate));
     Ok(Profile {
         source,
         dtype_bytes,
