@@ -167,8 +167,8 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     assert!((e.step_s - want).abs() < 1e-12, "{} vs {want}", e.step_s);
     assert_eq!(e.balance, vec![1, 1]);
     // The executor's cost an action beyond its layers (a measured profile's): every forward
-    // and backward of the two stages is that much longer, so f and b are. One stage sends
-    // nothing and pays none.
+    // and backward of the two stages is that much longer, so f and b are. One stage pays it
+    // too, once a forward and a backward of each micro-batch.
     let (fo, bo) = (2e-4, 5e-4);
     let over = Profile {
         action_overhead: Some(ActionOverhead {
@@ -183,7 +183,9 @@ fn two_stage_gpipe_pays_fill_drain_and_two_hops() {
     assert!((eo.step_s - want).abs() < 1e-12, "{} vs {want}", eo.step_s);
     let one = candidate(1, m, 1, ScheduleKind::GPipe, Recompute::Never);
     let alone = |p: &Profile| estimate(p, &cluster, &one).unwrap().0.step_s;
-    assert_eq!(alone(&over), alone(&p));
+    let paid = alone(&over) - alone(&p);
+    let want = m as f64 * (fo + bo);
+    assert!((paid - want).abs() < 1e-12, "{paid} vs {want}");
     // GPipe holds every micro-batch on both stages; 1F1B at most p - s.
     assert_eq!(sim.peak_in_flight, vec![m, m]);
     let (o, _) = estimate(

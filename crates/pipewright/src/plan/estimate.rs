@@ -303,12 +303,11 @@ pub fn estimate(
         })
         .collect();
     let sum_grads = |k: usize, a: &Action| if a.mb() > 0 { sums[k] } else { 0.0 };
-    // With more than one model stage, each forward and backward also pays the executor's
-    // messages and bookkeeping, as a measured profile timed them (`plan::action_cost`).
-    let (f_over, b_over) = match (pp * v, profile.action_overhead) {
-        (2.., Some(o)) => (o.forward_s, o.backward_s),
-        _ => (0.0, 0.0),
-    };
+    // Each forward and backward also pays the executor's bookkeeping beyond its layers, as a
+    // measured profile timed it (`plan::action_cost`), one stage or many.
+    let (f_over, b_over) = profile
+        .action_overhead
+        .map_or((0.0, 0.0), |o| (o.forward_s, o.backward_s));
     let cost = |k: usize, a: &Action| {
         let c = &costs[k];
         let again = if recomputes(a.mb()) { c.forward } else { 0.0 };

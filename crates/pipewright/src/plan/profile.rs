@@ -224,9 +224,9 @@ pub struct Profile {
     /// are cores, measured with `--concurrent` above 1 ([`super::crowding`]); none: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crowded_efficiency: Option<f64>,
-    /// What each action of a multi-stage pipeline costs beyond its layers (the executor's
-    /// messages and bookkeeping), measured with `--concurrent` above 1
-    /// ([`super::action_cost`]); none: nothing.
+    /// What each action of a pipeline costs beyond its layers (the executor's messages and
+    /// bookkeeping), measured with `--concurrent` above 1 ([`super::action_cost`]); none:
+    /// nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action_overhead: Option<ActionOverhead>,
 }
