@@ -30,7 +30,7 @@
 //! a slow spell of the machine fell on the trial and not on the profile's rounds (whose
 //! medians absorb it), or the other way.
 //! With it, `tools/plan_accuracy.sh`'s interleaved pp 2 x dp 2 went from 12-23 % fast to within
-//! 5 %.
+//! 5 % (eight later runs: -19..+4.5 %, the median -7.5 %; BENCHMARKS.md).
 
 use std::ops::Range;
 
@@ -47,7 +47,7 @@ use crate::Result;
 
 /// Steps traced a burst, after two untimed ones; [`measure`](super::measure()) traces three
 /// bursts spread over the profile's time.
-pub(super) const BURST: usize = 34;
+pub const BURST: usize = 34;
 
 /// Micro-batches a step (fewer when the batch has fewer rows).
 const CHUNKS: usize = 4;
@@ -60,6 +60,7 @@ type RankTrace = (Vec<Range<usize>>, Vec<Vec<TraceEvent>>);
 pub struct ActionTrace {
     /// Rows of each micro-batch.
     rows: usize,
+    /// Each of the two ranks' stages and steps.
     per_rank: Vec<RankTrace>,
 }
 
@@ -94,14 +95,14 @@ impl ActionTrace {
                 detect_anomaly: false,
             };
             let mut p = Pipeline::new(model, build, Box::new(c), opts, loss.clone())?;
-            let rows = batch.rows()?;
+            let all_rows = batch.rows()?;
             let mut opt = AdamW::new(p.params().to_vec(), AdamWConfig::default())?;
             let mut steps = Vec::with_capacity(BURST);
             for step in 0..BURST + 2 {
                 if step == 2 {
                     p.enable_trace();
                 }
-                let (_, grads) = p.loss_and_grads(batch, rows, 1.0)?;
+                let (_, grads) = p.loss_and_grads(batch, all_rows, 1.0)?;
                 opt.step(&grads, 1e-3)?;
                 if step >= 2 {
                     steps.push(p.take_trace());
