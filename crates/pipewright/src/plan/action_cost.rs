@@ -140,18 +140,22 @@ impl ActionTrace {
         for (ranges, steps) in &self.per_rank {
             let stages: Vec<_> = ranges.iter().map(profiled).collect();
             for events in steps {
-                let (mut f_excess, mut b_excess) = (Vec::new(), Vec::new());
+                // (Sum and count of the step's forwards' excess, then of its backwards'.)
+                let mut excess = [(0.0, 0usize); 2];
                 for e in events {
                     let (f, b, summed) = stages[e.action.stage()];
                     let took = (e.dur_us - e.wait_us) * 1e-6;
-                    match e.action {
-                        Action::Forward { .. } => f_excess.push(took - f),
-                        _ if e.action.mb() > 0 => b_excess.push(took - b - summed),
-                        _ => b_excess.push(took - b),
-                    }
+                    let (kind, x) = match e.action {
+                        Action::Forward { .. } => (0, took - f),
+                        _ if e.action.mb() > 0 => (1, took - b - summed),
+                        _ => (1, took - b),
+                    };
+                    excess[kind].0 += x;
+                    excess[kind].1 += 1;
                 }
-                forward.push(mean(&f_excess));
-                backward.push(mean(&b_excess));
+                let [f, b] = excess.map(|(sum, n)| sum / n.max(1) as f64);
+                forward.push(f);
+                backward.push(b);
             }
         }
         ActionOverhead {
@@ -159,9 +163,4 @@ impl ActionTrace {
             backward_s: median(backward).max(0.0),
         }
     }
-}
-
-/// The mean of `v` (0 when empty).
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
 }

@@ -169,19 +169,23 @@ pub fn measure(
     // layers they are compared with meet the same speeds of the machine (one trial after
     // the profile gave a backward 29-122 us in five profiles in a row: a slow spell of the
     // machine fell on it and not on the profile's rounds, or the other way).
-    let burst = || match (concurrent, shared_loss) {
-        (2.., Some(loss)) => {
-            ActionTrace::burst(model, build, &batches[batches.len() / 2], loss.clone())
-        }
-        _ => Ok(None),
-    };
-    let mut actions = burst()?;
-    let more_actions = |a: &mut Option<ActionTrace>| -> Result<()> {
-        if let (Some(a), Some(b)) = (a.as_mut(), burst()?) {
-            a.extend(b);
+    let trace_actions = |a: &mut Option<ActionTrace>| -> Result<()> {
+        let (2.., Some(loss)) = (concurrent, shared_loss) else {
+            return Ok(());
+        };
+        let mid = &batches[batches.len() / 2];
+        match (
+            a.as_mut(),
+            ActionTrace::burst(model, build, mid, loss.clone())?,
+        ) {
+            (Some(a), Some(b)) => a.extend(b),
+            (None, b) => *a = b,
+            (Some(_), None) => {}
         }
         Ok(())
     };
+    let mut actions = None;
+    trace_actions(&mut actions)?;
     // The update and the gradient sum are timed beside the layers, by as many copies at once.
     let profile_all = || {
         let runs = profile_rounds(model, build, &batches, loss)?;
@@ -204,12 +208,12 @@ pub fn measure(
             n,
         )?),
     };
-    more_actions(&mut actions)?;
+    trace_actions(&mut actions)?;
     let mut splits = Vec::new();
     for &tp in tp_sizes.iter().filter(|&&t| t > 1) {
         splits.push((tp, profile_split(model, build, &batches, tp, loss)?));
     }
-    more_actions(&mut actions)?;
+    trace_actions(&mut actions)?;
     let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
     let dtype_bytes = model
         .build(build)?
