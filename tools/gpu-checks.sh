@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17's checks on a GPU machine (device time is scarce; a device command runs 10 minutes
 # at most): run from the repository root with gpu/ carried (tools/pack-gpu.sh made it), as
-# `bash tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner]` (all by default; one call
-# each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
+# `bash tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner] [features]` (all by
+# default; one call each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
 # failure does not stop the rest. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
 # correctness:
@@ -34,6 +34,12 @@
 #    GPT-2 350M and a 1.3B GPT (GPT-3 XL's widths) compiled at batch 8; each with one step's
 #    kernel time by kind; then `plan`'s predictions for the compiled runs on the measured file
 #    beside them (tools/planner_vs_torch.py: docs/planner.md's "One GPU" table)
+# features (what came after the first GPU runs, each trained on the GPU and on the CPU by the
+# same binary, 30 steps; every step's loss within relative 1e-3 in f32 and 3e-2 in bf16):
+#  - a Llama (grouped-query attention) over 2 pipeline stages x 2 tensor-parallel shards
+#  - ZeRO-3 over 2 replicas; ZeRO-1 over 2 replicas of a Llama in bf16
+#  - context parallelism (cp 2) with tensor and sequence parallelism (tp 2)
+#  - a BPE tokenizer and token shards made here (`pipewright data`), a Llama trained on them
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=gpu/out
@@ -110,12 +116,37 @@ planner() {
     "$hw" "$out"/torch-compiled-*.log
   cat "$out/planner-vs-torch.log"
 }
+same_losses() { # NAME TOLERANCE ARGS...: trains ARGS on the GPU and on the CPU, compares the losses
+  local name=$1 tol=$2 worst; shift 2
+  rm -rf "runs/$name-cuda" "runs/$name-cpu"
+  check "$name-cuda" run gpu/pipewright train "$@" --device cuda --out "runs/$name-cuda"
+  check "$name-cpu" run gpu/pipewright train "$@" --device cpu --out "runs/$name-cpu"
+  worst=$(paste -d, <(cut -d, -f2 "runs/$name-cpu/scalars.csv") <(cut -d, -f2 "runs/$name-cuda/scalars.csv") |
+    awk -F, 'NR > 1 { n++; d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d } END { if (n < 30) print "missing"; else printf "%.2e", w }')
+  if [ "$worst" != missing ] && awk -v w="$worst" -v t="$tol" 'BEGIN { exit !(w < t) }'; then
+    echo "$name: ok (GPU and CPU losses within relative $worst over 30 steps)"
+  else
+    echo "$name: FAILED (GPU against CPU: $worst, tolerance $tol)"
+  fi
+}
+features() {
+  local base=(--task adder --steps 30 --chunks 2 --log-every 1 --eval-every 1000)
+  same_losses llama-pp2-tp2 1e-3 "${base[@]}" --model llama --n-kv-head 2 --pp 2 --tp 2
+  same_losses zero3-dp2 1e-3 "${base[@]}" --dp 2 --zero 3
+  same_losses llama-zero1-bf16 3e-2 "${base[@]}" --model llama --dp 2 --zero 1 --precision bf16
+  same_losses cp2-tp2-sp 1e-3 "${base[@]}" --cp 2 --tp 2 --sequence-parallel --digits 4
+  rm -rf runs/tok.json runs/shards
+  check tokenizer run gpu/pipewright data tokenizer --vocab-size 1024 --out runs/tok.json crates/pipewright/src
+  check shards run gpu/pipewright data prepare --tokenizer runs/tok.json --out runs/shards crates/pipewright/src
+  same_losses llama-tokens 1e-3 --model llama --n-head 4 --n-kv-head 2 --task tokens --data runs/shards \
+    --block-size 64 --n-embd 64 --batch-size 16 --pp 2 --dp 2 --chunks 2 --steps 30 --eval-every 1000
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for group in "${@:-correctness speed pipeline planner}"; do
+for group in "${@:-correctness speed pipeline planner features}"; do
   for g in $group; do
     case $g in
-      correctness | speed | pipeline | planner) $g ;;
-      *) echo "usage: tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner]" >&2; exit 2 ;;
+      correctness | speed | pipeline | planner | features) $g ;;
+      *) echo "usage: tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner] [features]" >&2; exit 2 ;;
     esac
   done
 done
