@@ -22,22 +22,28 @@ fn ranks_sharing_one_processor_take_turns() {
         _ => b,
     };
     let none = |_: usize, _: usize| 0.0;
+    let full = |_: usize, _: &Action| 1.0;
     let at = |slots, crowded| Sharing {
         slots,
         crowded,
         across: 1.0,
     };
-    let alone = s.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
+    let alone = s
+        .simulate_with(&cost, &none, Sharing::ALONE, &full)
+        .unwrap();
     assert_eq!(alone.makespan, 3.0 * (f + b));
-    assert_eq!(s.simulate_with(&cost, &none, at(2.0, 0.5)).unwrap(), alone);
-    let shared = s.simulate_with(&cost, &none, at(1.0, 1.0)).unwrap();
+    assert_eq!(
+        s.simulate_with(&cost, &none, at(2.0, 0.5), &full).unwrap(),
+        alone
+    );
+    let shared = s.simulate_with(&cost, &none, at(1.0, 1.0), &full).unwrap();
     assert_eq!(shared.makespan, 4.0 * (f + b));
     // Stage 0's second forward ran beside stage 1's first: both took 2 f.
     let second = shared.spans[0][1];
     assert_eq!((second.start, second.end), (f, 3.0 * f));
     // Crowded processors keep half their speed while both ranks are busy: those two forwards
     // take 4 f, what ran alone (the first forward) is as it was.
-    let crowded = s.simulate_with(&cost, &none, at(1.0, 0.5)).unwrap();
+    let crowded = s.simulate_with(&cost, &none, at(1.0, 0.5), &full).unwrap();
     let (first, second) = (crowded.spans[0][0], crowded.spans[0][1]);
     assert_eq!(
         [first.start, first.end, second.start, second.end],
@@ -47,8 +53,12 @@ fn ranks_sharing_one_processor_take_turns() {
     // One pipeline rank standing for four ranks on two cores (half a slot), crowded at 0.8:
     // every action at 0.4 of full speed, so the step takes 2.5 times as long alone.
     let one = Schedule::new(ScheduleKind::OneFOneB, 1, 2, 1).unwrap();
-    let alone = one.simulate_with(&cost, &none, Sharing::ALONE).unwrap();
-    let dp4 = one.simulate_with(&cost, &none, at(0.5, 0.8)).unwrap();
+    let alone = one
+        .simulate_with(&cost, &none, Sharing::ALONE, &full)
+        .unwrap();
+    let dp4 = one
+        .simulate_with(&cost, &none, at(0.5, 0.8), &full)
+        .unwrap();
     assert!(
         (dp4.makespan - 2.5 * alone.makespan).abs() <= 1e-12,
         "{dp4:?}"
@@ -81,14 +91,43 @@ fn several_busy_stages_fill_each_others_waits_one_does_not() {
         across: 1.5,
     };
     // Within the slots, full speed; two busy ranks on one slot: half, crowded, times across.
-    assert_eq!(s.rate(1), 1.0);
-    assert!((s.rate(2) - 0.5 * 0.8 * 1.5).abs() < 1e-12);
+    assert_eq!(s.rate(1, 1.0), 1.0);
+    assert!((s.rate(2, 1.0) - 0.5 * 0.8 * 1.5).abs() < 1e-12);
+    // An action computing 0.6 of its time needs the cores for that share only.
+    assert!((s.rate(2, 0.6) - 0.5 * 0.8 * 1.5 / 0.6).abs() < 1e-12);
     // One busy pipeline rank standing for a stage's in-step replicas gains nothing.
     let half = Sharing { slots: 0.5, ..s };
-    assert!((half.rate(1) - 0.5 * 0.8).abs() < 1e-12);
+    assert!((half.rate(1, 0.5) - 0.5 * 0.8).abs() < 1e-12);
     // Never above full speed.
     let lots = Sharing { across: 4.0, ..s };
-    assert_eq!(lots.rate(2), 1.0);
+    assert_eq!(lots.rate(2, 1.0), 1.0);
+}
+
+#[test]
+fn a_stage_that_waits_more_runs_faster_beside_one_that_computes() {
+    // GPipe over 2 stages on one slot, forward 1 and backward 3; stage 0's second forward
+    // runs beside stage 1's first. Both computing throughout: both at half speed, both end at
+    // 3 (above). Stage 1 computing half its time: it needs half the slot, so it runs at full
+    // speed (0.5 / 0.5) and ends at 2; stage 0 runs at half speed until then and alone after,
+    // its forward's last half ending at 2.5. Swapped, the ends swap.
+    let s = Schedule::new(ScheduleKind::GPipe, 2, 2, 1).unwrap();
+    let cost = |_: usize, a: &Action| match a {
+        Action::Forward { .. } => 1.0,
+        _ => 3.0,
+    };
+    let none = |_: usize, _: usize| 0.0;
+    let one_slot = Sharing {
+        slots: 1.0,
+        crowded: 1.0,
+        across: 1.0,
+    };
+    for (waits, (end0, end1)) in [(1, (2.5, 2.0)), (0, (2.0, 2.5))] {
+        let busy = |k: usize, _: &Action| if k == waits { 0.5 } else { 1.0 };
+        let sim = s.simulate_with(&cost, &none, one_slot, &busy).unwrap();
+        let (mine, theirs) = (sim.spans[0][1], sim.spans[1][0]);
+        assert_eq!((mine.start, mine.end), (1.0, end0), "{waits}");
+        assert_eq!((theirs.start, theirs.end), (1.0, end1), "{waits}");
+    }
 }
 
 /// `p` with a measured tensor-parallel split at tp 2 on every layer: half its time and
@@ -153,13 +192,55 @@ fn tensor_parallel_stages_out_of_step_compute_in_each_others_waits() {
 
 #[test]
 fn a_profiles_busy_share_weighs_its_layers_by_time() {
-    // Two layers at tp 2, the second three times as long: busy 0.2 and 0.8 give 0.65. At
-    // tp 4, nothing measured.
+    // Two layers at tp 2, the second three times as long in both passes: busy 0.2 and 0.8
+    // give 0.65 in each. At tp 4, nothing measured.
     let mut p = split_at_2(&profile(2, 1e-3, 2e-3, 1000, 100.0), Some(0.2));
     let slow = &mut p.layers[1].split[0];
     slow.busy_share = Some(0.8);
     slow.forward.per_sample_s *= 3.0;
     slow.backward.per_sample_s *= 3.0;
-    assert!((p.busy_share(2, 8).unwrap() - 0.65).abs() < 1e-12);
-    assert_eq!(p.busy_share(4, 8), None);
+    for share in p.busy_share(2, 8, 0..2).unwrap() {
+        assert!((share - 0.65).abs() < 1e-12);
+    }
+    // One layer alone: its own share, in either pass.
+    assert_eq!(p.busy_share(2, 8, 1..2), Some([0.8, 0.8]));
+    assert_eq!(p.busy_share(4, 8, 0..2), None);
+}
+
+#[test]
+fn each_stage_runs_at_its_own_busy_share() {
+    // pp 2 x tp 2 on the two cores, the stages alike in work (a forward: 2 layers x 4 rows x
+    // 0.5 ms at tp 2 = 4 ms): the first computing throughout its actions, the second half of
+    // its time. Beside each other (one slot for two busy stages) the second needs half its
+    // half and runs at full speed, every forward in 4 ms; the first at half speed while they
+    // overlap. With one share for all (0.75 on every layer, the two's mean) the second's
+    // forwards run beside the first's at 0.5 / 0.75 of full speed: 6 ms (a little less: part
+    // of one runs alone).
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let cluster = Cluster::new(&hw, 4, Some(1)).unwrap();
+    let mut cand = candidate(2, 4, 4, ScheduleKind::OneFOneB, Recompute::Never);
+    cand.layout = Layout::new(2, 2, 1).unwrap();
+    let mut mixed = split_at_2(&profile(4, 1e-3, 2e-3, 1000, 100.0), Some(1.0));
+    for l in &mut mixed.layers[2..] {
+        l.split[0].busy_share = Some(0.5);
+    }
+    let forwards = |p: &Profile| {
+        let (e, sim) = estimate(p, &cluster, &cand).unwrap();
+        assert_eq!(e.balance, vec![2, 2]);
+        let mean = |r: usize| {
+            let f: Vec<f64> = sim.spans[r]
+                .iter()
+                .filter(|s| matches!(s.action, Action::Forward { .. }))
+                .map(|s| s.end - s.start)
+                .collect();
+            f.iter().sum::<f64>() / f.len() as f64
+        };
+        (mean(0), mean(1))
+    };
+    let (first, second) = forwards(&mixed);
+    assert!((second - 4e-3).abs() <= 1e-12, "{second}");
+    assert!(first > 1.2 * second, "{first} {second}");
+    let uniform = split_at_2(&profile(4, 1e-3, 2e-3, 1000, 100.0), Some(0.75));
+    let (_, second) = forwards(&uniform);
+    assert!(second < 6e-3 && second > 0.99 * 6e-3, "{second}");
 }

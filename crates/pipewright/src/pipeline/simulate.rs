@@ -7,10 +7,13 @@
 //! model stage before, the gradient of the one after, plus the hop between them). Ranks that
 //! share processors (several ranks on one CPU) slow each other down: with `slots` ranks able
 //! to compute at full speed at once, `b` busy ranks each progress at `min(1, slots / b)`, and
-//! at a further `crowded` efficiency while they outnumber the slots ([`Sharing`]).
+//! at a further `crowded` efficiency while they outnumber the slots ([`Sharing`]); an action
+//! whose rank waits inside it for part of its time (a tensor-parallel group's collectives)
+//! needs the processors for only that share of its time, and progresses the faster for it.
 //!
-//! Every running action progresses at the same rate, so they are kept in a heap by the
-//! amount of work done (at full speed) at which they end; rates change only at events.
+//! Running actions that compute the same share of their time progress at the same rate, so
+//! each such class keeps its running actions in a heap by the amount of its work done (at
+//! full speed) at which they end; rates change only at events.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -61,18 +64,20 @@ fn needs(a: &Action, k: usize, last: usize) -> ([(bool, usize); 2], usize) {
 /// each progresses at `slots / b` times `crowded`, the efficiency the processors keep when
 /// they switch between more threads than they have (on this machine: context switches and
 /// wake-ups; measured by `pipewright profile --concurrent`, 1 where not measured), and while
-/// more than one is busy, times `across` too (never above full speed).
+/// more than one is busy, times `across` over the share of its time the action computes
+/// (never above full speed: [`Sharing::rate`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sharing {
     /// Ranks computing at full speed at once.
     pub slots: f64,
     /// The efficiency of processors crowded by more busy ranks than slots, in (0, 1].
     pub crowded: f64,
-    /// The further factor while ranks of several stages are busy at once: ranks of different
-    /// stages run out of step, so what one waits inside its actions (a tensor-parallel
-    /// group's collectives) another computes in. The ranks of one stage run in step and wait
-    /// together, so one busy rank (a stage and its replicas) gains nothing. 1 where ranks
-    /// compute throughout their actions.
+    /// The further factor while ranks of several stages are busy at once, divided by each
+    /// action's busy share: ranks of different stages run out of step, so what one waits
+    /// inside its actions (a tensor-parallel group's collectives) another computes in, and an
+    /// action that computes a share `s` of its time needs the cores for only that share. The
+    /// ranks of one stage run in step and wait together, so one busy rank (a stage and its
+    /// replicas) gains nothing. 1 where ranks compute throughout their actions.
     pub across: f64,
 }
 
@@ -84,26 +89,51 @@ impl Sharing {
         across: 1.0,
     };
 
-    /// The speed of each of `busy` running actions, as a share of full speed.
-    pub fn rate(&self, busy: usize) -> f64 {
+    /// The speed, as a share of full speed, of one of `busy` running actions that computes
+    /// `share` of its time (in (0, 1]; 1 where it computes throughout).
+    pub fn rate(&self, busy: usize, share: f64) -> f64 {
         let b = busy as f64;
         if b <= self.slots {
             return 1.0;
         }
-        let across = if busy > 1 { self.across } else { 1.0 };
+        let across = if busy > 1 {
+            self.across / share.max(f64::MIN_POSITIVE)
+        } else {
+            1.0
+        };
         (self.slots / b * self.crowded * across).min(1.0)
+    }
+}
+
+/// Running actions that compute the same share of their time, progressing at one rate.
+struct Class {
+    share: f64,
+    /// Seconds of work (at full speed) each of its actions has done since the start, as if it
+    /// had run throughout.
+    work: f64,
+    running: BinaryHeap<Reverse<(Time, usize)>>,
+}
+
+impl Class {
+    fn new(share: f64) -> Class {
+        Class {
+            share,
+            work: 0.0,
+            running: BinaryHeap::new(),
+        }
     }
 }
 
 /// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
 /// `transfer(from, to)` seconds for what crosses between model stages, the ranks sharing
-/// processors as `sharing` says. Fails, naming what each stuck rank waits for, when no rank
-/// can move.
+/// processors as `sharing` says, `busy(k, a)` the share of `a`'s time it computes. Fails,
+/// naming what each stuck rank waits for, when no rank can move.
 fn run(
     s: &Schedule,
     cost: &dyn Fn(usize, &Action) -> f64,
     transfer: &dyn Fn(usize, usize) -> f64,
     sharing: Sharing,
+    busy: &dyn Fn(usize, &Action) -> f64,
 ) -> Result<Simulation> {
     let (p, m) = (s.ranks, s.micro_batches);
     let last = s.stages - 1;
@@ -115,11 +145,13 @@ fn run(
     let mut started = vec![0f64; p];
     // Queued or running: not to be queued again until its action ends.
     let mut active = vec![false; p];
-    // Ranks whose next action can start, by when; running actions, by the work at which
+    // Ranks whose next action can start, by when; running actions by the share of their
+    // time they compute (one class where ranks have their own processors, the share then
+    // changing nothing): the class's work done so far, and its actions by the work at which
     // they end.
     let mut ready: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
-    let mut running: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
-    let (mut now, mut work) = (0f64, 0f64);
+    let mut classes: Vec<Class> = Vec::new();
+    let (mut now, mut b) = (0f64, 0usize);
     // Queues rank r's next action if what it needs is known.
     let check = |r: usize,
                  now: f64,
@@ -151,25 +183,51 @@ fn run(
         check(r, 0.0, &ptr, &fwd, &grad, &mut active, &mut ready);
     }
     loop {
-        let rate = sharing.rate(running.len());
-        let next_end = running
-            .peek()
-            .map(|Reverse((w, _))| now + (w.0 - work) / rate);
+        // The running action that ends first (the lowest rank among equals): when, and its class.
+        let next_end = classes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let Reverse((w, r)) = *c.running.peek()?;
+                Some((now + (w.0 - c.work) / sharing.rate(b, c.share), r, i))
+            })
+            .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
         let next_start = ready.peek().map(|Reverse((t, _))| t.0.max(now));
+        // Every class progresses at its rate until `t`.
+        let advance = |classes: &mut [Class], t: f64| {
+            for c in classes.iter_mut() {
+                c.work += (t - now) * sharing.rate(b, c.share);
+            }
+        };
         match (next_start, next_end) {
-            (Some(t), end) if end.is_none_or(|e| t <= e) => {
+            (Some(t), end) if end.is_none_or(|e| t <= e.0) => {
                 let Reverse((_, r)) = ready.pop().expect("peeked");
-                work += (t - now) * rate;
+                advance(&mut classes, t);
                 now = t;
                 let a = s.actions[r][ptr[r]];
                 started[r] = now;
                 let w = cost(a.stage(), &a).max(0.0);
-                running.push(Reverse((Time(work + w), r)));
+                let share = if sharing.slots.is_finite() {
+                    busy(a.stage(), &a)
+                } else {
+                    1.0
+                };
+                let c = match classes.iter().position(|c| c.share == share) {
+                    Some(c) => c,
+                    None => {
+                        classes.push(Class::new(share));
+                        classes.len() - 1
+                    }
+                };
+                let c = &mut classes[c];
+                c.running.push(Reverse((Time(c.work + w), r)));
+                b += 1;
             }
-            (_, Some(end)) => {
-                let Reverse((w, r)) = running.pop().expect("peeked");
-                work = w.0;
-                now = end;
+            (_, Some((end, r, i))) => {
+                advance(&mut classes, end);
+                let Reverse((w, _)) = classes[i].running.pop().expect("peeked");
+                classes[i].work = w.0;
+                (now, b) = (end, b - 1);
                 let a = s.actions[r][ptr[r]];
                 let k = a.stage();
                 match a {
@@ -302,22 +360,27 @@ fn validate_complete(s: &Schedule) -> Result<()> {
 impl Schedule {
     /// Checks the lists and simulates them under `costs`.
     pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
-        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, Sharing::ALONE)
+        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, Sharing::ALONE, &|_, _| {
+            1.0
+        })
     }
 
     /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
     /// action and `transfer(from, to)` seconds for what crosses from one model stage to
     /// another (the planner's costs: every stage its own durations, the links their delays),
     /// the ranks sharing processors as `sharing` says (ranks sharing a CPU slow each other
-    /// down; [`Sharing::ALONE`] when every rank has its own device).
+    /// down; [`Sharing::ALONE`] when every rank has its own device), and `busy(model stage,
+    /// action)` the share of the action's time its rank computes rather than waits inside it
+    /// (1 where ranks compute throughout; it matters only where ranks share processors).
     pub fn simulate_with(
         &self,
         cost: &dyn Fn(usize, &Action) -> f64,
         transfer: &dyn Fn(usize, usize) -> f64,
         sharing: Sharing,
+        busy: &dyn Fn(usize, &Action) -> f64,
     ) -> Result<Simulation> {
         validate_complete(self)?;
-        run(self, cost, transfer, sharing)
+        run(self, cost, transfer, sharing, busy)
     }
 
     /// [`Schedule::simulate`] under [`Costs::unit`]: complete and deadlock-free, or an error

@@ -112,6 +112,9 @@ struct StageCost {
     compute: f64,
     memory: f64,
     comm: f64,
+    /// The share of its forward's and of its backward's time it computes, as measured at its
+    /// tp size (1 where unmeasured: computing throughout).
+    busy: [f64; 2],
 }
 
 /// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured
@@ -182,6 +185,10 @@ fn stage_cost(
             p.layers[layers.start - 1].output_bytes_per_sample * rows as f64 * cut
         }),
         output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64 * cut,
+        busy: match tp {
+            1 => [1.0; 2],
+            _ => p.busy_share(tp, rows, layers.clone()).unwrap_or([1.0; 2]),
+        },
     };
     for (l, shape) in p.layers[layers.clone()].iter().zip(&shaped[layers]) {
         let r = rows as f64;
@@ -336,17 +343,27 @@ pub fn estimate(
     // time to compute: each progresses at its share of the cores over the share of its time it
     // computes, as measured, at the crowded efficiency (traced here, pp 2 x tp 2: two stages'
     // forwards of 216 us of CPU on each of four ranks ran side by side in 460 us on two cores).
+    // The share is each stage's in each pass: a stage holding the vocabulary-parallel head
+    // (busy 0.26 of its time against 0.87 for a block) runs its actions the faster (traced, pp
+    // 2 x tp 2: each stage's forward took its CPU time over half a core, 264 and 303 us in 531
+    // and 613, where the stages' work at full speed was 349 and 419 us).
     let crowded = cluster.sharing(pp, profile.crowded_efficiency);
-    let sharing = match (tp, profile.busy_share(tp, rows)) {
+    let measured = profile.busy_share(tp, rows, 0..profile.layers.len());
+    let sharing = match (tp, measured) {
         (1, _) => crowded,
         (_, busy) => Sharing {
             crowded: 1.0,
-            across: busy.map_or(1.0, |b| crowded.crowded / b.max(f64::MIN_POSITIVE)),
+            across: busy.map_or(1.0, |_| crowded.crowded),
             ..crowded
         },
     };
+    // Each action computes its stage's measured share of its pass's time.
+    let busy = |k: usize, a: &Action| match a {
+        Action::Forward { .. } => costs[k].busy[0],
+        _ => costs[k].busy[1],
+    };
     let schedule = Schedule::new(cand.schedule, pp, m, v)?;
-    let sim = schedule.simulate_with(&cost, &transfer, sharing)?;
+    let sim = schedule.simulate_with(&cost, &transfer, sharing, &busy)?;
     let hw = cluster.hardware;
     let dp_link = cluster.link(tp * replicas);
     // Below, the data-parallel sums and ZeRO's shards span the ring too.

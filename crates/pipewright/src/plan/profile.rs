@@ -351,19 +351,24 @@ impl Profile {
         Ok(())
     }
 
-    /// The share of a rank's time in its layers' forwards and backwards that it computes at
-    /// tensor-parallel size `tp` on micro-batches of `rows`, as measured (each layer's
-    /// [`SplitCost::busy_share`] weighted by its time): `None` where no layer's was.
-    pub fn busy_share(&self, tp: usize, rows: usize) -> Option<f64> {
-        let (mut busy, mut time) = (0.0, 0.0);
-        for s in self.layers.iter().flat_map(|l| l.split.iter()) {
+    /// The share of a rank's time in layers `layers`' forwards and in their backwards that
+    /// it computes at tensor-parallel size `tp` on micro-batches of `rows`, as measured (each
+    /// layer's [`SplitCost::busy_share`] weighted by its time in that pass): `None` where no
+    /// layer's was.
+    pub fn busy_share(&self, tp: usize, rows: usize, layers: Range<usize>) -> Option<[f64; 2]> {
+        let (mut busy, mut time) = ([0.0; 2], [0.0; 2]);
+        for s in self.layers[layers].iter().flat_map(|l| l.split.iter()) {
             if let (true, Some(b)) = (s.tp == tp, s.busy_share) {
-                let t = s.forward.at(rows) + s.backward.at(rows);
-                busy += b * t;
-                time += t;
+                for (i, t) in [s.forward.at(rows), s.backward.at(rows)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    busy[i] += b * t;
+                    time[i] += t;
+                }
             }
         }
-        (time > 0.0).then(|| busy / time)
+        (time[0] + time[1] > 0.0).then(|| [0, 1].map(|i| busy[i] / time[i].max(f64::MIN_POSITIVE)))
     }
 
     /// Tokens per sample of the model's attention (what context parallelism splits), or
