@@ -11,6 +11,13 @@ use candle_core::Device;
 
 use crate::{invalid, Result};
 
+/// Whether the tensors of the device called `name` live in the host's memory (the cpu
+/// device), where [`crate::memory`]'s counting allocator sees them; a GPU's do not, so a run
+/// there has no allocated peak to report.
+pub fn in_host_memory(name: &str) -> bool {
+    name == "cpu"
+}
+
 /// The device called `name` (`cpu`, `cuda`, or `cuda:N`), with `ordinal` for a bare `cuda`
 /// (a rank's local rank; ranks beyond the machine's GPUs share them round robin, so a
 /// pipeline of 4 threads trains on one GPU). Asking for CUDA from a build without it, or a
@@ -83,7 +90,7 @@ fn gpu(name: &str, index: Option<usize>, ordinal: usize) -> Result<Device> {
 
 #[cfg(test)]
 mod tests {
-    use super::device;
+    use super::{device, in_host_memory};
 
     #[test]
     fn names_resolve_or_say_what_is_wrong() {
@@ -95,6 +102,14 @@ mod tests {
         if !cfg!(feature = "cuda") {
             let e = device("cuda", 0).unwrap_err().to_string();
             assert!(e.contains("no CUDA support"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_the_cpu_devices_tensors_are_in_host_memory() {
+        assert!(in_host_memory("cpu") && device("cpu", 0).unwrap().is_cpu());
+        for gpu in ["cuda", "cuda:0", "cuda:3"] {
+            assert!(!in_host_memory(gpu), "{gpu}");
         }
     }
 }

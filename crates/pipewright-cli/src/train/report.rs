@@ -92,8 +92,10 @@ impl Hooks for TrainHooks<'_> {
         let a = &self.run.a;
         if self.training_peak.is_none() {
             self.training_peak = peak_memory_bytes();
-            self.allocated_peak = memory::peak_bytes();
-            if !pipewright::dist::Env::under_mpi() {
+            // On a GPU the counting allocator sees the host's bytes, not the tensors.
+            let counted = pipewright::device::in_host_memory(&a.device);
+            self.allocated_peak = memory::peak_bytes().filter(|_| counted);
+            if counted && !pipewright::dist::Env::under_mpi() {
                 self.rank_allocated_peaks =
                     (0..a.world()).filter_map(memory::rank_peak_bytes).collect();
             }
@@ -369,6 +371,11 @@ pub fn write_summary(
         println!(
             "allocated peak  {:.1} MiB{most} (live bytes, before the first evaluation)",
             p as f64 / (1024.0 * 1024.0)
+        );
+    } else if !pipewright::device::in_host_memory(&a.device) {
+        println!(
+            "allocated peak  not counted on {} (the allocator counts host memory)",
+            a.device
         );
     }
     println!("layout          {}", summary.layout);
