@@ -360,9 +360,13 @@ fn validate_complete(s: &Schedule) -> Result<()> {
 impl Schedule {
     /// Checks the lists and simulates them under `costs`.
     pub fn simulate(&self, costs: Costs) -> Result<Simulation> {
-        self.simulate_with(&|_, a| costs.of(a), &|_, _| 0.0, Sharing::ALONE, &|_, _| {
-            1.0
-        })
+        let throughout = |_: usize, _: &Action| 1.0;
+        self.simulate_with(
+            &|_, a| costs.of(a),
+            &|_, _| 0.0,
+            Sharing::ALONE,
+            &throughout,
+        )
     }
 
     /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
