@@ -35,7 +35,8 @@
 #    kernel time by kind; then `plan`'s predictions for the compiled runs on the measured file
 #    beside them (tools/planner_vs_torch.py: docs/planner.md's "One GPU" table)
 # features (what came after the first GPU runs, each trained on the GPU and on the CPU by the
-# same binary, 30 steps; every step's loss within relative 1e-3 in f32 and 3e-2 in bf16):
+# same binary, 30 steps; every step's loss within relative 1e-3 in f32 and 3e-2 in bf16, and
+# the GPU's allocated peak (its memory pool's high-water mark) beside the CPU run's):
 #  - a Llama (grouped-query attention) over 2 pipeline stages x 2 tensor-parallel shards
 #  - ZeRO-3 over 2 replicas; ZeRO-1 over 2 replicas of a Llama in bf16
 #  - context parallelism (cp 2) with tensor and sequence parallelism (tp 2)
@@ -128,6 +129,16 @@ same_losses() { # NAME TOLERANCE ARGS...: trains ARGS on the GPU and on the CPU,
   else
     echo "$name: FAILED (GPU against CPU: $worst, tolerance $tol)"
   fi
+  # The GPU's memory pool high-water mark beside the CPU run's counted peak (all ranks).
+  python3 - "runs/$name-cuda/summary.json" "runs/$name-cpu/summary.json" <<'PY'
+import json, sys
+gpu, cpu = (json.load(open(p)).get("training_peak_allocated_bytes") for p in sys.argv[1:])
+name = sys.argv[1].split("/")[1][:-5]
+if gpu and cpu:
+    print(f"{name}-peak: ok (GPU {gpu / 2**20:.1f} MiB, CPU {cpu / 2**20:.1f} MiB, ratio {gpu / cpu:.2f})")
+else:
+    print(f"{name}-peak: FAILED (GPU {gpu}, CPU {cpu})")
+PY
 }
 features() {
   local base=(--task adder --steps 30 --chunks 2 --log-every 1 --eval-every 1000)

@@ -12,10 +12,43 @@ use candle_core::Device;
 use crate::{invalid, Result};
 
 /// Whether the tensors of the device called `name` live in the host's memory (the cpu
-/// device), where [`crate::memory`]'s counting allocator sees them; a GPU's do not, so a run
-/// there has no allocated peak to report.
+/// device), where [`crate::memory`]'s counting allocator sees them; a GPU's do not (see
+/// [`gpu_peak_bytes`]).
 pub fn in_host_memory(name: &str) -> bool {
     name == "cpu"
+}
+
+/// The most bytes `device`'s GPU has held at once for this process in CUDA's stream-ordered
+/// memory pool, where candle's CUDA buffers come from: the pool's high-water mark since the
+/// process began (what PyTorch's `max_memory_allocated` reports; cuBLAS's workspace is not in
+/// it). `None` on the CPU.
+pub fn gpu_peak_bytes(device: &Device) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(d) = device {
+        use cudarc::driver::sys;
+        let ctx = d.cuda_stream().context().clone();
+        let cuda = |e: cudarc::driver::DriverError| invalid!("the GPU's memory pool: {e:?}");
+        ctx.bind_to_thread().map_err(cuda)?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut high: u64 = 0;
+        // SAFETY: the context is current on this thread, `pool` and `high` outlive the calls
+        // and `high` is the u64 the attribute is.
+        unsafe {
+            sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device())
+                .result()
+                .map_err(cuda)?;
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut high as *mut u64).cast(),
+            )
+            .result()
+            .map_err(cuda)?;
+        }
+        return Ok(Some(high));
+    }
+    let _ = device;
+    Ok(None)
 }
 
 /// The device called `name` (`cpu`, `cuda`, or `cuda:N`), with `ordinal` for a bare `cuda`
@@ -90,7 +123,7 @@ fn gpu(name: &str, index: Option<usize>, ordinal: usize) -> Result<Device> {
 
 #[cfg(test)]
 mod tests {
-    use super::{device, in_host_memory};
+    use super::{device, gpu_peak_bytes, in_host_memory};
 
     #[test]
     fn names_resolve_or_say_what_is_wrong() {
@@ -111,5 +144,6 @@ mod tests {
         for gpu in ["cuda", "cuda:0", "cuda:3"] {
             assert!(!in_host_memory(gpu), "{gpu}");
         }
+        assert_eq!(gpu_peak_bytes(&device("cpu", 0).unwrap()).unwrap(), None);
     }
 }

@@ -92,9 +92,14 @@ impl Hooks for TrainHooks<'_> {
         let a = &self.run.a;
         if self.training_peak.is_none() {
             self.training_peak = peak_memory_bytes();
-            // On a GPU the counting allocator sees the host's bytes, not the tensors.
+            // On a GPU the counting allocator sees the host's bytes, not the tensors: the
+            // GPU's memory pool counts those (every rank of this process on the GPU).
             let counted = pipewright::device::in_host_memory(&a.device);
-            self.allocated_peak = memory::peak_bytes().filter(|_| counted);
+            self.allocated_peak = if counted {
+                memory::peak_bytes()
+            } else {
+                pipewright::device::gpu_peak_bytes(&pipewright::device::device(&a.device, 0)?)?
+            };
             if counted && !pipewright::dist::Env::under_mpi() {
                 self.rank_allocated_peaks =
                     (0..a.world()).filter_map(memory::rank_peak_bytes).collect();
@@ -360,23 +365,27 @@ pub fn write_summary(
             p as f64 / (1024.0 * 1024.0)
         );
     }
-    if let Some(p) = summary.training_peak_allocated_bytes {
-        let ranks = &summary.rank_training_peak_allocated_bytes;
-        let most = ranks.iter().max().map_or(String::new(), |r| {
-            format!(
-                ", the most of one rank {:.1} MiB",
-                *r as f64 / (1024.0 * 1024.0)
-            )
-        });
-        println!(
-            "allocated peak  {:.1} MiB{most} (live bytes, before the first evaluation)",
-            p as f64 / (1024.0 * 1024.0)
-        );
-    } else if !pipewright::device::in_host_memory(&a.device) {
-        println!(
-            "allocated peak  not counted on {} (the allocator counts host memory)",
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let on_gpu = !pipewright::device::in_host_memory(&a.device);
+    match (summary.training_peak_allocated_bytes, on_gpu) {
+        (Some(p), true) => println!(
+            "allocated peak  {:.1} MiB on {} (its memory pool's high-water mark, before the \
+             first evaluation)",
+            mib(p),
             a.device
-        );
+        ),
+        (Some(p), false) => {
+            let ranks = &summary.rank_training_peak_allocated_bytes;
+            let most = ranks.iter().max().map_or(String::new(), |r| {
+                format!(", the most of one rank {:.1} MiB", mib(*r))
+            });
+            println!(
+                "allocated peak  {:.1} MiB{most} (live bytes, before the first evaluation)",
+                mib(p)
+            );
+        }
+        (None, true) => println!("allocated peak  not counted on {}", a.device),
+        (None, false) => {}
     }
     println!("layout          {}", summary.layout);
     let b: Vec<String> = balance.iter().map(|n| n.to_string()).collect();
