@@ -92,8 +92,8 @@ impl Hooks for TrainHooks<'_> {
         let a = &self.run.a;
         if self.training_peak.is_none() {
             self.training_peak = peak_memory_bytes();
-            // On a GPU the counting allocator sees the host's bytes, not the tensors: the
-            // GPU's memory pool counts those (every rank of this process on the GPU).
+            // On a GPU the counting allocator sees the host's bytes, not the tensors: rank
+            // 0's GPU's memory pool counts those (of every rank of this process on it).
             let counted = pipewright::device::in_host_memory(&a.device);
             self.allocated_peak = if counted {
                 memory::peak_bytes()
@@ -369,10 +369,9 @@ pub fn write_summary(
     let on_gpu = !pipewright::device::in_host_memory(&a.device);
     match (summary.training_peak_allocated_bytes, on_gpu) {
         (Some(p), true) => println!(
-            "allocated peak  {:.1} MiB on {} (its memory pool's high-water mark, before the \
-             first evaluation)",
-            mib(p),
-            a.device
+            "allocated peak  {:.1} MiB on rank 0's GPU (its memory pool's high-water mark, \
+             before the first evaluation)",
+            mib(p)
         ),
         (Some(p), false) => {
             let ranks = &summary.rank_training_peak_allocated_bytes;
