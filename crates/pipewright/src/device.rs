@@ -21,12 +21,16 @@ pub fn in_host_memory(name: &str) -> bool {
 /// The most bytes `device`'s GPU has held at once for this process in CUDA's stream-ordered
 /// memory pool, where candle's CUDA buffers come from: the pool's high-water mark since the
 /// process began (what PyTorch's `max_memory_allocated` reports; cuBLAS's workspace is not in
-/// it). `None` on the CPU.
+/// it). `None` on the CPU, and on a GPU without memory pools (candle then allocates outside
+/// one).
 pub fn gpu_peak_bytes(device: &Device) -> Result<Option<u64>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         use cudarc::driver::sys;
         let ctx = d.cuda_stream().context().clone();
+        if !ctx.has_async_alloc() {
+            return Ok(None);
+        }
         let cuda = |e: cudarc::driver::DriverError| invalid!("the GPU's memory pool: {e:?}");
         ctx.bind_to_thread().map_err(cuda)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
