@@ -130,10 +130,11 @@ same_losses() { # NAME TOLERANCE ARGS...: trains ARGS on the GPU and on the CPU,
     echo "$name: FAILED (GPU against CPU: $worst, tolerance $tol)"
   fi
   # The GPU's memory pool high-water mark beside the CPU run's counted peak (all ranks).
-  python3 - "runs/$name-cuda/summary.json" "runs/$name-cpu/summary.json" <<'PY'
+  python3 - "$name" <<'PY'
 import json, sys
-gpu, cpu = (json.load(open(p)).get("training_peak_allocated_bytes") for p in sys.argv[1:])
-name = sys.argv[1].split("/")[1][:-5]
+name = sys.argv[1]
+gpu, cpu = (json.load(open(f"runs/{name}-{d}/summary.json")).get("training_peak_allocated_bytes")
+            for d in ("cuda", "cpu"))
 if gpu and cpu:
     print(f"{name}-peak: ok (GPU {gpu / 2**20:.1f} MiB, CPU {cpu / 2**20:.1f} MiB, ratio {gpu / cpu:.2f})")
 else:

@@ -348,12 +348,14 @@ pub fn estimate(
     // 2 x tp 2: each stage's forward took its CPU time over half a core, 264 and 303 us in 531
     // and 613, where the stages' work at full speed was 349 and 419 us).
     let crowded = cluster.sharing(pp, profile.crowded_efficiency);
-    let measured = profile.busy_share(tp, rows, 0..profile.layers.len());
+    let measured = profile
+        .busy_share(tp, rows, 0..profile.layers.len())
+        .is_some();
     let sharing = match (tp, measured) {
         (1, _) => crowded,
-        (_, busy) => Sharing {
+        (_, measured) => Sharing {
             crowded: 1.0,
-            across: busy.map_or(1.0, |_| crowded.crowded),
+            across: if measured { crowded.crowded } else { 1.0 },
             ..crowded
         },
     };
