@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The planner's predictions against measurement on this machine. Each of PW_PASSES passes
-# (default 3) profiles the README's adder GPT with as many threads as each rank of the run will
-# have, then `pipewright plan --candidate ...
-# --measure` trains each layout for PW_STEPS steps (default 60) as threads, PW_REPEATS times
-# (default 1). A pass predicts from its own profile, taken a minute before its measurements:
-# this machine's speed drifts by 10-15 % between runs minutes apart, so a profile taken once
-# for all passes carries one moment's speed into every comparison. Prints, per layout, the
-# median over passes of the predicted and measured step time and largest rank's allocated
+# (default 3) takes every layout in turn: it profiles the README's adder GPT with as many
+# threads as each rank of the run will have, then at once `pipewright plan --candidate ...
+# --measure` trains that layout for PW_STEPS steps (default 60) as threads, PW_REPEATS times
+# (default 1). Each prediction comes from a profile taken seconds before its own measurement:
+# this machine's speed moves in spells of half a second to minutes (identical 60-step runs in
+# a row differ by 6-13 % in their median step, a whole run can be 30 % slow), so a profile
+# taken once for a pass carries one moment's speed into measurements up to 10 s later
+# (measured, passes alternated over the same four minutes: a profile per pass missed 10 % in
+# 23 of 52 comparisons, a profile per layout in 11 of 52; BENCHMARKS.md). Prints, per layout,
+# the median over passes of the predicted and measured step time and largest rank's allocated
 # peak, each pass's error and their median: the verdict, as a pass's prediction is meant for
 # its own measurement (the error of the two medians, also printed, sets one pass's prediction
 # against another's measurement: passes of -1, -6 and -30 % gave -29.5 %). Covers pp 1/2/4,
@@ -20,27 +23,36 @@ trap 'rm -rf "$dir"' EXIT
 steps=${PW_STEPS:-60}
 repeats=${PW_REPEATS:-1}
 passes=${PW_PASSES:-3}
+# Profiles for a run of `world` ranks into $dir/p$world.json. World 1: one rank with both
+# cores. Worlds 2 and 4: one thread per rank, two ranks computing at once (one per core).
+# Four copies on the two cores are no better for world 4: they run their rounds in near
+# lockstep, so one layer can be preempted in most of its timings (measured here: one of two
+# identical blocks' backward 2.2 times the other's), which no median removes.
+profile() {
+  if [ "$1" = 1 ]; then
+    $pw profile --sizes 4,8,16,32,64 --out "$dir/p1.json" >/dev/null
+  else
+    RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 \
+      --out "$dir/p$1.json" >/dev/null
+  fi
+}
+# Each candidate of a `world`-rank run: a fresh profile, then its prediction and measurement.
 run() {
-  local world=$1 profile=$2
-  shift 2
-  local args=()
-  for c in "$@"; do args+=(--candidate "$c"); done
-  $pw plan --world "$world" --nodes 1 --profile "$profile" --measure --steps "$steps" --repeats "$repeats" \
-    --out "$dir/pass$pass/w$world" "${args[@]}"
+  local world=$1
+  shift
+  local n=0
+  for c in "$@"; do
+    n=$((n + 1))
+    profile "$world"
+    $pw plan --world "$world" --nodes 1 --profile "$dir/p$world.json" --measure --steps "$steps" \
+      --repeats "$repeats" --out "$dir/pass$pass/w$world-$n" --candidate "$c"
+  done
 }
 for pass in $(seq "$passes"); do
-  # world 1: one rank with both cores.
-  $pw profile --sizes 4,8,16,32,64 --out "$dir/p1.json" >/dev/null
-  # worlds 2 and 4: one thread per rank, two ranks computing at once (one per core). Four
-  # copies on the two cores are no better for world 4: they run their rounds in near
-  # lockstep, so one layer can be preempted in most of its timings (measured here: one of two
-  # identical blocks' backward 2.2 times the other's), which no median removes.
-  RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 \
-    --out "$dir/p2.json" >/dev/null
-  run 1 "$dir/p1.json" mbs=16 mbs=16,recompute=always
-  run 2 "$dir/p2.json" pp=2,mbs=16 pp=2,mbs=16,schedule=gpipe tp=2 dp=2 \
+  run 1 mbs=16 mbs=16,recompute=always
+  run 2 pp=2,mbs=16 pp=2,mbs=16,schedule=gpipe tp=2 dp=2 \
     pp=2,mbs=8,recompute=always pp=2,mbs=16,schedule=zb1
-  run 4 "$dir/p2.json" pp=4,mbs=16 pp=2,tp=2,mbs=16 tp=2,dp=2 \
+  run 4 pp=4,mbs=16 pp=2,tp=2,mbs=16 tp=2,dp=2 \
     pp=4,mbs=8,schedule=gpipe,recompute=always pp=2,dp=2,mbs=8,schedule=interleaved,virtual=2
 done | tee "$dir/log" >/dev/null
 python3 - "$dir/log" "$passes" <<'PY'
