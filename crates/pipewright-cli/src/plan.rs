@@ -11,7 +11,7 @@ use std::process::Command;
 use clap::Args;
 use pipewright::plan::{
     format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Link,
-    Profile, Request,
+    Profile, Request, StepParts,
 };
 use pipewright::{invalid, Error, Result};
 
@@ -226,11 +226,13 @@ pub fn train_argv(a: &TrainArgs) -> Result<Vec<String>> {
 }
 
 /// What one training run of a candidate measured: its median step (seconds), the process's
-/// resident training peak and the largest rank's allocated peak (bytes).
+/// resident training peak and the largest rank's allocated peak (bytes), and rank 0's step
+/// part by part.
 struct Measured {
     step: f64,
     peak: f64,
     rank: f64,
+    parts: StepParts,
 }
 
 /// Trains the candidate `e` here into `dir` and reads what its summary measured.
@@ -281,6 +283,7 @@ fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measu
         step: s["median_step_seconds"].as_f64().unwrap_or(f64::NAN),
         peak: s["training_peak_memory_bytes"].as_f64().unwrap_or(f64::NAN),
         rank: rank.unwrap_or(f64::NAN),
+        parts: serde_json::from_value(s["median_step_parts"].clone()).unwrap_or_default(),
     })
 }
 
@@ -333,6 +336,13 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
             format_bytes(rank),
             (predicted_rank / rank - 1.0) * 100.0
         );
+    }
+    // Each part of the step: the prediction's (for the rank with the longest tail) and rank
+    // 0's measured medians, to see which part a miss is in.
+    for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
+        let parts: Vec<StepParts> = m.iter().map(|m| m.parts).collect();
+        println!("{:<4} predicted {}", i + 1, e.parts);
+        println!("{:<4} measured  {}", "", StepParts::median_of(&parts));
     }
     Ok(())
 }

@@ -5,6 +5,8 @@ mod common;
 
 use std::process::Output;
 
+use pipewright::plan::StepParts;
+
 fn plan(args: &[&str]) -> Output {
     common::pipewright()
         .arg("plan")
@@ -84,6 +86,12 @@ fn a_model_over_the_cap_at_one_stage_is_planned_onto_two_and_trains() {
         "{summary}"
     );
     assert!(summary["final_loss"].as_f64().unwrap().is_finite());
+    // Rank 0's step part by part, as the run measured it, printed under the prediction's.
+    let parts: StepParts = serde_json::from_value(summary["median_step_parts"].clone()).unwrap();
+    assert!(parts.pipeline_s > 0.0 && parts.update_s > 0.0, "{summary}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains(&format!("measured  {parts}")), "{stdout}");
+    assert!(stdout.contains("1    predicted pipeline "), "{stdout}");
     std::fs::remove_dir_all(&out).unwrap();
 }
 

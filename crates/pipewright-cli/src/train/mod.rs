@@ -10,6 +10,7 @@ mod report;
 use pipewright::data_parallel::DistributedLoader;
 use pipewright::experiment::{Balance, Context, Experiment, Params, RunDir};
 use pipewright::pipeline::{chrome_trace, TraceEvent};
+use pipewright::plan::StepParts;
 use pipewright::varuna::{Varuna, VarunaOptions};
 
 use pipewright::{invalid, Batch, Error, Result, Sequential};
@@ -343,7 +344,8 @@ impl Setup {
         let bubbles = v.bubble_per_stage()?;
         if let (Some(dir), Some(done)) = (dir, done) {
             let balance: Vec<usize> = v.pipeline().ranges().iter().map(|r| r.len()).collect();
-            write_summary(a, &dir, done, &v.describe()?, &bubbles, &balance)?;
+            let parts = StepParts::median_of(v.step_parts());
+            write_summary(a, &dir, done, &v.describe()?, &bubbles, &balance, parts)?;
         }
         if traced {
             let mine = v.take_trace();

@@ -11,6 +11,7 @@ use pipewright::experiment::{
     fit, peak_memory_bytes, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
 };
 use pipewright::memory;
+use pipewright::plan::StepParts;
 use pipewright::{Batch, Result};
 use pipewright_models::{RunSpec, TaskShape};
 use serde::Serialize;
@@ -57,6 +58,8 @@ pub struct Summary {
     layout: String,
     ranks: Vec<String>,
     bubble_per_stage: Vec<f64>,
+    /// Rank 0's step, part by part: each part's median over the steps that updated.
+    median_step_parts: StepParts,
     /// Layers per model stage.
     balance: Vec<usize>,
 }
@@ -323,12 +326,13 @@ pub fn train_loop(
         layout: String::new(),
         ranks: Vec::new(),
         bubble_per_stage: Vec::new(),
+        median_step_parts: StepParts::default(),
         balance: Vec::new(),
     }))
 }
 
-/// Writes `summary.json` and prints the one-screen summary: the result, the layout, which
-/// rank holds what, and each stage's measured bubble.
+/// Writes `summary.json` and prints the one-screen summary: the result, rank 0's step part
+/// by part, the layout, which rank holds what, and each stage's measured bubble.
 pub fn write_summary(
     a: &TrainArgs,
     dir: &RunDir,
@@ -336,7 +340,9 @@ pub fn write_summary(
     ranks: &[String],
     bubbles: &[f64],
     balance: &[usize],
+    parts: StepParts,
 ) -> Result<()> {
+    summary.median_step_parts = parts;
     summary.layout = format!("{} {}", a.layout()?, a.precision);
     summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
@@ -352,6 +358,7 @@ pub fn write_summary(
         "step time       {:.1} ms (median)",
         summary.median_step_seconds * 1e3
     );
+    println!("step parts      {parts} (rank 0, each part's median)");
     println!(
         "throughput      {:.0} {}/s",
         summary.items_per_second, summary.items

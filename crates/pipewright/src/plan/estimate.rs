@@ -28,6 +28,7 @@ pub use super::rank_memory::{
     state_bytes_per_param, BACKWARD_EXTRA_SHARE, FIRST_BACKWARD_BYTES_PER_PARAM, RANK_BYTES,
     STATE_BYTES_PER_PARAM, ZERO3_LAYER_COPIES,
 };
+use super::step_parts::StepParts;
 
 /// Bytes the optimizer streams per parameter (reads parameter, gradient, moments; writes 3).
 const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
@@ -78,6 +79,9 @@ pub struct Estimate {
     pub peak_bytes: Vec<f64>,
     /// Where the slowest pipeline rank's step goes.
     pub breakdown: Breakdown,
+    /// The step's parts as [`crate::varuna::Varuna::step`] times them on rank 0 (they sum to
+    /// `step_s`; another stage's longer update is waited for in rank 0's next schedule).
+    pub parts: StepParts,
     /// Model FLOPs utilisation: the model's forward and backward FLOPs (no recomputation) per
     /// step over the step time and every rank's peak, when the profile knows its FLOPs (a
     /// model planned from its shapes).
@@ -373,6 +377,8 @@ pub fn estimate(
     let held_at = timeline::held(&schedule);
     let mut after = 0f64;
     let mut after_comm = 0f64;
+    // Pipeline rank 0's gradient sum and update, and the longest gradient sum of any rank.
+    let (mut first, mut slowest_grads) = ((0.0, 0.0), 0f64);
     let mut peak_bytes = Vec::with_capacity(pp);
     for (r, held) in held_at.iter().enumerate() {
         let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
@@ -417,6 +423,10 @@ pub fn estimate(
             after = grads + optimizer;
             after_comm = grads;
         }
+        if r == 0 {
+            first = (grads, optimizer);
+        }
+        slowest_grads = slowest_grads.max(grads);
         let bytes: Vec<&StageBytes> = mine.iter().map(|c| &c.bytes).collect();
         let state = state_bytes_per_param(cand.zero, dp, m * v == 1);
         let zero3 = cand.zero == Zero::Parameters && dp > 1;
@@ -455,11 +465,14 @@ pub fn estimate(
     let world = cand.layout.world();
     let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(dp)
         + cluster.link(world).scalar_all_reduce(world)
-        + 2.0 * pp_link.scalar_all_reduce(pp)
-        + cluster.link(tp).scalar_all_reduce(tp);
-    let (after, after_comm) = (after + scalars, after_comm + scalars);
+        + pp_link.scalar_all_reduce(pp);
+    // The norm's, timed as part of the update.
+    let norm = pp_link.scalar_all_reduce(pp) + cluster.link(tp).scalar_all_reduce(tp);
+    let step_s = sim.makespan + after + scalars + norm;
+    let step_parts =
+        StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, slowest_grads);
+    let (after, after_comm) = (after + scalars + norm, after_comm + scalars + norm);
     let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
-    let step_s = sim.makespan + after;
     let samples = (rows * m * cand.layout.dp) as f64;
     let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
     let mfu = profile
@@ -473,6 +486,7 @@ pub fn estimate(
             bubble: sim.bubble,
             peak_bytes,
             breakdown,
+            parts: step_parts,
             mfu,
         },
         sim,

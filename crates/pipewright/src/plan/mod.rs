@@ -17,6 +17,8 @@
 //!   schedule replayed by the simulator with the profiled costs.
 //! - [`search`](mod@search): AutoConfig, every layout under a memory cap ranked by predicted step time.
 //! - [`morph`](mod@morph): the layout a run restarted in a world of another size takes.
+//! - [`step_parts`]: a step's time part by part, as training measures it and the estimate
+//!   predicts it.
 
 pub mod action_cost;
 pub mod attention_rate;
@@ -37,6 +39,7 @@ pub mod profile;
 pub mod rank_memory;
 pub mod search;
 pub mod shapes;
+pub mod step_parts;
 pub mod transformer;
 
 pub use attention_rate::{time_fused_attention, AttentionRate, AttentionTiming};
@@ -56,6 +59,7 @@ pub use profile::{
 };
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
+pub use step_parts::{Part, PartClock, StepParts};
 pub use transformer::Transformer;
 
 use crate::batch::Batch;

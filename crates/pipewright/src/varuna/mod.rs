@@ -18,11 +18,10 @@
 
 mod checkpoint;
 mod context;
+mod describe;
 mod generate;
 mod options;
 mod zero;
-
-use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
 
@@ -40,6 +39,7 @@ use crate::init::Init;
 use crate::model::{Build, Sequential};
 use crate::nn::optim::{scale_to_norm, Optimizer};
 use crate::pipeline::{GradSink, Pipeline, PipelineOptions, TraceEvent};
+use crate::plan::{Part, PartClock, StepParts};
 use crate::precision::{has_overflow, to_master_grads, LossScaler, MasterWeights, Precision};
 use crate::topology::{Axis, Coords, Topology};
 use crate::zero::{ShardedGrads, Zero};
@@ -67,6 +67,8 @@ pub struct Varuna {
     /// Seconds of pipeline actions and of whole steps, for the bubble fraction.
     busy: f64,
     wall: f64,
+    /// Each updating step's parts, as this rank timed them.
+    parts: Vec<StepParts>,
     /// Executed pipeline actions, kept when [`Varuna::keep_trace`] asked for them.
     trace: Option<Vec<TraceEvent>>,
     /// A checkpoint whose files are being written in the background.
@@ -150,6 +152,7 @@ impl Varuna {
             grad_hook: None,
             busy: 0.0,
             wall: 0.0,
+            parts: Vec::new(),
             trace: None,
             pending: None,
         };
@@ -262,16 +265,17 @@ impl Varuna {
             ));
         }
         let batch = self.local_batch(batch)?;
+        let mut clock = PartClock::start();
         let step = self.pipeline.steps_taken();
         let mine = self.opts.loss.count(&batch)?;
         let total = self.sum_dp_i64(mine as i64)? as usize;
+        clock.lap(Part::Scalars);
         if total == 0 {
             return Err(invalid!(
                 "the global batch has no counted target: every target is ignored"
             ));
         }
         let scale = self.loss_scale();
-        let started = Instant::now();
         // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
         let by_layer = self.zero() == Zero::Parameters;
         let mut sharded = (self.zero().shards_grads())
@@ -282,7 +286,7 @@ impl Varuna {
         let (loss, produced) = self
             .pipeline
             .loss_and_grads_into(&batch, total, scale, sink)?;
-        self.wall += started.elapsed().as_secs_f64();
+        self.wall += clock.lap(Part::Pipeline);
         let events = self.pipeline.take_trace();
         self.busy += events
             .iter()
@@ -304,17 +308,21 @@ impl Varuna {
         if !self.zero().shards_grads() {
             all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
         }
+        clock.lap(Part::Gradients);
         let loss = self
             .dp
             .all_reduce(&Tensor::new(&[loss], &Device::Cpu)?, ReduceOp::Sum)?
             .to_vec1::<f64>()?[0];
+        clock.lap(Part::Scalars);
         let found = has_overflow(&grads)? || !loss.is_finite();
+        clock.lap(Part::Update);
         let flag = Tensor::new(&[u32::from(found)], &Device::Cpu)?;
         let overflow = self
             .world
             .all_reduce(&flag, ReduceOp::Max)?
             .to_vec1::<u32>()?[0]
             == 1;
+        clock.lap(Part::Scalars);
         let lr = self.opts.lr.lr_at(step);
         let mut outcome = StepOutcome {
             step,
@@ -376,7 +384,15 @@ impl Varuna {
             }
         }
         outcome.grad_norm = norm;
+        clock.lap(Part::Update);
+        self.parts.push(clock.parts());
         Ok(outcome)
+    }
+
+    /// Where each step that updated the weights spent its time on this rank, part by part
+    /// (steps skipped for an overflow left out).
+    pub fn step_parts(&self) -> &[StepParts] {
+        &self.parts
     }
 
     /// Varuna's `evaluate`: the evaluation-mode mean loss of `batch` (as given, one pass, no
@@ -443,38 +459,6 @@ impl Varuna {
             .zip(&n)
             .map(|(s, n)| s / (*n).max(1) as f64)
             .collect())
-    }
-
-    /// One line per rank of the world: its stage, the layers it holds, its shard and replica.
-    pub fn describe(&self) -> Result<Vec<String>> {
-        let l = self.topo.layout();
-        let ranges = self.pipeline.ranges();
-        (0..self.topo.world())
-            .map(|r| {
-                let c = self.topo.coords(r)?;
-                let layers: Vec<String> = (0..self.opts.virtual_stages)
-                    .map(|v| {
-                        let k = v * l.pp + c.stage;
-                        let rg = &ranges[k];
-                        format!("{}..{}", rg.start, rg.end)
-                    })
-                    .collect();
-                let ring = if l.cp > 1 {
-                    format!(", cp slice {}/{}", c.cp_rank, l.cp)
-                } else {
-                    String::new()
-                };
-                Ok(format!(
-                    "rank {r}: stage {} (layers {}), tp shard {}/{}{ring}, dp replica {}/{}",
-                    c.stage,
-                    layers.join(" + "),
-                    c.tp_rank,
-                    l.tp,
-                    c.dp_rank,
-                    l.dp
-                ))
-            })
-            .collect()
     }
 
     fn sum_dp_i64(&self, v: i64) -> Result<i64> {

@@ -1,0 +1,147 @@
+//! A step's time part by part: the parts `Varuna::step` times hold the time spent in them (a
+//! gradient hook and an optimizer that sleep a known time land in their parts), and the
+//! estimate's parts of rank 0 sum to its step and follow its simulation.
+
+mod common;
+#[allow(dead_code)]
+#[path = "../examples/custom_model.rs"]
+mod custom_model;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Var};
+use custom_model::{batch, model, CHUNK_SIZE, GLOBAL_BATCH};
+use pipewright::comm::local;
+use pipewright::data_parallel::DistributedLoader;
+use pipewright::loss::Mse;
+use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};
+use pipewright::nn::Grads;
+use pipewright::pipeline::schedule::ScheduleKind;
+use pipewright::pipeline::Recompute;
+use pipewright::plan::{estimate, Cluster, Hardware, StepParts};
+use pipewright::topology::Layout;
+use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::zero::Zero;
+use pipewright::Result;
+
+const HOOK: Duration = Duration::from_millis(25);
+const UPDATE: Duration = Duration::from_millis(15);
+
+/// SGD that sleeps [`UPDATE`] in each step: a known time inside the update.
+struct Sleepy(Sgd);
+
+impl Optimizer for Sleepy {
+    fn step(&mut self, grads: &Grads, lr: f64) -> Result<()> {
+        std::thread::sleep(UPDATE);
+        self.0.step(grads, lr)
+    }
+    fn state_dict(&self) -> Result<StateDict> {
+        self.0.state_dict()
+    }
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        self.0.load_state_dict(state)
+    }
+    fn params(&self) -> &[(String, Var)] {
+        self.0.params()
+    }
+}
+
+#[test]
+fn a_known_delay_lands_in_its_part_of_the_step() {
+    let steps = 3;
+    let runs = local::run(4, |comm| {
+        let opts = VarunaOptions {
+            loss: Arc::new(Mse::new("y")),
+            lr: LrSchedule::Constant { lr: 0.1 },
+            device: Device::Cpu,
+            ..VarunaOptions::new(Layout::new(2, 1, 2)?, GLOBAL_BATCH, CHUNK_SIZE)
+        };
+        let mut v = Varuna::new(&model(), Box::new(comm), opts)?;
+        v.set_optimizer(|p| Ok(Box::new(Sleepy(Sgd::new(p, SgdConfig::default())?))))?;
+        v.set_grad_hook(|_| std::thread::sleep(HOOK));
+        let (replica, device) = (v.coords().dp_rank, v.device().clone());
+        let loader = DistributedLoader::new(batch, GLOBAL_BATCH, replica, 2, device)?;
+        let mut outside = Vec::new();
+        for s in 0..steps {
+            let b = loader.batch(s as u64)?;
+            let t = Instant::now();
+            v.step(&b)?;
+            outside.push(t.elapsed().as_secs_f64());
+        }
+        Ok((v.step_parts().to_vec(), outside))
+    })
+    .unwrap();
+    for (rank, (parts, outside)) in runs.iter().enumerate() {
+        assert_eq!(parts.len(), steps, "rank {rank}: one record per step");
+        for (s, (p, whole)) in parts.iter().zip(outside).enumerate() {
+            let at = format!("rank {rank}, step {s}: {p:?}");
+            // The hook runs between the produced gradients and their sum, the sleep inside
+            // the optimizer's step: each part holds at least its delay.
+            assert!(p.gradients_s >= HOOK.as_secs_f64(), "{at}");
+            assert!(p.update_s >= UPDATE.as_secs_f64(), "{at}");
+            assert!(p.pipeline_s > 0.0 && p.scalars_s > 0.0, "{at}");
+            // The parts are laps of one clock inside the call: never more than the call.
+            assert!(p.total() <= *whole, "{at}: the call took {whole}");
+        }
+    }
+    // The median step of a rank, part by part, is one of its steps' values in each part.
+    let (parts, _) = &runs[0];
+    let m = StepParts::median_of(parts);
+    assert!(parts.iter().any(|p| p.update_s == m.update_s));
+    assert_eq!(StepParts::median_of(&[]), StepParts::default());
+}
+
+#[test]
+fn the_predicted_parts_sum_to_the_step_and_follow_the_schedule() {
+    let hw = Hardware::load("cpu-2core").unwrap();
+    // Four layers; the last holds ten times the parameters, so stage 1's gradient sum is the
+    // longer one under pp 2.
+    let mut p = common::profile(4, 1e-4, 2e-4, 100_000, 100.0);
+    p.layers[3].params = 1_000_000;
+    for (pp, dp, zero) in [
+        (1, 1, Zero::Off),
+        (1, 2, Zero::Off),
+        (2, 1, Zero::Off),
+        (2, 2, Zero::Off),
+        (2, 2, Zero::OptimizerState),
+    ] {
+        let cluster = Cluster::new(&hw, pp * dp, Some(1)).unwrap();
+        let mut cand = common::candidate(pp, 4, 8, ScheduleKind::OneFOneB, Recompute::Never);
+        cand.layout = Layout::new(pp, 1, dp).unwrap();
+        cand.zero = zero;
+        let (e, sim) = estimate(&p, &cluster, &cand).unwrap();
+        let at = format!("pp {pp} dp {dp} {zero:?}: {:?}", e.parts);
+        assert!(
+            (e.parts.total() - e.step_s).abs() <= 1e-12 * e.step_s,
+            "{at}"
+        );
+        // Rank 0's schedule ends with the simulation's (its last backward is the step's
+        // last action), and it waits there for any longer update elsewhere: never shorter.
+        assert!(e.parts.pipeline_s >= sim.makespan * (1.0 - 1e-12), "{at}");
+        assert!(e.parts.update_s > 0.0, "{at}");
+        // Scalars to sum only over more than one rank.
+        assert_eq!(e.parts.scalars_s > 0.0, pp * dp > 1, "{at}");
+        assert_eq!(e.parts.gradients_s == 0.0, dp == 1, "{at}");
+        if pp == 1 {
+            // One pipeline rank: nobody to wait for.
+            assert!((e.parts.pipeline_s - sim.makespan).abs() <= 1e-12, "{at}");
+        }
+    }
+    // pp 2 x dp 2: stage 1 sums ten times the gradients; rank 0 waits for it in the
+    // scalars' all-reduce, so its scalars part outgrows pp 1's by more than the latencies.
+    let parts = |pp: usize, p: &pipewright::plan::Profile| {
+        let cluster = Cluster::new(&hw, pp * 2, Some(1)).unwrap();
+        let mut cand = common::candidate(pp, 4, 8, ScheduleKind::OneFOneB, Recompute::Never);
+        cand.layout = Layout::new(pp, 1, 2).unwrap();
+        estimate(p, &cluster, &cand).unwrap().0.parts
+    };
+    let even = common::profile(4, 1e-4, 2e-4, 100_000, 100.0);
+    let waits = parts(2, &p).scalars_s - parts(2, &even).scalars_s;
+    assert!(waits > 0.0, "{waits}");
+    assert!(
+        parts(2, &p).gradients_s < parts(2, &p).scalars_s,
+        "{:?}",
+        parts(2, &p)
+    );
+}
