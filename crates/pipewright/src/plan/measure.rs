@@ -5,7 +5,7 @@
 use super::action_cost::ActionTrace;
 use super::crowding::crowded_efficiency;
 use super::layer_cost::{median, profile_stage, LayerCost};
-use super::optimizer_cost::{time_accumulate, time_optimizer};
+use super::optimizer_cost::{time_accumulate, time_optimizer, Before};
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
 use crate::batch::Batch;
 use crate::comm::local;
@@ -189,7 +189,12 @@ pub fn measure(
     // The update and the gradient sum are timed beside the layers, by as many copies at once.
     let profile_all = || {
         let runs = profile_rounds(model, build, &batches, loss)?;
-        let update = time_optimizer(model, build, ROUNDS)?;
+        // After a pass at the middle size, as a step updates after its schedule.
+        let before = Before {
+            batch: &batches[batches.len() / 2],
+            loss,
+        };
+        let update = time_optimizer(model, build, ROUNDS, Some(&before))?;
         Ok((runs, (update, time_accumulate(model, build, ROUNDS)?)))
     };
     let (runs, (optimizer, accumulate)) = if concurrent > 1 {

@@ -53,7 +53,7 @@ pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use layer_cost::{median, profile_layers, profile_stage, LayerCost};
 pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
-pub use optimizer_cost::time_optimizer;
+pub use optimizer_cost::{time_optimizer, Before};
 pub use profile::{
     ActionOverhead, AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing, Transient,
 };
