@@ -18,6 +18,25 @@ pub(super) fn default_timeout() -> Duration {
     Duration::from_secs_f64(secs)
 }
 
+/// How long a receive of a `world`-rank world polls before it sleeps:
+/// `PIPEWRIGHT_COMM_SPIN_US` microseconds if set, else [`spin_for`] this machine's cores.
+pub(super) fn default_spin(world: usize) -> Duration {
+    let set = std::env::var("PIPEWRIGHT_COMM_SPIN_US")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s >= 0.0 && s.is_finite());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    spin_for(world, cores, set)
+}
+
+/// The polling time of `world` ranks on `cores` cores: `set` microseconds if given, else 50 us
+/// when the ranks fit the cores and none when they do not (a poller would take a computing
+/// rank's core).
+fn spin_for(world: usize, cores: usize, set: Option<f64>) -> Duration {
+    let micros = set.unwrap_or(if world <= cores { 50.0 } else { 0.0 });
+    Duration::from_secs_f64(micros * 1e-6)
+}
+
 /// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
 /// rank failure (error or panic) is the error of the whole run. candle's pools are sized for
 /// the ranks sharing the cores first ([`crate::comm::size_thread_pools`], unless
@@ -45,6 +64,7 @@ where
         state: Mutex::new(State::default()),
         cvs: (0..world).map(|_| Condvar::new()).collect(),
         timeout,
+        spin: default_spin(world),
     });
     let members = Arc::new((0..world).collect::<Vec<_>>());
     // Each rank's value, or its own error (None: it panicked or never started).
@@ -128,4 +148,18 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_poll_only_where_they_fit_the_cores() {
+        assert_eq!(spin_for(2, 2, None), Duration::from_micros(50));
+        assert_eq!(spin_for(1, 2, None), Duration::from_micros(50));
+        assert_eq!(spin_for(4, 2, None), Duration::ZERO);
+        assert_eq!(spin_for(4, 2, Some(10.0)), Duration::from_micros(10));
+        assert_eq!(spin_for(2, 2, Some(0.0)), Duration::ZERO);
+    }
 }
