@@ -27,13 +27,15 @@ passes=${PW_PASSES:-3}
 # cores. Worlds 2 and 4: one thread per rank, two ranks computing at once (one per core).
 # Four copies on the two cores are no better for world 4: they run their rounds in near
 # lockstep, so one layer can be preempted in most of its timings (measured here: one of two
-# identical blocks' backward 2.2 times the other's), which no median removes.
+# identical blocks' backward 2.2 times the other's), which no median removes. The world-4
+# profile's tensor-parallel ranks sleep at once in their collectives, as a world of more
+# ranks than cores does (they poll first in the world-2 profile, as two ranks on two cores do).
 profile() {
   if [ "$1" = 1 ]; then
     $pw profile --sizes 4,8,16,32,64 --out "$dir/p1.json" >/dev/null
   else
-    RAYON_NUM_THREADS=1 $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 \
-      --out "$dir/p$1.json" >/dev/null
+    RAYON_NUM_THREADS=1 PIPEWRIGHT_COMM_SPIN_US=$([ "$1" -gt 2 ] && echo 0 || echo 50) \
+      $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 --out "$dir/p$1.json" >/dev/null
   fi
 }
 # Each candidate of a `world`-rank run: a fresh profile, then its prediction and measurement.

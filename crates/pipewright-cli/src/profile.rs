@@ -21,6 +21,9 @@ pub struct ProfileArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     pub sizes: Vec<usize>,
     /// Tensor-parallel sizes to time as such (ranks as threads here); others are modelled.
+    /// Their collectives wait as a run's ranks do: polling while the group fits the cores. For
+    /// a run of more ranks than cores (whose ranks sleep at once) profile with
+    /// PIPEWRIGHT_COMM_SPIN_US=0.
     #[arg(long = "tp-sizes", value_delimiter = ',', default_value = "1")]
     pub tp_sizes: Vec<usize>,
     /// Copies of the profile to run at once (as threads), as many as the planned runs will
