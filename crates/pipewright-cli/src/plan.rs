@@ -337,8 +337,8 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
             (predicted_rank / rank - 1.0) * 100.0
         );
     }
-    // Each part of the step: the prediction's (for the rank with the longest tail) and rank
-    // 0's measured medians, to see which part a miss is in.
+    // Each part of rank 0's step: the prediction's and the measured medians, to see which
+    // part a miss is in.
     for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
         let parts: Vec<StepParts> = m.iter().map(|m| m.parts).collect();
         println!("{:<4} predicted {}", i + 1, e.parts);

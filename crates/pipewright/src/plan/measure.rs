@@ -194,7 +194,7 @@ pub fn measure(
             batch: &batches[batches.len() / 2],
             loss,
         };
-        let update = time_optimizer(model, build, ROUNDS, Some(&before))?;
+        let update = time_optimizer(model, build, ROUNDS, &before)?;
         Ok((runs, (update, time_accumulate(model, build, ROUNDS)?)))
     };
     let (runs, (optimizer, accumulate)) = if concurrent > 1 {

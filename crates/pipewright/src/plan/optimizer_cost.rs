@@ -48,16 +48,14 @@ fn time_update(
     stage: &Stage,
     params: Vec<(String, Var)>,
     repeats: usize,
-    before: Option<&Before>,
+    before: &Before,
 ) -> Result<f64> {
     let grads = random_grads(&params)?;
     let mut opt = AdamW::new(params, AdamWConfig::default())?;
     opt.step(&grads, 1e-3)?;
     let mut times = Vec::with_capacity(repeats);
     for _ in 0..repeats.max(1) {
-        if let Some(b) = before {
-            profile_stage(stage, b.batch, 1, b.loss)?;
-        }
+        profile_stage(stage, before.batch, 1, before.loss)?;
         let t = Instant::now();
         let mut g = to_master_grads(&grads, 1.0)?;
         has_overflow(&g)?;
@@ -117,12 +115,12 @@ fn per_parameter(
 
 /// The update's seconds as a line in the parameters updated, the median of `repeats`
 /// timings over all of `model`'s parameters and over its largest layer's, each after
-/// `before` (a pass over the model, as in a training step) when given.
+/// `before` (a pass over the model, as in a training step).
 pub fn time_optimizer(
     model: &Sequential,
     build: &Build,
     repeats: usize,
-    before: Option<&Before>,
+    before: &Before,
 ) -> Result<Fit> {
     per_parameter(model, build, |s, p| time_update(s, p, repeats, before))
 }

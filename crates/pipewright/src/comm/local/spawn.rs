@@ -10,21 +10,24 @@ use crate::{Error, Result};
 
 /// The receive timeout: `PIPEWRIGHT_COMM_TIMEOUT` seconds, or 300.
 pub(super) fn default_timeout() -> Duration {
-    let secs = std::env::var("PIPEWRIGHT_COMM_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
+    let secs = env_number("PIPEWRIGHT_COMM_TIMEOUT")
         .filter(|s| *s > 0.0)
         .unwrap_or(300.0);
     Duration::from_secs_f64(secs)
 }
 
+/// The finite number the environment variable `name` holds, if it holds one.
+fn env_number(name: &str) -> Option<f64> {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite())
+}
+
 /// How long a receive of a `world`-rank world polls before it sleeps:
 /// `PIPEWRIGHT_COMM_SPIN_US` microseconds if set, else [`spin_for`] this machine's cores.
 pub(super) fn default_spin(world: usize) -> Duration {
-    let set = std::env::var("PIPEWRIGHT_COMM_SPIN_US")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s >= 0.0 && s.is_finite());
+    let set = env_number("PIPEWRIGHT_COMM_SPIN_US").filter(|s| *s >= 0.0);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     spin_for(world, cores, set)
 }
