@@ -244,3 +244,51 @@ fn each_stage_runs_at_its_own_busy_share() {
     let (_, second) = forwards(&uniform);
     assert!(second < 6e-3 && second > 0.99 * 6e-3, "{second}");
 }
+
+#[test]
+fn ranks_updating_together_share_the_cores_until_the_small_ones_end() {
+    // Two slots, crowded at 0.8. Four ranks of works 1, 3, 3, 1 start together: all four at
+    // 2 / 4 * 0.8 = 0.4 until the small ones end at 1 / 0.4 = 2.5; the other two, then on a
+    // slot each, do their last 2 at full speed and end at 4.5. Equal works end together at
+    // their work over 0.4; ranks that fit the slots end at their work.
+    let s = Sharing {
+        slots: 2.0,
+        crowded: 0.8,
+        across: 1.0,
+    };
+    assert_eq!(s.finish_times(&[1.0, 3.0, 3.0, 1.0]), [2.5, 4.5, 4.5, 2.5]);
+    assert_eq!(s.finish_times(&[2.0; 4]), [5.0; 4]);
+    assert_eq!(s.finish_times(&[2.0, 1.0]), [2.0, 1.0]);
+    assert_eq!(s.finish_times(&[0.0, 0.0, 2.0]), [0.0, 0.0, 2.0]);
+}
+
+#[test]
+fn a_pipeline_whose_end_stages_hold_few_weights_updates_two_ranks_on_two_cores() {
+    // pp 4 on the two cores (two slots), crowded at 0.8; the optimizer takes 1 ns a parameter.
+    // The step's update is the slowest rank's. Every stage holding 1e6 parameters: all four
+    // update at once at 0.4 of full speed, 1 ms / 0.4 = 2.5 ms. The end stages holding 10
+    // (pp 4's embedding and head stages): they end at once and the two others update on a
+    // core each, 1 ms plus what the four shared at first (1.5 x the small work).
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let cluster = Cluster::new(&hw, 4, Some(1)).unwrap();
+    let cand = candidate(4, 4, 4, ScheduleKind::OneFOneB, Recompute::Never);
+    let with = |params: [u64; 4], per_param: f64| {
+        let mut p = profile(4, 1e-3, 2e-3, 0, 100.0);
+        for (l, n) in p.layers.iter_mut().zip(params) {
+            l.params = n;
+        }
+        p.threads = 1;
+        p.crowded_efficiency = Some(0.8);
+        p.optimizer = Some(Fit {
+            fixed_s: 0.0,
+            per_sample_s: per_param,
+        });
+        estimate(&p, &cluster, &cand).unwrap().0.step_s
+    };
+    let update = |params| with(params, 1e-9) - with(params, 0.0);
+    let even = update([1_000_000; 4]);
+    assert!((even - 2.5e-3).abs() < 1e-12, "{even}");
+    let ends = update([10, 1_000_000, 1_000_000, 10]);
+    let expected = 1e-3 + 1.5 * 10e-9;
+    assert!((ends - expected).abs() < 1e-12, "{ends} against {expected}");
+}

@@ -103,6 +103,26 @@ impl Sharing {
         };
         (self.slots / b * self.crowded * across).min(1.0)
     }
+
+    /// When each of ranks that start together ends, each with `works[r]` seconds of work at
+    /// full speed and computing throughout, sharing the processors as [`Sharing::rate`] says:
+    /// while `n` are unfinished each progresses at `rate(n, 1)`, so a rank with little work
+    /// ends early and leaves its share to the others. Ranks with equal work end together,
+    /// at their work over `rate(ranks, 1)`.
+    pub fn finish_times(&self, works: &[f64]) -> Vec<f64> {
+        let mut order: Vec<usize> = (0..works.len()).collect();
+        order.sort_by(|&a, &b| works[a].total_cmp(&works[b]));
+        let (mut ends, mut now, mut done) = (vec![0.0; works.len()], 0.0, 0.0);
+        for (i, &r) in order.iter().enumerate() {
+            let left = works[r] - done;
+            if left > 0.0 {
+                now += left / self.rate(works.len() - i, 1.0);
+                done = works[r];
+            }
+            ends[r] = now;
+        }
+        ends
+    }
 }
 
 /// Running actions that compute the same share of their time, progressing at one rate.

@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use super::hardware::{Hardware, Link};
+use super::profile::Profile;
 use crate::pipeline::Sharing;
 use crate::Result;
 
@@ -38,6 +39,9 @@ impl Default for Runtime {
         }
     }
 }
+
+/// Bytes the optimizer streams per parameter (reads parameter, gradient, moments; writes 3).
+const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
 
 /// Where a job runs: the machines and how many ranks share a node.
 #[derive(Clone, Copy, Debug)]
@@ -98,6 +102,20 @@ impl<'a> Cluster<'a> {
             },
             _ => Sharing::ALONE,
         }
+    }
+
+    /// Seconds one rank takes to update `params` parameters with the cores to itself (the
+    /// rank's threads): timed by `profile` where it was measured, else its state streamed
+    /// at the device's memory bandwidth ([`OPTIMIZER_BYTES_PER_PARAM`]).
+    pub(crate) fn update_seconds(&self, profile: &Profile, params: f64) -> f64 {
+        let (alone, threads) = match profile.optimizer {
+            Some(f) => (f.at(params as usize), profile.threads),
+            None => (
+                params * OPTIMIZER_BYTES_PER_PARAM / self.hardware.memory_bandwidth_bytes_per_s,
+                self.hardware.cores_per_device,
+            ),
+        };
+        alone * self.thread_ratio(threads)
     }
 
     /// How much slower than the profile a rank computes alone: the profile's threads over

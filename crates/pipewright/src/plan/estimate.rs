@@ -30,9 +30,6 @@ pub use super::rank_memory::{
 };
 use super::step_parts::StepParts;
 
-/// Bytes the optimizer streams per parameter (reads parameter, gradient, moments; writes 3).
-const OPTIMIZER_BYTES_PER_PARAM: f64 = 28.0;
-
 /// One point of the search: a layout and how its batch is cut and scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Candidate {
@@ -339,8 +336,7 @@ pub fn estimate(
             pp_link.p2p(out)
         }
     };
-    // The update has no collective's waits: every rank updates at once, crowded ranks at the
-    // profile's crowded efficiency. Tensor-parallel ranks crowding the cores lose no speed in
+    // Tensor-parallel ranks crowding the cores lose no speed in
     // their layers while one stage is busy: what switching costs, the waits in their
     // collectives give back (measured here: tp 2 x dp 2 took 1.86-2.05 times tp 2 alone, as
     // fluid sharing says: 2). While stages run at once, out of step, one's waits are another's
@@ -375,6 +371,18 @@ pub fn estimate(
     // Below, the data-parallel sums and ZeRO's shards span the ring too.
     let dp = replicas;
     let held_at = timeline::held(&schedule);
+    // Every rank updates at once, after the step's scalar all-reduces: ranks that share cores
+    // share them while they update, and one with little to update (pp 4's embedding stage)
+    // leaves its share to the others (measured, pp 4: the two blocks' stages updated in
+    // 0.39-0.58 ms, where all four ranks crowding the cores had been charged 0.77).
+    let shards = if cand.zero == Zero::Off { 1 } else { dp };
+    let alone: Vec<f64> = (0..pp)
+        .map(|r| {
+            let params: f64 = schedule.stages_of(r).iter().map(|k| costs[*k].params).sum();
+            cluster.update_seconds(profile, params / shards as f64)
+        })
+        .collect();
+    let updates = crowded.finish_times(&alone);
     let mut after = 0f64;
     let mut after_comm = 0f64;
     // Pipeline rank 0's gradient sum and update, and the longest gradient sum of any rank.
@@ -398,19 +406,7 @@ pub fn estimate(
             // backward, and reduce-scatters its gradients (in the schedule, not overlapped).
             Zero::Parameters => 3.0 * (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64),
         };
-        let shards = if cand.zero == Zero::Off { 1 } else { dp };
-        // Timed by a measured profile (with its threads), else bound by memory bandwidth.
-        let updated = params / shards as f64;
-        // Either at the rank's threads, ranks sharing cores updating at once.
-        let (alone, threads) = match profile.optimizer {
-            Some(f) => (f.at(updated as usize), profile.threads),
-            None => (
-                updated * OPTIMIZER_BYTES_PER_PARAM / hw.memory_bandwidth_bytes_per_s,
-                hw.cores_per_device,
-            ),
-        };
-        let optimizer =
-            alone * cluster.thread_ratio(threads) / cluster.concurrent_share() / crowded.crowded;
+        let optimizer = updates[r];
         // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
         let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
             let last = mine.iter().map(|c| c.backward).sum::<f64>();
