@@ -2,7 +2,7 @@
 # The planner's predictions against measurement on this machine. Each of PW_PASSES passes
 # (default 3) takes every layout in turn: it profiles the README's adder GPT with as many
 # threads as each rank of the run will have, then at once `pipewright plan --candidate ...
-# --measure` trains that layout for PW_STEPS steps (default 60) as threads, PW_REPEATS times
+# --measure` trains that layout for PW_STEPS steps (default 200) as threads, PW_REPEATS times
 # (default 1). Each prediction comes from a profile taken seconds before its own measurement:
 # this machine's speed moves in spells of half a second to minutes (identical 60-step runs in
 # a row differ by 6-13 % in their median step, a whole run can be 30 % slow), so a profile
@@ -12,15 +12,18 @@
 # the median over passes of the predicted and measured step time and largest rank's allocated
 # peak, each pass's error and their median: the verdict, as a pass's prediction is meant for
 # its own measurement (the error of the two medians, also printed, sets one pass's prediction
-# against another's measurement: passes of -1, -6 and -30 % gave -29.5 %). Covers pp 1/2/4,
-# tp 1/2, dp 1/2, four schedules and recompute on and off. Not used by CI (timings).
+# against another's measurement: passes of -1, -6 and -30 % gave -29.5 %). A run's median step
+# over 200 steps (about 1.5 s) rides out the shorter spells that move one of 60 (0.4 s):
+# identical pp 2 runs in a noisy phase, alternated, spread 7.3-9.3 ms over 60 steps and
+# 7.3-8.0 over 240. Covers pp 1/2/4, tp 1/2, dp 1/2, four schedules and recompute on and off.
+# Not used by CI (timings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p pipewright-cli
 pw=target/release/pipewright
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-steps=${PW_STEPS:-60}
+steps=${PW_STEPS:-200}
 repeats=${PW_REPEATS:-1}
 passes=${PW_PASSES:-3}
 # Profiles for a run of `world` ranks into $dir/p$world.json. World 1: one rank with both
