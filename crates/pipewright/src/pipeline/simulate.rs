@@ -104,11 +104,11 @@ impl Sharing {
         (self.slots / b * self.crowded * across).min(1.0)
     }
 
-    /// When each of ranks that start together ends, each with `works[r]` seconds of work at
-    /// full speed and computing throughout, sharing the processors as [`Sharing::rate`] says:
-    /// while `n` are unfinished each progresses at `rate(n, 1)`, so a rank with little work
-    /// ends early and leaves its share to the others. Ranks with equal work end together,
-    /// at their work over `rate(ranks, 1)`.
+    /// When each rank of a group that starts together ends, rank `r` with `works[r]` seconds
+    /// of work at full speed, computing throughout and sharing the processors as
+    /// [`Sharing::rate`] says: while `n` are unfinished each progresses at `rate(n, 1)`, so a
+    /// rank with little work ends early and leaves its share to the others. Ranks with equal
+    /// work end together, at their work over `rate(ranks, 1)`.
     pub fn finish_times(&self, works: &[f64]) -> Vec<f64> {
         let mut order: Vec<usize> = (0..works.len()).collect();
         order.sort_by(|&a, &b| works[a].total_cmp(&works[b]));

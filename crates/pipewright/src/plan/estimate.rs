@@ -336,17 +336,16 @@ pub fn estimate(
             pp_link.p2p(out)
         }
     };
-    // Tensor-parallel ranks crowding the cores lose no speed in
-    // their layers while one stage is busy: what switching costs, the waits in their
-    // collectives give back (measured here: tp 2 x dp 2 took 1.86-2.05 times tp 2 alone, as
-    // fluid sharing says: 2). While stages run at once, out of step, one's waits are another's
-    // time to compute: each progresses at its share of the cores over the share of its time it
-    // computes, as measured, at the crowded efficiency (traced here, pp 2 x tp 2: two stages'
-    // forwards of 216 us of CPU on each of four ranks ran side by side in 460 us on two cores).
-    // The share is each stage's in each pass: a stage holding the vocabulary-parallel head
-    // (busy 0.26 of its time against 0.87 for a block) runs its actions the faster (traced, pp
-    // 2 x tp 2: each stage's forward took its CPU time over half a core, 264 and 303 us in 531
-    // and 613, where the stages' work at full speed was 349 and 419 us).
+    // Tensor-parallel ranks crowding the cores lose no speed in their layers while one stage is
+    // busy: what switching costs, the waits in their collectives give back (measured here: tp 2 x
+    // dp 2 took 1.86-2.05 times tp 2 alone, as fluid sharing says: 2). While stages run at once,
+    // out of step, one's waits are another's time to compute: each progresses at its share of the
+    // cores over the share of its time it computes, as measured, at the crowded efficiency (traced
+    // here, pp 2 x tp 2: two stages' forwards of 216 us of CPU on each of four ranks ran side by
+    // side in 460 us on two cores). The share is each stage's in each pass: a stage holding the
+    // vocabulary-parallel head (busy 0.26 of its time against 0.87 for a block) runs its actions
+    // the faster (traced, pp 2 x tp 2: each stage's forward took its CPU time over half a core, 264
+    // and 303 us in 531 and 613, where the stages' work at full speed was 349 and 419 us).
     let crowded = cluster.sharing(pp, profile.crowded_efficiency);
     let measured = profile
         .busy_share(tp, rows, 0..profile.layers.len())
