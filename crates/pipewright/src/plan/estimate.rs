@@ -375,11 +375,12 @@ pub fn estimate(
     // leaves its share to the others (measured, pp 4: the two blocks' stages updated in
     // 0.39-0.58 ms, where all four ranks crowding the cores had been charged 0.77).
     let shards = if cand.zero == Zero::Off { 1 } else { dp };
-    let alone: Vec<f64> = (0..pp)
-        .map(|r| {
-            let params: f64 = schedule.stages_of(r).iter().map(|k| costs[*k].params).sum();
-            cluster.update_seconds(profile, params / shards as f64)
-        })
+    let rank_params: Vec<f64> = (0..pp)
+        .map(|r| schedule.stages_of(r).iter().map(|k| costs[*k].params).sum())
+        .collect();
+    let alone: Vec<f64> = rank_params
+        .iter()
+        .map(|p| cluster.update_seconds(profile, p / shards as f64))
         .collect();
     let updates = crowded.finish_times(&alone);
     let mut after = 0f64;
@@ -389,7 +390,7 @@ pub fn estimate(
     let mut peak_bytes = Vec::with_capacity(pp);
     for (r, held) in held_at.iter().enumerate() {
         let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
-        let params: f64 = mine.iter().map(|c| c.params).sum();
+        let params = rank_params[r];
         let bytes = params * cluster.runtime.grad_reduce_bytes;
         // ZeRO-1 all-gathers the updated weights after the sum; ZeRO-2 reduce-scatters every
         // micro-batch's gradients instead of one sum (in the schedule, not overlapped).
