@@ -49,6 +49,12 @@ pub struct PlanArgs {
     /// medians (a busy machine's spells then fall on every layout alike).
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
     pub repeats: usize,
+    /// With --measure: read the runs an earlier `--measure` left in --out instead of training
+    /// again, and set this plan's predictions beside them: a change to the planner judged
+    /// against the same measurements (on a machine whose speed moves, two sets of runs differ
+    /// by more than two planners do). Each run must have trained its candidate as planned.
+    #[arg(long, requires = "measure")]
+    pub measured: bool,
     /// Predict only these layouts instead of searching, each written as
     /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1` (`cp=2`, `sp=1` too; repeat
     /// the flag for more).
@@ -235,9 +241,8 @@ struct Measured {
     parts: StepParts,
 }
 
-/// Trains the candidate `e` here into `dir` and reads what its summary measured.
-fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measured> {
-    let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
+/// The flags of `train` for the candidate `e`, its run in `dir`.
+fn train_args(p: &PlanArgs, e: &Estimate, dir: &Path) -> TrainArgs {
     let c = &e.candidate;
     let mut a = p.train.clone();
     a.pp = c.layout.pp;
@@ -260,9 +265,15 @@ fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measu
     );
     a.eval_every = a.steps;
     a.out = Some(dir.to_path_buf());
+    a
+}
+
+/// Trains `a` here into `dir`.
+fn train(a: &TrainArgs, dir: &Path) -> Result<()> {
+    let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
     let out = Command::new(&exe)
         .arg("train")
-        .args(train_argv(&a)?)
+        .args(train_argv(a)?)
         .output()
         .map_err(|e| invalid!("cannot run {}: {e}", exe.display()))?;
     if !out.status.success() {
@@ -272,6 +283,36 @@ fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measu
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    Ok(())
+}
+
+/// Checks that the run in `dir` trained with the flags `a` (its directory aside).
+fn same_run(a: &TrainArgs, dir: &Path) -> Result<()> {
+    let path = dir.join("params.json");
+    let text = std::fs::read_to_string(&path).map_err(|err| {
+        invalid!(
+            "--measured: no run in {} ({err}); measure it first (without --measured)",
+            dir.display()
+        )
+    })?;
+    let ran: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
+    let planned = serde_json::to_value(a).map_err(|err| invalid!("{err}"))?;
+    let flags = planned.as_object().into_iter().flatten();
+    for (flag, value) in flags.filter(|(flag, _)| *flag != "out") {
+        if ran.get(flag) != Some(value) {
+            return Err(invalid!(
+                "--measured: the run in {} trained with {flag} = {}, this candidate has {value}: \
+                 measure it afresh (without --measured)",
+                dir.display(),
+                ran.get(flag).unwrap_or(&serde_json::Value::Null)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the finished run in `dir` measured, from its summary.
+fn read_measured(dir: &Path) -> Result<Measured> {
     let path = dir.join("summary.json");
     let text =
         std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
@@ -288,7 +329,7 @@ fn train_once(p: &PlanArgs, e: &Estimate, dir: &std::path::Path) -> Result<Measu
 }
 
 /// Trains each of `best` here `--repeats` times (the candidates in turn, so that a slow spell
-/// of the machine falls on all of them) and prints the medians of its measured step and peak
+/// of the machine falls on all of them; with `--measured`, reads those runs) and prints the medians of its measured step and peak
 /// memory beside the prediction: the process's resident peak, and the most live bytes of one
 /// rank as the allocator counts them (the planner's own quantity: what the rank holds, without
 /// what the allocator keeps back after a free).
@@ -301,7 +342,14 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
             if p.repeats > 1 {
                 name += &format!("-run-{}", r + 1);
             }
-            runs[i].push(train_once(p, e, &root.join(name))?);
+            let dir = root.join(name);
+            let a = train_args(p, e, &dir);
+            if p.measured {
+                same_run(&a, &dir)?;
+            } else {
+                train(&a, &dir)?;
+            }
+            runs[i].push(read_measured(&dir)?);
         }
     }
     println!(

@@ -92,6 +92,53 @@ fn a_model_over_the_cap_at_one_stage_is_planned_onto_two_and_trains() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains(&format!("measured  {parts}")), "{stdout}");
     assert!(stdout.contains("1    predicted pipeline "), "{stdout}");
+
+    // `--measured` sets the plan beside those runs again, training nothing: the same rows.
+    let rows = |o: &Output| -> Vec<String> {
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        text.lines()
+            .skip_while(|l| !l.contains("meas. peak"))
+            .map(String::from)
+            .collect()
+    };
+    let summary_path = out.join("candidate-1/summary.json");
+    let written = std::fs::metadata(&summary_path)
+        .unwrap()
+        .modified()
+        .unwrap();
+    let mut again = args.clone();
+    again.push("--measured");
+    let o2 = plan(&again);
+    assert!(
+        o2.status.success(),
+        "{}",
+        String::from_utf8_lossy(&o2.stderr)
+    );
+    assert!(
+        rows(&o).len() >= 4 && rows(&o2) == rows(&o),
+        "{:?}",
+        rows(&o2)
+    );
+    let now = std::fs::metadata(&summary_path)
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(now, written, "--measured trained again");
+    // A run of other flags, or none, is refused by name.
+    let steps = again.iter().position(|a| *a == "--steps").unwrap();
+    again[steps + 1] = "3";
+    let err = String::from_utf8_lossy(&plan(&again).stderr).to_string();
+    assert!(
+        err.contains("trained with") && err.contains("measure it afresh"),
+        "{err}"
+    );
+    let empty = out.join("empty");
+    let at = again.iter().position(|a| *a == "--out").unwrap();
+    let empty_s = empty.to_str().unwrap().to_string();
+    again[at + 1] = &empty_s;
+    again[steps + 1] = "2";
+    let err = String::from_utf8_lossy(&plan(&again).stderr).to_string();
+    assert!(err.contains("--measured: no run in"), "{err}");
     std::fs::remove_dir_all(&out).unwrap();
 }
 
