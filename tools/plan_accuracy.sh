@@ -16,17 +16,35 @@
 # over 200 steps (about 1.5 s) rides out the shorter spells that move one of 60 (0.4 s):
 # identical pp 2 runs in a noisy phase, alternated, spread 7.3-9.3 ms over 60 steps and
 # 7.3-8.0 over 240. Covers pp 1/2/4, tp 1/2, dp 1/2, four schedules and recompute on and off.
+# PW_KEEP=DIR keeps every pass's profiles and runs in DIR (a new directory); PW_MEASURED=DIR
+# then predicts those runs again from their own profiles with the code as it is now
+# (`plan --measure --measured`: nothing is trained or profiled), so that a change to the
+# planner is judged against the same measurements: on this machine two runs of the script
+# differ by more than most changes do (2026-11-26: passes of one layout -38..+6 %).
 # Not used by CI (timings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p pipewright-cli
 pw=target/release/pipewright
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 steps=${PW_STEPS:-200}
 repeats=${PW_REPEATS:-1}
 passes=${PW_PASSES:-3}
-# Profiles for a run of `world` ranks into $dir/p$world.json. World 1: one rank with both
+measured=
+if [ -n "${PW_MEASURED:-}" ]; then
+  dir=$PW_MEASURED
+  measured=--measured
+  passes=$(find "$dir" -maxdepth 1 -name 'pass*' -type d | wc -l)
+  [ "$passes" -gt 0 ] || { echo "PW_MEASURED=$dir holds no kept passes (PW_KEEP)" >&2; exit 1; }
+elif [ -n "${PW_KEEP:-}" ]; then
+  [ ! -e "$PW_KEEP" ] || { echo "PW_KEEP=$PW_KEEP already exists: name a new directory" >&2; exit 1; }
+  dir=$PW_KEEP
+  mkdir -p "$dir"
+else
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+fi
+log=$dir/log${measured:+-measured}
+# A profile for a run of `world` ranks into the file $2. World 1: one rank with both
 # cores. Worlds 2 and 4: one thread per rank, two ranks computing at once (one per core).
 # Four copies on the two cores are no better for world 4: they run their rounds in near
 # lockstep, so one layer can be preempted in most of its timings (measured here: one of two
@@ -35,22 +53,25 @@ passes=${PW_PASSES:-3}
 # ranks than cores does (they poll first in the world-2 profile, as two ranks on two cores do).
 profile() {
   if [ "$1" = 1 ]; then
-    $pw profile --sizes 4,8,16,32,64 --out "$dir/p1.json" >/dev/null
+    $pw profile --sizes 4,8,16,32,64 --out "$2" >/dev/null
   else
     RAYON_NUM_THREADS=1 PIPEWRIGHT_COMM_SPIN_US=$([ "$1" -gt 2 ] && echo 0 || echo 50) \
-      $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 --out "$dir/p$1.json" >/dev/null
+      $pw profile --sizes 4,8,16,32,64 --tp-sizes 1,2 --concurrent 2 --out "$2" >/dev/null
   fi
 }
-# Each candidate of a `world`-rank run: a fresh profile, then its prediction and measurement.
+# Each candidate of a `world`-rank run: a fresh profile, then its prediction and measurement
+# (with PW_MEASURED, the kept profile and runs).
 run() {
   local world=$1
   shift
   local n=0
   for c in "$@"; do
     n=$((n + 1))
-    profile "$world"
-    $pw plan --world "$world" --nodes 1 --profile "$dir/p$world.json" --measure --steps "$steps" \
-      --repeats "$repeats" --out "$dir/pass$pass/w$world-$n" --candidate "$c"
+    local out=$dir/pass$pass/w$world-$n
+    mkdir -p "$dir/pass$pass"
+    [ -n "$measured" ] || profile "$world" "$out.profile.json"
+    $pw plan --world "$world" --nodes 1 --profile "$out.profile.json" --measure $measured \
+      --steps "$steps" --repeats "$repeats" --out "$out" --candidate "$c"
   done
 }
 for pass in $(seq "$passes"); do
@@ -59,8 +80,8 @@ for pass in $(seq "$passes"); do
     pp=2,mbs=8,recompute=always pp=2,mbs=16,schedule=zb1
   run 4 pp=4,mbs=16 pp=2,tp=2,mbs=16 tp=2,dp=2 \
     pp=4,mbs=8,schedule=gpipe,recompute=always pp=2,dp=2,mbs=8,schedule=interleaved,virtual=2
-done | tee "$dir/log" >/dev/null
-python3 - "$dir/log" "$passes" <<'PY'
+done | tee "$log" >/dev/null
+python3 - "$log" "$passes" <<'PY'
 import re, statistics, sys
 from collections import defaultdict
 log, passes = open(sys.argv[1]).read().splitlines(), int(sys.argv[2])
