@@ -329,10 +329,10 @@ fn read_measured(dir: &Path) -> Result<Measured> {
 }
 
 /// Trains each of `best` here `--repeats` times (the candidates in turn, so that a slow spell
-/// of the machine falls on all of them; with `--measured`, reads those runs) and prints the medians of its measured step and peak
-/// memory beside the prediction: the process's resident peak, and the most live bytes of one
-/// rank as the allocator counts them (the planner's own quantity: what the rank holds, without
-/// what the allocator keeps back after a free).
+/// of the machine falls on all of them; with `--measured`, reads those runs) and prints the
+/// medians of its measured step and peak memory beside the prediction: the process's resident
+/// peak, and the most live bytes of one rank as the allocator counts them (the planner's own
+/// quantity: what the rank holds, without what the allocator keeps back after a free).
 fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
     let root = p.train.out.clone().unwrap_or_else(|| "output/plan".into());
     let mut runs: Vec<Vec<Measured>> = best.iter().map(|_| Vec::new()).collect();
