@@ -16,25 +16,29 @@
 //! Measured as it occurs: the model as a two-stage 1F1B pipeline of four micro-batches (ranks
 //! as threads, both computing at once as two profile copies do), each step ending in an
 //! optimizer update as training's do; each traced action's time (not counting its waits) less
-//! its stage's layers as profiled at its rows, and, for a backward after the stage's first
-//! micro-batch, less the gradient sum's line. Per step the mean over its forwards and over its
-//! backwards (the step pays every action's: the first forward after the update, its caches
-//! cold, runs 40 % slower than the others), and the medians over the steps, at least 0: here
-//! 2-12 us a forward and 18-51 us a backward (six profiles in a row), the same at 16 rows a
-//! micro-batch as at 4 (7-15 and 5-31 us): a cost an action, not a share of its layers.
+//! its stage's layers timed by its own rank right after that step, as the profile times them
+//! (one micro-batch through the whole model, [`profile_stage`], before the update), and, for a
+//! backward after the stage's first micro-batch, less the gradient sum's line. Per step the
+//! mean over its forwards and over its backwards (the step pays every action's: the first
+//! forward after the update, its caches cold, runs 40 % slower than the others), and the
+//! medians over the steps, at least 0. Set against the same step's layers, a spell of the
+//! machine's speed falls on both sides: six profiles in a row in a slow, unsteady phase
+//! (2026-11-26) gave a backward 24-57 us and a forward 6-11, where subtracting the profile's
+//! own layer timings (taken between the bursts) gave 9-131 and -23..14 from the same steps. At
+//! 16 rows a micro-batch 93-105 and -22..5 us against 58-78 and 8-16 at 4, alternated: a cost
+//! an action, rising a little with its rows (the estimate charges the one measured at 4).
 //!
 //! [`measure`](super::measure()) traces three bursts of [`BURST`] steps, before, amid and after
-//! the layers' timings, so that the actions and the layers they are set against meet the same
-//! speeds of the machine. One trial of twenty steps after the profile (a tenth of a second
-//! here) gave 13-166 us a backward over six profiles in a row, and of a hundred steps 29-122:
-//! a slow spell of the machine fell on the trial and not on the profile's rounds (whose
-//! medians absorb it), or the other way.
-//! With it, `tools/plan_accuracy.sh`'s interleaved pp 2 x dp 2 went from 12-23 % fast to within
-//! 5 % (eight later runs: -19..+4.5 %, the median -7.5 %; BENCHMARKS.md).
+//! the layers' timings. Before the actions were paired with their own step's layers, the
+//! bursts' spread was what set them against the same speeds: one trial of twenty steps after
+//! the profile (a tenth of a second here) gave 13-166 us a backward over six profiles in a
+//! row, and of a hundred steps 29-122.
+//! With the trial, `tools/plan_accuracy.sh`'s interleaved pp 2 x dp 2 went from 12-23 % fast to
+//! within 5 % (eight later runs: -19..+4.5 %, the median -7.5 %; BENCHMARKS.md).
 
 use std::ops::Range;
 
-use super::layer_cost::median;
+use super::layer_cost::{median, profile_stage};
 use super::profile::{ActionOverhead, Fit, LayerProfile};
 use crate::batch::Batch;
 use crate::comm::local;
@@ -52,14 +56,13 @@ pub const BURST: usize = 34;
 /// Micro-batches a step (fewer when the batch has fewer rows).
 const CHUNKS: usize = 4;
 
-/// One rank of the trial: its stages' layer ranges and each traced step's actions.
-type RankTrace = (Vec<Range<usize>>, Vec<Vec<TraceEvent>>);
+/// One rank of the trial: its stages' layer ranges and each traced step's actions, with every
+/// layer's forward and backward seconds timed alone right after them.
+type RankTrace = (Vec<Range<usize>>, Vec<(Vec<TraceEvent>, Vec<[f64; 2]>)>);
 
 /// The actions of a two-stage pipeline of a model, traced in bursts: what
 /// [`ActionTrace::overhead`] compares with the profiled layers.
 pub struct ActionTrace {
-    /// Rows of each micro-batch.
-    rows: usize,
     /// Each of the two ranks' stages and steps.
     per_rank: Vec<RankTrace>,
 }
@@ -95,6 +98,7 @@ impl ActionTrace {
                 detect_anomaly: false,
             };
             let mut p = Pipeline::new(model, build, Box::new(c), opts, loss.clone())?;
+            let (whole, first) = (model.build(build)?, batch.split(chunks)?.swap_remove(0));
             let all_rows = batch.rows()?;
             let mut opt = AdamW::new(p.params().to_vec(), AdamWConfig::default())?;
             let mut steps = Vec::with_capacity(BURST);
@@ -103,15 +107,17 @@ impl ActionTrace {
                     p.enable_trace();
                 }
                 let (_, grads) = p.loss_and_grads(batch, all_rows, 1.0)?;
+                // The layers alone at once, as the profile times them (the loss with the last).
+                let alone = profile_stage(&whole, &first, 1, Some(loss.as_ref()))?;
                 opt.step(&grads, 1e-3)?;
                 if step >= 2 {
-                    steps.push(p.take_trace());
+                    let alone = alone.iter().map(|c| [c.forward_s, c.backward_s]).collect();
+                    steps.push((p.take_trace(), alone));
                 }
             }
             Ok((p.ranges().to_vec(), steps))
         })?;
-        let rows = batch.split(chunks)?[0].rows()?;
-        Ok(Some(ActionTrace { rows, per_rank }))
+        Ok(Some(ActionTrace { per_rank }))
     }
 
     /// `other`'s steps added to these (the same model and batch).
@@ -122,24 +128,25 @@ impl ActionTrace {
     }
 
     /// [`ActionOverhead`]: each traced action's time (not counting its waits) less its
-    /// stage's `layers` as profiled at its rows, and, for a backward after the stage's first
-    /// micro-batch, less the gradient sum's line `sum` (seconds by parameters). Per step, the
-    /// mean excess of its forwards and of its backwards (a step pays every action's, the cold
-    /// first ones too); the medians over the steps, at least 0.
+    /// stage's layers as its rank timed them alone after the same step, and, for a backward
+    /// after the stage's first micro-batch, less the gradient sum's line `sum` (seconds by the
+    /// parameters of its stage's `layers`). Per step, the mean excess of its forwards and of
+    /// its backwards (a step pays every action's, the cold first ones too); the medians over
+    /// the steps, at least 0.
     pub fn overhead(&self, layers: &[LayerProfile], sum: Fit) -> ActionOverhead {
-        let profiled = |stage: &Range<usize>| {
-            let of = &layers[stage.clone()];
-            let params: u64 = of.iter().map(|l| l.params).sum();
-            (
-                of.iter().map(|l| l.forward.at(self.rows)).sum::<f64>(),
-                of.iter().map(|l| l.backward.at(self.rows)).sum::<f64>(),
-                sum.at(params as usize),
-            )
-        };
         let (mut forward, mut backward) = (Vec::new(), Vec::new());
         for (ranges, steps) in &self.per_rank {
-            let stages: Vec<_> = ranges.iter().map(profiled).collect();
-            for events in steps {
+            for (events, alone) in steps {
+                let stages: Vec<_> = ranges
+                    .iter()
+                    .map(|r| {
+                        let params: u64 = layers[r.clone()].iter().map(|l| l.params).sum();
+                        let [f, b] = alone[r.clone()]
+                            .iter()
+                            .fold([0.0; 2], |[f, b], a| [f + a[0], b + a[1]]);
+                        (f, b, sum.at(params as usize))
+                    })
+                    .collect();
                 // (Sum and count of the step's forwards' excess, then of its backwards'.)
                 let mut excess = [(0.0, 0usize); 2];
                 for e in events {
@@ -162,5 +169,84 @@ impl ActionTrace {
             forward_s: median(forward).max(0.0),
             backward_s: median(backward).max(0.0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer of `params` parameters whose profiled forward and backward take 1 s a row
+    /// (the trial must not read them: it sets actions against their own step's timings).
+    fn layer(params: u64) -> LayerProfile {
+        let second = Fit {
+            fixed_s: 0.0,
+            per_sample_s: 1.0,
+        };
+        LayerProfile {
+            name: format!("{params}"),
+            params,
+            tp_split: false,
+            forward: second,
+            backward: second,
+            backward_input: None,
+            backward_weight: None,
+            output_bytes_per_sample: 0.0,
+            kept_bytes_per_sample: 0.0,
+            kept_whole_bytes_per_sample: 0.0,
+            transient: None,
+            split_kept_bytes_per_sample: None,
+            deferred_bytes_per_sample: 0.0,
+            tp_all_reduce_bytes_per_sample: 0.0,
+            split: Vec::new(),
+            measured: Vec::new(),
+            attention: None,
+            shapes: None,
+        }
+    }
+
+    #[test]
+    fn actions_are_set_against_their_own_steps_layers() {
+        // Two stages of one layer each (1000 and 3000 parameters; the gradient sum 1 ns a
+        // parameter). Each step's layers alone take 100/200 us and 300/400 us (forward /
+        // backward) times its speed: two of three steps run 1.5 times slower. Every forward
+        // takes 10 us more than its layers that step, every backward 50 more (and the sum
+        // after the first micro-batch), a wait on top.
+        let layers = [layer(1000), layer(3000)];
+        let sum = Fit {
+            fixed_s: 0.0,
+            per_sample_s: 1e-9,
+        };
+        let alone = [[100e-6, 200e-6], [300e-6, 400e-6]];
+        let event = |action, dur_us| TraceEvent {
+            step: 0,
+            action,
+            start_us: 0.0,
+            dur_us: dur_us + 7.0,
+            recomputed: false,
+            wait_us: 7.0,
+            cpu_us: None,
+        };
+        let rank = |stage: usize| -> RankTrace {
+            let steps = [1.5, 1.5, 1.0].map(|speed: f64| {
+                let times: Vec<[f64; 2]> = alone.iter().map(|t| t.map(|s| s * speed)).collect();
+                let [f, b] = times[stage].map(|s| s * 1e6);
+                let summed = layers[stage].params as f64 * 1e-3;
+                let events = vec![
+                    event(Action::Forward { mb: 0, stage }, f + 10.0),
+                    event(Action::Forward { mb: 1, stage }, f + 10.0),
+                    event(Action::Backward { mb: 0, stage }, b + 50.0),
+                    event(Action::Backward { mb: 1, stage }, b + 50.0 + summed),
+                ];
+                (events, times)
+            });
+            (vec![0..1, 1..2], steps.to_vec())
+        };
+        let trace = ActionTrace {
+            per_rank: vec![rank(0), rank(1)],
+        };
+        let o = trace.overhead(&layers, sum);
+        assert!((o.forward_s - 10e-6).abs() < 1e-12, "{o:?}");
+        assert!((o.backward_s - 50e-6).abs() < 1e-12, "{o:?}");
     }
 }
