@@ -39,7 +39,7 @@
 use std::ops::Range;
 
 use super::layer_cost::{median, profile_stage};
-use super::profile::{ActionOverhead, Fit, LayerProfile};
+use super::profile::{ActionOverhead, Fit};
 use crate::batch::Batch;
 use crate::comm::local;
 use crate::loss::SharedLoss;
@@ -130,17 +130,17 @@ impl ActionTrace {
     /// [`ActionOverhead`]: each traced action's time (not counting its waits) less its
     /// stage's layers as its rank timed them alone after the same step, and, for a backward
     /// after the stage's first micro-batch, less the gradient sum's line `sum` (seconds by the
-    /// parameters of its stage's `layers`). Per step, the mean excess of its forwards and of
-    /// its backwards (a step pays every action's, the cold first ones too); the medians over
-    /// the steps, at least 0.
-    pub fn overhead(&self, layers: &[LayerProfile], sum: Fit) -> ActionOverhead {
+    /// parameters of its stage's layers, each layer's in `params`). Per step, the mean excess
+    /// of its forwards and of its backwards (a step pays every action's, the cold first ones
+    /// too); the medians over the steps, at least 0.
+    pub fn overhead(&self, params: &[u64], sum: Fit) -> ActionOverhead {
         let (mut forward, mut backward) = (Vec::new(), Vec::new());
         for (ranges, steps) in &self.per_rank {
             for (events, alone) in steps {
                 let stages: Vec<_> = ranges
                     .iter()
                     .map(|r| {
-                        let params: u64 = layers[r.clone()].iter().map(|l| l.params).sum();
+                        let params: u64 = params[r.clone()].iter().sum();
                         let [f, b] = alone[r.clone()]
                             .iter()
                             .fold([0.0; 2], |[f, b], a| [f + a[0], b + a[1]]);
@@ -176,35 +176,6 @@ impl ActionTrace {
 mod tests {
     use super::*;
 
-    /// A layer of `params` parameters whose profiled forward and backward take 1 s a row
-    /// (the trial must not read them: it sets actions against their own step's timings).
-    fn layer(params: u64) -> LayerProfile {
-        let second = Fit {
-            fixed_s: 0.0,
-            per_sample_s: 1.0,
-        };
-        LayerProfile {
-            name: format!("{params}"),
-            params,
-            tp_split: false,
-            forward: second,
-            backward: second,
-            backward_input: None,
-            backward_weight: None,
-            output_bytes_per_sample: 0.0,
-            kept_bytes_per_sample: 0.0,
-            kept_whole_bytes_per_sample: 0.0,
-            transient: None,
-            split_kept_bytes_per_sample: None,
-            deferred_bytes_per_sample: 0.0,
-            tp_all_reduce_bytes_per_sample: 0.0,
-            split: Vec::new(),
-            measured: Vec::new(),
-            attention: None,
-            shapes: None,
-        }
-    }
-
     #[test]
     fn actions_are_set_against_their_own_steps_layers() {
         // Two stages of one layer each (1000 and 3000 parameters; the gradient sum 1 ns a
@@ -212,7 +183,7 @@ mod tests {
         // backward) times its speed: two of three steps run 1.5 times slower. Every forward
         // takes 10 us more than its layers that step, every backward 50 more (and the sum
         // after the first micro-batch), a wait on top.
-        let layers = [layer(1000), layer(3000)];
+        let params = [1000, 3000];
         let sum = Fit {
             fixed_s: 0.0,
             per_sample_s: 1e-9,
@@ -231,7 +202,7 @@ mod tests {
             let steps = [1.5, 1.5, 1.0].map(|speed: f64| {
                 let times: Vec<[f64; 2]> = alone.iter().map(|t| t.map(|s| s * speed)).collect();
                 let [f, b] = times[stage].map(|s| s * 1e6);
-                let summed = layers[stage].params as f64 * 1e-3;
+                let summed = params[stage] as f64 * 1e-3;
                 let events = vec![
                     event(Action::Forward { mb: 0, stage }, f + 10.0),
                     event(Action::Forward { mb: 1, stage }, f + 10.0),
@@ -245,7 +216,7 @@ mod tests {
         let trace = ActionTrace {
             per_rank: vec![rank(0), rank(1)],
         };
-        let o = trace.overhead(&layers, sum);
+        let o = trace.overhead(&params, sum);
         assert!((o.forward_s - 10e-6).abs() < 1e-12, "{o:?}");
         assert!((o.backward_s - 50e-6).abs() < 1e-12, "{o:?}");
     }

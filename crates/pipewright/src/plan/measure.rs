@@ -282,7 +282,8 @@ pub fn measure(
             }
         })
         .collect();
-    let action_overhead = actions.map(|a| a.overhead(&layers, accumulate));
+    let params: Vec<u64> = layers.iter().map(|l| l.params).collect();
+    let action_overhead = actions.map(|a| a.overhead(&params, accumulate));
     Ok(Profile {
         source,
         dtype_bytes,
