@@ -136,21 +136,25 @@ impl ActionTrace {
     pub fn overhead(&self, params: &[u64], sum: Fit) -> ActionOverhead {
         let (mut forward, mut backward) = (Vec::new(), Vec::new());
         for (ranges, steps) in &self.per_rank {
+            // Each stage's gradient sum: the same every step.
+            let summed: Vec<f64> = ranges
+                .iter()
+                .map(|r| sum.at(params[r.clone()].iter().sum::<u64>() as usize))
+                .collect();
             for (events, alone) in steps {
-                let stages: Vec<_> = ranges
+                // Each stage's layers alone this step: forward and backward seconds.
+                let stages: Vec<[f64; 2]> = ranges
                     .iter()
                     .map(|r| {
-                        let params: u64 = params[r.clone()].iter().sum();
-                        let [f, b] = alone[r.clone()]
+                        alone[r.clone()]
                             .iter()
-                            .fold([0.0; 2], |[f, b], a| [f + a[0], b + a[1]]);
-                        (f, b, sum.at(params as usize))
+                            .fold([0.0; 2], |[f, b], a| [f + a[0], b + a[1]])
                     })
                     .collect();
                 // (Sum and count of the step's forwards' excess, then of its backwards'.)
                 let mut excess = [(0.0, 0usize); 2];
                 for e in events {
-                    let (f, b, summed) = stages[e.action.stage()];
+                    let ([f, b], summed) = (stages[e.action.stage()], summed[e.action.stage()]);
                     let took = (e.dur_us - e.wait_us) * 1e-6;
                     let (kind, x) = match e.action {
                         Action::Forward { .. } => (0, took - f),
