@@ -88,8 +88,9 @@ pub fn run_all_on(comm: &dyn Communicator, device: &Device) -> Result<usize> {
         shapes,
     };
     type Part = fn(&mut Count) -> Result<()>;
-    let parts: [(&str, Part); 5] = [
+    let parts: [(&str, Part); 6] = [
         ("all_reduce", all_reduce),
+        ("order of addition", order_of_addition),
         ("gather, scatter and broadcast", gather_scatter_broadcast),
         ("point to point", point_to_point),
         ("sub-groups", sub_groups),
@@ -159,6 +160,69 @@ fn all_reduce(c: &mut Count) -> Result<()> {
                         .all(|(a, b)| (a - b).abs() <= tol * b.abs());
                 c.check(ok, || format!("{}: {g:?}, want {want:?}", what()));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Rank `rank`'s input at element `i` for [`order_of_addition`]: in f32, `1e8 + 1` loses the
+/// 1, so a sum over three or more ranks depends on the order of the additions; in f16 and bf16,
+/// `256 + 1 + 1` does at every step and not in f32.
+pub fn order_sensitive(rank: usize, i: usize, dt: DType) -> f32 {
+    const WIDE: [f32; 4] = [1e8, 1.0, -1e8, 1.0];
+    const HALF: [f32; 4] = [256.0, 1.0, 1.0, 3.0];
+    let p = if dt == DType::F32 { WIDE } else { HALF };
+    p[(rank + i) % 4]
+}
+
+/// all_reduce, reduce and reduce_scatter give, bit for bit, the sum in rank order (f16 and bf16
+/// summed in f32 and rounded once) and that sum times 1 / size for an average, on inputs where
+/// any other order gives other bits ([`super::ordered`]).
+fn order_of_addition(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    let rows = 2 * world + 1;
+    for dt in [DType::F32, DType::BF16, DType::F16] {
+        let round = |v: f32| match dt {
+            DType::BF16 => half::bf16::from_f32(v).to_f64(),
+            DType::F16 => half::f16::from_f32(v).to_f64(),
+            _ => v as f64,
+        };
+        let col =
+            |i: usize| -> Vec<f32> { (0..world).map(|r| order_sensitive(r, i, dt)).collect() };
+        let mine: Vec<f64> = (0..rows * 3)
+            .map(|i| order_sensitive(c.rank, i, dt) as f64)
+            .collect();
+        for op in [ReduceOp::Sum, ReduceOp::Avg] {
+            let scale = if op == ReduceOp::Avg {
+                (1.0 / world as f64) as f32
+            } else {
+                1.0
+            };
+            let want = |i: usize| round(super::ordered::sum_in_rank_order(&col(i)) * scale + 0.0);
+            // An odd length: the shares MPI and NCCL split it into differ by an element.
+            let t = c.tensor(&mine, &[rows, 3], dt)?;
+            let all: Vec<f64> = (0..rows * 3).map(want).collect();
+            let got = as_f64(&c.comm.all_reduce(&t, op)?)?;
+            c.check(got == all, || {
+                format!("all_reduce {op:?} {dt:?} in rank order: {got:?}, want {all:?}")
+            });
+            let root = world / 2;
+            let got = c
+                .comm
+                .reduce(&t, op, root)?
+                .map(|t| as_f64(&t))
+                .transpose()?;
+            let ok = match &got {
+                Some(g) => c.rank == root && *g == all,
+                None => c.rank != root,
+            };
+            c.check(ok, || format!("reduce {op:?} {dt:?} to {root}: {got:?}"));
+            let t = t.narrow(0, 0, rows - 1)?;
+            let part = as_f64(&c.comm.reduce_scatter(&t, op)?)?;
+            let want: Vec<f64> = (c.rank * 6..c.rank * 6 + 6).map(want).collect();
+            c.check(part == want, || {
+                format!("reduce_scatter {op:?} {dt:?} in rank order: {part:?}, want {want:?}")
+            });
         }
     }
     Ok(())

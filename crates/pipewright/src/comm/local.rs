@@ -13,8 +13,9 @@
 //! ranks than cores a poller takes the core a rank would compute on (4 ranks on 2 cores: up to
 //! twice as slow with 200 us), so it sleeps at once. `PIPEWRIGHT_COMM_SPIN_US` sets the time.
 //!
-//! Collectives gather at the group's first member, which combines the tensors in rank order
-//! and hands every member the same result, so reductions are bit-identical on every member.
+//! Collectives gather at the group's first member, which checks the tensors and hands every
+//! member all of them; each member reduces them in rank order ([`super::ordered`]), so
+//! reductions are bit-identical on every member and to every other backend's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
-use super::{check_agree, check_same_dtype, describe, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::{
+    check_agree, check_same_dtype, describe, ordered, Communicator, Pending, ReduceOp, MAX_TAG,
+};
 use crate::init::hash_seed;
 use crate::{Error, Result};
 
@@ -159,25 +162,6 @@ fn reducible(t: &Tensor, op: ReduceOp) -> std::result::Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// `ts` (one per rank, in rank order; [`reducible`] by `op`) reduced by `op`, in the calling
-/// rank's thread: each rank reduces into memory of its own (counted to it, as a rank of another
-/// process would hold its own result; the ranks reduce at once), every rank's result the same
-/// bits.
-fn reduce(ts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
-    let mut acc = ts[0].clone();
-    for t in &ts[1..] {
-        let t = t.to_device(acc.device())?;
-        acc = match op {
-            ReduceOp::Sum | ReduceOp::Avg => (acc + t)?,
-            ReduceOp::Max => acc.maximum(&t)?,
-        };
-    }
-    if op == ReduceOp::Avg {
-        acc = (acc / ts.len() as f64)?;
-    }
-    Ok(acc)
 }
 
 impl LocalComm {
@@ -335,7 +319,9 @@ impl Communicator for LocalComm {
             reducible(&ts[0], op).map_err(|e| format!("all_reduce: {e}"))?;
             Ok(vec![ts; n])
         })?;
-        reduce(&all, op)
+        // Each rank reduces into memory of its own (counted to it, as a rank of another
+        // process would hold its own result), the same bits on every rank.
+        ordered::combine(&all, op)
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
@@ -377,7 +363,9 @@ impl Communicator for LocalComm {
             .iter()
             .map(|t| t.narrow(0, self.rank * part, part))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        reduce(&mine, op)?.contiguous().map_err(Into::into)
+        ordered::combine(&mine, op)?
+            .contiguous()
+            .map_err(Into::into)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

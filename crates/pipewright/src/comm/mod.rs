@@ -3,8 +3,9 @@
 //! one process ([`local`]), MPI processes or GPUs.
 //!
 //! Collectives must be called by every member of a communicator in the same order. Results of
-//! reductions are identical (bit for bit) on every member, and each member gets them on the
-//! device of the tensor it passed. A received tensor is wherever the backend put it (the
+//! reductions are identical (bit for bit) on every member and on every backend: each adds in
+//! rank order by one definition ([`ordered`]), never by a library's own algorithm. Each member
+//! gets them on the device of the tensor it passed. A received tensor is wherever the backend put it (the
 //! sender's device for local threads, the CPU for MPI, the GPU for NCCL): receivers move it to
 //! their device, which costs nothing when it is there already.
 
@@ -17,6 +18,7 @@ pub mod local;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+pub mod ordered;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 
@@ -83,6 +85,20 @@ pub trait Communicator: Send + Sync {
 
     /// Every member gets the reduction of every member's `t` (same shape and dtype everywhere).
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+    /// Member `root` gets the reduction of every member's `t` (the others get `None`), the
+    /// same bits [`Communicator::all_reduce`] gives: it is computed as that, and kept by the
+    /// root alone.
+    fn reduce(&self, t: &Tensor, op: ReduceOp, root: usize) -> Result<Option<Tensor>> {
+        if root >= self.size() {
+            return Err(crate::Error::Comm(format!(
+                "rank {}: reduce names root {root}, outside this group of {} ranks",
+                self.rank(),
+                self.size()
+            )));
+        }
+        let r = self.all_reduce(t, op)?;
+        Ok((self.rank() == root).then_some(r))
+    }
     /// Every member gets every member's tensor, in rank order (shapes may differ).
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>>;
     /// Reduces, then member `r` keeps part `r` of `size` equal parts along dim 0.

@@ -1,21 +1,24 @@
 //! Open MPI backend (cargo feature `mpi`): one process per rank under `mpirun`; rank and size
 //! come from MPI. Tensors travel as raw bytes straight from and into CPU storage (no
 //! serialisation, no extra copy on the receiving side); point-to-point messages carry a small
-//! header (dtype and shape) first. Collectives use MPI's own (`MPI_Allreduce`, ...) after an
+//! header (dtype and shape) first. Collectives use MPI's own (`MPI_Allgatherv`, ...) after an
 //! exchange of headers that lets every rank report a shape or dtype mismatch identically.
-//! f16 and bf16, which MPI cannot add, are reduced in f32. GPU tensors go through host memory
-//! (this MPI is not CUDA-aware; [`wire::to_host`](super::wire::to_host) warns once), and the
-//! results of collectives come back on the device of their input.
+//! Reductions add nothing in MPI: `MPI_Alltoallv` hands each rank the parts it reduces, which
+//! it adds in rank order ([`super::ordered`]), and `MPI_Allgatherv` shares the results, so the
+//! bits do not depend on the algorithm Open MPI picks for a CPU, a size or a rank count. GPU
+//! tensors go through host memory (this MPI is not CUDA-aware;
+//! [`wire::to_host`](super::wire::to_host) warns once), and the results of collectives come
+//! back on the device of their input.
 //!
 //! MPI's default error handler is fatal: a rank that dies makes `mpirun` end the job and
 //! name it. A rank whose program returns an error should call [`Mpi::abort`] so the others do
 //! not wait.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
-use mpi::collective::SystemOperation;
-use mpi::datatype::{Equivalence, PartitionMut};
+use candle_core::{DType, Tensor};
+use mpi::datatype::{Equivalence, Partition, PartitionMut};
 use mpi::ffi;
 use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
@@ -27,7 +30,7 @@ use mpi::Threading;
 use super::wire::{
     header, parse_header, reduce_plan, tensor_from_bytes, to_host, with_bytes, Buf, HEADER,
 };
-use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::{check_agree, check_same_dtype, ordered, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
 /// MPI itself: initialised with `MPI_THREAD_MULTIPLE`, finalised when dropped.
@@ -75,13 +78,6 @@ pub struct MpiComm {
     size: usize,
 }
 
-fn system_op(op: ReduceOp) -> SystemOperation {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => SystemOperation::sum(),
-        ReduceOp::Max => SystemOperation::max(),
-    }
-}
-
 /// MPI writes every element of a fresh vector (no zeroing first: at 16-64 MiB zeroing the
 /// receive buffer costs as much as the transfer). `fill` gets the vector's spare capacity as a
 /// raw pointer and must return the number of elements MPI reported written; the vector takes
@@ -100,84 +96,6 @@ fn filled_by_mpi<T: Copy>(n: usize, fill: impl FnOnce(*mut T) -> Result<usize>) 
 fn count_i32(n: usize) -> Result<i32> {
     i32::try_from(n)
         .map_err(|_| Error::Comm(format!("a message of {n} elements is too large for MPI")))
-}
-
-/// `MPI_Allreduce` (or `MPI_Reduce_scatter_block` when `scatter`) of `send` into a new vector
-/// of `out` elements. MPI's errors are fatal, so a call that returns has written them all.
-fn reduce_new<T: Equivalence + Copy>(
-    comm: &SimpleCommunicator,
-    send: &[T],
-    out: usize,
-    op: SystemOperation,
-    scatter: bool,
-) -> Result<Vec<T>> {
-    let dt = T::equivalent_datatype();
-    filled_by_mpi(out, |ptr: *mut T| {
-        // SAFETY: `send` holds the counted elements; `ptr` has room for `out` (the whole
-        // reduction, or one of `size` equal parts when scattering).
-        unsafe {
-            if scatter {
-                ffi::MPI_Reduce_scatter_block(
-                    send.as_ptr().cast(),
-                    ptr.cast(),
-                    count_i32(out)?,
-                    dt.as_raw(),
-                    op.as_raw(),
-                    comm.as_raw(),
-                );
-            } else {
-                ffi::MPI_Allreduce(
-                    send.as_ptr().cast(),
-                    ptr.cast(),
-                    count_i32(out)?,
-                    dt.as_raw(),
-                    op.as_raw(),
-                    comm.as_raw(),
-                );
-            }
-        }
-        Ok(out)
-    })
-}
-
-/// Reduces `t` (f32, f64, i64, u32, u8) with [`reduce_new`] into a tensor of shape `dims`.
-fn reduce_tensor(
-    comm: &SimpleCommunicator,
-    t: &Tensor,
-    dims: &[usize],
-    op: SystemOperation,
-    scatter: bool,
-) -> Result<Tensor> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    let (a, b) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| Error::Comm("tensor is not contiguous".into()))?;
-    let n: usize = dims.iter().product();
-    let d = &Device::Cpu;
-    Ok(match &*storage {
-        Storage::Cpu(CpuStorage::F32(v)) => {
-            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
-        }
-        Storage::Cpu(CpuStorage::F64(v)) => {
-            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
-        }
-        Storage::Cpu(CpuStorage::I64(v)) => {
-            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
-        }
-        Storage::Cpu(CpuStorage::U32(v)) => {
-            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
-        }
-        Storage::Cpu(CpuStorage::U8(v)) => {
-            Tensor::from_vec(reduce_new(comm, &v[a..b], n, op, scatter)?, dims, d)?
-        }
-        _ => {
-            return Err(Error::Comm(format!(
-                "the MPI backend cannot reduce {:?} tensors",
-                t.dtype()
-            )))
-        }
-    })
 }
 
 /// Receives exactly `n` elements of `T` from `src` into a fresh vector.
@@ -252,6 +170,46 @@ impl MpiComm {
         check_agree(op, &self.headers(t)?, reference).map_err(Error::Comm)
     }
 
+    /// Member `r` gets elements `shares[r]` of every member's flat `t`, in rank order:
+    /// `MPI_Alltoallv` moves the bytes and adds nothing.
+    fn exchange(&self, flat: &Tensor, shares: &[Range<usize>]) -> Result<Vec<Tensor>> {
+        let (dt, size) = (flat.dtype(), self.size);
+        let bytes = |n: usize| count_i32(n * dt.size_in_bytes());
+        let counts = |f: &dyn Fn(usize) -> usize| -> Result<Vec<i32>> {
+            (0..size).map(|r| bytes(f(r))).collect()
+        };
+        let (send_counts, send_displs) =
+            (counts(&|r| shares[r].len())?, counts(&|r| shares[r].start)?);
+        let mine = shares[self.rank].len();
+        let (recv_counts, recv_displs) = (counts(&|_| mine)?, counts(&|r| r * mine)?);
+        let mut buf = Buf::for_receive(dt, mine * size)?;
+        with_bytes(flat, |b| {
+            let send = Partition::new(b, &send_counts[..], &send_displs[..]);
+            let mut recv = PartitionMut::new(buf.bytes_mut(), &recv_counts[..], &recv_displs[..]);
+            self.comm().all_to_all_varcount_into(&send, &mut recv);
+        })?;
+        let all = buf.into_tensor(&[size, mine])?;
+        (0..size).map(|r| Ok(all.get(r)?)).collect()
+    }
+
+    /// Every member's `part` (flat, lengths `lens`), joined in rank order.
+    fn gather_flat(&self, part: &Tensor, lens: &[usize]) -> Result<Tensor> {
+        let dt = part.dtype();
+        let bytes = |n: usize| count_i32(n * dt.size_in_bytes());
+        let counts: Vec<i32> = lens.iter().map(|n| bytes(*n)).collect::<Result<_>>()?;
+        let displs: Vec<i32> = (0..lens.len())
+            .map(|r| bytes(lens[..r].iter().sum()))
+            .collect::<Result<_>>()?;
+        let mut buf = Buf::for_receive(dt, lens.iter().sum())?;
+        with_bytes(part, |mine| {
+            let mut all = PartitionMut::new(buf.bytes_mut(), &counts[..], &displs[..]);
+            self.comm().all_gather_varcount_into(mine, &mut all);
+        })?;
+        buf.into_tensor(&[lens.iter().sum()])
+    }
+
+    /// all_reduce (or reduce_scatter) in rank order ([`ordered`]): each member reduces its share
+    /// of the elements (its rows), and all_reduce gathers the shares.
     fn reduce(&self, t: &Tensor, op: ReduceOp, scatter: bool) -> Result<Tensor> {
         let name = if scatter {
             "reduce_scatter"
@@ -259,13 +217,21 @@ impl MpiComm {
             "all_reduce"
         };
         self.agree(name, t, 0)?;
-        let dt = t.dtype();
-        let (dims, work) = reduce_plan(t, op, self.size, scatter)?;
-        let mut out = reduce_tensor(self.comm(), &work, &dims, system_op(op), scatter)?;
-        if op == ReduceOp::Avg {
-            out = (out / self.size as f64)?;
+        let dims = reduce_plan(t, op, self.size, scatter)?;
+        let flat = t.flatten_all()?;
+        let n = flat.elem_count();
+        let shares: Vec<Range<usize>> = (0..self.size)
+            .map(|r| match scatter {
+                true => r * n / self.size..(r + 1) * n / self.size,
+                false => ordered::share(n, self.size, r),
+            })
+            .collect();
+        let mine = ordered::combine(&self.exchange(&flat, &shares)?, op)?;
+        if scatter {
+            return Ok(mine.reshape(dims)?);
         }
-        Ok(out.to_dtype(dt)?)
+        let lens: Vec<usize> = shares.iter().map(|r| r.len()).collect();
+        Ok(self.gather_flat(&mine, &lens)?.reshape(dims)?)
     }
 }
 

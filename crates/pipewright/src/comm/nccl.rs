@@ -6,7 +6,8 @@
 //! rank 0 makes the NCCL unique id and broadcasts it over the CPU communicator, and shape and
 //! dtype headers travel there too, so mismatches are reported exactly as the other backends
 //! report them. Tensors on the GPU (a `cuda` build) go straight through NCCL (`nccl/gpu.rs`); CPU
-//! tensors are copied to the rank's GPU, and results back. f16 and bf16 are reduced in f32.
+//! tensors are copied to the rank's GPU, and results back. Reductions gather through NCCL and
+//! add in rank order ([`super::ordered`]), so they give the bits of every other backend.
 //!
 //! cudarc panics on its first call when libcuda is missing; [`probe`] checks first, and
 //! [`NcclComm::new`] returns an error instead.
@@ -14,34 +15,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use candle_core::{DType, Device, Tensor, WithDType};
+use candle_core::{DType, Device, Tensor};
 #[cfg(not(feature = "cuda"))]
 use cudarc::driver::CudaContext;
 use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp as NcclOp};
+use cudarc::nccl::safe::{Comm, Id, NcclType};
 
 use super::wire::{header_tensor, parse_header_tensor, reduce_plan, tensor_from_bytes, with_bytes};
-use super::{check_agree, check_same_dtype, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::{check_agree, check_same_dtype, ordered, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
-
-/// `$body` with the type `$T` standing for the element type of the dtype `$dt`.
-macro_rules! typed {
-    ($dt:expr, $T:ident => $body:expr) => {
-        typed!(@ $dt, $T, $body, U8 u8, U32 u32, I64 i64, F16 half::f16, BF16 half::bf16,
-            F32 f32, F64 f64)
-    };
-    (@ $dt:expr, $T:ident, $body:expr, $($variant:ident $ty:ty),*) => {
-        match $dt {
-            $(DType::$variant => {
-                type $T = $ty;
-                $body
-            })*
-            other => Err(Error::Comm(format!(
-                "the NCCL backend does not carry {other:?} tensors"
-            ))),
-        }
-    };
-}
 
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -72,14 +54,6 @@ pub fn probe() -> Result<()> {
         ));
     }
     Ok(())
-}
-
-fn nccl_op(op: ReduceOp) -> NcclOp {
-    match op {
-        ReduceOp::Sum => NcclOp::Sum,
-        ReduceOp::Max => NcclOp::Max,
-        ReduceOp::Avg => NcclOp::Avg,
-    }
 }
 
 fn gpu<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Error + '_ {
@@ -233,53 +207,6 @@ impl Inner {
         Ok(v)
     }
 
-    fn reduce_typed<T: NcclType + DeviceRepr + ValidAsZeroBits + WithDType>(
-        &self,
-        t: &Tensor,
-        op: ReduceOp,
-        out_dims: &[usize],
-        scatter: bool,
-    ) -> Result<Tensor> {
-        let host = t.flatten_all()?.to_vec1::<T>()?;
-        let out: usize = out_dims.iter().product();
-        let nop = nccl_op(op);
-        let v = self.staged(&host, out, |c, s, r| {
-            let res = if scatter {
-                c.reduce_scatter(s, r, &nop)
-            } else {
-                c.all_reduce(s, r, &nop)
-            };
-            res.map(|_| ()).map_err(gpu("reducing"))
-        })?;
-        Ok(Tensor::from_vec(v, out_dims, &Device::Cpu)?)
-    }
-
-    fn reduce(&self, t: &Tensor, op: ReduceOp, scatter: bool) -> Result<Tensor> {
-        let name = if scatter {
-            "reduce_scatter"
-        } else {
-            "all_reduce"
-        };
-        self.agree(name, t, 0)?;
-        let dt = t.dtype();
-        if t.elem_count() == 0 {
-            // Nothing to reduce (every member agreed on the shape), and candle's CUDA kernels
-            // cannot run on an empty tensor (the f16 widening would fail there): an empty
-            // result of the output's shape, on the input's device.
-            let (dims, _) = reduce_plan(&t.to_device(&Device::Cpu)?, op, self.size(), scatter)?;
-            return Ok(Tensor::zeros(dims, dt, &Device::Cpu)?.to_device(t.device())?);
-        }
-        let (dims, work) = reduce_plan(t, op, self.size(), scatter)?;
-        #[cfg(feature = "cuda")]
-        if t.device().is_cuda() {
-            return Ok(self
-                .gpu_reduce(&work, &nccl_op(op), &dims, scatter)?
-                .to_dtype(dt)?);
-        }
-        let out = typed!(work.dtype(), T => self.reduce_typed::<T>(&work, op, &dims, scatter))?;
-        Ok(out.to_dtype(dt)?)
-    }
-
     fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()> {
         self.check(dst, "send", Some(tag))?;
         if dst == self.rank() {
@@ -354,6 +281,35 @@ impl Inner {
     }
 }
 
+impl NcclComm {
+    /// all_reduce (or reduce_scatter) in rank order ([`ordered`]): NCCL gathers every member's
+    /// tensor (moving bytes, adding nothing) and each member adds, in rank order, what it
+    /// keeps. Each member receives `size - 1` whole tensors, where NCCL's own ring would
+    /// receive `2 (size - 1) / size` of one: the price of bits that match every other backend.
+    fn reduce(&self, t: &Tensor, op: ReduceOp, scatter: bool) -> Result<Tensor> {
+        let name = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        self.0.agree(name, t, 0)?;
+        let dims = reduce_plan(t, op, self.size(), scatter)?;
+        if t.elem_count() == 0 {
+            // Nothing to reduce (every member agreed on the shape), and candle's CUDA kernels
+            // cannot run on an empty tensor: an empty result of the output's shape, on the
+            // input's device.
+            return Ok(Tensor::zeros(dims, t.dtype(), &Device::Cpu)?.to_device(t.device())?);
+        }
+        let mut parts = self.all_gather(t)?;
+        if scatter {
+            for p in &mut parts {
+                *p = p.narrow(0, self.rank() * dims[0], dims[0])?;
+            }
+        }
+        Ok(ordered::combine(&parts, op)?.reshape(dims)?)
+    }
+}
+
 impl Communicator for NcclComm {
     fn rank(&self) -> usize {
         self.0.rank()
@@ -388,7 +344,7 @@ impl Communicator for NcclComm {
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.0.reduce(t, op, false)
+        self.reduce(t, op, false)
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
@@ -429,7 +385,7 @@ impl Communicator for NcclComm {
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        self.0.reduce(t, op, true)
+        self.reduce(t, op, true)
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

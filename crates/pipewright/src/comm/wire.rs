@@ -222,16 +222,15 @@ pub fn parse_header_tensor(t: &Tensor) -> Result<(Vec<usize>, DType)> {
     parse_header(&h)
 }
 
-/// What a reduction over `size` members will produce, checked the same way by every backend
-/// that reduces with a library's own collective: the output shape (dim 0 divided by `size`
-/// when scattering) and the tensor to reduce (f16 and bf16 widened to f32, which MPI and NCCL
-/// reduce reliably). Refuses averaging integers and scattering what does not split.
+/// The shape a reduction of `t` over `size` members produces (dim 0 divided by `size` when
+/// scattering), checked the same way by every backend that moves bytes between processes.
+/// Refuses averaging integers and scattering what does not split.
 pub fn reduce_plan(
     t: &Tensor,
     op: super::ReduceOp,
     size: usize,
     scatter: bool,
-) -> Result<(Vec<usize>, Tensor)> {
+) -> Result<Vec<usize>> {
     let name = if scatter {
         "reduce_scatter"
     } else {
@@ -256,10 +255,5 @@ pub fn reduce_plan(
         }
         dims[0] = rows / size;
     }
-    let work = if matches!(dt, DType::F16 | DType::BF16) {
-        t.to_dtype(DType::F32)?
-    } else {
-        t.clone()
-    };
-    Ok((dims, work))
+    Ok(dims)
 }

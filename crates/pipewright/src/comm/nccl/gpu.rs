@@ -2,17 +2,36 @@
 //! candle's device memory in place, on the stream candle runs its kernels on (the one stream
 //! [`crate::device`] keeps per GPU), so a collective runs after the kernels that made its input
 //! and before those that read its result, with no copy through the host and no wait for it.
-//! Point-to-point messages travel as bytes, as the host-staged path sends them; reductions are
+//! Point-to-point messages travel as bytes, as the host-staged path sends them; gathers are
 //! typed.
 
 use candle_core::cuda::CudaDType;
 use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType, Device, Storage, Tensor};
 use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::safe::{NcclType, ReduceOp as NcclOp};
+use cudarc::nccl::safe::NcclType;
 
 use super::{gpu, Gpu, Inner};
 use crate::{Error, Result};
+
+/// `$body` with the type `$T` standing for the element type of the dtype `$dt`.
+macro_rules! typed {
+    ($dt:expr, $T:ident => $body:expr) => {
+        typed!(@ $dt, $T, $body, U8 u8, U32 u32, I64 i64, F16 half::f16, BF16 half::bf16,
+            F32 f32, F64 f64)
+    };
+    (@ $dt:expr, $T:ident, $body:expr, $($variant:ident $ty:ty),*) => {
+        match $dt {
+            $(DType::$variant => {
+                type $T = $ty;
+                $body
+            })*
+            other => Err(Error::Comm(format!(
+                "the NCCL backend does not carry {other:?} tensors"
+            ))),
+        }
+    };
+}
 
 /// An element type NCCL and candle's CUDA storage both know.
 trait Elem: CudaDType + DeviceRepr + ValidAsZeroBits + NcclType {}
@@ -84,25 +103,6 @@ fn recv<T: Elem>(g: &Gpu, dims: &[usize], src: usize) -> Result<Tensor> {
     })
 }
 
-fn reduce<T: Elem>(
-    g: &Gpu,
-    t: &Tensor,
-    op: &NcclOp,
-    dims: &[usize],
-    scatter: bool,
-) -> Result<Tensor> {
-    output::<T>(g, dims, |recv| {
-        with_view::<T, _>(t, |send| {
-            let done = if scatter {
-                g.comm.reduce_scatter(send, recv, op)
-            } else {
-                g.comm.all_reduce(send, recv, op)
-            };
-            done.map(|_| ()).map_err(gpu("reducing"))
-        })
-    })
-}
-
 /// Gathers every rank's `part` (all of one length) into one flat tensor, in rank order.
 fn gather<T: Elem>(g: &Gpu, part: &Tensor, ranks: usize) -> Result<Tensor> {
     output::<T>(g, &[part.elem_count() * ranks], |recv| {
@@ -142,19 +142,6 @@ impl Inner {
     /// `t`, a GPU tensor, on this communicator's GPU (where it already is, normally).
     fn here(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.to_device(&self.gpu_device())?)
-    }
-
-    /// All-reduce or reduce-scatter of `work` into a tensor of `dims` on `t`'s device.
-    pub(super) fn gpu_reduce(
-        &self,
-        work: &Tensor,
-        op: &NcclOp,
-        dims: &[usize],
-        scatter: bool,
-    ) -> Result<Tensor> {
-        let here = self.here(work)?;
-        let out = typed!(here.dtype(), T => reduce::<T>(&self.lock(), &here, op, dims, scatter))?;
-        Ok(out.to_device(work.device())?)
     }
 
     pub(super) fn gpu_send(&self, t: &Tensor, dst: usize) -> Result<()> {
