@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chaos trials: `tools/chaos.sh N [SEED]` runs N trials of a pp2 x tp2 GPT run (30 steps, a
+# Chaos trials: `tools/chaos.sh N [SEED] [EVENTS]` runs N trials of a pp2 x tp2 GPT run (30 steps, a
 # checkpoint every 5) under `pipewright launch` with 4 slots. In each, at a random step, one of:
 #   kill   SIGKILL to a random rank (the launcher restarts the job from its newest checkpoint)
 #   stop   SIGSTOP to a random rank (the heartbeat finds it hung; the attempt is restarted)
@@ -8,10 +8,13 @@
 #   term   SIGTERM to the launcher (the same)
 #   morph  the host file shrinks to 2 slots and a rank is killed, then grows back to 4 and a
 #          rank is killed again (the attempts morph pp2 x tp2 -> 2 ranks -> pp2 x tp2)
+#   damage a byte of the newest checkpoint is flipped and a rank killed (the restart passes
+#          over that checkpoint, names it, and goes on from the one before)
 # and the run must end as the uninterrupted one: bit-identical final parameters for the
 # same-layout restarts, losses within 1e-5 for morphs; and scalars.csv must hold one whole row
 # per step (1..30, every column). Prints a row per trial and the totals; exits non-zero when a
-# trial fails. BENCHMARKS.md records a 50-trial table; CI runs a few.
+# trial fails. EVENTS (comma-separated) limits the draw to those events. BENCHMARKS.md records a
+# 50-trial table; CI runs a few, and one damaged-newest trial.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 trials=${1:-5}
@@ -59,7 +62,8 @@ worst_loss() { # run directory: the largest relative loss difference to the unin
     awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d } END { printf "%.1e", w }'
 }
 
-events=(kill stop int term morph)
+events=(kill stop int term morph damage)
+[ -n "${3:-}" ] && IFS=, read -r -a events <<<"$3"
 passed=0
 failed=0
 printf "%-5s %-6s %-5s %-8s %-5s %s\n" trial event step attempts exit result
@@ -75,6 +79,7 @@ for t in $(seq "$trials"); do
     "$bin" "${run[@]}" --out "$dir" >"$dir.log" 2>&1 &
   launcher=$!
   wait_rows "$dir" "$at"
+  damaged=
   case $ev in
   kill) kill -KILL "$(rank_of "$launcher")" ;;
   stop) kill -STOP "$(rank_of "$launcher")" ;;
@@ -87,6 +92,17 @@ for t in $(seq "$trials"); do
     wait_rows "$dir" $((at + 2))
     echo "localhost slots=4" >"$hosts"
     kill -KILL "$(rank_of "$launcher")"
+    ;;
+  damage)
+    # Two checkpoints at least (steps 5 and 10), then the newest gets a flipped byte.
+    wait_rows "$dir" 11
+    ck=$dir/checkpoints
+    damaged=$(cat "$ck/latest")
+    python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-9] ^= 16; open(p, "wb").write(b)' \
+      "$(ls -S "$ck/$damaged"/*.safetensors | head -1)"
+    kill -KILL "$(rank_of "$launcher")"
+    # A checkpoint published between the two leaves the damaged one behind the newest.
+    [ "$(cat "$ck/latest")" = "$damaged" ] || damaged=
     ;;
   esac
   wait "$launcher"
@@ -103,9 +119,11 @@ for t in $(seq "$trials"); do
     ok=$?
     result="losses within $worst"
   else
-    [ "$code" -eq 0 ] && whole_rows "$dir" && same_params "$dir"
+    [ "$code" -eq 0 ] && whole_rows "$dir" && same_params "$dir" &&
+      { [ -z "$damaged" ] || grep -q "skipped $damaged" "$dir.log"; }
     ok=$?
     result="bit-identical"
+    [ -n "$damaged" ] && result="bit-identical, $damaged skipped"
   fi
   if [ "$ok" -eq 0 ]; then
     passed=$((passed + 1))

@@ -52,9 +52,12 @@ struct Attempt {
     started: f64,
     ended: f64,
     world: usize,
-    /// The program's newest complete checkpoint when the attempt started (what it resumes
-    /// from), if it keeps them in `<run dir>/checkpoints`.
+    /// The program's newest intact checkpoint when the attempt started (what it resumes
+    /// from), in its `--checkpoint-dir` or `<run dir>/checkpoints`.
     resumed_from: Option<String>,
+    /// Newer checkpoints passed over as damaged or incomplete, each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<String>,
     exit_code: Option<i32>,
     signal: Option<i32>,
     ended_because: String,
@@ -114,10 +117,26 @@ fn run_dir(a: &LaunchArgs) -> PathBuf {
         .map_or_else(|| PathBuf::from("."), PathBuf::from)
 }
 
-fn latest_checkpoint(dir: &Path) -> Option<String> {
-    std::fs::read_to_string(dir.join("checkpoints").join("latest"))
-        .ok()
-        .map(|s| s.trim().to_string())
+/// Where the program keeps its checkpoints: its `--checkpoint-dir`, else `<run dir>/checkpoints`.
+fn checkpoint_dir(a: &LaunchArgs, run_dir: &Path) -> PathBuf {
+    a.program
+        .iter()
+        .position(|w| w == "--checkpoint-dir")
+        .and_then(|i| a.program.get(i + 1))
+        .map_or_else(|| run_dir.join("checkpoints"), PathBuf::from)
+}
+
+/// The checkpoint an attempt's ranks resume from (the newest intact one, by the rule they
+/// follow themselves) and the newer ones they pass over, each with why.
+fn resume_point(dir: &Path) -> (Option<String>, Vec<String>) {
+    match pipewright::checkpoint::newest_intact(dir) {
+        Ok(Some(i)) => (
+            i.dir.file_name().map(|n| n.to_string_lossy().to_string()),
+            i.skipped.iter().map(ToString::to_string).collect(),
+        ),
+        Ok(None) => (None, Vec::new()),
+        Err(e) => (None, vec![e.to_string()]),
+    }
 }
 
 fn free_port() -> u16 {
@@ -129,6 +148,7 @@ fn free_port() -> u16 {
 pub fn run(a: LaunchArgs) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| Error::io("cannot find", "pipewright", e))?;
     let dir = run_dir(&a);
+    let checkpoints = checkpoint_dir(&a, &dir);
     let port = free_port().to_string();
     let mut attempts: Vec<Attempt> = Vec::new();
     // SIGTERM (an eviction notice) and Ctrl-C are passed to the ranks as SIGUSR1, which
@@ -179,7 +199,10 @@ pub fn run(a: LaunchArgs) -> Result<()> {
             .args(&a.program)
             // Its own process group, so that a hung attempt can be ended whole.
             .process_group(0);
-        let resumed_from = latest_checkpoint(&dir);
+        let (resumed_from, skipped) = resume_point(&checkpoints);
+        for why in &skipped {
+            eprintln!("pipewright launch: attempt {attempt}: {why}");
+        }
         let started = now();
         eprintln!(
             "pipewright launch: attempt {attempt}: {world} ranks{}",
@@ -217,6 +240,7 @@ pub fn run(a: LaunchArgs) -> Result<()> {
             ended: now(),
             world,
             resumed_from,
+            skipped,
             exit_code: status.code(),
             signal: status.signal(),
             ended_because,

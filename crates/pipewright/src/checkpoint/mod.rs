@@ -16,6 +16,7 @@
 //! (atomically); the oldest checkpoints beyond `keep` go after that ([`save`]). Loading
 //! ([`load::Reader`]) reads the parts a rank needs and slices or assembles them for its split.
 
+pub mod fallback;
 pub mod format;
 pub mod hf;
 pub mod load;
@@ -26,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
+pub use fallback::{newest_intact, Intact, Skipped};
 pub use format::{EntryKind, Manifest};
 pub use hf::HfWeights;
 pub use load::Reader;

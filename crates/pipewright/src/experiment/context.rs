@@ -18,7 +18,7 @@ use super::params::Params;
 use crate::checkpoint::CheckpointOptions;
 use crate::comm::Communicator;
 use crate::varuna::Varuna;
-use crate::{invalid, Result};
+use crate::{invalid, Error, Result};
 
 /// A value whose state a checkpoint of the context saves and restores.
 pub trait Stateful: Any + Send {
@@ -177,20 +177,34 @@ impl Context {
     }
 
     /// The checkpoint a run given `checkpoint` goes on from: a checkpoint, a directory of
-    /// them, or `latest` (the newest in `checkpoint_dir`); without one, in a launcher's
-    /// restarted attempt, the newest in `checkpoint_dir` saved so far, if any.
+    /// them, or `latest` (the newest intact one in `checkpoint_dir`,
+    /// [`crate::checkpoint::newest_intact`]); without one, in a launcher's restarted attempt,
+    /// the newest intact one in `checkpoint_dir` saved so far, if any. Checkpoints passed over
+    /// as damaged are named on stderr, once per process.
     pub fn resume_target(
         checkpoint: Option<&str>,
         checkpoint_dir: &Path,
     ) -> Result<Option<PathBuf>> {
-        match checkpoint {
-            Some("latest") => crate::checkpoint::resolve(checkpoint_dir).map(Some),
-            Some(p) => crate::checkpoint::resolve(Path::new(p)).map(Some),
-            None if crate::dist::Env::from_env().restart > 0 => {
-                Ok(crate::checkpoint::resolve(checkpoint_dir).ok())
+        let intact = match checkpoint {
+            Some("latest") => {
+                crate::checkpoint::newest_intact(checkpoint_dir)?.ok_or_else(|| {
+                    Error::State(format!(
+                        "no checkpoint at `{}`: it holds neither a manifest.json nor a latest file",
+                        checkpoint_dir.display()
+                    ))
+                })?
             }
-            None => Ok(None),
-        }
+            Some(p) => return crate::checkpoint::resolve(Path::new(p)).map(Some),
+            None if crate::dist::Env::from_env().restart > 0 => {
+                match crate::checkpoint::newest_intact(checkpoint_dir)? {
+                    Some(i) => i,
+                    None => return Ok(None),
+                }
+            }
+            None => return Ok(None),
+        };
+        report_skipped(&intact);
+        Ok(Some(intact.dir))
     }
 
     /// Sets the training step. When the run goes on from a checkpoint
@@ -321,4 +335,22 @@ impl Context {
     pub fn distributed_barrier(&self) -> Result<()> {
         self.comm.barrier()
     }
+}
+
+/// Names on stderr the checkpoints passed over to reach `intact`, once per process (every rank
+/// thread resolves the same target) and from the first rank only.
+fn report_skipped(intact: &crate::checkpoint::Intact) {
+    static SAID: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    if intact.skipped.is_empty() || crate::dist::Env::from_env().rank != 0 {
+        return;
+    }
+    let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if said.contains(&intact.dir) {
+        return;
+    }
+    said.push(intact.dir.clone());
+    for s in &intact.skipped {
+        eprintln!("pipewright: resuming: {s}");
+    }
+    eprintln!("pipewright: resuming from `{}`", intact.dir.display());
 }

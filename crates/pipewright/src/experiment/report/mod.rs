@@ -237,11 +237,21 @@ fn launches(runs: &[RunRecord]) -> String {
                 ),
                 _ => String::new(),
             };
+            // Newer checkpoints the attempt passed over as damaged, each with why.
+            let skipped: Vec<String> = a
+                .get("skipped")
+                .and_then(|s| s.as_array())
+                .map(|s| s.iter().map(value_text).collect())
+                .unwrap_or_default();
+            let from = match skipped.is_empty() {
+                true => get("resumed_from"),
+                false => format!("{} ({})", get("resumed_from"), skipped.join("; ")),
+            };
             rows.push(vec![
                 r.name.clone(),
                 get("attempt"),
                 morph,
-                get("resumed_from"),
+                from,
                 secs,
                 get("ended_because"),
             ]);
