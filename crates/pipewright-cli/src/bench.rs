@@ -181,6 +181,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     if a.iters == 0 || a.sizes.is_empty() || a.sizes.iter().any(|s| s.is_nan() || *s <= 0.0) {
         return Err(invalid!("--iters and every --sizes entry must be positive"));
     }
+    if let Some(out) = &a.out {
+        pipewright::files::ensure_replaceable(out, "--out", "a fitted link", |t| {
+            serde_json::from_str::<pipewright::plan::Link>(t).is_ok()
+        })?;
+    }
     match a.backend {
         Backend::Local => {
             let (sizes, iters) = (a.sizes.clone(), a.iters);

@@ -44,6 +44,16 @@ pub struct ProfileArgs {
 }
 
 pub fn run(p: ProfileArgs) -> Result<()> {
+    // The file is replaceable before anything is measured (only a file of its kind is).
+    let (default, what) = match p.gemm {
+        true => ("hardware.json", "a hardware description"),
+        false => ("profile.json", "a layer profile"),
+    };
+    let out = p.train.out.clone().unwrap_or_else(|| default.into());
+    pipewright::files::ensure_replaceable(&out, "--out", what, |t| match p.gemm {
+        true => serde_json::from_str::<pipewright::plan::Hardware>(t).is_ok(),
+        false => serde_json::from_str::<pipewright::plan::Profile>(t).is_ok(),
+    })?;
     if p.gemm {
         return gemm(&p);
     }

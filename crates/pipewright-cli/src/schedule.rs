@@ -101,6 +101,10 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
 }
 
 pub fn run(a: ScheduleArgs) -> Result<()> {
+    if let Some(svg) = &a.svg {
+        let drawn = pipewright::pipeline::timeline::is_timeline_svg;
+        pipewright::files::ensure_replaceable(svg, "--svg", "a drawn schedule", drawn)?;
+    }
     let kind: ScheduleKind = a.schedule.parse()?;
     let s = Schedule::new(kind, a.pp, a.chunks, a.r#virtual)?;
     let sim = s.validate()?;

@@ -190,6 +190,64 @@ fn commands_that_write_never_overwrite() {
 }
 
 #[test]
+fn commands_that_write_one_file_replace_only_their_own_kind() {
+    let out = tmp("replace");
+    saved_run(&out, "2");
+    let scalars = out.join("scalars.csv");
+    let (sc, outs) = (scalars.to_str().unwrap(), out.to_str().unwrap());
+    let before = std::fs::read(&scalars).unwrap();
+    let fresh = tmp("replace-fresh");
+    let small = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2"];
+    let mut traced: Vec<&str> = vec!["train", "--pp", "2", "--steps", "1"];
+    traced.extend_from_slice(&small);
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["report", outs, "--out", sc],
+        [
+            &traced[..],
+            &["--out", fresh.to_str().unwrap(), "--trace", sc],
+        ]
+        .concat(),
+        vec!["schedule", "--pp", "2", "--chunks", "4", "--svg", sc],
+        [&["profile"][..], &small, &["--out", sc]].concat(),
+        vec!["profile", "--gemm", "--out", sc],
+        vec!["bench", "comm", "--out", sc],
+    ];
+    for args in &cases {
+        let o = run(args);
+        assert!(!o.status.success(), "{args:?} wrote over scalars.csv");
+        assert!(
+            text(&o).contains("already exists and is not"),
+            "{args:?}: {}",
+            text(&o)
+        );
+        assert_eq!(std::fs::read(&scalars).unwrap(), before, "{args:?}");
+    }
+    // A rerun replaces what the command wrote before.
+    let page = out.join("page.html");
+    let svg = out.join("s.svg");
+    let trace = out.join("t.json");
+    let again: Vec<Vec<&str>> = vec![
+        vec!["report", outs, "--out", page.to_str().unwrap()],
+        vec![
+            "schedule",
+            "--pp",
+            "2",
+            "--chunks",
+            "4",
+            "--svg",
+            svg.to_str().unwrap(),
+        ],
+        [&traced[..], &["--trace", trace.to_str().unwrap()]].concat(),
+    ];
+    for args in &again {
+        for _ in 0..2 {
+            let o = run(args);
+            assert!(o.status.success(), "{args:?}: {}", text(&o));
+        }
+    }
+}
+
+#[test]
 fn a_run_directory_belongs_to_one_run() {
     let out = tmp("lock");
     let o_str = out.to_str().unwrap();

@@ -1,6 +1,10 @@
 //! Where a command may write: never over what it did not make. A command that writes a new
 //! file or directory (`ckpt export`, `ckpt reshard`, a sweep's directory) takes a path that
-//! does not exist yet, or an empty directory, and refuses anything else with the fix.
+//! does not exist yet, or an empty directory, and refuses anything else with the fix
+//! ([`ensure_new`]). A command that writes one file of a kind it can recognise (a report page,
+//! a trace, a drawn schedule, a profile, a hardware description) replaces only a file of that
+//! kind, so that a rerun updates its output and never turns a run's scalars into HTML
+//! ([`ensure_replaceable`]).
 
 use std::path::Path;
 
@@ -31,6 +35,36 @@ pub fn ensure_new(path: &Path, flag: &str) -> Result<()> {
         } else {
             ""
         }
+    ))
+}
+
+/// Fails unless `path` is free for a command that writes `what` (one file): it does not
+/// exist, or it is a file of that kind, which `ours` recognises by its text (what an earlier
+/// run of the command wrote, which a rerun replaces). Anything else, a run's scalars, a
+/// checkpoint's part, a directory, is refused with the fix before any work is done. `flag`
+/// names where the path came from (`--out`).
+pub fn ensure_replaceable(
+    path: &Path,
+    flag: &str,
+    what: &str,
+    ours: impl Fn(&str) -> bool,
+) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+        Ok(m) => m,
+    };
+    // What these commands write is small: a larger file is not one of theirs.
+    let text = (meta.is_file() && meta.len() <= 256 << 20)
+        .then(|| std::fs::read_to_string(path).ok())
+        .flatten();
+    if text.as_deref().is_some_and(ours) {
+        return Ok(());
+    }
+    Err(invalid!(
+        "{flag} `{}` already exists and is not {what}: it would be overwritten; choose another \
+         path or remove it",
+        path.display()
     ))
 }
 

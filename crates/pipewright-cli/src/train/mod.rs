@@ -224,6 +224,10 @@ impl Setup {
                 "--trace records pipeline actions: use it with --pp 2 or more"
             ));
         }
+        if let Some(t) = &a.trace {
+            let ours = pipewright::pipeline::trace::is_chrome_trace;
+            pipewright::files::ensure_replaceable(t, "--trace", "a pipeline trace", ours)?;
+        }
         Ok(Self {
             timed: matches!(spec.train.balance, Some(Balance::Time)),
             meta: spec.to_meta()?,

@@ -184,6 +184,16 @@ pub fn svg_panels_wide(panels: &[(&str, &Simulation)], width: f64) -> String {
     svg_panels(panels, unit)
 }
 
+/// The description that marks a picture as [`svg_panels`]'s ([`is_timeline_svg`]).
+const SVG_DESC: &str = "pipewright pipeline timelines";
+
+/// Whether `text` is a picture [`svg_panels`] drew (which `schedule --svg` may replace);
+/// pictures from before the description are known by their opening tag.
+pub fn is_timeline_svg(text: &str) -> bool {
+    text.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\"")
+        && (text.contains(SVG_DESC) || text.contains("font-family=\"monospace\" font-size=\"11\""))
+}
+
 /// Timelines stacked in one SVG picture on one time scale, `unit` pixels per time unit (a
 /// prediction above a measured trace, say): each panel its title and bubble, then a row per
 /// stage with a box per action.
@@ -197,7 +207,7 @@ pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
         .sum();
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"11\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+         <desc>{SVG_DESC}</desc>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
     let mut top = 0.0;
     for (title, sim) in panels {

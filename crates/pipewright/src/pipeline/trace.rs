@@ -55,6 +55,19 @@ pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
     serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string()
 }
 
+/// Whether `text` is a trace [`chrome_trace`] wrote (which `train --trace` may replace): a
+/// Chrome trace whose events are pipeline stages'.
+pub fn is_chrome_trace(text: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(text).is_ok_and(|d| {
+        d["traceEvents"].as_array().is_some_and(|e| {
+            e.is_empty()
+                || e[0]["args"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("stage "))
+        })
+    })
+}
+
 /// Parses an action as traced: its printed form (`1F3`), `R+` before it when recomputed.
 fn parse_action(name: &str) -> Option<Action> {
     name.strip_prefix("R+").unwrap_or(name).parse().ok()

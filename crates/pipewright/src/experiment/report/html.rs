@@ -101,10 +101,20 @@ document.body.dataset.rendered='yes';
 })();
 "#;
 
+/// The tag that marks a page as this module's ([`is_page`]).
+const GENERATOR: &str = "<meta name=\"generator\" content=\"pipewright report\">";
+
+/// Whether `text` is a page [`page`] wrote (which `pipewright report --out` may replace); pages
+/// from before the generator tag are known by their error box.
+pub fn is_page(text: &str) -> bool {
+    text.starts_with("<!DOCTYPE html>")
+        && (text.contains(GENERATOR) || text.contains("<pre id=\"js-errors\""))
+}
+
 /// The whole page: `title`, then `body` (the sections), the tooltip and the script.
 pub fn page(title: &str, body: &str) -> String {
     format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{GENERATOR}\
          <title>{t}</title><style>{STYLE}</style></head><body>\
          <h1>{t}</h1><pre id=\"js-errors\" class=\"missing\" style=\"display:none\"></pre>\
          {body}<div id=\"tip\"></div><script>{SCRIPT}</script></body></html>\n",

@@ -321,8 +321,10 @@ pub fn render(runs: &[RunRecord]) -> String {
     html::page(&format!("pipewright report: {}", names.join(", ")), &body)
 }
 
-/// Reads every run directory of `dirs` and writes their page to `out` (atomically).
+/// Reads every run directory of `dirs` and writes their page to `out` (atomically), which must
+/// be new or a page written before ([`crate::files::ensure_replaceable`]).
 pub fn write_report(dirs: &[&Path], out: &Path) -> Result<Vec<RunRecord>> {
+    crate::files::ensure_replaceable(out, "--out", "a pipewright report page", html::is_page)?;
     let runs = dirs
         .iter()
         .map(|d| RunRecord::read(d))
