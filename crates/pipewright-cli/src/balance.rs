@@ -30,7 +30,7 @@ pub fn run(a: BalanceArgs) -> Result<()> {
     let b = balance_cost(&a.costs, a.partitions)?;
     let totals = stage_costs(&a.costs, &b);
     let list = |v: &[String]| v.join(",");
-    println!(
+    pipewright::say!(
         "balance {}",
         list(&b.iter().map(|n| n.to_string()).collect::<Vec<_>>())
     );
@@ -39,9 +39,9 @@ pub fn run(a: BalanceArgs) -> Result<()> {
         By::Size => "size",
     };
     for (s, t) in totals.iter().enumerate() {
-        println!("stage {s}: {} layers, {what} {t}", b[s]);
+        pipewright::say!("stage {s}: {} layers, {what} {t}", b[s]);
     }
     let worst = totals.iter().cloned().fold(0.0, f64::max);
-    println!("slowest stage {what} {worst} (the least any split of these costs can give)");
+    pipewright::say!("slowest stage {what} {worst} (the least any split of these costs can give)");
     Ok(())
 }

@@ -140,12 +140,12 @@ pub fn measure(comm: &dyn Communicator, sizes: &[f64], iters: usize) -> Result<V
 }
 
 fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
-    println!("pipewright bench comm: backend {backend}, {world} ranks, f32 buffers");
+    pipewright::say!("pipewright bench comm: backend {backend}, {world} ranks, f32 buffers");
     match raw {
         None => {
-            println!("{:>12}  {:<11} {:>12}", "size", "op", "GB/s");
+            pipewright::say!("{:>12}  {:<11} {:>12}", "size", "op", "GB/s");
             for r in rows {
-                println!(
+                pipewright::say!(
                     "{:>8} MiB  {:<11} {:>12.2}",
                     r.mib,
                     r.op,
@@ -154,13 +154,17 @@ fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
             }
         }
         Some(raw) => {
-            println!(
+            pipewright::say!(
                 "{:>12}  {:<11} {:>16} {:>13} {:>7}",
-                "size", "op", "pipewright GB/s", "raw MPI GB/s", "ratio"
+                "size",
+                "op",
+                "pipewright GB/s",
+                "raw MPI GB/s",
+                "ratio"
             );
             for (r, m) in rows.iter().zip(raw) {
                 let (a, b) = (gbps(r.mib, r.secs), gbps(m.mib, m.secs));
-                println!(
+                pipewright::say!(
                     "{:>8} MiB  {:<11} {:>16.2} {:>13.2} {:>7.2}",
                     r.mib,
                     r.op,
@@ -220,7 +224,7 @@ fn write_link(a: &CommArgs, rows: &[Row], world: usize) -> Result<()> {
     let link = pipewright::plan::Link::fit(&points("send/recv"), &points("all_reduce"), world);
     let text = serde_json::to_string_pretty(&link).map_err(|e| invalid!("{e}"))?;
     std::fs::write(path, text).map_err(|e| pipewright::Error::io("cannot write", path, e))?;
-    println!(
+    pipewright::say!(
         "wrote {}: send/recv {:.1} us + bytes / {:.2} GB/s",
         path.display(),
         link.latency_s * 1e6,

@@ -127,36 +127,36 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
     })?;
     let (params, bytes, save, write, load, read, start, finish, trained) = rows[0];
     let gb = bytes as f64 / 1e9;
-    println!(
+    pipewright::say!(
         "checkpoint of a GPT with {params} parameters and AdamW state: {bytes} bytes of tensors"
     );
-    println!("{:<28} {:>10} {:>10} {:>8}", "", "seconds", "GB/s", "ratio");
-    println!(
+    pipewright::say!("{:<28} {:>10} {:>10} {:>8}", "", "seconds", "GB/s", "ratio");
+    pipewright::say!(
         "{:<28} {save:>10.3} {:>10.3} {:>8.2}",
         "save (pipewright)",
         gb / save,
         write / save
     );
-    println!(
+    pipewright::say!(
         "{:<28} {write:>10.3} {:>10.3} {:>8}",
         "plain sequential write+fsync",
         gb / write,
         "1"
     );
-    println!(
+    pipewright::say!(
         "{:<28} {load:>10.3} {:>10.3} {:>8.2}",
         "load (pipewright)",
         gb / load,
         read / load
     );
-    println!(
+    pipewright::say!(
         "{:<28} {read:>10.3} {:>10.3} {:>8}",
         "plain sequential read",
         gb / read,
         "1"
     );
     let stall = start + finish;
-    println!(
+    pipewright::say!(
         "async save: {start:.3} s to snapshot and return, {finish:.3} s waiting at the end after {} steps ({trained:.1} s): stall {:.0} % of the synchronous save",
         a.steps_during_async,
         100.0 * stall / save

@@ -84,7 +84,7 @@ pub fn run(c: CkptCommand) -> Result<()> {
         CkptCommand::Inspect { dir } => inspect(&dir),
         CkptCommand::Verify { dir } => {
             let v = checkpoint::verify(&dir)?;
-            println!(
+            pipewright::say!(
                 "ok: {} ({} files, {} tensors, {} bytes of tensor data; every checksum matches)",
                 v.dir.display(),
                 v.files,
@@ -108,7 +108,7 @@ pub fn run(c: CkptCommand) -> Result<()> {
 fn inspect(dir: &Path) -> Result<()> {
     let r = Reader::open(dir)?;
     let m = r.manifest();
-    println!(
+    pipewright::say!(
         "{}: step {}, saved at {} {} by {} ranks, {} tensors, {} bytes",
         r.dir().display(),
         m.step,
@@ -118,15 +118,20 @@ fn inspect(dir: &Path) -> Result<()> {
         m.tensors.len(),
         m.bytes()
     );
-    println!(
+    pipewright::say!(
         "{:<44} {:<16} {:<6} {:<10} {:>5} {:>12}",
-        "name", "shape", "dtype", "kind", "parts", "bytes"
+        "name",
+        "shape",
+        "dtype",
+        "kind",
+        "parts",
+        "bytes"
     );
     for (n, e) in &m.tensors {
         let bytes: u64 = e.parts.iter().map(|p| p.end - p.begin).sum();
         let kind = format!("{:?}", e.kind).to_lowercase();
         let shape = format!("{:?}", e.shape);
-        println!(
+        pipewright::say!(
             "{n:<44} {shape:<16} {:<6} {kind:<10} {:>5} {bytes:>12}",
             e.dtype,
             e.parts.len()
@@ -199,13 +204,13 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
         v.load_checkpoint(r.dir())?;
         v.checkpoint(&a.out, &save)
     })?;
-    println!("wrote {} for {layout}", dirs[0].display());
+    pipewright::say!("wrote {} for {layout}", dirs[0].display());
     Ok(())
 }
 
 fn export_whole(dir: &Path, out: &Path) -> Result<()> {
     let n = Reader::open(dir)?.export_params(out, |n, t| Ok(Some((n.to_string(), t))), None)?;
-    println!("wrote {} ({n} parameters, whole)", out.display());
+    pipewright::say!("wrote {} ({n} parameters, whole)", out.display());
     Ok(())
 }
 
@@ -231,6 +236,6 @@ fn export_hf(dir: &Path, format: ExportFormat, out: &Path) -> Result<()> {
         ));
     }
     let n = hf::export(&r, &spec.model, out)?;
-    println!("wrote {} ({arch}, {n} tensors)", out.display());
+    pipewright::say!("wrote {} ({arch}, {n} tensors)", out.display());
     Ok(())
 }

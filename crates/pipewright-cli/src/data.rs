@@ -57,7 +57,7 @@ pub fn run(c: DataCommand) -> Result<()> {
         DataCommand::Tokenizer(a) => {
             let files = corpus(&a.files)?;
             let tok = Tokenizer::train(&files, a.vocab_size, &a.out)?;
-            println!(
+            pipewright::say!(
                 "wrote {} (byte-level BPE, {} tokens, from {} files)",
                 a.out.display(),
                 tok.vocab_size(),
@@ -125,7 +125,7 @@ fn prepare_shards(a: &PrepareArgs) -> Result<()> {
     let secs = start.elapsed().as_secs_f64();
     let count = |s: &[pipewright::data::shards::ShardFile]| s.iter().map(|f| f.tokens).sum::<u64>();
     let (train, valid) = (count(&index.train), count(&index.valid));
-    println!(
+    pipewright::say!(
         "wrote {}: {train} training and {valid} held-out tokens ({:?}) in {} shards from {} documents, {:.0} tokens/s",
         a.out.display(),
         index.dtype,

@@ -103,9 +103,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     })?;
     let ids = out.remove(0);
     let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    println!("ids {}", list.join(","));
+    pipewright::say!("ids {}", list.join(","));
     if let Some(t) = &tok {
-        println!("{}{}", t.decode(&prompt)?, t.decode(&ids)?);
+        pipewright::say!("{}{}", t.decode(&prompt)?, t.decode(&ids)?);
     }
     Ok(())
 }

@@ -117,7 +117,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
     } else {
         rank(&profile, &cluster, &req, pins)?
     };
-    println!(
+    pipewright::say!(
         "plan for {} ranks on {nodes} node(s) of {}, {} per device; profile: {}",
         p.world,
         hw.name,
@@ -125,13 +125,13 @@ pub fn run(p: PlanArgs) -> Result<()> {
         profile.source
     );
     let half = profile.dtype_bytes == 2;
-    println!(
+    pipewright::say!(
         "mfu: the model's FLOPs per step over {} peak FLOP/s per device ({}); bound: what \
          most of the step waits on (compute, memory, comm, bubble)",
         format_flops(hw.peak_flops(half)),
         if half { "bf16/f16" } else { "f32" }
     );
-    println!(
+    pipewright::say!(
         "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>6} {:<7} {:>11} {:>7} {:>11}",
         "rank",
         "layout",
@@ -154,7 +154,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
         } else {
             c.schedule.to_string()
         };
-        println!(
+        pipewright::say!(
             "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>6} {:<7} {:>11} {:>6.1}% {:>11}",
             i + 1,
             layout_text(c),
@@ -352,7 +352,7 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
             runs[i].push(read_measured(&dir)?);
         }
     }
-    println!(
+    pipewright::say!(
         "{:<4} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
         "rank",
         "predicted",
@@ -371,7 +371,7 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
         // Threads share one process: its peak holds every rank, the runtime once.
         let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);
         let predicted_rank = e.max_peak_bytes() - hw.runtime_bytes() as f64;
-        println!(
+        pipewright::say!(
             "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
             i + 1,
             seconds(e.step_s),
@@ -389,8 +389,8 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
     // part a miss is in.
     for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
         let parts: Vec<StepParts> = m.iter().map(|m| m.parts).collect();
-        println!("{:<4} predicted {}", i + 1, e.parts);
-        println!("{:<4} measured  {}", "", StepParts::median_of(&parts));
+        pipewright::say!("{:<4} predicted {}", i + 1, e.parts);
+        pipewright::say!("{:<4} measured  {}", "", StepParts::median_of(&parts));
     }
     Ok(())
 }

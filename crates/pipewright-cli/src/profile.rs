@@ -84,12 +84,17 @@ pub fn run(p: ProfileArgs) -> Result<()> {
         config.tp_divides(),
         source,
     )?;
-    println!(
+    pipewright::say!(
         "{:<10} {:>10} {:>14} {:>14} {:>14} {:>14}",
-        "layer", "params", "out B/sample", "kept B/sample", "fwd us/sample", "bwd us/sample"
+        "layer",
+        "params",
+        "out B/sample",
+        "kept B/sample",
+        "fwd us/sample",
+        "bwd us/sample"
     );
     for l in &profile.layers {
-        println!(
+        pipewright::say!(
             "{:<10} {:>10} {:>14.0} {:>14.0} {:>14.1} {:>14.1}",
             l.name,
             l.params,
@@ -101,7 +106,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     }
     let out = a.out.clone().unwrap_or_else(|| "profile.json".into());
     profile.save(&out)?;
-    println!("wrote {}", out.display());
+    pipewright::say!("wrote {}", out.display());
     Ok(())
 }
 
@@ -120,13 +125,19 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
     let source = format!("on {} ({})", hostname(), a.device);
     let hw = base.with_measured_gemm(&timings, attention.as_deref(), q, &source)?;
     let curve = hw.gemm(q == 2);
-    println!(
+    pipewright::say!(
         "{:>6} {:>6} {:>6} {:>5} {:>12} {:>12} {:>8}",
-        "m", "n", "k", "batch", "measured", "fitted", "GFLOP/s"
+        "m",
+        "n",
+        "k",
+        "batch",
+        "measured",
+        "fitted",
+        "GFLOP/s"
     );
     for t in &timings {
         let g = &t.gemm;
-        println!(
+        pipewright::say!(
             "{:>6} {:>6} {:>6} {:>5} {:>10.1}us {:>10.1}us {:>8.1}",
             g.m,
             g.n,
@@ -137,7 +148,7 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
             g.flops() / t.seconds / 1e9
         );
     }
-    println!(
+    pipewright::say!(
         "curve ({}): ceiling {:.1} GFLOP/s ({:.0} % of the file's peak), bandwidth {:.2} GB/s, \
          overhead {:.1} us per product",
         a.precision,
@@ -151,21 +162,21 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
         widths.sort_unstable();
         widths.dedup();
         for w in widths {
-            println!(
+            pipewright::say!(
                 "fused attention, heads of {w}: {:.1} GFLOP/s of causal work forward at 512 \
                  tokens, {:.1} at 8192",
                 r.flops_per_s(512, w) / 1e9,
                 r.flops_per_s(8192, w) / 1e9
             );
         }
-        println!(
+        pipewright::say!(
             "fused attention: backward {:.2}x the forward over all timings",
             r.backward_ratio
         );
     }
     let out = a.out.clone().unwrap_or_else(|| "hardware.json".into());
     hw.save(&out)?;
-    println!(
+    pipewright::say!(
         "wrote {} (pipewright plan --hardware {})",
         out.display(),
         out.display()

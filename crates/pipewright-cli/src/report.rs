@@ -25,9 +25,9 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let runs = pipewright::experiment::write_report(&dirs, &out)?;
     for r in &runs {
         for m in &r.missing {
-            println!("{}: {m}", r.name);
+            pipewright::say!("{}: {m}", r.name);
         }
     }
-    println!("report          {} ({} runs)", out.display(), runs.len());
+    pipewright::say!("report          {} ({} runs)", out.display(), runs.len());
     Ok(())
 }

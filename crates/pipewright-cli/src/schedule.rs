@@ -80,14 +80,14 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
         sequence_parallel: false,
     };
     let (e, sim) = estimate(&profile, &cluster, &cand)?;
-    println!(
+    pipewright::say!(
         "predicted step {:.2} ms (pipeline {:.2} ms), balance {:?}",
         e.step_s * 1e3,
         sim.makespan * 1e3,
         e.balance
     );
     for (r, (idle, peak)) in sim.idle_per_stage().iter().zip(&e.peak_bytes).enumerate() {
-        println!(
+        pipewright::say!(
             "  stage {r}: idle {:.1} %, peak memory {}",
             idle * 100.0,
             format_bytes(*peak)
@@ -112,7 +112,7 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         "{kind} pp={} chunks={} virtual={}",
         a.pp, a.chunks, a.r#virtual
     );
-    println!("{title}: complete and deadlock-free");
+    pipewright::say!("{title}: complete and deadlock-free");
     if a.profile.is_none() && a.trace.is_some() {
         return Err(invalid!(
             "--trace is drawn beside a prediction: give --profile too"
@@ -125,7 +125,7 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
             let text =
                 std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
             let measured = read_chrome_trace(&text, None)?;
-            println!(
+            pipewright::say!(
                 "measured step (last in the trace): pipeline {:.2} ms",
                 measured.makespan * 1e3
             );
@@ -133,8 +133,8 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         }
     } else {
         let sim = &panels[0].1;
-        print!("{}", sim.timeline());
-        println!(
+        pipewright::console::say_text(&sim.timeline());
+        pipewright::say!(
             "time {} units, bubble {:.1} %, activations held per stage {:?}",
             sim.makespan,
             sim.bubble * 100.0,
@@ -150,7 +150,7 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
             svg_panels(&refs, 28.0)
         };
         std::fs::write(path, svg).map_err(|e| Error::io("cannot write", path, e))?;
-        println!("drew {}", path.display());
+        pipewright::say!("drew {}", path.display());
     }
     Ok(())
 }

@@ -60,7 +60,7 @@ pub fn run(a: SweepArgs) -> Result<()> {
     })?;
     let mut header: Vec<String> = grid.iter().map(|(k, _)| format!("{k:>10}")).collect();
     header.extend(["final loss", "    metric", "   seconds", "status"].map(String::from));
-    println!("{}", header.join(" "));
+    pipewright::say!("{}", header.join(" "));
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
     for r in &runs {
         let mut row: Vec<String> = r.params.iter().map(|(_, v)| format!("{v:>10}")).collect();
@@ -72,11 +72,11 @@ pub fn run(a: SweepArgs) -> Result<()> {
                 .as_ref()
                 .map_or("ok".into(), |f| format!("FAILED {f}")),
         );
-        println!("{}", row.join(" "));
+        pipewright::say!("{}", row.join(" "));
     }
-    println!("wrote {}", a.out.join("sweep.csv").display());
+    pipewright::say!("wrote {}", a.out.join("sweep.csv").display());
     if a.out.join("report.html").exists() {
-        println!("report          {}", a.out.join("report.html").display());
+        pipewright::say!("report          {}", a.out.join("report.html").display());
     }
     let failed = runs.iter().filter(|r| r.failure.is_some()).count();
     if failed > 0 {

@@ -248,6 +248,43 @@ fn commands_that_write_one_file_replace_only_their_own_kind() {
 }
 
 #[test]
+fn a_closed_stdout_never_stops_training() {
+    use std::io::BufRead;
+    let out = tmp("pipe");
+    let mut a: Vec<&str> = TINY.to_vec();
+    a.extend_from_slice(&[
+        "--steps",
+        "300",
+        "--eval-every",
+        "10",
+        "--checkpoint-every",
+        "100",
+    ]);
+    let mut child = pipewright()
+        .arg("train")
+        .args(&a)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `| head -1`: one line read, then the reading end closed.
+    let mut line = String::new();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    drop(stdout);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    assert!(summary.contains("\"final_loss\""), "{summary}");
+    assert_eq!(whole_rows(&out).len(), 300);
+    assert!(out.join("checkpoints/step-00000300").exists());
+}
+
+#[test]
 fn a_run_directory_belongs_to_one_run() {
     let out = tmp("lock");
     let o_str = out.to_str().unwrap();

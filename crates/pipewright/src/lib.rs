@@ -44,6 +44,7 @@ pub mod batch;
 pub mod bytes;
 pub mod checkpoint;
 pub mod comm;
+pub mod console;
 pub mod context_parallel;
 pub mod cpu_time;
 pub mod data;

@@ -24,7 +24,7 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
     let argv = std::iter::once("pipewright train".into()).chain(args);
     let params = match experiment(|_| Ok(())).parse(argv) {
         Err(Error::Help(text)) => {
-            print!("{text}");
+            pipewright::console::say_text(&text);
             return Ok(());
         }
         p => p?,
@@ -47,7 +47,7 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
         if let (true, Some(dir)) = (setup.a.report, dir) {
             let out = dir.join("report.html");
             pipewright::experiment::write_report(&[dir.as_path()], &out)?;
-            println!("report          {}", out.display());
+            pipewright::say!("report          {}", out.display());
         }
     }
     Ok(())
@@ -81,7 +81,7 @@ fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
     if let Some(path) = &a.trace {
         std::fs::write(path, chrome_trace(traces))
             .map_err(|e| Error::io("cannot write trace", path, e))?;
-        println!(
+        pipewright::say!(
             "trace           {} (open in https://ui.perfetto.dev)",
             path.display()
         );
@@ -204,7 +204,7 @@ impl Setup {
         };
         if let (Some(by), Some(b), 0) = (by, &opts.balance, env.rank) {
             let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
-            println!(
+            pipewright::say!(
                 "balance by {by}: {} (layers or segments per stage)",
                 list.join(",")
             );
@@ -212,7 +212,7 @@ impl Setup {
         // Fail on a bad layout, split, schedule or device before anything is written.
         opts.validate(&model, a.world())?;
         if opts.zero != pipewright::zero::Zero::Off && a.dp == 1 && env.rank == 0 {
-            println!(
+            pipewright::say!(
                 "note: --zero {} shards over data-parallel replicas and --dp is 1: nothing to \
                  shard, training without it",
                 opts.zero
@@ -328,7 +328,7 @@ impl Setup {
                 p.save(d.path())?;
             }
             if start > 0 {
-                println!(
+                pipewright::say!(
                     "resumed from step-{start} ({} {}; {} steps to go)",
                     self.spec.train.layout,
                     a.precision,

@@ -141,7 +141,7 @@ impl Hooks for TrainHooks<'_> {
                 d.steps,
                 scale("  ")
             );
-            self.pb.suspend(|| println!("{line}"));
+            self.pb.suspend(|| pipewright::say!("{line}"));
         }
         self.curve.push((d.steps as f64, loss));
         if let Some(rec) = self.rec.as_mut().filter(|_| d.evaluated) {
@@ -262,7 +262,7 @@ pub fn train_loop(
         layout += &format!(", context-parallel cp={}", a.cp);
     }
     if let Some(dir) = dir {
-        println!(
+        pipewright::say!(
             "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in micro-batches of {}{layout} -> {}",
             a.model,
             task.name(),
@@ -303,7 +303,7 @@ pub fn train_loop(
     let report = fit(cx, &run.spec.train.cadence, &mut hooks)?;
     hooks.pb.finish_and_clear();
     if report.stopped && dir.is_some() {
-        println!("preempted: saved step {} and stopping", report.steps);
+        pipewright::say!("preempted: saved step {} and stopping", report.steps);
     }
     let (Some(_), Some(rec)) = (dir, hooks.rec.as_mut()) else {
         return Ok(None);
@@ -348,26 +348,27 @@ pub fn write_summary(
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();
     dir.write_json("summary.json", &summary)?;
-    println!("──────── summary ────────");
-    println!("run directory   {}", dir.path().display());
-    println!("steps           {}", summary.steps);
-    println!("final loss      {:.6}", summary.final_loss);
-    println!("{:<15} {:.4}", summary.metric_name, summary.metric);
-    println!("time            {:.1} s", summary.seconds);
-    println!(
+    pipewright::say!("──────── summary ────────");
+    pipewright::say!("run directory   {}", dir.path().display());
+    pipewright::say!("steps           {}", summary.steps);
+    pipewright::say!("final loss      {:.6}", summary.final_loss);
+    pipewright::say!("{:<15} {:.4}", summary.metric_name, summary.metric);
+    pipewright::say!("time            {:.1} s", summary.seconds);
+    pipewright::say!(
         "step time       {:.1} ms (median)",
         summary.median_step_seconds * 1e3
     );
-    println!("step parts      {parts} (rank 0, each part's median)");
-    println!(
+    pipewright::say!("step parts      {parts} (rank 0, each part's median)");
+    pipewright::say!(
         "throughput      {:.0} {}/s",
-        summary.items_per_second, summary.items
+        summary.items_per_second,
+        summary.items
     );
     if let Some(p) = summary.peak_memory_bytes {
-        println!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
+        pipewright::say!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
     }
     if let Some(p) = summary.training_peak_memory_bytes {
-        println!(
+        pipewright::say!(
             "training peak   {:.1} MiB (before the first evaluation)",
             p as f64 / (1024.0 * 1024.0)
         );
@@ -375,7 +376,7 @@ pub fn write_summary(
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let on_gpu = !pipewright::device::in_host_memory(&a.device);
     match (summary.training_peak_allocated_bytes, on_gpu) {
-        (Some(p), true) => println!(
+        (Some(p), true) => pipewright::say!(
             "allocated peak  {:.1} MiB on rank 0's GPU (its memory pool's high-water mark, \
              before the first evaluation)",
             mib(p)
@@ -385,27 +386,27 @@ pub fn write_summary(
             let most = ranks.iter().max().map_or(String::new(), |r| {
                 format!(", the most of one rank {:.1} MiB", mib(*r))
             });
-            println!(
+            pipewright::say!(
                 "allocated peak  {:.1} MiB{most} (live bytes, before the first evaluation)",
                 mib(p)
             );
         }
-        (None, true) => println!("allocated peak  not counted on {}", a.device),
+        (None, true) => pipewright::say!("allocated peak  not counted on {}", a.device),
         (None, false) => {}
     }
-    println!("layout          {}", summary.layout);
+    pipewright::say!("layout          {}", summary.layout);
     let b: Vec<String> = balance.iter().map(|n| n.to_string()).collect();
-    println!("balance         {} (layers per model stage)", b.join(","));
+    pipewright::say!("balance         {} (layers per model stage)", b.join(","));
     if ranks.len() > 1 {
         for r in ranks {
-            println!("  {r}");
+            pipewright::say!("  {r}");
         }
         let b: Vec<String> = bubbles
             .iter()
             .enumerate()
             .map(|(s, b)| format!("stage {s} {:.0}%", b * 100.0))
             .collect();
-        println!("bubble          {} (time each stage waited)", b.join(", "));
+        pipewright::say!("bubble          {} (time each stage waited)", b.join(", "));
     }
     Ok(())
 }

@@ -301,7 +301,7 @@ impl Context {
             .map_err(|e| crate::Error::io("cannot open", &path, e))?;
         writeln!(f, "{line}").map_err(|e| crate::Error::io("cannot write", &path, e))?;
         if self.is_master() {
-            println!("{line}");
+            crate::say!("{line}");
         }
         Ok(())
     }
