@@ -174,8 +174,24 @@ impl Setup {
             let out = a.out.clone().unwrap_or_default();
             out.join("checkpoints")
         });
-        Context::resume_target(a.resume.as_deref(), &checkpoints)?;
+        let target = Context::resume_target(a.resume.as_deref(), &checkpoints)?;
         let (mut spec, task) = a.spec()?;
+        // A resume asked for by hand must leave steps to train: one at or past --steps would
+        // end at once and rewrite the run's scalars and summary with nothing.
+        if let (Some(ck), Some(_)) = (&target, &a.resume) {
+            let (at, steps) = (
+                pipewright::checkpoint::Reader::open(ck)?.manifest().step,
+                spec.train.cadence.steps,
+            );
+            if at >= steps {
+                return Err(invalid!(
+                    "`{}` holds step {at} and --steps is {steps}: nothing is left to train (a \
+                     resumed run ends at --steps, counted from the first step): give --steps \
+                     above {at}",
+                    ck.display()
+                ));
+            }
+        }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
         pipewright::plan::Hardware::load(&a.hardware)?;
         let (model, tied) = spec.model.build()?;
@@ -306,7 +322,7 @@ impl Setup {
             v.device().clone(),
         )?;
         if let Some(d) = &a.checkpoint_dir {
-            cx.set_checkpoint_dir(d);
+            cx.set_checkpoint_dir(d)?;
         }
         let start = cx.set_trainer(v)?;
         let dir = if cx.is_master() {

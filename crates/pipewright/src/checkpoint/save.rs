@@ -299,14 +299,18 @@ fn publish(root: &Path, header: &Header, all: &[Vec<u8>]) -> Result<PathBuf> {
         .map_err(|e| Error::io("cannot rename into", &latest, e))?;
     sync_dir(root)?;
     if let Some(keep) = header.keep {
-        prune(root, keep.max(1))?;
+        prune(root, header.step, keep.max(1))?;
     }
     Ok(dst)
 }
 
-/// Removes the oldest complete checkpoints of `root` beyond the newest `keep`.
-fn prune(root: &Path, keep: usize) -> Result<()> {
+/// Removes the oldest complete checkpoints of `root` up to `step` (the one just saved) beyond
+/// the newest `keep` of them. Those of later steps are left: after a rollback (a run resumed
+/// from an earlier step) they are an abandoned run's, and counting them pruned this run's own
+/// newest checkpoint, the one `latest` names.
+fn prune(root: &Path, step: u64, keep: usize) -> Result<()> {
     let mut steps = super::list(root)?;
+    steps.retain(|s| *s <= step);
     steps.sort();
     let n = steps.len().saturating_sub(keep);
     for s in &steps[..n] {

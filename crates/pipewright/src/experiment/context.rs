@@ -78,6 +78,8 @@ pub struct Context {
     trainer: Option<Varuna>,
     /// Where [`Context::checkpoint`] saves (`<run dir>/checkpoints` unless set).
     checkpoint_dir: PathBuf,
+    /// The first rank's lock of a checkpoint directory set apart from the run directory.
+    checkpoint_lock: Option<super::RunLock>,
     /// Item states of the checkpoint being restored, for items not yet registered.
     pending: BTreeMap<String, Value>,
 }
@@ -98,6 +100,7 @@ impl Context {
             items: BTreeMap::new(),
             trainer: None,
             checkpoint_dir: dir.join("checkpoints"),
+            checkpoint_lock: None,
             pending: BTreeMap::new(),
         })
     }
@@ -164,9 +167,30 @@ impl Context {
     }
 
     /// Saves checkpoints into `dir` instead of `<run dir>/checkpoints` (set it before
-    /// [`Context::set_trainer`], which looks there for `latest`).
-    pub fn set_checkpoint_dir(&mut self, dir: &Path) {
+    /// [`Context::set_trainer`], which looks there for `latest`). The directory belongs to this
+    /// run while it lasts (the first rank holds its lock, as it holds the run directory's): a
+    /// second run saving there would prune the first's checkpoints and move its `latest`. A
+    /// directory inside another run's directory is refused.
+    pub fn set_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io("cannot create checkpoint directory", dir, e))?;
+        let (real, own) = (canonical(dir)?, canonical(&self.dir)?);
+        if let Some(other) = real
+            .ancestors()
+            .find(|a| *a != own && super::RunDir::holds_run(a))
+        {
+            return Err(invalid!(
+                "--checkpoint-dir `{}` is inside `{}`, the directory of another run: give this \
+                 run's checkpoints a directory of their own",
+                dir.display(),
+                other.display()
+            ));
+        }
+        if self.is_master() {
+            self.checkpoint_lock = Some(super::RunLock::acquire(dir)?);
+        }
         self.checkpoint_dir = dir.to_path_buf();
+        Ok(())
     }
 
     /// The checkpoint the run goes on from ([`Context::resume_target`] of the `checkpoint`
@@ -353,4 +377,10 @@ fn report_skipped(intact: &crate::checkpoint::Intact) {
         eprintln!("pipewright: resuming: {s}");
     }
     eprintln!("pipewright: resuming from `{}`", intact.dir.display());
+}
+
+/// `p` with symlinks and `..` resolved (it exists).
+fn canonical(p: &Path) -> Result<PathBuf> {
+    p.canonicalize()
+        .map_err(|e| Error::io("cannot resolve", p, e))
 }

@@ -227,15 +227,20 @@ where
             }
             None => 1,
         };
-        let (dir, _lock) = self.make_dir(params)?;
-        if ranks > 1 && distributed && cfg!(feature = "mpi") {
-            return relaunch(ranks, params, &dir, &self.subcommand);
+        let (dir, _lock, fresh) = self.make_dir(params)?;
+        let result = if ranks > 1 && distributed && cfg!(feature = "mpi") {
+            relaunch(ranks, params, &dir, &self.subcommand).map(|_| ())
+        } else {
+            local::run(ranks, |comm| {
+                let mut cx = Context::new(params.clone(), &dir, Box::new(comm))?;
+                body(&mut cx)
+            })
+            .map(|_| ())
+        };
+        if result.is_err() && fresh {
+            discard_if_untrained(&dir);
         }
-        local::run(ranks, |comm| {
-            let mut cx = Context::new(params.clone(), &dir, Box::new(comm))?;
-            body(&mut cx)
-        })?;
-        Ok(dir)
+        result.map(|()| dir)
     }
 
     /// The run directory, made (and locked) by rank 0 and its name given to every rank.
@@ -245,7 +250,7 @@ where
         comm: &dyn crate::comm::Communicator,
     ) -> Result<(PathBuf, Option<RunLock>)> {
         let (mine, lock) = if comm.rank() == 0 {
-            let (dir, lock) = self.make_dir(params)?;
+            let (dir, lock, _) = self.make_dir(params)?;
             (dir.to_string_lossy().into_owned(), Some(lock))
         } else {
             (String::new(), None)
@@ -266,7 +271,8 @@ where
     /// Creates `<output_dir>/<name>/<date>-<time>-<id>/` (or the [`Experiment::run_dir`]
     /// parameter's directory: reopened when the run goes on) with `parameters.json`, and takes
     /// its lock for this process before anything is written into it.
-    fn make_dir(&self, params: &Params) -> Result<(PathBuf, RunLock)> {
+    /// Also returns whether the directory is this run's own: it did not exist or was empty.
+    fn make_dir(&self, params: &Params) -> Result<(PathBuf, RunLock, bool)> {
         let exact = match &self.run_dir {
             Some(name) => params.string(name)?,
             None => None,
@@ -277,6 +283,7 @@ where
         };
         let goes_on =
             params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
+        let fresh = std::fs::read_dir(&dir).map_or(true, |mut d| d.next().is_none());
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io("cannot create run directory", &dir, e))?;
         let lock = RunLock::acquire(&dir)?;
@@ -286,7 +293,18 @@ where
             super::RunDir::create(&dir)?
         };
         run.write_json("parameters.json", &params.to_json())?;
-        Ok((dir, lock))
+        Ok((dir, lock, fresh))
+    }
+}
+
+/// After a failed run, removes `dir` (which the run made) when it holds no step of training:
+/// no row in `scalars.csv` and no checkpoint. It held the run's parameters only, and kept, it
+/// made the same `--out` refused ("already holds a run") once the fault was fixed.
+fn discard_if_untrained(dir: &Path) {
+    let rows = std::fs::read_to_string(dir.join("scalars.csv"))
+        .map_or(0, |t| t.lines().count().saturating_sub(1));
+    if rows == 0 && !dir.join("checkpoints").exists() {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 

@@ -1,13 +1,15 @@
-//! A damaged newest checkpoint is not the end of a run: `--resume latest` passes over it (a
-//! flipped byte, a missing part, a truncated file, an empty `latest`), names it, and goes on from
-//! the newest intact one, ending bit for bit where a run resumed from that one by name ends. A
-//! checkpoint named explicitly stays strict.
+//! Resuming loses nothing. A damaged newest checkpoint is not the end of a run: `--resume
+//! latest` passes over it (a flipped byte, a missing part, a truncated file, an empty
+//! `latest`), names it, and goes on from the newest intact one, ending bit for bit where a run
+//! resumed from that one by name ends; a checkpoint named explicitly stays strict. `--keep`
+//! after a rollback keeps what `latest` names; a checkpoint directory belongs to one run; a
+//! resume with no steps left is refused before anything is written.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{text, tmp, train, TINY};
+use common::{losses, text, tmp, train, TINY};
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -150,4 +152,99 @@ fn a_damaged_checkpoint_named_explicitly_fails() {
     for s in ["step-00000002", "step-00000004", "step-00000006"] {
         assert!(t.contains(&format!("skipped {s}")), "{t}");
     }
+}
+
+/// `train TINY ARGS` into `out`, which must fail saying `says`.
+fn refused(out: &Path, args: &[&str], says: &str) {
+    let mut a: Vec<&str> = TINY.to_vec();
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--out", out.to_str().unwrap()]);
+    let o = train(&a);
+    assert!(!o.status.success(), "{a:?} succeeded:\n{}", text(&o));
+    assert!(text(&o).contains(says), "{a:?}: {}", text(&o));
+}
+
+#[test]
+fn keep_after_a_rollback_keeps_what_latest_names() {
+    let out = tmp("rollback");
+    run(&out, "10", &["--keep", "3"]);
+    let from = out.join("checkpoints/step-00000006");
+    let o = out.to_str().unwrap();
+    let mut a: Vec<&str> = TINY.to_vec();
+    let f = from.to_str().unwrap();
+    a.extend_from_slice(&["--steps", "8", "--checkpoint-every", "1", "--keep", "1"]);
+    a.extend_from_slice(&["--resume", f, "--out", o]);
+    let r = train(&a);
+    assert!(r.status.success(), "{}", text(&r));
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-00000008");
+    assert!(out.join("checkpoints/step-00000008/manifest.json").exists());
+    // The abandoned run's later checkpoint is left, not pruned in this run's place.
+    assert!(out.join("checkpoints/step-00000010").exists());
+    assert!(!out.join("checkpoints/step-00000007").exists());
+    run(&out, "9", &["--resume", "latest"]);
+    assert_eq!(losses(&out).len(), 9);
+}
+
+#[test]
+fn a_checkpoint_directory_belongs_to_one_run() {
+    let (a, b) = (tmp("shared-a"), tmp("shared-b"));
+    let shared = tmp("shared-ck");
+    let s = shared.to_str().unwrap();
+    run(&a, "4", &["--checkpoint-dir", s, "--keep", "1"]);
+    // While a run holds it, another is refused (its lock, as a run directory's).
+    std::fs::write(
+        shared.join(".lock"),
+        format!("{} {}", std::process::id(), host()),
+    )
+    .unwrap();
+    refused(
+        &b,
+        &["--steps", "4", "--checkpoint-dir", s],
+        "is in use by another run",
+    );
+    std::fs::remove_file(shared.join(".lock")).unwrap();
+    // A directory inside another run's is refused too.
+    let inside = a.join("mine");
+    let i = inside.to_str().unwrap();
+    refused(
+        &b,
+        &["--steps", "4", "--checkpoint-dir", i],
+        "the directory of another run",
+    );
+    assert!(
+        !b.join("parameters.json").exists(),
+        "nothing written by a refused run"
+    );
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+#[test]
+fn a_resume_with_no_steps_left_is_refused() {
+    let out = tmp("no-steps-left");
+    run(&out, "6", &[]);
+    let rows = std::fs::read(out.join("scalars.csv")).unwrap();
+    let summary = std::fs::read(out.join("summary.json")).unwrap();
+    for steps in ["4", "6"] {
+        refused(
+            &out,
+            &["--steps", steps, "--resume", "latest"],
+            "nothing is left to train",
+        );
+    }
+    // Into a new run directory too.
+    let ck = out.join("checkpoints/step-00000006");
+    let other = tmp("no-steps-left-new");
+    refused(
+        &other,
+        &["--steps", "6", "--resume", ck.to_str().unwrap()],
+        "give --steps above 6",
+    );
+    assert_eq!(std::fs::read(out.join("scalars.csv")).unwrap(), rows);
+    assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
 }
