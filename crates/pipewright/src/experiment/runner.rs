@@ -297,13 +297,16 @@ where
     }
 }
 
-/// After a failed run, removes `dir` (which the run made) when it holds no step of training:
-/// no row in `scalars.csv` and no checkpoint. It held the run's parameters only, and kept, it
-/// made the same `--out` refused ("already holds a run") once the fault was fixed.
+/// After a failed run, removes `dir` (which the run made) when it holds only what making it
+/// wrote (`parameters.json`): kept, it made the same `--out` refused ("already holds a run")
+/// once the fault was fixed. A directory with anything more (a rank's log, a row, a
+/// checkpoint) is kept for the user to read.
 fn discard_if_untrained(dir: &Path) {
-    let rows = std::fs::read_to_string(dir.join("scalars.csv"))
-        .map_or(0, |t| t.lines().count().saturating_sub(1));
-    if rows == 0 && !dir.join("checkpoints").exists() {
+    let only_parameters = std::fs::read_dir(dir).is_ok_and(|d| {
+        d.flatten()
+            .all(|e| matches!(e.file_name().to_str(), Some("parameters.json" | ".lock")))
+    });
+    if only_parameters {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
