@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::data::{prepare, PrepareOptions, TokenDtype, Tokenizer};
+use pipewright::data::{prepare, InvalidUtf8, PrepareOptions, TokenDtype, Tokenizer};
 use pipewright::{invalid, Error, Result};
 
 #[derive(Subcommand)]
@@ -25,6 +25,10 @@ pub struct TokenizerArgs {
     /// The `tokenizer.json` to write (a new file).
     #[arg(long)]
     pub out: PathBuf,
+    /// Bytes that are not UTF-8: error (name the file and byte), replace (by U+FFFD) or skip
+    /// (leave such files out).
+    #[arg(long, default_value = "error")]
+    pub invalid_utf8: InvalidUtf8,
     /// Text files, or directories of them (read recursively).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
@@ -47,6 +51,10 @@ pub struct PrepareArgs {
     /// How ids are stored: u16 or u32 (default: the smallest that holds the vocabulary).
     #[arg(long)]
     pub dtype: Option<String>,
+    /// Bytes that are not UTF-8: error (name the file and byte), replace (by U+FFFD) or skip
+    /// (leave such files out).
+    #[arg(long, default_value = "error")]
+    pub invalid_utf8: InvalidUtf8,
     /// Text files, or directories of them (read recursively).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
@@ -56,13 +64,16 @@ pub fn run(c: DataCommand) -> Result<()> {
     match c {
         DataCommand::Tokenizer(a) => {
             let files = corpus(&a.files)?;
-            let tok = Tokenizer::train(&files, a.vocab_size, &a.out)?;
+            let (tok, cleaned) = Tokenizer::train(&files, a.vocab_size, &a.out, a.invalid_utf8)?;
             pipewright::say!(
                 "wrote {} (byte-level BPE, {} tokens, from {} files)",
                 a.out.display(),
                 tok.vocab_size(),
                 files.len()
             );
+            if cleaned != Default::default() {
+                pipewright::say!("text that was not UTF-8: {cleaned}");
+            }
             Ok(())
         }
         DataCommand::Prepare(a) => prepare_shards(&a),
@@ -73,6 +84,14 @@ pub fn run(c: DataCommand) -> Result<()> {
 fn corpus(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         let meta = std::fs::metadata(p).map_err(|e| Error::io("cannot read corpus path", p, e))?;
+        if meta.is_dir() && p.join(pipewright::data::shards::INDEX_FILE).exists() {
+            return Err(invalid!(
+                "`{}` holds token shards (its {}): they are ids, not text; name the text files \
+                 the corpus is made of",
+                p.display(),
+                pipewright::data::shards::INDEX_FILE
+            ));
+        }
         if !meta.is_dir() {
             out.push(p.to_path_buf());
             return Ok(());
@@ -109,6 +128,7 @@ fn prepare_shards(a: &PrepareArgs) -> Result<()> {
             .as_deref()
             .map(str::parse::<TokenDtype>)
             .transpose()?,
+        invalid_utf8: a.invalid_utf8,
         ..Default::default()
     };
     let pb = ProgressBar::new(0);
@@ -133,5 +153,12 @@ fn prepare_shards(a: &PrepareArgs) -> Result<()> {
         index.documents,
         (train + valid) as f64 / secs.max(1e-9)
     );
+    if index.replaced_bytes + index.skipped_documents > 0 {
+        pipewright::say!(
+            "text that was not UTF-8: {} bytes replaced, {} documents skipped",
+            index.replaced_bytes,
+            index.skipped_documents
+        );
+    }
     Ok(())
 }

@@ -297,8 +297,28 @@ mod gpu {
     }
 }
 
+/// Bytes of address space this process may still map under its `RLIMIT_AS` (`ulimit -v`): the
+/// limit less what is mapped now. `None` when there is no limit or it cannot be read.
+fn address_space_left() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max address space"))?;
+    let limit: u64 = line.split_whitespace().nth(3)?.parse().ok()?;
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let mapped_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmSize:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(limit.saturating_sub(mapped_kib * 1024))
+}
+
 /// Bytes this process may still allocate: the kernel's `MemAvailable`, or less when a cgroup
-/// (a container) limits the process to less. `None` where neither can be read.
+/// (a container) or an address-space limit (`ulimit -v`) leaves the process less. `None` where
+/// none can be read.
 pub fn available_bytes() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
         let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
@@ -307,10 +327,10 @@ pub fn available_bytes() -> Option<u64> {
     let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
     let cgroup = read("/sys/fs/cgroup/memory.max")
         .map(|max| max.saturating_sub(read("/sys/fs/cgroup/memory.current").unwrap_or(0)));
-    match (meminfo, cgroup) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    [meminfo, cgroup, address_space_left()]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 /// Fails, before anything is allocated, when `bytes` (an estimate of what `what` needs) is

@@ -7,7 +7,9 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use pipewright::data::{prepare, PrepareOptions, Split, TokenDataset, TokenDtype, Tokenizer};
+use pipewright::data::{
+    prepare, InvalidUtf8, PrepareOptions, Split, TokenDataset, TokenDtype, Tokenizer,
+};
 use pipewright::data_parallel::DistributedLoader;
 use pipewright::memory::{live_bytes, peak_bytes, reset_peaks, CountingAlloc};
 use pipewright::Batch;
@@ -43,7 +45,9 @@ fn sources() -> Vec<PathBuf> {
 
 fn tokenizer(dir: &Path) -> Tokenizer {
     std::fs::create_dir_all(dir).unwrap();
-    Tokenizer::train(&sources(), 600, &dir.join("tok.json")).unwrap()
+    Tokenizer::train(&sources(), 600, &dir.join("tok.json"), InvalidUtf8::Error)
+        .unwrap()
+        .0
 }
 
 fn small() -> PrepareOptions {
@@ -52,6 +56,7 @@ fn small() -> PrepareOptions {
         held_out: 0.1,
         chunk_bytes: 4096,
         dtype: None,
+        invalid_utf8: InvalidUtf8::Error,
     }
 }
 
@@ -227,7 +232,14 @@ fn bad_shards_and_corpora_are_clear_errors() {
     // Another tokenizer.
     let other_dir = dir.join("other");
     std::fs::create_dir_all(&other_dir).unwrap();
-    let other = Tokenizer::train(&sources()[..1], 300, &other_dir.join("tok.json")).unwrap();
+    let other = Tokenizer::train(
+        &sources()[..1],
+        300,
+        &other_dir.join("tok.json"),
+        InvalidUtf8::Error,
+    )
+    .unwrap()
+    .0;
     let e = TokenDataset::open(&out, Some(&other))
         .err()
         .unwrap()

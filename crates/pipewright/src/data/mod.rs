@@ -4,10 +4,12 @@
 //! a [`TokenDataset`] that memory-maps them and yields training windows: the same rows for the
 //! same step whatever the layout, a new order every epoch, each replica its own rows.
 
+pub mod corpus;
 pub mod dataset;
 pub mod shards;
 pub mod tokenizer;
 
+pub use corpus::{Cleaned, InvalidUtf8};
 pub use dataset::{Split, TokenDataset};
 pub use shards::{prepare, PrepareOptions, ShardIndex, TokenDtype};
 pub use tokenizer::{Tokenizer, END_OF_TEXT};

@@ -5,16 +5,18 @@
 //! [`super::END_OF_TEXT`]. The last `held_out` share of the corpus's bytes is the held-out
 //! split.
 //!
-//! The corpus streams: files are read in chunks of about `chunk_bytes` (cut after a newline),
+//! The corpus streams ([`super::corpus`]): files are read in chunks of about `chunk_bytes` (cut
+//! after a newline where one is near, and at the held-out split's first byte exactly),
 //! a few chunks at a time are encoded in parallel and appended to the shards, so memory holds a
 //! few chunks and one shard's buffer whatever the corpus's size. Everything is written into a
 //! temporary directory renamed into place at the end: a failed or killed run leaves nothing.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::corpus::{InvalidUtf8, Pieces, RUN_ON};
 use super::tokenizer::{Tokenizer, END_OF_TEXT};
 use crate::{invalid, Error, Result};
 
@@ -93,6 +95,12 @@ pub struct ShardIndex {
     pub train: Vec<ShardFile>,
     /// The held-out split's shards, in order.
     pub valid: Vec<ShardFile>,
+    /// Bytes that were not UTF-8, replaced by U+FFFD (`--invalid-utf8 replace`).
+    #[serde(default)]
+    pub replaced_bytes: u64,
+    /// Documents left out as not UTF-8 (`--invalid-utf8 skip`).
+    #[serde(default)]
+    pub skipped_documents: u64,
 }
 
 /// How [`prepare`] cuts and stores a corpus.
@@ -106,6 +114,8 @@ pub struct PrepareOptions {
     pub chunk_bytes: usize,
     /// How ids are stored (the smallest that holds the vocabulary when `None`).
     pub dtype: Option<TokenDtype>,
+    /// What to do with bytes that are not UTF-8.
+    pub invalid_utf8: InvalidUtf8,
 }
 
 impl Default for PrepareOptions {
@@ -116,6 +126,7 @@ impl Default for PrepareOptions {
             held_out: 0.05,
             chunk_bytes: 1 << 20,
             dtype: None,
+            invalid_utf8: InvalidUtf8::Error,
         }
     }
 }
@@ -134,6 +145,11 @@ impl Writer {
     fn push(&mut self, ids: &[u32]) -> Result<()> {
         for &id in ids {
             match self.dtype {
+                TokenDtype::U16 if id > u16::MAX as u32 => {
+                    return Err(invalid!(
+                        "token id {id} does not fit in u16 ids (65,535 at most): store u32"
+                    ))
+                }
                 TokenDtype::U16 => self.buf.extend_from_slice(&(id as u16).to_le_bytes()),
                 TokenDtype::U32 => self.buf.extend_from_slice(&id.to_le_bytes()),
             }
@@ -160,34 +176,6 @@ impl Writer {
         self.buf.clear();
         Ok(())
     }
-}
-
-/// The next piece of `r`: about `limit` bytes, extended to the next newline (at most 64 KiB
-/// more, then cut at a character boundary). Empty at the end.
-fn piece(r: &mut impl BufRead, limit: usize) -> Result<Vec<u8>> {
-    let mut v = Vec::with_capacity(limit.min(1 << 20));
-    r.take(limit as u64)
-        .read_to_end(&mut v)
-        .map_err(|e| invalid!("cannot read the corpus: {e}"))?;
-    if v.len() == limit && v.last() != Some(&b'\n') {
-        let mut more = Vec::new();
-        r.take(1 << 16)
-            .read_until(b'\n', &mut more)
-            .map_err(|e| invalid!("cannot read the corpus: {e}"))?;
-        v.extend(more);
-    }
-    Ok(v)
-}
-
-/// Text of `bytes`, whose end may cut a character: the cut character's bytes go back to `rest`.
-fn text(mut bytes: Vec<u8>, rest: &mut Vec<u8>) -> String {
-    let keep = match std::str::from_utf8(&bytes) {
-        Ok(_) => bytes.len(),
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        Err(_) => bytes.len(),
-    };
-    *rest = bytes.split_off(keep);
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Encodes the text files `files` with `tok` into a new shard directory `out`; `progress` is
@@ -222,22 +210,29 @@ pub fn prepare(
             tok.path().display()
         )
     })?;
-    let total = super::corpus_bytes(files)?;
+    // Skipped documents are left out before the split is placed in the bytes that are read.
+    let (files, skipped) = match opts.invalid_utf8 {
+        InvalidUtf8::Skip => super::corpus::utf8_files(files)?,
+        _ => (files.to_vec(), Default::default()),
+    };
+    let total = super::corpus_bytes(&files)?;
     let name = out
         .file_name()
         .map_or("shards".into(), |n| n.to_string_lossy().into_owned());
     let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
-    let result =
-        write_shards(tok, files, &tmp, opts, (dtype, eos, total), progress).and_then(|index| {
+    let result = write_shards(tok, &files, &tmp, opts, (dtype, eos, total), progress).and_then(
+        |mut index| {
+            index.skipped_documents = skipped.skipped_documents;
             let text = serde_json::to_string_pretty(&index).map_err(|e| invalid!("{e}"))?;
             let ip = tmp.join(INDEX_FILE);
             std::fs::write(&ip, text).map_err(|e| Error::io("cannot write", &ip, e))?;
             let _ = std::fs::remove_dir(out);
             std::fs::rename(&tmp, out).map_err(|e| Error::io("cannot rename into", out, e))?;
             Ok(index)
-        });
+        },
+    );
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -282,43 +277,35 @@ fn write_shards(
         }
         Ok::<(), Error>(())
     };
-    for f in files {
-        let file =
-            std::fs::File::open(f).map_err(|e| Error::io("cannot read corpus file", f, e))?;
-        let mut r = BufReader::new(file);
-        let mut rest = Vec::new();
-        loop {
-            let split = usize::from(offset >= threshold);
-            let limit = if split == 0 {
-                opts.chunk_bytes.min((threshold - offset).max(1) as usize)
-            } else {
-                opts.chunk_bytes
-            };
-            let more = piece(&mut r, limit)?;
-            let eof = more.is_empty();
-            let mut bytes = std::mem::take(&mut rest);
-            bytes.extend(more);
-            if !bytes.is_empty() {
-                offset += bytes.len() as u64;
-                let t = if eof {
-                    String::from_utf8_lossy(&bytes).into_owned()
-                } else {
-                    text(bytes, &mut rest)
-                };
-                offset -= rest.len() as u64;
-                pending_bytes += t.len();
-                pending.push((t, split, false));
+    let mut pieces = Pieces::new(files, opts.invalid_utf8, opts.chunk_bytes);
+    loop {
+        let split = usize::from(offset >= threshold);
+        // The training split ends at the threshold itself, newline or not (a corpus of one
+        // line ran on past it and held nothing out).
+        let left = threshold.saturating_sub(offset).max(1);
+        match split {
+            0 => {
+                let size = left.min(opts.chunk_bytes as u64);
+                pieces.set_limit(size as usize, left - size);
             }
-            if eof {
-                // The document's end, after its last piece.
-                pending.push((String::new(), split, true));
-                break;
-            }
-            if pending_bytes >= batch_bytes || pending.len() >= 1024 {
-                pending_bytes = 0;
-                flush(&mut pending, &mut splits)?;
-                progress(offset, total);
-            }
+            _ => pieces.set_limit(opts.chunk_bytes, RUN_ON),
+        }
+        let Some(p) = pieces.next().transpose()? else {
+            break;
+        };
+        offset += p.bytes;
+        if !p.text.is_empty() {
+            pending_bytes += p.text.len();
+            pending.push((p.text, split, false));
+        }
+        if p.ends_document {
+            // The document's end, after its last piece.
+            pending.push((String::new(), split, true));
+        }
+        if pending_bytes >= batch_bytes || pending.len() >= 1024 {
+            pending_bytes = 0;
+            flush(&mut pending, &mut splits)?;
+            progress(offset, total);
         }
     }
     flush(&mut pending, &mut splits)?;
@@ -327,7 +314,8 @@ fn write_shards(
         w.flush()?;
     }
     let [train, valid] = splits;
-    if train.files.is_empty() || valid.files.is_empty() {
+    let has_text = |w: &Writer| w.files.iter().map(|f| f.tokens).sum::<u64>() > 1;
+    if !has_text(&train) || !has_text(&valid) {
         return Err(invalid!(
             "the corpus of {total} bytes is too small to hold out {} % of it: give more text \
              or a larger held-out share",
@@ -342,6 +330,8 @@ fn write_shards(
         eos,
         documents: files.len() as u64,
         bytes: total,
+        replaced_bytes: pieces.cleaned.replaced_bytes,
+        skipped_documents: 0,
         train: train.files,
         valid: valid.files,
     })

@@ -8,6 +8,7 @@ use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, TokenizerBuilder};
 
+use super::corpus::{Cleaned, InvalidUtf8, Pieces};
 use crate::{invalid, Error, Result};
 
 /// The token that ends every document of a prepared corpus (GPT-2's).
@@ -19,11 +20,59 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     sha256: String,
     path: PathBuf,
+    /// One more than the largest id (ids may leave gaps: a count of entries is less).
+    ids: usize,
 }
 
 fn tok_err<'a>(what: &'a str, path: &'a Path) -> impl Fn(tokenizers::Error) -> Error + 'a {
     let what = what.to_string();
     move |e| invalid!("{what} `{}`: {e}", path.display())
+}
+
+/// Bytes the BPE trainer holds per byte of the corpus's distinct words (each byte a symbol of
+/// 32 bytes, its pairs' counts and positions besides; 612 MiB for 8 MiB of one word).
+const TRAINER_BYTES_PER_BYTE: f64 = 80.0;
+
+/// The distinct words fed to the trainer so far (split at whitespace, as its pre-tokenizer
+/// nearly does), to refuse a corpus whose training would not fit in memory before the trainer
+/// allocates for it: text with few repeated words (a long run without spaces, random bytes)
+/// costs the trainer [`TRAINER_BYTES_PER_BYTE`] per byte.
+struct DistinctWords {
+    seen: std::collections::HashSet<u64>,
+    bytes: u64,
+    budget: Option<f64>,
+}
+
+impl DistinctWords {
+    fn new(vocab_size: usize) -> Self {
+        let budget =
+            crate::memory::available_bytes().map(|a| a as f64 * 0.8 - vocab_size as f64 * 100.0);
+        Self {
+            seen: Default::default(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// Counts `text`'s new words; an error once training on them would not fit.
+    fn add(&mut self, text: String) -> Result<String> {
+        for w in text.split_whitespace() {
+            if self.seen.insert(crate::init::hash_seed(&[w.as_bytes()])) {
+                self.bytes += w.len() as u64;
+            }
+        }
+        let need = self.bytes as f64 * TRAINER_BYTES_PER_BYTE;
+        match self.budget {
+            Some(b) if need > b => Err(invalid!(
+                "the corpus's distinct words already total {} and training a tokenizer on them \
+                 takes about {}, more than this machine has available: train it on a sample of \
+                 the corpus (text with repeated words, not one long run without spaces)",
+                crate::bytes::format_bytes(self.bytes as f64),
+                crate::bytes::format_bytes(need)
+            )),
+            _ => Ok(text),
+        }
+    }
 }
 
 impl Tokenizer {
@@ -34,16 +83,30 @@ impl Tokenizer {
             "not a tokenizer.json (Hugging Face's format)",
             path,
         ))?;
+        let ids = inner
+            .get_vocab(true)
+            .into_values()
+            .max()
+            .map_or(0, |m| m as usize + 1);
         Ok(Self {
             inner,
             sha256: crate::checkpoint::format::sha256(&bytes),
             path: path.to_path_buf(),
+            ids,
         })
     }
 
     /// Trains a byte-level BPE of `vocab_size` tokens (the 256 bytes, [`END_OF_TEXT`] and the
-    /// merges) on the text files `files`, and writes it to `out` as `tokenizer.json`.
-    pub fn train(files: &[PathBuf], vocab_size: usize, out: &Path) -> Result<Self> {
+    /// merges) on the text files `files`, and writes it to `out` as `tokenizer.json`. The
+    /// files stream in bounded pieces ([`super::corpus`]: a corpus of one long line or one
+    /// long word trains in the memory of any other), `policy` says what to do with bytes that
+    /// are not UTF-8; returns what it replaced or skipped.
+    pub fn train(
+        files: &[PathBuf],
+        vocab_size: usize,
+        out: &Path,
+        policy: InvalidUtf8,
+    ) -> Result<(Self, Cleaned)> {
         if files.is_empty() {
             return Err(invalid!(
                 "no files to train a tokenizer on: name at least one"
@@ -54,7 +117,22 @@ impl Tokenizer {
                 "a byte-level BPE needs a vocabulary of at least 257 (the 256 bytes and {END_OF_TEXT}), got {vocab_size}"
             ));
         }
-        super::corpus_bytes(files)?;
+        let bytes = super::corpus_bytes(files)?;
+        // Each merge joins two symbols of the corpus into one: no more merges than bytes.
+        let most = 257u64.saturating_add(bytes);
+        if vocab_size as u64 > most {
+            return Err(invalid!(
+                "a vocabulary of {vocab_size} cannot be learnt from {bytes} bytes of text (at \
+                 most {most} tokens: the 256 bytes, {END_OF_TEXT} and one merge per byte): \
+                 give a smaller --vocab-size or more text"
+            ));
+        }
+        // The trainer's tables take about 100 bytes a token, besides the corpus's words.
+        crate::memory::check_fits(
+            vocab_size as f64 * 100.0,
+            &format!("a tokenizer of {vocab_size} tokens"),
+            "give a smaller --vocab-size",
+        )?;
         crate::files::ensure_new(out, "--out")?;
         let mut trainer = BpeTrainerBuilder::new()
             .show_progress(false)
@@ -73,18 +151,29 @@ impl Tokenizer {
             .with_decoder(Some(byte_level))
             .build()
             .map_err(|e| invalid!("cannot build a tokenizer: {e}"))?;
-        let names = files
-            .iter()
-            .map(|f| f.to_string_lossy().into_owned())
-            .collect();
-        tok.train_from_files(&mut trainer, names)
-            .map_err(|e| invalid!("training the tokenizer failed: {e}"))?;
+        // Pieces of 64 KiB: the trainer counts each piece's words, and a word is never longer.
+        let mut pieces = Pieces::new(files, policy, 1 << 16);
+        let mut words = DistinctWords::new(vocab_size);
+        let failed = std::sync::Mutex::new(None);
+        let texts = std::iter::from_fn(|| match pieces.next()?.and_then(|p| words.add(p.text)) {
+            Ok(text) => Some(text),
+            Err(e) => {
+                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                None
+            }
+        });
+        let trained = tok.train(&mut trainer, texts).map(|_| ());
+        if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
+        trained.map_err(|e| invalid!("training the tokenizer failed: {e}"))?;
+        let cleaned = pieces.cleaned;
         let tmp = out.with_extension("json.tmp");
         tokenizers::Tokenizer::from(tok)
             .save(&tmp, true)
             .map_err(tok_err("cannot write", &tmp))?;
         std::fs::rename(&tmp, out).map_err(|e| Error::io("cannot rename into", out, e))?;
-        Self::load(out)
+        Ok((Self::load(out)?, cleaned))
     }
 
     /// Token ids of `text` (no special tokens added).
@@ -115,9 +204,10 @@ impl Tokenizer {
             .map_err(|e| invalid!("cannot decode: {e}"))
     }
 
-    /// Tokens in the vocabulary, added ones included.
+    /// The vocabulary's size as a model sees it: one more than the largest id (added tokens
+    /// included), which every id is below; a count of entries is less where ids leave gaps.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.ids
     }
 
     /// The id of `token`, if the vocabulary has it.
