@@ -185,6 +185,19 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     if a.iters == 0 || a.sizes.is_empty() || a.sizes.iter().any(|s| s.is_nan() || *s <= 0.0) {
         return Err(invalid!("--iters and every --sizes entry must be positive"));
     }
+    // Each rank holds its buffer, the result and the received parts (three of the largest),
+    // and as threads, the ranks share this process.
+    let ranks_here = if a.backend == Backend::Local {
+        a.world
+    } else {
+        1
+    };
+    let most = a.sizes.iter().copied().fold(0.0, f64::max);
+    pipewright::memory::check_fits(
+        most * (1u64 << 20) as f64 * 3.0 * ranks_here as f64,
+        &format!("bench comm of {most} MiB buffers on {ranks_here} ranks here"),
+        "give smaller --sizes (MiB) or a smaller --world",
+    )?;
     if let Some(out) = &a.out {
         pipewright::files::ensure_replaceable(out, "--out", "a fitted link", |t| {
             serde_json::from_str::<pipewright::plan::Link>(t).is_ok()

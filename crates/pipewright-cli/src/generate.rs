@@ -90,8 +90,20 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         shared_weights: tied,
         ..VarunaOptions::new(layout, 1, 1)
     };
+    // A bad layout fails here, before its ranks are started.
+    opts.validate(&seq, layout.world())?;
+    // The text needs every id; the ids alone stream and keep nothing.
+    let keep = tok.is_some();
+    if keep {
+        pipewright::memory::check_fits(
+            a.max_new_tokens as f64 * 4.0,
+            &format!("decoding {} generated tokens to text", a.max_new_tokens),
+            "ask for fewer tokens (--max-new-tokens), or leave out --tokenizer to stream ids",
+        )?;
+    }
     let from_checkpoint = a.checkpoint.is_some();
     let mut out = local::run(layout.world(), |comm| {
+        let first = pipewright::comm::Communicator::rank(&comm) == 0;
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
         v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
         if from_checkpoint {
@@ -99,11 +111,22 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         } else {
             v.load_pretrained(&source, &|n| hf::hf_names(&model, n))?;
         }
-        v.generate(&prompt, &sampling)
+        let (mut ids, mut sep) = (Vec::new(), "ids ");
+        v.generate_each(&prompt, &sampling, &mut |id| {
+            if first {
+                pipewright::console::say_text(&format!("{sep}{id}"));
+                sep = ",";
+            }
+            if keep {
+                ids.push(id);
+            }
+        })?;
+        if first {
+            pipewright::say!();
+        }
+        Ok(ids)
     })?;
     let ids = out.remove(0);
-    let list: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    pipewright::say!("ids {}", list.join(","));
     if let Some(t) = &tok {
         pipewright::say!("{}{}", t.decode(&prompt)?, t.decode(&ids)?);
     }

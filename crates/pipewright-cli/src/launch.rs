@@ -69,8 +69,49 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The slots of a host file or a `--hosts` list.
+/// Waits before the next attempt when the last ones failed at once (within 10 s: a bad flag,
+/// a missing file fails the same way again): 1 s, doubling with each such attempt in a row up
+/// to 60 s, so that a crash loop does not restart dozens of times a minute. Returns at once on
+/// a stop signal.
+fn backoff(attempts: &[Attempt], stop: &AtomicBool) {
+    let quick = attempts
+        .iter()
+        .rev()
+        .take_while(|t| t.ended - t.started < 10.0)
+        .count();
+    if quick == 0 {
+        return;
+    }
+    let wait = 2f64.powi(quick as i32 - 1).min(60.0);
+    eprintln!("pipewright launch: the attempt failed at once; waiting {wait:.0} s before the next");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(wait);
+    while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The slots of a host file or a `--hosts` list: at least one, at most a layout's
+/// [`MAX_WORLD`](pipewright::topology::MAX_WORLD), and on this machine (`--nproc-per-node`) as
+/// many as its memory holds (64 MiB a rank at the least).
 fn slots(a: &LaunchArgs) -> Result<usize> {
+    let n = listed_slots(a)?;
+    if n == 0 || n > pipewright::topology::MAX_WORLD {
+        return Err(invalid!(
+            "{n} ranks: a launch needs at least one and at most {}",
+            pipewright::topology::MAX_WORLD
+        ));
+    }
+    if a.nproc_per_node.is_some() {
+        pipewright::memory::check_fits(
+            n as f64 * 64.0 * 1024.0 * 1024.0,
+            &format!("{n} ranks on this machine"),
+            "start fewer ranks per node (--nproc-per-node), or list more machines (--hosts)",
+        )?;
+    }
+    Ok(n)
+}
+
+fn listed_slots(a: &LaunchArgs) -> Result<usize> {
     if let Some(n) = a.nproc_per_node {
         return Ok(n);
     }
@@ -257,6 +298,9 @@ pub fn run(a: LaunchArgs) -> Result<()> {
         }
         if stop.load(Ordering::Relaxed) {
             return Err(invalid!("stopped by a signal before the ranks could save"));
+        }
+        if attempt < a.max_restarts {
+            backoff(&attempts, &stop);
         }
     }
     let summary: Vec<String> = attempts

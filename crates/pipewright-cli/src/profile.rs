@@ -7,7 +7,7 @@
 
 use clap::Args;
 use pipewright::plan::{gemm_grid, measure, time_fused_attention, time_gemms, Sizes};
-use pipewright::{Batch, Build, Result};
+use pipewright::{invalid, Batch, Build, Result};
 
 use crate::train::TrainArgs;
 
@@ -57,6 +57,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     if p.gemm {
         return gemm(&p);
     }
+    check_fits(&p)?;
     // The pools as `train` sizes them for as many ranks as copies run at once (an unset
     // RAYON_NUM_THREADS left candle's products 20-30 % slower here than train's explicit one).
     pipewright::comm::size_thread_pools(p.concurrent);
@@ -110,6 +111,29 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     Ok(())
 }
 
+/// Fails before anything is built when the largest micro-batch profiled, in `--concurrent`
+/// copies of the largest tensor-parallel group, would not fit in memory: the check `train`
+/// makes of a run with those micro-batches and ranks.
+fn check_fits(p: &ProfileArgs) -> Result<()> {
+    let most = |v: &[usize], what: &str| {
+        v.iter()
+            .copied()
+            .max()
+            .filter(|m| *m > 0)
+            .ok_or_else(|| invalid!("{what} must hold positive sizes"))
+    };
+    let (rows, tp) = (most(&p.sizes, "--sizes")?, most(&p.tp_sizes, "--tp-sizes")?);
+    let copies = p.concurrent.max(1);
+    let mut a = p.train.clone();
+    (a.pp, a.tp, a.cp, a.dp, a.chunks) = (1, tp, 1, copies, 1);
+    a.chunk_size = Some(rows);
+    a.batch_size = rows.checked_mul(copies).ok_or_else(|| {
+        invalid!("--sizes {rows} in --concurrent {copies} copies is too large a batch")
+    })?;
+    let (spec, task) = a.spec()?;
+    spec.check_fits(&task.shape(), spec.train.world())
+}
+
 /// `profile --gemm`: the products timed, the curve fitted and printed, the file written.
 fn gemm(p: &ProfileArgs) -> Result<()> {
     pipewright::comm::size_thread_pools(p.concurrent);
@@ -118,6 +142,11 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
     let dtype = precision.dtype();
     let device = pipewright::device::device(&a.device, 0)?;
     let base = crate::plan::hardware(&a.hardware, None)?;
+    pipewright::memory::check_fits(
+        pipewright::plan::gemm_grid_peak_bytes(p.gemm_scale, dtype.size_in_bytes()),
+        &format!("timing products of --gemm-scale {}", p.gemm_scale),
+        "give a smaller --gemm-scale",
+    )?;
     let shapes = gemm_grid(p.gemm_scale);
     let timings = time_gemms(&shapes, dtype, &device, 5)?;
     let attention = time_fused_attention(&device, dtype, 3)?;

@@ -84,7 +84,8 @@ impl GptConfig {
             .saturating_mul(d)
             .saturating_mul(12)
             .saturating_add(13 * d);
-        (2 * v + p)
+        v.saturating_mul(2)
+            .saturating_add(p)
             .saturating_mul(d)
             .saturating_add(block.saturating_mul(l))
             .saturating_add(2 * d)

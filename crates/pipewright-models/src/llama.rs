@@ -91,10 +91,11 @@ impl LlamaConfig {
     /// (q and o of `dim` x `n_head * head_dim`, k and v of the key/value heads), the MLP (three
     /// matrices of `dim` x `hidden`) and two norms, and the final norm.
     pub fn param_count(&self) -> u64 {
-        let (v, d, h) = (self.vocab_size as u64, self.dim as u64, self.hidden as u64);
-        let kv = (self.n_kv_head * self.head_dim()) as u64;
-        let block = (2 * d * d + 2 * d * kv + 3 * d * h + 2 * d) * self.n_layer as u64;
-        2 * v * d + block + d
+        // In f64, exact below 2^53 and saturating above (sizes a user gives may be absurd).
+        let (v, d, h) = (self.vocab_size as f64, self.dim as f64, self.hidden as f64);
+        let kv = self.n_kv_head as f64 * (self.dim / self.n_head.max(1)) as f64;
+        let block = (2.0 * d * d + 2.0 * d * kv + 3.0 * d * h + 2.0 * d) * self.n_layer as f64;
+        (2.0 * v * d + block + d).min(u64::MAX as f64) as u64
     }
 
     fn head_dim(&self) -> usize {

@@ -260,15 +260,23 @@ impl RunSpec {
         let (input, data) = match *shape {
             TaskShape::Tokens { seq_len, .. } => (seq_len as f64 * 8.0, seq_len as f64),
             TaskShape::Images { channels, size, .. } => {
-                let px = (size * size) as f64;
+                let px = size as f64 * size as f64;
                 (px * channels as f64 * 4.0, px)
             }
         };
         let (what, params, kept) = match &self.model {
             ModelConfig::Gpt { gpt, .. } => {
+                // The profile of one and of two blocks: the ends and one block's share (a
+                // profile of all n_layer blocks holds n_layer entries, too many for a huge one).
                 let bytes = t.precision.dtype().size_in_bytes();
-                let profile = gpt.shapes_profile(bytes, &Hardware::load("cpu-2core")?)?;
-                let kept: f64 = profile.layers.iter().map(|l| l.kept_bytes_per_sample).sum();
+                let hw = Hardware::load("cpu-2core")?;
+                let kept = |n_layer| -> Result<f64> {
+                    let cfg = GptConfig { n_layer, ..*gpt };
+                    let p = cfg.shapes_profile(bytes, &hw)?;
+                    Ok(p.layers.iter().map(|l| l.kept_bytes_per_sample).sum())
+                };
+                let (one, two) = (kept(1)?, kept(2)?);
+                let kept = one + (two - one) * (gpt.n_layer as f64 - 1.0);
                 let n = gpt.param_count();
                 (format!("this GPT ({n} parameters)"), n as f64, kept)
             }
@@ -276,14 +284,16 @@ impl RunSpec {
                 // Per layer and token: the norms' inputs and outputs, q, k, v, the attention
                 // scores of its row, the MLP's three hidden vectors; in the compute dtype.
                 let bytes = t.precision.dtype().size_in_bytes() as f64;
-                let per_token =
-                    (6 * llama.dim + llama.block_size * llama.n_head + 3 * llama.hidden) as f64;
+                let f = |v: usize| v as f64;
+                let per_token = 6.0 * f(llama.dim)
+                    + f(llama.block_size) * f(llama.n_head)
+                    + 3.0 * f(llama.hidden);
                 let n = llama.param_count();
-                let kept = per_token * llama.block_size as f64 * llama.n_layer as f64 * bytes;
+                let kept = per_token * f(llama.block_size) * f(llama.n_layer) * bytes;
                 (format!("this Llama ({n} parameters)"), n as f64, kept)
             }
             ModelConfig::Cnn { cnn } => {
-                let maps = (2 * cnn.blocks + 2) as f64 * 3.0;
+                let maps = (2.0 * cnn.blocks as f64 + 2.0) * 3.0;
                 (
                     "this CNN".to_string(),
                     0.0,

@@ -85,15 +85,20 @@ impl fmt::Display for Layout {
     }
 }
 
+/// The most ranks a layout may have (2^20): more than any cluster trains on, and small enough
+/// that the tables a rank keeps of the world (a few words a rank) stay small.
+pub const MAX_WORLD: usize = 1 << 20;
+
 impl Layout {
-    /// A layout of `pp x tp x dp` ranks (no context parallelism); every size at least 1.
+    /// A layout of `pp x tp x dp` ranks (no context parallelism); every size at least 1, the
+    /// world at most [`MAX_WORLD`].
     pub fn new(pp: usize, tp: usize, dp: usize) -> Result<Self> {
         if pp == 0 || tp == 0 || dp == 0 {
             return Err(invalid!(
                 "layout pp={pp} tp={tp} dp={dp}: every degree must be at least 1"
             ));
         }
-        Ok(Self { pp, tp, dp, cp: 1 })
+        Self { pp, tp, dp, cp: 1 }.checked()
     }
 
     /// The same layout with each replica's sequences split over `cp` context-parallel ranks.
@@ -101,7 +106,26 @@ impl Layout {
         if cp == 0 {
             return Err(invalid!("layout {self}: cp must be at least 1"));
         }
-        Ok(Self { cp, ..self })
+        Self { cp, ..self }.checked()
+    }
+
+    /// `self` if its world is at most [`MAX_WORLD`] ranks.
+    fn checked(self) -> Result<Self> {
+        let world = [self.pp, self.tp, self.cp, self.dp]
+            .into_iter()
+            .try_fold(1usize, |w, d| w.checked_mul(d));
+        match world {
+            Some(w) if w <= MAX_WORLD => Ok(self),
+            _ => Err(invalid!(
+                "layout pp={} tp={} cp={} dp={}: {} ranks is more than the {MAX_WORLD} a layout \
+                 may have: choose smaller degrees",
+                self.pp,
+                self.tp,
+                self.cp,
+                self.dp,
+                world.map_or("more than 2^64".to_string(), |w| w.to_string())
+            )),
+        }
     }
 
     /// One rank does everything.

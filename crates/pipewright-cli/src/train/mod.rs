@@ -194,14 +194,15 @@ impl Setup {
         }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
         pipewright::plan::Hardware::load(&a.hardware)?;
-        let (model, tied) = spec.model.build()?;
         // Under mpirun each process holds its own ranks; as threads this one holds them all.
         let here = if pipewright::dist::Env::under_mpi() {
             env.local_world_size
         } else {
             spec.train.world()
         };
+        // Before the model is built: a billion layers' specs alone would not fit.
         spec.check_fits(&task.shape(), here)?;
+        let (model, tied) = spec.model.build()?;
         if env.restart > 0 && env.world_size != spec.train.world() {
             spec = morph::morph(&a, &env, &spec)?;
             let l = spec.train.layout;

@@ -58,21 +58,34 @@ pub trait Task: Send + Sync {
     fn evaluate(&self, predict: &mut Predict<'_>) -> Result<f64>;
 }
 
-/// Greedy decoding of `n` tokens after each prompt row; returns the generated tokens.
+/// Bytes of logits one forward of [`greedy`] may make: rows are decoded in groups that fit
+/// (all the held-out rows at once made 8 GB of logits with a vocabulary of a million).
+const LOGIT_BYTES: usize = 64 << 20;
+
+/// Greedy decoding of `n` tokens after each prompt row; returns the generated tokens. Rows are
+/// decoded in groups whose logits fit in [`LOGIT_BYTES`] (the first group is one row, which
+/// tells the vocabulary's size).
 pub fn greedy(predict: &mut Predict<'_>, prompts: &[Vec<u32>], n: usize) -> Result<Vec<Vec<u32>>> {
     let mut seqs = prompts.to_vec();
-    let b = seqs.len();
+    let mut vocab: Option<usize> = None;
     for _ in 0..n {
         let t = seqs[0].len();
-        let flat: Vec<u32> = seqs.iter().flatten().copied().collect();
-        let x = Tensor::from_vec(flat, (b, t), &Device::Cpu)?;
-        let logits = predict(&x)?;
-        let last = logits
-            .narrow(1, t - 1, 1)?
-            .squeeze(1)?
-            .argmax(1)?
-            .to_dtype(DType::U32)?;
-        for (s, v) in seqs.iter_mut().zip(last.to_vec1::<u32>()?) {
+        let mut next = Vec::with_capacity(seqs.len());
+        while next.len() < seqs.len() {
+            let rows = vocab.map_or(1, |v| (LOGIT_BYTES / (t * v * 4).max(1)).max(1));
+            let group = &seqs[next.len()..(next.len() + rows).min(seqs.len())];
+            let flat: Vec<u32> = group.iter().flatten().copied().collect();
+            let x = Tensor::from_vec(flat, (group.len(), t), &Device::Cpu)?;
+            let logits = predict(&x)?;
+            vocab = Some(logits.dim(2)?);
+            let last = logits
+                .narrow(1, t - 1, 1)?
+                .squeeze(1)?
+                .argmax(1)?
+                .to_dtype(DType::U32)?;
+            next.extend(last.to_vec1::<u32>()?);
+        }
+        for (s, v) in seqs.iter_mut().zip(next) {
             s.push(v);
         }
     }

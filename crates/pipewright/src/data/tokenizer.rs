@@ -29,6 +29,9 @@ fn tok_err<'a>(what: &'a str, path: &'a Path) -> impl Fn(tokenizers::Error) -> E
     move |e| invalid!("{what} `{}`: {e}", path.display())
 }
 
+/// Bytes of the pieces the trainer is fed.
+const PIECE: usize = 1 << 16;
+
 /// Bytes the BPE trainer holds per byte of the corpus's distinct words (each byte a symbol of
 /// 32 bytes, its pairs' counts and positions besides; 612 MiB for 8 MiB of one word).
 const TRAINER_BYTES_PER_BYTE: f64 = 80.0;
@@ -55,7 +58,7 @@ impl DistinctWords {
     }
 
     /// Counts `text`'s new words; an error once training on them would not fit.
-    fn add(&mut self, text: String) -> Result<String> {
+    fn add(&mut self, text: &str) -> Result<()> {
         for w in text.split_whitespace() {
             if self.seen.insert(crate::init::hash_seed(&[w.as_bytes()])) {
                 self.bytes += w.len() as u64;
@@ -70,7 +73,7 @@ impl DistinctWords {
                 crate::bytes::format_bytes(self.bytes as f64),
                 crate::bytes::format_bytes(need)
             )),
-            _ => Ok(text),
+            _ => Ok(()),
         }
     }
 }
@@ -151,12 +154,17 @@ impl Tokenizer {
             .with_decoder(Some(byte_level))
             .build()
             .map_err(|e| invalid!("cannot build a tokenizer: {e}"))?;
-        // Pieces of 64 KiB: the trainer counts each piece's words, and a word is never longer.
-        let mut pieces = Pieces::new(files, policy, 1 << 16);
+        // A first pass counts the distinct words (and meets any text that is not UTF-8) before
+        // the trainer allocates for them: a corpus it could not hold is refused, not aborted.
         let mut words = DistinctWords::new(vocab_size);
+        for p in Pieces::new(files, policy, PIECE) {
+            words.add(&p?.text)?;
+        }
+        // Pieces of 64 KiB: the trainer counts each piece's words, and a word is never longer.
+        let mut pieces = Pieces::new(files, policy, PIECE);
         let failed = std::sync::Mutex::new(None);
-        let texts = std::iter::from_fn(|| match pieces.next()?.and_then(|p| words.add(p.text)) {
-            Ok(text) => Some(text),
+        let texts = std::iter::from_fn(|| match pieces.next()? {
+            Ok(p) => Some(p.text),
             Err(e) => {
                 *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                 None

@@ -81,11 +81,13 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
     std::fs::create_dir_all(&s.out).map_err(|e| Error::io("cannot create", &s.out, e))?;
     let todo: Vec<(usize, Vec<(String, String)>)> =
         combinations(&s.grid).into_iter().enumerate().collect();
+    // No more workers than runs: a million asked for would spawn a million threads.
+    let workers = s.max_parallel.min(todo.len());
     let queue = Mutex::new(todo.into_iter());
     let done = Mutex::new(Vec::new());
     let t0 = Instant::now();
     std::thread::scope(|scope| {
-        for _ in 0..s.max_parallel {
+        for _ in 0..workers {
             scope.spawn(|| loop {
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let Some((i, params)) = next else { break };

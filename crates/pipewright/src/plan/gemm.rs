@@ -211,6 +211,15 @@ impl GemmCurve {
     }
 }
 
+/// Bytes the largest product of [`gemm_grid`]`(scale)` holds (its two inputs and its output,
+/// m = n = 4096 x scale, k = 256 x scale), in f64 so that an absurd scale is a number to refuse
+/// before the grid's sizes overflow.
+pub fn gemm_grid_peak_bytes(scale: usize, dtype_bytes: usize) -> f64 {
+    let s = scale as f64;
+    let (m, n, k) = (4096.0 * s, 4096.0 * s, 256.0 * s);
+    (m * k + k * n + m * n) * dtype_bytes as f64
+}
+
 /// The shapes `pipewright profile --gemm` times: every `m` by every `n = k` from thin to
 /// large (linear layers of narrow and wide models, tensor-parallel shards), and attention's
 /// batched products (heads of width 32 to 128 over 256 to 1024 tokens). `scale` multiplies

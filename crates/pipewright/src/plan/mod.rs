@@ -48,7 +48,7 @@ pub use bound::{Bound, Breakdown};
 pub use cluster::{Cluster, Runtime};
 pub use crowding::crowded_efficiency;
 pub use estimate::{estimate, Candidate, Estimate};
-pub use gemm::{gemm_grid, time_gemms, Gemm, GemmCurve, GemmTiming};
+pub use gemm::{gemm_grid, gemm_grid_peak_bytes, time_gemms, Gemm, GemmCurve, GemmTiming};
 pub use hardware::{format_bytes, parse_bytes, Hardware, Link};
 pub use layer_cost::{median, profile_layers, profile_stage, LayerCost};
 pub use measure::{measure, Sizes};

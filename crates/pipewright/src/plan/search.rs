@@ -215,6 +215,15 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
 /// smaller peak). Errors say why none is left: a world the model cannot be split over, or
 /// the smallest memory cap any layout needs.
 pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec<Estimate>> {
+    // The candidates are enumerated by the world's divisors: a world past any layout's would
+    // take as long to factor as to refuse.
+    if req.world > crate::topology::MAX_WORLD {
+        return Err(invalid!(
+            "a world of {} ranks is more than the {} a layout may have",
+            req.world,
+            crate::topology::MAX_WORLD
+        ));
+    }
     rank(profile, cluster, req, candidates(req, profile))
 }
 

@@ -81,6 +81,25 @@ impl Varuna {
     /// The `s.max_new_tokens` tokens that follow `prompt` (collective: every rank calls it and
     /// gets the same tokens).
     pub fn generate(&self, prompt: &[u32], s: &Sampling) -> Result<Vec<u32>> {
+        crate::memory::check_fits(
+            s.max_new_tokens as f64 * 4.0,
+            &format!("keeping {} generated tokens", s.max_new_tokens),
+            "ask for fewer tokens, or take them one by one (Varuna::generate_each)",
+        )?;
+        let mut out = Vec::new();
+        self.generate_each(prompt, s, &mut |id| out.push(id))?;
+        Ok(out)
+    }
+
+    /// [`Varuna::generate`] handing each token to `each` as soon as it is drawn (a command
+    /// streams them): a long generation shows its progress, and keeps only the model's window
+    /// of context, however many tokens it draws.
+    pub fn generate_each(
+        &self,
+        prompt: &[u32],
+        s: &Sampling,
+        each: &mut dyn FnMut(u32),
+    ) -> Result<()> {
         if prompt.is_empty() {
             return Err(invalid!("generation needs a prompt of at least one token"));
         }
@@ -114,9 +133,15 @@ impl Varuna {
             };
             let logits = self.predict_tokens(fresh, cache.as_ref())?;
             let last: Vec<f32> = logits.i((0, fresh.len() - 1))?.to_vec1()?;
-            ids.push(pick(&last, s, &mut rng));
+            let id = pick(&last, s, &mut rng);
+            ids.push(id);
+            each(id);
+            if ids.len() >= 2 * window {
+                // Only the last window's tokens are ever read again.
+                ids.drain(..ids.len() - window);
+            }
         }
-        Ok(ids[prompt.len()..].to_vec())
+        Ok(())
     }
 
     /// The logits `(1, tokens, vocab)` of one sequence's `tokens`, following the tokens already

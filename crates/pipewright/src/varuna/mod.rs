@@ -420,12 +420,23 @@ impl Varuna {
 
     /// The evaluation-mode output (f32, whole) of the model for `batch`'s inputs, on every
     /// rank; the batch needs no targets. Under context parallelism sequences the ring does not
-    /// split are padded on the right and the output cut back (exact for causal models).
+    /// split are padded on the right and the output cut back (exact for causal models). Rows
+    /// go through in groups of the training micro-batch's size, whose activations the run was
+    /// sized for: a held-out set of thousands of rows at once made gigabytes of activations.
     pub fn predict(&self, batch: &Batch) -> Result<Tensor> {
         self.check_batch(batch, false)?;
-        let (batch, len) = self.local_inputs(batch)?;
-        let r = self.pipeline.forward_only(&batch, false, true)?;
-        self.whole_sequence(&r.output.expect("asked for the output"), len)
+        let (rows, group) = (batch.rows()?, self.opts.chunk_size.max(1));
+        let mut out = Vec::with_capacity(rows.div_ceil(group));
+        for start in (0..rows).step_by(group) {
+            let part = batch.narrow(start, group.min(rows - start))?;
+            let (part, len) = self.local_inputs(&part)?;
+            let r = self.pipeline.forward_only(&part, false, true)?;
+            out.push(self.whole_sequence(&r.output.expect("asked for the output"), len)?);
+        }
+        match out.len() {
+            1 => Ok(out.remove(0)),
+            _ => Ok(Tensor::cat(&out, 0)?),
+        }
     }
 
     /// Fraction of step time this rank spent not computing (between actions, or inside one

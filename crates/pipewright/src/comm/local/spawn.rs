@@ -40,6 +40,10 @@ fn spin_for(world: usize, cores: usize, set: Option<f64>) -> Duration {
     Duration::from_secs_f64(micros * 1e-6)
 }
 
+/// Memory a rank thread takes before it computes anything: its stack's reservation and its
+/// mailbox (8 MiB).
+const RANK_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
+
 /// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
 /// rank failure (error or panic) is the error of the whole run. candle's pools are sized for
 /// the ranks sharing the cores first ([`crate::comm::size_thread_pools`], unless
@@ -61,6 +65,13 @@ where
     if world == 0 {
         return Err(Error::Invalid("a world needs at least one rank".into()));
     }
+    // Each rank is a thread with its stack and its share of candle's pool: a million ranks
+    // asked for by mistake would abort the process while spawning them.
+    crate::memory::check_fits(
+        world as f64 * RANK_BYTES,
+        &format!("a world of {world} ranks as threads of one process"),
+        "use fewer ranks, or run them as processes on more machines (--backend mpi)",
+    )?;
     crate::comm::size_thread_pools(world);
     let shared = Arc::new(World {
         size: world,
