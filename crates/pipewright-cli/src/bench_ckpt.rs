@@ -76,7 +76,14 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
         &format!("a checkpoint benchmark of {} GPT layers", a.n_layer),
         "fewer --n-layer",
     )?;
-    std::fs::create_dir_all(&a.dir).map_err(|e| Error::io("cannot create", &a.dir, e))?;
+    // The disk to measure is one that is there: a mistyped path is not made.
+    if !a.dir.is_dir() {
+        return Err(pipewright::invalid!(
+            "--dir `{}` is not a directory: name an existing directory on the disk to measure \
+             (the benchmark writes into a new subdirectory of it)",
+            a.dir.display()
+        ));
+    }
     // Its own subdirectory, new: the user's files in --dir are never touched.
     let scratch = a
         .dir

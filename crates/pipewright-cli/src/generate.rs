@@ -11,7 +11,7 @@ use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Sampling, Varuna, VarunaOptions};
 use pipewright::{invalid, Result};
-use pipewright_models::hf;
+use pipewright_models::{hf, TaskSpec};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -55,8 +55,18 @@ pub struct GenerateArgs {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
+    let mut trained_on = None;
     let (model, source) = match (&a.checkpoint, &a.init_from) {
-        (Some(c), None) => (crate::ckpt::stored_run(&Reader::open(c)?)?.model, c.clone()),
+        (Some(c), None) => {
+            let run = crate::ckpt::stored_run(&Reader::open(c)?)?;
+            if let TaskSpec::Tokens {
+                tokenizer_sha256, ..
+            } = &run.task
+            {
+                trained_on = Some(tokenizer_sha256.clone()).filter(|s| !s.is_empty());
+            }
+            (run.model, c.clone())
+        }
         (None, Some(d)) => (hf::config_from_dir(d)?, d.clone()),
         _ => {
             return Err(invalid!(
@@ -72,6 +82,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ..model.sampling(a.max_new_tokens)?
     };
     let tok = a.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
+    if let (Some(t), Some(want)) = (&tok, &trained_on) {
+        if t.sha256() != want {
+            return Err(invalid!(
+                "--tokenizer `{}` is not the tokenizer the checkpoint was trained with (sha256 {} \
+                 against {}): its ids would decode to other text; give that tokenizer",
+                t.path().display(),
+                &t.sha256()[..12],
+                &want[..want.len().min(12)]
+            ));
+        }
+    }
     let prompt = match (&a.prompt, &a.prompt_ids, &tok) {
         (Some(text), None, Some(t)) => t.encode(text)?,
         (Some(_), None, None) => {
@@ -128,6 +149,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     })?;
     let ids = out.remove(0);
     if let Some(t) = &tok {
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= t.vocab_size()) {
+            return Err(invalid!(
+                "the model drew id {bad}, which --tokenizer `{}` (ids below {}) cannot decode: \
+                 give the tokenizer the model was trained with",
+                t.path().display(),
+                t.vocab_size()
+            ));
+        }
         pipewright::say!("{}{}", t.decode(&prompt)?, t.decode(&ids)?);
     }
     Ok(())

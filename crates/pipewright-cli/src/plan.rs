@@ -83,6 +83,12 @@ pub fn hardware(name: &str, link: Option<&Path>) -> Result<Hardware> {
 }
 
 pub fn run(p: PlanArgs) -> Result<()> {
+    if p.train.out.is_some() && !p.measure {
+        return Err(invalid!(
+            "--out is where --measure keeps its runs: plan alone writes nothing; add --measure, \
+             or drop --out"
+        ));
+    }
     let hw = hardware(&p.train.hardware, p.link.as_deref())?;
     let memory = match &p.memory {
         Some(m) => parse_bytes(m)?,

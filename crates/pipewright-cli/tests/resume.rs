@@ -113,7 +113,7 @@ fn resume_latest_passes_over_a_damaged_newest_checkpoint() {
         damage(&d.join("checkpoints"));
         let said = run(&d, "8", &["--resume", "latest"]);
         assert!(said.contains(says), "{name}: {said}");
-        assert!(said.contains(&format!("resuming from `")), "{name}: {said}");
+        assert!(said.contains("resuming from `"), "{name}: {said}");
         let by_name = r.join("checkpoints").join(from);
         run(&r, "8", &["--resume", by_name.to_str().unwrap()]);
         let text_of = |p: &Path| std::fs::read_to_string(p.join("scalars.csv")).unwrap();

@@ -109,7 +109,7 @@ fn cases() -> Vec<(String, Vec<String>)> {
         ("bench comm --sizes", "bench comm --sizes @"),
         ("bench comm --world", "bench comm --world @"),
         ("bench comm --iters", "bench comm --iters @"),
-        ("bench ckpt --n-layer", "bench ckpt --n-layer @ --dir o"),
+        ("bench ckpt --n-layer", "bench ckpt --n-layer @ --dir ."),
         (
             "generate --max-new-tokens",
             &format!("{gen} --max-new-tokens @"),

@@ -89,3 +89,58 @@ fn a_corpus_trains_on_any_layout_and_resumes_on_the_same_tokens() {
     let o = train(&["--task", "tokens", "--out", &s(&dir.join("none"))]);
     assert!(!o.status.success() && text(&o).contains("--task tokens needs --data DIR"));
 }
+
+#[test]
+fn ids_of_another_tokenizer_are_refused() {
+    let dir = tmp("other-tokenizer");
+    let (_, mine) = corpus(&dir.join("mine"), 512);
+    let (theirs_tok, theirs) = corpus(&dir.join("theirs"), 300);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let out = dir.join("run");
+    let run = |data: &Path, steps: &str, extra: &[&str]| {
+        let mut a = vec![
+            "--task".to_string(),
+            "tokens".into(),
+            "--data".into(),
+            s(data),
+            "--block-size".into(),
+            "16".into(),
+            "--n-layer".into(),
+            "1".into(),
+            "--n-embd".into(),
+            "16".into(),
+            "--batch-size".into(),
+            "8".into(),
+            "--steps".into(),
+            steps.into(),
+            "--checkpoint-every".into(),
+            "2".into(),
+            "--out".into(),
+            s(&out),
+        ];
+        a.extend(extra.iter().map(|e| e.to_string()));
+        train(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let o = run(&mine, "2", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Resumed on shards of another tokenizer: refused, not trained on garbage.
+    let o = run(&theirs, "4", &["--resume", "latest"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("another tokenizer"), "{}", text(&o));
+    // Generation decoding with another tokenizer: refused.
+    let o = common::run(&[
+        "generate",
+        "--checkpoint",
+        &s(&out.join("checkpoints")),
+        "--tokenizer",
+        &s(&theirs_tok),
+        "--prompt",
+        "fn ",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("not the tokenizer the checkpoint"),
+        "{}",
+        text(&o)
+    );
+}

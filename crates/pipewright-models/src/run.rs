@@ -121,6 +121,11 @@ pub enum TaskSpec {
         dir: PathBuf,
         /// Ids per window.
         seq_len: usize,
+        /// SHA-256 of the tokenizer that encoded the shards (their index's), recorded so that
+        /// a resumed run or a generation never reads ids with another tokenizer; empty in
+        /// specs saved before it was recorded.
+        #[serde(default)]
+        tokenizer_sha256: String,
     },
     /// A text file's bytes in windows of `seq_len` ([`Text`]).
     Text {
@@ -139,7 +144,24 @@ impl TaskSpec {
             TaskSpec::Sort { len, symbols } => Box::new(Sort::new(*len, *symbols, seed)?),
             TaskSpec::Shapes { image_size } => Box::new(Shapes::new(*image_size, seed)?),
             TaskSpec::Text { path, seq_len } => Box::new(Text::from_file(path, *seq_len, seed)?),
-            TaskSpec::Tokens { dir, seq_len } => Box::new(Tokens::open(dir, *seq_len, seed)?),
+            TaskSpec::Tokens {
+                dir,
+                seq_len,
+                tokenizer_sha256,
+            } => {
+                let t = Tokens::open(dir, *seq_len, seed)?;
+                let found = &t.dataset().index().tokenizer_sha256;
+                if !tokenizer_sha256.is_empty() && found != tokenizer_sha256 {
+                    return Err(invalid!(
+                        "the shards in `{}` were encoded by another tokenizer (sha256 {}) than \
+                         this run's (sha256 {}): train on the shards of the run's tokenizer",
+                        dir.display(),
+                        &found[..found.len().min(12)],
+                        &tokenizer_sha256[..tokenizer_sha256.len().min(12)]
+                    ));
+                }
+                Box::new(t)
+            }
         })
     }
 }

@@ -303,12 +303,17 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
         TaskKind::Shapes => TaskSpec::Shapes {
             image_size: a.image_size,
         },
-        TaskKind::Tokens => TaskSpec::Tokens {
-            dir: a.data.clone().ok_or_else(|| {
+        TaskKind::Tokens => {
+            let dir = a.data.clone().ok_or_else(|| {
                 invalid!("--task tokens needs --data DIR (token shards: `pipewright data prepare`)")
-            })?,
-            seq_len: a.block_size.unwrap_or(64),
-        },
+            })?;
+            let index = pipewright::data::TokenDataset::open(&dir, None)?;
+            TaskSpec::Tokens {
+                tokenizer_sha256: index.index().tokenizer_sha256.clone(),
+                dir,
+                seq_len: a.block_size.unwrap_or(64),
+            }
+        }
         TaskKind::Text => TaskSpec::Text {
             path: a
                 .data
@@ -327,7 +332,10 @@ impl TrainArgs {
 
     /// Ranks the flags ask for.
     pub fn world(&self) -> usize {
-        self.pp * self.tp * self.cp * self.dp
+        // Saturating: a layout of absurd degrees is refused by its check, not wrapped.
+        [self.pp, self.tp, self.cp, self.dp]
+            .iter()
+            .fold(1usize, |w, d| w.saturating_mul(*d))
     }
 
     /// Everything the flags say about training, besides the model and the data.

@@ -14,7 +14,7 @@ use pipewright::plan::StepParts;
 use pipewright::varuna::{Varuna, VarunaOptions};
 
 use pipewright::{invalid, Batch, Error, Result, Sequential};
-use pipewright_models::{RunSpec, Task};
+use pipewright_models::{RunSpec, Task, TaskSpec};
 
 pub use args::{finite, positive, task_spec, TrainArgs};
 use report::{train_loop, write_summary};
@@ -75,6 +75,44 @@ where
             Ok(a.world())
         })
         .subcommand(&["train"])
+}
+
+/// Fails when the run cannot go on from the checkpoint `ck`: a resume asked for by hand with
+/// no steps left (it would end at once and rewrite the run's scalars and summary with
+/// nothing), or token shards of another tokenizer than the checkpoint's run trained on.
+fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<()> {
+    let r = pipewright::checkpoint::Reader::open(ck)?;
+    let (at, steps) = (r.manifest().step, spec.train.cadence.steps);
+    if a.resume.is_some() && at >= steps {
+        return Err(invalid!(
+            "`{}` holds step {at} and --steps is {steps}: nothing is left to train (a resumed \
+             run ends at --steps, counted from the first step): give --steps above {at}",
+            ck.display()
+        ));
+    }
+    let stored = crate::ckpt::stored_run(&r)?;
+    if let (
+        TaskSpec::Tokens {
+            tokenizer_sha256: now,
+            ..
+        },
+        TaskSpec::Tokens {
+            tokenizer_sha256: then,
+            ..
+        },
+    ) = (&spec.task, &stored.task)
+    {
+        if !then.is_empty() && now != then {
+            return Err(invalid!(
+                "`{}` was trained on ids of another tokenizer (sha256 {}) than the shards of \
+                 --data hold (sha256 {}): resume on the shards of its tokenizer",
+                ck.display(),
+                &then[..then.len().min(12)],
+                &now[..now.len().min(12)]
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
@@ -176,21 +214,8 @@ impl Setup {
         });
         let target = Context::resume_target(a.resume.as_deref(), &checkpoints)?;
         let (mut spec, task) = a.spec()?;
-        // A resume asked for by hand must leave steps to train: one at or past --steps would
-        // end at once and rewrite the run's scalars and summary with nothing.
-        if let (Some(ck), Some(_)) = (&target, &a.resume) {
-            let (at, steps) = (
-                pipewright::checkpoint::Reader::open(ck)?.manifest().step,
-                spec.train.cadence.steps,
-            );
-            if at >= steps {
-                return Err(invalid!(
-                    "`{}` holds step {at} and --steps is {steps}: nothing is left to train (a \
-                     resumed run ends at --steps, counted from the first step): give --steps \
-                     above {at}",
-                    ck.display()
-                ));
-            }
+        if let Some(ck) = &target {
+            check_resume(&a, &spec, ck)?;
         }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
         pipewright::plan::Hardware::load(&a.hardware)?;

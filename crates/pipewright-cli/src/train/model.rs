@@ -6,7 +6,7 @@ use pipewright_models::{
     CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec,
 };
 
-use super::args::{ModelKind, TaskKind, TrainArgs};
+use super::args::{ModelKind, OptimizerKind, TaskKind, TrainArgs};
 
 impl TrainArgs {
     /// The run the flags describe, checked, and its task (built to learn its shape).
@@ -159,6 +159,39 @@ fn check_flags_apply(a: &TrainArgs) -> Result<()> {
             format!("{:?}", a.task).to_lowercase(),
             task.join(", ")
         ));
+    }
+    // Flags that only mean something beside another.
+    let needs: [(bool, &str); 6] = [
+        (
+            a.momentum != d.momentum && matches!(a.optimizer, OptimizerKind::Adamw),
+            "--momentum is SGD's: this run uses --optimizer adamw (its betas play that part)",
+        ),
+        (
+            a.deferred_batch_norm && !matches!(a.model, ModelKind::Cnn),
+            "--deferred-batch-norm defers batch norm's statistics, and only --model cnn has any",
+        ),
+        (
+            a.sequence_parallel && a.tp == 1,
+            "--sequence-parallel splits activations over the tensor-parallel ranks: give --tp 2 \
+             or more",
+        ),
+        (
+            a.keep.is_some() && a.checkpoint_every == 0,
+            "--keep prunes the checkpoints --checkpoint-every N saves: give --checkpoint-every",
+        ),
+        (
+            a.async_checkpoint && a.checkpoint_every == 0,
+            "--async-checkpoint writes the checkpoints --checkpoint-every N saves: give \
+             --checkpoint-every",
+        ),
+        (
+            a.backend == pipewright::comm::Backend::Mpi && a.world() == 1,
+            "--backend mpi talks between ranks, and this layout has one: drop --backend mpi, or \
+             give the layout more ranks (--pp, --tp, --dp, --cp)",
+        ),
+    ];
+    if let Some((_, why)) = needs.iter().find(|(bad, _)| *bad) {
+        return Err(invalid!("{why}"));
     }
     Ok(())
 }
