@@ -230,9 +230,15 @@ fn export_hf(dir: &Path, format: ExportFormat, out: &Path) -> Result<()> {
         ),
     };
     if !fits {
+        let holds = match spec.model {
+            ModelConfig::Gpt { .. } => "a GPT-2: export it with --format hf-gpt2",
+            ModelConfig::Llama { .. } => "a Llama: export it with --format hf-llama",
+            ModelConfig::Cnn { .. } => {
+                "a CNN, which no Hugging Face format holds: export it with --format safetensors"
+            }
+        };
         return Err(invalid!(
-            "this format writes a {arch}; the checkpoint holds {:?}: choose the format of its model",
-            spec.model
+            "this format writes a {arch}, and the checkpoint holds {holds}"
         ));
     }
     let n = hf::export(&r, &spec.model, out)?;

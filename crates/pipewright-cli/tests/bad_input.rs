@@ -129,7 +129,7 @@ fn bad_input_and_limits_are_clear_errors() {
     );
     refused(
         &["schedule", "--pp", "100000", "--chunks", "100000"],
-        "more than the",
+        "more than is simulated here",
     );
     refused(
         &[

@@ -59,9 +59,7 @@ fn a_model_over_the_cap_at_one_stage_is_planned_onto_two_and_trains() {
     let _ = std::fs::remove_dir_all(&out);
     let mut args = MODEL.to_vec();
     let out_s = out.to_str().unwrap();
-    args.extend([
-        "--memory", &bytes, "--top", "50", "--steps", "2", "--out", out_s,
-    ]);
+    args.extend(["--memory", &bytes, "--top", "50", "--steps", "2"]);
     let o = plan(&args);
     let stdout = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -71,7 +69,7 @@ fn a_model_over_the_cap_at_one_stage_is_planned_onto_two_and_trains() {
         "{stdout}"
     );
 
-    args.extend(["--measure"]);
+    args.extend(["--measure", "--out", out_s]);
     let top1 = args.iter().position(|a| *a == "50").unwrap();
     args[top1] = "1";
     let o = plan(&args);

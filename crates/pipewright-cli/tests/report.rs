@@ -175,20 +175,27 @@ fn the_page_says_what_is_missing() {
     let page = base.join("page.html");
     let (ok, text) = run(&[
         "report",
-        base.join("not-a-run").to_str().unwrap(),
         run_dir.to_str().unwrap(),
         "--out",
         page.to_str().unwrap(),
     ]);
     assert!(ok, "{text}");
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("is not a run"), "{text}");
     assert!(html.contains("still in progress"));
     assert!(html.contains("no trace"));
-    assert!(
-        text.contains("is not a run") && text.contains("no trace"),
-        "{text}"
-    );
+    assert!(text.contains("no trace"), "{text}");
+    // A directory that is not a run is an error (it said so and exited 0), and no page is
+    // written.
+    let (ok, text) = run(&[
+        "report",
+        base.join("not-a-run").to_str().unwrap(),
+        run_dir.to_str().unwrap(),
+        "--out",
+        base.join("bad.html").to_str().unwrap(),
+    ]);
+    assert!(!ok && text.contains("is not a run"), "{text}");
+    assert!(!text.contains("still in progress"), "{text}");
+    assert!(!base.join("bad.html").exists());
     // A path that is not a directory is an error, and no page is written.
     let none = base.join("nowhere");
     let other = base.join("other.html");

@@ -45,6 +45,8 @@ fn parameters_json_reruns_a_run_exactly_and_the_command_line_wins() {
             "--chunks",
             "2",
             "--async-checkpoint",
+            "--checkpoint-every",
+            "2",
             "--out",
         ]
         .map(String::from),
@@ -137,14 +139,14 @@ fn debug_names_the_first_layer_that_diverged() {
     let r = with(&["--debug", "--out", out.to_str().unwrap()]);
     assert!(!r.status.success());
     assert!(
-        text(&r).contains("layer `h.0` produced NaN or inf values in micro-batch 0 of step 1"),
+        text(&r).contains("layer `h.0` produced NaN or inf values in micro-batch 0 of step 2"),
         "{}",
         text(&r)
     );
     // Without --debug only the loss is checked: it names no layer.
     let r = with(&["--out", plain.to_str().unwrap()]);
     assert!(!r.status.success());
-    assert!(text(&r).contains("loss is NaN at step 1"), "{}", text(&r));
+    assert!(text(&r).contains("loss is NaN at step 2"), "{}", text(&r));
     assert!(!text(&r).contains("layer `h.0`"), "{}", text(&r));
     let _ = std::fs::remove_dir_all(out);
     let _ = std::fs::remove_dir_all(plain);

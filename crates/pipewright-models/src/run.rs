@@ -288,6 +288,7 @@ impl RunSpec {
         };
         let (what, params, kept) = match &self.model {
             ModelConfig::Gpt { gpt, .. } => {
+                gpt.validate()?;
                 // The profile of one and of two blocks: the ends and one block's share (a
                 // profile of all n_layer blocks holds n_layer entries, too many for a huge one).
                 let bytes = t.precision.dtype().size_in_bytes();
@@ -303,6 +304,7 @@ impl RunSpec {
                 (format!("this GPT ({n} parameters)"), n as f64, kept)
             }
             ModelConfig::Llama { llama, .. } => {
+                llama.validate()?;
                 // Per layer and token: the norms' inputs and outputs, q, k, v, the attention
                 // scores of its row, the MLP's three hidden vectors; in the compute dtype.
                 let bytes = t.precision.dtype().size_in_bytes() as f64;
@@ -315,6 +317,7 @@ impl RunSpec {
                 (format!("this Llama ({n} parameters)"), n as f64, kept)
             }
             ModelConfig::Cnn { cnn } => {
+                cnn.validate()?;
                 let maps = (2.0 * cnn.blocks as f64 + 2.0) * 3.0;
                 (
                     "this CNN".to_string(),

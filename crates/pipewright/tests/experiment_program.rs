@@ -441,7 +441,7 @@ fn debug_names_where_the_first_nan_or_inf_appears() {
     };
     let with = run("true");
     assert!(
-        with.contains("anomaly: the backward of micro-batch 0 of step 1"),
+        with.contains("anomaly: the backward of micro-batch 0 of step 2"),
         "{with}"
     );
     assert!(with.contains("hidden.weight"), "{with}");
@@ -464,6 +464,7 @@ fn debug_names_where_the_first_nan_or_inf_appears() {
     // A forward that makes a NaN is named by its layer.
     use pipewright::model::{Activation, Cx, Mode};
     let stage = example::model().build(&pipewright::Build::cpu(0)).unwrap();
+    // Four steps taken: the message names the fifth (steps count from 1 where users read).
     let mut cx = Cx::new(Mode::Train, 0, 4, 2);
     cx.detect_anomaly = true;
     let x = candle_core::Tensor::new(&[[1f32, f32::NAN]], &Device::Cpu).unwrap();
@@ -472,7 +473,7 @@ fn debug_names_where_the_first_nan_or_inf_appears() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("layer `hidden` produced NaN or inf values in micro-batch 2 of step 4"),
+        err.contains("layer `hidden` produced NaN or inf values in micro-batch 2 of step 5"),
         "{err}"
     );
     cx.detect_anomaly = false;

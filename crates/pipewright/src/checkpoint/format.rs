@@ -119,13 +119,20 @@ impl Manifest {
     }
 
     /// Every file a part names is one of the checkpoint's files and a plain file name; every
-    /// part's byte range matches its shape of f32s, without overflow.
+    /// tensor is F32 and every part's byte range matches its shape of f32s, without overflow.
     fn check(&self) -> std::result::Result<(), String> {
         for f in self.files.keys() {
             crate::files::inside(Path::new("."), f)
                 .map_err(|_| format!("file `{f}` is not a plain name"))?;
         }
         for (name, e) in &self.tensors {
+            // Parts are f32 (masters and optimizer state); another dtype would be read as f32.
+            if e.dtype != "F32" {
+                return Err(format!(
+                    "tensor `{name}` is stored as {}, and checkpoints hold F32",
+                    e.dtype
+                ));
+            }
             for p in &e.parts {
                 if !self.files.contains_key(&p.file) {
                     return Err(format!(

@@ -187,6 +187,13 @@ fn header(path: &Path, map: &[u8]) -> Result<Vec<(String, Entry)>> {
         .ok_or_else(|| damaged(path, "its header length runs past the end".into()))?;
     let h: serde_json::Value = serde_json::from_slice(&map[8..8 + n])
         .map_err(|e| damaged(path, format!("its header is not JSON ({e})")))?;
+    // A key given twice: JSON keeps the last, and which bytes the other named is lost.
+    if let Ok(Keys(keys)) = serde_json::from_slice::<Keys>(&map[8..8 + n]) {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = keys.iter().find(|k| !seen.insert(k.as_str())) {
+            return Err(damaged(path, format!("its header names `{twice}` twice")));
+        }
+    }
     let h = h
         .as_object()
         .ok_or_else(|| damaged(path, "its header is not an object".into()))?;
@@ -211,17 +218,24 @@ fn header(path: &Path, map: &[u8]) -> Result<Vec<(String, Entry)>> {
         let off = &v["data_offsets"];
         let (a, b) = (off[0].as_u64(), off[1].as_u64());
         let size = shape.iter().try_fold(es, |s, d| s.checked_mul(*d));
-        let ok = match (a, b, size) {
-            (Some(a), Some(b), Some(size)) => {
-                b >= a && b as usize <= data && (b - a) as usize == size
-            }
-            _ => false,
+        let fault = match (a, b, size) {
+            (Some(_), Some(b), _) if b as usize > data => Some(format!(
+                "`{name}`'s bytes end at {b}, past the {data} bytes of data the file holds \
+                 (truncated, or its header damaged)"
+            )),
+            (Some(a), Some(b), _) if b < a => Some(format!(
+                "`{name}`'s bytes end at {b}, before they start at {a}"
+            )),
+            (Some(a), Some(b), Some(size)) if (b - a) as usize != size => Some(format!(
+                "`{name}` has {} bytes, where {shape:?} {dtype} needs {size}",
+                b - a
+            )),
+            (Some(_), Some(_), Some(_)) => None,
+            (_, _, None) => Some(format!("`{name}`'s shape {shape:?} is too large")),
+            _ => Some(format!("`{name}` has no data_offsets [begin, end]")),
         };
-        if !ok {
-            return Err(damaged(
-                path,
-                format!("`{name}`'s bytes {a:?}..{b:?} do not hold {shape:?} {dtype}"),
-            ));
+        if let Some(why) = fault {
+            return Err(damaged(path, why));
         }
         let (a, b) = (a.unwrap_or(0) as usize, b.unwrap_or(0) as usize);
         out.push((
@@ -235,5 +249,82 @@ fn header(path: &Path, map: &[u8]) -> Result<Vec<(String, Entry)>> {
             },
         ));
     }
+    // Two tensors may not share bytes: one written over the other reads back as both.
+    let mut spans: Vec<(usize, usize, &str)> = out
+        .iter()
+        .map(|(n, e)| (e.begin, e.end, n.as_str()))
+        .collect();
+    spans.sort_unstable();
+    if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+        return Err(damaged(
+            path,
+            format!("the bytes of `{}` and `{}` overlap", w[0].2, w[1].2),
+        ));
+    }
     Ok(out)
+}
+
+/// The keys of a JSON object in the order written, duplicates kept.
+struct Keys(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for Keys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Keys;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Keys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                    keys.push(k);
+                }
+                Ok(Keys(keys))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of `header` and 32 bytes of data.
+    fn file(header: &str) -> Vec<u8> {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend(header.as_bytes());
+        b.extend([0u8; 32]);
+        b
+    }
+
+    fn why(header_json: &str) -> String {
+        header(Path::new("t.safetensors"), &file(header_json))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn damaged_headers_are_named_for_what_is_wrong() {
+        let ok = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[16,32]}}"#;
+        assert_eq!(why(ok), "");
+        let overlap = ok.replace("[16,32]", "[8,24]");
+        assert!(why(&overlap).contains("the bytes of `a` and `b` overlap"));
+        let twice = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[4],"data_offsets":[16,32]}}"#;
+        assert!(why(twice).contains("names `a` twice"));
+        let past = ok.replace("[16,32]", "[32,48]");
+        assert!(
+            why(&past).contains("past the 32 bytes of data"),
+            "{}",
+            why(&past)
+        );
+        let short = ok.replace("[16,32]", "[16,28]");
+        assert!(why(&short).contains("has 12 bytes, where [4] F32 needs 16"));
+    }
 }

@@ -115,12 +115,25 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
     Ok(runs)
 }
 
-fn run_one(s: &Sweep, params: Vec<(String, String)>, t0: Instant) -> SweepRun {
-    let name = params
+/// The name of a run's directory and log: `k=v,k=v`, with every character a path would read
+/// otherwise (`/`, a space, ...) as `_`: a value that is a path (`data=texts/a.md`) named a
+/// file in a directory that does not exist, and every run failed on its log.
+fn run_name(params: &[(String, String)]) -> String {
+    params
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
-        .join(",");
+        .join(",")
+        .chars()
+        .map(|c| match c {
+            c if c.is_alphanumeric() || "-_.=,+".contains(c) => c,
+            _ => '_',
+        })
+        .collect()
+}
+
+fn run_one(s: &Sweep, params: Vec<(String, String)>, t0: Instant) -> SweepRun {
+    let name = run_name(&params);
     let dir = s.out.join(&name);
     let started = t0.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -173,4 +186,13 @@ fn write_csv(path: &Path, grid: &[(String, Vec<String>)], runs: &[SweepRun]) -> 
         text.push_str(&(row.join(",") + "\n"));
     }
     std::fs::write(path, text).map_err(|e| Error::io("cannot write", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_value_that_is_a_path_names_a_file_of_the_sweep() {
+        let params = [("data".to_string(), "texts/a b.md".to_string())];
+        assert_eq!(super::run_name(&params), "data=texts_a_b.md");
+    }
 }

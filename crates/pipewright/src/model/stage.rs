@@ -174,7 +174,7 @@ impl Stage {
 }
 
 /// Fails when a float tensor of `y` holds a NaN or an inf, naming `layer`, the micro-batch and
-/// the step.
+/// the step (counted from 1, as everywhere a user reads them; `cx.step` is the steps taken).
 fn check_finite(layer: &str, y: &Activation, cx: &Cx) -> Result<()> {
     for t in y.tensors().into_iter().filter(|t| t.dtype().is_float()) {
         if !crate::grads::all_finite(t)? {
@@ -182,7 +182,7 @@ fn check_finite(layer: &str, y: &Activation, cx: &Cx) -> Result<()> {
                 "anomaly: layer `{layer}` produced NaN or inf values in micro-batch {} of step {}: \
                  lower the learning rate, clip gradients, or check this layer's input",
                 cx.micro_batch,
-                cx.step
+                cx.step + 1
             ));
         }
     }

@@ -167,7 +167,7 @@ impl PipelineStage {
                 "anomaly: the backward of micro-batch {} of step {} gave NaN or inf gradients \
                  to {} (model stage {k}): lower the learning rate or clip gradients",
                 mb + self.mb_offset,
-                self.step,
+                self.step + 1,
                 bad.join(", ")
             ));
         }

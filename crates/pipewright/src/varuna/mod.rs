@@ -339,17 +339,24 @@ impl Varuna {
                 Some(s) => {
                     s.update(true);
                     if let Some(why) = s.diverged() {
-                        return Err(invalid!("f16 training stopped at step {step}: {why}"));
+                        return Err(invalid!("f16 training stopped at step {}: {why}", step + 1));
                     }
                     return Ok(outcome);
                 }
-                None if !loss.is_finite() => return Err(Error::NonFiniteLoss { step, loss }),
+                // Steps count from 1 (`step` is how many were taken before this one).
+                None if !loss.is_finite() => {
+                    return Err(Error::NonFiniteLoss {
+                        step: step + 1,
+                        loss,
+                    })
+                }
                 None => {
                     return Err(invalid!(
-                    "a gradient is inf or NaN at step {step} ({} has no loss scaling to skip it): \
-                         lower the learning rate or enable clipping",
-                    self.opts.precision
-                ))
+                        "a gradient is inf or NaN at step {} ({} has no loss scaling to skip \
+                         it): lower the learning rate or enable clipping",
+                        step + 1,
+                        self.opts.precision
+                    ))
                 }
             }
         }

@@ -120,14 +120,11 @@ impl RunRecord {
             })
             .collect();
         if parameters.is_none() && logged.is_empty() {
-            missing.insert(
-                0,
-                format!(
-                    "{} is not a run: it has no parameters.json or scalars.csv (give a \
-                     directory that `pipewright train --out` wrote)",
-                    dir.display()
-                ),
-            );
+            return Err(crate::invalid!(
+                "{} is not a run: it has no parameters.json or scalars.csv (give a directory \
+                 that `pipewright train --out` wrote)",
+                dir.display()
+            ));
         }
         let mut tags: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
         for r in csv_rows(&dir.join("tags.csv")).unwrap_or_default() {
