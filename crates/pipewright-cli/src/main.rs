@@ -141,12 +141,20 @@ const UNUSED_BY_PROFILE: &[&str] = &[
 /// The command line: [`Cli`]'s, with the flags `plan` and `profile` take from `train` but never
 /// use hidden from their help (still accepted, so a `train` command line with `plan` or
 /// `profile` in front still parses).
+/// `c` and every subcommand read `-5` as a value, which the flag's parser then refuses with
+/// its range ("must be a positive integer, got -5"), not as an unknown flag ("unexpected
+/// argument '-5' found").
+fn negative_values(c: clap::Command) -> clap::Command {
+    c.allow_negative_numbers(true)
+        .mut_subcommands(negative_values)
+}
+
 fn command() -> clap::Command {
     fn hide(ids: &'static [&'static str]) -> impl FnOnce(clap::Command) -> clap::Command {
         move |c| ids.iter().fold(c, |c, id| c.mut_arg(*id, |a| a.hide(true)))
     }
     // `--out` is a run directory to `train`; these write something else there.
-    Cli::command()
+    negative_values(Cli::command())
         .mut_subcommand("plan", |c| {
             hide(UNUSED_BY_PLAN)(c).mut_arg("out", |a| {
                 a.help(

@@ -47,4 +47,10 @@ fn flags_that_would_do_nothing_are_refused() {
         assert!(!out.exists(), "{args:?} wrote {}", out.display());
     }
     assert!(!std::path::Path::new("/no/such/dir").exists());
+    // A negative number is a value its flag refuses, not an unknown argument.
+    refused(
+        &["generate", "--max-new-tokens", "-5", "--prompt-ids", "1"],
+        "invalid value '-5' for '--max-new-tokens",
+    );
+    refused(&["schedule", "--pp", "-2"], "invalid value '-2' for '--pp");
 }

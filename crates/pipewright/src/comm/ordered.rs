@@ -21,7 +21,7 @@
 
 use std::ops::Range;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Storage, Tensor, WithDType};
 
 use super::ReduceOp;
 use crate::Result;
@@ -33,6 +33,16 @@ pub fn combine(parts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
         return Err(crate::Error::Comm("a reduction over no ranks".into()));
     };
     let dt = first.dtype();
+    if op != ReduceOp::Max {
+        let fast = match dt {
+            DType::F32 => on_cpu::<f32>(parts, op)?,
+            DType::F64 => on_cpu::<f64>(parts, op)?,
+            _ => None,
+        };
+        if let Some(t) = fast {
+            return Ok(t);
+        }
+    }
     let wide = |t: &Tensor| -> Result<Tensor> {
         let t = t.to_device(first.device())?;
         Ok(match dt {
@@ -52,6 +62,36 @@ pub fn combine(parts: &[Tensor], op: ReduceOp) -> Result<Tensor> {
         acc = acc.affine(1.0 / parts.len() as f64, 0.0)?;
     }
     Ok(acc.to_dtype(dt)?)
+}
+
+/// [`combine`]'s sum or average of f32 or f64 parts in host memory by plain loops, the same
+/// additions in the same order (candle's elementwise add took 25 times a loop's time here: 0.6
+/// ms for 128 K elements, which made MPI's 1 MiB all-reduce 0.03 of Open MPI's own); `None`
+/// when a part is not a contiguous CPU tensor.
+fn on_cpu<T: WithDType>(parts: &[Tensor], op: ReduceOp) -> Result<Option<Tensor>> {
+    let mut acc: Vec<T> = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        let (storage, layout) = p.storage_and_layout();
+        let (Storage::Cpu(cpu), Some((a, b))) = (&*storage, layout.contiguous_offsets()) else {
+            return Ok(None);
+        };
+        let v = &cpu.as_slice::<T>()?[a..b];
+        if i == 0 {
+            acc = v.to_vec();
+        } else {
+            for (o, x) in acc.iter_mut().zip(v) {
+                *o += *x;
+            }
+        }
+    }
+    if op == ReduceOp::Avg {
+        // What candle's `affine(1 / n, 0)` computes, element by element.
+        let (mul, add) = (T::from_f64(1.0 / parts.len() as f64), T::from_f64(0.0));
+        for o in &mut acc {
+            *o = *o * mul + add;
+        }
+    }
+    Ok(Some(Tensor::from_vec(acc, parts[0].dims(), &Device::Cpu)?))
 }
 
 /// The elements `[start, end)` of a flat tensor of `n` that member `rank` of `size` reduces
@@ -81,6 +121,31 @@ mod tests {
                 assert_eq!(all, (0..n).collect::<Vec<_>>(), "n {n} size {size}");
             }
         }
+    }
+
+    #[test]
+    fn the_loop_and_candle_give_the_same_bits() -> Result<()> {
+        // Sums, averages and signed zeros of parts in host memory (the loop) and of the same
+        // parts as strided views (candle's ops).
+        let vals = [1e8f32, 1.0, -1e8, 1.0, -0.0, 3.0e-39, 7.5];
+        let parts: Vec<Tensor> = (0..5)
+            .map(|r| {
+                let v: Vec<f32> = (0..7).map(|i| vals[(i + r) % 7]).collect();
+                Tensor::new(v.as_slice(), &Device::Cpu)
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let strided: Vec<Tensor> = parts
+            .iter()
+            .map(|p| Ok(Tensor::stack(&[p, p], 1)?.narrow(1, 0, 1)?.squeeze(1)?))
+            .collect::<Result<_>>()?;
+        assert!(!strided[0].is_contiguous());
+        for op in [ReduceOp::Sum, ReduceOp::Avg] {
+            let fast = combine(&parts, op)?.to_vec1::<f32>()?;
+            let slow = combine(&strided, op)?.to_vec1::<f32>()?;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&slow), "{op:?}");
+        }
+        Ok(())
     }
 
     #[test]
