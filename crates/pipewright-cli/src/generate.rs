@@ -54,6 +54,21 @@ pub struct GenerateArgs {
     pub no_kv_cache: bool,
 }
 
+/// Fails when `tok` is not the tokenizer whose SHA-256 the checkpoint recorded (`want`): its
+/// ids would decode to other text.
+fn check_tokenizer(tok: Option<&Tokenizer>, want: Option<&str>) -> Result<()> {
+    match (tok, want) {
+        (Some(t), Some(want)) if t.sha256() != want => Err(invalid!(
+            "--tokenizer `{}` is not the tokenizer the checkpoint was trained with (sha256 {} \
+             against {}): its ids would decode to other text; give that tokenizer",
+            t.path().display(),
+            &t.sha256()[..12],
+            &want[..want.len().min(12)]
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn run(a: GenerateArgs) -> Result<()> {
     let mut trained_on = None;
     let (model, source) = match (&a.checkpoint, &a.init_from) {
@@ -82,17 +97,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ..model.sampling(a.max_new_tokens)?
     };
     let tok = a.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
-    if let (Some(t), Some(want)) = (&tok, &trained_on) {
-        if t.sha256() != want {
-            return Err(invalid!(
-                "--tokenizer `{}` is not the tokenizer the checkpoint was trained with (sha256 {} \
-                 against {}): its ids would decode to other text; give that tokenizer",
-                t.path().display(),
-                &t.sha256()[..12],
-                &want[..want.len().min(12)]
-            ));
-        }
-    }
+    check_tokenizer(tok.as_ref(), trained_on.as_deref())?;
     let prompt = match (&a.prompt, &a.prompt_ids, &tok) {
         (Some(text), None, Some(t)) => t.encode(text)?,
         (Some(_), None, None) => {

@@ -90,7 +90,10 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
             ck.display()
         ));
     }
-    let stored = crate::ckpt::stored_run(&r)?;
+    // Checkpoints from before runs recorded their spec recorded no tokenizer either.
+    let Ok(stored) = RunSpec::from_meta(&r.manifest().meta) else {
+        return Ok(());
+    };
     if let (
         TaskSpec::Tokens {
             tokenizer_sha256: now,

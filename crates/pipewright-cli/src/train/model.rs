@@ -160,7 +160,11 @@ fn check_flags_apply(a: &TrainArgs) -> Result<()> {
             task.join(", ")
         ));
     }
-    // Flags that only mean something beside another.
+    check_flags_combine(a, &d)
+}
+
+/// Fails on a flag that only means something beside another the run does not have.
+fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
     let needs: [(bool, &str); 6] = [
         (
             a.momentum != d.momentum && matches!(a.optimizer, OptimizerKind::Adamw),

@@ -63,7 +63,7 @@ pub trait Task: Send + Sync {
 const LOGIT_BYTES: usize = 64 << 20;
 
 /// Greedy decoding of `n` tokens after each prompt row; returns the generated tokens. Rows are
-/// decoded in groups whose logits fit in [`LOGIT_BYTES`] (the first group is one row, which
+/// decoded in groups whose logits fit in 64 MiB (the first group is one row, which
 /// tells the vocabulary's size).
 pub fn greedy(predict: &mut Predict<'_>, prompts: &[Vec<u32>], n: usize) -> Result<Vec<Vec<u32>>> {
     let mut seqs = prompts.to_vec();

@@ -165,7 +165,7 @@ fn all_reduce(c: &mut Count) -> Result<()> {
     Ok(())
 }
 
-/// Rank `rank`'s input at element `i` for [`order_of_addition`]: in f32, `1e8 + 1` loses the
+/// Rank `rank`'s input at element `i` for the checks of the order of addition: in f32, `1e8 + 1` loses the
 /// 1, so a sum over three or more ranks depends on the order of the additions; in f16 and bf16,
 /// `256 + 1 + 1` does at every step and not in f32.
 pub fn order_sensitive(rank: usize, i: usize, dt: DType) -> f32 {
