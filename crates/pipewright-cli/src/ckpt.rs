@@ -167,6 +167,13 @@ pub(crate) fn stored_run(r: &Reader) -> Result<RunSpec> {
 fn reshard(a: &ReshardArgs) -> Result<()> {
     // Into another run's checkpoints it would move that run's `latest` back.
     files::ensure_new(&a.out, "--out")?;
+    if let Some((inside, what)) = files::inside_other(&a.out, true) {
+        return Err(invalid!(
+            "--out `{}` is inside `{}`, {what}: reshard into a directory of its own",
+            a.out.display(),
+            inside.display()
+        ));
+    }
     let r = Reader::open(&a.dir)?;
     let spec = stored_run(&r)?;
     if let Some(d) = spec.model.tp_divides().into_iter().find(|d| d % a.tp != 0) {

@@ -248,3 +248,31 @@ fn a_resume_with_no_steps_left_is_refused() {
     assert_eq!(std::fs::read(out.join("scalars.csv")).unwrap(), rows);
     assert_eq!(std::fs::read(out.join("summary.json")).unwrap(), summary);
 }
+
+#[test]
+fn outputs_inside_a_checkpoint_or_a_live_run_are_refused() {
+    let out = tmp("inside");
+    run(&out, "2", &[]);
+    let step = out.join("checkpoints/step-00000002");
+    refused(&step.join("run"), &["--steps", "2"], "is inside");
+    assert!(!step.join("run").exists());
+    // ckpt reshard into a directory under a run in progress (its lock).
+    std::fs::write(
+        out.join(".lock"),
+        format!("{} {}", std::process::id(), host()),
+    )
+    .unwrap();
+    let into = out.join("checkpoints/resharded");
+    let o = common::run(&[
+        "ckpt",
+        "reshard",
+        out.join("checkpoints").to_str().unwrap(),
+        "--tp",
+        "2",
+        "--out",
+        into.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("a run in progress"), "{}", text(&o));
+    assert!(!into.exists());
+}

@@ -232,3 +232,21 @@ fn a_corpus_of_one_huge_word_is_refused_not_aborted() {
     );
     assert!(!dir.join("t.json").exists());
 }
+
+#[test]
+fn a_balance_too_large_to_search_is_refused_at_once() {
+    let dir = tmp("big-balance");
+    std::fs::create_dir_all(&dir).unwrap();
+    let costs = vec!["1"; 30_000].join(",");
+    let args = ["balance", "--costs", &costs, "--partitions", "1000"].map(String::from);
+    let t = Instant::now();
+    let ended = bounded(&dir, &args);
+    let Some((Some(1), out)) = &ended else {
+        panic!("{ended:?}");
+    };
+    assert!(out.contains("fewer partitions"), "{out}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "it ran past five minutes before"
+    );
+}

@@ -68,6 +68,23 @@ pub fn ensure_replaceable(
     ))
 }
 
+/// The nearest directory of `path` or above it that holds a checkpoint (`manifest.json`) or,
+/// with `live`, a run in progress (its `.lock`): writing there would mix a new output into a
+/// checkpoint, or into files another run is writing and pruning.
+pub fn inside_other(path: &Path, live: bool) -> Option<(std::path::PathBuf, &'static str)> {
+    path.ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .find_map(|a| {
+            if a.join("manifest.json").exists() {
+                Some((a.to_path_buf(), "a checkpoint"))
+            } else if live && a != path && a.join(".lock").exists() {
+                Some((a.to_path_buf(), "the directory of a run in progress"))
+            } else {
+                None
+            }
+        })
+}
+
 /// `dir/name` for a file that a stored description (a checkpoint's manifest, its `latest`)
 /// names: `name` must be a plain file name (one component: no separator, not `.` or `..`, not
 /// absolute), and the path must stay inside `dir` once symlinks are followed, so that a

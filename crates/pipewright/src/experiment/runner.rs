@@ -283,6 +283,14 @@ where
         };
         let goes_on =
             params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
+        if let Some((inside, what)) = crate::files::inside_other(&dir, false) {
+            return Err(invalid!(
+                "the run directory `{}` is inside `{}`, {what}: give the run a directory of its \
+                 own",
+                dir.display(),
+                inside.display()
+            ));
+        }
         let fresh = std::fs::read_dir(&dir).map_or(true, |mut d| d.next().is_none());
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io("cannot create run directory", &dir, e))?;

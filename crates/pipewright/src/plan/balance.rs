@@ -9,6 +9,9 @@
 
 use crate::{invalid, Result};
 
+/// The most (stage, end, start) visits [`balance_cost`]'s search makes: a few seconds.
+const MAX_WORK: f64 = 2e9;
+
 /// Items per stage of the best split of `costs` over `partitions` stages. Among splits with the
 /// same most expensive stage, the most even one (least sum of squared stage costs) is taken,
 /// and among those the one whose earlier stages take more items (as a uniform balance gives
@@ -33,6 +36,16 @@ pub fn balance_cost(costs: &[f64], partitions: usize) -> Result<Vec<usize>> {
         ));
     }
     let n = costs.len();
+    // Both passes visit every (stage, end, start): 30,000 costs over 1,000 stages ran past five
+    // minutes, so a search that large is refused with what to do.
+    let work = n as f64 * n as f64 * partitions as f64 / 2.0;
+    if work > MAX_WORK {
+        return Err(invalid!(
+            "balancing {n} costs over {partitions} partitions takes about {work:.1e} steps of \
+             the exact search, more than the {MAX_WORK:.0e} it is given: balance fewer items \
+             (segments between cut points rather than layers) or fewer partitions"
+        ));
+    }
     let mut prefix = vec![0.0; n + 1];
     for (i, c) in costs.iter().enumerate() {
         prefix[i + 1] = prefix[i] + c;
