@@ -43,6 +43,8 @@ pub struct Summary {
     seconds: f64,
     /// The median of the steps' own times (evaluation and checkpoints left out).
     median_step_seconds: f64,
+    /// Tokens or samples trained per second of the steps themselves: evaluations and
+    /// checkpoints are left out (with `--eval-every 1` they made the rate look slow).
     items_per_second: f64,
     items: &'static str,
     peak_memory_bytes: Option<u64>,
@@ -317,7 +319,7 @@ pub fn train_loop(
         seconds: report.seconds,
         median_step_seconds: report.median_step_seconds(),
         items_per_second: (report.steps - report.first) as f64 * items_per_step as f64
-            / report.seconds,
+            / report.step_seconds.iter().sum::<f64>(),
         items,
         peak_memory_bytes: peak_memory_bytes(),
         training_peak_memory_bytes: hooks.training_peak,
