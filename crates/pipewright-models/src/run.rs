@@ -270,14 +270,9 @@ impl RunSpec {
         Ok(Prediction::new(hw, hw.peak_flops(half), &e, &sim))
     }
 
-    /// Fails, before the model is built or a batch made, when training would need more memory
-    /// than this machine has available, for `ranks_here` of the run's ranks in this process
-    /// (all of them as threads; the local ones under mpirun), on data of `shape`. Per replica:
-    /// the parameters with gradients and AdamW's moments (16 bytes each in f32), the
-    /// activations its micro-batches in flight keep (the GPT's from its shapes as the planner
-    /// sizes them; the CNN's three feature maps per layer), and the global batch itself. The
-    /// CNN's parameters are checked one by one as they are built.
-    pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
+    /// What [`RunSpec::check_fits`] sizes, per sample of `shape`: the model's name, its
+    /// parameters, the activation bytes one sample keeps, and its input's bytes.
+    fn sizes(&self, shape: &TaskShape) -> Result<(String, f64, f64, f64)> {
         let t = &self.train;
         let (input, data) = match *shape {
             TaskShape::Tokens { seq_len, .. } => (seq_len as f64 * 8.0, seq_len as f64),
@@ -326,6 +321,30 @@ impl RunSpec {
                 )
             }
         };
+        Ok((what, params, kept, input))
+    }
+
+    /// The most held-out rows an evaluation forward may take at once: those whose activations
+    /// (what a training sample keeps, an upper bound on a forward's) fit in a quarter of the
+    /// memory available, 1 GiB at most, and at least a micro-batch (which training holds).
+    pub fn eval_rows(&self, shape: &TaskShape) -> Result<usize> {
+        let (_, _, kept, _) = self.sizes(shape)?;
+        let budget = pipewright::memory::available_bytes()
+            .map_or(1u64 << 30, |a| (a / 4).min(1 << 30)) as f64;
+        let rows = (budget / kept.max(1.0)).min(usize::MAX as f64) as usize;
+        Ok(rows.max(self.train.micro_batch))
+    }
+
+    /// Fails, before the model is built or a batch made, when training would need more memory
+    /// than this machine has available, for `ranks_here` of the run's ranks in this process
+    /// (all of them as threads; the local ones under mpirun), on data of `shape`. Per replica:
+    /// the parameters with gradients and AdamW's moments (16 bytes each in f32), the
+    /// activations its micro-batches in flight keep (the GPT's from its shapes as the planner
+    /// sizes them; the CNN's three feature maps per layer), and the global batch itself. The
+    /// CNN's parameters are checked one by one as they are built.
+    pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
+        let t = &self.train;
+        let (what, params, kept, input) = self.sizes(shape)?;
         let chunks = t.global_batch / (t.layout.dp * t.micro_batch).max(1);
         let in_flight = chunks.min(t.layout.pp).max(1) as f64;
         let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;

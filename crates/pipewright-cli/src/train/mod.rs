@@ -330,6 +330,7 @@ impl Setup {
         #[cfg(feature = "cuda")]
         let world = nccl_world(a, world, &opts.device)?;
         let mut v = Varuna::new(&self.model, world, opts)?;
+        v.set_eval_rows(self.spec.eval_rows(&self.task.shape())?);
         v.set_optimizer(|ps| self.spec.train.optimizer(ps))?;
         // Pretrained weights first; a checkpoint the run goes on from replaces them.
         if let Some(dir) = &a.init_from {

@@ -4,6 +4,14 @@ use super::Varuna;
 use crate::Result;
 
 impl Varuna {
+    /// Runs [`Varuna::predict`] over at most `rows` rows at a time (every rank of the run
+    /// sets the same): a held-out set of thousands of rows at once made gigabytes of
+    /// activations with a wide model. Fewer forwards are faster, so a caller gives the most
+    /// that fit ([`crate::memory::available_bytes`]).
+    pub fn set_eval_rows(&mut self, rows: usize) {
+        self.eval_rows = Some(rows.max(1));
+    }
+
     /// One line per rank of the world: its stage, the layers it holds, its shard and replica.
     pub fn describe(&self) -> Result<Vec<String>> {
         let l = self.topo.layout();

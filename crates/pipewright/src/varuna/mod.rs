@@ -73,6 +73,8 @@ pub struct Varuna {
     trace: Option<Vec<TraceEvent>>,
     /// A checkpoint whose files are being written in the background.
     pending: Option<crate::checkpoint::Pending>,
+    /// The most rows [`Varuna::predict`] runs at once ([`Varuna::set_eval_rows`]).
+    eval_rows: Option<usize>,
 }
 
 impl Varuna {
@@ -155,6 +157,7 @@ impl Varuna {
             parts: Vec::new(),
             trace: None,
             pending: None,
+            eval_rows: None,
         };
         if let Some(f) = v.opts.batch_fn.clone() {
             let sample = f(v.opts.chunk_size)?;
@@ -428,11 +431,11 @@ impl Varuna {
     /// The evaluation-mode output (f32, whole) of the model for `batch`'s inputs, on every
     /// rank; the batch needs no targets. Under context parallelism sequences the ring does not
     /// split are padded on the right and the output cut back (exact for causal models). Rows
-    /// go through in groups of the training micro-batch's size, whose activations the run was
-    /// sized for: a held-out set of thousands of rows at once made gigabytes of activations.
+    /// go through at most [`Varuna::set_eval_rows`] at a time (all at once unless set).
     pub fn predict(&self, batch: &Batch) -> Result<Tensor> {
         self.check_batch(batch, false)?;
-        let (rows, group) = (batch.rows()?, self.opts.chunk_size.max(1));
+        let rows = batch.rows()?;
+        let group = self.eval_rows.unwrap_or(rows).max(1);
         let mut out = Vec::with_capacity(rows.div_ceil(group));
         for start in (0..rows).step_by(group) {
             let part = batch.narrow(start, group.min(rows - start))?;
