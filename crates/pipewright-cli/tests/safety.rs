@@ -237,13 +237,20 @@ fn commands_that_write_one_file_replace_only_their_own_kind() {
             "--svg",
             svg.to_str().unwrap(),
         ],
-        [&traced[..], &["--trace", trace.to_str().unwrap()]].concat(),
     ];
     for args in &again {
         for _ in 0..2 {
             let o = run(args);
             assert!(o.status.success(), "{args:?}: {}", text(&o));
         }
+    }
+    // Two runs, one trace file: the second replaces the first's trace.
+    for name in ["replace-t1", "replace-t2"] {
+        let dir = tmp(name);
+        let t = trace.to_str().unwrap();
+        let args = [&traced[..], &["--trace", t, "--out", dir.to_str().unwrap()]].concat();
+        let o = run(&args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
     }
 }
 
