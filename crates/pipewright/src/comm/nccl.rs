@@ -292,7 +292,9 @@ impl NcclComm {
         } else {
             "all_reduce"
         };
-        self.0.agree(name, t, 0)?;
+        // One exchange of headers serves the check and the gather.
+        let headers = self.0.headers(t)?;
+        check_agree(name, &headers, 0).map_err(Error::Comm)?;
         let dims = reduce_plan(t, op, self.size(), scatter)?;
         if t.elem_count() == 0 {
             // Nothing to reduce (every member agreed on the shape), and candle's CUDA kernels
@@ -300,13 +302,50 @@ impl NcclComm {
             // input's device.
             return Ok(Tensor::zeros(dims, t.dtype(), &Device::Cpu)?.to_device(t.device())?);
         }
-        let mut parts = self.all_gather(t)?;
+        let mut parts = self.gather(t, &headers)?;
         if scatter {
             for p in &mut parts {
                 *p = p.narrow(0, self.rank() * dims[0], dims[0])?;
             }
         }
         Ok(ordered::combine(&parts, op)?.reshape(dims)?)
+    }
+
+    /// Every member's tensor (`parts` holds their shapes and dtypes, agreed): NCCL's gather,
+    /// moving bytes and adding nothing.
+    fn gather(&self, t: &Tensor, parts: &[(Vec<usize>, DType)]) -> Result<Vec<Tensor>> {
+        #[cfg(feature = "cuda")]
+        if t.device().is_cuda() {
+            return self.0.gpu_all_gather(t, parts);
+        }
+        // NCCL gathers equal parts: pad every rank's bytes to the largest.
+        let esize = t.dtype().size_in_bytes();
+        let lens: Vec<usize> = parts
+            .iter()
+            .map(|(d, _)| d.iter().product::<usize>() * esize)
+            .collect();
+        let max = lens.iter().copied().max().unwrap_or(0);
+        let mut mine = Inner::bytes(t)?;
+        mine.resize(max, 0);
+        let n = self.0.size();
+        let all = if max == 0 {
+            Vec::new()
+        } else {
+            self.0.staged(&mine, max * n, |c, s, r| {
+                c.all_gather(s, r).map(|_| ()).map_err(gpu("gathering"))
+            })?
+        };
+        parts
+            .iter()
+            .enumerate()
+            .map(|(r, (dims, dt))| {
+                tensor_from_bytes(
+                    *dt,
+                    dims,
+                    all.get(r * max..r * max + lens[r]).unwrap_or(&[]),
+                )
+            })
+            .collect()
     }
 }
 
@@ -350,38 +389,7 @@ impl Communicator for NcclComm {
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let parts = self.0.headers(t)?;
         check_same_dtype(&parts).map_err(Error::Comm)?;
-        #[cfg(feature = "cuda")]
-        if t.device().is_cuda() {
-            return self.0.gpu_all_gather(t, &parts);
-        }
-        // NCCL gathers equal parts: pad every rank's bytes to the largest.
-        let esize = t.dtype().size_in_bytes();
-        let lens: Vec<usize> = parts
-            .iter()
-            .map(|(d, _)| d.iter().product::<usize>() * esize)
-            .collect();
-        let max = lens.iter().copied().max().unwrap_or(0);
-        let mut mine = Inner::bytes(t)?;
-        mine.resize(max, 0);
-        let n = self.0.size();
-        let all = if max == 0 {
-            Vec::new()
-        } else {
-            self.0.staged(&mine, max * n, |c, s, r| {
-                c.all_gather(s, r).map(|_| ()).map_err(gpu("gathering"))
-            })?
-        };
-        parts
-            .iter()
-            .enumerate()
-            .map(|(r, (dims, dt))| {
-                tensor_from_bytes(
-                    *dt,
-                    dims,
-                    all.get(r * max..r * max + lens[r]).unwrap_or(&[]),
-                )
-            })
-            .collect()
+        self.gather(t, &parts)
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
