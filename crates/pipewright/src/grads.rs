@@ -92,9 +92,15 @@ impl Grads {
     }
 }
 
-/// Whether every element of `t` is finite (`0 * x` is 0 for a finite value and NaN for the
-/// others, so its sum tells).
+/// Whether every element of `t` is finite: where the one-pass sum of squares takes `t` (in
+/// f64, which no square of an f32, f16 or bf16 value overflows), whether that sum is;
+/// elsewhere `0 * x`, which is 0 for a finite value and NaN for the others, summed.
 pub fn all_finite(t: &Tensor) -> Result<bool> {
+    if t.dtype() != candle_core::DType::F64 {
+        if let Some(s) = crate::kernels::reduce::sum_sq(t)? {
+            return Ok(s.is_finite());
+        }
+    }
     let s = (t * 0.0)?
         .to_dtype(candle_core::DType::F32)?
         .sum_all()?

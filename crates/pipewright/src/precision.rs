@@ -144,20 +144,16 @@ impl Default for LossScaler {
     }
 }
 
-/// Whether any gradient holds an inf or a NaN (one sum of absolute values, read once).
+/// Whether any gradient holds an inf or a NaN: [`crate::grads::all_finite`] of each, which
+/// on the CPU and a GPU is one pass over the gradient in its own type (no f32 copy, no
+/// absolute values), stopping at the first that is not.
 pub fn has_overflow(grads: &Grads) -> Result<bool> {
-    let mut total: Option<candle_core::Tensor> = None;
     for (_, g) in grads.iter() {
-        let s = g.to_dtype(DType::F32)?.abs()?.sum_all()?;
-        total = Some(match total {
-            None => s,
-            Some(t) => (t + s)?,
-        });
+        if !crate::grads::all_finite(g)? {
+            return Ok(true);
+        }
     }
-    Ok(match total {
-        Some(t) => !t.to_scalar::<f32>()?.is_finite(),
-        None => false,
-    })
+    Ok(false)
 }
 
 /// Gradients in f32, multiplied by `factor` (the inverse loss scale).
