@@ -27,32 +27,74 @@ pub fn gpu_peak_bytes(device: &Device) -> Result<Option<u64>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(d) = device {
         use cudarc::driver::sys;
-        let ctx = d.cuda_stream().context().clone();
-        if !ctx.has_async_alloc() {
+        let Some(pool) = memory_pool(d)? else {
             return Ok(None);
-        }
-        let cuda = |e: cudarc::driver::DriverError| invalid!("the GPU's memory pool: {e:?}");
-        ctx.bind_to_thread().map_err(cuda)?;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        };
         let mut high: u64 = 0;
-        // SAFETY: the context is current on this thread, `pool` and `high` outlive the calls
-        // and `high` is the u64 the attribute is.
+        // SAFETY: `memory_pool` made the context current on this thread; `high` is the u64
+        // the attribute is and outlives the call.
         unsafe {
-            sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device())
-                .result()
-                .map_err(cuda)?;
             sys::cuMemPoolGetAttribute(
                 pool,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
                 (&mut high as *mut u64).cast(),
             )
             .result()
-            .map_err(cuda)?;
+            .map_err(pool_error)?;
         }
         return Ok(Some(high));
     }
     let _ = device;
     Ok(None)
+}
+
+#[cfg(feature = "cuda")]
+fn pool_error(e: cudarc::driver::DriverError) -> crate::Error {
+    invalid!("the GPU's memory pool: {e:?}")
+}
+
+/// The stream-ordered memory pool candle allocates `d`'s buffers from, its context made
+/// current on this thread; `None` on a GPU without memory pools.
+#[cfg(feature = "cuda")]
+fn memory_pool(d: &candle_core::CudaDevice) -> Result<Option<cudarc::driver::sys::CUmemoryPool>> {
+    use cudarc::driver::sys;
+    let ctx = d.cuda_stream().context().clone();
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    ctx.bind_to_thread().map_err(pool_error)?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the context is current on this thread and `pool` outlives the call.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .map_err(pool_error)?;
+    }
+    Ok(Some(pool))
+}
+
+/// Makes `d`'s memory pool keep what is freed for the next allocation instead of returning it
+/// to the driver at every synchronisation (the pool's default release threshold is 0): a
+/// training step frees and takes the same sizes again each step, as PyTorch's caching
+/// allocator keeps them.
+#[cfg(feature = "cuda")]
+fn keep_freed_memory(d: &candle_core::CudaDevice) -> Result<()> {
+    use cudarc::driver::sys;
+    let Some(pool) = memory_pool(d)? else {
+        return Ok(());
+    };
+    let mut keep = u64::MAX;
+    // SAFETY: the context is current (memory_pool); the attribute is the u64 `keep`.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep as *mut u64).cast(),
+        )
+        .result()
+        .map_err(pool_error)?;
+    }
+    Ok(())
 }
 
 /// The device called `name` (`cpu`, `cuda`, or `cuda:N`), with `ordinal` for a bare `cuda`
@@ -121,6 +163,7 @@ fn gpu(name: &str, index: Option<usize>, ordinal: usize) -> Result<Device> {
     // SAFETY: every tensor of this device is made and used on its one stream, and the NCCL
     // backend enqueues on that stream too.
     unsafe { d.as_cuda_device()?.disable_event_tracking() };
+    keep_freed_memory(d.as_cuda_device()?)?;
     gpus.insert(index, d.clone());
     Ok(d)
 }

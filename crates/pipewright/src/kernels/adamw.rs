@@ -23,9 +23,12 @@ pub(crate) struct AdamWStep {
     pub step_size: f64,
 }
 
-/// Whether [`update`] takes `p`: an f32 parameter on the CPU.
+/// Whether [`update`] takes `p`: a contiguous f32 parameter on the CPU or (in the `cuda`
+/// build) a GPU.
 pub(crate) fn applies(p: &Tensor) -> bool {
-    p.device().is_cpu() && p.dtype() == DType::F32 && p.is_contiguous()
+    (p.device().is_cpu() || (cfg!(feature = "cuda") && p.device().is_cuda()))
+        && p.dtype() == DType::F32
+        && p.is_contiguous()
 }
 
 /// Updates `p` in place from its f32 gradient `g` and moments `m`, `v` (none before the first
@@ -37,6 +40,10 @@ pub(crate) fn update(
     v: Option<&Tensor>,
     c: AdamWStep,
 ) -> candle_core::Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if p.device().is_cuda() {
+        return cuda::update(p, g, m, v, c);
+    }
     let g = g.contiguous()?;
     let (m, v) = (
         m.map(Tensor::contiguous).transpose()?,
@@ -215,6 +222,151 @@ impl Coeffs {
             *pk = x - ((m1 / denom) * c.step + 0.0);
             *mk = m1;
             *vk = v1;
+        }
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/adamw.cu): the parameter updated in place, the new
+/// moments written into fresh tensors (the old ones may be held elsewhere, by a checkpoint
+/// being written, say).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
+    use candle_core::{CudaStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+
+    use super::{AdamWStep, NAME};
+    use crate::kernels::gpu::{self, PushKernelArg};
+
+    /// adamw.cu's `Coeffs`.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Coeffs {
+        decay: f32,
+        b1: f32,
+        c1: f32,
+        b2: f32,
+        c2: f32,
+        inv: f32,
+        eps: f32,
+        step: f32,
+        has_decay: i32,
+    }
+    // SAFETY: plain old data laid out as the kernel's struct.
+    unsafe impl DeviceRepr for Coeffs {}
+
+    pub(super) fn update(
+        p: &Tensor,
+        g: &Tensor,
+        m: Option<&Tensor>,
+        v: Option<&Tensor>,
+        c: AdamWStep,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let n = p.elem_count();
+        let check = |what: &str, t: &Tensor| {
+            if t.elem_count() != n || t.dtype() != DType::F32 {
+                candle_core::bail!(
+                    "{NAME}: {what} is {:?} {:?}, the parameter {n} f32",
+                    t.dims(),
+                    t.dtype()
+                );
+            }
+            Ok(())
+        };
+        let g = g.contiguous()?;
+        check("the gradient", &g)?;
+        let (m1, v1) = (p.zeros_like()?, p.zeros_like()?);
+        let (m0, v0) = match (m, v) {
+            (Some(m), Some(v)) => (m.contiguous()?, v.contiguous()?),
+            _ => (m1.clone(), v1.clone()),
+        };
+        check("exp_avg", &m0)?;
+        check("exp_avg_sq", &v0)?;
+        let f = |x: f64| x as f32;
+        let k = Coeffs {
+            decay: f(c.decay.unwrap_or(1.0)),
+            b1: f(c.beta1),
+            c1: f(1.0 - c.beta1),
+            b2: f(c.beta2),
+            c2: f(1.0 - c.beta2),
+            inv: f(c.inv_bc2_sqrt),
+            eps: f(c.eps),
+            step: f(c.step_size),
+            has_decay: i32::from(c.decay.is_some()),
+        };
+        p.inplace_op1(&Update {
+            k,
+            g,
+            m0,
+            v0,
+            m1: m1.clone(),
+            v1: v1.clone(),
+        })?;
+        Ok((m1, v1))
+    }
+
+    struct Update {
+        k: Coeffs,
+        g: Tensor,
+        m0: Tensor,
+        v0: Tensor,
+        m1: Tensor,
+        v1: Tensor,
+    }
+
+    /// The GPU buffer under `t` (contiguous, f32) and its offsets.
+    fn with_slice<R>(
+        t: &Tensor,
+        f: impl FnOnce(&CudaStorage, &Layout) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (s, l) = t.storage_and_layout();
+        match &*s {
+            Storage::Cuda(s) => f(s, l),
+            _ => candle_core::bail!("{NAME}: expects every tensor on the parameter's GPU"),
+        }
+    }
+
+    impl InplaceOp1 for Update {
+        fn name(&self) -> &'static str {
+            NAME
+        }
+
+        fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> candle_core::Result<()> {
+            candle_core::bail!("{NAME}: the GPU update was given a CPU parameter")
+        }
+
+        fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
+            let (a, b) = l.contiguous_offsets().ok_or_else(|| {
+                candle_core::Error::Msg(format!("{NAME}: parameter not contiguous"))
+            })?;
+            let n = b - a;
+            let dev = s.device.clone();
+            let f = gpu::func(&dev, &gpu::ADAMW, "adamw", DType::F32)?;
+            let mut p = s.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
+            with_slice(&self.g, |sg, lg| {
+                with_slice(&self.m0, |sm0, lm0| {
+                    with_slice(&self.v0, |sv0, lv0| {
+                        with_slice(&self.m1, |sm1, lm1| {
+                            with_slice(&self.v1, |sv1, lv1| {
+                                let g = gpu::view::<f32>(sg, lg, NAME)?;
+                                let (m0, v0) = (
+                                    gpu::view::<f32>(sm0, lm0, NAME)?,
+                                    gpu::view::<f32>(sv0, lv0, NAME)?,
+                                );
+                                let (m1, v1) = (
+                                    gpu::view::<f32>(sm1, lm1, NAME)?,
+                                    gpu::view::<f32>(sv1, lv1, NAME)?,
+                                );
+                                // The kernel writes m1 and v1 through these views: fresh
+                                // tensors of this call's alone.
+                                gpu::launch(&f, gpu::elementwise(n), n, |b| {
+                                    b.arg(&mut p).arg(&g).arg(&m0).arg(&v0).arg(&m1).arg(&v1);
+                                    b.arg(&n).arg(&self.k);
+                                })
+                            })
+                        })
+                    })
+                })
+            })
         }
     }
 }

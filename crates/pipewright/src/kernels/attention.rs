@@ -5,22 +5,34 @@
 //! padded to the whole packed tensor, head transposes and copies, the stored scores and
 //! probabilities); this one is one node whose gradient is the packed tensor's, written once.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
 use super::{dispatch, input, par, row_max, storage, Out, Real};
 
 const NAME: &str = "pipewright-attention";
 
-/// `softmax(q k^T * scale, causal) v` for every head of CPU f32/f64 `qkv`
+/// `softmax(q k^T * scale, causal) v` for every head of `qkv`
 /// `(batch, time, 3 * heads * head_dim)` (q, k, v in thirds, heads contiguous within each),
-/// giving `(batch, time, heads * head_dim)`.
+/// giving `(batch, time, heads * head_dim)`: CPU f32/f64 (f16/bf16 through f32), or a CUDA
+/// tensor whose head dimension is at most [`GPU_HEAD_DIM`].
 pub(crate) fn causal_attention(
     qkv: &Tensor,
     heads: usize,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
     qkv.contiguous()?.apply_op1(Attention { heads, scale })
+}
+
+/// The largest head dimension the CUDA kernels take (a lane's registers hold 16 of a row's
+/// columns, at most 8 lanes a row).
+pub(crate) const GPU_HEAD_DIM: usize = 128;
+
+/// Whether [`causal_attention`] takes `qkv` with `heads` heads.
+pub(crate) fn takes(qkv: &Tensor, heads: usize) -> bool {
+    let width = qkv.dims().last().copied().unwrap_or(0);
+    super::fused(qkv)
+        || (super::fused_or_gpu(qkv) && heads > 0 && width / (3 * heads) <= GPU_HEAD_DIM)
 }
 
 #[derive(Clone, Copy)]
@@ -257,17 +269,29 @@ impl CustomOp1 for Attention {
         )))
     }
 
-    fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward(self, s, l)
+    }
+
+    fn bwd(&self, x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(x.apply_op3_no_bwd(
+            y,
             &dy.contiguous()?,
             &AttentionGrad(*self),
         )?))
     }
 }
 
+/// The packed gradient from `(qkv, y, dy)` (the CPU recomputes without `y`; the GPU's
+/// backward takes each row's `dy . y` from it).
 struct AttentionGrad(Attention);
 
-impl CustomOp2 for AttentionGrad {
+impl CustomOp3 for AttentionGrad {
     fn name(&self) -> &'static str {
         "pipewright-attention-grad"
     }
@@ -276,6 +300,8 @@ impl CustomOp2 for AttentionGrad {
         &self,
         sx: &CpuStorage,
         lx: &Layout,
+        _sy: &CpuStorage,
+        _ly: &Layout,
         sg: &CpuStorage,
         lg: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
@@ -289,4 +315,25 @@ impl CustomOp2 for AttentionGrad {
             lx.shape().clone()
         )))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sy: &candle_core::CudaStorage,
+        ly: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward(&self.0, [(sx, lx), (sy, ly), (sg, lg)])
+    }
 }
+
+/// The same on a CUDA device: through cuBLAS's tensor-core products while a chunk of heads'
+/// scores fits a scratch buffer (kernels/attention_blas.rs), else flash-style
+/// (kernels/cuda/attention.cu): no (time x time) tensor, the backward's row statistics
+/// (log-sum-exp, `dy . y`) in two f32 vectors. Neither keeps anything past the op.
+#[cfg(feature = "cuda")]
+#[path = "attention_gpu.rs"]
+mod cuda;

@@ -92,6 +92,17 @@ impl CustomOp2 for BiasAdd {
         )))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sy: &candle_core::CudaStorage,
+        ly: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::bias_add(sy, ly, sb, lb)
+    }
+
     fn bwd(
         &self,
         _y: &Tensor,
@@ -117,5 +128,85 @@ impl candle_core::CustomOp1 for ColumnSums {
             storage(column_sums::<T>(&input(s, l, NAME)?, n)),
             Shape::from(n)
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::column_sums(s, l)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/bias.cu).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
+
+    pub(super) fn bias_add(
+        sy: &CudaStorage,
+        ly: &Layout,
+        sb: &CudaStorage,
+        lb: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (dev, n, cols) = (
+            sy.device(),
+            ly.shape().elem_count(),
+            lb.shape().elem_count(),
+        );
+        if ly.dims().last() != Some(&cols) || lb.dims().len() != 1 {
+            candle_core::bail!(
+                "{NAME}: a bias of {:?} for rows of {:?}",
+                lb.dims(),
+                ly.dims()
+            );
+        }
+        typed!(NAME, sy.dtype(), |T| {
+            let (y, b) = (gpu::view::<T>(sy, ly, NAME)?, gpu::view::<T>(sb, lb, NAME)?);
+            let mut out = gpu::alloc::<T>(dev, n)?;
+            let f = gpu::func(dev, &gpu::BIAS, "bias_add", sy.dtype())?;
+            gpu::launch(&f, gpu::elementwise(n), n * cols, |a| {
+                a.arg(&y).arg(&b).arg(&mut out).arg(&n).arg(&cols);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                ly.shape().clone(),
+            ))
+        })
+    }
+
+    /// Column sums of `(rows, cols)`: row blocks summed apart in f32, then in block order.
+    pub(super) fn column_sums(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let dev = s.device();
+        let cols = *l.dims().last().unwrap_or(&1);
+        let rows = l.shape().elem_count() / cols.max(1);
+        let (cfg, blocks, per) = gpu::column_blocks(rows, cols);
+        typed!(NAME, s.dtype(), |T| {
+            let g = gpu::view::<T>(s, l, NAME)?;
+            let mut partial = gpu::zeros::<f32>(dev, blocks * cols)?;
+            let f = gpu::func(dev, &gpu::BIAS, "column_partials", s.dtype())?;
+            gpu::launch(&f, cfg, rows * cols, |a| {
+                a.arg(&g).arg(&mut partial).arg(&rows).arg(&cols).arg(&per);
+            })?;
+            let mut out = gpu::alloc::<T>(dev, cols)?;
+            gpu::finish_sums(
+                dev,
+                s.dtype(),
+                &partial,
+                &mut out.slice_mut(..),
+                cols,
+                blocks,
+            )?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from(cols),
+            ))
+        })
     }
 }

@@ -100,6 +100,15 @@ impl CustomOp1 for CrossEntropy {
         )))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward(s, l, &self.targets)
+    }
+
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(x.apply_op2_no_bwd(
             &g.contiguous()?,
@@ -139,6 +148,103 @@ impl CustomOp2 for CrossEntropyGrad {
             )),
             lx.shape().clone()
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward(sx, lx, sg, lg, &self.0.targets)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/cross_entropy.cu); the targets go up with each call
+/// (8 bytes a row, beside the row's classes).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
+
+    /// The targets on the GPU (one unread element when there are none: no empty buffers).
+    fn upload(
+        s: &CudaStorage,
+        targets: &[i64],
+    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<i64>> {
+        let none: &[i64] = &[0];
+        s.device()
+            .clone_htod(if targets.is_empty() { none } else { targets })
+    }
+
+    fn rows_cols(l: &Layout, targets: &[i64]) -> Result<(usize, usize)> {
+        let (rows, classes) = l.shape().dims2()?;
+        if targets.len() != rows {
+            candle_core::bail!(
+                "{NAME}: {rows} rows of logits but {} targets",
+                targets.len()
+            );
+        }
+        Ok((rows, classes))
+    }
+
+    pub(super) fn forward(
+        s: &CudaStorage,
+        l: &Layout,
+        targets: &[i64],
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = s.device();
+        let (rows, classes) = rows_cols(l, targets)?;
+        typed!(NAME, s.dtype(), |T| {
+            if classes == 0 {
+                // No classes: every target is ignored (validated by the caller), every loss 0.
+                let nll = gpu::zeros::<T>(dev, rows)?;
+                return Ok((
+                    CudaStorage::wrap_cuda_slice(nll, dev.clone()),
+                    Shape::from(rows),
+                ));
+            }
+            let t = upload(s, targets)?;
+            let x = gpu::view::<T>(s, l, NAME)?;
+            let mut nll = gpu::alloc::<T>(dev, rows)?;
+            let f = gpu::func(dev, &gpu::CROSS_ENTROPY, "ce_fwd", s.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, classes)?, rows, |a| {
+                a.arg(&x).arg(&t).arg(&mut nll).arg(&classes);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(nll, dev.clone()),
+                Shape::from(rows),
+            ))
+        })
+    }
+
+    pub(super) fn backward(
+        sx: &CudaStorage,
+        lx: &Layout,
+        sg: &CudaStorage,
+        lg: &Layout,
+        targets: &[i64],
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, classes) = rows_cols(lx, targets)?;
+        let t = upload(sx, targets)?;
+        typed!(NAME, sx.dtype(), |T| {
+            let (x, g) = (gpu::view::<T>(sx, lx, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let mut dx = gpu::alloc::<T>(dev, rows * classes)?;
+            let f = gpu::func(dev, &gpu::CROSS_ENTROPY, "ce_bwd", sx.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, classes)?, rows * classes, |a| {
+                a.arg(&x).arg(&g).arg(&t).arg(&mut dx).arg(&classes);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(dx, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
     }
 }
 

@@ -108,6 +108,15 @@ impl CustomOp1 for Gelu {
         )))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward(s, l)
+    }
+
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)?))
     }
@@ -129,5 +138,63 @@ impl CustomOp2 for GeluGrad {
             storage(backward::<T>(&input(s1, l1, NAME)?, &input(s2, l2, NAME)?)),
             l1.shape().clone()
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward(s1, l1, s2, l2)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/gelu.cu).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
+
+    pub(super) fn forward(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let (dev, n) = (s.device(), l.shape().elem_count());
+        typed!(NAME, s.dtype(), |T| {
+            let x = gpu::view::<T>(s, l, NAME)?;
+            let mut y = gpu::alloc::<T>(dev, n)?;
+            let f = gpu::func(dev, &gpu::GELU, "gelu_fwd", s.dtype())?;
+            gpu::launch(&f, gpu::elementwise(n), n, |b| {
+                b.arg(&x).arg(&mut y).arg(&n);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                l.shape().clone(),
+            ))
+        })
+    }
+
+    pub(super) fn backward(
+        s: &CudaStorage,
+        l: &Layout,
+        sg: &CudaStorage,
+        lg: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (dev, n) = (s.device(), l.shape().elem_count());
+        typed!(NAME, s.dtype(), |T| {
+            let (x, g) = (gpu::view::<T>(s, l, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let mut dx = gpu::alloc::<T>(dev, n)?;
+            let f = gpu::func(dev, &gpu::GELU, "gelu_bwd", s.dtype())?;
+            gpu::launch(&f, gpu::elementwise(n), n, |b| {
+                b.arg(&x).arg(&g).arg(&mut dx).arg(&n);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(dx, dev.clone()),
+                l.shape().clone(),
+            ))
+        })
     }
 }

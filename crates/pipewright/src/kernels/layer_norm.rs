@@ -158,6 +158,19 @@ impl CustomOp3 for LayerNorm {
         )))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward([(sx, lx), (sw, lw), (sb, lb)], self.eps)
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -200,5 +213,99 @@ impl CustomOp3 for LayerNormGrad {
             )),
             Shape::from(n)
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward([(sx, lx), (sw, lw), (sg, lg)], self.eps)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/layer_norm.cu).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
+
+    type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+    /// Rows and columns of `x`, checked against the per-column `w`.
+    fn rows_cols(lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
+        let cols = *lx.dims().last().unwrap_or(&0);
+        if lw.dims() != [cols] {
+            candle_core::bail!("{NAME}: weight {:?} for rows of {cols}", lw.dims());
+        }
+        Ok((lx.shape().elem_count() / cols.max(1), cols))
+    }
+
+    pub(super) fn forward(
+        [(sx, lx), (sw, lw), (sb, lb)]: [Input; 3],
+        eps: f64,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, cols) = rows_cols(lx, lw)?;
+        if lb.dims() != [cols] {
+            candle_core::bail!("{NAME}: bias {:?} for rows of {cols}", lb.dims());
+        }
+        let eps = eps as f32;
+        typed!(NAME, sx.dtype(), |T| {
+            let x = gpu::view::<T>(sx, lx, NAME)?;
+            let (w, b) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sb, lb, NAME)?);
+            let mut y = gpu::alloc::<T>(dev, rows * cols)?;
+            let f = gpu::func(dev, &gpu::LAYER_NORM, "ln_fwd", sx.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, cols)?, rows * cols, |a| {
+                a.arg(&x).arg(&w).arg(&b).arg(&mut y).arg(&cols).arg(&eps);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
+
+    /// `[dx | dw | db]`, as the CPU twin packs them.
+    pub(super) fn backward(
+        [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
+        eps: f64,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, cols) = rows_cols(lx, lw)?;
+        let n = rows * cols;
+        let eps = eps as f32;
+        let (cfg, blocks, per) = gpu::column_blocks(rows, cols);
+        typed!(NAME, sx.dtype(), |T| {
+            let x = gpu::view::<T>(sx, lx, NAME)?;
+            let (w, g) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let mut out = gpu::alloc::<T>(dev, n + 2 * cols)?;
+            let mut stats = gpu::alloc::<f32>(dev, 2 * rows)?;
+            let mut partial = gpu::zeros::<f32>(dev, blocks * 2 * cols)?;
+            let dx = gpu::func(dev, &gpu::LAYER_NORM, "ln_bwd_dx", sx.dtype())?;
+            gpu::launch(&dx, gpu::per_row(rows, cols)?, n, |a| {
+                a.arg(&x).arg(&w).arg(&g).arg(&mut out).arg(&mut stats);
+                a.arg(&cols).arg(&eps);
+            })?;
+            let sums = gpu::func(dev, &gpu::LAYER_NORM, "ln_partials", sx.dtype())?;
+            gpu::launch(&sums, cfg, n, |a| {
+                a.arg(&x).arg(&g).arg(&stats).arg(&mut partial);
+                a.arg(&rows).arg(&cols).arg(&per);
+            })?;
+            let mut tail = out.slice_mut(n..n + 2 * cols);
+            gpu::finish_sums(dev, sx.dtype(), &partial, &mut tail, 2 * cols, blocks)?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from(n + 2 * cols),
+            ))
+        })
     }
 }

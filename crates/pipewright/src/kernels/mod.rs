@@ -14,10 +14,16 @@
 
 pub(crate) mod adamw;
 pub(crate) mod attention;
+#[cfg(feature = "cuda")]
+pub(crate) mod attention_blas;
 pub(crate) mod bias;
 pub(crate) mod cross_entropy;
 pub(crate) mod exp;
 pub(crate) mod gelu;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod reduce;
@@ -127,6 +133,17 @@ pub(crate) fn fused(t: &Tensor) -> bool {
             t.dtype(),
             DType::F32 | DType::F64 | DType::F16 | DType::BF16
         )
+}
+
+/// Whether `t` takes the fused kernels that also run on a CUDA device (GELU, the bias add,
+/// LayerNorm, cross-entropy, causal attention): [`fused`] on the CPU, and in the `cuda` build
+/// an f32, bf16 or f16 tensor on a GPU (`kernels/cuda/`).
+pub(crate) fn fused_or_gpu(t: &Tensor) -> bool {
+    #[cfg(feature = "cuda")]
+    if gpu::takes(t) {
+        return true;
+    }
+    fused(t)
 }
 
 /// The elements of a contiguous `layout` of `storage` as `T`: borrowed when the storage

@@ -4,9 +4,10 @@ use candle_core::{Tensor, D};
 
 use crate::{kernels, Result};
 
-/// GELU, tanh approximation (GPT-2's `gelu_new`); fused forward and backward on the CPU.
+/// GELU, tanh approximation (GPT-2's `gelu_new`); fused forward and backward on the CPU and
+/// (in the `cuda` build) on a GPU.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    if kernels::fused(x) {
+    if kernels::fused_or_gpu(x) {
         return Ok(kernels::gelu::gelu(x)?);
     }
     Ok(x.gelu()?)

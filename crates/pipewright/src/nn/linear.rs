@@ -228,10 +228,11 @@ impl Linear {
     }
 }
 
-/// `y + b` on every row: on the CPU a fused op whose backward sums the bias gradient over
-/// contiguous rows (the deferred weight-gradient path, whose product stays separate).
+/// `y + b` on every row: on the CPU and a GPU a fused op whose backward sums the bias gradient
+/// over contiguous rows (on the CPU, the deferred weight-gradient path, whose product stays
+/// separate).
 pub(crate) fn add_bias(y: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if kernels::fused(y) && b.dtype() == y.dtype() {
+    if kernels::fused_or_gpu(y) && b.dtype() == y.dtype() {
         return Ok(kernels::bias::bias_add(y, b)?);
     }
     Ok(y.broadcast_add(b)?)

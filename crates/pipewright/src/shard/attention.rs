@@ -116,7 +116,10 @@ impl CausalSelfAttention {
         if self.ring.size() > 1 {
             return self.forward_ring(&qkv, (b, t, h, hd), scale, cx);
         }
-        if kernels::fused(&qkv) && !self.attn_dropout.is_active(cx) && cx.kv_cache.is_none() {
+        if kernels::attention::takes(&qkv, h)
+            && !self.attn_dropout.is_active(cx)
+            && cx.kv_cache.is_none()
+        {
             // One fused op from the packed q | k | v to the heads' joined outputs.
             let y = kernels::attention::causal_attention(&qkv, h, scale)?;
             let y = self.c_proj.forward(&y, cx)?;

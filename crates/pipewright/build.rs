@@ -1,0 +1,74 @@
+//! With the `cuda` feature, compiles pipewright's CUDA kernels (`src/kernels/cuda/*.cu`) to
+//! PTX in OUT_DIR, which `kernels::gpu` embeds and candle's CUDA device loads at run time; and
+//! compiles each once more to machine code only to check that no kernel spills registers to
+//! local memory (the build fails if one does: a spill in these loops costs more than the
+//! kernel's arithmetic). nvcc is `$NVCC`, else `nvcc` on the path (tools/build-cuda.sh sets
+//! it); the target is `sm_$CUDA_COMPUTE_CAP` (default 90, the H100 and H200).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNELS: &[&str] = &[
+    "adamw",
+    "attention",
+    "bias",
+    "causal_softmax",
+    "cross_entropy",
+    "gelu",
+    "layer_norm",
+    "reduce",
+];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let dir = Path::new("src/kernels/cuda");
+    println!(
+        "cargo:rerun-if-changed={}",
+        dir.join("common.cuh").display()
+    );
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let arch = format!("-arch=sm_{cap}");
+    for name in KERNELS {
+        let src = dir.join(format!("{name}.cu"));
+        println!("cargo:rerun-if-changed={}", src.display());
+        let ptx = out.join(format!("{name}.ptx"));
+        let flags = ["-O3", "-std=c++17", "-lineinfo", arch.as_str()];
+        run(Command::new(&nvcc)
+            .args(flags)
+            .arg("--ptx")
+            .arg("-o")
+            .arg(&ptx)
+            .arg(&src));
+        let check = run(Command::new(&nvcc)
+            .args(flags)
+            .args(["-cubin", "-Xptxas", "--warn-on-spills"])
+            .arg("-o")
+            .arg(out.join(format!("{name}.cubin")))
+            .arg(&src));
+        if check.contains("spill") {
+            panic!(
+                "{}: registers spill to local memory:\n{check}",
+                src.display()
+            );
+        }
+    }
+}
+
+/// Runs `cmd`, failing the build with its output if it fails; returns its stderr.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} ({e}): the cuda feature needs nvcc (tools/build-cuda.sh installs it)"));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        panic!("{cmd:?} failed:\n{err}");
+    }
+    err
+}

@@ -1,0 +1,64 @@
+// Softmax cross-entropy over the classes, a block per row, as the CPU twin
+// (kernels/cross_entropy.rs): each thread keeps a running maximum and sum of exponentials
+// (online softmax) over its columns, the block combines them; the loss is
+// max + log(sum) - x[target], zero where the target is ignored (-100). The backward recomputes
+// both from one read and writes g (softmax - one_hot) once.
+#include "common.cuh"
+
+// (max, sum exp(x - max)) of row xr, to every thread.
+template <typename T> __device__ __forceinline__ float2 row_lse(const T* xr, size_t cols, float* scratch) {
+  float m = -INFINITY, s = 0.f;
+  for (size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float v = load_f(xr[j]);
+    if (v > m) {
+      s = s * expf(m - v) + 1.f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+  const float mx = block_max(m, scratch);
+  const float part = m == -INFINITY ? 0.f : s * expf(m - mx);
+  return make_float2(mx, block_sum(part, scratch));
+}
+
+template <typename T> __device__ void ce_fwd(const T* x, const int64_t* t, T* nll, size_t cols) {
+  __shared__ float scratch[32];
+  const size_t row = blockIdx.x;
+  const int64_t k = t[row];
+  if (k == -100) {
+    if (threadIdx.x == 0) nll[row] = store_f<T>(0.f);
+    return;
+  }
+  const float2 ms = row_lse(x + row * cols, cols, scratch);
+  if (threadIdx.x == 0) nll[row] = store_f<T>(ms.x + logf(ms.y) - load_f(x[row * cols + k]));
+}
+
+template <typename T>
+__device__ void ce_bwd(const T* x, const T* g, const int64_t* t, T* dx, size_t cols) {
+  __shared__ float scratch[32];
+  const size_t row = blockIdx.x;
+  const int64_t k = t[row];
+  const T* xr = x + row * cols;
+  T* dr = dx + row * cols;
+  if (k == -100) {
+    for (size_t j = threadIdx.x; j < cols; j += blockDim.x) dr[j] = store_f<T>(0.f);
+    return;
+  }
+  const float2 ms = row_lse(xr, cols, scratch);
+  const float gv = load_f(g[row]), scale = gv / ms.y;
+  for (size_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float d = expf(load_f(xr[j]) - ms.x) * scale;
+    dr[j] = store_f<T>((int64_t)j == k ? d - gv : d);
+  }
+}
+
+#define CE(S, T)                                                                                 \
+  extern "C" __global__ void ce_fwd_##S(const T* x, const int64_t* t, T* nll, size_t cols) {     \
+    ce_fwd(x, t, nll, cols);                                                                     \
+  }                                                                                              \
+  extern "C" __global__ void ce_bwd_##S(const T* x, const T* g, const int64_t* t, T* dx,         \
+                                        size_t cols) {                                           \
+    ce_bwd(x, g, t, dx, cols);                                                                   \
+  }
+EACH_TYPE(CE)

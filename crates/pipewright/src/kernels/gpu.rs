@@ -1,0 +1,208 @@
+//! pipewright's CUDA kernels (`kernels/cuda/*.cu`, compiled to PTX by `build.rs` in the `cuda`
+//! build) and what the ops need to launch them on candle's CUDA device: the modules, a kernel
+//! by name and element type, contiguous views of the inputs, outputs, launch shapes.
+//!
+//! Each fused op of `kernels/` that has a kernel here implements candle's `cuda_fwd` beside
+//! its `cpu_fwd`, so one op and one backward wiring serve both devices, and the CPU kernel is
+//! the GPU kernel's oracle. The kernels run on the device's one stream, in order with
+//! candle's own. Every kernel takes f32, bf16 and f16 (computing in f32 and rounding each
+//! output once, as the CPU twins do) under the names `NAME_f32`, `NAME_bf16`, `NAME_f16`.
+
+use std::sync::Arc;
+
+pub(crate) use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, LaunchArgs,
+    LaunchConfig,
+};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result, Tensor};
+
+/// One compiled `.cu` file: the name candle caches it under and its PTX.
+pub(crate) struct Module {
+    name: &'static str,
+    ptx: &'static str,
+}
+
+macro_rules! module {
+    ($file:literal) => {
+        Module {
+            name: concat!("pipewright-", $file),
+            ptx: include_str!(concat!(env!("OUT_DIR"), "/", $file, ".ptx")),
+        }
+    };
+}
+
+pub(crate) const ADAMW: Module = module!("adamw");
+pub(crate) const ATTENTION: Module = module!("attention");
+pub(crate) const BIAS: Module = module!("bias");
+pub(crate) const CAUSAL_SOFTMAX: Module = module!("causal_softmax");
+pub(crate) const CROSS_ENTROPY: Module = module!("cross_entropy");
+pub(crate) const GELU: Module = module!("gelu");
+pub(crate) const LAYER_NORM: Module = module!("layer_norm");
+pub(crate) const REDUCE: Module = module!("reduce");
+
+/// Whether `t` takes the CUDA kernels: an f32, bf16 or f16 tensor on a CUDA device.
+pub(crate) fn takes(t: &Tensor) -> bool {
+    t.device().is_cuda() && matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
+}
+
+/// A loaded kernel and the device's stream it runs on.
+pub(crate) struct Kernel {
+    f: CudaFunction,
+    stream: Arc<CudaStream>,
+}
+
+/// Kernel `name` of `module` for elements of `dtype`, loaded on `dev` once.
+pub(crate) fn func(dev: &CudaDevice, module: &Module, name: &str, dtype: DType) -> Result<Kernel> {
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        other => candle_core::bail!("{name}: no CUDA kernel for {other:?}"),
+    };
+    let f = dev.get_or_load_custom_func(&format!("{name}_{suffix}"), module.name, module.ptx)?;
+    Ok(Kernel {
+        f: f.into_cuda_function(),
+        stream: dev.cuda_stream(),
+    })
+}
+
+/// `$body` with `$t` the Rust element type of `$dtype` (f32, bf16 or f16); an error naming
+/// `$op` for the others.
+macro_rules! typed {
+    ($op:expr, $dtype:expr, |$t:ident| $body:expr) => {
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            candle_core::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            other => candle_core::bail!("{}: no CUDA kernel for {other:?}", $op),
+        }
+    };
+}
+pub(crate) use typed;
+
+/// The elements of a contiguous `layout` of `storage`.
+pub(crate) fn view<'a, T: CudaDType>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    match layout.contiguous_offsets() {
+        Some((a, b)) => Ok(storage.as_cuda_slice::<T>()?.slice(a..b)),
+        None => candle_core::bail!("{op}: expects a contiguous input"),
+    }
+}
+
+/// The device address of `s`'s first element, for libraries that take raw pointers (cuBLAS).
+/// The device runs one stream and tracks no events (`device.rs`), so the address needs no
+/// synchronisation guard.
+pub(crate) fn addr<T>(dev: &CudaDevice, s: &impl DevicePtr<T>) -> u64 {
+    let stream = dev.cuda_stream();
+    let (p, _sync) = s.device_ptr(&stream);
+    p
+}
+
+/// Room for `n` elements, written by a kernel before it is read (one element when `n` is 0:
+/// the driver allocates no empty buffers, and the tensor's layout says it holds none).
+pub(crate) fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: every caller's kernel writes all `n` elements before anything reads them.
+    unsafe { dev.alloc::<T>(n.max(1)) }
+}
+
+/// `n` zeros.
+pub(crate) fn zeros<T: DeviceRepr + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits>(
+    dev: &CudaDevice,
+    n: usize,
+) -> Result<CudaSlice<T>> {
+    dev.alloc_zeros::<T>(n.max(1))
+}
+
+/// Threads per block of the element-wise and per-row kernels.
+pub(crate) const THREADS: u32 = 256;
+
+/// A grid-stride launch over `n` elements (at most 64 Ki blocks; the kernels loop).
+pub(crate) fn elementwise(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A block per row, `THREADS` threads (fewer, a multiple of 32, for short rows).
+pub(crate) fn per_row(rows: usize, cols: usize) -> Result<LaunchConfig> {
+    if rows > i32::MAX as usize {
+        candle_core::bail!("{rows} rows are more than one CUDA launch takes");
+    }
+    let threads = (cols.div_ceil(32) * 32).clamp(32, THREADS as usize) as u32;
+    Ok(LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Launches `f` with the arguments `args` pushes, unless `work` is 0 (an empty tensor: a
+/// launch with an empty grid is an error).
+pub(crate) fn launch<'a>(
+    k: &'a Kernel,
+    cfg: LaunchConfig,
+    work: usize,
+    args: impl FnOnce(&mut LaunchArgs<'a>),
+) -> Result<()> {
+    if work == 0 {
+        return Ok(());
+    }
+    let mut b = k.stream.launch_builder(&k.f);
+    args(&mut b);
+    // SAFETY: each caller pushes the arguments its kernel's signature declares, in order, with
+    // buffers of the sizes the kernel reads and writes for this launch shape.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Row blocks the column sums (bias, LayerNorm weights) add up separately, then in order.
+pub(crate) const SUM_BLOCKS: usize = 256;
+
+/// The launch of `column_partials` / `ln_partials` over `rows x cols`: `(config, row blocks,
+/// rows per block)`.
+pub(crate) fn column_blocks(rows: usize, cols: usize) -> (LaunchConfig, usize, usize) {
+    let blocks = SUM_BLOCKS.min(rows.max(1));
+    let per = rows.div_ceil(blocks).max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (cols.div_ceil(32).max(1) as u32, blocks as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    (cfg, blocks, per)
+}
+
+/// `out[c] = sum_k partial[k cols + c]` over `blocks` partial sums (bias.cu's `finish_sums`).
+pub(crate) fn finish_sums<T: DeviceRepr>(
+    dev: &CudaDevice,
+    dtype: DType,
+    partial: &CudaSlice<f32>,
+    out: &mut CudaViewMut<'_, T>,
+    cols: usize,
+    blocks: usize,
+) -> Result<()> {
+    let f = func(dev, &BIAS, "finish_sums", dtype)?;
+    let cfg = LaunchConfig {
+        grid_dim: (cols.div_ceil(32).max(1) as u32, 1, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(&f, cfg, cols, |b| {
+        b.arg(partial).arg(out).arg(&cols).arg(&blocks);
+    })
+}

@@ -1,0 +1,315 @@
+//! The CUDA kernels against their CPU twins (the same ops' `cpu_fwd`), forward and backward,
+//! in f32, bf16 and f16, odd sizes included, and empty ones in f32. Run on a GPU machine: the `cuda` build's
+//! library tests, `kernels::gpu_tests` (tools/gpu-checks.sh `kernels`); on a machine without a
+//! GPU they say so and pass, since CI has none.
+//!
+//! Tolerances, largest difference over the largest reference value: f32 1e-5 (the kernels add
+//! in other orders than the CPU's); bf16 and f16 four of the type's rounding steps (both sides
+//! compute in f32 and round once, so a value near a rounding boundary may go either way, and
+//! the backward reads the rounded forward).
+
+use std::sync::atomic::Ordering;
+
+use candle_core::{DType, Device, Tensor, Var};
+use rand::{Rng, SeedableRng};
+
+use super::{attention, bias, cross_entropy, gelu, layer_norm, IGNORE_INDEX};
+
+type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
+
+fn gpu() -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("no GPU here ({e}): the CUDA kernels are not compared");
+            None
+        }
+    }
+}
+
+fn rand(seed: u64, shape: &[usize], scale: f32) -> Tensor {
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let n = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| (r.random::<f32>() * 2.0 - 1.0) * scale)
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// `op`'s output and its inputs' gradients (of `sum(y * r)`, `r` fixed), as f32 on the CPU.
+/// An empty input is the first zero rows of a one-row variable (candle cannot copy an empty
+/// tensor to a GPU; a view of none of its rows is how one arises there), whose gradient is
+/// then that row's: zeros.
+fn run(dev: &Device, dtype: DType, inputs: &[Tensor], op: Op) -> Vec<Tensor> {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| {
+            let mut dims = t.dims().to_vec();
+            let t = if t.elem_count() == 0 {
+                dims[0] = 1;
+                Tensor::zeros(dims, DType::F32, &Device::Cpu).unwrap()
+            } else {
+                t.clone()
+            };
+            Var::from_tensor(&t.to_device(dev).unwrap().to_dtype(dtype).unwrap()).unwrap()
+        })
+        .collect();
+    let ts: Vec<Tensor> = vars
+        .iter()
+        .zip(inputs)
+        .map(|(v, t)| v.as_tensor().narrow(0, 0, t.dims()[0]).unwrap())
+        .collect();
+    let y = op(&ts).unwrap();
+    let r = rand(99, y.dims(), 1.0)
+        .to_dtype(dtype)
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    let loss = (y.to_dtype(DType::F32).unwrap() * r.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    let mut out = vec![y];
+    for v in &vars {
+        let g = grads.get(v).cloned();
+        out.push(g.unwrap_or_else(|| v.as_tensor().zeros_like().unwrap()));
+    }
+    out.iter()
+        .map(|t| {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap()
+        })
+        .collect()
+}
+
+fn tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::BF16 => 4.0 * 2f32.powi(-8),
+        DType::F16 => 4.0 * 2f32.powi(-11),
+        _ => 1e-5,
+    }
+}
+
+/// Runs `op` on the CPU and the GPU in every type and compares every output. Empty inputs
+/// in f32 alone: candle's own casts cannot run on an empty GPU tensor (a launch of no blocks
+/// is an error), and the harness would cast.
+fn compare(what: &str, inputs: &[Tensor], op: Op) {
+    let Some(dev) = gpu() else { return };
+    let empty = inputs.iter().any(|t| t.elem_count() == 0);
+    let dtypes: &[DType] = if empty {
+        &[DType::F32]
+    } else {
+        &[DType::F32, DType::BF16, DType::F16]
+    };
+    for &dtype in dtypes {
+        let want = run(&Device::Cpu, dtype, inputs, op);
+        let got = run(&dev, dtype, inputs, op);
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            let part = if k == 0 {
+                "output".to_string()
+            } else {
+                format!("gradient {k}")
+            };
+            assert_eq!(g.dims(), w.dims(), "{what} {part} in {dtype:?}: shape");
+            if w.elem_count() == 0 {
+                continue;
+            }
+            let diff = (g - w)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap();
+            let top = w.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+            let (diff, top) = (
+                diff.to_scalar::<f32>().unwrap(),
+                top.to_scalar::<f32>().unwrap(),
+            );
+            let off = diff / top.max(1e-6);
+            assert!(
+                off <= tolerance(dtype),
+                "{what} {part} in {dtype:?}: off by {off:e} (largest difference {diff:e})"
+            );
+            eprintln!("{what} {part} {dtype:?}: {off:.1e}");
+        }
+    }
+}
+
+#[test]
+fn gelu_matches_the_cpu() {
+    for (i, shape) in [&[3usize, 1001][..], &[70_000], &[0, 4]].iter().enumerate() {
+        compare(
+            &format!("gelu {shape:?}"),
+            &[rand(i as u64, shape, 4.0)],
+            &|x| gelu::gelu(&x[0]),
+        );
+    }
+}
+
+#[test]
+fn bias_add_matches_the_cpu() {
+    for (i, (rows, cols)) in [(37, 50), (1000, 768), (0, 8)].into_iter().enumerate() {
+        let (y, b) = (
+            rand(10 + i as u64, &[rows, cols], 1.0),
+            rand(20 + i as u64, &[cols], 1.0),
+        );
+        compare(&format!("bias add {rows}x{cols}"), &[y, b], &|t| {
+            bias::bias_add(&t[0], &t[1])
+        });
+    }
+}
+
+#[test]
+fn layer_norm_matches_the_cpu() {
+    for (i, (rows, cols)) in [(33, 768), (9, 5), (4, 2500), (0, 8)]
+        .into_iter()
+        .enumerate()
+    {
+        let s = 30 + 3 * i as u64;
+        let x = (rand(s, &[rows, cols], 2.0) + 0.5).unwrap();
+        let (w, b) = (rand(s + 1, &[cols], 1.0), rand(s + 2, &[cols], 1.0));
+        compare(&format!("layer norm {rows}x{cols}"), &[x, w, b], &|t| {
+            layer_norm::layer_norm(&t[0], &t[1], &t[2], 1e-5)
+        });
+    }
+}
+
+#[test]
+fn cross_entropy_matches_the_cpu() {
+    for (i, (rows, classes)) in [(5, 7), (3, 50_257), (0, 9)].into_iter().enumerate() {
+        let logits = rand(50 + i as u64, &[rows, classes], 6.0);
+        let targets: Vec<i64> = (0..rows)
+            .map(|r| {
+                if r == 1 {
+                    IGNORE_INDEX
+                } else {
+                    ((r * 7919) % classes) as i64
+                }
+            })
+            .collect();
+        compare(
+            &format!("cross-entropy {rows}x{classes}"),
+            &[logits],
+            &|t| cross_entropy::nll_rows(&t[0], targets.clone()),
+        );
+    }
+}
+
+#[test]
+fn causal_attention_matches_the_cpu() {
+    // (batch, time, heads, head dim): each head-dimension bucket, odd lengths, one past a
+    // block of 64 rows, and no batch at all.
+    for (i, (b, t, h, hd)) in [
+        (2, 67, 3, 24),
+        (1, 130, 2, 64),
+        (1, 65, 1, 128),
+        (2, 1, 2, 40),
+        (0, 5, 2, 16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let qkv = rand(70 + i as u64, &[b, t, 3 * h * hd], 1.5);
+        let scale = 1.0 / (hd as f64).sqrt();
+        // Through cuBLAS (the scores fit the scratch), then through the flash kernels.
+        for (path, scratch) in [
+            ("cuBLAS", 256 << 20),
+            ("cuBLAS by head", 300_000),
+            ("flash", 0),
+        ] {
+            super::attention_blas::SCRATCH_BYTES.store(scratch, Ordering::Relaxed);
+            compare(
+                &format!("{path} attention {b}x{t}, {h} heads of {hd}"),
+                std::slice::from_ref(&qkv),
+                &|x| attention::causal_attention(&x[0], h, scale),
+            );
+        }
+        super::attention_blas::SCRATCH_BYTES.store(256 << 20, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn sum_of_squares_matches_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    for (i, n) in [1usize, 1_000_003, 0].into_iter().enumerate() {
+        let x = rand(90 + i as u64, &[n], 3.0);
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            // The CPU's f32 sum of the values the GPU holds (rounded to `dtype`).
+            let held = x.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
+            let want = super::reduce::sum_sq(&held).unwrap().unwrap();
+            let got = super::reduce::sum_sq(&x.to_dtype(dtype).unwrap().to_device(&dev).unwrap())
+                .unwrap()
+                .expect("the GPU sums squares");
+            let off = (got - want).abs() / want.max(1e-300);
+            assert!(
+                off <= 1e-12,
+                "sum of squares of {n} {dtype:?}: {got} against {want}"
+            );
+        }
+    }
+    // The overflow check (`grads::all_finite`) reads whether this sum is finite.
+    let sum = |v: &[f32]| {
+        let t = Tensor::new(v, &dev).unwrap();
+        super::reduce::sum_sq(&t).unwrap().expect("the GPU sums squares")
+    };
+    assert!(!sum(&[1.0, f32::INFINITY, 2.0]).is_finite(), "an infinity is not finite");
+    assert!(!sum(&[f32::NAN, 1.0]).is_finite(), "a NaN is not finite");
+    assert!(sum(&[f32::MAX, -f32::MAX]).is_finite(), "f32::MAX is finite");
+}
+
+/// AdamW's GPU update is the CPU's bit for bit (both round each op as candle's composed update
+/// does), three steps, with and without weight decay, the first from no moments.
+#[test]
+fn adamw_matches_the_cpu_bit_for_bit() {
+    let Some(dev) = gpu() else { return };
+    for (i, decay) in [Some(1.0 - 1e-3 * 0.1), None].into_iter().enumerate() {
+        let n = 100_003;
+        let p0 = rand(200 + i as u64, &[n], 1.0);
+        let (cpu, gpu_p) = (
+            Var::from_tensor(&p0).unwrap(),
+            Var::from_tensor(&p0.to_device(&dev).unwrap()).unwrap(),
+        );
+        let (mut mc, mut vc, mut mg, mut vg) = (None, None, None, None);
+        for step in 1..=3u64 {
+            let g = rand(300 + step, &[n], 0.5);
+            let c = super::adamw::AdamWStep {
+                decay,
+                beta1: 0.9,
+                beta2: 0.999,
+                inv_bc2_sqrt: 1.0 / (1.0 - 0.999f64.powi(step as i32)).sqrt(),
+                eps: 1e-8,
+                step_size: 1e-3 / (1.0 - 0.9f64.powi(step as i32)),
+            };
+            let (m, v) =
+                super::adamw::update(cpu.as_tensor(), &g, mc.as_ref(), vc.as_ref(), c).unwrap();
+            (mc, vc) = (Some(m), Some(v));
+            let gd = g.to_device(&dev).unwrap();
+            let (m, v) =
+                super::adamw::update(gpu_p.as_tensor(), &gd, mg.as_ref(), vg.as_ref(), c).unwrap();
+            (mg, vg) = (Some(m), Some(v));
+            for (what, a, b) in [
+                ("parameter", cpu.as_tensor(), gpu_p.as_tensor()),
+                ("exp_avg", mc.as_ref().unwrap(), mg.as_ref().unwrap()),
+                ("exp_avg_sq", vc.as_ref().unwrap(), vg.as_ref().unwrap()),
+            ] {
+                let (a, b): (Vec<f32>, Vec<f32>) = (a.to_vec1().unwrap(), b.to_vec1().unwrap());
+                let same = a
+                    .iter()
+                    .zip(&b)
+                    .filter(|(x, y)| x.to_bits() == y.to_bits())
+                    .count();
+                assert_eq!(
+                    same,
+                    n,
+                    "AdamW {what} at step {step}: {} of {n} differ",
+                    n - same
+                );
+            }
+        }
+    }
+}
