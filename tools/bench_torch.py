@@ -28,7 +28,7 @@ if size == "gpt2":
     vocab, seq, d, layers, heads = 50257, 1024, 768, 12, 12
 elif size == "gpt2-medium":  # PyTorch only: GPT-2 350M, for the planner's GPU rows
     vocab, seq, d, layers, heads = 50257, 1024, 1024, 24, 16
-elif size == "gpt-1.3b":  # PyTorch only: GPT-3 XL's shapes (heads of 128) at 1024 tokens
+elif size == "gpt-1.3b":  # GPT-3 XL's shapes (heads of 128) at 1024 tokens
     vocab, seq, d, layers, heads = 50257, 1024, 2048, 24, 16
 else:
     vocab, seq, d, layers, heads = 4096, 256, 512, 4, 8

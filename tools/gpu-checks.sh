@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Issue 17's checks on a GPU machine (device time is scarce; a device command runs 10 minutes
 # at most): run from the repository root with gpu/ carried (tools/pack-gpu.sh made it), as
-# `bash tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner] [features]` (all by
-# default; one call each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
+# `bash tools/gpu-checks.sh [kernels] [correctness] [speed] [pipeline] [planner] [features]`
+# (all by default; one call each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
 # failure does not stop the rest. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
+# kernels (issue 57):
+#  - every CUDA kernel (GELU, bias add, LayerNorm, cross-entropy, causal attention, the sum of
+#    squares) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
+#    sizes (the library's tests `kernels::gpu_tests`)
+#  - the HF GPT-2 fixture parity on the GPU, which now runs those kernels
 # correctness:
 #  - the HF GPT-2 fixture parity on the GPU (loss 1e-5, gradients 1e-4 relative, as on the CPU)
 #  - the NCCL communicator's conformance suite on one rank, with CPU tensors and GPU tensors
 #  - the README main job with --device cuda (2 pipeline stages x 2 tensor-parallel shards as
 #    threads sharing the GPU), which must reach the README's held-out accuracy; then a short
 #    run with --backend nccl (one rank: one GPU cannot hold two NCCL ranks)
-# speed:
+# speed (PW_GPU_PRECISIONS picks the precisions, default "f32 bf16"):
 #  - the GPT-2 124M step (vocabulary 50257, d 768, 12 layers, sequence 1024, batch
 #    $PW_BENCH_BATCH, default 8), f32 and bf16, pipewright and PyTorch eager side by side,
-#    with peak GPU memory and MFU against the H100 SXM's dense peaks (989 TFLOP/s bf16, 67 f32)
+#    with peak GPU memory and MFU against the H100 SXM's dense peaks (989 TFLOP/s bf16, 67 f32);
+#    and the 1.3B shape (24 layers, d 2048, 16 heads) in bf16, pipewright and PyTorch eager
 #  - one bf16 step of pipewright's under Nsight Compute, its kernel time summed by kind
 #    (tools/gpu_kernels.py) against the step's wall time
 # pipeline:
@@ -53,6 +59,12 @@ check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED
   if "$@" > "$out/$name.log" 2>&1; then echo "$name: ok"; else echo "$name: FAILED (exit $?)"; fi
   tail -n 4 "$out/$name.log"
 }
+kernels() {
+  check gpu-kernels run gpu/lib_tests kernels::gpu_tests --test-threads 1 --nocapture
+  grep -E "off by|panicked" "$out/gpu-kernels.log" | head -20
+  check parity env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
+    bash tools/run-on-gpu.sh gpu/gpt_parity --test-threads 1
+}
 correctness() {
   check parity env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
     bash tools/run-on-gpu.sh gpu/gpt_parity --test-threads 1
@@ -65,13 +77,18 @@ correctness() {
 }
 speed() {
   export PW_BENCH_SIZE=gpt2 PW_BENCH_DEVICE=cuda PW_BENCH_BATCH=${PW_BENCH_BATCH:-8}
-  for p in f32 bf16; do
+  for p in ${PW_GPU_PRECISIONS:-f32 bf16}; do
     peak=$([ $p = bf16 ] && echo 989 || echo 67)
     check "bench-pipewright-$p" env PW_BENCH_PRECISION=$p PW_BENCH_PEAK_TFLOPS=$peak \
       bash tools/run-on-gpu.sh gpu/gpt_step --bench
     check "bench-torch-$p" env PW_BENCH_PRECISION=$p PW_BENCH_PEAK_TFLOPS=$peak \
       python3 tools/bench_torch.py
   done
+  # The 1.3B shape (GPT-3 XL's widths, batch 8 of 1024 tokens) in bf16, side by side.
+  check bench-pipewright-1.3b-bf16 env PW_BENCH_SIZE=gpt-1.3b PW_BENCH_PRECISION=bf16 \
+    PW_BENCH_PEAK_TFLOPS=989 bash tools/run-on-gpu.sh gpu/gpt_step --bench
+  check bench-torch-1.3b-bf16 env PW_BENCH_SIZE=gpt-1.3b PW_BENCH_PRECISION=bf16 \
+    PW_BENCH_PEAK_TFLOPS=989 python3 tools/bench_torch.py
   local step_ms
   step_ms=$(awk '/pipewright_median_ms/ {print $2}' "$out/bench-pipewright-bf16.log")
   check profile-bf16 env PW_BENCH_PRECISION=bf16 PW_BENCH_STEPS=1 PW_CUDA_PROFILE=1 \
@@ -154,13 +171,14 @@ features() {
     --block-size 64 --n-embd 64 --batch-size 16 --pp 2 --dp 2 --chunks 2 --steps 30 --eval-every 1000
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for group in "${@:-correctness speed pipeline planner features}"; do
+for group in "${@:-kernels correctness speed pipeline planner features}"; do
   for g in $group; do
     case $g in
-      correctness | speed | pipeline | planner | features) $g ;;
-      *) echo "usage: tools/gpu-checks.sh [correctness] [speed] [pipeline] [planner] [features]" >&2; exit 2 ;;
+      kernels | correctness | speed | pipeline | planner | features) $g
+        # The logs so far, so a call cut short at its limit still returns them.
+        [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-logs.tgz" -C "$out" . ;;
+      *) echo "usage: tools/gpu-checks.sh [kernels] [correctness] [speed] [pipeline] [planner] [features]" >&2; exit 2 ;;
     esac
   done
 done
-[ -n "${OUT:-}" ] && tar czf "$OUT/gpu-logs.tgz" -C "$out" .
 exit 0

@@ -8,7 +8,8 @@
 //!
 //! For a GPU (a build with the `cuda` feature), the same step at other sizes, read from the
 //! environment as `tools/bench_torch.py` reads them: `PW_BENCH_SIZE=gpt2` (GPT-2 124M:
-//! vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024), `PW_BENCH_BATCH`,
+//! vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024) or `gpt-1.3b` (GPT-3 XL's
+//! shapes: d 2048, 24 layers, 16 heads of 128), `PW_BENCH_BATCH`,
 //! `PW_BENCH_DEVICE` (`cpu`, `cuda`, `cuda:N`) and `PW_BENCH_PRECISION` (`f32`, `bf16`,
 //! `f16`). Besides the median it prints tokens/s and the model FLOPs of a step (6 per
 //! parameter and token, plus attention's 12 x layers x d x sequence per token, as PaLM's MFU
@@ -38,25 +39,25 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() -> pipewright::Result<()> {
-    let gpt2 = std::env::var("PW_BENCH_SIZE").as_deref() == Ok("gpt2");
-    let cfg = if gpt2 {
-        GptConfig {
-            vocab_size: 50257,
-            block_size: 1024,
-            n_layer: 12,
-            n_head: 12,
-            n_embd: 768,
-            dropout: 0.0,
-        }
-    } else {
-        GptConfig {
+    let wide = |n_layer, n_head, n_embd| GptConfig {
+        vocab_size: 50257,
+        block_size: 1024,
+        n_layer,
+        n_head,
+        n_embd,
+        dropout: 0.0,
+    };
+    let cfg = match std::env::var("PW_BENCH_SIZE").as_deref() {
+        Ok("gpt2") => wide(12, 12, 768),
+        Ok("gpt-1.3b") => wide(24, 16, 2048),
+        _ => GptConfig {
             vocab_size: 4096,
             block_size: 256,
             n_layer: 4,
             n_head: 8,
             n_embd: 512,
             dropout: 0.0,
-        }
+        },
     };
     let (batch, seq) = (env_or("PW_BENCH_BATCH", 8usize), cfg.block_size);
     let steps: usize = env_or("PW_BENCH_STEPS", 5);
