@@ -40,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+pub mod axis;
 pub mod batch;
 pub mod bytes;
 pub mod checkpoint;

@@ -408,7 +408,10 @@ pub fn write_summary(
             .enumerate()
             .map(|(s, b)| format!("stage {s} {:.0}%", b * 100.0))
             .collect();
-        pipewright::say!("bubble          {} (time each stage waited)", b.join(", "));
+        pipewright::say!(
+            "bubble          {} (share of all steps' time each stage waited)",
+            b.join(", ")
+        );
     }
     Ok(())
 }

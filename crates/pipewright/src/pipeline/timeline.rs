@@ -177,11 +177,12 @@ const MIN_BOX_PX: f64 = 2.0;
 /// The width of a character of the timelines' 11-pixel monospace labels (0.6 em).
 const CHAR_PX: f64 = 6.6;
 
-/// [`svg_panels`] with the longest timeline `width` pixels wide (timelines in seconds).
+/// [`svg_panels`] with the longest timeline `width` pixels wide, for timelines in seconds (a
+/// measured trace, a prediction): its time axis in milliseconds.
 pub fn svg_panels_wide(panels: &[(&str, &Simulation)], width: f64) -> String {
     let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
     let unit = if longest > 0.0 { width / longest } else { 1.0 };
-    svg_panels(panels, unit)
+    draw(panels, unit, (1000.0, "ms"))
 }
 
 /// The description that marks a picture as [`svg_panels`]'s ([`is_timeline_svg`]).
@@ -196,15 +197,24 @@ pub fn is_timeline_svg(text: &str) -> bool {
 
 /// Timelines stacked in one SVG picture on one time scale, `unit` pixels per time unit (a
 /// prediction above a measured trace, say): each panel its title and bubble, then a row per
-/// stage with a box per action.
+/// stage with a box per action; a time axis (in the schedule's time units) under them.
 pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
+    draw(panels, unit, (1.0, "time units"))
+}
+
+/// Height of the time axis under the panels, in pixels.
+const AXIS_PX: f64 = 32.0;
+
+/// [`svg_panels`] with its axis labelled `name`, a time unit being `per` of the label's.
+fn draw(panels: &[(&str, &Simulation)], unit: f64, (per, name): (f64, &str)) -> String {
     let (row, head, left) = (30.0, 34.0, 70.0);
     let longest = panels.iter().map(|p| p.1.makespan).fold(0.0, f64::max);
     let w = left + longest * unit + 10.0;
     let h: f64 = panels
         .iter()
         .map(|p| head + p.1.spans.len() as f64 * row + 10.0)
-        .sum();
+        .sum::<f64>()
+        + AXIS_PX;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"11\">\n\
          <desc>{SVG_DESC}</desc>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
@@ -259,13 +269,65 @@ pub fn svg_panels(panels: &[(&str, &Simulation)], unit: f64) -> String {
         }
         top += sim.spans.len() as f64 * row + 10.0;
     }
+    s.push_str(&time_axis(top, left, longest, unit, (per, name)));
     s.push_str("</svg>\n");
+    s
+}
+
+/// The axis under the panels at `top`: a line from `left` over `longest` time units, round
+/// ticks labelled in `name` (a time unit `per` of them).
+fn time_axis(top: f64, left: f64, longest: f64, unit: f64, (per, name): (f64, &str)) -> String {
+    let y = top + 4.0;
+    let mut s = format!(
+        "<line x1=\"{left}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#444\"/>\n\
+         <text x=\"8\" y=\"{}\">{name}</text>\n",
+        left + longest * unit,
+        y + 16.0
+    );
+    if longest > 0.0 {
+        for t in crate::axis::linear_ticks(0.0, longest * per, 8) {
+            let x = left + t / per * unit;
+            s.push_str(&format!(
+                "<line x1=\"{x}\" y1=\"{y}\" x2=\"{x}\" y2=\"{}\" stroke=\"#444\"/>\
+                 <text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                y + 5.0,
+                y + 18.0,
+                crate::axis::tick_label(t)
+            ));
+        }
+    }
     s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Timelines have a time axis: round ticks in milliseconds for a measured (seconds)
+    /// timeline, in schedule units for a schedule's.
+    #[test]
+    fn timelines_have_a_time_axis() {
+        let sim = Simulation {
+            spans: vec![vec![Span {
+                start: 0.0,
+                end: 0.012,
+                action: Action::Forward { mb: 0, stage: 0 },
+            }]],
+            makespan: 0.012,
+            bubble: 0.0,
+            peak_in_flight: vec![1],
+        };
+        let svg = svg_panels_wide(&[("measured", &sim)], 600.0);
+        assert!(svg.contains(">ms</text>"), "{svg}");
+        for t in ["0", "2", "6", "12"] {
+            assert!(
+                svg.contains(&format!("text-anchor=\"middle\">{t}</text>")),
+                "tick {t}: {svg}"
+            );
+        }
+        let units = svg_panels(&[("schedule", &sim)], 28.0);
+        assert!(units.contains(">time units</text>"), "{units}");
+    }
 
     #[test]
     fn a_short_action_shows_and_no_name_spills_out_of_its_box() {

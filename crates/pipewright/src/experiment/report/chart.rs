@@ -5,6 +5,8 @@
 
 use std::fmt::Write;
 
+pub use crate::axis::{linear_ticks, tick_label};
+
 use super::html::escape;
 
 /// One named line of `(x, y)` points.
@@ -42,23 +44,6 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 30.0;
 const BOTTOM: f64 = 50.0;
-
-/// Round-number ticks covering `lo..=hi`, about `n` of them (1, 2 or 5 times a power of 10).
-pub fn linear_ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
-    if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
-        return vec![lo];
-    }
-    let raw = (hi - lo) / n.max(1) as f64;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * mag);
-    let first = (lo / step).ceil() as i64;
-    let last = (hi / step).floor() as i64;
-    (first..=last).map(|i| i as f64 * step).collect()
-}
 
 /// The marks of a log axis within each decade: 1, 2 and 5 over fewer than three decades,
 /// 1, 1.5, 2, 3, 5 and 7 within one (a loss that fell from 2.3 to 0.5 gets marks below 1).
@@ -133,21 +118,6 @@ pub fn y_axis(lo: f64, hi: f64, log: bool) -> (f64, Vec<f64>) {
     (lo, ticks)
 }
 
-/// A tick's label: few digits, exponents for the very large and small.
-pub fn tick_label(v: f64) -> String {
-    let a = v.abs();
-    if v == 0.0 {
-        "0".into()
-    } else if !(1e-3..1e6).contains(&a) {
-        format!("{v:.0e}")
-    } else if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        let s = format!("{v:.4}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
-}
-
 impl LineChart {
     /// The chart as an SVG element (an empty-data chart says so instead of drawing axes).
     pub fn svg(&self) -> String {
@@ -171,7 +141,11 @@ impl LineChart {
             (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
         }
         if x1 <= x0 {
-            (x0, x1) = (x0 - 1.0, x1 + 1.0);
+            // One step: an axis from 0 to it (steps count from 1), not a window around it.
+            (x0, x1) = match x0 > 0.0 {
+                true => (0.0, x0),
+                false => (x0 - 1.0, x1 + 1.0),
+            };
         }
         if y1 <= y0 {
             let pad = if y0 == 0.0 { 1.0 } else { y0.abs() * 0.1 };
@@ -286,6 +260,34 @@ impl LineChart {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A metric logged once (at step 200) is drawn on an axis from 0 to its step, as a dot:
+    /// not on a window of 199-201.
+    #[test]
+    fn a_one_point_chart_starts_its_axis_at_zero() {
+        let chart = LineChart {
+            title: "accuracy".into(),
+            x_label: "step".into(),
+            y_label: "accuracy".into(),
+            log_y: false,
+            series: vec![Series {
+                name: "run".into(),
+                points: vec![(200.0, 0.5)],
+            }],
+        };
+        let svg = chart.svg();
+        let ticks: Vec<&str> = svg
+            .split("class=\"tick\">")
+            .skip(1)
+            .map(|t| t.split('<').next().unwrap())
+            .collect();
+        assert!(ticks.contains(&"0") && ticks.contains(&"200"), "{ticks:?}");
+        assert!(
+            !ticks.contains(&"199") && !ticks.contains(&"201"),
+            "{ticks:?}"
+        );
+        assert!(svg.contains("<circle"), "the one point is drawn: {svg}");
+    }
 
     #[test]
     fn ticks_are_round_numbers_inside_the_range() {

@@ -22,12 +22,68 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// A value as a table shows it: strings bare, numbers as written, the rest as JSON.
+/// A value as a table shows it: strings bare, whole numbers as written, other numbers to five
+/// significant digits, lists and maps item by item.
 pub fn value_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Null => "–".into(),
+        Value::Number(n) if n.is_f64() => n.as_f64().map_or_else(|| n.to_string(), significant),
+        Value::Array(a) => a.iter().map(value_text).collect::<Vec<_>>().join(", "),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| format!("{k} {}", value_text(v)))
+            .collect::<Vec<_>>()
+            .join(", "),
         v => v.to_string(),
+    }
+}
+
+/// `key`'s value as the summary and parameter tables show it: sizes in bytes (keys ending in
+/// `bytes`) in binary units, bubbles (keys naming one) as percentages, the rest as
+/// [`value_text`].
+pub fn cell_text(key: &str, v: &Value) -> String {
+    let each = |f: &dyn Fn(f64) -> String| match v {
+        Value::Number(n) => n.as_f64().map(f),
+        Value::Array(a) if a.iter().all(Value::is_number) => Some(
+            a.iter()
+                .filter_map(Value::as_f64)
+                .map(f)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        _ => None,
+    };
+    let shown = if key.ends_with("bytes") {
+        each(&crate::bytes::format_bytes)
+    } else if key.contains("bubble") {
+        each(&|b| format!("{:.1} %", b * 100.0))
+    } else {
+        None
+    };
+    shown.unwrap_or_else(|| value_text(v))
+}
+
+/// `v` to five significant digits, trailing zeros dropped (3333.3, 0.11670, 1.5518).
+fn significant(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return v.to_string();
+    }
+    let digits = (4 - v.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    let s = format!("{v:.digits$}");
+    match s.contains('.') {
+        true => s.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => s,
+    }
+}
+
+/// What a key of the summary is called in its table, where the name alone would mislead.
+fn key_label(key: &str) -> String {
+    match key {
+        "bubble_per_stage" => {
+            "bubble_per_stage (share of all steps' time each stage waited)".into()
+        }
+        k => k.to_string(),
     }
 }
 
@@ -56,10 +112,10 @@ pub fn key_table(class: &str, names: &[String], maps: &[&Map<String, Value>]) ->
         .chain(names.iter().cloned())
         .collect::<Vec<_>>()];
     for k in keys {
-        let mut row = vec![k.clone()];
+        let mut row = vec![key_label(k)];
         row.extend(
             maps.iter()
-                .map(|m| m.get(k).map_or(String::new(), value_text)),
+                .map(|m| m.get(k).map_or(String::new(), |v| cell_text(k, v))),
         );
         rows.push(row);
     }
@@ -120,4 +176,57 @@ pub fn page(title: &str, body: &str) -> String {
          {body}<div id=\"tip\"></div><script>{SCRIPT}</script></body></html>\n",
         t = escape(title)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The summary table shows sizes in binary units, bubbles in per cent and fractions to
+    /// five significant digits, not raw bytes and 16-digit floats.
+    #[test]
+    fn summary_cells_are_readable() {
+        assert_eq!(cell_text("peak_memory_bytes", &json!(95444992)), "91.0 MiB");
+        assert_eq!(
+            cell_text(
+                "rank_training_peak_allocated_bytes",
+                &json!([1048576, 3221225472u64])
+            ),
+            "1.0 MiB, 3.0 GiB"
+        );
+        assert_eq!(
+            cell_text("bubble_per_stage", &json!([0.32, 0.000619])),
+            "32.0 %, 0.1 %"
+        );
+        assert_eq!(
+            cell_text("final_loss", &json!(1.5518124103546143)),
+            "1.5518"
+        );
+        assert_eq!(
+            cell_text("items_per_second", &json!(3333.304477391004)),
+            "3333.3"
+        );
+        assert_eq!(
+            cell_text("median_step_seconds", &json!(0.116696562)),
+            "0.1167"
+        );
+        assert_eq!(cell_text("steps", &json!(100)), "100");
+        assert_eq!(
+            cell_text(
+                "median_step_parts",
+                &json!({"pipeline_s": 0.06804436, "update_s": 0.004244614})
+            ),
+            "pipeline_s 0.068044, update_s 0.0042446"
+        );
+        let table = key_table(
+            "summary",
+            &["a".into()],
+            &[json!({"bubble_per_stage": [0.5]}).as_object().unwrap()],
+        );
+        assert!(
+            table.contains("all steps"),
+            "the summary's bubble says what it is: {table}"
+        );
+    }
 }

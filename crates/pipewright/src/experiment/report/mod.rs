@@ -156,6 +156,10 @@ fn timelines(runs: &[RunRecord]) -> String {
             }
         }
         s.push_str(&table("bubble", &rows));
+        s.push_str(
+            "<p>idle: the share of this one step's time (the last traced step, or the \
+             prediction's); the summary's bubble_per_stage is the share of all steps' time.</p>",
+        );
     }
     s.push_str("</section>");
     s
