@@ -276,3 +276,47 @@ fn outputs_inside_a_checkpoint_or_a_live_run_are_refused() {
     assert!(text(&o).contains("a run in progress"), "{}", text(&o));
     assert!(!into.exists());
 }
+
+/// A resume without `--checkpoint-every` checkpoints as its run did (and keeps as many), and
+/// records that, so a second resume goes on from the newest step, not from the first run's.
+#[test]
+fn a_resume_keeps_checkpointing_as_the_run_did() {
+    let out = tmp("resume-keeps-interval");
+    let mut a: Vec<&str> = TINY.to_vec();
+    a.extend_from_slice(&[
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--keep",
+        "1",
+        "--out",
+    ]);
+    a.push(out.to_str().unwrap());
+    let o = train(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    let mut b: Vec<&str> = TINY.to_vec();
+    b.extend_from_slice(&["--steps", "8", "--resume", "latest", "--out"]);
+    b.push(out.to_str().unwrap());
+    let o = train(&b);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("checkpointing every 2 steps"),
+        "{}",
+        text(&o)
+    );
+    let latest = std::fs::read_to_string(out.join("checkpoints/latest")).unwrap();
+    assert!(
+        latest.trim().ends_with("step-00000008"),
+        "latest names {latest}"
+    );
+    let steps: Vec<String> = std::fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(steps, ["step-00000008"], "--keep 1 carried over too");
+    let params = std::fs::read_to_string(out.join("parameters.json")).unwrap();
+    assert!(params.contains("\"checkpoint_every\": 2"), "{params}");
+}

@@ -204,6 +204,14 @@ impl Params {
         Ok(self.value(name)?.as_str().map(str::to_string))
     }
 
+    /// Changes a declared parameter's value (a resumed run taking what its run directory
+    /// recorded for a flag the command line left at its default).
+    pub fn set(&mut self, name: &str, value: Value) -> Result<()> {
+        self.value(name)?;
+        self.0.insert(name.to_string(), value);
+        Ok(())
+    }
+
     /// Every value, defaults included (`parameters.json`).
     pub fn to_json(&self) -> Value {
         Value::Object(self.0.clone().into_iter().collect())
