@@ -255,11 +255,19 @@ fn sum_of_squares_matches_the_cpu() {
     // The overflow check (`grads::all_finite`) reads whether this sum is finite.
     let sum = |v: &[f32]| {
         let t = Tensor::new(v, &dev).unwrap();
-        super::reduce::sum_sq(&t).unwrap().expect("the GPU sums squares")
+        super::reduce::sum_sq(&t)
+            .unwrap()
+            .expect("the GPU sums squares")
     };
-    assert!(!sum(&[1.0, f32::INFINITY, 2.0]).is_finite(), "an infinity is not finite");
+    assert!(
+        !sum(&[1.0, f32::INFINITY, 2.0]).is_finite(),
+        "an infinity is not finite"
+    );
     assert!(!sum(&[f32::NAN, 1.0]).is_finite(), "a NaN is not finite");
-    assert!(sum(&[f32::MAX, -f32::MAX]).is_finite(), "f32::MAX is finite");
+    assert!(
+        sum(&[f32::MAX, -f32::MAX]).is_finite(),
+        "f32::MAX is finite"
+    );
 }
 
 /// AdamW's GPU update is the CPU's bit for bit (both round each op as candle's composed update
