@@ -216,7 +216,8 @@ pub struct TrainArgs {
     /// Hidden size (a multiple of --n-head).
     #[arg(help_heading = "Model", long, default_value_t = 128, value_parser = positive)]
     pub n_embd: usize,
-    /// Longest sequence the GPT accepts (default: the task's sequence length).
+    /// Tokens of a training window, and the longest sequence a new model accepts (default 64;
+    /// with --init-from, the pretrained model's positions, and at most them).
     #[arg(help_heading = "Model", long, value_parser = positive)]
     pub block_size: Option<usize>,
     /// The GPT's dropout probability (after the embeddings, in attention, after the MLP),
@@ -311,7 +312,7 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
             TaskSpec::Tokens {
                 tokenizer_sha256: index.index().tokenizer_sha256.clone(),
                 dir,
-                seq_len: a.block_size.unwrap_or(64),
+                seq_len: seq_len(a)?,
             }
         }
         TaskKind::Text => TaskSpec::Text {
@@ -319,8 +320,26 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
                 .data
                 .clone()
                 .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?,
-            seq_len: a.block_size.unwrap_or(64),
+            seq_len: seq_len(a)?,
         },
+    })
+}
+
+/// The tokens of a training window: `--block-size`; else a pretrained model's positions
+/// (`--init-from`: its `config.json`), as PyTorch trains such a model on windows of its
+/// context; else 64. (A pretrained model trained on the default 64 was evaluated on windows
+/// of 64 too, which a run of its own length in PyTorch beat by 25 % in perplexity.)
+fn seq_len(a: &TrainArgs) -> Result<usize> {
+    if let Some(b) = a.block_size {
+        return Ok(b);
+    }
+    let Some(dir) = &a.init_from else {
+        return Ok(64);
+    };
+    Ok(match pipewright_models::hf::config_from_dir(dir)? {
+        pipewright_models::ModelConfig::Gpt { gpt, .. } => gpt.block_size,
+        pipewright_models::ModelConfig::Llama { llama, .. } => llama.block_size,
+        pipewright_models::ModelConfig::Cnn { .. } => 64,
     })
 }
 
