@@ -15,6 +15,34 @@ pub enum DataCommand {
     Tokenizer(TokenizerArgs),
     /// Encode text files with a tokenizer into token shards and their index.
     Prepare(PrepareArgs),
+    /// List the training windows each step of `train --task tokens` reads, for a run elsewhere
+    /// (PyTorch's, tools/run_parity.py) to train on the same batches.
+    Windows(WindowsArgs),
+}
+
+#[derive(Args)]
+pub struct WindowsArgs {
+    /// The shard directory, as `train --data`.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Tokens per window, as `train --block-size`.
+    #[arg(long, value_parser = crate::train::positive)]
+    pub block_size: usize,
+    /// Rows per step, as `train --batch-size`.
+    #[arg(long, value_parser = crate::train::positive)]
+    pub batch_size: usize,
+    /// Steps to list.
+    #[arg(long, value_parser = crate::train::positive_u64)]
+    pub steps: u64,
+    /// The run's --seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// The CSV to write (a new file): a row per step, the step (counted from 1, as
+    /// `scalars.csv` counts) and its rows' window indices. Window w is ids
+    /// [w x block, (w + 1) x block] (inputs, then targets one later) of the training shards
+    /// laid end to end in name order.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Args)]
@@ -77,7 +105,30 @@ pub fn run(c: DataCommand) -> Result<()> {
             Ok(())
         }
         DataCommand::Prepare(a) => prepare_shards(&a),
+        DataCommand::Windows(a) => windows(&a),
     }
+}
+
+fn windows(a: &WindowsArgs) -> Result<()> {
+    pipewright::files::ensure_new(&a.out, "--out")?;
+    let data = pipewright::data::TokenDataset::open(&a.data, None)?;
+    let mut csv = String::from("step,windows\n");
+    for step in 0..a.steps {
+        let rows = data.rows(step, a.batch_size, a.block_size, a.seed)?;
+        let rows: Vec<String> = rows.iter().map(u64::to_string).collect();
+        csv.push_str(&format!("{},{}\n", step + 1, rows.join(" ")));
+    }
+    pipewright::files::write_atomic(&a.out, csv.as_bytes())?;
+    pipewright::say!(
+        "wrote {}: {} steps of {} windows of {} ids from `{}` (seed {})",
+        a.out.display(),
+        a.steps,
+        a.batch_size,
+        a.block_size,
+        a.data.display(),
+        a.seed
+    );
+    Ok(())
 }
 
 /// The files `paths` name, directories walked (sorted, so the order is the same everywhere).

@@ -16,7 +16,7 @@ use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use pipewright_models::{RunSpec, Task, TaskSpec};
 
-pub use args::{finite, positive, task_spec, TrainArgs};
+pub use args::{finite, positive, positive_u64, task_spec, TrainArgs};
 use report::{train_loop, write_summary};
 
 /// `pipewright train ARGS`: the experiment [`experiment`] on the flags `args`.
