@@ -16,9 +16,13 @@ fn flags_that_would_do_nothing_are_refused() {
         a.extend_from_slice(&["--out", o]);
         a
     };
-    let cases: [(Vec<&str>, &str); 9] = [
+    let cases: [(Vec<&str>, &str); 10] = [
         (train(&["--sequence-parallel"]), "give --tp 2 or more"),
         (train(&["--momentum", "0.5"]), "--momentum is SGD's"),
+        (
+            train(&["--optimizer", "sgd", "--beta2", "0.95"]),
+            "are AdamW's",
+        ),
         (
             train(&["--deferred-batch-norm"]),
             "only --model cnn has any",

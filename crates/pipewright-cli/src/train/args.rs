@@ -189,6 +189,18 @@ pub struct TrainArgs {
     /// SGD momentum.
     #[arg(help_heading = "Training", long, default_value_t = 0.9, value_parser = finite)]
     pub momentum: f64,
+    /// AdamW's decay of the first moment (PyTorch's default 0.9).
+    #[arg(help_heading = "Training", long, default_value_t = 0.9, value_parser = finite)]
+    #[serde(default = "default_beta1")]
+    pub beta1: f64,
+    /// AdamW's decay of the second moment (PyTorch's default 0.999; LLM recipes use 0.95).
+    #[arg(help_heading = "Training", long, default_value_t = 0.999, value_parser = finite)]
+    #[serde(default = "default_beta2")]
+    pub beta2: f64,
+    /// AdamW's term added to the root of the second moment (PyTorch's default 1e-8).
+    #[arg(help_heading = "Training", long, default_value_t = 1e-8, value_parser = finite)]
+    #[serde(default = "default_eps")]
+    pub eps: f64,
     /// Clip the global gradient norm to this value (0: no clipping).
     #[arg(help_heading = "Training", long, default_value_t = 1.0, value_parser = finite)]
     pub clip: f64,
@@ -325,6 +337,18 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
     })
 }
 
+// Runs recorded before the AdamW flags existed (their parameters.json has none) resume with
+// PyTorch's defaults, which they trained with.
+fn default_beta1() -> f64 {
+    0.9
+}
+fn default_beta2() -> f64 {
+    0.999
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
 /// The tokens of a training window: `--block-size`; else a pretrained model's positions
 /// (`--init-from`: its `config.json`), as PyTorch trains such a model on windows of its
 /// context; else 64. (A pretrained model trained on the default 64 was evaluated on windows
@@ -367,8 +391,10 @@ impl TrainArgs {
         }
         let optimizer = match self.optimizer {
             OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
                 weight_decay: self.weight_decay,
-                ..Default::default()
             }),
             OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
                 momentum: self.momentum,

@@ -165,10 +165,16 @@ fn check_flags_apply(a: &TrainArgs) -> Result<()> {
 
 /// Fails on a flag that only means something beside another the run does not have.
 fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
-    let needs: [(bool, &str); 6] = [
+    let adam = (a.beta1, a.beta2, a.eps) != (d.beta1, d.beta2, d.eps);
+    let needs: [(bool, &str); 7] = [
         (
             a.momentum != d.momentum && matches!(a.optimizer, OptimizerKind::Adamw),
             "--momentum is SGD's: this run uses --optimizer adamw (its betas play that part)",
+        ),
+        (
+            adam && matches!(a.optimizer, OptimizerKind::Sgd),
+            "--beta1, --beta2 and --eps are AdamW's: this run uses --optimizer sgd (--momentum \
+             is its)",
         ),
         (
             a.deferred_batch_norm && !matches!(a.model, ModelKind::Cnn),
