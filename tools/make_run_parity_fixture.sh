@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Makes crates/pipewright-cli/tests/fixtures/run_parity/ (issue 61), which tests/run_parity.rs
-# trains against: token shards (from this repository's CUDA kernel sources, vocabulary 320), a tiny
-# Hugging Face Llama and GPT-2 (transformers' own initialisation, saved with save_pretrained),
-# the windows of 12 steps of 8 rows of 32 tokens (`pipewright data windows`, seed 0), and each
-# model's per-step losses and final held-out loss trained by PyTorch on those windows
-# (tools/run_parity.py: AdamW lr 3e-3, betas 0.9/0.95, warm-up 3 then cosine to 0.1, weight
-# decay 0.1, clip 1.0). Needs the PyTorch venv (../shared/tools/torch-env.sh, then
-# `pip install transformers`) as $PYTHON, and target/release/pipewright. Not for CI.
+# trains against: token shards (from this repository's CUDA kernel sources, vocabulary 320), a
+# tiny Hugging Face Llama and GPT-2 (transformers' own initialisation, saved with
+# save_pretrained), the windows of 12 steps of 8 rows of 32 tokens (`pipewright data windows`,
+# seed 0), and each model's per-step losses and final held-out loss trained by PyTorch on those
+# windows (tools/run_parity.py: AdamW lr 3e-3, betas 0.9/0.95, warm-up 3 then cosine to 0.1,
+# clip 1.0, weight decay 0.1 on matrices and embeddings, and again on matrices alone). Needs
+# the PyTorch venv (../shared/tools/torch-env.sh, then `pip install transformers`) as $PYTHON,
+# and target/release/pipewright. Not for CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$HOME/.cache/pipewright-torch-env/bin/python}
@@ -35,5 +36,8 @@ $P data windows --data "$out/shards" --block-size 32 --batch-size 8 --steps 12 -
 for m in llama gpt2; do
   "$PY" tools/run_parity.py "$out/$m" "$out/shards" "$out/windows.csv" "$out/torch-$m.csv" \
     --block-size 32 --lr 3e-3 --warmup 3 --beta2 0.95 --weight-decay 0.1 --clip 1.0
+  "$PY" tools/run_parity.py "$out/$m" "$out/shards" "$out/windows.csv" \
+    "$out/torch-$m-matrices.csv" --block-size 32 --lr 3e-3 --warmup 3 --beta2 0.95 \
+    --weight-decay 0.1 --clip 1.0 --decay matrices
 done
 du -sh "$out"

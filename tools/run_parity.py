@@ -13,7 +13,8 @@ then compare `torch.csv` with `runs/pw/scalars.csv` step by step (tools/compare_
 
 What it does as pipewright does: the loss is the mean cross-entropy of the batch's tokens;
 AdamW (torch.optim.AdamW) decays the parameters of two or more dimensions (matrices and
-embeddings), not the others (pipewright's `decays`); the learning rate of step s (from 0) is
+embeddings; `--decay matrices`: not the embedding tables), not the others (pipewright's
+`AdamWConfig::decays`); the learning rate of step s (from 0) is
 lr (s + 1) / warmup during the warm-up, then a cosine from lr to lr x min_lr_ratio at the last
 step (pipewright's `LrSchedule::WarmupCosine::lr_at`); the global gradient norm is clipped to
 `--clip` (0: not) as `clip_grad_norm_` does (pipewright's `scale_to_norm`: the same formula).
@@ -71,6 +72,8 @@ def main():
     p.add_argument("--beta2", type=float, default=0.999)
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--decay", choices=["matrices-and-embeddings", "matrices"],
+                   default="matrices-and-embeddings")
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -79,9 +82,14 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
+    # Embedding tables (and GPT-2's head, the same tensor as its token embedding) are left
+    # out of the decay with --decay matrices, as pipewright's `--decay matrices`.
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decays = [p for p in params if p.dim() >= 2 and (a.decay != "matrices" or id(p) not in tables)]
+    chosen = {id(p) for p in decays}
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": decays, "weight_decay": a.weight_decay},
+        {"params": [p for p in params if id(p) not in chosen], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps)
     train = stream(a.shards, "train")

@@ -191,7 +191,7 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     let layout = Layout::new(a.pp, a.tp, a.dp)?;
     // One micro-batch per replica; `Varuna::new` says so if the batch does not split.
     let opts = VarunaOptions {
-        shared_weights: tied,
+        shared_weights: tied.clone(),
         precision: r.manifest().precision.parse::<Precision>()?,
         seed: spec.train.seed,
         ..VarunaOptions::new(
@@ -207,7 +207,7 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
     };
     let dirs = local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| spec.train.optimizer(ps))?;
+        v.set_optimizer(|ps| spec.train.optimizer(ps, &tied))?;
         v.load_checkpoint(r.dir())?;
         v.checkpoint(&a.out, &save)
     })?;

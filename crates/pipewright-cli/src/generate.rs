@@ -131,7 +131,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut out = local::run(layout.world(), |comm| {
         let first = pipewright::comm::Communicator::rank(&comm) == 0;
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         if from_checkpoint {
             v.load_checkpoint(&source)?;
         } else {

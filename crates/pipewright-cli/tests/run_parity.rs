@@ -3,7 +3,8 @@
 //! warm-up and cosine, weight decay and clipping, trained by pipewright on several layouts and
 //! by PyTorch (`tools/make_run_parity_fixture.sh` ran `tools/run_parity.py`, whose per-step
 //! losses the fixture keeps): every step's loss within 1e-4 and the held-out perplexity within
-//! 1e-4, for a Llama and a GPT-2. (The 200-step comparison on a larger Llama is
+//! 1e-4, for a Llama and a GPT-2, with weight decay on matrices and embeddings and on matrices
+//! alone (`--decay matrices`). (The 200-step comparison on a larger Llama is
 //! BENCHMARKS.md's "Training like PyTorch".)
 
 mod common;
@@ -16,9 +17,9 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/run_parity")
 }
 
-/// PyTorch's per-step losses and its final held-out loss (the row of step 0).
-fn torch(model: &str) -> (Vec<f64>, f64) {
-    let csv = std::fs::read_to_string(fixture().join(format!("torch-{model}.csv"))).unwrap();
+/// PyTorch's per-step losses and its final held-out loss (the row of step 0) in `name`.
+fn torch(name: &str) -> (Vec<f64>, f64) {
+    let csv = std::fs::read_to_string(fixture().join(format!("torch-{name}.csv"))).unwrap();
     let rows: Vec<(u64, f64)> = csv
         .lines()
         .skip(1)
@@ -38,18 +39,28 @@ fn torch(model: &str) -> (Vec<f64>, f64) {
 fn a_whole_run_tracks_pytorch_step_for_step_on_every_layout() {
     let f = fixture();
     let shards = f.join("shards");
-    for (model, dir) in [("llama", "llama"), ("gpt", "gpt2")] {
-        let (want, held_out) = torch(dir);
+    let layouts: [&[&str]; 3] = [
+        &[],
+        &["--pp", "2", "--dp", "2", "--chunks", "2"],
+        &["--dp", "2", "--zero", "3"],
+    ];
+    // Weight decay on matrices and embeddings on every layout; on matrices alone (embedding
+    // tables and GPT-2's head tied to one left out) on two.
+    let runs = [
+        ("llama", "llama", "", &layouts[..]),
+        ("gpt", "gpt2", "", &layouts[..]),
+        ("llama", "llama", "matrices", &layouts[..2]),
+        ("gpt", "gpt2", "matrices", &layouts[..2]),
+    ];
+    for (model, dir, decay, layouts) in runs {
+        let name = match decay {
+            "" => dir.to_string(),
+            d => format!("{dir}-{d}"),
+        };
+        let (want, held_out) = torch(&name);
         let init = f.join(dir);
-        for (i, layout) in [
-            &[][..],
-            &["--pp", "2", "--dp", "2", "--chunks", "2"][..],
-            &["--dp", "2", "--zero", "3"][..],
-        ]
-        .iter()
-        .enumerate()
-        {
-            let out = tmp(&format!("run-parity-{model}-{i}"));
+        for (i, layout) in layouts.iter().enumerate() {
+            let out = tmp(&format!("run-parity-{name}-{i}"));
             let mut a = vec![
                 "--model",
                 model,
@@ -79,6 +90,9 @@ fn a_whole_run_tracks_pytorch_step_for_step_on_every_layout() {
                 out.to_str().unwrap(),
             ];
             a.extend_from_slice(layout);
+            if !decay.is_empty() {
+                a.extend_from_slice(&["--decay", decay]);
+            }
             let o = train(&a);
             assert!(o.status.success(), "{model} {layout:?}: {}", text(&o));
             let got = losses(&out);

@@ -53,7 +53,7 @@ fn main() -> pipewright::Result<()> {
     let b = Batch::pair(x, y);
     let mut runs = local::run(1, |comm| {
         let mut t = Varuna::new(&model, Box::new(comm), opts.clone())?;
-        t.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        t.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         let n = t.pipeline().total_params()?;
         t.step(&b)?;
         let mut times = Vec::new();

@@ -140,7 +140,7 @@ fn checkpoint() -> &'static Path {
         };
         let dirs = local::run(2, |comm| {
             let mut v = Varuna::new(&gpt(cfg)?, Box::new(comm), opts.clone())?;
-            v.set_optimizer(|ps| pipewright::nn::optim::OptimizerConfig::default().build(ps))?;
+            v.set_optimizer(|ps| pipewright::nn::optim::OptimizerConfig::default().build(ps, &[]))?;
             v.checkpoint(&root, &Default::default())
         })
         .unwrap();

@@ -61,7 +61,7 @@ fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
             comm.rank()
         };
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         let own: u64 = v
             .pipeline()
             .params()
@@ -93,7 +93,7 @@ fn a_tensor_parallel_rank_reads_only_its_slices() {
             Box::new(comm),
             VarunaOptions::new(Layout::new(1, 1, 1)?, 1, 1),
         )?;
-        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         v.checkpoint(&tmp.join("ckpt"), &Default::default())?;
         Ok(v.pipeline()
             .params()
@@ -145,7 +145,7 @@ fn the_cache_holds_keys_and_values_only() {
         };
         let (grew, cached) = local::run(1, |comm| {
             let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
-            v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+            v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
             v.load_pretrained(&dir, &|n| hf::hf_names(&model, n))?;
             let block = model.sampling(0)?.block_size;
             let cache = KvCache::with_capacity(block);

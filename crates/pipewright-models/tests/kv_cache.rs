@@ -38,7 +38,7 @@ fn with_model<R: Send>(
     };
     let mut out = local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         v.load_pretrained(&dir, &|n| hf::hf_names(&model, n))?;
         f(&v, &model)
     })

@@ -38,7 +38,7 @@ fn load(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path) ->
     };
     let outs = local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         v.load_pretrained(dir, &|n| hf::hf_names(&model, n))?;
         let out = v.evaluate(&batch, true)?.output;
         v.checkpoint(ckpt, &Default::default())?;
@@ -164,7 +164,7 @@ fn other_architectures_and_missing_tensors_are_clear_errors() {
             Box::new(comm),
             VarunaOptions::new(Layout::new(1, 2, 1)?, 3, 3),
         )?;
-        v.set_optimizer(|ps| OptimizerConfig::default().build(ps))?;
+        v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         v.load_pretrained(&tmp, &|n| hf::hf_names(&model, n))
     })
     .unwrap_err()

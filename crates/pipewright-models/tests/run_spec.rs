@@ -46,7 +46,7 @@ fn losses(spec: &RunSpec) -> Vec<f64> {
     let t = &spec.train;
     let runs = local::run(t.world(), |comm| {
         let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| t.optimizer(ps))?;
+        v.set_optimizer(|ps| t.optimizer(ps, &[]))?;
         let loader = DistributedLoader::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
             t.global_batch,

@@ -138,10 +138,11 @@ const ADAMW: OptimizerConfig = OptimizerConfig::AdamW(AdamWConfig {
     beta2: 0.999,
     eps: 1e-8,
     weight_decay: 0.0,
+    decay_embeddings: true,
 });
 
 fn adamw(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
-    ADAMW.build(params)
+    ADAMW.build(params, &[])
 }
 
 const LR: f64 = 1e-2;
@@ -210,7 +211,7 @@ pub fn train(spec: &TrainSpec) -> Result<Vec<f64>> {
         let params = Params::defaults(&standard());
         let mut cx = Context::new(params, &std::env::temp_dir(), Box::new(comm))?;
         let mut v = Varuna::new(&model(), cx.world()?, opts.clone())?;
-        v.set_optimizer(|ps| spec.optimizer(ps))?;
+        v.set_optimizer(|ps| spec.optimizer(ps, &[]))?;
         let (replica, replicas) = (v.coords().dp_rank, spec.layout.dp);
         let device = v.device().clone();
         let loader = DistributedLoader::new(batch, GLOBAL_BATCH, replica, replicas, device)?;

@@ -66,6 +66,7 @@ fn adamw_matches_pytorch() {
                     beta2: 0.99,
                     eps: 1e-6,
                     weight_decay: 0.1,
+                    decay_embeddings: true,
                 },
             )
             .unwrap(),

@@ -201,6 +201,16 @@ pub struct TrainArgs {
     #[arg(help_heading = "Training", long, default_value_t = 1e-8, value_parser = finite)]
     #[serde(default = "default_eps")]
     pub eps: f64,
+    /// Which parameters AdamW's weight decay shrinks: matrices-and-embeddings (nanoGPT's
+    /// rule), or matrices (embedding tables, and a head tied to one, keep their norm).
+    #[arg(
+        help_heading = "Training",
+        long,
+        value_enum,
+        default_value = "matrices-and-embeddings"
+    )]
+    #[serde(default)]
+    pub decay: DecayKind,
     /// Clip the global gradient norm to this value (0: no clipping).
     #[arg(help_heading = "Training", long, default_value_t = 1.0, value_parser = finite)]
     pub clip: f64,
@@ -337,6 +347,19 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
     })
 }
 
+/// Which parameters AdamW decays (`--decay`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecayKind {
+    /// Every parameter of two or more dimensions.
+    #[default]
+    MatricesAndEmbeddings,
+    /// Those but embedding tables and a head tied to one.
+    Matrices,
+}
+
 // Runs recorded before the AdamW flags existed (their parameters.json has none) resume with
 // PyTorch's defaults, which they trained with.
 fn default_beta1() -> f64 {
@@ -395,6 +418,7 @@ impl TrainArgs {
                 beta2: self.beta2,
                 eps: self.eps,
                 weight_decay: self.weight_decay,
+                decay_embeddings: self.decay == DecayKind::MatricesAndEmbeddings,
             }),
             OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
                 momentum: self.momentum,

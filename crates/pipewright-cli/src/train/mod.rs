@@ -368,7 +368,7 @@ impl Setup {
         let world = nccl_world(a, world, &opts.device)?;
         let mut v = Varuna::new(&self.model, world, opts)?;
         v.set_eval_rows(self.spec.eval_rows(&self.task.shape())?);
-        v.set_optimizer(|ps| self.spec.train.optimizer(ps))?;
+        v.set_optimizer(|ps| self.spec.train.optimizer(ps, &self.tied))?;
         // Pretrained weights first; a checkpoint the run goes on from replaces them.
         if let Some(dir) = &a.init_from {
             let model = &self.spec.model;

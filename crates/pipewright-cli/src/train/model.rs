@@ -165,7 +165,7 @@ fn check_flags_apply(a: &TrainArgs) -> Result<()> {
 
 /// Fails on a flag that only means something beside another the run does not have.
 fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
-    let adam = (a.beta1, a.beta2, a.eps) != (d.beta1, d.beta2, d.eps);
+    let adam = (a.beta1, a.beta2, a.eps, a.decay) != (d.beta1, d.beta2, d.eps, d.decay);
     let needs: [(bool, &str); 7] = [
         (
             a.momentum != d.momentum && matches!(a.optimizer, OptimizerKind::Adamw),
@@ -173,8 +173,8 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
         ),
         (
             adam && matches!(a.optimizer, OptimizerKind::Sgd),
-            "--beta1, --beta2 and --eps are AdamW's: this run uses --optimizer sgd (--momentum \
-             is its)",
+            "--beta1, --beta2, --eps and --decay are AdamW's: this run uses --optimizer sgd \
+             (--momentum is its)",
         ),
         (
             a.deferred_batch_norm && !matches!(a.model, ModelKind::Cnn),

@@ -186,9 +186,14 @@ impl TrainSpec {
         }
     }
 
-    /// The optimizer over `params` (for [`crate::varuna::Varuna::set_optimizer`]).
-    pub fn optimizer(&self, params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
-        self.optimizer.build(params)
+    /// The optimizer over `params` (for [`crate::varuna::Varuna::set_optimizer`]) of a model
+    /// whose tied pairs are `tied`.
+    pub fn optimizer(
+        &self,
+        params: Vec<(String, Var)>,
+        tied: &[(String, String)],
+    ) -> Result<Box<dyn Optimizer>> {
+        self.optimizer.build(params, tied)
     }
 
     /// The spec of this run restarted in a world of `world` ranks (Varuna's morphing): the

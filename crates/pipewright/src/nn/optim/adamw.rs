@@ -18,6 +18,14 @@ pub struct AdamWConfig {
     pub eps: f64,
     /// Decoupled weight decay (0.01).
     pub weight_decay: f64,
+    /// Whether embedding tables decay too (minGPT's and nanoGPT's rule, the default), or only
+    /// the other matrices (see [`AdamWConfig::decays`]). Runs recorded before it decayed them.
+    #[serde(default = "yes")]
+    pub decay_embeddings: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for AdamWConfig {
@@ -27,8 +35,32 @@ impl Default for AdamWConfig {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.01,
+            decay_embeddings: true,
         }
     }
+}
+
+impl AdamWConfig {
+    /// Whether the parameter `name` decays: a matrix or an embedding ([`decays`]), unless
+    /// embeddings are kept out, and then neither an embedding table ([`is_embedding`]) nor a
+    /// parameter `tied` to one (GPT-2's head is its token embedding: one parameter in PyTorch).
+    pub fn decays(&self, name: &str, var: &Var, tied: &[(String, String)]) -> bool {
+        let embedding = || {
+            is_embedding(name)
+                || tied
+                    .iter()
+                    .any(|(a, b)| (a == name && is_embedding(b)) || (b == name && is_embedding(a)))
+        };
+        decays(name, var) && (self.decay_embeddings || !embedding())
+    }
+}
+
+/// Whether `name` is an embedding table's: GPT-2's token and position embeddings
+/// (`wte`, `wpe`) and the Llama's `embed_tokens`, as Hugging Face names them.
+pub fn is_embedding(name: &str) -> bool {
+    ["wte.weight", "wpe.weight", "embed_tokens.weight"]
+        .iter()
+        .any(|e| name == *e || name.ends_with(&format!(".{e}")))
 }
 
 /// AdamW exactly as `torch.optim.AdamW`: decoupled decay `p *= 1 - lr*wd`, bias-corrected
@@ -91,6 +123,7 @@ impl Optimizer for AdamW {
             beta2,
             eps,
             weight_decay,
+            ..
         } = self.cfg;
         let bc1 = 1.0 - beta1.powi(self.step as i32);
         let bc2_sqrt = (1.0 - beta2.powi(self.step as i32)).sqrt();

@@ -26,10 +26,15 @@ impl Default for OptimizerConfig {
 }
 
 impl OptimizerConfig {
-    /// The optimizer over `params` (what [`crate::varuna::Varuna::set_optimizer`] takes).
-    pub fn build(&self, params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
+    /// The optimizer over `params` (what [`crate::varuna::Varuna::set_optimizer`] takes);
+    /// `tied`: the model's tied pairs (a tied pair decays as its embedding does).
+    pub fn build(
+        &self,
+        params: Vec<(String, Var)>,
+        tied: &[(String, String)],
+    ) -> Result<Box<dyn Optimizer>> {
         Ok(match *self {
-            Self::AdamW(c) => Box::new(AdamW::new(params, c)?),
+            Self::AdamW(c) => Box::new(AdamW::with_decay(params, c, |n, v| c.decays(n, v, tied))?),
             Self::Sgd(c) => Box::new(Sgd::new(params, c)?),
         })
     }

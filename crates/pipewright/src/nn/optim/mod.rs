@@ -10,7 +10,7 @@ mod config;
 mod schedule;
 mod sgd;
 
-pub use adamw::{AdamW, AdamWConfig};
+pub use adamw::{is_embedding, AdamW, AdamWConfig};
 pub use clip::{clip_grad_norm, scale_to_norm};
 pub use config::OptimizerConfig;
 pub use schedule::LrSchedule;
