@@ -83,7 +83,7 @@ impl Grads {
 
     /// Sum of squares of every gradient (f64).
     pub fn sum_sq(&self) -> Result<f64> {
-        self.0.values().map(sum_sq).sum()
+        Ok(sums_sq(&self.0.values().collect::<Vec<_>>())?.iter().sum())
     }
 
     /// The global L2 norm.
@@ -92,20 +92,40 @@ impl Grads {
     }
 }
 
-/// Whether every element of `t` is finite: where the one-pass sum of squares takes `t` (in
-/// f64, which no square of an f32, f16 or bf16 value overflows), whether that sum is;
-/// elsewhere `0 * x`, which is 0 for a finite value and NaN for the others, summed.
+/// Whether every element of `t` is finite ([`finite_each`] of one tensor).
 pub fn all_finite(t: &Tensor) -> Result<bool> {
-    if t.dtype() != candle_core::DType::F64 {
-        if let Some(s) = crate::kernels::reduce::sum_sq(t)? {
-            return Ok(s.is_finite());
-        }
-    }
-    let s = (t * 0.0)?
-        .to_dtype(candle_core::DType::F32)?
-        .sum_all()?
-        .to_scalar::<f32>()?;
-    Ok(s == 0.0)
+    Ok(finite_each(&[t])?[0])
+}
+
+/// Whether every element of each of `ts` is finite: where the one-pass sum of squares takes a
+/// tensor (in f64, which no square of an f32, f16 or bf16 value overflows), whether that sum
+/// is, the GPU's tensors read back at once; elsewhere `0 * x`, which is 0 for a finite value
+/// and NaN for the others, summed.
+pub fn finite_each(ts: &[&Tensor]) -> Result<Vec<bool>> {
+    let narrow: Vec<&Tensor> = ts
+        .iter()
+        .copied()
+        .filter(|t| t.dtype() != candle_core::DType::F64)
+        .collect();
+    let mut sums = crate::kernels::reduce::sum_sq_each(&narrow)?.into_iter();
+    ts.iter()
+        .map(|t| {
+            let fast = match t.dtype() {
+                candle_core::DType::F64 => None,
+                _ => sums.next().flatten(),
+            };
+            match fast {
+                Some(s) => Ok(s.is_finite()),
+                None => {
+                    let s = (*t * 0.0)?
+                        .to_dtype(candle_core::DType::F32)?
+                        .sum_all()?
+                        .to_scalar::<f32>()?;
+                    Ok(s == 0.0)
+                }
+            }
+        })
+        .collect()
 }
 
 /// Largest absolute difference between `a` and `b` over the largest magnitude in `b`: the
@@ -128,24 +148,30 @@ pub fn sum_sq_share(
     sharded: &[String],
     tp_rank: usize,
 ) -> Result<f64> {
-    let mut sq = 0.0;
-    for (name, g) in grads.iter() {
-        let second = tied.iter().any(|(_, b)| b == name);
-        if second || (tp_rank != 0 && !sharded.contains(name)) {
-            continue;
-        }
-        sq += sum_sq(g)?;
-    }
-    Ok(sq)
+    let counted: Vec<&Tensor> = grads
+        .iter()
+        .filter(|(name, _)| {
+            let second = tied.iter().any(|(_, b)| b == *name);
+            !(second || (tp_rank != 0 && !sharded.contains(*name)))
+        })
+        .map(|(_, g)| g)
+        .collect();
+    Ok(sums_sq(&counted)?.iter().sum())
 }
 
-/// The sum of squares of `t`'s elements, in f64.
-fn sum_sq(t: &Tensor) -> Result<f64> {
-    if let Some(s) = crate::kernels::reduce::sum_sq(t)? {
-        return Ok(s);
-    }
-    Ok(t.to_dtype(candle_core::DType::F64)?
-        .sqr()?
-        .sum_all()?
-        .to_scalar::<f64>()?)
+/// The sum of squares of each of `ts`, in f64: one pass each where a kernel takes the tensor
+/// (the GPU's read back at once), else composed.
+fn sums_sq(ts: &[&Tensor]) -> Result<Vec<f64>> {
+    let fast = crate::kernels::reduce::sum_sq_each(ts)?;
+    fast.into_iter()
+        .zip(ts)
+        .map(|(s, t)| match s {
+            Some(s) => Ok(s),
+            None => Ok(t
+                .to_dtype(candle_core::DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?),
+        })
+        .collect()
 }

@@ -144,16 +144,12 @@ impl Default for LossScaler {
     }
 }
 
-/// Whether any gradient holds an inf or a NaN: [`crate::grads::all_finite`] of each, which
-/// on the CPU and a GPU is one pass over the gradient in its own type (no f32 copy, no
-/// absolute values), stopping at the first that is not.
+/// Whether any gradient holds an inf or a NaN: [`crate::grads::finite_each`] over them, which
+/// on the CPU and a GPU is one pass over each gradient in its own type (no f32 copy, no
+/// absolute values), the GPU's read back at once.
 pub fn has_overflow(grads: &Grads) -> Result<bool> {
-    for (_, g) in grads.iter() {
-        if !crate::grads::all_finite(g)? {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    let ts: Vec<&candle_core::Tensor> = grads.iter().map(|(_, g)| g).collect();
+    Ok(crate::grads::finite_each(&ts)?.iter().any(|f| !f))
 }
 
 /// Gradients in f32, multiplied by `factor` (the inverse loss scale).

@@ -241,10 +241,9 @@ fn sum_of_squares_matches_the_cpu() {
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             // The CPU's f32 sum of the values the GPU holds (rounded to `dtype`).
             let held = x.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap();
-            let want = super::reduce::sum_sq(&held).unwrap().unwrap();
-            let got = super::reduce::sum_sq(&x.to_dtype(dtype).unwrap().to_device(&dev).unwrap())
-                .unwrap()
-                .expect("the GPU sums squares");
+            let want = super::reduce::sum_sq_each(&[&held]).unwrap()[0].unwrap();
+            let on_gpu = x.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let got = super::reduce::sum_sq_each(&[&on_gpu]).unwrap()[0].expect("the GPU sums");
             let off = (got - want).abs() / want.max(1e-300);
             assert!(
                 off <= 1e-12,
@@ -252,12 +251,25 @@ fn sum_of_squares_matches_the_cpu() {
             );
         }
     }
-    // The overflow check (`grads::all_finite`) reads whether this sum is finite.
+    // Several tensors (one empty, one on the CPU) in one call: each its own sum, as alone.
+    let (a, b) = (rand(95, &[70_001], 2.0), rand(96, &[3, 5], 1.0));
+    let (ga, gb) = (a.to_device(&dev).unwrap(), b.to_device(&dev).unwrap());
+    let empty = ga.narrow(0, 0, 0).unwrap();
+    let each = super::reduce::sum_sq_each(&[&ga, &empty, &b, &gb]).unwrap();
+    let alone = |t: &Tensor| super::reduce::sum_sq_each(&[t]).unwrap()[0].unwrap();
+    assert_eq!(
+        each,
+        [
+            Some(alone(&ga)),
+            Some(0.0),
+            Some(alone(&b)),
+            Some(alone(&gb))
+        ]
+    );
+    // The overflow check (`grads::finite_each`) reads whether these sums are finite.
     let sum = |v: &[f32]| {
         let t = Tensor::new(v, &dev).unwrap();
-        super::reduce::sum_sq(&t)
-            .unwrap()
-            .expect("the GPU sums squares")
+        super::reduce::sum_sq_each(&[&t]).unwrap()[0].expect("the GPU sums squares")
     };
     assert!(
         !sum(&[1.0, f32::INFINITY, 2.0]).is_finite(),
