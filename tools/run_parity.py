@@ -9,7 +9,8 @@ clipping (issue 61's run-level parity harness).
     pipewright train --model llama --task tokens --data SHARDS --init-from MODEL_DIR \
         --block-size B --batch-size N --steps S --seed K ... --out runs/pw
 
-then compare `torch.csv` with `runs/pw/scalars.csv` step by step (tools/compare_runs.py).
+then compare `torch.csv` with `runs/pw/scalars.csv` step by step (their `loss` columns;
+tools/run_parity_matrix.sh does, for the test fixture's models on several layouts).
 
 What it does as pipewright does: the loss is the mean cross-entropy of the batch's tokens;
 AdamW (torch.optim.AdamW) decays the parameters of two or more dimensions (matrices and
