@@ -151,19 +151,21 @@ fn low_precision_follows_f32() {
     });
     assert!(none.is_empty());
     within("f16", &f16, &f32, 0);
-    // From 2^20 the first steps overflow (the lm_head's gradient sums past f16's 65504) and
-    // are skipped while the scale halves; then it trains as f32 does. (From the default 2^16
-    // nothing overflows: the fused kernels sum in f32 and round once, as PyTorch's do.)
+    // From 2^20 the first step overflows (the lm_head's gradient past f16's 65504) and is
+    // skipped while the scale halves, as are the few later ones whose gradients outgrow the
+    // scale (the micro-batches' sum is f32, as PyTorch's f32 parameters hold it, so only a
+    // micro-batch's own gradient overflows); then it trains as f32 does. (From the default
+    // 2^16 nothing overflows: the fused kernels sum in f32 and round once, as PyTorch's do.)
     let (f16, skipped) = curve(VarunaOptions {
         precision: Precision::F16,
         loss_scaler: LossScaler::with(1048576.0, 2000),
         ..base.clone()
     });
     assert!(!skipped.is_empty() && skipped.len() <= 8, "{skipped:?}");
-    assert_eq!(
-        skipped,
-        (0..skipped.len() as u64).collect::<Vec<_>>(),
-        "overflows only at the start"
+    assert_eq!(skipped[0], 0, "the start overflows: {skipped:?}");
+    assert!(
+        skipped.iter().all(|&s| s < 40),
+        "overflows early only: {skipped:?}"
     );
     within("f16 from 2^20", &f16, &f32, 40);
 }

@@ -60,9 +60,17 @@ impl Grads {
         self.0.is_empty()
     }
 
-    /// Adds `other` into `self` (gradient accumulation over micro-batches).
+    /// Adds `other` into `self` (gradient accumulation over micro-batches), f16 and bf16
+    /// gradients in f32, as PyTorch's f32 parameters accumulate theirs under autocast: summed in
+    /// the low type, every micro-batch's partial sum was rounded to 8 bits of mantissa.
     pub fn accumulate(&mut self, other: Grads) -> Result<()> {
         for (n, g) in other.0 {
+            let g = match g.dtype() {
+                candle_core::DType::F16 | candle_core::DType::BF16 => {
+                    g.to_dtype(candle_core::DType::F32)?
+                }
+                _ => g,
+            };
             match self.0.get_mut(&n) {
                 Some(acc) => *acc = (&*acc + g)?,
                 None => {
