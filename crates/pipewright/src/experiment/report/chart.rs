@@ -121,27 +121,56 @@ pub fn y_axis(lo: f64, hi: f64, log: bool) -> (f64, Vec<f64>) {
 impl LineChart {
     /// The chart as an SVG element (an empty-data chart says so instead of drawing axes).
     pub fn svg(&self) -> String {
-        let keep = |y: f64| y.is_finite() && (!self.log_y || y > 0.0);
-        let pts = || {
-            self.series.iter().flat_map(|s| {
-                s.points
-                    .iter()
-                    .copied()
-                    .filter(|p| p.0.is_finite() && keep(p.1))
-            })
-        };
-        if pts().next().is_none() {
+        let Some(f) = self.frame() else {
             return format!(
                 "<p class=\"missing\">{}: nothing to draw (no values logged)</p>",
                 escape(&self.title)
             );
+        };
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "<svg class=\"chart\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" \
+             data-x0=\"{}\" data-x1=\"{}\" data-left=\"{LEFT}\" data-right=\"{}\" \
+             role=\"img\" aria-label=\"{}\">\
+             <text x=\"{}\" y=\"18\" class=\"title\" text-anchor=\"middle\">{}</text>",
+            f.x0,
+            f.x1,
+            W - RIGHT,
+            escape(&self.title),
+            W / 2.0,
+            escape(&self.title)
+        );
+        s.push_str(&self.axes(&f));
+        for (i, series) in self.series.iter().enumerate() {
+            s.push_str(&self.line(&f, i, series));
         }
+        s.push_str("<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"30\" y2=\"270\" visibility=\"hidden\"/></svg>");
+        s
+    }
+
+    /// Whether a point is drawn: finite, and positive on a log axis.
+    fn keep(&self, (x, y): (f64, f64)) -> bool {
+        x.is_finite() && y.is_finite() && (!self.log_y || y > 0.0)
+    }
+
+    /// The drawn points of every series.
+    fn points(&self) -> impl Iterator<Item = (f64, f64)> + '_ {
+        self.series
+            .iter()
+            .flat_map(|s| s.points.iter().copied().filter(|&p| self.keep(p)))
+    }
+
+    /// The plot's ranges and y ticks, from the drawn points (`None` without any): one step
+    /// gets an axis from 0 to it (steps count from 1), not a window around it; one value a
+    /// tenth of itself either way.
+    fn frame(&self) -> Option<Frame> {
+        self.points().next()?;
         let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-        for (x, y) in pts() {
+        for (x, y) in self.points() {
             (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
         }
         if x1 <= x0 {
-            // One step: an axis from 0 to it (steps count from 1), not a window around it.
             (x0, x1) = match x0 > 0.0 {
                 true => (0.0, x0),
                 false => (x0 - 1.0, x1 + 1.0),
@@ -155,31 +184,28 @@ impl LineChart {
             }
         }
         let (y0, yticks) = y_axis(y0, y1, self.log_y);
-        let fy = |y: f64| if self.log_y { y.log10() } else { y };
-        let (ly0, ly1) = (fy(y0), fy(y1));
-        let px = |x: f64| LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT);
-        let py = |y: f64| TOP + (ly1 - fy(y)) / (ly1 - ly0) * (H - TOP - BOTTOM);
+        Some(Frame {
+            x0,
+            x1,
+            y0,
+            y1,
+            log_y: self.log_y,
+            yticks,
+            whole_x: self.points().all(|p| p.0.fract() == 0.0),
+        })
+    }
+
+    /// The axes, their ticks and grid lines, and their labels.
+    fn axes(&self, f: &Frame) -> String {
         let mut s = String::new();
-        let _ = write!(
-            s,
-            "<svg class=\"chart\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" \
-             data-x0=\"{x0}\" data-x1=\"{x1}\" data-left=\"{LEFT}\" data-right=\"{}\" \
-             role=\"img\" aria-label=\"{}\">\
-             <text x=\"{}\" y=\"18\" class=\"title\" text-anchor=\"middle\">{}</text>",
-            W - RIGHT,
-            escape(&self.title),
-            W / 2.0,
-            escape(&self.title)
-        );
-        // Axes, ticks and grid.
         let (bottom, right) = (H - BOTTOM, W - RIGHT);
         let _ = write!(
             s,
             "<line x1=\"{LEFT}\" y1=\"{bottom}\" x2=\"{right}\" y2=\"{bottom}\" class=\"axis\"/>\
              <line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{bottom}\" class=\"axis\"/>"
         );
-        for t in x_ticks(x0, x1, 6, pts().all(|p| p.0.fract() == 0.0)) {
-            let x = px(t);
+        for t in x_ticks(f.x0, f.x1, 6, f.whole_x) {
+            let x = f.px(t);
             let _ = write!(
                 s,
                 "<line x1=\"{x}\" y1=\"{bottom}\" x2=\"{x}\" y2=\"{}\" class=\"axis\"/>\
@@ -189,8 +215,8 @@ impl LineChart {
                 tick_label(t)
             );
         }
-        for t in yticks {
-            let y = py(t);
+        for &t in &f.yticks {
+            let y = f.py(t);
             let _ = write!(
                 s,
                 "<line x1=\"{LEFT}\" y1=\"{y}\" x2=\"{right}\" y2=\"{y}\" class=\"grid\"/>\
@@ -212,48 +238,86 @@ impl LineChart {
             (TOP + bottom) / 2.0,
             escape(&self.y_label)
         );
-        for (i, series) in self.series.iter().enumerate() {
-            let colour = COLOURS[i % COLOURS.len()];
-            let drawn: Vec<(f64, f64)> = series
-                .points
-                .iter()
-                .copied()
-                .filter(|p| p.0.is_finite() && keep(p.1))
-                .collect();
-            let path: Vec<String> = drawn
-                .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-                .collect();
-            let data: Vec<String> = drawn.iter().map(|(x, y)| format!("[{x},{y}]")).collect();
+        s
+    }
+
+    /// Series `i`'s line (a dot when it has one point), with its points for the page's
+    /// script, and its legend entry.
+    fn line(&self, f: &Frame, i: usize, series: &Series) -> String {
+        let mut s = String::new();
+        let colour = COLOURS[i % COLOURS.len()];
+        let drawn: Vec<(f64, f64)> = series
+            .points
+            .iter()
+            .copied()
+            .filter(|&p| self.keep(p))
+            .collect();
+        let path: Vec<String> = drawn
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", f.px(x), f.py(y)))
+            .collect();
+        let data: Vec<String> = drawn.iter().map(|(x, y)| format!("[{x},{y}]")).collect();
+        let _ = write!(
+            s,
+            "<polyline class=\"series\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" \
+             points=\"{}\" data-name=\"{}\" data-points=\"[{}]\"/>",
+            path.join(" "),
+            escape(&series.name),
+            data.join(",")
+        );
+        if drawn.len() == 1 {
             let _ = write!(
                 s,
-                "<polyline class=\"series\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" \
-                 points=\"{}\" data-name=\"{}\" data-points=\"[{}]\"/>",
-                path.join(" "),
-                escape(&series.name),
-                data.join(",")
-            );
-            if drawn.len() == 1 {
-                let _ = write!(
-                    s,
-                    "<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{colour}\"/>",
-                    px(drawn[0].0),
-                    py(drawn[0].1)
-                );
-            }
-            let _ = write!(
-                s,
-                "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{colour}\"/>\
-                 <text x=\"{}\" y=\"{}\" class=\"legend\">{}</text>",
-                right - 150.0,
-                TOP + 6.0 + 14.0 * i as f64,
-                right - 136.0,
-                TOP + 10.0 + 14.0 * i as f64,
-                escape(&series.name)
+                "<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{colour}\"/>",
+                f.px(drawn[0].0),
+                f.py(drawn[0].1)
             );
         }
-        s.push_str("<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"30\" y2=\"270\" visibility=\"hidden\"/></svg>");
+        let right = W - RIGHT;
+        let _ = write!(
+            s,
+            "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"3\" fill=\"{colour}\"/>\
+             <text x=\"{}\" y=\"{}\" class=\"legend\">{}</text>",
+            right - 150.0,
+            TOP + 6.0 + 14.0 * i as f64,
+            right - 136.0,
+            TOP + 10.0 + 14.0 * i as f64,
+            escape(&series.name)
+        );
         s
+    }
+}
+
+/// Where a chart's values fall on its plot: the ranges, the y ticks, and whether x takes whole
+/// numbers only (steps).
+struct Frame {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+    log_y: bool,
+    yticks: Vec<f64>,
+    whole_x: bool,
+}
+
+impl Frame {
+    fn fy(&self, y: f64) -> f64 {
+        if self.log_y {
+            y.log10()
+        } else {
+            y
+        }
+    }
+
+    /// The plot's x coordinate of `x`.
+    fn px(&self, x: f64) -> f64 {
+        LEFT + (x - self.x0) / (self.x1 - self.x0) * (W - LEFT - RIGHT)
+    }
+
+    /// The plot's y coordinate of `y`.
+    fn py(&self, y: f64) -> f64 {
+        let (ly0, ly1) = (self.fy(self.y0), self.fy(self.y1));
+        TOP + (ly1 - self.fy(y)) / (ly1 - ly0) * (H - TOP - BOTTOM)
     }
 }
 
@@ -261,8 +325,6 @@ impl LineChart {
 mod tests {
     use super::*;
 
-    /// A metric logged once (at step 200) is drawn on an axis from 0 to its step, as a dot:
-    /// not on a window of 199-201.
     #[test]
     fn a_one_point_chart_starts_its_axis_at_zero() {
         let chart = LineChart {
