@@ -39,6 +39,30 @@ fn torch(name: &str) -> (Vec<f64>, f64) {
 fn a_whole_run_tracks_pytorch_step_for_step_on_every_layout() {
     let f = fixture();
     let shards = f.join("shards");
+    // PyTorch trained on the windows `data windows` lists; pipewright must still draw them
+    // (else its losses differ for that reason alone: remake the fixture).
+    let listed = tmp("run-parity-windows").join("windows.csv");
+    let o = common::run(&[
+        "data",
+        "windows",
+        "--data",
+        shards.to_str().unwrap(),
+        "--block-size",
+        "32",
+        "--batch-size",
+        "8",
+        "--steps",
+        "12",
+        "--out",
+        listed.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(&listed).unwrap(),
+        std::fs::read_to_string(f.join("windows.csv")).unwrap(),
+        "pipewright draws other windows than PyTorch trained on: run \
+         tools/make_run_parity_fixture.sh"
+    );
     let layouts: [&[&str]; 3] = [
         &[],
         &["--pp", "2", "--dp", "2", "--chunks", "2"],

@@ -117,8 +117,15 @@ pub fn inside(dir: &Path, name: &str) -> Result<std::path::PathBuf> {
 }
 
 /// Writes `bytes` to `path` whole or not at all: into `.NAME.tmp` beside it, then renamed over
-/// it, so a reader (or a run killed while writing) never sees half a file.
+/// it, so a reader (or a run killed while writing) never sees half a file. A missing directory
+/// on the way is made (`--out runs/new/report.html`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
+    }
     let name = path
         .file_name()
         .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
