@@ -5,8 +5,9 @@
 //! Each fused op of `kernels/` that has a kernel here implements candle's `cuda_fwd` beside
 //! its `cpu_fwd`, so one op and one backward wiring serve both devices, and the CPU kernel is
 //! the GPU kernel's oracle. The kernels run on the device's one stream, in order with
-//! candle's own. Every kernel takes f32, bf16 and f16 (computing in f32 and rounding each
-//! output once, as the CPU twins do) under the names `NAME_f32`, `NAME_bf16`, `NAME_f16`.
+//! candle's own. Every kernel but AdamW's (which updates the f32 masters) takes f32, bf16
+//! and f16 (computing in f32 and rounding each output once, as the CPU twins do) under the
+//! names `NAME_f32`, `NAME_bf16`, `NAME_f16`.
 
 use std::sync::Arc;
 
