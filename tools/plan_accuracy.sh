@@ -8,7 +8,7 @@
 # a row differ by 6-13 % in their median step, a whole run can be 30 % slow), so a profile
 # taken once for a pass carries one moment's speed into measurements up to 10 s later
 # (measured, passes alternated over the same four minutes: a profile per pass missed 10 % in
-# 23 of 52 comparisons, a profile per layout in 11 of 52; BENCHMARKS.md). Prints, per layout,
+# 23 of 52 comparisons, a profile per layout in 11 of 52; BENCHMARKS.md's history). Prints, per layout,
 # the median over passes of the predicted and measured step time and largest rank's allocated
 # peak, each pass's error and their median: the verdict, as a pass's prediction is meant for
 # its own measurement (the error of the two medians, also printed, sets one pass's prediction

@@ -34,7 +34,7 @@
 //! the profile (a tenth of a second here) gave 13-166 us a backward over six profiles in a
 //! row, and of a hundred steps 29-122.
 //! With the trial, `tools/plan_accuracy.sh`'s interleaved pp 2 x dp 2 went from 12-23 % fast to
-//! within 5 % (eight later runs: -19..+4.5 %, the median -7.5 %; BENCHMARKS.md).
+//! within 5 % (eight later runs: -19..+4.5 %, the median -7.5 %; BENCHMARKS.md's history).
 
 use std::ops::Range;
 
