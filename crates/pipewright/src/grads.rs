@@ -110,29 +110,19 @@ pub fn all_finite(t: &Tensor) -> Result<bool> {
 /// is, the GPU's tensors read back at once; elsewhere `0 * x`, which is 0 for a finite value
 /// and NaN for the others, summed.
 pub fn finite_each(ts: &[&Tensor]) -> Result<Vec<bool>> {
-    let narrow: Vec<&Tensor> = ts
-        .iter()
-        .copied()
-        .filter(|t| t.dtype() != candle_core::DType::F64)
-        .collect();
-    let mut sums = crate::kernels::reduce::sum_sq_each(&narrow)?.into_iter();
+    let sums = crate::kernels::reduce::sum_sq_each(ts)?;
     ts.iter()
-        .map(|t| {
-            let fast = match t.dtype() {
-                candle_core::DType::F64 => None,
-                _ => sums.next().flatten(),
-            };
-            match fast {
+        .zip(sums)
+        .map(
+            |(t, s)| match s.filter(|_| t.dtype() != candle_core::DType::F64) {
                 Some(s) => Ok(s.is_finite()),
-                None => {
-                    let s = (*t * 0.0)?
-                        .to_dtype(candle_core::DType::F32)?
-                        .sum_all()?
-                        .to_scalar::<f32>()?;
-                    Ok(s == 0.0)
-                }
-            }
-        })
+                None => Ok((*t * 0.0)?
+                    .to_dtype(candle_core::DType::F32)?
+                    .sum_all()?
+                    .to_scalar::<f32>()?
+                    == 0.0),
+            },
+        )
         .collect()
 }
 

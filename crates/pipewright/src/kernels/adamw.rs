@@ -274,10 +274,18 @@ mod cuda {
         };
         let g = g.contiguous()?;
         check("the gradient", &g)?;
-        let (m1, v1) = (p.zeros_like()?, p.zeros_like()?);
-        let (m0, v0) = match (m, v) {
-            (Some(m), Some(v)) => (m.contiguous()?, v.contiguous()?),
-            _ => (m1.clone(), v1.clone()),
+        let (m1, v1, m0, v0) = match (m, v) {
+            (Some(m), Some(v)) => {
+                // SAFETY: the kernel writes every element of the new moments before anything
+                // reads them (no zero fill per parameter per step).
+                let (m1, v1) = unsafe { (p.empty_like()?, p.empty_like()?) };
+                (m1, v1, m.contiguous()?, v.contiguous()?)
+            }
+            // Before the first step the moments are zero: the new ones start as the old.
+            _ => {
+                let (m1, v1) = (p.zeros_like()?, p.zeros_like()?);
+                (m1.clone(), v1.clone(), m1, v1)
+            }
         };
         check("exp_avg", &m0)?;
         check("exp_avg_sq", &v0)?;
