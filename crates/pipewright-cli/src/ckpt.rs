@@ -8,6 +8,7 @@ use pipewright::comm::local;
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::ModelSpec;
 use pipewright::{files, invalid, Error, Result};
 
 use pipewright_models::{hf, run, ModelConfig, RunSpec};
@@ -187,7 +188,7 @@ fn reshard(a: &ReshardArgs) -> Result<()> {
             }
         ));
     }
-    let (model, tied) = spec.model.build()?;
+    let (model, tied) = (spec.model.build()?, spec.model.tied());
     let layout = Layout::new(a.pp, a.tp, a.dp)?;
     // One micro-batch per replica; `Varuna::new` says so if the batch does not split.
     let opts = VarunaOptions {

@@ -10,6 +10,7 @@ use pipewright::data::Tokenizer;
 use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Sampling, Varuna, VarunaOptions};
+use pipewright::ModelSpec;
 use pipewright::{invalid, Result};
 use pipewright_models::{hf, TaskSpec};
 
@@ -110,7 +111,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             ))
         }
     };
-    let (seq, tied) = model.build()?;
+    let (seq, tied) = (model.build()?, model.tied());
     let layout = Layout::new(a.pp, a.tp, 1)?;
     let opts = VarunaOptions {
         shared_weights: tied,

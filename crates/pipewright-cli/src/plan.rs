@@ -1,6 +1,6 @@
 //! `pipewright plan`: AutoConfig. Every pp x tp x cp x dp layout of `--world` ranks, with every
 //! micro-batch size, schedule and recompute mode, predicted from a profile (`--profile`, made
-//! by `pipewright profile`) or from the GPT's shapes (the model flags of `train`) on a
+//! by `pipewright profile`) or from the model's shapes (the model flags of `train`) on a
 //! hardware description, kept when each rank fits in `--memory`, ranked by predicted step
 //! time. `--measure` trains the top candidates here for a few steps and prints what they took
 //! beside the prediction.
@@ -29,7 +29,7 @@ pub struct PlanArgs {
     /// Memory per device, with a unit (4GiB, 512MiB; default: the hardware's).
     #[arg(long)]
     pub memory: Option<String>,
-    /// A profile written by `pipewright profile` (default: the GPT's shapes on --hardware).
+    /// A profile written by `pipewright profile` (default: the model's shapes on --hardware).
     #[arg(long)]
     pub profile: Option<PathBuf>,
     /// The link between ranks of a node as measured here (`pipewright bench comm --out FILE`),
@@ -68,8 +68,8 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
         return Profile::load(path);
     }
     let a = &p.train;
-    let (model, _, _) = a.model_and_task()?;
-    model.shapes_profile(a.precision.parse()?, hw)
+    let (model, _, task) = a.model_and_task()?;
+    model.shapes_profile(&task.shape().sample(), a.precision.parse()?, hw)
 }
 
 /// The hardware file `name`, with the measured link of `link` (if any) between a node's

@@ -7,6 +7,7 @@
 
 use clap::Args;
 use pipewright::plan::{gemm_grid, measure, time_fused_attention, time_gemms, Sizes};
+use pipewright::ModelSpec;
 use pipewright::{invalid, Batch, Build, Result};
 
 use crate::train::TrainArgs;
@@ -63,7 +64,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     pipewright::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
     let (config, _, task) = a.model_and_task()?;
-    let (model, _) = config.build()?;
+    let model = config.build()?;
     let batch = |rows: usize| -> Result<Batch> {
         let (x, y) = task.batch(0, rows)?;
         Ok(Batch::pair(x, y))

@@ -16,7 +16,6 @@ use candle_core::{DType, Device, Tensor, Var};
 use pipewright::context_parallel::Chunks;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::{join, Dropout, Embedding, LayerNorm, Linear, Module};
-use pipewright::plan::{Hardware, Profile, Transformer};
 use pipewright::shard::{
     CausalSelfAttention, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel, Shard,
 };
@@ -89,28 +88,6 @@ impl GptConfig {
             .saturating_mul(d)
             .saturating_add(block.saturating_mul(l))
             .saturating_add(2 * d)
-    }
-
-    /// Sizes a tensor-parallel size must divide: the heads and the vocabulary (Megatron splits
-    /// both).
-    pub fn tp_divides(&self) -> Vec<usize> {
-        vec![self.n_head, self.vocab_size]
-    }
-
-    /// The planner's profile of this GPT from its shapes alone, computing in `dtype_bytes`-byte
-    /// floats on `hw` (what `pipewright plan --hardware` and a morphing run predict from).
-    pub fn shapes_profile(&self, dtype_bytes: usize, hw: &Hardware) -> Result<Profile> {
-        let shape = Transformer {
-            n_layer: self.n_layer,
-            d_model: self.n_embd,
-            n_head: self.n_head,
-            vocab: self.vocab_size,
-            seq: self.block_size,
-            attention: Default::default(),
-        };
-        let mut profile = shape.profile(hw, dtype_bytes)?;
-        profile.tp_divides = self.tp_divides();
-        Ok(profile)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod hf;
 pub mod llama;
 pub mod parity;
 pub mod run;
+pub mod spec;
 pub mod tasks;
 
 pub use cnn::{cnn, CnnConfig};

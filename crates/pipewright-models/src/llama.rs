@@ -12,6 +12,7 @@
 use candle_core::{Tensor, Var, D};
 use pipewright::context_parallel::{ring_attention, Chunks};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
+use pipewright::model_spec::ModelSpec;
 use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
 use pipewright::shard::{
     ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel, TpGroup,
@@ -79,12 +80,6 @@ impl LlamaConfig {
             return Err(invalid!("norm_eps and rope_theta must be positive"));
         }
         Ok(())
-    }
-
-    /// Sizes a tensor-parallel size must divide: query heads, key/value heads, the MLP width
-    /// and the vocabulary.
-    pub fn tp_divides(&self) -> Vec<usize> {
-        vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size]
     }
 
     /// Parameters of the whole model: the embedding and the head, per block the attention

@@ -7,14 +7,17 @@ use std::path::PathBuf;
 
 use pipewright::experiment::report::Prediction;
 use pipewright::experiment::TrainSpec;
-use pipewright::plan::{estimate, Candidate, Cluster, Hardware, Morph, MorphPlanner, Profile};
+use pipewright::model_spec::ModelSpec;
+use pipewright::plan::{
+    estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, MorphPlanner, Profile,
+};
 use pipewright::precision::Precision;
 use pipewright::varuna::{Sampling, VarunaOptions};
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
 use crate::tasks::{Adder, Shapes, Sort, Text, Tokens};
-use crate::{cnn, gpt, llama, CnnConfig, GptConfig, LlamaConfig, Task, TaskShape, TIED};
+use crate::{CnnConfig, GptConfig, LlamaConfig, Task, TaskShape};
 
 /// A model by its configuration: what a checkpoint stores to rebuild it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,21 +45,12 @@ pub enum ModelConfig {
 }
 
 impl ModelConfig {
-    /// The model and its tied pairs.
-    pub fn build(&self) -> Result<(Sequential, Vec<(String, String)>)> {
-        let model = match self {
-            ModelConfig::Gpt { gpt: cfg, .. } => gpt(*cfg)?,
-            ModelConfig::Llama { llama: cfg, .. } => llama(*cfg)?,
-            ModelConfig::Cnn { cnn: cfg } => cnn(*cfg)?,
-        };
-        Ok((model, self.tied()))
-    }
-
-    /// The parameter pairs kept equal (the GPT's head and embedding).
-    pub fn tied(&self) -> Vec<(String, String)> {
+    /// The model's own description.
+    fn spec(&self) -> &dyn ModelSpec {
         match self {
-            ModelConfig::Gpt { .. } => vec![(TIED.0.into(), TIED.1.into())],
-            _ => Vec::new(),
+            ModelConfig::Gpt { gpt, .. } => gpt,
+            ModelConfig::Llama { llama, .. } => llama,
+            ModelConfig::Cnn { cnn } => cnn,
         }
     }
 
@@ -72,25 +66,40 @@ impl ModelConfig {
         Ok(Sampling::greedy(max_new_tokens, block, vocab))
     }
 
-    /// Sizes a tensor-parallel size must divide (the CNN does not split: `[1]`).
-    pub fn tp_divides(&self) -> Vec<usize> {
-        match self {
-            ModelConfig::Gpt { gpt, .. } => gpt.tp_divides(),
-            ModelConfig::Llama { llama, .. } => llama.tp_divides(),
-            ModelConfig::Cnn { .. } => vec![1],
-        }
+    /// The planner's profile from the model's shapes for samples of `sample` dims computing
+    /// in `precision` on `hw`.
+    pub fn shapes_profile(
+        &self,
+        sample: &[usize],
+        precision: Precision,
+        hw: &Hardware,
+    ) -> Result<Profile> {
+        let shapes = self
+            .shapes(sample)?
+            .ok_or_else(|| invalid!("{} has no shapes to plan from", self.what()))?;
+        shapes.profile(hw, precision.dtype().size_in_bytes())
+    }
+}
+
+impl ModelSpec for ModelConfig {
+    fn what(&self) -> String {
+        self.spec().what()
     }
 
-    /// The planner's profile from the model's shapes computing in `precision` on `hw` (only the
-    /// GPT has shapes the planner knows: other models are profiled by running them).
-    pub fn shapes_profile(&self, precision: Precision, hw: &Hardware) -> Result<Profile> {
-        let ModelConfig::Gpt { gpt, .. } = self else {
-            return Err(invalid!(
-                "only the GPT is planned from its shapes: profile this model with `pipewright \
-                 profile ... --out FILE` and pass --profile FILE"
-            ));
-        };
-        gpt.shapes_profile(precision.dtype().size_in_bytes(), hw)
+    fn build(&self) -> Result<Sequential> {
+        self.spec().build()
+    }
+
+    fn tied(&self) -> Vec<(String, String)> {
+        self.spec().tied()
+    }
+
+    fn tp_divides(&self) -> Vec<usize> {
+        self.spec().tp_divides()
+    }
+
+    fn shapes(&self, sample: &[usize]) -> Result<Option<ModelShapes>> {
+        self.spec().shapes(sample)
     }
 }
 
@@ -201,23 +210,39 @@ impl RunSpec {
         Ok(self.train.varuna_options(tied, balance))
     }
 
+    /// The dims of one input sample the model is sized for: `[channels, size, size]` for the
+    /// CNN's images, the window `[block_size]` for a language model.
+    pub fn sample(&self) -> Result<Vec<usize>> {
+        Ok(match (&self.model, &self.task) {
+            (ModelConfig::Cnn { cnn }, TaskSpec::Shapes { image_size }) => {
+                vec![cnn.in_channels, *image_size, *image_size]
+            }
+            (ModelConfig::Cnn { .. }, t) => {
+                return Err(invalid!("the CNN learns images, not {t:?}"))
+            }
+            (ModelConfig::Gpt { gpt, .. }, _) => vec![gpt.block_size],
+            (ModelConfig::Llama { llama, .. }, _) => vec![llama.block_size],
+        })
+    }
+
+    /// The planner's profile of this run's model from its shapes on `hw`.
+    pub fn shapes_profile(&self, hw: &Hardware) -> Result<Profile> {
+        self.model
+            .shapes_profile(&self.sample()?, self.train.precision, hw)
+    }
+
     /// This run restarted in a world of `world` ranks (see [`TrainSpec::morph`]). With
-    /// `machines` (the hardware and its ranks per node) a GPT is planned from its shapes and
-    /// the fastest layout taken; other models, which the planner cannot size without a
-    /// profile, take the layout nearest the old one.
+    /// `machines` (the hardware and its ranks per node) the model is planned from its shapes
+    /// and the fastest layout that fits taken; without, the layout nearest the old one.
     pub fn morph(
         &self,
         world: usize,
         machines: Option<(&Hardware, usize)>,
     ) -> Result<(RunSpec, Morph)> {
-        let (model, _) = self.model.build()?;
-        let planned = match (&self.model, machines) {
-            (ModelConfig::Gpt { .. }, Some((hw, per_node))) => Some((
-                hw,
-                per_node,
-                self.model.shapes_profile(self.train.precision, hw)?,
-            )),
-            _ => None,
+        let model = self.model.build()?;
+        let planned = match machines {
+            Some((hw, per_node)) => Some((hw, per_node, self.shapes_profile(hw)?)),
+            None => None,
         };
         let planner = planned
             .as_ref()
@@ -243,10 +268,9 @@ impl RunSpec {
     }
 
     /// The planner's prediction for this run's own layout on `hw` (`ranks_per_node` ranks a
-    /// node), from the model's shapes: what a run's report draws beside what it measured. A
-    /// model the planner cannot size from its shapes (not a GPT) is an error saying so.
+    /// node), from the model's shapes: what a run's report draws beside what it measured.
     pub fn predict(&self, hw: &Hardware, ranks_per_node: usize) -> Result<Prediction> {
-        let profile = self.model.shapes_profile(self.train.precision, hw)?;
+        let profile = self.shapes_profile(hw)?;
         let t = &self.train;
         let world = t.world();
         let cluster = Cluster {
@@ -271,57 +295,21 @@ impl RunSpec {
     }
 
     /// What [`RunSpec::check_fits`] sizes, per sample of `shape`: the model's name, its
-    /// parameters, the activation bytes one sample keeps, and its input's bytes.
+    /// parameters, the activation bytes one sample keeps (from the model's shapes, as the
+    /// planner sizes them), and its input's bytes.
     fn sizes(&self, shape: &TaskShape) -> Result<(String, f64, f64, f64)> {
-        let t = &self.train;
-        let (input, data) = match *shape {
-            TaskShape::Tokens { seq_len, .. } => (seq_len as f64 * 8.0, seq_len as f64),
+        let input = match *shape {
+            TaskShape::Tokens { seq_len, .. } => seq_len as f64 * 8.0,
             TaskShape::Images { channels, size, .. } => {
-                let px = size as f64 * size as f64;
-                (px * channels as f64 * 4.0, px)
+                size as f64 * size as f64 * channels as f64 * 4.0
             }
         };
-        let (what, params, kept) = match &self.model {
-            ModelConfig::Gpt { gpt, .. } => {
-                gpt.validate()?;
-                // The profile of one and of two blocks: the ends and one block's share (a
-                // profile of all n_layer blocks holds n_layer entries, too many for a huge one).
-                let bytes = t.precision.dtype().size_in_bytes();
-                let hw = Hardware::load("cpu-2core")?;
-                let kept = |n_layer| -> Result<f64> {
-                    let cfg = GptConfig { n_layer, ..*gpt };
-                    let p = cfg.shapes_profile(bytes, &hw)?;
-                    Ok(p.layers.iter().map(|l| l.kept_bytes_per_sample).sum())
-                };
-                let (one, two) = (kept(1)?, kept(2)?);
-                let kept = one + (two - one) * (gpt.n_layer as f64 - 1.0);
-                let n = gpt.param_count();
-                (format!("this GPT ({n} parameters)"), n as f64, kept)
-            }
-            ModelConfig::Llama { llama, .. } => {
-                llama.validate()?;
-                // Per layer and token: the norms' inputs and outputs, q, k, v, the attention
-                // scores of its row, the MLP's three hidden vectors; in the compute dtype.
-                let bytes = t.precision.dtype().size_in_bytes() as f64;
-                let f = |v: usize| v as f64;
-                let per_token = 6.0 * f(llama.dim)
-                    + f(llama.block_size) * f(llama.n_head)
-                    + 3.0 * f(llama.hidden);
-                let n = llama.param_count();
-                let kept = per_token * f(llama.block_size) * f(llama.n_layer) * bytes;
-                (format!("this Llama ({n} parameters)"), n as f64, kept)
-            }
-            ModelConfig::Cnn { cnn } => {
-                cnn.validate()?;
-                let maps = (2.0 * cnn.blocks as f64 + 2.0) * 3.0;
-                (
-                    "this CNN".to_string(),
-                    0.0,
-                    data * cnn.width as f64 * 4.0 * maps,
-                )
-            }
-        };
-        Ok((what, params, kept, input))
+        let shapes = self
+            .model
+            .shapes(&self.sample()?)?
+            .ok_or_else(|| invalid!("{} has no shapes to size", self.model.what()))?;
+        let kept = shapes.kept_bytes_per_sample(self.train.precision.dtype().size_in_bytes());
+        Ok((shapes.what.clone(), shapes.params(), kept, input))
     }
 
     /// The most held-out rows an evaluation forward may take at once: those whose activations
@@ -339,9 +327,8 @@ impl RunSpec {
     /// than this machine has available, for `ranks_here` of the run's ranks in this process
     /// (all of them as threads; the local ones under mpirun), on data of `shape`. Per replica:
     /// the parameters with gradients and AdamW's moments (16 bytes each in f32), the
-    /// activations its micro-batches in flight keep (the GPT's from its shapes as the planner
-    /// sizes them; the CNN's three feature maps per layer), and the global batch itself. The
-    /// CNN's parameters are checked one by one as they are built.
+    /// activations its micro-batches in flight keep (from the model's shapes, as the planner
+    /// sizes them), and the global batch itself.
     pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
         let t = &self.train;
         let (what, params, kept, input) = self.sizes(shape)?;

@@ -15,6 +15,7 @@ use pipewright::model::KvCache;
 use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::ModelSpec;
 use pipewright_models::llama::LlamaConfig;
 use pipewright_models::{hf, ModelConfig};
 
@@ -48,7 +49,7 @@ fn model() -> ModelConfig {
 /// before, and its parameters' bytes.
 fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
     let model = model();
-    let (seq, tied) = model.build().unwrap();
+    let (seq, tied) = (model.build().unwrap(), model.tied());
     let opts = VarunaOptions {
         shared_weights: tied,
         ..VarunaOptions::new(layout, 1, 1)
@@ -87,7 +88,7 @@ fn a_tensor_parallel_rank_reads_only_its_slices() {
     let _ = std::fs::remove_dir_all(&tmp);
     // A Hugging Face directory of a 3.6M-parameter Llama, written by the export.
     let saved = local::run(1, |comm| {
-        let (seq, _) = model().build()?;
+        let seq = model().build()?;
         let mut v = Varuna::new(
             &seq,
             Box::new(comm),
@@ -138,7 +139,7 @@ fn the_cache_holds_keys_and_values_only() {
     for name in ["hf-gpt2", "hf-llama"] {
         let dir = fixture(name);
         let model = hf::config_from_dir(&dir).unwrap();
-        let (seq, tied) = model.build().unwrap();
+        let (seq, tied) = (model.build().unwrap(), model.tied());
         let opts = VarunaOptions {
             shared_weights: tied,
             ..VarunaOptions::new(Layout::new(1, 1, 1).unwrap(), 1, 1)

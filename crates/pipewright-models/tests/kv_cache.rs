@@ -15,6 +15,7 @@ use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::Batch;
+use pipewright::ModelSpec;
 use pipewright_models::{hf, ModelConfig};
 
 fn fixture(name: &str) -> PathBuf {
@@ -31,7 +32,7 @@ fn with_model<R: Send>(
 ) -> R {
     let dir = fixture(name);
     let model = hf::config_from_dir(&dir).unwrap();
-    let (seq, tied) = model.build().unwrap();
+    let (seq, tied) = (model.build().unwrap(), model.tied());
     let opts = VarunaOptions {
         shared_weights: tied,
         ..VarunaOptions::new(layout, 1, 1)

@@ -15,6 +15,7 @@ use pipewright::nn::optim::OptimizerConfig;
 use pipewright::topology::Layout;
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::Batch;
+use pipewright::ModelSpec;
 use pipewright_models::{hf, ModelConfig};
 
 fn fixtures() -> PathBuf {
@@ -29,7 +30,7 @@ fn parity(file: &str) -> HashMap<String, Tensor> {
 /// it then saves into `ckpt`.
 fn load(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path) -> Tensor {
     let model = hf::config_from_dir(dir).unwrap();
-    let (seq, tied) = model.build().unwrap();
+    let (seq, tied) = (model.build().unwrap(), model.tied());
     let ids = f["input_ids"].to_dtype(DType::U32).unwrap();
     let batch = Batch::pair(ids, f["targets"].clone());
     let opts = VarunaOptions {
@@ -157,7 +158,7 @@ fn other_architectures_and_missing_tensors_are_clear_errors() {
     std::fs::write(&ip, index.to_string()).unwrap();
     std::fs::remove_file(tmp.join(&second)).unwrap();
     let model = hf::config_from_dir(&tmp).unwrap();
-    let (seq, _) = model.build().unwrap();
+    let seq = model.build().unwrap();
     let err = local::run(2, |comm| {
         let mut v = Varuna::new(
             &seq,

@@ -9,7 +9,8 @@ use pipewright::plan::Hardware;
 use pipewright::topology::Layout;
 use pipewright::varuna::Varuna;
 use pipewright::Batch;
-use pipewright_models::{CnnConfig, GptConfig, ModelConfig, RunSpec, TaskSpec};
+use pipewright::ModelSpec;
+use pipewright_models::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, TaskSpec};
 
 fn gpt_spec(layout: Layout) -> RunSpec {
     let mut train = TrainSpec::new(layout, 8, 2, 3);
@@ -41,7 +42,7 @@ fn gpt_spec(layout: Layout) -> RunSpec {
 /// The losses of the spec's steps, trained by ranks as threads.
 fn losses(spec: &RunSpec) -> Vec<f64> {
     let task = spec.build_task().unwrap();
-    let (model, _) = spec.model.build().unwrap();
+    let model = spec.model.build().unwrap();
     let opts = spec.varuna_options(&model, task.as_ref()).unwrap();
     let t = &spec.train;
     let runs = local::run(t.world(), |comm| {
@@ -109,19 +110,47 @@ fn a_morphed_spec_trains_to_the_same_losses() {
     assert!(a[2] < a[0], "the run learns: {a:?}");
 }
 
-#[test]
-fn a_gpt_morphs_through_the_planner_and_a_cnn_to_the_nearest_layout() {
+/// A world of 2 for `spec` planned on an H100 node: planned (a predicted step), `tp_ok` of the
+/// layout's tp, and a list balance made for the old stages dropped.
+fn planned_morph(spec: &RunSpec, tp_ok: impl Fn(usize) -> bool) -> RunSpec {
     let hw = Hardware::load("h100-node").unwrap();
-    let (planned, m) = gpt_spec(Layout::new(2, 2, 1).unwrap())
-        .morph(2, Some((&hw, 8)))
-        .unwrap();
+    let (planned, m) = spec.morph(2, Some((&hw, 8))).unwrap();
     let l = planned.train.layout;
     assert_eq!(l.world(), 2);
     assert!(m.step_s.is_some_and(|s| s > 0.0), "{m:?}");
-    assert!(
-        2 % l.tp == 0 && 10 % l.tp == 0,
-        "tp divides heads and vocabulary: {l}"
-    );
+    assert!(!m.why.contains("nearest"), "{m:?}");
+    assert!(tp_ok(l.tp), "{l}");
+    planned
+}
+
+#[test]
+fn every_model_morphs_through_the_planner() {
+    // The GPT's tp divides its heads and vocabulary.
+    let gpt = gpt_spec(Layout::new(2, 2, 1).unwrap());
+    planned_morph(&gpt, |tp| 2 % tp == 0 && 10 % tp == 0);
+
+    let llama = RunSpec {
+        model: ModelConfig::Llama {
+            llama: LlamaConfig {
+                vocab_size: 32,
+                block_size: 16,
+                n_layer: 4,
+                n_head: 4,
+                n_kv_head: 2,
+                dim: 32,
+                hidden: 64,
+                norm_eps: 1e-5,
+                rope_theta: 10000.0,
+            },
+            vocab: 32,
+        },
+        task: TaskSpec::Sort {
+            len: 8,
+            symbols: 16,
+        },
+        train: TrainSpec::new(Layout::new(2, 2, 1).unwrap(), 8, 2, 1),
+    };
+    planned_morph(&llama, |tp| 2 % tp == 0);
 
     let mut cnn = RunSpec {
         model: ModelConfig::Cnn {
@@ -138,12 +167,14 @@ fn a_gpt_morphs_through_the_planner_and_a_cnn_to_the_nearest_layout() {
         train: TrainSpec::new(Layout::new(4, 1, 1).unwrap(), 8, 2, 1),
     };
     cnn.train.balance = Some(Balance::Layers(vec![1, 1, 1, 1]));
-    // The planner has no shapes for the CNN: the nearest layout, whatever the machines.
-    let (small, m) = cnn.morph(2, Some((&hw, 8))).unwrap();
-    assert_eq!(small.train.layout, Layout::new(2, 1, 1).unwrap());
-    assert_eq!(m.step_s, None);
+    // The CNN does not split over tp ranks.
+    let small = planned_morph(&cnn, |tp| tp == 1);
     assert_eq!(
         small.train.balance, None,
         "a list made for 4 stages is dropped"
     );
+    // Without the machines: the layout nearest the old one.
+    let (near, m) = cnn.morph(2, None).unwrap();
+    assert_eq!(near.train.layout, Layout::new(2, 1, 1).unwrap());
+    assert_eq!(m.step_s, None);
 }

@@ -12,6 +12,7 @@ use pipewright::experiment::{Balance, Context, Experiment, Params, RunDir};
 use pipewright::pipeline::{chrome_trace, TraceEvent};
 use pipewright::plan::StepParts;
 use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::ModelSpec;
 
 use pipewright::{invalid, Batch, Error, Result, Sequential};
 use pipewright_models::{RunSpec, Task, TaskSpec};
@@ -267,7 +268,7 @@ impl Setup {
         };
         // Before the model is built: a billion layers' specs alone would not fit.
         spec.check_fits(&task.shape(), here)?;
-        let (model, tied) = spec.model.build()?;
+        let (model, tied) = (spec.model.build()?, spec.model.tied());
         if env.restart > 0 && env.world_size != spec.train.world() {
             spec = morph::morph(&a, &env, &spec)?;
             let l = spec.train.layout;

@@ -1,6 +1,7 @@
 //! The model the flags of `pipewright train` describe, and the check that no flag of another
 //! model or task is given (it would be ignored without a word).
 
+use pipewright::ModelSpec;
 use pipewright::{invalid, Result};
 use pipewright_models::{
     CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec,

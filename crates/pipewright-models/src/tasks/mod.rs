@@ -38,6 +38,17 @@ pub enum TaskShape {
     },
 }
 
+impl TaskShape {
+    /// The dims of one input sample: `[seq_len]` tokens, `[channels, size, size]` pixels (what
+    /// a model's shapes are sized for, [`pipewright::ModelSpec::shapes`]).
+    pub fn sample(&self) -> Vec<usize> {
+        match *self {
+            TaskShape::Tokens { seq_len, .. } => vec![seq_len],
+            TaskShape::Images { channels, size, .. } => vec![channels, size, size],
+        }
+    }
+}
+
 /// A forward function in evaluation mode: inputs to logits.
 pub type Predict<'a> = dyn FnMut(&Tensor) -> Result<Tensor> + 'a;
 

@@ -15,15 +15,15 @@ use super::cluster::Cluster;
 use super::context;
 use super::profile::{Fit, Profile};
 use super::shapes::ShapeCost;
-use crate::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
-use crate::pipeline::timeline::{self, Simulation};
+use crate::pipeline::timeline::Simulation;
 use crate::pipeline::{Recompute, Sharing};
 use crate::topology::Layout;
 use crate::zero::Zero;
 use crate::Result;
 
-use super::rank_memory::{rank_live_bytes, StageBytes};
+use super::after_schedule::{busiest_parts, After, RankUpdate, StageCost};
+use super::rank_memory::StageBytes;
 pub use super::rank_memory::{
     state_bytes_per_param, BACKWARD_EXTRA_SHARE, FIRST_BACKWARD_BYTES_PER_PARAM, RANK_BYTES,
     STATE_BYTES_PER_PARAM, ZERO3_LAYER_COPIES,
@@ -95,27 +95,6 @@ impl Estimate {
     pub fn bound(&self) -> Bound {
         self.breakdown.bound()
     }
-}
-
-/// One model stage's costs for one micro-batch.
-struct StageCost {
-    forward: f64,
-    backward: f64,
-    /// The split backward's input and weight parts (zero-bubble schedules).
-    backward_input: f64,
-    backward_weight: f64,
-    params: f64,
-    /// What it holds in memory.
-    bytes: StageBytes,
-    output: f64,
-    /// Of forward and backward: seconds bound by the device's ceiling, by memory, and
-    /// communicating (tp collectives, the ring).
-    compute: f64,
-    memory: f64,
-    comm: f64,
-    /// The share of its forward's and of its backward's time it computes, as measured at its
-    /// tp size (1 where unmeasured: computing throughout).
-    busy: [f64; 2],
 }
 
 /// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured
@@ -367,93 +346,27 @@ pub fn estimate(
     let sim = schedule.simulate_with(&cost, &transfer, sharing, &busy)?;
     let hw = cluster.hardware;
     let dp_link = cluster.link(tp * replicas);
-    // Below, the data-parallel sums and ZeRO's shards span the ring too.
+    let ranks = RankUpdate {
+        cluster,
+        profile,
+        schedule: &schedule,
+        costs: &costs,
+        zero: cand.zero,
+        recompute: cand.recompute,
+        micro_batches: m,
+        virtual_stages: v,
+        replicas,
+        dp_link: &dp_link,
+    };
+    let After {
+        after,
+        after_comm,
+        first,
+        slowest_grads,
+        peak_bytes,
+    } = ranks.after(crowded)?;
+    let parts = busiest_parts(&schedule, &costs, m, &recomputes);
     let dp = replicas;
-    let held_at = timeline::held(&schedule);
-    // Every rank updates at once, after the step's scalar all-reduces: ranks that share cores
-    // share them while they update, and one with little to update (pp 4's embedding stage)
-    // leaves its share to the others (measured, pp 4: the two blocks' stages updated in
-    // 0.39-0.58 ms, where all four ranks crowding the cores had been charged 0.77).
-    let shards = if cand.zero == Zero::Off { 1 } else { dp };
-    let rank_params: Vec<f64> = (0..pp)
-        .map(|r| schedule.stages_of(r).iter().map(|k| costs[*k].params).sum())
-        .collect();
-    let alone: Vec<f64> = rank_params
-        .iter()
-        .map(|p| cluster.update_seconds(profile, p / shards as f64))
-        .collect();
-    let updates = crowded.finish_times(&alone);
-    let mut after = 0f64;
-    let mut after_comm = 0f64;
-    // Pipeline rank 0's gradient sum and update, and the longest gradient sum of any rank.
-    let (mut first, mut slowest_grads) = ((0.0, 0.0), 0f64);
-    let mut peak_bytes = Vec::with_capacity(pp);
-    for (r, held) in held_at.iter().enumerate() {
-        let mine: Vec<&StageCost> = schedule.stages_of(r).iter().map(|k| &costs[*k]).collect();
-        let params = rank_params[r];
-        let bytes = params * cluster.runtime.grad_reduce_bytes;
-        // ZeRO-1 all-gathers the updated weights after the sum; ZeRO-2 reduce-scatters every
-        // micro-batch's gradients instead of one sum (in the schedule, not overlapped).
-        let grads = match cand.zero {
-            _ if dp <= 1 => 0.0,
-            Zero::Off => dp_link.all_reduce(dp, bytes),
-            Zero::OptimizerState => dp_link.all_reduce(dp, bytes) + dp_link.all_gather(dp, bytes),
-            Zero::Gradients => {
-                (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64)
-                    + dp_link.all_gather(dp, bytes)
-            }
-            // ZeRO-3: every micro-batch gathers the weights for its forward and again for its
-            // backward, and reduce-scatters its gradients (in the schedule, not overlapped).
-            Zero::Parameters => 3.0 * (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64),
-        };
-        let optimizer = updates[r];
-        // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
-        let grads = if cluster.runtime.overlap_grad_reduce && cand.zero == Zero::Off {
-            let last = mine.iter().map(|c| c.backward).sum::<f64>();
-            let bucket = bytes.min(DEFAULT_BUCKET_BYTES as f64);
-            (grads - last).max(dp_link.all_reduce(dp, bucket))
-        } else {
-            grads
-        };
-        if grads + optimizer > after {
-            after = grads + optimizer;
-            after_comm = grads;
-        }
-        if r == 0 {
-            first = (grads, optimizer);
-        }
-        slowest_grads = slowest_grads.max(grads);
-        let bytes: Vec<&StageBytes> = mine.iter().map(|c| &c.bytes).collect();
-        let state = state_bytes_per_param(cand.zero, dp, m * v == 1);
-        let zero3 = cand.zero == Zero::Parameters && dp > 1;
-        let split = schedule.splits_backward();
-        let live = rank_live_bytes(&bytes, params, state, held, cand.recompute, split, zero3);
-        peak_bytes.push(hw.runtime_bytes() as f64 + live);
-    }
-    // The busiest pipeline rank's work, split as its stages' costs are (recomputed forwards
-    // counted as forwards); the idle share is the bubble; the sums after the schedule are
-    // communication, the optimizer memory-bound.
-    let parts = (0..pp)
-        .map(|r| {
-            let mut p = [0.0; 3];
-            for k in schedule.stages_of(r) {
-                let c = &costs[k];
-                let again = (0..m).filter(|&mb| recomputes(mb)).count() as f64 * c.forward;
-                let scale = (m as f64 * (c.forward + c.backward) + again)
-                    / (c.compute + c.memory + c.comm).max(f64::MIN_POSITIVE);
-                p[0] += c.compute * scale;
-                p[1] += c.memory * scale;
-                p[2] += c.comm * scale;
-            }
-            p
-        })
-        .fold([0.0; 3], |a, p| {
-            if p.iter().sum::<f64>() > a.iter().sum() {
-                p
-            } else {
-                a
-            }
-        });
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
     // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
     // the overflow flag over the world, the norm's over the tensor-parallel group (and over the

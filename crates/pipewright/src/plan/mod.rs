@@ -21,6 +21,7 @@
 //!   predicts it.
 
 pub mod action_cost;
+mod after_schedule;
 pub mod attention_rate;
 pub mod balance;
 pub mod bound;
@@ -38,6 +39,7 @@ pub mod optimizer_cost;
 pub mod profile;
 pub mod rank_memory;
 pub mod search;
+pub mod shaped;
 pub mod shapes;
 pub mod step_parts;
 pub mod transformer;
@@ -58,6 +60,7 @@ pub use profile::{
     ActionOverhead, AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing, Transient,
 };
 pub use search::{layouts, parse_candidate, rank, search, Request};
+pub use shaped::{ModelShapes, ShapedLayer};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
 pub use step_parts::{Part, PartClock, StepParts};
 pub use transformer::Transformer;

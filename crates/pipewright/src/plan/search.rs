@@ -272,7 +272,9 @@ pub fn rank(
         }
         if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {
             return Err(invalid!(
-                "tp {tp} does not divide {d} (heads or vocabulary)"
+                "tp {tp} does not divide {d}: the model splits over tensor-parallel sizes that \
+                 divide each of {:?} (its heads, vocabulary, ...; [1]: it does not split)",
+                profile.tp_divides
             ));
         }
     }

@@ -59,6 +59,17 @@ pub struct Linear {
     pub split: Split,
 }
 
+impl Linear {
+    /// The product by an `inputs x outputs` weight that tensor parallelism splits as `split`.
+    pub fn new(inputs: usize, outputs: usize, split: Split) -> Self {
+        Self {
+            inputs,
+            outputs,
+            split,
+        }
+    }
+}
+
 /// How attention computes its scores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -121,6 +132,110 @@ const MATERIALIZED_SCORE_PASSES: f64 = 4.5;
 /// second product; [`super::context::RING_PAIR_TENSORS`] holds five at once in the backward).
 const RING_SCORE_PASSES: f64 = 4.0;
 
+/// Where attention's seconds and streamed bytes go.
+struct Parts<'a> {
+    forward: &'a mut f64,
+    backward_input: &'a mut f64,
+    streamed: &'a mut f64,
+    cost: &'a mut ShapeCost,
+}
+
+impl Parts<'_> {
+    /// A product of `g` on `curve`, `scale` times, added to `part` (forward or input
+    /// gradient) and to the resource that bounds it.
+    fn product(&mut self, curve: &GemmCurve, g: Gemm, scale: f64, forward: bool) {
+        let s = curve.seconds(&g) * scale;
+        if forward {
+            *self.forward += s;
+        } else {
+            *self.backward_input += s;
+        }
+        if curve.memory_bound(&g) {
+            self.cost.memory += s;
+        } else {
+            self.cost.compute += s;
+        }
+    }
+
+    /// The scores and values products forward, and twice each in the input gradient.
+    fn both_products(&mut self, curve: &GemmCurve, scores: Gemm, values: Gemm) {
+        self.product(curve, scores, 1.0, true);
+        self.product(curve, values, 1.0, true);
+        self.product(curve, scores, 2.0, false);
+        self.product(curve, values, 2.0, false);
+    }
+}
+
+/// Attention `a` computed by `kernel` for a micro-batch of `rows` at tp `tp` on a ring of
+/// `cp`, its seconds and streamed bytes added to `p`.
+fn attention_cost(
+    a: &AttentionShape,
+    kernel: AttentionKernel,
+    curve: &GemmCurve,
+    rows: usize,
+    tp: usize,
+    cp: usize,
+    p: &mut Parts,
+) {
+    let q = curve.dtype_bytes as f64;
+    let heads = a.heads.div_ceil(tp).max(1);
+    let d = a.head_dim;
+    let pair = |m: usize, batch: usize| {
+        let scores = Gemm {
+            m,
+            n: m,
+            k: d,
+            batch,
+        };
+        let values = Gemm {
+            m,
+            n: d,
+            k: m,
+            batch,
+        };
+        (scores, values)
+    };
+    if cp > 1 {
+        // 2cp + 1 chunk pairs per rank, their scores in memory (the ring works in f32).
+        let ch = a.seq.div_ceil(2 * cp);
+        let batch = rows * heads * (2 * cp + 1);
+        let (scores, values) = pair(ch, batch);
+        p.both_products(curve, scores, values);
+        *p.streamed += RING_SCORE_PASSES * (batch * ch * ch) as f64 * 4.0;
+        return;
+    }
+    let batch = rows * heads;
+    let (scores, values) = pair(a.seq, batch);
+    match kernel {
+        AttentionKernel::Fused => {
+            if let Some(rate) = curve.attention.as_ref() {
+                // The device's own kernel, at its measured rate.
+                let f = curve.overhead_s + rate.forward_seconds(batch, a.seq, d);
+                let b = curve.overhead_s + rate.backward_seconds(batch, a.seq, d);
+                *p.forward += f;
+                *p.backward_input += b;
+                p.cost.compute += f + b;
+                return;
+            }
+            // Half the products' work; reads q, k, v, writes the output.
+            let work = (scores.flops() + values.flops()) / 2.0;
+            let bytes = 4.0 * (batch * a.seq * d) as f64 * q;
+            let (s, bound_by_memory) = curve.roofline(work, bytes);
+            *p.forward += s;
+            *p.backward_input += 2.0 * s;
+            if bound_by_memory {
+                p.cost.memory += 3.0 * s;
+            } else {
+                p.cost.compute += 3.0 * s;
+            }
+        }
+        AttentionKernel::Materialized => {
+            p.both_products(curve, scores, values);
+            *p.streamed += MATERIALIZED_SCORE_PASSES * (batch * a.seq * a.seq) as f64 * q;
+        }
+    }
+}
+
 impl LayerShapes {
     /// Forward FLOPs per sample at tp 1, cp 1, attention's products over the causal half (the
     /// work the model needs, whatever a kernel computes and masks: the model FLOPs of MFU).
@@ -171,78 +286,15 @@ impl LayerShapes {
             product(Gemm::new(tokens, k, n), 1.0, &mut bwd_in);
             product(Gemm::new(k, n, tokens), 1.0, &mut bwd_w);
         }
-        let q = curve.dtype_bytes as f64;
         let mut streamed = 0.0;
         if let (Some(a), Some(kernel)) = (attention, self.attention) {
-            let heads = a.heads.div_ceil(tp).max(1);
-            let d = a.head_dim;
-            if cp > 1 {
-                // 2cp + 1 chunk pairs per rank, their scores in memory (the ring works in f32).
-                let ch = a.seq.div_ceil(2 * cp);
-                let batch = rows * heads * (2 * cp + 1);
-                let scores = Gemm {
-                    m: ch,
-                    n: ch,
-                    k: d,
-                    batch,
-                };
-                let values = Gemm {
-                    m: ch,
-                    n: d,
-                    k: ch,
-                    batch,
-                };
-                product(scores, 1.0, &mut fwd);
-                product(values, 1.0, &mut fwd);
-                product(scores, 2.0, &mut bwd_in);
-                product(values, 2.0, &mut bwd_in);
-                streamed += RING_SCORE_PASSES * (batch * ch * ch) as f64 * 4.0;
-            } else {
-                let batch = rows * heads;
-                let scores = Gemm {
-                    m: a.seq,
-                    n: a.seq,
-                    k: d,
-                    batch,
-                };
-                let values = Gemm {
-                    m: a.seq,
-                    n: d,
-                    k: a.seq,
-                    batch,
-                };
-                match kernel {
-                    AttentionKernel::Fused if curve.attention.is_some() => {
-                        // The device's own kernel, at its measured rate.
-                        let rate = curve.attention.as_ref().expect("matched");
-                        let f = curve.overhead_s + rate.forward_seconds(batch, a.seq, d);
-                        let b = curve.overhead_s + rate.backward_seconds(batch, a.seq, d);
-                        fwd += f;
-                        bwd_in += b;
-                        c.compute += f + b;
-                    }
-                    AttentionKernel::Fused => {
-                        // Half the products' work; reads q, k, v, writes the output.
-                        let work = (scores.flops() + values.flops()) / 2.0;
-                        let bytes = 4.0 * (batch * a.seq * d) as f64 * q;
-                        let (s, bound_by_memory) = curve.roofline(work, bytes);
-                        fwd += s;
-                        bwd_in += 2.0 * s;
-                        if bound_by_memory {
-                            c.memory += 3.0 * s;
-                        } else {
-                            c.compute += 3.0 * s;
-                        }
-                    }
-                    AttentionKernel::Materialized => {
-                        product(scores, 1.0, &mut fwd);
-                        product(values, 1.0, &mut fwd);
-                        product(scores, 2.0, &mut bwd_in);
-                        product(values, 2.0, &mut bwd_in);
-                        streamed += MATERIALIZED_SCORE_PASSES * (batch * a.seq * a.seq) as f64 * q;
-                    }
-                }
-            }
+            let mut parts = Parts {
+                forward: &mut fwd,
+                backward_input: &mut bwd_in,
+                streamed: &mut streamed,
+                cost: &mut c,
+            };
+            attention_cost(a, kernel, curve, rows, tp, cp, &mut parts);
         }
         let whole = self.elementwise_whole_bytes / if sp { tp as f64 } else { 1.0 };
         streamed += tokens as f64 * (whole + self.elementwise_split_bytes / tp as f64);

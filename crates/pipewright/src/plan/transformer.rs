@@ -7,8 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::hardware::Hardware;
-use super::profile::{AttentionShape, Fit, LayerProfile, Profile};
-use super::shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
+use super::profile::{AttentionShape, Profile};
+use super::shaped::{ModelShapes, ShapedLayer};
+use super::shapes::{AttentionKernel, LayerShapes, Linear, Split};
 use crate::{invalid, Result};
 
 /// A GPT-2/GPT-3-shaped decoder (the layers of `pipewright_models::gpt`: the embeddings, the
@@ -52,6 +53,11 @@ impl Transformer {
     /// The profile of every layer computing in `dtype_bytes`-byte elements (2: bf16/f16 on
     /// the half-precision peak; 4: f32) on `hw`.
     pub fn profile(&self, hw: &Hardware, dtype_bytes: usize) -> Result<Profile> {
+        self.shapes()?.profile(hw, dtype_bytes)
+    }
+
+    /// The model by its shapes: the embedding, `n_layer` blocks `h.0` .. and the head.
+    pub fn shapes(&self) -> Result<ModelShapes> {
         for (name, v) in [
             ("n_layer", self.n_layer),
             ("d_model", self.d_model),
@@ -70,142 +76,96 @@ impl Transformer {
                 self.n_head
             ));
         }
-        if dtype_bytes != 2 && dtype_bytes != 4 {
-            return Err(invalid!(
-                "dtype_bytes is 2 (bf16, f16) or 4 (f32), not {dtype_bytes}"
-            ));
-        }
         let (h, v, s) = (self.d_model as f64, self.vocab as f64, self.seq as f64);
-        let q = dtype_bytes as f64;
-        let curve = hw.gemm(dtype_bytes == 2);
-        let bw = hw.memory_bandwidth_bytes_per_s;
         let (d, vocab, seq) = (self.d_model, self.vocab, self.seq);
-        // Per token, `kept` and `kept_whole` in hidden-size units, `deferred` in elements;
-        // element-wise bytes per token in elements. The fits are the shapes' costs at tp 1,
-        // cp 1 (what balancing and the profile's own printout read); the planner costs the
-        // shapes at each candidate's sizes.
-        let layer = |name: String,
-                     params: f64,
-                     shapes: LayerShapes,
-                     attention: Option<AttentionShape>,
-                     kept: (f64, f64),
-                     deferred: f64| {
-            let cost = |rows: usize| shapes.cost(attention.as_ref(), &curve, bw, rows, 1, 1, false);
-            let fit = |part: fn(&ShapeCost) -> f64| {
-                let points: Vec<(f64, f64)> =
-                    [1, 2, 4, 8].map(|r| (r as f64, part(&cost(r)))).to_vec();
-                Fit::through(&points)
-            };
-            let all_reduces = if name.starts_with("h.") { 2.0 } else { 1.0 };
-            LayerProfile {
-                name,
-                params: params as u64,
+        // Per token: `kept` and `kept_whole` in hidden-size units, `deferred` and element-wise
+        // passes in elements.
+        let unit = |name: &str, count, params, shapes, attention, kept: (f64, f64), deferred| {
+            let stack = name == "h";
+            ShapedLayer {
+                name: name.into(),
+                count,
+                first: stack.then_some(0),
+                params,
                 tp_split: true,
-                forward: fit(|c| c.forward),
-                backward: fit(|c| c.backward_input + c.backward_weight),
-                backward_input: Some(fit(|c| c.backward_input)),
-                backward_weight: Some(fit(|c| c.backward_weight)),
-                output_bytes_per_sample: s * h * q,
-                kept_bytes_per_sample: kept.0 * s * h * q,
-                kept_whole_bytes_per_sample: kept.1 * s * h * q,
-                transient: None,
-                split_kept_bytes_per_sample: None,
-                deferred_bytes_per_sample: deferred * s * q,
+                shapes,
+                attention,
+                output: s * h,
+                kept: kept.0 * s * h,
+                kept_whole: kept.1 * s * h,
+                deferred: deferred * s,
                 // Megatron's two all-reduces of the hidden state per block (one in the
                 // embedding and in the head).
-                tp_all_reduce_bytes_per_sample: all_reduces * s * h * q,
-                split: Vec::new(),
-                measured: Vec::new(),
-                attention,
-                shapes: Some(shapes),
+                tp_all_reduce: if stack { 2.0 } else { 1.0 } * s * h,
             }
-        };
-        let linear = |inputs, outputs, split| Linear {
-            inputs,
-            outputs,
-            split,
         };
         // The embedding: a gather of token and position rows and their sum.
         let embed = LayerShapes {
             tokens: seq,
             linear: Vec::new(),
             attention: None,
-            elementwise_whole_bytes: 4.0 * h * q,
+            elementwise_whole_bytes: 4.0 * h,
             elementwise_split_bytes: 0.0,
         };
-        let mut layers = vec![layer(
-            "embedding".into(),
-            v * h + s * h,
-            embed,
-            None,
-            (1.0, 1.0),
-            h,
-        )];
-        for i in 0..self.n_layer {
-            // q|k|v (column-parallel), the projection (row-parallel), the MLP's two (column,
-            // row); element-wise: two norms and two residual sums whole (10 h per token), the
-            // biases, GELU and attention's reshapes over split activations (24 h). Kept: the
-            // input, both norms, the projection and MLP outputs and the residual sum whole (6 h
-            // per token), q|k|v, the attention output and the MLP's hidden layer split (8 h);
-            // the split backward holds the four products' output gradients (9 h).
-            let block = LayerShapes {
-                tokens: seq,
-                linear: vec![
-                    linear(d, 3 * d, Split::Columns),
-                    linear(d, d, Split::Rows),
-                    linear(d, 4 * d, Split::Columns),
-                    linear(4 * d, d, Split::Rows),
-                ],
-                attention: Some(self.attention),
-                elementwise_whole_bytes: 10.0 * h * q,
-                elementwise_split_bytes: 24.0 * h * q,
-            };
-            let attention = Some(AttentionShape {
-                heads: self.n_head,
-                kv_heads: self.n_head,
-                head_dim: self.d_model / self.n_head,
-                seq: self.seq,
-            });
-            layers.push(layer(
-                format!("h.{i}"),
-                12.0 * h * h + 13.0 * h,
-                block,
-                attention,
-                (14.0, 6.0),
-                9.0 * h,
-            ));
-        }
+        // q|k|v (column-parallel), the projection (row-parallel), the MLP's two (column, row);
+        // element-wise: two norms and two residual sums whole (10 h per token), the biases,
+        // GELU and attention's reshapes over split activations (24 h). Kept: the input, both
+        // norms, the projection and MLP outputs and the residual sum whole (6 h per token),
+        // q|k|v, the attention output and the MLP's hidden layer split (8 h); the split
+        // backward holds the four products' output gradients (9 h).
+        let block = LayerShapes {
+            tokens: seq,
+            linear: vec![
+                Linear::new(d, 3 * d, Split::Columns),
+                Linear::new(d, d, Split::Rows),
+                Linear::new(d, 4 * d, Split::Columns),
+                Linear::new(4 * d, d, Split::Rows),
+            ],
+            attention: Some(self.attention),
+            elementwise_whole_bytes: 10.0 * h,
+            elementwise_split_bytes: 24.0 * h,
+        };
+        let attention = Some(AttentionShape {
+            heads: self.n_head,
+            kv_heads: self.n_head,
+            head_dim: self.d_model / self.n_head,
+            seq: self.seq,
+        });
         // The final norm and the head (tied to the embedding, so a separate stage holds a
         // copy): logits kept for the cross-entropy, split over the vocabulary, which reads
         // and writes them about four times.
         let head = LayerShapes {
             tokens: seq,
-            linear: vec![linear(d, vocab, Split::Columns)],
+            linear: vec![Linear::new(d, vocab, Split::Columns)],
             attention: None,
-            elementwise_whole_bytes: 2.0 * h * q,
-            elementwise_split_bytes: 4.0 * v * q,
+            elementwise_whole_bytes: 2.0 * h,
+            elementwise_split_bytes: 4.0 * v,
         };
-        layers.push(layer(
-            "head".into(),
-            v * h + 2.0 * h,
-            head,
-            None,
-            (2.0 + v / h, 2.0),
-            v,
-        ));
-        let n = layers.len();
-        Ok(Profile {
-            source: format!("shapes on {}", hw.name),
-            dtype_bytes,
+        let layers = vec![
+            unit("embedding", 1, v * h + s * h, embed, None, (1.0, 1.0), h),
+            unit(
+                "h",
+                self.n_layer,
+                12.0 * h * h + 13.0 * h,
+                block,
+                attention,
+                (14.0, 6.0),
+                9.0 * h,
+            ),
+            unit(
+                "head",
+                1,
+                v * h + 2.0 * h,
+                head,
+                None,
+                (2.0 + v / h, 2.0),
+                v,
+            ),
+        ];
+        Ok(ModelShapes {
+            what: format!("this GPT ({} parameters)", self.params()),
             layers,
-            bounds: (0..=n).collect(),
             tp_divides: vec![self.n_head],
-            // The peak is the whole device's.
-            threads: hw.cores_per_device,
-            optimizer: None,
-            accumulate: None,
-            crowded_efficiency: None,
-            action_overhead: None,
         })
     }
 }

@@ -1,0 +1,178 @@
+//! What each pipeline rank does once its schedule has run (the gradient sums over the
+//! replicas, ZeRO's gathers, the optimizer) and what it holds at its peak; and how the
+//! busiest rank's work splits between compute, memory and communication. Part of
+//! [`super::estimate()`], which replays the schedule first.
+
+use super::cluster::Cluster;
+use super::hardware::Link;
+use super::profile::Profile;
+use super::rank_memory::{rank_live_bytes, state_bytes_per_param, StageBytes};
+use crate::data_parallel::DEFAULT_BUCKET_BYTES;
+use crate::pipeline::schedule::Schedule;
+use crate::pipeline::timeline;
+use crate::pipeline::{Recompute, Sharing};
+use crate::zero::Zero;
+use crate::Result;
+
+/// One model stage's costs for one micro-batch.
+pub(super) struct StageCost {
+    pub forward: f64,
+    pub backward: f64,
+    /// The split backward's input and weight parts (zero-bubble schedules).
+    pub backward_input: f64,
+    pub backward_weight: f64,
+    pub params: f64,
+    /// What it holds in memory.
+    pub bytes: StageBytes,
+    pub output: f64,
+    /// Of forward and backward: seconds bound by the device's ceiling, by memory, and
+    /// communicating (tp collectives, the ring).
+    pub compute: f64,
+    pub memory: f64,
+    pub comm: f64,
+    /// The share of its forward's and of its backward's time it computes, as measured at its
+    /// tp size (1 where unmeasured: computing throughout).
+    pub busy: [f64; 2],
+}
+
+/// The pipeline ranks of a candidate after the schedule.
+pub(super) struct RankUpdate<'a> {
+    pub cluster: &'a Cluster<'a>,
+    pub profile: &'a Profile,
+    pub schedule: &'a Schedule,
+    pub costs: &'a [StageCost],
+    pub zero: Zero,
+    pub recompute: Recompute,
+    pub micro_batches: usize,
+    pub virtual_stages: usize,
+    /// The ranks that sum gradients and share ZeRO's pieces (the ring's too).
+    pub replicas: usize,
+    pub dp_link: &'a Link,
+}
+
+/// What [`RankUpdate::after`] finds.
+pub(super) struct After {
+    /// The longest gradient sum and update of any rank ...
+    pub after: f64,
+    /// ... and its communication.
+    pub after_comm: f64,
+    /// Pipeline rank 0's gradient sum and update.
+    pub first: (f64, f64),
+    /// The longest gradient sum of any rank.
+    pub slowest_grads: f64,
+    /// Each pipeline rank's peak bytes.
+    pub peak_bytes: Vec<f64>,
+}
+
+impl RankUpdate<'_> {
+    /// Every rank updates at once, after the step's scalar all-reduces: ranks that share cores
+    /// share them while they update (`crowded`), and one with little to update (pp 4's
+    /// embedding stage) leaves its share to the others (measured, pp 4: the two blocks'
+    /// stages updated in 0.39-0.58 ms, where all four ranks crowding the cores had been
+    /// charged 0.77).
+    pub fn after(&self, crowded: Sharing) -> Result<After> {
+        let (m, v, dp) = (self.micro_batches, self.virtual_stages, self.replicas);
+        let pp = self.schedule.ranks;
+        let dp_link = self.dp_link;
+        let held_at = timeline::held(self.schedule);
+        let shards = if self.zero == Zero::Off { 1 } else { dp };
+        let rank_params: Vec<f64> = (0..pp)
+            .map(|r| {
+                let stages = self.schedule.stages_of(r);
+                stages.iter().map(|k| self.costs[*k].params).sum()
+            })
+            .collect();
+        let alone: Vec<f64> = rank_params
+            .iter()
+            .map(|p| self.cluster.update_seconds(self.profile, p / shards as f64))
+            .collect();
+        let updates = crowded.finish_times(&alone);
+        let mut a = After {
+            after: 0.0,
+            after_comm: 0.0,
+            first: (0.0, 0.0),
+            slowest_grads: 0.0,
+            peak_bytes: Vec::with_capacity(pp),
+        };
+        for (r, held) in held_at.iter().enumerate() {
+            let stages = self.schedule.stages_of(r);
+            let mine: Vec<&StageCost> = stages.iter().map(|k| &self.costs[*k]).collect();
+            let params = rank_params[r];
+            let bytes = params * self.cluster.runtime.grad_reduce_bytes;
+            // ZeRO-1 all-gathers the updated weights after the sum; ZeRO-2 reduce-scatters
+            // every micro-batch's gradients instead of one sum (in the schedule, not
+            // overlapped).
+            let grads = match self.zero {
+                _ if dp <= 1 => 0.0,
+                Zero::Off => dp_link.all_reduce(dp, bytes),
+                Zero::OptimizerState => {
+                    dp_link.all_reduce(dp, bytes) + dp_link.all_gather(dp, bytes)
+                }
+                Zero::Gradients => {
+                    (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64)
+                        + dp_link.all_gather(dp, bytes)
+                }
+                // ZeRO-3: every micro-batch gathers the weights for its forward and again for
+                // its backward, and reduce-scatters its gradients (in the schedule, not
+                // overlapped).
+                Zero::Parameters => 3.0 * (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64),
+            };
+            let optimizer = updates[r];
+            // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
+            let grads = if self.cluster.runtime.overlap_grad_reduce && self.zero == Zero::Off {
+                let last = mine.iter().map(|c| c.backward).sum::<f64>();
+                let bucket = bytes.min(DEFAULT_BUCKET_BYTES as f64);
+                (grads - last).max(dp_link.all_reduce(dp, bucket))
+            } else {
+                grads
+            };
+            if grads + optimizer > a.after {
+                a.after = grads + optimizer;
+                a.after_comm = grads;
+            }
+            if r == 0 {
+                a.first = (grads, optimizer);
+            }
+            a.slowest_grads = a.slowest_grads.max(grads);
+            let bytes: Vec<&StageBytes> = mine.iter().map(|c| &c.bytes).collect();
+            let state = state_bytes_per_param(self.zero, dp, m * v == 1);
+            let zero3 = self.zero == Zero::Parameters && dp > 1;
+            let split = self.schedule.splits_backward();
+            let live = rank_live_bytes(&bytes, params, state, held, self.recompute, split, zero3);
+            a.peak_bytes
+                .push(self.cluster.hardware.runtime_bytes() as f64 + live);
+        }
+        Ok(a)
+    }
+}
+
+/// The busiest pipeline rank's work over the schedule, split as its stages' costs are
+/// (compute, memory, communication; recomputed forwards counted as forwards).
+pub(super) fn busiest_parts(
+    schedule: &Schedule,
+    costs: &[StageCost],
+    m: usize,
+    recomputes: &dyn Fn(usize) -> bool,
+) -> [f64; 3] {
+    (0..schedule.ranks)
+        .map(|r| {
+            let mut p = [0.0; 3];
+            for k in schedule.stages_of(r) {
+                let c = &costs[k];
+                let again = (0..m).filter(|&mb| recomputes(mb)).count() as f64 * c.forward;
+                let scale = (m as f64 * (c.forward + c.backward) + again)
+                    / (c.compute + c.memory + c.comm).max(f64::MIN_POSITIVE);
+                p[0] += c.compute * scale;
+                p[1] += c.memory * scale;
+                p[2] += c.comm * scale;
+            }
+            p
+        })
+        .fold([0.0; 3], |a, p| {
+            if p.iter().sum::<f64>() > a.iter().sum() {
+                p
+            } else {
+                a
+            }
+        })
+}
