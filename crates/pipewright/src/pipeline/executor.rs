@@ -15,27 +15,24 @@
 //! only input, bias and norm gradients, and the weight-gradient action (W) of the same
 //! micro-batch computes the queued weight gradients later.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 
-use super::backward::{Saved, Step};
+use super::actions::{Held, StepState};
 use super::evaluate::ForwardOnly;
-use super::io::check_arity;
 pub use super::options::PipelineOptions;
-use super::schedule::{Action, Schedule};
+use super::schedule::Schedule;
 use super::sink::GradSink;
 use super::stage::PipelineStage;
 use super::tied::Tied;
 use super::trace::TraceEvent;
-use super::transfer::send_activation;
 use crate::batch::Batch;
 use crate::comm::TpGroup;
-use crate::comm::{Communicator, Pending, ReduceOp};
+use crate::comm::{Communicator, ReduceOp};
 use crate::loss::SharedLoss;
 use crate::model::deferred::leftover;
 use crate::model::{Build, LayerParams, Sequential};
@@ -54,12 +51,8 @@ pub struct Pipeline {
     params: Vec<(String, Var)>,
     /// The names of the sharded parameters.
     sharded: Vec<String>,
-    /// Activations held now and at most during the last step (micro-batches, all stages).
-    held: usize,
-    peak_held: usize,
-    /// Stage inputs held now and at most during the last step.
-    inputs_held: usize,
-    peak_inputs: usize,
+    /// Activations and stage inputs held at most during the last step.
+    held: Held,
     /// Executed actions, when tracing.
     trace: Option<Vec<TraceEvent>>,
     epoch: Instant,
@@ -99,10 +92,7 @@ impl Pipeline {
             tied,
             params,
             sharded,
-            held: 0,
-            peak_held: 0,
-            inputs_held: 0,
-            peak_inputs: 0,
+            held: Held::default(),
             trace: None,
             epoch: Instant::now(),
         })
@@ -226,12 +216,12 @@ impl Pipeline {
     /// Most micro-batch activations (the graph of a stage's forward) this rank held at once
     /// between actions during the last step.
     pub fn peak_activations(&self) -> usize {
-        self.peak_held
+        self.held.peak_activations
     }
 
     /// Most stage inputs this rank held at once during the last step.
     pub fn peak_inputs(&self) -> usize {
-        self.peak_inputs
+        self.held.peak_inputs
     }
 
     /// Starts recording every executed action (see [`Pipeline::take_trace`]).
@@ -263,7 +253,7 @@ impl Pipeline {
         batch: &Batch,
         denominator: usize,
         loss_scale: f64,
-        mut sink: Option<&mut dyn GradSink>,
+        sink: Option<&mut dyn GradSink>,
     ) -> Result<(f64, Grads)> {
         let mbs = batch.split(self.stage.opts.chunks)?;
         if mbs.len() != self.schedule.micro_batches {
@@ -275,22 +265,7 @@ impl Pipeline {
                 self.schedule.micro_batches
             ));
         }
-        let last = self.stage.stage_count() - 1;
-        let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
-        let mut sends: Vec<Pending<()>> = Vec::new();
-        let mut grads = Grads::new();
-        let mut awaiting_weight: HashMap<(usize, usize), bool> = HashMap::new();
-        // A sink's micro-batch gradients, until complete (their weight part comes later under
-        // a split backward).
-        let mut partial: HashMap<(usize, usize), Grads> = HashMap::new();
-        let mut arity: HashMap<usize, (usize, usize, bool)> = HashMap::new();
-        let mut loss = 0.0;
-        (
-            self.held,
-            self.peak_held,
-            self.inputs_held,
-            self.peak_inputs,
-        ) = (0, 0, 0, 0);
+        let mut st = StepState::new(&self.stage, mbs, denominator, loss_scale, sink);
         let actions = self.schedule.actions[self.stage.comm.rank()].clone();
         for a in actions {
             let started = self.epoch.elapsed().as_secs_f64() * 1e6;
@@ -300,111 +275,7 @@ impl Pipeline {
                 .trace
                 .as_ref()
                 .and_then(|_| crate::cpu_time::thread_cpu_seconds());
-            let mut recomputed = false;
-            let (mb, k) = (a.mb(), a.stage());
-            match a {
-                Action::Forward { .. } => {
-                    let input = self.stage.stage_input(k, mb, &mbs[mb])?;
-                    let imports = self.stage.import_skips(k, mb)?;
-                    let x = input.activation.clone();
-                    let (out, exports, cuts) = self.stage.train_forward(
-                        (k, mb),
-                        x,
-                        &imports,
-                        &mbs[mb],
-                        denominator,
-                        false,
-                    )?;
-                    self.stage.export_skips(mb, &exports, &mut sends)?;
-                    if k == last {
-                        let l = out.tensors()[0].to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                        loss += l;
-                    } else {
-                        check_arity(&mut arity, k, mb, &out)?;
-                        let (to, msg) = (
-                            self.stage.rank_of(k + 1),
-                            self.stage.tags.activation(mb, k, false),
-                        );
-                        sends.extend(send_activation(self.stage.comm.as_ref(), &out, to, msg)?);
-                    }
-                    let keep = self
-                        .stage
-                        .opts
-                        .recompute
-                        .keeps(mb, self.schedule.micro_batches);
-                    // Dropping the output drops the graph behind it: only the input stays.
-                    saved.insert(
-                        (mb, k),
-                        Saved {
-                            input: input.activation,
-                            vars: input.vars,
-                            output: keep.then_some(out),
-                            imports,
-                            exports: keep.then_some(exports),
-                            cuts: cuts.filter(|_| keep),
-                        },
-                    );
-                    if keep {
-                        self.held += 1;
-                        self.peak_held = self.peak_held.max(self.held);
-                    }
-                    self.inputs_held += 1;
-                    self.peak_inputs = self.peak_inputs.max(self.inputs_held);
-                }
-                Action::Backward { .. } | Action::BackwardInput { .. } => {
-                    let s = saved.remove(&(mb, k)).ok_or_else(|| {
-                        invalid!("stage {k}: backward of micro-batch {mb} before its forward")
-                    })?;
-                    let kept = s.output.is_some();
-                    let ctx = Step {
-                        batch: &mbs[mb],
-                        denominator,
-                        loss_scale,
-                    };
-                    let split = matches!(a, Action::BackwardInput { .. });
-                    let mut mine = Grads::new();
-                    // Each layer's (or the stage's) gradients as the backward gives them: to
-                    // the sink at once, unless their weight part is still to come.
-                    let mut give = |layers: Range<usize>, g: Grads| -> Result<()> {
-                        match sink.as_deref_mut() {
-                            Some(sink) if !split => grads.accumulate(sink.take(k, layers, g)?),
-                            Some(_) => mine.accumulate(g),
-                            None => grads.accumulate(g),
-                        }
-                    };
-                    recomputed = self
-                        .stage
-                        .backward(s, (k, mb), &ctx, &mut give, &mut sends)?;
-                    if split && sink.is_some() {
-                        partial.insert((mb, k), mine);
-                    }
-                    // Under a split backward the activations stay until the weight gradient.
-                    if matches!(a, Action::BackwardInput { .. }) {
-                        awaiting_weight.insert((mb, k), kept);
-                    } else if kept {
-                        self.held -= 1;
-                    }
-                    self.inputs_held -= 1;
-                }
-                Action::BackwardWeight { .. } => {
-                    let queue = self.stage.queue.as_ref().ok_or_else(|| {
-                        invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
-                    })?;
-                    let weights = queue.weight_grads(mb + self.stage.mb_offset)?;
-                    match sink.as_deref_mut() {
-                        Some(sink) => {
-                            let mut mine = partial.remove(&(mb, k)).unwrap_or_default();
-                            mine.accumulate(weights)?;
-                            let layers = self.stage.ranges[k].clone();
-                            grads.accumulate(sink.take(k, layers, mine)?)?;
-                        }
-                        None => grads.accumulate(weights)?,
-                    }
-                    if awaiting_weight.remove(&(mb, k)) == Some(true) {
-                        self.held -= 1;
-                    }
-                }
-            }
+            let recomputed = st.run(a)?;
             if let Some(trace) = self.trace.as_mut() {
                 let now = self.epoch.elapsed().as_secs_f64() * 1e6;
                 let waited = self.stage.waited_ns.load(Ordering::Relaxed) - waited_before;
@@ -421,6 +292,14 @@ impl Pipeline {
                 });
             }
         }
+        let StepState {
+            sends,
+            mut grads,
+            loss,
+            held,
+            ..
+        } = st;
+        self.held = held;
         for s in sends {
             s.wait()?;
         }

@@ -7,6 +7,7 @@
 //! [`transfer`], skip routing in [`skip`], tied weights in [`tied`], recomputation in
 //! [`recompute`], evaluation in [`evaluate`] and traces in [`trace`].
 
+mod actions;
 mod backward;
 pub mod evaluate;
 pub mod executor;
