@@ -198,38 +198,7 @@ impl ModelSpec for CnnConfig {
                 self.in_channels
             ));
         }
-        let f = |v: usize| v as f64;
-        // Per convolution and output pixel, pipewright's composed BatchNorm (the batch's mean
-        // and variance, then subtract, divide, scale, shift) keeps six maps beside the
-        // product's and ReLU's (or the sum's), and its element-wise ops stream about twenty;
-        // the product unfolds its `k x k x in` patches (im2col), written and read.
-        let unit = |name: &str, first, count, pixels: usize, linear: Vec<Linear>, out: usize| {
-            let convs = linear.len() as f64;
-            let weights: f64 = linear.iter().map(|l| f(l.inputs) * f(l.outputs)).sum();
-            let patches: f64 = linear.iter().map(|l| 2.0 * f(l.inputs)).sum();
-            let kept = 8.0 * convs * f(out);
-            ShapedLayer {
-                name: name.into(),
-                count,
-                first,
-                // Each BatchNorm's scale and shift beside the products' weights.
-                params: weights + 2.0 * f(out) * convs,
-                tp_split: false,
-                shapes: LayerShapes {
-                    tokens: pixels,
-                    linear,
-                    attention: None,
-                    elementwise_whole_bytes: 20.0 * convs * f(out) + patches,
-                    elementwise_split_bytes: 0.0,
-                },
-                attention: None,
-                output: f(pixels) * f(out),
-                kept: f(pixels) * kept,
-                kept_whole: f(pixels) * kept,
-                deferred: f(pixels) * f(out),
-                tp_all_reduce: 0.0,
-            }
-        };
+        let unit = conv_unit;
         let conv = |inp: usize, out: usize, k: usize| Linear::new(k * k * inp, out, Split::None);
         let stem = vec![conv(channels, self.width, 3)];
         let mut layers = vec![unit("stem", None, 1, height * width, stem, self.width)];
@@ -265,42 +234,90 @@ impl ModelSpec for CnnConfig {
             i += 1 + rest;
             inp = out;
         }
-        // Global average pooling (reads the last maps), then the classifier (and the long
-        // skip's map of the stem's pooled features).
-        let mut linear = vec![Linear::new(inp, self.classes, Split::None)];
-        if self.long_skip {
-            linear.push(Linear::new(self.width, self.classes, Split::None));
-        }
-        // The classifier's bias beside the weights.
-        let params = linear
-            .iter()
-            .map(|l| f(l.inputs) * f(l.outputs))
-            .sum::<f64>()
-            + f(self.classes);
-        layers.push(ShapedLayer {
-            name: "head".into(),
-            count: 1,
-            first: None,
-            params,
-            tp_split: false,
-            shapes: LayerShapes {
-                tokens: 1,
-                linear,
-                attention: None,
-                elementwise_whole_bytes: f(h * w * inp),
-                elementwise_split_bytes: 0.0,
-            },
-            attention: None,
-            output: f(self.classes),
-            kept: f(inp + self.classes),
-            kept_whole: f(inp + self.classes),
-            deferred: f(self.classes),
-            tp_all_reduce: 0.0,
-        });
+        layers.push(cnn_head(self, h * w, inp));
         Ok(Some(ModelShapes {
             what: self.what(),
             layers,
             tp_divides: vec![1],
         }))
+    }
+}
+
+/// `count` units of convolutions `linear` over `pixels` output pixels of `out` channels each
+/// (numbered from `first` when a stack). Per convolution and output pixel, pipewright's
+/// composed BatchNorm (the batch's mean and variance, then subtract, divide, scale, shift)
+/// keeps six maps beside the product's and ReLU's (or the sum's), and its element-wise ops
+/// stream about twenty; the product unfolds its `k x k x in` patches (im2col), written and
+/// read.
+fn conv_unit(
+    name: &str,
+    first: Option<usize>,
+    count: usize,
+    pixels: usize,
+    linear: Vec<Linear>,
+    out: usize,
+) -> ShapedLayer {
+    let f = |v: usize| v as f64;
+    let convs = linear.len() as f64;
+    let weights: f64 = linear.iter().map(|l| f(l.inputs) * f(l.outputs)).sum();
+    let patches: f64 = linear.iter().map(|l| 2.0 * f(l.inputs)).sum();
+    let kept = 8.0 * convs * f(out);
+    ShapedLayer {
+        name: name.into(),
+        count,
+        first,
+        // Each BatchNorm's scale and shift beside the products' weights.
+        params: weights + 2.0 * f(out) * convs,
+        tp_split: false,
+        shapes: LayerShapes {
+            tokens: pixels,
+            linear,
+            attention: None,
+            elementwise_whole_bytes: 20.0 * convs * f(out) + patches,
+            elementwise_split_bytes: 0.0,
+        },
+        attention: None,
+        output: f(pixels) * f(out),
+        kept: f(pixels) * kept,
+        kept_whole: f(pixels) * kept,
+        deferred: f(pixels) * f(out),
+        tp_all_reduce: 0.0,
+    }
+}
+
+/// The CNN's head over `pixels` of the last blocks' `channels`: global average pooling (it
+/// reads the last maps), then the classifier (and the long skip's map of the stem's pooled
+/// features).
+fn cnn_head(cfg: &CnnConfig, pixels: usize, channels: usize) -> ShapedLayer {
+    let f = |v: usize| v as f64;
+    let mut linear = vec![Linear::new(channels, cfg.classes, Split::None)];
+    if cfg.long_skip {
+        linear.push(Linear::new(cfg.width, cfg.classes, Split::None));
+    }
+    // The classifier's bias beside the weights.
+    let params = linear
+        .iter()
+        .map(|l| f(l.inputs) * f(l.outputs))
+        .sum::<f64>()
+        + f(cfg.classes);
+    ShapedLayer {
+        name: "head".into(),
+        count: 1,
+        first: None,
+        params,
+        tp_split: false,
+        shapes: LayerShapes {
+            tokens: 1,
+            linear,
+            attention: None,
+            elementwise_whole_bytes: f(pixels * channels),
+            elementwise_split_bytes: 0.0,
+        },
+        attention: None,
+        output: f(cfg.classes),
+        kept: f(channels + cfg.classes),
+        kept_whole: f(channels + cfg.classes),
+        deferred: f(cfg.classes),
+        tp_all_reduce: 0.0,
     }
 }

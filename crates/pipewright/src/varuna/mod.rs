@@ -21,6 +21,7 @@ mod context;
 mod describe;
 mod generate;
 mod options;
+mod step;
 mod zero;
 
 use candle_core::{Device, Tensor, Var};
@@ -33,17 +34,16 @@ pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 use crate::batch::Batch;
 use crate::comm::TpGroup;
 use crate::comm::{axis_group, Communicator, ReduceOp};
-use crate::data_parallel::all_reduce_grads;
 use crate::grads::Grads;
 use crate::init::Init;
 use crate::model::{Build, Sequential};
 use crate::nn::optim::{scale_to_norm, Optimizer};
-use crate::pipeline::{GradSink, Pipeline, PipelineOptions, TraceEvent};
+use crate::pipeline::{Pipeline, PipelineOptions, TraceEvent};
 use crate::plan::{Part, PartClock, StepParts};
-use crate::precision::{has_overflow, to_master_grads, LossScaler, MasterWeights, Precision};
+use crate::precision::{has_overflow, LossScaler, MasterWeights, Precision};
 use crate::topology::{Axis, Coords, Topology};
-use crate::zero::{ShardedGrads, Zero};
-use crate::{invalid, Error, Result};
+use crate::zero::Zero;
+use crate::{invalid, Result};
 
 type GradHook = Box<dyn FnMut(&mut Grads) + Send>;
 
@@ -279,39 +279,7 @@ impl Varuna {
             ));
         }
         let scale = self.loss_scale();
-        // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
-        let by_layer = self.zero() == Zero::Parameters;
-        let mut sharded = (self.zero().shards_grads())
-            .then(|| self.weights.sharded())
-            .flatten()
-            .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale, by_layer));
-        let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
-        let (loss, produced) = self
-            .pipeline
-            .loss_and_grads_into(&batch, total, scale, sink)?;
-        self.wall += clock.lap(Part::Pipeline);
-        let events = self.pipeline.take_trace();
-        self.busy += events
-            .iter()
-            .map(|e| (e.dur_us - e.wait_us).max(0.0) * 1e-6)
-            .sum::<f64>();
-        if let Some(t) = self.trace.as_mut() {
-            t.extend(events);
-        }
-        let mut grads = match sharded {
-            Some(s) => s.finish(&produced)?,
-            // f32 and unscaled in one pass (the scale is a power of two: exact).
-            None => to_master_grads(&produced, 1.0 / scale)?,
-        };
-        // Freed as the sum replaces them, bucket by bucket, not held through the step.
-        drop(produced);
-        if let Some(hook) = self.grad_hook.as_mut() {
-            hook(&mut grads);
-        }
-        if !self.zero().shards_grads() {
-            all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
-        }
-        clock.lap(Part::Gradients);
+        let (loss, mut grads) = self.replica_grads(&batch, total, scale, &mut clock)?;
         let loss = self
             .dp
             .all_reduce(&Tensor::new(&[loss], &Device::Cpu)?, ReduceOp::Sum)?
@@ -338,30 +306,7 @@ impl Varuna {
         };
         self.pipeline.finish_step();
         if overflow {
-            match self.scaler.as_mut() {
-                Some(s) => {
-                    s.update(true);
-                    if let Some(why) = s.diverged() {
-                        return Err(invalid!("f16 training stopped at step {}: {why}", step + 1));
-                    }
-                    return Ok(outcome);
-                }
-                // Steps count from 1 (`step` is how many were taken before this one).
-                None if !loss.is_finite() => {
-                    return Err(Error::NonFiniteLoss {
-                        step: step + 1,
-                        loss,
-                    })
-                }
-                None => {
-                    return Err(invalid!(
-                        "a gradient is inf or NaN at step {} ({} has no loss scaling to skip \
-                         it): lower the learning rate or enable clipping",
-                        step + 1,
-                        self.opts.precision
-                    ))
-                }
-            }
+            return self.after_overflow(outcome);
         }
         let norm = if self.zero().shards_grads() {
             self.pipeline
