@@ -198,10 +198,9 @@ impl ModelSpec for CnnConfig {
                 self.in_channels
             ));
         }
-        let unit = conv_unit;
         let conv = |inp: usize, out: usize, k: usize| Linear::new(k * k * inp, out, Split::None);
         let stem = vec![conv(channels, self.width, 3)];
-        let mut layers = vec![unit("stem", None, 1, height * width, stem, self.width)];
+        let mut layers = vec![conv_unit("stem", None, 1, height * width, stem, self.width)];
         // Stage by stage: its first block (strided, with a shortcut, past the first stage),
         // then the rest of the stage's blocks, all alike.
         let (mut h, mut w, mut inp) = (height, width, self.width);
@@ -224,12 +223,12 @@ impl ModelSpec for CnnConfig {
             if stride != 1 {
                 first.push(conv(inp, out, 1));
             }
-            layers.push(unit("blocks", Some(i), 1, h * w, first, out));
+            layers.push(conv_unit("blocks", Some(i), 1, h * w, first, out));
             let rest =
                 (self.blocks_per_stage - i % self.blocks_per_stage - 1).min(self.blocks - i - 1);
             if rest > 0 {
                 let same = vec![conv(out, out, 3), conv(out, out, 3)];
-                layers.push(unit("blocks", Some(i + 1), rest, h * w, same, out));
+                layers.push(conv_unit("blocks", Some(i + 1), rest, h * w, same, out));
             }
             i += 1 + rest;
             inp = out;
