@@ -400,8 +400,8 @@ impl Setup {
         };
         if let Some(d) = &dir {
             *run_dir.lock().map_err(|_| invalid!("a rank panicked"))? = Some(d.path().into());
-            // The planner's prediction for this layout, for the report (a GPT's, from its
-            // shapes; other models have none, and the report says so).
+            // The planner's prediction for this layout from the model's shapes, for the
+            // report (a layout the planner refuses has none, and the report says so).
             let hw = pipewright::plan::Hardware::load(&a.hardware)?;
             let per_node = if pipewright::dist::Env::under_mpi() {
                 env.local_world_size

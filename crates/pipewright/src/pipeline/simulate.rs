@@ -142,6 +142,36 @@ impl Class {
             running: BinaryHeap::new(),
         }
     }
+
+    /// The class of `classes` whose actions compute `share` of their time, added if new.
+    fn of(classes: &mut Vec<Class>, share: f64) -> &mut Class {
+        let i = match classes.iter().position(|c| c.share == share) {
+            Some(i) => i,
+            None => {
+                classes.push(Class::new(share));
+                classes.len() - 1
+            }
+        };
+        &mut classes[i]
+    }
+}
+
+/// The running action that ends first (the lowest rank among equals) with `b` actions
+/// running at `now`: when, its rank, and its class.
+fn first_end(
+    classes: &[Class],
+    now: f64,
+    sharing: Sharing,
+    b: usize,
+) -> Option<(f64, usize, usize)> {
+    classes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let Reverse((w, r)) = *c.running.peek()?;
+            Some((now + (w.0 - c.work) / sharing.rate(b, c.share), r, i))
+        })
+        .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)))
 }
 
 /// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
@@ -203,15 +233,7 @@ fn run(
         check(r, 0.0, &ptr, &fwd, &grad, &mut active, &mut ready);
     }
     loop {
-        // The running action that ends first (the lowest rank among equals): when, and its class.
-        let next_end = classes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let Reverse((w, r)) = *c.running.peek()?;
-                Some((now + (w.0 - c.work) / sharing.rate(b, c.share), r, i))
-            })
-            .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let next_end = first_end(&classes, now, sharing, b);
         let next_start = ready.peek().map(|Reverse((t, _))| t.0.max(now));
         // Every class progresses at its rate until `t`.
         let advance = |classes: &mut [Class], t: f64| {
@@ -232,14 +254,7 @@ fn run(
                 } else {
                     1.0
                 };
-                let c = match classes.iter().position(|c| c.share == share) {
-                    Some(c) => c,
-                    None => {
-                        classes.push(Class::new(share));
-                        classes.len() - 1
-                    }
-                };
-                let c = &mut classes[c];
+                let c = Class::of(&mut classes, share);
                 c.running.push(Reverse((Time(c.work + w), r)));
                 b += 1;
             }
@@ -250,12 +265,13 @@ fn run(
                 (now, b) = (end, b - 1);
                 let a = s.actions[r][ptr[r]];
                 let k = a.stage();
-                match a {
-                    Action::Forward { .. } => fwd[k * m + a.mb()] = Some(now),
-                    Action::Backward { .. } | Action::BackwardInput { .. } => {
-                        grad[k * m + a.mb()] = Some(now)
-                    }
-                    Action::BackwardWeight { .. } => {}
+                let table = match a {
+                    Action::Forward { .. } => Some(&mut fwd),
+                    Action::Backward { .. } | Action::BackwardInput { .. } => Some(&mut grad),
+                    Action::BackwardWeight { .. } => None,
+                };
+                if let Some(t) = table {
+                    t[k * m + a.mb()] = Some(now);
                 }
                 spans[r].push(Span {
                     start: started[r],

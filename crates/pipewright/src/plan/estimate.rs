@@ -239,18 +239,15 @@ fn stage_cost(
     s
 }
 
-/// Predicts `cand`'s step for `profile` on `cluster`; also returns the simulated schedule
-/// (its spans in seconds, for drawing).
-pub fn estimate(
+/// The model's units balanced over `stages` model stages by their time (or in even blocks, as
+/// the runtime asks), with each stage's costs for a micro-batch of `rows`.
+fn balanced_stages(
     profile: &Profile,
     cluster: &Cluster,
     cand: &Candidate,
-) -> Result<(Estimate, Simulation)> {
-    let Layout { pp, tp, dp, cp } = cand.layout;
-    // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
-    let replicas = cp * dp;
-    let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
-    let stages = pp * v;
+    rows: usize,
+    stages: usize,
+) -> Result<(Vec<usize>, Vec<StageCost>)> {
     let units = profile.units();
     let shaped = shape_costs(profile, cluster, cand, rows);
     let unit_time: Vec<f64> = (0..units)
@@ -273,6 +270,56 @@ pub fn estimate(
             c
         })
         .collect();
+    Ok((balance, costs))
+}
+
+/// How the ranks sharing the cores progress: the crowded sharing of `pp` stages, and what the
+/// schedule's simulation uses (with tp > 1, by the measured busy share).
+fn sharing(
+    profile: &Profile,
+    cluster: &Cluster,
+    pp: usize,
+    tp: usize,
+    rows: usize,
+) -> (Sharing, Sharing) {
+    // Tensor-parallel ranks crowding the cores lose no speed in their layers while one stage is
+    // busy: what switching costs, the waits in their collectives give back (measured here: tp 2 x
+    // dp 2 took 1.86-2.05 times tp 2 alone, as fluid sharing says: 2). While stages run at once,
+    // out of step, one's waits are another's time to compute: each progresses at its share of the
+    // cores over the share of its time it computes, as measured, at the crowded efficiency (traced
+    // here, pp 2 x tp 2: two stages' forwards of 216 us of CPU on each of four ranks ran side by
+    // side in 460 us on two cores). The share is each stage's in each pass: a stage holding the
+    // vocabulary-parallel head (busy 0.26 of its time against 0.87 for a block) runs its actions
+    // the faster (traced, pp 2 x tp 2: each stage's forward took its CPU time over half a core, 264
+    // and 303 us in 531 and 613, where the stages' work at full speed was 349 and 419 us).
+    let crowded = cluster.sharing(pp, profile.crowded_efficiency);
+    let measured = profile
+        .busy_share(tp, rows, 0..profile.layers.len())
+        .is_some();
+    let sharing = match (tp, measured) {
+        (1, _) => crowded,
+        (_, measured) => Sharing {
+            crowded: 1.0,
+            across: if measured { crowded.crowded } else { 1.0 },
+            ..crowded
+        },
+    };
+    (crowded, sharing)
+}
+
+/// Predicts `cand`'s step for `profile` on `cluster`; also returns the simulated schedule
+/// (its spans in seconds, for drawing).
+pub fn estimate(
+    profile: &Profile,
+    cluster: &Cluster,
+    cand: &Candidate,
+) -> Result<(Estimate, Simulation)> {
+    let Layout { pp, tp, dp, cp } = cand.layout;
+    // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
+    let replicas = cp * dp;
+    let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
+    let stages = pp * v;
+    let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
     // Each backward after a stage's first micro-batch adds its weight gradients into the
     // step's running sum (ZeRO-2/3: into this replica's pieces), timed by a measured profile.
@@ -315,28 +362,7 @@ pub fn estimate(
             pp_link.p2p(out)
         }
     };
-    // Tensor-parallel ranks crowding the cores lose no speed in their layers while one stage is
-    // busy: what switching costs, the waits in their collectives give back (measured here: tp 2 x
-    // dp 2 took 1.86-2.05 times tp 2 alone, as fluid sharing says: 2). While stages run at once,
-    // out of step, one's waits are another's time to compute: each progresses at its share of the
-    // cores over the share of its time it computes, as measured, at the crowded efficiency (traced
-    // here, pp 2 x tp 2: two stages' forwards of 216 us of CPU on each of four ranks ran side by
-    // side in 460 us on two cores). The share is each stage's in each pass: a stage holding the
-    // vocabulary-parallel head (busy 0.26 of its time against 0.87 for a block) runs its actions
-    // the faster (traced, pp 2 x tp 2: each stage's forward took its CPU time over half a core, 264
-    // and 303 us in 531 and 613, where the stages' work at full speed was 349 and 419 us).
-    let crowded = cluster.sharing(pp, profile.crowded_efficiency);
-    let measured = profile
-        .busy_share(tp, rows, 0..profile.layers.len())
-        .is_some();
-    let sharing = match (tp, measured) {
-        (1, _) => crowded,
-        (_, measured) => Sharing {
-            crowded: 1.0,
-            across: if measured { crowded.crowded } else { 1.0 },
-            ..crowded
-        },
-    };
+    let (crowded, sharing) = sharing(profile, cluster, pp, tp, rows);
     // Each action computes its stage's measured share of its pass's time.
     let busy = |k: usize, a: &Action| match a {
         Action::Forward { .. } => costs[k].busy[0],

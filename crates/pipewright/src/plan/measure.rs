@@ -108,6 +108,68 @@ fn profile_split(
     Ok(per_rank.swap_remove(0))
 }
 
+/// Layer `i`'s profile from its timings `runs` at each of `sizes` (one per size; `splits` the
+/// same at each measured tp size), with its bytes per sample from the largest size.
+fn layer_profile(
+    i: usize,
+    sizes: &[usize],
+    runs: &[Vec<LayerCost>],
+    splits: &[(usize, Vec<Vec<LayerCost>>)],
+    dtype_bytes: usize,
+) -> LayerProfile {
+    let measured: Vec<Timing> = sizes
+        .iter()
+        .zip(runs)
+        .map(|(&rows, r)| Timing {
+            rows,
+            forward_s: r[i].forward_s,
+            backward_s: r[i].backward_s,
+            backward_input_s: r[i].backward_input_s,
+            backward_weight_s: r[i].backward_weight_s,
+        })
+        .collect();
+    let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
+    let l = &runs[last][i];
+    let output = l.activation_bytes as f64 / big;
+    let kept = l.kept_bytes as f64 / big;
+    let split = l.param_bytes > 0;
+    LayerProfile {
+        name: l.name.clone(),
+        params: (l.param_bytes / dtype_bytes) as u64,
+        tp_split: split,
+        forward: fit(sizes, runs, i, |c| c.forward_s),
+        backward: fit(sizes, runs, i, |c| c.backward_s),
+        backward_input: Some(fit(sizes, runs, i, |c| c.backward_input_s)),
+        backward_weight: Some(fit(sizes, runs, i, |c| c.backward_weight_s)),
+        output_bytes_per_sample: output,
+        kept_bytes_per_sample: kept,
+        deferred_bytes_per_sample: l.deferred_bytes as f64 / big,
+        split_kept_bytes_per_sample: Some(l.split_kept_bytes as f64 / big),
+        kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
+        transient: transient(l, big),
+        tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
+        split: splits
+            .iter()
+            .map(|(tp, r)| SplitCost {
+                tp: *tp,
+                params: (r[last][i].param_bytes / dtype_bytes) as u64,
+                forward: fit(sizes, r, i, |c| c.forward_s),
+                backward: fit(sizes, r, i, |c| c.backward_s),
+                backward_input: fit(sizes, r, i, |c| c.backward_input_s),
+                backward_weight: fit(sizes, r, i, |c| c.backward_weight_s),
+                kept_bytes_per_sample: Some(r[last][i].kept_bytes as f64 / big),
+                deferred_bytes_per_sample: Some(r[last][i].deferred_bytes as f64 / big),
+                split_kept_bytes_per_sample: Some(r[last][i].split_kept_bytes as f64 / big),
+                transient: transient(&r[last][i], big),
+                busy_share: busy_share(r, i),
+            })
+            .collect(),
+        measured,
+        attention: None,
+        shapes: None,
+    }
+}
+
 /// What [`measure`] times: micro-batch sizes, tensor-parallel sizes, how many copies run at
 /// once, and the loss the last stage computes.
 #[derive(Clone)]
@@ -219,7 +281,6 @@ pub fn measure(
         splits.push((tp, profile_split(model, build, &batches, tp, loss)?));
     }
     trace_actions(&mut actions)?;
-    let (last, big) = (runs.len() - 1, *sizes.last().expect("not empty") as f64);
     let dtype_bytes = model
         .build(build)?
         .layers()
@@ -229,58 +290,7 @@ pub fn measure(
         .next()
         .unwrap_or(4);
     let layers: Vec<LayerProfile> = (0..runs[0].len())
-        .map(|i| {
-            let measured: Vec<Timing> = sizes
-                .iter()
-                .zip(&runs)
-                .map(|(&rows, r)| Timing {
-                    rows,
-                    forward_s: r[i].forward_s,
-                    backward_s: r[i].backward_s,
-                    backward_input_s: r[i].backward_input_s,
-                    backward_weight_s: r[i].backward_weight_s,
-                })
-                .collect();
-            let l = &runs[last][i];
-            let output = l.activation_bytes as f64 / big;
-            let kept = l.kept_bytes as f64 / big;
-            let split = l.param_bytes > 0;
-            LayerProfile {
-                name: l.name.clone(),
-                params: (l.param_bytes / dtype_bytes) as u64,
-                tp_split: split,
-                forward: fit(sizes, &runs, i, |c| c.forward_s),
-                backward: fit(sizes, &runs, i, |c| c.backward_s),
-                backward_input: Some(fit(sizes, &runs, i, |c| c.backward_input_s)),
-                backward_weight: Some(fit(sizes, &runs, i, |c| c.backward_weight_s)),
-                output_bytes_per_sample: output,
-                kept_bytes_per_sample: kept,
-                deferred_bytes_per_sample: l.deferred_bytes as f64 / big,
-                split_kept_bytes_per_sample: Some(l.split_kept_bytes as f64 / big),
-                kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
-                transient: transient(l, big),
-                tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
-                split: splits
-                    .iter()
-                    .map(|(tp, r)| SplitCost {
-                        tp: *tp,
-                        params: (r[last][i].param_bytes / dtype_bytes) as u64,
-                        forward: fit(sizes, r, i, |c| c.forward_s),
-                        backward: fit(sizes, r, i, |c| c.backward_s),
-                        backward_input: fit(sizes, r, i, |c| c.backward_input_s),
-                        backward_weight: fit(sizes, r, i, |c| c.backward_weight_s),
-                        kept_bytes_per_sample: Some(r[last][i].kept_bytes as f64 / big),
-                        deferred_bytes_per_sample: Some(r[last][i].deferred_bytes as f64 / big),
-                        split_kept_bytes_per_sample: Some(r[last][i].split_kept_bytes as f64 / big),
-                        transient: transient(&r[last][i], big),
-                        busy_share: busy_share(r, i),
-                    })
-                    .collect(),
-                measured,
-                attention: None,
-                shapes: None,
-            }
-        })
+        .map(|i| layer_profile(i, sizes, &runs, &splits, dtype_bytes))
         .collect();
     let params: Vec<u64> = layers.iter().map(|l| l.params).collect();
     let action_overhead = actions.map(|a| a.overhead(&params, accumulate));

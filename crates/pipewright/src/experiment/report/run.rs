@@ -69,6 +69,69 @@ fn csv_rows(path: &Path) -> Option<Vec<Vec<String>>> {
     Some(rows)
 }
 
+/// `scalars.csv`'s whole rows that parse (none when it is missing).
+fn read_logged(dir: &Path) -> Vec<Logged> {
+    csv_rows(&dir.join("scalars.csv"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| {
+            let num = |i: usize| r.get(i).and_then(|v| v.parse::<f64>().ok());
+            Some(Logged {
+                step: num(0)?,
+                loss: num(1)?,
+                lr: num(2)?,
+                metric: num(3),
+            })
+        })
+        .collect()
+}
+
+/// `tags.csv` by tag, as `(step, value)`.
+fn read_tags(dir: &Path) -> BTreeMap<String, Vec<(f64, f64)>> {
+    let mut tags: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in csv_rows(&dir.join("tags.csv")).unwrap_or_default() {
+        if let (Some(c), Some(t), Some(v)) = (r.first(), r.get(1), r.get(2)) {
+            if let (Ok(c), Ok(v)) = (c.parse::<f64>(), v.parse::<f64>()) {
+                tags.entry(t.clone()).or_default().push((c, v));
+            }
+        }
+    }
+    tags
+}
+
+/// The run's trace (where its parameters say, else `trace.json`), or a note in `missing`.
+fn read_trace(
+    dir: &Path,
+    parameters: Option<&Map<String, Value>>,
+    missing: &mut Vec<String>,
+) -> Option<Simulation> {
+    let trace_path = parameters
+        .and_then(|p| p.get("trace"))
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dir.join("trace.json"));
+    match std::fs::read_to_string(&trace_path) {
+        Ok(text) => match read_chrome_trace(&text, None) {
+            Ok(sim) => Some(sim),
+            Err(e) => {
+                missing.push(format!(
+                    "the trace {} cannot be drawn: {e}",
+                    trace_path.display()
+                ));
+                None
+            }
+        },
+        Err(_) => {
+            missing.push(format!(
+                "no trace ({}): train with --trace FILE (and --pp 2 or more) for the measured \
+                 pipeline timeline",
+                trace_path.display()
+            ));
+            None
+        }
+    }
+}
+
 impl RunRecord {
     /// Reads what `dir` holds. Only a path that cannot be read as a directory is an error;
     /// a directory that is not a run, or a run in progress, is a record that says what it
@@ -106,19 +169,7 @@ impl RunRecord {
             "the run is still in progress, or stopped before its end (its last logged step is drawn)",
         );
         let launch = read("launch.json", "");
-        let logged: Vec<Logged> = csv_rows(&dir.join("scalars.csv"))
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|r| {
-                let num = |i: usize| r.get(i).and_then(|v| v.parse::<f64>().ok());
-                Some(Logged {
-                    step: num(0)?,
-                    loss: num(1)?,
-                    lr: num(2)?,
-                    metric: num(3),
-                })
-            })
-            .collect();
+        let logged = read_logged(dir);
         if parameters.is_none() && logged.is_empty() {
             return Err(crate::invalid!(
                 "{} is not a run: it has no parameters.json or scalars.csv (give a directory \
@@ -126,40 +177,8 @@ impl RunRecord {
                 dir.display()
             ));
         }
-        let mut tags: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for r in csv_rows(&dir.join("tags.csv")).unwrap_or_default() {
-            if let (Some(c), Some(t), Some(v)) = (r.first(), r.get(1), r.get(2)) {
-                if let (Ok(c), Ok(v)) = (c.parse::<f64>(), v.parse::<f64>()) {
-                    tags.entry(t.clone()).or_default().push((c, v));
-                }
-            }
-        }
-        let trace_path = parameters
-            .as_ref()
-            .and_then(|p| p.get("trace"))
-            .and_then(Value::as_str)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| dir.join("trace.json"));
-        let trace = match std::fs::read_to_string(&trace_path) {
-            Ok(text) => match read_chrome_trace(&text, None) {
-                Ok(sim) => Some(sim),
-                Err(e) => {
-                    missing.push(format!(
-                        "the trace {} cannot be drawn: {e}",
-                        trace_path.display()
-                    ));
-                    None
-                }
-            },
-            Err(_) => {
-                missing.push(format!(
-                    "no trace ({}): train with --trace FILE (and --pp 2 or more) for the measured \
-                     pipeline timeline",
-                    trace_path.display()
-                ));
-                None
-            }
-        };
+        let tags = read_tags(dir);
+        let trace = read_trace(dir, parameters.as_ref(), &mut missing);
         let prediction = match Prediction::load(&dir.join(super::prediction::FILE)) {
             Ok(p) => p,
             Err(e) => {
@@ -169,7 +188,8 @@ impl RunRecord {
         };
         if prediction.is_none() && parameters.is_some() {
             missing.push(format!(
-                "no {}: the planner predicts only a GPT's layouts from its shapes",
+                "no {}: the planner made no prediction for this run (a model without shapes, or \
+                 a layout the planner refuses)",
                 super::prediction::FILE
             ));
         }
