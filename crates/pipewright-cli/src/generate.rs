@@ -136,7 +136,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         if from_checkpoint {
             v.load_checkpoint(&source)?;
         } else {
-            v.load_pretrained(&source, &|n| hf::hf_names(&model, n))?;
+            v.load_pretrained(&source, &|n| model.hf_names(n))?;
         }
         let (mut ids, mut sep) = (Vec::new(), "ids ");
         v.generate_each(&prompt, &sampling, &mut |id| {

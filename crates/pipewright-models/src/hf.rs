@@ -21,18 +21,6 @@ pub fn hf_name(name: &str) -> String {
     }
 }
 
-/// The names parameter `name` of `model` may have in a Hugging Face file, preferred first (GPT-2
-/// files usually leave out the head tied to the embedding).
-pub fn hf_names(model: &ModelConfig, name: &str) -> Vec<String> {
-    match model {
-        ModelConfig::Gpt { .. } if name == "lm_head.weight" => {
-            vec![name.to_string(), "transformer.wte.weight".into()]
-        }
-        ModelConfig::Gpt { .. } => vec![hf_name(name)],
-        _ => vec![name.to_string()],
-    }
-}
-
 /// `config.json` of a `GPT2LMHeadModel` with `cfg`'s sizes and a vocabulary of `vocab` tokens.
 pub fn hf_config(cfg: &GptConfig, vocab: usize) -> serde_json::Value {
     serde_json::json!({

@@ -8,9 +8,7 @@ use std::path::PathBuf;
 use pipewright::experiment::report::Prediction;
 use pipewright::experiment::TrainSpec;
 use pipewright::model_spec::ModelSpec;
-use pipewright::plan::{
-    estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, MorphPlanner, Profile,
-};
+use pipewright::plan::{estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, Profile};
 use pipewright::precision::Precision;
 use pipewright::varuna::{Sampling, VarunaOptions};
 use pipewright::{invalid, Batch, Error, Result, Sequential};
@@ -100,6 +98,10 @@ impl ModelSpec for ModelConfig {
 
     fn shapes(&self, sample: &[usize]) -> Result<Option<ModelShapes>> {
         self.spec().shapes(sample)
+    }
+
+    fn hf_names(&self, name: &str) -> Vec<String> {
+        self.spec().hf_names(name)
     }
 }
 
@@ -239,25 +241,9 @@ impl RunSpec {
         world: usize,
         machines: Option<(&Hardware, usize)>,
     ) -> Result<(RunSpec, Morph)> {
-        let model = self.model.build()?;
-        let planned = match machines {
-            Some((hw, per_node)) => Some((hw, per_node, self.shapes_profile(hw)?)),
-            None => None,
-        };
-        let planner = planned
-            .as_ref()
-            .map(|(hw, per_node, profile)| MorphPlanner {
-                profile,
-                cluster: Cluster {
-                    hardware: hw,
-                    ranks_per_node: (*per_node).clamp(1, world.max(1)),
-                    runtime: Default::default(),
-                },
-                memory_bytes: hw.memory_bytes() as f64,
-            });
         let (train, m) = self
             .train
-            .morph(world, &model, self.model.tp_divides(), planner)?;
+            .morph_model(world, &self.model, &self.sample()?, machines)?;
         Ok((
             RunSpec {
                 train,

@@ -30,6 +30,15 @@ impl ModelSpec for GptConfig {
         vec![self.n_head, self.vocab_size]
     }
 
+    /// GPT-2's names: `transformer.` before all but the head, which files usually leave out
+    /// (tied to `transformer.wte.weight`).
+    fn hf_names(&self, name: &str) -> Vec<String> {
+        match name {
+            "lm_head.weight" => vec![name.to_string(), "transformer.wte.weight".into()],
+            _ => vec![crate::hf::hf_name(name)],
+        }
+    }
+
     /// GPT-2's blocks over `block_size` positions (the sample's length is not read: the
     /// planner sizes the model's whole window).
     fn shapes(&self, _sample: &[usize]) -> Result<Option<ModelShapes>> {

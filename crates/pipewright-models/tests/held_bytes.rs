@@ -75,7 +75,7 @@ fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
             memory::reset_peaks();
         }
         sync.wait();
-        v.load_pretrained(dir, &|n| hf::hf_names(&model, n))?;
+        v.load_pretrained(dir, &|n| model.hf_names(n))?;
         Ok((memory::rank_peak_bytes(rank).unwrap() - before, own))
     })
     .unwrap()
@@ -147,7 +147,7 @@ fn the_cache_holds_keys_and_values_only() {
         let (grew, cached) = local::run(1, |comm| {
             let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
             v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
-            v.load_pretrained(&dir, &|n| hf::hf_names(&model, n))?;
+            v.load_pretrained(&dir, &|n| model.hf_names(n))?;
             let block = model.sampling(0)?.block_size;
             let cache = KvCache::with_capacity(block);
             v.predict_tokens(&[1, 2, 3, 4], Some(&cache))?;

@@ -40,7 +40,7 @@ fn with_model<R: Send>(
     let mut out = local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
         v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
-        v.load_pretrained(&dir, &|n| hf::hf_names(&model, n))?;
+        v.load_pretrained(&dir, &|n| model.hf_names(n))?;
         f(&v, &model)
     })
     .unwrap();

@@ -40,7 +40,7 @@ fn load(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path) ->
     let outs = local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
         v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
-        v.load_pretrained(dir, &|n| hf::hf_names(&model, n))?;
+        v.load_pretrained(dir, &|n| model.hf_names(n))?;
         let out = v.evaluate(&batch, true)?.output;
         v.checkpoint(ckpt, &Default::default())?;
         Ok(out)
@@ -166,7 +166,7 @@ fn other_architectures_and_missing_tensors_are_clear_errors() {
             VarunaOptions::new(Layout::new(1, 2, 1)?, 3, 3),
         )?;
         v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
-        v.load_pretrained(&tmp, &|n| hf::hf_names(&model, n))
+        v.load_pretrained(&tmp, &|n| model.hf_names(n))
     })
     .unwrap_err()
     .to_string();

@@ -1,8 +1,9 @@
 //! Bring your own model: a layer type of your own, a model of it with a cut point, a regression
 //! loss, inputs of two named tensors, and a tuple of two dtypes crossing the cut. The library
-//! profiles it here and plans a layout of 4 ranks, then morphs that plan (a `TrainSpec`) to 2
-//! ranks as a run that lost a machine would; both train (ranks as threads) through the one training loop,
-//! `fit`, beside serial training, which they must match.
+//! profiles it here and plans a layout of 4 ranks; the run trains through the front door
+//! ([`Trainer`]), loses a machine half way, and its restarted attempt on 2 ranks is morphed by
+//! the planner (from the model's shapes) and goes on from the checkpoint. Both attempts must
+//! match serial training.
 //!
 //! ```sh
 //! cargo run --release -p pipewright --example custom_model
@@ -13,23 +14,25 @@
 //! `MaskedEncoder` takes the two inputs as a tuple and passes `(hidden, mask)` on, f32 and u8,
 //! across the cut to `GatedHead`, which uses the mask again. The loss is mean squared error.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::comm::local;
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::experiment::params::standard;
-use pipewright::experiment::{fit, Context, Hooks, Params, StepDone, TrainSpec};
+use pipewright::experiment::{Context, Hooks, StepDone, TrainSpec};
 use pipewright::init::{normal_vec, rng_for};
 use pipewright::loss::Mse;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
+use pipewright::model_spec::Custom;
 use pipewright::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};
 use pipewright::nn::{Linear, Module};
 use pipewright::plan::search::candidates;
-use pipewright::plan::{measure, rank, Candidate, Cluster, Hardware, MorphPlanner, Request, Sizes};
+use pipewright::plan::{
+    measure, rank, Cluster, Hardware, LayerShapes, ModelShapes, Morph, Request, ShapedLayer, Sizes,
+    Split,
+};
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::trainer::{Batches, Run, Trainer};
 use pipewright::{invalid, Batch, Build, Result};
 use rand::Rng;
 
@@ -100,6 +103,54 @@ pub fn model() -> Sequential {
         Ok(Box::new(GatedHead(Linear::new(b, "head", HIDDEN, 1, true)?)) as Box<dyn Layer>)
     }));
     m
+}
+
+/// The model as it describes itself to the trainer and the planner: its layers, and their
+/// shapes per sample (a product each; what the forward keeps and what crosses the cut), from
+/// which the planner costs a layout without running the model.
+pub fn model_spec() -> Custom {
+    let layer = |name: &str, inputs: usize, outputs: usize, output: usize, kept: usize| {
+        ShapedLayer {
+            name: name.into(),
+            count: 1,
+            first: None,
+            params: (inputs * outputs + outputs) as f64,
+            tp_split: false,
+            shapes: LayerShapes {
+                tokens: 1,
+                linear: vec![pipewright::plan::Linear::new(inputs, outputs, Split::None)],
+                attention: None,
+                // The mask's product and the activation, in elements.
+                elementwise_whole_bytes: (2 * inputs + 2 * outputs) as f64,
+                elementwise_split_bytes: 0.0,
+            },
+            attention: None,
+            output: output as f64,
+            kept: kept as f64,
+            kept_whole: kept as f64,
+            deferred: 0.0,
+            tp_all_reduce: 0.0,
+        }
+    };
+    let shapes = ModelShapes {
+        what: "the masked regression".into(),
+        layers: vec![
+            // (hidden, mask) cross the cut; it keeps the features, the mask and the hidden state.
+            layer(
+                "encoder",
+                FEATURES,
+                HIDDEN,
+                HIDDEN + FEATURES,
+                2 * FEATURES + HIDDEN,
+            ),
+            layer("head", HIDDEN, 1, 1, HIDDEN + FEATURES),
+        ],
+        tp_divides: vec![1],
+    };
+    Custom {
+        shapes: Some(shapes),
+        ..Custom::new("the masked regression", model())
+    }
 }
 
 /// Global batch `step` of `rows` rows: a pure function of the step, as Varuna's
@@ -195,46 +246,42 @@ pub fn train_parallel(layout: Layout, steps: u64) -> Result<Vec<f64>> {
     train(&spec(layout, steps))
 }
 
-/// Losses of the run `spec` (its layout's ranks as threads) through the library's one
-/// training loop, [`fit`].
-pub fn train(spec: &TrainSpec) -> Result<Vec<f64>> {
-    spec.validate()?;
-    let opts = VarunaOptions {
+/// The run `spec` of this example's model, loss and data, through the front door.
+pub fn run(spec: TrainSpec) -> Run {
+    Run {
         loss: Arc::new(Mse::new("y")),
-        ..spec.varuna_options(
-            Vec::new(),
-            spec.resolve_balance(&model(), &batch(0, spec.micro_batch)?)?,
-        )
-    };
-    let mut per_rank = local::run(spec.world(), |comm| {
-        // Nothing is written: no checkpoint is asked for.
-        let params = Params::defaults(&standard());
-        let mut cx = Context::new(params, &std::env::temp_dir(), Box::new(comm))?;
-        let mut v = Varuna::new(&model(), cx.world()?, opts.clone())?;
-        v.set_optimizer(|ps| spec.optimizer(ps, &[]))?;
-        let (replica, replicas) = (v.coords().dp_rank, spec.layout.dp);
-        let device = v.device().clone();
-        let loader = DistributedLoader::new(batch, GLOBAL_BATCH, replica, replicas, device)?;
-        cx.set_trainer(v)?;
-        let mut hooks = Regression {
-            loader,
-            losses: Vec::new(),
-        };
-        fit(&mut cx, &spec.cadence, &mut hooks)?;
-        Ok(hooks.losses)
-    })?;
-    Ok(per_rank.remove(0))
+        ..Run::new(spec, Arc::new(model_spec()), Arc::new(batch))
+    }
 }
 
-/// The training program's part of [`fit`]: its replica's rows of each step, and the losses.
-struct Regression<F> {
-    loader: DistributedLoader<F>,
+/// Losses of the run `spec` (its layout's ranks as threads) through the front door.
+pub fn train(spec: &TrainSpec) -> Result<Vec<f64>> {
+    // Nothing is written: no checkpoint is asked for.
+    losses(
+        &Trainer::new(run(spec.clone()), None)?,
+        &std::env::temp_dir(),
+        None,
+    )
+}
+
+/// Rank 0's losses of `trainer`'s run in the run directory `dir`, going on from `checkpoint`.
+fn losses(trainer: &Trainer, dir: &Path, checkpoint: Option<&str>) -> Result<Vec<f64>> {
+    let mut ranks = trainer.train(dir, checkpoint, |started| Regression {
+        batches: started.batches,
+        losses: Vec::new(),
+    })?;
+    Ok(ranks.swap_remove(0).1.losses)
+}
+
+/// The training program's part of the loop: its replica's rows of each step, and the losses.
+struct Regression {
+    batches: Batches,
     losses: Vec<f64>,
 }
 
-impl<F: Fn(u64, usize) -> Result<Batch>> Hooks for Regression<F> {
+impl Hooks for Regression {
     fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
-        self.loader.batch(step)
+        self.batches.batch(step)
     }
 
     fn after_step(&mut self, _: &mut Context, done: &StepDone) -> Result<()> {
@@ -243,20 +290,9 @@ impl<F: Fn(u64, usize) -> Result<Batch>> Hooks for Regression<F> {
     }
 }
 
-/// The run a planned candidate describes, at this example's batch.
-fn planned_spec(c: &Candidate, steps: u64) -> TrainSpec {
-    TrainSpec {
-        micro_batch: c.micro_batch,
-        schedule: c.schedule,
-        virtual_stages: c.virtual_stages,
-        recompute: c.recompute,
-        ..spec(c.layout, steps)
-    }
-}
-
-/// Plans this model for 4 ranks from a profile measured here, then morphs the plan to 2 ranks
-/// (a machine left): the layouts, their schedules and predicted step times.
-pub fn plan_and_morph(steps: u64) -> Result<(TrainSpec, TrainSpec)> {
+/// Plans this model for 4 ranks from a profile measured here: the fastest layout at the
+/// serial oracle's micro-batch size, as the run `steps` steps long.
+pub fn plan(steps: u64) -> Result<TrainSpec> {
     let sizes = Sizes {
         rows: vec![CHUNK_SIZE, 2 * CHUNK_SIZE],
         tp: vec![1],
@@ -275,10 +311,9 @@ pub fn plan_and_morph(steps: u64) -> Result<(TrainSpec, TrainSpec)> {
         "here".into(),
     )?;
     let hw = Hardware::load("cpu-2core")?;
-    let memory_bytes = hw.memory_bytes() as f64;
     let req = Request {
         world: 4,
-        memory_bytes,
+        memory_bytes: hw.memory_bytes() as f64,
         global_batch: GLOBAL_BATCH,
         top: 3,
     };
@@ -290,45 +325,65 @@ pub fn plan_and_morph(steps: u64) -> Result<(TrainSpec, TrainSpec)> {
     let planned = rank(&profile, &Cluster::new(&hw, 4, None)?, &req, all)?;
     println!("planned for 4 ranks (predicted step time):");
     for e in &planned {
-        let (c, l) = (&e.candidate, e.candidate.layout);
-        let what = format!(
-            "pp={} tp={} dp={} {}, recompute {:?}",
-            l.pp, l.tp, l.dp, c.schedule, c.recompute
-        );
+        let c = &e.candidate;
+        let what = format!("{} {}, recompute {:?}", c.layout, c.schedule, c.recompute);
         println!("  {what:<40} {:>8.3} ms", e.step_s * 1e3);
     }
-    let best = planned_spec(&planned[0].candidate, steps);
-    let planner = MorphPlanner {
-        profile: &profile,
-        cluster: Cluster::new(&hw, 2, None)?,
-        memory_bytes,
-    };
-    // The model does not split: tp must divide 1.
-    let (morphed, m) = best.morph(2, &model(), vec![1], Some(planner))?;
-    let l = m.layout;
-    println!(
-        "a machine left: morphed to pp={} tp={} dp={} ({})",
-        l.pp, l.tp, l.dp, m.why
-    );
-    Ok((best, morphed))
+    let c = &planned[0].candidate;
+    Ok(TrainSpec {
+        micro_batch: c.micro_batch,
+        schedule: c.schedule,
+        virtual_stages: c.virtual_stages,
+        recompute: c.recompute,
+        ..spec(c.layout, steps)
+    })
+}
+
+/// Trains `planned` for half its steps in the run directory `dir`, saving a checkpoint there;
+/// then a restarted attempt finds 2 ranks (a machine left): the front door morphs the run by
+/// the planner (the model's shapes on this 2-core machine) and goes on from the checkpoint to
+/// the last step. Returns the losses of both attempts, in order, and the morph.
+pub fn restart_and_morph(planned: &TrainSpec, dir: &Path) -> Result<(Vec<f64>, Morph)> {
+    let steps = planned.cadence.steps;
+    let mut first = planned.clone();
+    first.cadence.steps = steps / 2;
+    first.cadence.checkpoint_every = steps / 2;
+    let mut losses_ = losses(&Trainer::new(run(first), None)?, dir, None)?;
+    let mut again = run(planned.clone());
+    again.place.machines = Some((Hardware::load("cpu-2core")?, 2));
+    let trainer = Trainer::new(again, Some(2))?;
+    let morph = trainer
+        .morphed()
+        .cloned()
+        .ok_or_else(|| invalid!("a world of 2 ranks did not morph the run"))?;
+    losses_.extend(losses(&trainer, dir, Some("latest"))?);
+    Ok((losses_, morph))
 }
 
 fn main() -> Result<()> {
     let steps = 20;
     let serial = train_serial(steps)?;
-    let (planned, morphed) = plan_and_morph(steps)?;
-    let runs = [train(&planned)?, train(&morphed)?];
-    println!("step  serial      planned     morphed");
+    let planned = plan(steps)?;
+    let dir = std::env::temp_dir().join(format!("custom-model-{}", std::process::id()));
+    let (parallel, m) = restart_and_morph(&planned, &dir)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "a machine left after step {}: morphed from {} to {} ({})",
+        steps / 2,
+        planned.layout,
+        m.layout,
+        m.why
+    );
+    println!("step  serial      planned, then morphed");
     let mut worst = 0.0f64;
-    for (s, a) in serial.iter().enumerate() {
-        let (b, c) = (runs[0][s], runs[1][s]);
-        println!("{s:>4}  {a:.8}  {b:.8}  {c:.8}");
-        worst = worst.max(((a - b) / a).abs()).max(((a - c) / a).abs());
+    for (s, (a, b)) in serial.iter().zip(&parallel).enumerate() {
+        println!("{s:>4}  {a:.8}  {b:.8}");
+        worst = worst.max(((a - b) / a).abs());
     }
     println!("largest relative difference {worst:.2e}");
-    if worst > 1e-5 {
+    if worst > 1e-5 || parallel.len() != serial.len() {
         return Err(invalid!(
-            "a planned layout left serial training by {worst:e}"
+            "the planned and morphed run left serial training by {worst:e}"
         ));
     }
     Ok(())

@@ -36,6 +36,11 @@
 //! - [`zero`]: sharded data parallelism (ZeRO-1/2): optimizer state, master weights and
 //!   gradients split over the replicas.
 //! - [`plan`]: profiling layers and balancing stages by time or size.
+//! - [`model_spec`]: [`ModelSpec`], what a model says about itself (build, tied pairs,
+//!   parallel rules, shapes for the planner, Hugging Face names).
+//! - [`trainer`]: the front door: a [`trainer::Run`] (spec, model, loss, data, place) that
+//!   [`trainer::Trainer`] prepares once (morphing a restart, resolving the balance, every
+//!   check) and trains on every rank with the program's hooks.
 //! - [`Error`] / [`Result`]: every fallible call.
 
 #![warn(missing_docs)]
@@ -73,6 +78,7 @@ pub mod serial;
 pub mod shard;
 mod storage;
 pub mod topology;
+pub mod trainer;
 pub mod varuna;
 pub mod zero;
 

@@ -8,6 +8,8 @@
 //! - [`ModelSpec::shapes`]: the layers by shape, which the planner costs on a hardware file
 //!   ([`ModelShapes::profile`]); a model without them is profiled by running it
 //!   ([`crate::plan::measure()`]).
+//! - [`ModelSpec::hf_names`]: its checkpoint names, what a Hugging Face file calls each
+//!   parameter (pretrained weights in).
 //!
 //! A user's model needs no more than [`Custom`]: its [`Sequential`] and, optionally, its
 //! shapes and tensor-parallel rules.
@@ -41,6 +43,13 @@ pub trait ModelSpec {
     fn shapes(&self, sample: &[usize]) -> Result<Option<ModelShapes>> {
         let _ = sample;
         Ok(None)
+    }
+
+    /// The names parameter `name` may have in a Hugging Face file, preferred first (a head
+    /// tied to the embedding is often left out of the file and found under the embedding's
+    /// name). By default its own name.
+    fn hf_names(&self, name: &str) -> Vec<String> {
+        vec![name.to_string()]
     }
 }
 

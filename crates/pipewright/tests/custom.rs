@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor, Var};
 use custom_model::{
-    batch, model, serial_trainer, train_parallel, train_serial, CHUNK_SIZE, GLOBAL_BATCH,
+    batch, model, restart_and_morph, serial_trainer, spec, train_parallel, train_serial,
+    CHUNK_SIZE, GLOBAL_BATCH,
 };
 use pipewright::comm::local;
 use pipewright::loss::Mse;
@@ -47,6 +48,33 @@ fn the_example_trains_pp2_dp2_to_the_serial_losses() {
     }
     // The run learned something the oracle also learned: the loss moved.
     assert_ne!(serial[0], serial[7]);
+}
+
+/// The library alone, through its front door: a user's model trained on pp 2 x dp 2 with a
+/// checkpoint half way, then restarted in a world of 2 ranks, where the planner (from the
+/// model's own shapes) morphs it and the run goes on from the checkpoint; every step's loss is
+/// serial training's.
+#[test]
+fn the_front_door_trains_a_user_model_restarts_it_and_morphs_it_by_the_planner() {
+    let dir = std::env::temp_dir().join(format!("pw-front-door-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let planned = spec(Layout::new(2, 1, 2).unwrap(), 8);
+    let (losses, m) = restart_and_morph(&planned, &dir).unwrap();
+    assert_eq!(m.layout.world(), 2, "{m:?}");
+    assert!(m.step_s.is_some(), "planned, not the nearest layout: {m:?}");
+    let serial = train_serial(8).unwrap();
+    assert_eq!(
+        losses.len(),
+        8,
+        "4 steps, then 4 more after the restart: {losses:?}"
+    );
+    for (s, (a, b)) in serial.iter().zip(&losses).enumerate() {
+        assert!(
+            ((a - b) / a).abs() < 1e-5,
+            "step {s}: {serial:?} vs {losses:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Serial: the first batch's loss, gradients and evaluation output, and the parameters after

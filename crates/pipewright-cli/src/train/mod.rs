@@ -373,7 +373,7 @@ impl Setup {
         // Pretrained weights first; a checkpoint the run goes on from replaces them.
         if let Some(dir) = &a.init_from {
             let model = &self.spec.model;
-            v.load_pretrained(dir, &|n| pipewright_models::hf::hf_names(model, n))?;
+            v.load_pretrained(dir, &|n| model.hf_names(n))?;
         }
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {

@@ -12,10 +12,11 @@ use serde::{Deserialize, Serialize};
 use super::fit::Cadence;
 use crate::batch::Batch;
 use crate::model::{Build, Sequential};
+use crate::model_spec::ModelSpec;
 use crate::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
 use crate::pipeline::schedule::ScheduleKind;
 use crate::pipeline::Recompute;
-use crate::plan::{balance_by, morph, By, Morph, MorphPlanner, MorphRequest};
+use crate::plan::{balance_by, morph, By, Cluster, Hardware, Morph, MorphPlanner, MorphRequest};
 use crate::precision::Precision;
 use crate::topology::Layout;
 use crate::varuna::VarunaOptions;
@@ -226,5 +227,39 @@ impl TrainSpec {
             spec.balance = None;
         }
         Ok((spec, m))
+    }
+
+    /// This run restarted in a world of `world` ranks for `model` (Varuna's morphing, see
+    /// [`TrainSpec::morph`]). With `machines` (the hardware and its ranks per node) and a model
+    /// that gives its shapes for samples of `sample` dims, the planner costs every layout from
+    /// them and the fastest that fits is taken; otherwise the layout nearest the old one.
+    pub fn morph_model(
+        &self,
+        world: usize,
+        model: &dyn ModelSpec,
+        sample: &[usize],
+        machines: Option<(&Hardware, usize)>,
+    ) -> Result<(Self, Morph)> {
+        let built = model.build()?;
+        let profile = match machines {
+            Some((hw, _)) => match model.shapes(sample)? {
+                Some(shapes) => Some(shapes.profile(hw, self.precision.dtype().size_in_bytes())?),
+                None => None,
+            },
+            None => None,
+        };
+        let planner = match (machines, &profile) {
+            (Some((hw, per_node)), Some(profile)) => Some(MorphPlanner {
+                profile,
+                cluster: Cluster {
+                    hardware: hw,
+                    ranks_per_node: per_node.clamp(1, world.max(1)),
+                    runtime: Default::default(),
+                },
+                memory_bytes: hw.memory_bytes() as f64,
+            }),
+            _ => None,
+        };
+        self.morph(world, &built, model.tp_divides(), planner)
     }
 }

@@ -1,0 +1,246 @@
+//! The front door: one call trains a model on its data as a [`TrainSpec`] says, to its end.
+//!
+//! A program describes a [`Run`]: the spec (layout, batch, schedule, precision, optimizer,
+//! cadence), the model (any [`ModelSpec`]: a reference model or a user's
+//! [`crate::model_spec::Custom`]), its loss, its data (the rows of each step's global batch, a
+//! pure function of the step) and where it runs ([`Place`]). [`Trainer::new`] then does, once
+//! per process and before anything is written, what every program needs:
+//!
+//! 1. A restarted attempt that finds a world of another size morphs the spec (Varuna's
+//!    morphing, [`TrainSpec::morph_model`]): planned from the model's shapes on
+//!    [`Place::machines`], else the layout nearest the old one.
+//! 2. A balance by time or size is profiled on one micro-batch (each rank then takes rank 0's:
+//!    timings differ between processes).
+//! 3. Every check of the run: the layout against the world, the batch against the
+//!    micro-batches, the schedule, the model's split, the device and the backend.
+//! 4. The preemption flag (SIGTERM, SIGUSR1, SIGINT): every rank saves and stops together.
+//!
+//! Per rank, [`Trainer::start`] builds the rank's stages and shards on its device (its
+//! collectives over NCCL when [`Place::backend`] asks), the optimizer, pretrained weights
+//! ([`Place::pretrained`], by the model's Hugging Face names) and goes on from the newest
+//! checkpoint when the run does; [`Trainer::fit`] runs the one training loop
+//! ([`crate::experiment::fit`]) with the program's [`Hooks`]. [`Trainer::train`] does both on
+//! every rank: threads of this process, or this process's rank under mpirun.
+
+mod rank;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use crate::batch::Batch;
+use crate::comm::Backend;
+use crate::experiment::{Balance, TrainSpec};
+use crate::loss::{CrossEntropy, SharedLoss};
+use crate::model::Sequential;
+use crate::model_spec::ModelSpec;
+use crate::plan::{Hardware, Morph};
+use crate::varuna::VarunaOptions;
+use crate::{invalid, Result};
+
+pub use rank::{Batches, Started};
+
+/// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
+/// step, so that every replica, layout and resumed run reads the same rows.
+pub type Data = Arc<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>;
+
+/// Where and how a run's ranks run.
+#[derive(Clone, Debug)]
+pub struct Place {
+    /// `cpu`, `cuda` (each rank on the GPU of its local rank) or `cuda:N`.
+    pub device: String,
+    /// What carries the ranks' messages: threads of this process ([`Backend::Local`]), MPI
+    /// processes, or NCCL between GPUs.
+    pub backend: Backend,
+    /// The machines a restart in a world of another size is planned for: the hardware and its
+    /// ranks per node. Without them (or for a model without shapes) a restart takes the layout
+    /// nearest the old one.
+    pub machines: Option<(Hardware, usize)>,
+    /// A Hugging Face model directory whose weights the run starts from (a checkpoint the run
+    /// goes on from replaces them).
+    pub pretrained: Option<PathBuf>,
+    /// Where checkpoints go: `<run dir>/checkpoints` when `None`.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Fail at the first layer output holding a NaN or an inf (for debugging; costs a
+    /// reduction per layer).
+    pub detect_anomaly: bool,
+    /// The most rows an evaluation runs at once (all when `None`).
+    pub eval_rows: Option<usize>,
+}
+
+impl Default for Place {
+    /// On the CPU, ranks as threads, no machines to plan for, nothing pretrained.
+    fn default() -> Self {
+        Self {
+            device: "cpu".into(),
+            backend: Backend::Local,
+            machines: None,
+            pretrained: None,
+            checkpoint_dir: None,
+            detect_anomaly: false,
+            eval_rows: None,
+        }
+    }
+}
+
+/// A run described whole: what [`Trainer::new`] takes.
+#[derive(Clone)]
+pub struct Run {
+    /// Layout, batch, schedule, precision, optimizer, learning rate, seed and cadence.
+    pub spec: TrainSpec,
+    /// The model, which builds itself and gives its parallel rules, shapes and names.
+    pub model: Arc<dyn ModelSpec + Send + Sync>,
+    /// The objective on the last stage.
+    pub loss: SharedLoss,
+    /// The data.
+    pub data: Data,
+    /// Where it runs.
+    pub place: Place,
+}
+
+impl Run {
+    /// `model` trained on `data` as `spec` says, with cross-entropy against
+    /// [`Batch::TARGETS`], on the CPU, ranks as threads.
+    pub fn new(spec: TrainSpec, model: Arc<dyn ModelSpec + Send + Sync>, data: Data) -> Self {
+        Self {
+            spec,
+            model,
+            loss: Arc::new(CrossEntropy::default()),
+            data,
+            place: Place::default(),
+        }
+    }
+
+    /// The dims of one input sample (the model's first input, its rows left out): what the
+    /// model's shapes are sized for.
+    pub fn sample(&self, model: &Sequential) -> Result<Vec<usize>> {
+        let batch = (self.data)(0, 1)?;
+        let name = model
+            .input_names()
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Batch::INPUTS.to_string());
+        let t = batch
+            .get(&name)
+            .ok_or_else(|| invalid!("the data's batches hold no `{name}`, the model's input"))?;
+        Ok(t.dims().get(1..).unwrap_or_default().to_vec())
+    }
+}
+
+/// A run ready to start on every rank: its spec as this attempt runs it, the model built,
+/// the trainer's options resolved and checked.
+pub struct Trainer {
+    run: Run,
+    model: Sequential,
+    tied: Vec<(String, String)>,
+    options: VarunaOptions,
+    /// The balance was timed here: every rank takes rank 0's.
+    timed: bool,
+    morphed: Option<Morph>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Trainer {
+    /// `run` prepared for an attempt in a world of `world` ranks (`None`: the spec's own
+    /// layout); a world of another size morphs the spec (see the module's text). Every check
+    /// of the run is made here, before any rank starts.
+    pub fn new(mut run: Run, world: Option<usize>) -> Result<Self> {
+        check_backend(&run.place, run.spec.world())?;
+        let model = run.model.build()?;
+        let mut morphed = None;
+        if let Some(world) = world.filter(|w| *w != run.spec.world()) {
+            let sample = match run.place.machines {
+                Some(_) => run.sample(&model)?,
+                None => Vec::new(),
+            };
+            let machines = run.place.machines.as_ref().map(|(hw, n)| (hw, *n));
+            let (spec, m) = run
+                .spec
+                .morph_model(world, run.model.as_ref(), &sample, machines)?;
+            run.spec = spec;
+            morphed = Some(m);
+        }
+        run.spec.validate()?;
+        let tied = run.model.tied();
+        let balance = match &run.spec.balance {
+            None => None,
+            Some(_) => {
+                let sample = (run.data)(0, run.spec.micro_batch)?;
+                run.spec.resolve_balance(&model, &sample)?
+            }
+        };
+        let options = VarunaOptions {
+            loss: run.loss.clone(),
+            detect_anomaly: run.place.detect_anomaly,
+            ..run.spec.varuna_options(tied.clone(), balance)
+        };
+        options.validate(&model, run.spec.world())?;
+        crate::device::device(&run.place.device, 0)?;
+        Ok(Self {
+            timed: matches!(run.spec.balance, Some(Balance::Time)),
+            stop: crate::dist::preemption_flag()?,
+            run,
+            model,
+            tied,
+            options,
+            morphed,
+        })
+    }
+
+    /// `run` prepared for this process's attempt: a launcher's restarted attempt
+    /// (`PIPEWRIGHT_RESTART`) runs in the world it was given, morphing when that is another
+    /// size; a first attempt in the spec's own layout.
+    pub fn from_env(run: Run) -> Result<Self> {
+        let env = crate::dist::Env::from_env();
+        Self::new(run, (env.restart > 0).then_some(env.world_size))
+    }
+
+    /// The run as this attempt trains it (morphed, when it was).
+    pub fn spec(&self) -> &TrainSpec {
+        &self.run.spec
+    }
+
+    /// How the spec was morphed, and why, when it was.
+    pub fn morphed(&self) -> Option<&Morph> {
+        self.morphed.as_ref()
+    }
+
+    /// The model's layers.
+    pub fn model(&self) -> &Sequential {
+        &self.model
+    }
+
+    /// The model's tied parameter pairs.
+    pub fn tied(&self) -> &[(String, String)] {
+        &self.tied
+    }
+
+    /// The trainer's options every rank starts from (the balance resolved here: by time, each
+    /// rank takes rank 0's when it starts).
+    pub fn options(&self) -> &VarunaOptions {
+        &self.options
+    }
+
+    /// Whether a preemption signal reached this process.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Fails on a backend that cannot carry `world` ranks here: MPI outside mpirun, NCCL without
+/// the `cuda` build or a GPU.
+fn check_backend(place: &Place, world: usize) -> Result<()> {
+    match place.backend {
+        Backend::Mpi if world > 1 && !crate::dist::Env::under_mpi() => Err(invalid!(
+            "--backend mpi runs one process per rank: start it under `mpirun -np {world}`, or pass \
+             --distributed to have pipewright start them (a build with `--features mpi`)"
+        )),
+        Backend::Nccl if !cfg!(feature = "cuda") => Err(invalid!(
+            "--backend nccl needs a build with the `cuda` feature (tools/build-cuda.sh)"
+        )),
+        Backend::Nccl if !place.device.starts_with("cuda") => Err(invalid!(
+            "--backend nccl moves GPU tensors: use it with --device cuda"
+        )),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,170 @@
+//! One rank of a [`Trainer`]'s run: its part built and restored ([`Trainer::start`]), the
+//! loop with the program's hooks ([`Trainer::fit`]), and every rank of the run at once
+//! ([`Trainer::train`]).
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use super::Trainer;
+use crate::batch::Batch;
+use crate::comm::Communicator;
+use crate::data_parallel::DistributedLoader;
+use crate::experiment::params::standard;
+use crate::experiment::{fit, Context, FitReport, Hooks, Params, StepDone};
+use crate::varuna::{Varuna, VarunaOptions};
+use crate::{invalid, Result};
+
+/// A rank's rows of every global batch, on its device.
+pub type Batches = DistributedLoader<Box<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>>;
+
+/// What [`Trainer::start`] gives a rank.
+pub struct Started {
+    /// The step training goes on from (0 for a new run, else the restored checkpoint's).
+    pub step: u64,
+    /// The rank's rows of each step's batch.
+    pub batches: Batches,
+}
+
+impl Trainer {
+    /// Builds rank `cx`'s part of the run and sets it as the context's trainer: its stages
+    /// and shards on its device, the optimizer, pretrained weights, then the checkpoint the
+    /// run goes on from (the context's `checkpoint` parameter, or a restarted attempt's newest).
+    /// Collective: every rank of the run calls it.
+    pub fn start(&self, cx: &mut Context) -> Result<Started> {
+        let world = self.run.spec.world();
+        if cx.get_num_processes() != world {
+            return Err(invalid!(
+                "the job has {} ranks but the layout {} needs {world}: start it with mpirun -np \
+                 {world}",
+                cx.get_num_processes(),
+                self.run.spec.layout
+            ));
+        }
+        let env = crate::dist::Env::from_env();
+        let local_rank = if crate::dist::Env::under_mpi() {
+            env.local_rank
+        } else {
+            cx.get_rank()
+        };
+        let mut opts = VarunaOptions {
+            device: crate::device::device(&self.run.place.device, local_rank)?,
+            ..self.options.clone()
+        };
+        if let (true, Some(b)) = (self.timed, &opts.balance) {
+            let mine = Tensor::new(
+                b.iter().map(|n| *n as u32).collect::<Vec<_>>(),
+                &Device::Cpu,
+            )?;
+            let rank0 = cx.broadcast_from_master(&mine)?.to_vec1::<u32>()?;
+            opts.balance = Some(rank0.into_iter().map(|n| n as usize).collect());
+        }
+        let comm = self.world(cx, &opts.device)?;
+        let mut v = Varuna::new(&self.model, comm, opts)?;
+        if let Some(rows) = self.run.place.eval_rows {
+            v.set_eval_rows(rows);
+        }
+        v.set_optimizer(|ps| self.run.spec.optimizer(ps, &self.tied))?;
+        if let Some(dir) = &self.run.place.pretrained {
+            let model = &self.run.model;
+            v.load_pretrained(dir, &|n| model.hf_names(n))?;
+        }
+        let data = self.run.data.clone();
+        let batches = DistributedLoader::new(
+            Box::new(move |step, rows| data(step, rows)) as Box<_>,
+            self.run.spec.global_batch,
+            v.coords().dp_rank,
+            self.run.spec.layout.dp,
+            v.device().clone(),
+        )?;
+        if let Some(d) = &self.run.place.checkpoint_dir {
+            cx.set_checkpoint_dir(d)?;
+        }
+        let step = cx.set_trainer(v)?;
+        Ok(Started { step, batches })
+    }
+
+    /// The communicator a rank trains over: the context's world, through NCCL when the
+    /// place's backend asks for it (each rank on its own GPU).
+    fn world(&self, cx: &Context, device: &Device) -> Result<Box<dyn Communicator>> {
+        let world = cx.world()?;
+        #[cfg(feature = "cuda")]
+        if let (crate::comm::Backend::Nccl, candle_core::DeviceLocation::Cuda { gpu_id }) =
+            (self.run.place.backend, device.location())
+        {
+            return Ok(Box::new(crate::comm::nccl::NcclComm::new(world, gpu_id)?));
+        }
+        let _ = device;
+        Ok(world)
+    }
+
+    /// Trains the context's trainer (after [`Trainer::start`]) to the spec's last step with
+    /// `hooks`, every rank saving and stopping together at a preemption signal. Collective.
+    pub fn fit(&self, cx: &mut Context, hooks: &mut dyn Hooks) -> Result<FitReport> {
+        let mut hooks = Preemptible { hooks, of: self };
+        fit(cx, &self.run.spec.cadence, &mut hooks)
+    }
+
+    /// Runs every rank of the run in the run directory `dir`: threads of this process, or
+    /// this process's rank when mpirun started it. `checkpoint` says what the run goes on
+    /// from (a checkpoint, a directory of them, or `latest`; `None`: a new run, or a restarted
+    /// attempt's newest). Each rank starts ([`Trainer::start`]), makes its hooks with `hooks`
+    /// from what it started with, and fits; returns each of this process's ranks' report and
+    /// hooks, in rank order.
+    pub fn train<H, F>(
+        &self,
+        dir: &Path,
+        checkpoint: Option<&str>,
+        hooks: F,
+    ) -> Result<Vec<(FitReport, H)>>
+    where
+        H: Hooks + Send,
+        F: Fn(Started) -> H + Sync,
+    {
+        let mut params = Params::defaults(&standard());
+        if let Some(c) = checkpoint {
+            params.set("checkpoint", c.into())?;
+        }
+        let rank = |comm: Box<dyn Communicator>| -> Result<(FitReport, H)> {
+            let mut cx = Context::new(params.clone(), dir, comm)?;
+            let started = self.start(&mut cx)?;
+            let mut h = hooks(started);
+            let report = self.fit(&mut cx, &mut h)?;
+            Ok((report, h))
+        };
+        if crate::dist::Env::under_mpi() {
+            let (comm, _guard) = crate::dist::init()?.into_parts();
+            return Ok(vec![rank(comm)?]);
+        }
+        crate::comm::local::run(self.run.spec.world(), |c| rank(Box::new(c)))
+    }
+}
+
+/// A program's hooks with the process's preemption flag: a signal stops the run as the
+/// program's own request does.
+struct Preemptible<'a> {
+    hooks: &'a mut dyn Hooks,
+    of: &'a Trainer,
+}
+
+impl Hooks for Preemptible<'_> {
+    fn batch(&mut self, cx: &mut Context, step: u64) -> Result<Batch> {
+        self.hooks.batch(cx, step)
+    }
+
+    fn evaluate(&mut self, cx: &mut Context, steps: u64) -> Result<Option<f64>> {
+        self.hooks.evaluate(cx, steps)
+    }
+
+    fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
+        self.hooks.after_step(cx, done)
+    }
+
+    fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {
+        self.hooks.checkpoint(cx, steps, background)
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.hooks.stop_requested() || self.of.stop_requested()
+    }
+}
