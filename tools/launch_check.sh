@@ -12,7 +12,10 @@
 #    attempts morph the layout and the 30 losses stay within 1e-5 of the uninterrupted run's;
 # 7. two machines simulated on this one (../shared/MULTINODE.md): ranks see NODE_RANK 0 and 1
 #    and train to the threads run's losses;
-# 8. --hosts in Open MPI's syntax: its slots make the world.
+# 8. --hosts in Open MPI's syntax: its slots make the world;
+# 9. a Llama whose host file shrinks from 4 slots to 2 after a kill: its restarted attempt is
+#    morphed by the planner from the Llama's shapes (not to the nearest layout) and its 20
+#    losses stay within 1e-5 of the uninterrupted run's.
 # Prints a pass/fail line per check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -153,6 +156,26 @@ check "two simulated machines ($nodes): the threads run's losses" $?
 ranks=$("$bin" launch --hosts localhost:3 --run-dir "$out/hosts" -- sh -c 'echo "$RANK/$WORLD_SIZE"' 2>/dev/null | sort | tr '\n' ' ')
 [ "$ranks" = "0/3 1/3 2/3 " ]
 check "--hosts localhost:3 starts ranks $ranks" $?
+
+# 9. A Llama restarted in a smaller world: planned from its shapes.
+llama=(train --model llama --n-layer 2 --n-head 4 --n-kv-head 2 --n-embd 64 --batch-size 16 --chunks 2
+  --lr-schedule constant --eval-every 1000 --steps 20 --checkpoint-every 5 --pp 2 --tp 2)
+"$bin" "${llama[@]}" --out "$out/llama-whole" >/dev/null
+echo "localhost slots=4" >"$out/llama-hosts"
+"$bin" launch --hostfile "$out/llama-hosts" --max-restarts 2 -- "$bin" "${llama[@]}" --out "$out/llama" >"$out/llama.log" 2>&1 &
+launcher=$!
+wait_for_step "$out/llama" 10
+echo "localhost slots=2" >"$out/llama-hosts"
+signal_rank "$launcher" KILL
+wait "$launcher"
+code=$?
+worlds=$(grep '"world"' "$out/llama/launch.json" | tr -dc '0-9\n' | tr '\n' ' ')
+grep -q "morphing from pp=2 tp=2 dp=1 to .* for a world of 2 (the planner's fastest" "$out/llama.log"
+planned=$?
+worst=$(paste -d, <(cut -d, -f2 "$out/llama-whole/scalars.csv") <(cut -d, -f2 "$out/llama/scalars.csv") |
+  awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++ } END { if (n != 20) w = 1; printf "%.2e", w }')
+[ "$code" -eq 0 ] && [ "$worlds" = "4 2 " ] && [ "$planned" -eq 0 ] && awk -v w="$worst" 'BEGIN { exit !(w < 1e-5) }'
+check "a Llama on 4 -> 2 slots (worlds: $worlds) is morphed by the planner: 20 losses within $worst" $?
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -10,8 +10,8 @@ use pipewright::experiment::TrainSpec;
 use pipewright::model_spec::ModelSpec;
 use pipewright::plan::{estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, Profile};
 use pipewright::precision::Precision;
-use pipewright::varuna::{Sampling, VarunaOptions};
-use pipewright::{invalid, Batch, Error, Result, Sequential};
+use pipewright::varuna::Sampling;
+use pipewright::{invalid, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
 use crate::tasks::{Adder, Shapes, Sort, Text, Tokens};
@@ -196,20 +196,6 @@ impl RunSpec {
     /// The task, seeded by the run's seed.
     pub fn build_task(&self) -> Result<Box<dyn Task>> {
         self.task.build(self.train.seed)
-    }
-
-    /// The trainer's options for `model` built from [`RunSpec::model`]: the tied pairs, and the
-    /// balance resolved (profiled on one micro-batch of `task` when by time or size).
-    pub fn varuna_options(&self, model: &Sequential, task: &dyn Task) -> Result<VarunaOptions> {
-        let tied = self.model.tied();
-        let balance = match &self.train.balance {
-            None => None,
-            Some(_) => {
-                let (x, y) = task.batch(0, self.train.micro_batch)?;
-                self.train.resolve_balance(model, &Batch::pair(x, y))?
-            }
-        };
-        Ok(self.train.varuna_options(tied, balance))
     }
 
     /// The dims of one input sample the model is sized for: `[channels, size, size]` for the

@@ -1,16 +1,15 @@
-//! A run as data: a `RunSpec` reads back from its JSON, trains through the options and the
-//! optimizer it builds, and morphs into a smaller world that trains to the same losses.
+//! A run as data: a `RunSpec` reads back from its JSON, trains through the front door, and
+//! morphs into a smaller world that trains to the same losses.
 
-use pipewright::comm::local;
-use pipewright::data_parallel::DistributedLoader;
+use std::sync::Arc;
+
 use pipewright::experiment::{Balance, TrainSpec};
 use pipewright::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::plan::Hardware;
 use pipewright::topology::Layout;
-use pipewright::varuna::Varuna;
+use pipewright::trainer::{Data, Run, Trainer};
 use pipewright::Batch;
-use pipewright::ModelSpec;
-use pipewright_models::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, TaskSpec};
+use pipewright_models::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskSpec};
 
 fn gpt_spec(layout: Layout) -> RunSpec {
     let mut train = TrainSpec::new(layout, 8, 2, 3);
@@ -39,28 +38,13 @@ fn gpt_spec(layout: Layout) -> RunSpec {
     }
 }
 
-/// The losses of the spec's steps, trained by ranks as threads.
+/// The losses of the spec's steps, trained by ranks as threads through the front door.
 fn losses(spec: &RunSpec) -> Vec<f64> {
-    let task = spec.build_task().unwrap();
-    let model = spec.model.build().unwrap();
-    let opts = spec.varuna_options(&model, task.as_ref()).unwrap();
-    let t = &spec.train;
-    let runs = local::run(t.world(), |comm| {
-        let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| t.optimizer(ps, &[]))?;
-        let loader = DistributedLoader::new(
-            |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
-            t.global_batch,
-            v.coords().dp_rank,
-            t.layout.dp,
-            candle_core::Device::Cpu,
-        )?;
-        (0..t.cadence.steps)
-            .map(|s| Ok(v.step(&loader.batch(s)?)?.loss))
-            .collect::<pipewright::Result<Vec<f64>>>()
-    })
-    .unwrap();
-    runs[0].clone()
+    let task: Arc<dyn Task> = spec.build_task().unwrap().into();
+    let data: Data = Arc::new(move |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)));
+    let run = Run::new(spec.train.clone(), Arc::new(spec.model.clone()), data);
+    let trainer = Trainer::new(run, None).unwrap();
+    trainer.losses(&std::env::temp_dir(), None).unwrap()
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::experiment::{Context, Hooks, StepDone, TrainSpec};
+use pipewright::experiment::TrainSpec;
 use pipewright::init::{normal_vec, rng_for};
 use pipewright::loss::Mse;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
@@ -32,7 +32,7 @@ use pipewright::plan::{
 };
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::topology::Layout;
-use pipewright::trainer::{Batches, Run, Trainer};
+use pipewright::trainer::{Run, Trainer};
 use pipewright::{invalid, Batch, Build, Result};
 use rand::Rng;
 
@@ -257,37 +257,7 @@ pub fn run(spec: TrainSpec) -> Run {
 /// Losses of the run `spec` (its layout's ranks as threads) through the front door.
 pub fn train(spec: &TrainSpec) -> Result<Vec<f64>> {
     // Nothing is written: no checkpoint is asked for.
-    losses(
-        &Trainer::new(run(spec.clone()), None)?,
-        &std::env::temp_dir(),
-        None,
-    )
-}
-
-/// Rank 0's losses of `trainer`'s run in the run directory `dir`, going on from `checkpoint`.
-fn losses(trainer: &Trainer, dir: &Path, checkpoint: Option<&str>) -> Result<Vec<f64>> {
-    let mut ranks = trainer.train(dir, checkpoint, |started| Regression {
-        batches: started.batches,
-        losses: Vec::new(),
-    })?;
-    Ok(ranks.swap_remove(0).1.losses)
-}
-
-/// The training program's part of the loop: its replica's rows of each step, and the losses.
-struct Regression {
-    batches: Batches,
-    losses: Vec<f64>,
-}
-
-impl Hooks for Regression {
-    fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
-        self.batches.batch(step)
-    }
-
-    fn after_step(&mut self, _: &mut Context, done: &StepDone) -> Result<()> {
-        self.losses.push(done.outcome.loss);
-        Ok(())
-    }
+    Trainer::new(run(spec.clone()), None)?.losses(&std::env::temp_dir(), None)
 }
 
 /// Plans this model for 4 ranks from a profile measured here: the fastest layout at the
@@ -348,7 +318,7 @@ pub fn restart_and_morph(planned: &TrainSpec, dir: &Path) -> Result<(Vec<f64>, M
     let mut first = planned.clone();
     first.cadence.steps = steps / 2;
     first.cadence.checkpoint_every = steps / 2;
-    let mut losses_ = losses(&Trainer::new(run(first), None)?, dir, None)?;
+    let mut losses = Trainer::new(run(first), None)?.losses(dir, None)?;
     let mut again = run(planned.clone());
     again.place.machines = Some((Hardware::load("cpu-2core")?, 2));
     let trainer = Trainer::new(again, Some(2))?;
@@ -356,8 +326,8 @@ pub fn restart_and_morph(planned: &TrainSpec, dir: &Path) -> Result<(Vec<f64>, M
         .morphed()
         .cloned()
         .ok_or_else(|| invalid!("a world of 2 ranks did not morph the run"))?;
-    losses_.extend(losses(&trainer, dir, Some("latest"))?);
-    Ok((losses_, morph))
+    losses.extend(trainer.losses(dir, Some("latest"))?);
+    Ok((losses, morph))
 }
 
 fn main() -> Result<()> {

@@ -4,17 +4,16 @@
 
 mod args;
 mod model;
-mod morph;
 mod report;
 
-use pipewright::data_parallel::DistributedLoader;
+use std::sync::Arc;
+
 use pipewright::experiment::{Balance, Context, Experiment, Params, RunDir};
 use pipewright::pipeline::{chrome_trace, TraceEvent};
 use pipewright::plan::StepParts;
-use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::ModelSpec;
+use pipewright::trainer::{Data, Place, Run, Trainer};
 
-use pipewright::{invalid, Batch, Error, Result, Sequential};
+use pipewright::{invalid, Batch, Error, Result};
 use pipewright_models::{RunSpec, Task, TaskSpec};
 
 pub use args::{finite, positive, positive_u64, task_spec, TrainArgs};
@@ -168,43 +167,19 @@ fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
     Ok(())
 }
 
-/// The run's communicator over NCCL when `--backend nccl` asks for it (Setup checked that the
-/// device is a GPU): the ranks join through `world`, each on its own GPU.
-#[cfg(feature = "cuda")]
-fn nccl_world(
-    a: &TrainArgs,
-    world: Box<dyn pipewright::comm::Communicator>,
-    device: &pipewright::candle_core::Device,
-) -> Result<Box<dyn pipewright::comm::Communicator>> {
-    match (a.backend, device.location()) {
-        (
-            pipewright::comm::Backend::Nccl,
-            pipewright::candle_core::DeviceLocation::Cuda { gpu_id },
-        ) => Ok(Box::new(pipewright::comm::nccl::NcclComm::new(
-            world, gpu_id,
-        )?)),
-        _ => Ok(world),
-    }
-}
-
 /// Everything a rank needs to build its part and train: made once per process from the
 /// parameters, checking every flag before the run directory is made.
 pub struct Setup {
     a: TrainArgs,
     /// The run the flags describe (morphed to the world of a restarted attempt).
     spec: RunSpec,
-    task: Box<dyn Task>,
-    model: Sequential,
-    tied: Vec<(String, String)>,
-    opts: VarunaOptions,
-    /// The balance was timed here: every rank takes rank 0's (timings differ by process).
-    timed: bool,
+    task: Arc<dyn Task>,
+    /// The library's front door, which morphs, checks, builds and trains every rank.
+    trainer: Trainer,
     /// What checkpoints store to rebuild the run (`ckpt reshard`, `ckpt export`).
     meta: serde_json::Value,
     /// The run directory holds this run already: its scalars go on from the resumed step.
     continuing: bool,
-    /// Set by SIGTERM or SIGUSR1: save at the end of the current step and stop.
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Setup {
@@ -215,28 +190,6 @@ impl Setup {
             a.device = "cuda".into();
         }
         let env = pipewright::dist::Env::from_env();
-        if matches!(a.backend, pipewright::comm::Backend::Mpi)
-            && !pipewright::dist::Env::under_mpi()
-            && a.world() > 1
-        {
-            return Err(invalid!(
-                "--backend mpi runs one process per rank: start it under `mpirun -np {}`, or pass \
-                 --distributed to have pipewright start them (a build with `--features mpi`)",
-                a.world()
-            ));
-        }
-        if matches!(a.backend, pipewright::comm::Backend::Nccl) {
-            if !cfg!(feature = "cuda") {
-                return Err(invalid!(
-                    "--backend nccl needs a build with the `cuda` feature (tools/build-cuda.sh)"
-                ));
-            }
-            if !a.device.starts_with("cuda") {
-                return Err(invalid!(
-                    "--backend nccl moves GPU tensors: use it with --device cuda"
-                ));
-            }
-        }
         // Where a resumed or restarted run finds its checkpoints and scalars.
         let goes_on = a.resume.is_some() || env.restart > 0;
         if goes_on && a.out.is_none() {
@@ -259,7 +212,7 @@ impl Setup {
             check_resume(&a, &spec, ck)?;
         }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
-        pipewright::plan::Hardware::load(&a.hardware)?;
+        let hw = pipewright::plan::Hardware::load(&a.hardware)?;
         // Under mpirun each process holds its own ranks; as threads this one holds them all.
         let here = if pipewright::dist::Env::under_mpi() {
             env.local_world_size
@@ -268,41 +221,57 @@ impl Setup {
         };
         // Before the model is built: a billion layers' specs alone would not fit.
         spec.check_fits(&task.shape(), here)?;
-        let (model, tied) = (spec.model.build()?, spec.model.tied());
-        if env.restart > 0 && env.world_size != spec.train.world() {
-            spec = morph::morph(&a, &env, &spec)?;
-            let l = spec.train.layout;
-            (a.pp, a.tp, a.cp, a.dp) = (l.pp, l.tp, l.cp, l.dp);
-            a.chunk_size = Some(spec.train.micro_batch);
-            if spec.train.balance.is_none() {
-                a.balance = None;
-            }
+        let task: Arc<dyn Task> = task.into();
+        let run = Run {
+            place: Place {
+                device: a.device.clone(),
+                backend: a.backend,
+                machines: Some((hw, env.local_world_size)),
+                pretrained: a.init_from.clone(),
+                checkpoint_dir: a.checkpoint_dir.clone(),
+                detect_anomaly: params.flag("debug")?,
+                eval_rows: Some(spec.eval_rows(&task.shape())?),
+            },
+            ..Run::new(
+                spec.train.clone(),
+                Arc::new(spec.model.clone()),
+                data(&task),
+            )
+        };
+        let trainer = Trainer::from_env(run)?;
+        if let Some(m) = trainer.morphed() {
+            let why = match m.step_s {
+                Some(_) => format!("{} on {}", m.why, a.hardware),
+                None => m.why.clone(),
+            };
+            let (from, to) = (spec.train.layout, m.layout);
+            eprintln!(
+                "pipewright train: morphing from {from} to {to} for a world of {} ({why})",
+                to.world()
+            );
+            spec.train = trainer.spec().clone();
         }
-        let mut opts = spec.varuna_options(&model, task.as_ref())?;
-        opts.detect_anomaly = params.flag("debug")?;
         let by = match spec.train.balance {
             Some(Balance::Time) => Some("time"),
             Some(Balance::Size) => Some("size"),
             _ => None,
         };
-        if let (Some(by), Some(b), 0) = (by, &opts.balance, env.rank) {
+        if let (Some(by), Some(b), 0) = (by, &trainer.options().balance, env.rank) {
             let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
             pipewright::say!(
                 "balance by {by}: {} (layers or segments per stage)",
                 list.join(",")
             );
         }
-        // Fail on a bad layout, split, schedule or device before anything is written.
-        opts.validate(&model, a.world())?;
-        if opts.zero != pipewright::zero::Zero::Off && a.dp == 1 && env.rank == 0 {
+        let layout = spec.train.layout;
+        if spec.train.zero != pipewright::zero::Zero::Off && layout.dp == 1 && env.rank == 0 {
             pipewright::say!(
                 "note: --zero {} shards over data-parallel replicas and --dp is 1: nothing to \
                  shard, training without it",
-                opts.zero
+                spec.train.zero
             );
         }
-        pipewright::device::device(&a.device, 0)?;
-        if a.trace.is_some() && a.pp == 1 {
+        if a.trace.is_some() && layout.pp == 1 {
             return Err(invalid!(
                 "--trace records pipeline actions: use it with --pp 2 or more"
             ));
@@ -312,15 +281,11 @@ impl Setup {
             pipewright::files::ensure_replaceable(t, "--trace", "a pipeline trace", ours)?;
         }
         Ok(Self {
-            timed: matches!(spec.train.balance, Some(Balance::Time)),
             meta: spec.to_meta()?,
             spec,
             task,
-            model,
-            tied,
-            opts,
+            trainer,
             continuing,
-            stop: pipewright::dist::preemption_flag()?,
             a,
         })
     }
@@ -334,65 +299,14 @@ impl Setup {
         run_dir: &std::sync::Mutex<Option<std::path::PathBuf>>,
     ) -> Result<()> {
         let a = &self.a;
-        let world = a.world();
-        if cx.get_num_processes() != world {
-            return Err(invalid!(
-                "the job has {} ranks but --pp {} x --tp {} x --cp {} x --dp {} needs {world}: start \
-                 it with mpirun -np {world}",
-                cx.get_num_processes(),
-                a.pp,
-                a.tp,
-                a.cp,
-                a.dp
-            ));
-        }
-        let env = pipewright::dist::Env::from_env();
-        let local_rank = if pipewright::dist::Env::under_mpi() {
-            env.local_rank
-        } else {
-            cx.get_rank()
-        };
-        let mut opts = VarunaOptions {
-            device: pipewright::device::device(&a.device, local_rank)?,
-            ..self.opts.clone()
-        };
-        if let (true, Some(b)) = (self.timed, &opts.balance) {
-            let mine = pipewright::candle_core::Tensor::new(
-                b.iter().map(|n| *n as u32).collect::<Vec<_>>(),
-                &pipewright::candle_core::Device::Cpu,
-            )?;
-            let rank0 = cx.broadcast_from_master(&mine)?.to_vec1::<u32>()?;
-            opts.balance = Some(rank0.into_iter().map(|n| n as usize).collect());
-        }
-        let world = cx.world()?;
-        #[cfg(feature = "cuda")]
-        let world = nccl_world(a, world, &opts.device)?;
-        let mut v = Varuna::new(&self.model, world, opts)?;
-        v.set_eval_rows(self.spec.eval_rows(&self.task.shape())?);
-        v.set_optimizer(|ps| self.spec.train.optimizer(ps, &self.tied))?;
-        // Pretrained weights first; a checkpoint the run goes on from replaces them.
-        if let Some(dir) = &a.init_from {
-            let model = &self.spec.model;
-            v.load_pretrained(dir, &|n| model.hf_names(n))?;
-        }
+        let started = self.trainer.start(cx)?;
+        let v = cx.trainer()?;
         let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();
         }
-        let c = v.coords();
         let num_params = v.pipeline().total_params()?;
-        let task = self.task.as_ref();
-        let loader = DistributedLoader::new(
-            |step, rows| task.batch(step, rows).map(|(x, y)| Batch::pair(x, y)),
-            a.batch_size,
-            c.dp_rank,
-            a.dp,
-            v.device().clone(),
-        )?;
-        if let Some(d) = &a.checkpoint_dir {
-            cx.set_checkpoint_dir(d)?;
-        }
-        let start = cx.set_trainer(v)?;
+        let start = started.step;
         let dir = if cx.is_master() {
             Some(RunDir::open(cx.dir())?)
         } else {
@@ -404,9 +318,9 @@ impl Setup {
             // report (a layout the planner refuses has none, and the report says so).
             let hw = pipewright::plan::Hardware::load(&a.hardware)?;
             let per_node = if pipewright::dist::Env::under_mpi() {
-                env.local_world_size
+                pipewright::dist::Env::from_env().local_world_size
             } else {
-                a.world()
+                self.spec.train.world()
             };
             if let Ok(p) = self.spec.predict(&hw, per_node) {
                 p.save(d.path())?;
@@ -420,12 +334,13 @@ impl Setup {
                 );
             }
         }
+        let batches = &started.batches;
         let done = train_loop(
             self,
             num_params,
             cx,
             start,
-            &|step| loader.batch(step),
+            &|step| batches.batch(step),
             dir.as_ref(),
         )?;
         let v = cx.trainer()?;
@@ -433,7 +348,7 @@ impl Setup {
         if let (Some(dir), Some(done)) = (dir, done) {
             let balance: Vec<usize> = v.pipeline().ranges().iter().map(|r| r.len()).collect();
             let parts = StepParts::median_of(v.step_parts());
-            write_summary(a, &dir, done, &v.describe()?, &bubbles, &balance, parts)?;
+            write_summary(self, &dir, done, &v.describe()?, &bubbles, &balance, parts)?;
         }
         if traced {
             let mine = v.take_trace();
@@ -444,4 +359,10 @@ impl Setup {
         }
         Ok(())
     }
+}
+
+/// The task's global batches as the trainer reads them.
+fn data(task: &Arc<dyn Task>) -> Data {
+    let task = task.clone();
+    Arc::new(move |step, rows| task.batch(step, rows).map(|(x, y)| Batch::pair(x, y)))
 }

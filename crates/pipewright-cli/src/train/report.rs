@@ -8,7 +8,7 @@ use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
 use pipewright::experiment::{
-    fit, peak_memory_bytes, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
+    peak_memory_bytes, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
 };
 use pipewright::memory;
 use pipewright::plan::StepParts;
@@ -192,10 +192,6 @@ impl Hooks for TrainHooks<'_> {
         };
         cx.save(opts, background)
     }
-
-    fn stop_requested(&self) -> bool {
-        self.run.stop.load(std::sync::atomic::Ordering::Relaxed)
-    }
 }
 
 /// The training of one rank over the trainer of `cx` (every rank runs it; only the one given
@@ -219,13 +215,14 @@ pub fn train_loop(
                     task_shape: format!("{:?}", task.shape()),
                     num_params,
                     layers: run
-                        .model
+                        .trainer
+                        .model()
                         .specs()
                         .iter()
                         .map(|s| s.name().to_string())
                         .collect(),
-                    cut_points: run.model.cut_points().to_vec(),
-                    tied: run.tied.clone(),
+                    cut_points: run.trainer.model().cut_points().to_vec(),
+                    tied: run.trainer.tied().to_vec(),
                     spec: &run.spec,
                 },
             )?;
@@ -247,21 +244,22 @@ pub fn train_loop(
         TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
         TaskShape::Images { .. } => (a.batch_size, "samples"),
     };
+    let (l, t) = (run.spec.train.layout, &run.spec.train);
     let mut layout = String::new();
-    if a.pp > 1 {
+    if l.pp > 1 {
         layout += &format!(
             ", pipeline pp={} {} virtual={}",
-            a.pp, a.schedule, a.virtual_stages
+            l.pp, t.schedule, t.virtual_stages
         );
     }
-    if a.tp > 1 {
-        layout += &format!(", tensor-parallel tp={}", a.tp);
-        if a.sequence_parallel {
+    if l.tp > 1 {
+        layout += &format!(", tensor-parallel tp={}", l.tp);
+        if t.sequence_parallel {
             layout += " with sequence parallelism";
         }
     }
-    if a.cp > 1 {
-        layout += &format!(", context-parallel cp={}", a.cp);
+    if l.cp > 1 {
+        layout += &format!(", context-parallel cp={}", l.cp);
     }
     if let Some(dir) = dir {
         pipewright::say!(
@@ -302,7 +300,7 @@ pub fn train_loop(
         rank_allocated_peaks: Vec::new(),
         skipped: 0,
     };
-    let report = fit(cx, &run.spec.train.cadence, &mut hooks)?;
+    let report = run.trainer.fit(cx, &mut hooks)?;
     hooks.pb.finish_and_clear();
     if report.stopped && dir.is_some() {
         pipewright::say!("preempted: saved step {} and stopping", report.steps);
@@ -336,7 +334,7 @@ pub fn train_loop(
 /// Writes `summary.json` and prints the one-screen summary: the result, rank 0's step part
 /// by part, the layout, which rank holds what, and each stage's measured bubble.
 pub fn write_summary(
-    a: &TrainArgs,
+    run: &Setup,
     dir: &RunDir,
     mut summary: Summary,
     ranks: &[String],
@@ -345,7 +343,8 @@ pub fn write_summary(
     parts: StepParts,
 ) -> Result<()> {
     summary.median_step_parts = parts;
-    summary.layout = format!("{} {}", a.layout()?, a.precision);
+    let a = &run.a;
+    summary.layout = format!("{} {}", run.spec.train.layout, a.precision);
     summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();

@@ -19,8 +19,9 @@
 //! collectives over NCCL when [`Place::backend`] asks), the optimizer, pretrained weights
 //! ([`Place::pretrained`], by the model's Hugging Face names) and goes on from the newest
 //! checkpoint when the run does; [`Trainer::fit`] runs the one training loop
-//! ([`crate::experiment::fit`]) with the program's [`Hooks`]. [`Trainer::train`] does both on
-//! every rank: threads of this process, or this process's rank under mpirun.
+//! ([`crate::experiment::fit()`]) with the program's [`crate::experiment::Hooks`].
+//! [`Trainer::train`] does both on every rank: threads of this process, or this process's
+//! rank under mpirun.
 
 mod rank;
 
@@ -38,7 +39,7 @@ use crate::plan::{Hardware, Morph};
 use crate::varuna::VarunaOptions;
 use crate::{invalid, Result};
 
-pub use rank::{Batches, Started};
+pub use rank::{Batches, Losses, Started};
 
 /// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
 /// step, so that every replica, layout and resumed run reads the same rows.

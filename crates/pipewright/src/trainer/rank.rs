@@ -140,6 +140,44 @@ impl Trainer {
     }
 }
 
+/// The simplest hooks: the rank's batches, and each step's loss kept (a program that records
+/// nothing else, a test against serial training).
+pub struct Losses {
+    /// The rank's rows of each step.
+    pub batches: Batches,
+    /// Each step's loss, in order (the same on every rank).
+    pub losses: Vec<f64>,
+}
+
+impl Losses {
+    /// No losses yet, batches from `started`.
+    pub fn new(started: Started) -> Self {
+        Self {
+            batches: started.batches,
+            losses: Vec::new(),
+        }
+    }
+}
+
+impl Hooks for Losses {
+    fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
+        self.batches.batch(step)
+    }
+
+    fn after_step(&mut self, _: &mut Context, done: &StepDone) -> Result<()> {
+        self.losses.push(done.outcome.loss);
+        Ok(())
+    }
+}
+
+impl Trainer {
+    /// [`Trainer::train`] with [`Losses`]: rank 0's loss of every step this attempt took.
+    pub fn losses(&self, dir: &Path, checkpoint: Option<&str>) -> Result<Vec<f64>> {
+        let mut ranks = self.train(dir, checkpoint, Losses::new)?;
+        Ok(ranks.swap_remove(0).1.losses)
+    }
+}
+
 /// A program's hooks with the process's preemption flag: a signal stops the run as the
 /// program's own request does.
 struct Preemptible<'a> {
