@@ -190,7 +190,7 @@ fn main() {
         Command::Report(a) => report::run(a),
         Command::Sweep(a) => sweep::run(a),
         Command::Launch(a) => launch::run(a),
-        Command::RankEnv { program } => launch::rank_env(&program),
+        Command::RankEnv { program } => pipewright::launch::exec_rank(&program),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

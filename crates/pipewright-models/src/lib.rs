@@ -7,6 +7,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod cnn;
+pub mod flags;
 pub mod gpt;
 pub mod hf;
 pub mod llama;
@@ -16,6 +17,7 @@ pub mod spec;
 pub mod tasks;
 
 pub use cnn::{cnn, CnnConfig};
+pub use flags::TrainArgs;
 pub use gpt::{gpt, GptConfig, TIED};
 pub use llama::{llama, LlamaConfig};
 pub use run::{ModelConfig, RunSpec, TaskSpec};

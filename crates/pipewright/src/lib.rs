@@ -66,6 +66,7 @@ pub mod files;
 pub mod grads;
 pub mod init;
 mod kernels;
+pub mod launch;
 pub mod loss;
 pub mod memory;
 pub mod model;

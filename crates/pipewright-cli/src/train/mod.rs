@@ -2,8 +2,6 @@
 //! tensor-parallel (tp) and data-parallel (dp) ranks: threads of this process, or processes
 //! under mpirun. Every layout, serial included, trains through [`Varuna`].
 
-mod args;
-mod model;
 mod report;
 
 use std::sync::Arc;
@@ -16,7 +14,7 @@ use pipewright::trainer::{Data, Place, Run, Trainer};
 use pipewright::{invalid, Batch, Error, Result};
 use pipewright_models::{RunSpec, Task, TaskSpec};
 
-pub use args::{finite, positive, positive_u64, task_spec, TrainArgs};
+pub use pipewright_models::flags::{finite, positive, positive_u64, task_spec, TrainArgs};
 use report::{train_loop, write_summary};
 
 /// `pipewright train ARGS`: the experiment [`experiment`] on the flags `args`.

@@ -1,11 +1,9 @@
 //! The model the flags of `pipewright train` describe, and the check that no flag of another
 //! model or task is given (it would be ignored without a word).
 
+use crate::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec};
 use pipewright::ModelSpec;
 use pipewright::{invalid, Result};
-use pipewright_models::{
-    CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec,
-};
 
 use super::args::{ModelKind, OptimizerKind, TaskKind, TrainArgs};
 
@@ -52,7 +50,7 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
             given.join(", ")
         ));
     }
-    let model = pipewright_models::hf::config_from_dir(dir)?;
+    let model = crate::hf::config_from_dir(dir)?;
     let (kind, vocab_size, block) = match &model {
         ModelConfig::Gpt { gpt, .. } => (ModelKind::Gpt, gpt.vocab_size, gpt.block_size),
         ModelConfig::Llama { llama, .. } => (ModelKind::Llama, llama.vocab_size, llama.block_size),
@@ -222,68 +220,7 @@ fn defaults() -> TrainArgs {
 fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
     match (a.model, task.shape()) {
         (kind @ (ModelKind::Gpt | ModelKind::Llama), TaskShape::Tokens { vocab, seq_len }) => {
-            let block_size = a.block_size.unwrap_or(seq_len);
-            if block_size < seq_len {
-                return Err(invalid!(
-                    "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
-                ));
-            }
-            let vocab_size = a.vocab_size.unwrap_or(vocab);
-            if vocab_size < vocab {
-                return Err(invalid!(
-                    "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
-                ));
-            }
-            if !vocab_size.is_multiple_of(a.tp) {
-                let padded = vocab_size.div_ceil(a.tp) * a.tp;
-                return Err(invalid!(
-                    "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
-                     (padded ids never occur)",
-                    a.tp
-                ));
-            }
-            if !a.n_head.is_multiple_of(a.tp) {
-                return Err(invalid!(
-                    "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
-                    a.n_head,
-                    a.tp
-                ));
-            }
-            check_sequence_split(a, seq_len)?;
-            if let ModelKind::Llama = kind {
-                let n_kv_head = a.n_kv_head.unwrap_or(a.n_head);
-                let hidden = a.mlp_hidden.unwrap_or((8 * a.n_embd / 3).div_ceil(8) * 8);
-                for (flag, n) in [("--n-kv-head", n_kv_head), ("--mlp-hidden", hidden)] {
-                    if !n.is_multiple_of(a.tp) {
-                        return Err(invalid!(
-                            "{flag} {n} cannot be split over --tp {}: choose a multiple of --tp",
-                            a.tp
-                        ));
-                    }
-                }
-                let llama = LlamaConfig {
-                    vocab_size,
-                    block_size,
-                    n_layer: a.n_layer,
-                    n_head: a.n_head,
-                    n_kv_head,
-                    dim: a.n_embd,
-                    hidden,
-                    norm_eps: 1e-5,
-                    rope_theta: a.rope_theta,
-                };
-                llama.validate()?;
-                return Ok(ModelConfig::Llama { llama, vocab });
-            }
-            let cfg = GptConfig {
-                vocab_size,
-                block_size,
-                n_layer: a.n_layer,
-                n_head: a.n_head,
-                n_embd: a.n_embd,
-                dropout: a.dropout,
-            };
-            Ok(ModelConfig::Gpt { gpt: cfg, vocab })
+            language_model(a, kind, vocab, seq_len)
         }
         (
             ModelKind::Cnn,
@@ -324,6 +261,79 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
     }
 }
 
+/// The GPT or the Llama (`kind`) the flags describe for a task of `vocab` ids in sequences
+/// of `seq_len`, its sizes checked against the layout (heads, vocabulary and the MLP over tp,
+/// sequences over cp and sequence parallelism).
+fn language_model(
+    a: &TrainArgs,
+    kind: ModelKind,
+    vocab: usize,
+    seq_len: usize,
+) -> Result<ModelConfig> {
+    let block_size = a.block_size.unwrap_or(seq_len);
+    if block_size < seq_len {
+        return Err(invalid!(
+            "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
+        ));
+    }
+    let vocab_size = a.vocab_size.unwrap_or(vocab);
+    if vocab_size < vocab {
+        return Err(invalid!(
+            "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
+        ));
+    }
+    if !vocab_size.is_multiple_of(a.tp) {
+        let padded = vocab_size.div_ceil(a.tp) * a.tp;
+        return Err(invalid!(
+            "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
+             (padded ids never occur)",
+            a.tp
+        ));
+    }
+    if !a.n_head.is_multiple_of(a.tp) {
+        return Err(invalid!(
+            "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
+            a.n_head,
+            a.tp
+        ));
+    }
+    check_sequence_split(a, seq_len)?;
+    if let ModelKind::Llama = kind {
+        let n_kv_head = a.n_kv_head.unwrap_or(a.n_head);
+        let hidden = a.mlp_hidden.unwrap_or((8 * a.n_embd / 3).div_ceil(8) * 8);
+        for (flag, n) in [("--n-kv-head", n_kv_head), ("--mlp-hidden", hidden)] {
+            if !n.is_multiple_of(a.tp) {
+                return Err(invalid!(
+                    "{flag} {n} cannot be split over --tp {}: choose a multiple of --tp",
+                    a.tp
+                ));
+            }
+        }
+        let llama = LlamaConfig {
+            vocab_size,
+            block_size,
+            n_layer: a.n_layer,
+            n_head: a.n_head,
+            n_kv_head,
+            dim: a.n_embd,
+            hidden,
+            norm_eps: 1e-5,
+            rope_theta: a.rope_theta,
+        };
+        llama.validate()?;
+        return Ok(ModelConfig::Llama { llama, vocab });
+    }
+    let cfg = GptConfig {
+        vocab_size,
+        block_size,
+        n_layer: a.n_layer,
+        n_head: a.n_head,
+        n_embd: a.n_embd,
+        dropout: a.dropout,
+    };
+    Ok(ModelConfig::Gpt { gpt: cfg, vocab })
+}
+
 /// Fails early, naming the flags, when `--cp` or `--sequence-parallel` cannot split sequences
 /// of `seq_len` tokens (the library would fail at the first step).
 fn check_sequence_split(a: &TrainArgs, seq_len: usize) -> Result<()> {
@@ -360,7 +370,7 @@ mod tests {
 
     fn fixture(name: &str) -> std::path::PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../pipewright-models/tests/fixtures")
+            .join("tests/fixtures")
             .join(name)
     }
 

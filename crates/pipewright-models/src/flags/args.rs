@@ -1,9 +1,10 @@
-//! The flags of `pipewright train` and what they build: the task, the model, the optimizer and
-//! the learning-rate schedule.
+//! The flags of a run and what they build: the task, the layout, the optimizer and the
+//! learning-rate schedule.
 
 use pipewright::zero::Zero;
 use std::path::PathBuf;
 
+use crate::TaskSpec;
 use clap::{Args, ValueEnum};
 use pipewright::experiment::{Cadence, TrainSpec};
 use pipewright::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
@@ -12,38 +13,53 @@ use pipewright::pipeline::Recompute;
 use pipewright::precision::Precision;
 use pipewright::topology::Layout;
 use pipewright::{invalid, Result};
-use pipewright_models::TaskSpec;
 use serde::{Deserialize, Serialize};
 
+/// Which reference model (`--model`).
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
+    /// A GPT-2-shaped decoder.
     Gpt,
+    /// A Llama: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
     Llama,
+    /// A CNN with skip connections and batch norm.
     Cnn,
 }
 
+/// What the model learns (`--task`).
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
+    /// Sums of two numbers.
     Adder,
+    /// Sorting a sequence of symbols.
     Sort,
+    /// A text file's bytes (with --data).
     Text,
+    /// Shapes in images (the CNN's).
     Shapes,
+    /// A prepared corpus's token shards (with --data).
     Tokens,
 }
 
+/// The optimizer (`--optimizer`).
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
+    /// AdamW with decoupled weight decay.
     Adamw,
+    /// SGD with momentum.
     Sgd,
 }
 
+/// The learning rate's course (`--lr-schedule`).
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LrScheduleKind {
+    /// The same rate every step.
     Constant,
+    /// Linear warm-up, then cosine decay to the minimum.
     Cosine,
 }
 
@@ -79,7 +95,7 @@ pub struct TrainArgs {
     /// Save a checkpoint every N steps (0: never) into --checkpoint-dir.
     #[arg(help_heading = "Checkpoints", long, default_value_t = 0)]
     pub checkpoint_every: u64,
-    /// Where checkpoints go (default: <out>/checkpoints).
+    /// Where checkpoints go (default: `<out>/checkpoints`).
     #[arg(help_heading = "Checkpoints", long)]
     pub checkpoint_dir: Option<PathBuf>,
     /// Keep only the newest K checkpoints.
@@ -383,10 +399,10 @@ fn seq_len(a: &TrainArgs) -> Result<usize> {
     let Some(dir) = &a.init_from else {
         return Ok(64);
     };
-    Ok(match pipewright_models::hf::config_from_dir(dir)? {
-        pipewright_models::ModelConfig::Gpt { gpt, .. } => gpt.block_size,
-        pipewright_models::ModelConfig::Llama { llama, .. } => llama.block_size,
-        pipewright_models::ModelConfig::Cnn { .. } => 64,
+    Ok(match crate::hf::config_from_dir(dir)? {
+        crate::ModelConfig::Gpt { gpt, .. } => gpt.block_size,
+        crate::ModelConfig::Llama { llama, .. } => llama.block_size,
+        crate::ModelConfig::Cnn { .. } => 64,
     })
 }
 

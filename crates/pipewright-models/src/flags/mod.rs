@@ -1,0 +1,15 @@
+//! A run in flag form: [`TrainArgs`], every flag of `pipewright train` (and of `plan`,
+//! `profile` and `ckpt`, which describe a run the same way), and the one way flags become a
+//! [`RunSpec`](crate::RunSpec) ([`TrainArgs::spec`]): the model's defaults and its parallel
+//! rules checked against the layout (heads and vocabulary over tp, sequences over cp and
+//! sequence parallelism), the task, and everything else through
+//! [`TrainArgs::train_spec`]. A program of its own declares the same flags with
+//! `Experiment::args::<TrainArgs>()` and reads them with `Params::args`.
+
+mod args;
+mod model;
+
+pub use args::{
+    finite, positive, positive_u64, task_spec, DecayKind, LrScheduleKind, ModelKind, OptimizerKind,
+    TaskKind, TrainArgs,
+};
