@@ -1,12 +1,10 @@
-//! `pipewright bench comm`: bandwidth of send/recv and all-reduce through a
-//! [`Communicator`], and, for MPI, of the same operations as raw MPI calls in the same run.
-
-use std::time::Instant;
+//! `pipewright bench comm`: bandwidth of send/recv and all-reduce through a communicator, and,
+//! for MPI, of the same operations as raw MPI calls in the same run
+//! ([`pipewright::plan::comm_bench`]).
 
 use clap::{Args, Subcommand};
-use pipewright::candle_core::{Device, Tensor};
-use pipewright::comm::{Backend, Communicator, ReduceOp};
-use pipewright::plan::median;
+use pipewright::comm::Backend;
+use pipewright::plan::comm_bench::{fit_link, measure, Row};
 use pipewright::{invalid, Result};
 
 #[derive(Subcommand)]
@@ -39,118 +37,13 @@ pub struct CommArgs {
     pub out: Option<std::path::PathBuf>,
 }
 
-/// One measured row: seconds per operation.
-pub struct Row {
-    pub mib: f64,
-    pub op: &'static str,
-    pub secs: f64,
-}
-
-/// f32 elements of a buffer of `mib` MiB (at least one).
-fn elements(mib: f64) -> usize {
-    ((mib * 1024.0 * 1024.0 / 4.0).round() as usize).max(1)
-}
-
-fn gbps(mib: f64, secs: f64) -> f64 {
-    (elements(mib) * 4) as f64 / secs / 1e9
-}
-
-/// Rounds of alternating measurements; each row reports the median round.
-const ROUNDS: usize = 5;
-
-/// Seconds per operation of `f` over `iters` calls, after one warm-up call and a barrier.
-fn time(
-    iters: usize,
-    per_call: usize,
-    sync: &dyn Fn() -> Result<()>,
-    f: &mut dyn FnMut() -> Result<()>,
-) -> Result<f64> {
-    f()?;
-    sync()?;
-    let s = Instant::now();
-    for _ in 0..iters {
-        f()?;
-    }
-    Ok(s.elapsed().as_secs_f64() / (per_call * iters) as f64)
-}
-
-/// The operations of one buffer size: send/recv as a ping-pong between ranks 0 and 1 (two
-/// one-way transfers per call) and all-reduce.
-struct Ops<'a> {
-    comm: &'a dyn Communicator,
-    t: Tensor,
-}
-
-impl Ops<'_> {
-    fn new(comm: &dyn Communicator, mib: f64) -> Result<Ops<'_>> {
-        let n = elements(mib);
-        Ok(Ops {
-            comm,
-            t: Tensor::ones(n, pipewright::candle_core::DType::F32, &Device::Cpu)?,
-        })
-    }
-
-    fn pingpong(&self) -> Result<()> {
-        match self.comm.rank() {
-            0 => {
-                self.comm.send(&self.t, 1, 1)?;
-                self.comm.recv(1, 2)?;
-            }
-            1 => {
-                let back = self.comm.recv(0, 1)?;
-                self.comm.send(&back, 0, 2)?;
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn all_reduce(&self) -> Result<()> {
-        self.comm.all_reduce(&self.t, ReduceOp::Sum).map(|_| ())
-    }
-}
-
-/// Times send/recv and all-reduce through `comm` (every rank calls it).
-pub fn measure(comm: &dyn Communicator, sizes: &[f64], iters: usize) -> Result<Vec<Row>> {
-    if comm.size() < 2 {
-        return Err(invalid!("the communication bench needs at least 2 ranks"));
-    }
-    let sync = || comm.barrier();
-    let mut rows = Vec::new();
-    for &mib in sizes {
-        let ops = Ops::new(comm, mib)?;
-        let mut p = Vec::new();
-        let mut a = Vec::new();
-        for _ in 0..ROUNDS {
-            p.push(time(iters, 2, &sync, &mut || ops.pingpong())?);
-            a.push(time(iters, 1, &sync, &mut || ops.all_reduce())?);
-        }
-        rows.push(Row {
-            mib,
-            op: "send/recv",
-            secs: median(p),
-        });
-        rows.push(Row {
-            mib,
-            op: "all_reduce",
-            secs: median(a),
-        });
-    }
-    Ok(rows)
-}
-
 fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
     pipewright::say!("pipewright bench comm: backend {backend}, {world} ranks, f32 buffers");
     match raw {
         None => {
             pipewright::say!("{:>12}  {:<11} {:>12}", "size", "op", "GB/s");
             for r in rows {
-                pipewright::say!(
-                    "{:>8} MiB  {:<11} {:>12.2}",
-                    r.mib,
-                    r.op,
-                    gbps(r.mib, r.secs)
-                );
+                pipewright::say!("{:>8} MiB  {:<11} {:>12.2}", r.mib, r.op, r.gbps());
             }
         }
         Some(raw) => {
@@ -163,7 +56,7 @@ fn print(backend: &str, world: usize, rows: &[Row], raw: Option<&[Row]>) {
                 "ratio"
             );
             for (r, m) in rows.iter().zip(raw) {
-                let (a, b) = (gbps(r.mib, r.secs), gbps(m.mib, m.secs));
+                let (a, b) = (r.gbps(), m.gbps());
                 pipewright::say!(
                     "{:>8} MiB  {:<11} {:>16.2} {:>13.2} {:>7.2}",
                     r.mib,
@@ -223,18 +116,7 @@ fn write_link(a: &CommArgs, rows: &[Row], world: usize) -> Result<()> {
     let Some(path) = &a.out else {
         return Ok(());
     };
-    if a.sizes.len() < 2 {
-        return Err(invalid!(
-            "--out fits latency and bandwidth: give at least two --sizes, a small and a large"
-        ));
-    }
-    let points = |op: &str| -> Vec<(f64, f64)> {
-        rows.iter()
-            .filter(|r| r.op == op)
-            .map(|r| ((elements(r.mib) * 4) as f64, r.secs))
-            .collect()
-    };
-    let link = pipewright::plan::Link::fit(&points("send/recv"), &points("all_reduce"), world);
+    let link = fit_link(rows, world)?;
     let text = serde_json::to_string_pretty(&link).map_err(|e| invalid!("{e}"))?;
     std::fs::write(path, text).map_err(|e| pipewright::Error::io("cannot write", path, e))?;
     pipewright::say!(
@@ -256,80 +138,9 @@ fn mpi_bench(_: &CommArgs) -> Result<()> {
 
 #[cfg(feature = "mpi")]
 fn mpi_bench(a: &CommArgs) -> Result<()> {
-    use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Source};
-    use pipewright::comm::mpi::Mpi;
-
-    let (_mpi, world) = Mpi::init()?;
-    if world.size() < 2 {
-        return Err(invalid!(
-            "the communication bench needs at least 2 ranks: mpirun -np 2"
-        ));
-    }
-    // The same operations as raw MPI calls on plain buffers, alternated round by round with
-    // pipewright's so both see the same machine.
-    let raw_comm = mpi::topology::SimpleCommunicator::world();
-    let rank = world.rank();
-    let sync = || world.barrier();
-    let (mut ours, mut raw) = (Vec::new(), Vec::new());
-    for &mib in &a.sizes {
-        let ops = Ops::new(&world, mib)?;
-        let n = elements(mib);
-        let send = vec![1f32; n];
-        let mut recv = vec![0f32; n];
-        let mut raw_pingpong = || -> Result<()> {
-            match rank {
-                0 => {
-                    raw_comm.process_at_rank(1).send_with_tag(&send[..], 1);
-                    raw_comm
-                        .process_at_rank(1)
-                        .receive_into_with_tag(&mut recv[..], 2);
-                }
-                1 => {
-                    raw_comm
-                        .process_at_rank(0)
-                        .receive_into_with_tag(&mut recv[..], 1);
-                    raw_comm.process_at_rank(0).send_with_tag(&recv[..], 2);
-                }
-                _ => {}
-            }
-            Ok(())
-        };
-        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-        for _ in 0..ROUNDS {
-            t[0].push(time(a.iters, 2, &sync, &mut || ops.pingpong())?);
-            t[1].push(time(a.iters, 2, &sync, &mut raw_pingpong)?);
-        }
-        let op = mpi::collective::SystemOperation::sum();
-        let mut out = vec![0f32; n];
-        for _ in 0..ROUNDS {
-            t[2].push(time(a.iters, 1, &sync, &mut || ops.all_reduce())?);
-            t[3].push(time(a.iters, 1, &sync, &mut || {
-                raw_comm.all_reduce_into(&send[..], &mut out[..], op);
-                Ok(())
-            })?);
-        }
-        let [p, rp, ar, rar] = t;
-        ours.push(Row {
-            mib,
-            op: "send/recv",
-            secs: median(p),
-        });
-        raw.push(Row {
-            mib,
-            op: "send/recv",
-            secs: median(rp),
-        });
-        ours.push(Row {
-            mib,
-            op: "all_reduce",
-            secs: median(ar),
-        });
-        raw.push(Row {
-            mib,
-            op: "all_reduce",
-            secs: median(rar),
-        });
-    }
+    use pipewright::comm::Communicator;
+    let (_mpi, world) = pipewright::comm::mpi::Mpi::init()?;
+    let (ours, raw) = pipewright::plan::comm_bench::measure_beside_mpi(&world, &a.sizes, a.iters)?;
     if world.is_master() {
         print("mpi", world.size(), &ours, Some(&raw));
         write_link(a, &ours, world.size())?;

@@ -3,17 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use pipewright::checkpoint::{self, CheckpointOptions, Reader};
-use pipewright::comm::local;
-use pipewright::precision::Precision;
+use pipewright::checkpoint::{self, Reader};
 use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::ModelSpec;
-use pipewright::{files, invalid, Error, Result};
-
-use pipewright_models::{hf, run, ModelConfig, RunSpec};
-
-use crate::train::{task_spec, TrainArgs};
+use pipewright::{files, Result};
+use pipewright_models::stored::{self, HfArch};
 
 #[derive(Subcommand)]
 pub enum CkptCommand {
@@ -141,78 +134,11 @@ fn inspect(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The run a checkpoint came from, as `pipewright train` stored it: its [`RunSpec`], or for a
-/// checkpoint saved before runs were recorded so, the flags and the model config it stored.
-pub(crate) fn stored_run(r: &Reader) -> Result<RunSpec> {
-    let meta = &r.manifest().meta;
-    if meta.get(run::META_KEY).is_some() || meta.get("args").is_none() {
-        return RunSpec::from_meta(meta);
-    }
-    let err = |what: &str, e: serde_json::Error| {
-        Error::State(format!(
-            "`{}` was not saved by `pipewright train` (its manifest's meta has no {what}: {e})",
-            r.dir().display()
-        ))
-    };
-    let args: TrainArgs =
-        serde_json::from_value(meta["args"].clone()).map_err(|e| err("args", e))?;
-    let model = serde_json::from_value(meta["model"].clone()).map_err(|e| err("model", e))?;
-    Ok(RunSpec {
-        model,
-        task: task_spec(&args)?,
-        train: args.train_spec()?,
-    })
-}
-
 /// Loads the checkpoint at the new layout (ranks as threads) and saves it again.
 fn reshard(a: &ReshardArgs) -> Result<()> {
-    // Into another run's checkpoints it would move that run's `latest` back.
-    files::ensure_new(&a.out, "--out")?;
-    if let Some((inside, what)) = files::inside_other(&a.out, true) {
-        return Err(invalid!(
-            "--out `{}` is inside `{}`, {what}: reshard into a directory of its own",
-            a.out.display(),
-            inside.display()
-        ));
-    }
-    let r = Reader::open(&a.dir)?;
-    let spec = stored_run(&r)?;
-    if let Some(d) = spec.model.tp_divides().into_iter().find(|d| d % a.tp != 0) {
-        return Err(invalid!(
-            "--tp {} does not split this model ({}): its tensor-parallel size must divide {d}",
-            a.tp,
-            match spec.model {
-                ModelConfig::Gpt { .. } => "a GPT's heads and vocabulary",
-                ModelConfig::Llama { .. } => "a Llama's heads, key/value heads, MLP and vocabulary",
-                ModelConfig::Cnn { .. } => "the CNN has no tensor-parallel layers",
-            }
-        ));
-    }
-    let (model, tied) = (spec.model.build()?, spec.model.tied());
     let layout = Layout::new(a.pp, a.tp, a.dp)?;
-    // One micro-batch per replica; `Varuna::new` says so if the batch does not split.
-    let opts = VarunaOptions {
-        shared_weights: tied.clone(),
-        precision: r.manifest().precision.parse::<Precision>()?,
-        seed: spec.train.seed,
-        ..VarunaOptions::new(
-            layout,
-            spec.train.global_batch,
-            spec.train.global_batch / a.dp,
-        )
-    };
-    let save = CheckpointOptions {
-        meta: r.manifest().meta.clone(),
-        extra: r.state()["extra"].clone(),
-        ..Default::default()
-    };
-    let dirs = local::run(layout.world(), |comm| {
-        let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
-        v.set_optimizer(|ps| spec.train.optimizer(ps, &tied))?;
-        v.load_checkpoint(r.dir())?;
-        v.checkpoint(&a.out, &save)
-    })?;
-    pipewright::say!("wrote {} for {layout}", dirs[0].display());
+    let dir = stored::reshard(&Reader::open(&a.dir)?, layout, &a.out)?;
+    pipewright::say!("wrote {} for {layout}", dir.display());
     Ok(())
 }
 
@@ -225,31 +151,11 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
 /// `config.json` and `model.safetensors` in Hugging Face's names (GPT-2 or Llama), the
 /// vocabulary padding removed.
 fn export_hf(dir: &Path, format: ExportFormat, out: &Path) -> Result<()> {
-    let r = Reader::open(dir)?;
-    let spec = stored_run(&r)?;
-    let (arch, fits) = match format {
-        ExportFormat::HfLlama => (
-            "LlamaForCausalLM",
-            matches!(spec.model, ModelConfig::Llama { .. }),
-        ),
-        _ => (
-            "GPT2LMHeadModel",
-            matches!(spec.model, ModelConfig::Gpt { .. }),
-        ),
+    let arch = match format {
+        ExportFormat::HfLlama => HfArch::Llama,
+        _ => HfArch::Gpt2,
     };
-    if !fits {
-        let holds = match spec.model {
-            ModelConfig::Gpt { .. } => "a GPT-2: export it with --format hf-gpt2",
-            ModelConfig::Llama { .. } => "a Llama: export it with --format hf-llama",
-            ModelConfig::Cnn { .. } => {
-                "a CNN, which no Hugging Face format holds: export it with --format safetensors"
-            }
-        };
-        return Err(invalid!(
-            "this format writes a {arch}, and the checkpoint holds {holds}"
-        ));
-    }
-    let n = hf::export(&r, &spec.model, out)?;
-    pipewright::say!("wrote {} ({arch}, {n} tensors)", out.display());
+    let n = stored::export_hf(&Reader::open(dir)?, arch, out)?;
+    pipewright::say!("wrote {} ({}, {n} tensors)", out.display(), arch.name());
     Ok(())
 }

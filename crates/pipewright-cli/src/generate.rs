@@ -74,7 +74,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut trained_on = None;
     let (model, source) = match (&a.checkpoint, &a.init_from) {
         (Some(c), None) => {
-            let run = crate::ckpt::stored_run(&Reader::open(c)?)?;
+            let run = pipewright_models::RunSpec::of_checkpoint(&Reader::open(c)?)?;
             if let TaskSpec::Tokens {
                 tokenizer_sha256, ..
             } = &run.task

@@ -218,25 +218,6 @@ fn seconds(s: f64) -> String {
     }
 }
 
-/// The command line of `train` for `a`: every flag with its value (clap's own names).
-pub fn train_argv(a: &TrainArgs) -> Result<Vec<String>> {
-    let values = serde_json::to_value(a).map_err(|e| invalid!("{e}"))?;
-    let cmd = TrainArgs::augment_args(clap::Command::new("train"));
-    let mut argv = Vec::new();
-    for arg in cmd.get_arguments() {
-        let (Some(long), Some(v)) = (arg.get_long(), values.get(arg.get_id().as_str())) else {
-            continue;
-        };
-        match v {
-            serde_json::Value::Null | serde_json::Value::Bool(false) => {}
-            serde_json::Value::Bool(true) => argv.push(format!("--{long}")),
-            serde_json::Value::String(s) => argv.extend([format!("--{long}"), s.clone()]),
-            other => argv.extend([format!("--{long}"), other.to_string()]),
-        }
-    }
-    Ok(argv)
-}
-
 /// What one training run of a candidate measured: its median step (seconds), the process's
 /// resident training peak and the largest rank's allocated peak (bytes), and rank 0's step
 /// part by part.
@@ -247,28 +228,9 @@ struct Measured {
     parts: StepParts,
 }
 
-/// The flags of `train` for the candidate `e`, its run in `dir`.
+/// The flags of `train` for the candidate `e`, its run in `dir`, evaluated once at its end.
 fn train_args(p: &PlanArgs, e: &Estimate, dir: &Path) -> TrainArgs {
-    let c = &e.candidate;
-    let mut a = p.train.clone();
-    a.pp = c.layout.pp;
-    a.tp = c.layout.tp;
-    a.dp = c.layout.dp;
-    a.cp = c.layout.cp;
-    a.sequence_parallel = c.sequence_parallel;
-    a.chunks = c.micro_batches;
-    a.chunk_size = None;
-    a.schedule = c.schedule.to_string();
-    a.virtual_stages = c.virtual_stages;
-    a.recompute = c.recompute.to_string();
-    a.zero = c.zero.to_string();
-    a.balance = Some(
-        e.balance
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
-    );
+    let mut a = p.train.for_candidate(&e.candidate, &e.balance);
     a.eval_every = a.steps;
     a.out = Some(dir.to_path_buf());
     a
@@ -279,7 +241,7 @@ fn train(a: &TrainArgs, dir: &Path) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
     let out = Command::new(&exe)
         .arg("train")
-        .args(train_argv(a)?)
+        .args(a.argv()?)
         .output()
         .map_err(|e| invalid!("cannot run {}: {e}", exe.display()))?;
     if !out.status.success() {
@@ -411,44 +373,4 @@ fn predicted_process_peak(e: &Estimate, world: usize, runtime: f64) -> f64 {
         .map(|b| (b - runtime) * per_stage_ranks)
         .sum();
     ranks + runtime
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Parser)]
-    struct Wrapper {
-        #[command(flatten)]
-        a: TrainArgs,
-    }
-
-    #[test]
-    fn train_argv_parses_back_to_the_same_arguments() {
-        let mut w = Wrapper::parse_from([
-            "x",
-            "--pp",
-            "2",
-            "--virtual",
-            "2",
-            "--schedule",
-            "interleaved",
-            "--lr-schedule",
-            "constant",
-            "--async-checkpoint",
-            "--balance",
-            "1,3",
-            "--lr",
-            "0.003",
-        ]);
-        w.a.recompute = "always".into();
-        let argv = train_argv(&w.a).unwrap();
-        let back = Wrapper::parse_from(std::iter::once("x".to_string()).chain(argv));
-        assert_eq!(
-            serde_json::to_value(&back.a).unwrap(),
-            serde_json::to_value(&w.a).unwrap()
-        );
-    }
 }

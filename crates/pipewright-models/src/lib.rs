@@ -14,6 +14,7 @@ pub mod llama;
 pub mod parity;
 pub mod run;
 pub mod spec;
+pub mod stored;
 pub mod tasks;
 
 pub use cnn::{cnn, CnnConfig};

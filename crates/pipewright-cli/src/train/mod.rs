@@ -14,7 +14,7 @@ use pipewright::trainer::{Data, Place, Run, Trainer};
 use pipewright::{invalid, Batch, Error, Result};
 use pipewright_models::{RunSpec, Task, TaskSpec};
 
-pub use pipewright_models::flags::{finite, positive, positive_u64, task_spec, TrainArgs};
+pub use pipewright_models::flags::{finite, positive, positive_u64, TrainArgs};
 use report::{train_loop, write_summary};
 
 /// `pipewright train ARGS`: the experiment [`experiment`] on the flags `args`.

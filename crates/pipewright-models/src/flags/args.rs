@@ -1,18 +1,9 @@
-//! The flags of a run and what they build: the task, the layout, the optimizer and the
-//! learning-rate schedule.
+//! The flags of a run ([`TrainArgs`]) and the parsers of their values; what they build is in
+//! `spec.rs`.
 
-use pipewright::zero::Zero;
 use std::path::PathBuf;
 
-use crate::TaskSpec;
 use clap::{Args, ValueEnum};
-use pipewright::experiment::{Cadence, TrainSpec};
-use pipewright::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
-use pipewright::{invalid, Result};
 use serde::{Deserialize, Serialize};
 
 /// Which reference model (`--model`).
@@ -329,40 +320,6 @@ pub fn positive(s: &str) -> std::result::Result<usize, String> {
     positive_u64(s).and_then(|v| usize::try_from(v).map_err(|_| format!("{v} is too large")))
 }
 
-/// The data the flags name (the text file is read when the task is built).
-pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
-    if a.data.is_some() && !matches!(a.task, TaskKind::Text | TaskKind::Tokens) {
-        return Err(invalid!(
-            "--data is only read by --task text and --task tokens"
-        ));
-    }
-    Ok(match a.task {
-        TaskKind::Adder => TaskSpec::Adder { digits: a.digits },
-        TaskKind::Sort => TaskSpec::Sort { len: 6, symbols: 3 },
-        TaskKind::Shapes => TaskSpec::Shapes {
-            image_size: a.image_size,
-        },
-        TaskKind::Tokens => {
-            let dir = a.data.clone().ok_or_else(|| {
-                invalid!("--task tokens needs --data DIR (token shards: `pipewright data prepare`)")
-            })?;
-            let index = pipewright::data::TokenDataset::open(&dir, None)?;
-            TaskSpec::Tokens {
-                tokenizer_sha256: index.index().tokenizer_sha256.clone(),
-                dir,
-                seq_len: seq_len(a)?,
-            }
-        }
-        TaskKind::Text => TaskSpec::Text {
-            path: a
-                .data
-                .clone()
-                .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?,
-            seq_len: seq_len(a)?,
-        },
-    })
-}
-
 /// Which parameters AdamW decays (`--decay`).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize,
@@ -386,113 +343,4 @@ fn default_beta2() -> f64 {
 }
 fn default_eps() -> f64 {
     1e-8
-}
-
-/// The tokens of a training window: `--block-size`; else a pretrained model's positions
-/// (`--init-from`: its `config.json`), as PyTorch trains such a model on windows of its
-/// context; else 64. (A pretrained model trained on the default 64 was evaluated on windows
-/// of 64 too, which a run of its own length in PyTorch beat by 25 % in perplexity.)
-fn seq_len(a: &TrainArgs) -> Result<usize> {
-    if let Some(b) = a.block_size {
-        return Ok(b);
-    }
-    let Some(dir) = &a.init_from else {
-        return Ok(64);
-    };
-    Ok(match crate::hf::config_from_dir(dir)? {
-        crate::ModelConfig::Gpt { gpt, .. } => gpt.block_size,
-        crate::ModelConfig::Llama { llama, .. } => llama.block_size,
-        crate::ModelConfig::Cnn { .. } => 64,
-    })
-}
-
-impl TrainArgs {
-    /// The layout the flags ask for (`--pp --tp --cp --dp`).
-    pub fn layout(&self) -> Result<Layout> {
-        Layout::new(self.pp, self.tp, self.dp)?.with_cp(self.cp)
-    }
-
-    /// Ranks the flags ask for.
-    pub fn world(&self) -> usize {
-        // Saturating: a layout of absurd degrees is refused by its check, not wrapped.
-        [self.pp, self.tp, self.cp, self.dp]
-            .iter()
-            .fold(1usize, |w, d| w.saturating_mul(*d))
-    }
-
-    /// Everything the flags say about training, besides the model and the data.
-    pub fn train_spec(&self) -> Result<TrainSpec> {
-        if self.clip < 0.0 || !self.clip.is_finite() {
-            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
-        }
-        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
-            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
-        }
-        let optimizer = match self.optimizer {
-            OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: self.weight_decay,
-                decay_embeddings: self.decay == DecayKind::MatricesAndEmbeddings,
-            }),
-            OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
-                momentum: self.momentum,
-                weight_decay: self.weight_decay,
-                ..Default::default()
-            }),
-        };
-        let lr = match self.lr_decay {
-            LrScheduleKind::Constant => LrSchedule::Constant { lr: self.lr },
-            LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
-                lr: self.lr,
-                warmup: self.warmup.min(self.steps),
-                total: self.steps,
-                min_lr: self.lr * self.min_lr_ratio,
-            },
-        };
-        Ok(TrainSpec {
-            layout: self.layout()?,
-            global_batch: self.batch_size,
-            micro_batch: self.micro_batch()?,
-            schedule: self.schedule.parse::<ScheduleKind>()?,
-            virtual_stages: self.virtual_stages,
-            precision: self.precision.parse::<Precision>()?,
-            recompute: self.recompute.parse::<Recompute>()?,
-            balance: self.balance.as_deref().map(str::parse).transpose()?,
-            deferred_batch_norm: self.deferred_batch_norm,
-            optimizer,
-            lr,
-            clip: (self.clip > 0.0).then_some(self.clip),
-            zero: self.zero.parse::<Zero>()?,
-            sequence_parallel: self.sequence_parallel,
-            seed: self.seed,
-            cadence: Cadence {
-                steps: self.steps,
-                eval_every: self.eval_every,
-                checkpoint_every: self.checkpoint_every,
-                log_every: self.log_every,
-                async_checkpoint: self.async_checkpoint,
-            },
-        })
-    }
-
-    /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
-    /// `--chunks` micro-batches each.
-    pub fn micro_batch(&self) -> Result<usize> {
-        if let Some(s) = self.chunk_size {
-            return Ok(s);
-        }
-        let per = self.dp * self.chunks;
-        if !self.batch_size.is_multiple_of(per) {
-            return Err(invalid!(
-                "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
-                 micro-batches: choose a batch size that is a multiple of {per}",
-                self.batch_size,
-                self.dp,
-                self.chunks
-            ));
-        }
-        Ok(self.batch_size / per)
-    }
 }

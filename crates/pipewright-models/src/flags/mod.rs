@@ -8,8 +8,10 @@
 
 mod args;
 mod model;
+mod spec;
 
 pub use args::{
-    finite, positive, positive_u64, task_spec, DecayKind, LrScheduleKind, ModelKind, OptimizerKind,
-    TaskKind, TrainArgs,
+    finite, positive, positive_u64, DecayKind, LrScheduleKind, ModelKind, OptimizerKind, TaskKind,
+    TrainArgs,
 };
+pub use spec::task_spec;

@@ -19,7 +19,7 @@ impl TrainArgs {
     /// `plan` need no more).
     pub fn model_and_task(&self) -> Result<(ModelConfig, TaskSpec, Box<dyn Task>)> {
         check_flags_apply(self)?;
-        let task = super::args::task_spec(self)?;
+        let task = super::spec::task_spec(self)?;
         let built = task.build(self.seed)?;
         let model = match &self.init_from {
             Some(dir) => pretrained(self, dir, built.as_ref())?,
@@ -385,7 +385,7 @@ mod tests {
         a.data = Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"));
         a.init_from = Some(fixture("hf-llama"));
         a.vocab_size = None;
-        let seq = |a: &TrainArgs| match super::super::args::task_spec(a).unwrap() {
+        let seq = |a: &TrainArgs| match super::super::spec::task_spec(a).unwrap() {
             TaskSpec::Text { seq_len, .. } => seq_len,
             other => panic!("{other:?}"),
         };

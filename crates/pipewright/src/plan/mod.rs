@@ -26,6 +26,7 @@ pub mod attention_rate;
 pub mod balance;
 pub mod bound;
 pub mod cluster;
+pub mod comm_bench;
 pub mod context;
 pub mod crowding;
 pub mod estimate;

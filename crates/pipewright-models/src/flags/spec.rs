@@ -1,0 +1,235 @@
+//! What the flags build: the task's spec, the layout, the rest of the run's [`TrainSpec`], and
+//! the flags again as a command line or with a planned candidate's layout.
+
+use pipewright::experiment::{Cadence, TrainSpec};
+use pipewright::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::pipeline::schedule::ScheduleKind;
+use pipewright::pipeline::Recompute;
+use pipewright::plan::Candidate;
+use pipewright::precision::Precision;
+use pipewright::topology::Layout;
+use pipewright::zero::Zero;
+use pipewright::{invalid, Result};
+
+use super::args::{DecayKind, LrScheduleKind, OptimizerKind, TaskKind, TrainArgs};
+use crate::TaskSpec;
+
+/// The data the flags name (the text file is read when the task is built).
+pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
+    if a.data.is_some() && !matches!(a.task, TaskKind::Text | TaskKind::Tokens) {
+        return Err(invalid!(
+            "--data is only read by --task text and --task tokens"
+        ));
+    }
+    Ok(match a.task {
+        TaskKind::Adder => TaskSpec::Adder { digits: a.digits },
+        TaskKind::Sort => TaskSpec::Sort { len: 6, symbols: 3 },
+        TaskKind::Shapes => TaskSpec::Shapes {
+            image_size: a.image_size,
+        },
+        TaskKind::Tokens => {
+            let dir = a.data.clone().ok_or_else(|| {
+                invalid!("--task tokens needs --data DIR (token shards: `pipewright data prepare`)")
+            })?;
+            let index = pipewright::data::TokenDataset::open(&dir, None)?;
+            TaskSpec::Tokens {
+                tokenizer_sha256: index.index().tokenizer_sha256.clone(),
+                dir,
+                seq_len: seq_len(a)?,
+            }
+        }
+        TaskKind::Text => TaskSpec::Text {
+            path: a
+                .data
+                .clone()
+                .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?,
+            seq_len: seq_len(a)?,
+        },
+    })
+}
+
+/// The tokens of a training window: `--block-size`; else a pretrained model's positions
+/// (`--init-from`: its `config.json`), as PyTorch trains such a model on windows of its
+/// context; else 64. (A pretrained model trained on the default 64 was evaluated on windows
+/// of 64 too, which a run of its own length in PyTorch beat by 25 % in perplexity.)
+fn seq_len(a: &TrainArgs) -> Result<usize> {
+    if let Some(b) = a.block_size {
+        return Ok(b);
+    }
+    let Some(dir) = &a.init_from else {
+        return Ok(64);
+    };
+    Ok(match crate::hf::config_from_dir(dir)? {
+        crate::ModelConfig::Gpt { gpt, .. } => gpt.block_size,
+        crate::ModelConfig::Llama { llama, .. } => llama.block_size,
+        crate::ModelConfig::Cnn { .. } => 64,
+    })
+}
+
+impl TrainArgs {
+    /// The layout the flags ask for (`--pp --tp --cp --dp`).
+    pub fn layout(&self) -> Result<Layout> {
+        Layout::new(self.pp, self.tp, self.dp)?.with_cp(self.cp)
+    }
+
+    /// Ranks the flags ask for.
+    pub fn world(&self) -> usize {
+        // Saturating: a layout of absurd degrees is refused by its check, not wrapped.
+        [self.pp, self.tp, self.cp, self.dp]
+            .iter()
+            .fold(1usize, |w, d| w.saturating_mul(*d))
+    }
+
+    /// Everything the flags say about training, besides the model and the data.
+    pub fn train_spec(&self) -> Result<TrainSpec> {
+        if self.clip < 0.0 || !self.clip.is_finite() {
+            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
+        }
+        let optimizer = match self.optimizer {
+            OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+                decay_embeddings: self.decay == DecayKind::MatricesAndEmbeddings,
+            }),
+            OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+                ..Default::default()
+            }),
+        };
+        let lr = match self.lr_decay {
+            LrScheduleKind::Constant => LrSchedule::Constant { lr: self.lr },
+            LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
+                lr: self.lr,
+                warmup: self.warmup.min(self.steps),
+                total: self.steps,
+                min_lr: self.lr * self.min_lr_ratio,
+            },
+        };
+        Ok(TrainSpec {
+            layout: self.layout()?,
+            global_batch: self.batch_size,
+            micro_batch: self.micro_batch()?,
+            schedule: self.schedule.parse::<ScheduleKind>()?,
+            virtual_stages: self.virtual_stages,
+            precision: self.precision.parse::<Precision>()?,
+            recompute: self.recompute.parse::<Recompute>()?,
+            balance: self.balance.as_deref().map(str::parse).transpose()?,
+            deferred_batch_norm: self.deferred_batch_norm,
+            optimizer,
+            lr,
+            clip: (self.clip > 0.0).then_some(self.clip),
+            zero: self.zero.parse::<Zero>()?,
+            sequence_parallel: self.sequence_parallel,
+            seed: self.seed,
+            cadence: Cadence {
+                steps: self.steps,
+                eval_every: self.eval_every,
+                checkpoint_every: self.checkpoint_every,
+                log_every: self.log_every,
+                async_checkpoint: self.async_checkpoint,
+            },
+        })
+    }
+
+    /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
+    /// `--chunks` micro-batches each.
+    pub fn micro_batch(&self) -> Result<usize> {
+        if let Some(s) = self.chunk_size {
+            return Ok(s);
+        }
+        let per = self.dp * self.chunks;
+        if !self.batch_size.is_multiple_of(per) {
+            return Err(invalid!(
+                "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
+                 micro-batches: choose a batch size that is a multiple of {per}",
+                self.batch_size,
+                self.dp,
+                self.chunks
+            ));
+        }
+        Ok(self.batch_size / per)
+    }
+
+    /// The flags as a command line: every flag with its value, by clap's own names (what
+    /// parses back to the same flags; `plan --measure` trains each candidate with it).
+    pub fn argv(&self) -> Result<Vec<String>> {
+        let values = serde_json::to_value(self).map_err(|e| invalid!("{e}"))?;
+        let cmd = <Self as clap::Args>::augment_args(clap::Command::new("train"));
+        let mut argv = Vec::new();
+        for arg in cmd.get_arguments() {
+            let (Some(long), Some(v)) = (arg.get_long(), values.get(arg.get_id().as_str())) else {
+                continue;
+            };
+            match v {
+                serde_json::Value::Null | serde_json::Value::Bool(false) => {}
+                serde_json::Value::Bool(true) => argv.push(format!("--{long}")),
+                serde_json::Value::String(s) => argv.extend([format!("--{long}"), s.clone()]),
+                other => argv.extend([format!("--{long}"), other.to_string()]),
+            }
+        }
+        Ok(argv)
+    }
+
+    /// These flags with the planner's candidate `c` (its layout, micro-batches, schedule,
+    /// recompute, ZeRO and sequence parallelism) and its layers per stage, `balance`.
+    pub fn for_candidate(&self, c: &Candidate, balance: &[usize]) -> Self {
+        let mut a = self.clone();
+        (a.pp, a.tp, a.dp, a.cp) = (c.layout.pp, c.layout.tp, c.layout.dp, c.layout.cp);
+        a.sequence_parallel = c.sequence_parallel;
+        a.chunks = c.micro_batches;
+        a.chunk_size = None;
+        a.schedule = c.schedule.to_string();
+        a.virtual_stages = c.virtual_stages;
+        a.recompute = c.recompute.to_string();
+        a.zero = c.zero.to_string();
+        let list: Vec<String> = balance.iter().map(usize::to_string).collect();
+        a.balance = Some(list.join(","));
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        a: TrainArgs,
+    }
+
+    #[test]
+    fn the_command_line_parses_back_to_the_same_flags() {
+        let mut w = Wrapper::parse_from([
+            "x",
+            "--pp",
+            "2",
+            "--virtual",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--lr-schedule",
+            "constant",
+            "--async-checkpoint",
+            "--balance",
+            "1,3",
+            "--lr",
+            "0.003",
+        ]);
+        w.a.recompute = "always".into();
+        let argv = w.a.argv().unwrap();
+        let back = Wrapper::parse_from(std::iter::once("x".to_string()).chain(argv));
+        assert_eq!(
+            serde_json::to_value(&back.a).unwrap(),
+            serde_json::to_value(&w.a).unwrap()
+        );
+    }
+}
