@@ -29,7 +29,7 @@ pub struct ParityRun {
     /// Rows of a step over all replicas.
     pub global_batch: usize,
     /// Rows of a micro-batch.
-    pub chunk_size: usize,
+    pub micro_batch: usize,
     /// Steps to take.
     pub steps: u64,
     /// At 1e-3 AdamW's per-element division keeps the last-bit differences of other summation
@@ -55,7 +55,7 @@ impl Default for ParityRun {
             },
             seed: 9,
             global_batch: 16,
-            chunk_size: 2,
+            micro_batch: 2,
             steps: 5,
             lr: 1e-3,
             clip: 0.05,
@@ -102,7 +102,7 @@ impl ParityRun {
             opt,
             TrainOptions {
                 seed: self.seed,
-                chunks: self.global_batch / self.chunk_size,
+                micro_batches: self.global_batch / self.micro_batch,
                 clip: Some(self.clip),
                 schedule: LrSchedule::Constant { lr: self.lr },
                 tied: tied(),
@@ -132,7 +132,7 @@ impl ParityRun {
             seed: self.seed,
             clip: Some(self.clip),
             lr: LrSchedule::Constant { lr: self.lr },
-            ..VarunaOptions::new(layout, self.global_batch, self.chunk_size)
+            ..VarunaOptions::new(layout, self.global_batch, self.micro_batch)
         }
     }
 

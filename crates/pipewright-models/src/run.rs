@@ -250,11 +250,10 @@ impl RunSpec {
             ranks_per_node: ranks_per_node.clamp(1, world.max(1)),
             runtime: Default::default(),
         };
-        let replicas = t.layout.dp.max(1);
         let cand = Candidate {
             layout: t.layout,
             micro_batch: t.micro_batch,
-            micro_batches: (t.global_batch / (replicas * t.micro_batch.max(1))).max(1),
+            micro_batches: t.layout.micro_batches(t.global_batch, t.micro_batch)?,
             schedule: t.schedule,
             virtual_stages: t.virtual_stages,
             recompute: t.recompute,
@@ -304,8 +303,8 @@ impl RunSpec {
     pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
         let t = &self.train;
         let (what, params, kept, input) = self.sizes(shape)?;
-        let chunks = t.global_batch / (t.layout.dp * t.micro_batch).max(1);
-        let in_flight = chunks.min(t.layout.pp).max(1) as f64;
+        let micro_batches = t.layout.micro_batches(t.global_batch, t.micro_batch)?;
+        let in_flight = micro_batches.min(t.layout.pp).max(1) as f64;
         let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;
         let here = ranks_here.clamp(1, t.world());
         let share = here as f64 / t.world() as f64;

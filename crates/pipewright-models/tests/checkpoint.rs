@@ -301,7 +301,7 @@ fn the_serial_trainer_and_varuna_share_one_format_across_precisions() {
             opt,
             TrainOptions {
                 seed: run.seed,
-                chunks: 8,
+                micro_batches: 8,
                 clip: Some(run.clip),
                 schedule: LrSchedule::Constant { lr: run.lr },
                 tied: vec![("wte.weight".into(), "lm_head.weight".into())],

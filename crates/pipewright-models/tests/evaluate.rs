@@ -32,7 +32,7 @@ fn serial() -> (f64, candle_core::Tensor) {
         opt,
         TrainOptions {
             seed: run.seed,
-            chunks: 1,
+            micro_batches: 1,
             clip: None,
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![],

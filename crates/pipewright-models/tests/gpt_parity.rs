@@ -53,7 +53,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
         opt,
         TrainOptions {
             seed: 0,
-            chunks,
+            micro_batches: chunks,
             clip: None,
             schedule: LrSchedule::Constant { lr: 0.1 },
             tied: vec![(TIED.0.into(), TIED.1.into())],

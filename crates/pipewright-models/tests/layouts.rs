@@ -319,23 +319,23 @@ fn bad_layouts_batches_and_ties_are_clear_errors() {
     let e = err(
         2,
         VarunaOptions {
-            global_batch_size: 7,
+            global_batch: 7,
             ..options(l)
         },
     );
     assert!(
-        e.contains("global_batch_size 7 is not divisible by dp 1 x chunk_size 2"),
+        e.contains("a global batch of 7 rows does not split into 1 data-parallel replicas of micro-batches of 2 rows"),
         "{e}"
     );
     let l2 = Layout::new(1, 1, 2).unwrap();
     let e = err(
         2,
         VarunaOptions {
-            global_batch_size: 6,
+            global_batch: 6,
             ..options(l2)
         },
     );
-    assert!(e.contains("not divisible by dp 2 x chunk_size 2"), "{e}");
+    assert!(e.contains("does not split into 2 data-parallel replicas of micro-batches of 2 rows: choose a batch that is a positive multiple of 4"), "{e}");
     let e = err(
         2,
         VarunaOptions {

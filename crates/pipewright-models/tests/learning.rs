@@ -35,7 +35,7 @@ fn tiny_gpt_learns_two_digit_addition() {
         opt,
         TrainOptions {
             seed: 0,
-            chunks: 1,
+            micro_batches: 1,
             clip: Some(1.0),
             schedule: LrSchedule::WarmupCosine {
                 lr: 1e-3,

@@ -74,7 +74,7 @@ fn logits_loss_and_every_gradient_match_hf_llama() {
             opt,
             TrainOptions {
                 seed: 0,
-                chunks,
+                micro_batches: chunks,
                 clip: None,
                 schedule: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![],

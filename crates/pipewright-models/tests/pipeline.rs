@@ -145,17 +145,17 @@ fn bad_pipeline_configurations_are_errors() {
     });
     assert!(e.contains("sums to 7 but the model has 6 segments"), "{e}");
     let e = err(VarunaOptions {
-        chunk_size: 5,
+        micro_batch: 5,
         ..base.clone()
     });
     assert!(
-        e.contains("global_batch_size 12 is not divisible by dp 1 x chunk_size 5"),
+        e.contains("a global batch of 12 rows does not split into 1 data-parallel replicas of micro-batches of 5 rows"),
         "{e}"
     );
     let e = err(VarunaOptions {
         schedule: ScheduleKind::Interleaved,
         virtual_stages: 2,
-        chunk_size: 12,
+        micro_batch: 12,
         ..base
     });
     assert!(e.contains("micro-batches"), "{e}");

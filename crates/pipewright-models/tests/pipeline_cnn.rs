@@ -89,7 +89,7 @@ fn deferred_batch_norm_commits_whole_batch_statistics() {
             opt,
             TrainOptions {
                 seed: SEED,
-                chunks,
+                micro_batches: chunks,
                 clip: None,
                 schedule: LrSchedule::Constant { lr: 1e-2 },
                 tied: vec![],

@@ -40,7 +40,7 @@ fn trainer(init: &Build, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
         opt,
         TrainOptions {
             seed: SEED,
-            chunks: 2,
+            micro_batches: 2,
             clip: Some(0.5),
             // AdamW divides each element's step by the root of its own squared gradient, so on
             // elements with tiny gradients it magnifies the last-bit differences of summing in

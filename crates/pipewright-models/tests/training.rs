@@ -29,7 +29,7 @@ fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
         opt,
         TrainOptions {
             seed,
-            chunks,
+            micro_batches: chunks,
             clip: Some(1.0),
             schedule: LrSchedule::Constant { lr: 3e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
@@ -150,7 +150,7 @@ fn accumulation_over_chunks_is_one_batch() {
             Box::new(opt),
             TrainOptions {
                 seed: 4,
-                chunks,
+                micro_batches: chunks,
                 clip: None,
                 schedule: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![(TIED.0.into(), TIED.1.into())],
@@ -196,7 +196,7 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
         opt,
         TrainOptions {
             seed: 0,
-            chunks: 1,
+            micro_batches: 1,
             clip: None,
             schedule: LrSchedule::Constant { lr: 1e-2 },
             tied: vec![],
@@ -245,7 +245,7 @@ fn bad_configurations_are_errors() {
         opt,
         TrainOptions {
             seed: 0,
-            chunks: 1,
+            micro_batches: 1,
             clip: None,
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![("wte.weight".into(), "nope.weight".into())],

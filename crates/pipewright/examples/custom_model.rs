@@ -211,7 +211,7 @@ pub fn serial_trainer(make: MakeOptimizer, lr: f64) -> Result<SerialTrainer> {
         opt,
         TrainOptions {
             seed: 0,
-            chunks: GLOBAL_BATCH / CHUNK_SIZE,
+            micro_batches: GLOBAL_BATCH / CHUNK_SIZE,
             clip: None,
             schedule: LrSchedule::Constant { lr },
             tied: vec![],

@@ -30,7 +30,7 @@ pub struct TrainOptions {
     /// Seeds initialisation and dropout.
     pub seed: u64,
     /// Micro-batches each batch splits into (gradients accumulate over them).
-    pub chunks: usize,
+    pub micro_batches: usize,
     /// Clip the global gradient norm to this.
     pub clip: Option<f64>,
     /// The learning rate by step.
@@ -75,7 +75,7 @@ impl SerialTrainer {
         opts.schedule.validate()?;
         // One rank with the machine's cores, unless the user or a launcher said otherwise.
         crate::comm::size_thread_pools(1);
-        if opts.chunks == 0 {
+        if opts.micro_batches == 0 {
             return Err(invalid!("chunks must be at least 1"));
         }
         let params = model.params();
@@ -136,7 +136,11 @@ impl SerialTrainer {
         }
         let mut grads = Grads::new();
         let mut loss = 0.0;
-        for (i, mb) in batch.split(self.opts.chunks)?.into_iter().enumerate() {
+        for (i, mb) in batch
+            .split(self.opts.micro_batches)?
+            .into_iter()
+            .enumerate()
+        {
             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
             cx.defer_batch_stats = self.opts.deferred_batch_norm;
             let out = self.forward_cx(&mb, &mut cx)?;

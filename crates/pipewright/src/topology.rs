@@ -17,6 +17,12 @@
 //! Context-parallel ranks hold the same weights and split each sequence: they sum their
 //! gradients with the data-parallel ranks ([`Axis::Replica`] is both together). [`Topology::new`] places index `i` on world
 //! rank `i`; [`Topology::from_stage_to_rank_map`] places them as a launcher says.
+//!
+//! A [`Layout`] is also where the facts derived from the degrees live (torchtitan's
+//! `ParallelDims`), so that no caller works them out again: its ranks ([`Layout::world`]), the
+//! ranks that hold the same weights and sum gradients and losses ([`Layout::replicas`]), the
+//! micro-batches a replica splits its rows into ([`Layout::micro_batches`]), and what a
+//! sequence length must be a multiple of ([`Layout::sequence_multiple`]).
 
 use std::fmt;
 
@@ -152,6 +158,47 @@ impl Layout {
     /// Ranks of the layout, `pp * tp * cp * dp`.
     pub fn world(&self) -> usize {
         self.pp * self.tp * self.cp * self.dp
+    }
+
+    /// Ranks that hold the same weights and sum their gradients, losses and target counts:
+    /// the data- and context-parallel ranks together ([`Axis::Replica`]).
+    pub fn replicas(&self) -> usize {
+        self.dp * self.cp
+    }
+
+    /// Micro-batches of `micro_batch` rows each data-parallel replica splits a global batch
+    /// of `global_batch` rows into; an error that says what to choose when it does not split
+    /// evenly.
+    pub fn micro_batches(&self, global_batch: usize, micro_batch: usize) -> Result<usize> {
+        let per = self.dp * micro_batch;
+        if per == 0 || global_batch == 0 || !global_batch.is_multiple_of(per) {
+            return Err(invalid!(
+                "a global batch of {global_batch} rows does not split into {} data-parallel \
+                 replicas of micro-batches of {micro_batch} rows: choose a batch that is a \
+                 positive multiple of {per}",
+                self.dp
+            ));
+        }
+        Ok(global_batch / per)
+    }
+
+    /// What a sequence length must be a multiple of to split over the context-parallel ring
+    /// (two chunks a rank) and, with Megatron's sequence parallelism, each rank's part over the
+    /// tensor-parallel ranks.
+    pub fn sequence_multiple(&self, sequence_parallel: bool) -> usize {
+        let ring = if self.cp > 1 { 2 * self.cp } else { 1 };
+        let split = if sequence_parallel {
+            self.cp * self.tp
+        } else {
+            1
+        };
+        let gcd = |mut a: usize, mut b: usize| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        ring / gcd(ring, split) * split
     }
 
     /// Checks that the layout fills exactly `world` ranks.

@@ -358,7 +358,7 @@ fn check_sequence_split(a: &TrainArgs, seq_len: usize) -> Result<()> {
              length that is a multiple of {}",
             seq_len / a.cp,
             a.tp,
-            pipewright::varuna::sequence_multiple(a.cp, a.tp, true)
+            a.layout()?.sequence_multiple(true)
         ));
     }
     Ok(())

@@ -81,7 +81,7 @@ pub fn serial(c: &Case) -> Run {
             opt,
             TrainOptions {
                 seed: SEED,
-                chunks: c.chunks,
+                micro_batches: c.chunks,
                 clip: c.clip,
                 schedule: LrSchedule::Constant { lr: 1e-2 },
                 tied: c.tied.clone(),

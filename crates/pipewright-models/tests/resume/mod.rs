@@ -76,7 +76,7 @@ pub fn run(
         }
         let loader = DistributedLoader::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
-            opts.global_batch_size,
+            opts.global_batch,
             v.coords().dp_rank,
             layout.dp,
             candle_core::Device::Cpu,

@@ -132,16 +132,8 @@ impl TrainSpec {
                 return Err(invalid!("clip must be a positive norm (or none), got {c}"));
             }
         }
-        let per = self.layout.dp * self.micro_batch;
-        if per == 0 || !self.global_batch.is_multiple_of(per) {
-            return Err(invalid!(
-                "a global batch of {} rows does not split into {} replicas of micro-batches of {} \
-                 rows: choose a batch that is a multiple of {per}",
-                self.global_batch,
-                self.layout.dp,
-                self.micro_batch
-            ));
-        }
+        self.layout
+            .micro_batches(self.global_batch, self.micro_batch)?;
         Ok(())
     }
 

@@ -73,7 +73,7 @@ impl Pipeline {
             opts.schedule,
             opts.virtual_stages,
             comm.size(),
-            opts.chunks,
+            opts.micro_batches,
         )?;
         if opts.custom_schedule.is_some() {
             schedule.validate()?;
@@ -255,7 +255,7 @@ impl Pipeline {
         loss_scale: f64,
         sink: Option<&mut dyn GradSink>,
     ) -> Result<(f64, Grads)> {
-        let mbs = batch.split(self.stage.opts.chunks)?;
+        let mbs = batch.split(self.stage.opts.micro_batches)?;
         if mbs.len() != self.schedule.micro_batches {
             return Err(invalid!(
                 "a batch of {} rows splits into {} micro-batches, not the {} the schedule was \

@@ -6,8 +6,9 @@ use super::schedule::{Schedule, ScheduleKind};
 /// How to split and schedule.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
-    /// Micro-batches per batch (torchgpipe's `chunks`).
-    pub chunks: usize,
+    /// Micro-batches per batch (torchgpipe's `chunks`, torch.distributed.pipelining's
+    /// `n_microbatches`).
+    pub micro_batches: usize,
     /// The built schedule to run.
     pub schedule: ScheduleKind,
     /// Model stages per rank (interleaved schedule).

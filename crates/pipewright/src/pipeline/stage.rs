@@ -73,7 +73,7 @@ impl PipelineStage {
         let skips = Skips::new(model, &ranges)?;
         let tags = Tags::new(
             schedule.stages,
-            opts.chunks,
+            opts.micro_batches,
             skips.routes().len(),
             opts.tied.len(),
         )?;

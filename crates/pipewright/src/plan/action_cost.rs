@@ -86,7 +86,7 @@ impl ActionTrace {
         let chunks = CHUNKS.min(batch.rows()?);
         let per_rank = local::run(2, |c| {
             let opts = PipelineOptions {
-                chunks,
+                micro_batches: chunks,
                 schedule: ScheduleKind::OneFOneB,
                 virtual_stages: 1,
                 custom_schedule: None,

@@ -314,9 +314,9 @@ pub fn estimate(
     cluster: &Cluster,
     cand: &Candidate,
 ) -> Result<(Estimate, Simulation)> {
-    let Layout { pp, tp, dp, cp } = cand.layout;
+    let Layout { pp, tp, .. } = cand.layout;
     // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
-    let replicas = cp * dp;
+    let replicas = cand.layout.replicas();
     let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
     let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
@@ -392,13 +392,12 @@ pub fn estimate(
         peak_bytes,
     } = ranks.after(crowded)?;
     let parts = busiest_parts(&schedule, &costs, m, &recomputes);
-    let dp = replicas;
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
     // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
     // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
     // replicas' pieces under ZeRO-2/3). Latency, one after another.
     let world = cand.layout.world();
-    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(dp)
+    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(replicas)
         + cluster.link(world).scalar_all_reduce(world)
         + pp_link.scalar_all_reduce(pp);
     // The norm's, timed as part of the update.

@@ -66,12 +66,11 @@ pub struct Morph {
 /// fit, nearest to `req.from` first.
 pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {
     let v = req.virtual_stages;
-    let chunk = req.micro_batch.max(1);
     let mut out: Vec<Layout> = layouts(req.world, usize::MAX, &req.tp_divides, req.global_batch)
         .into_iter()
         .filter(|l| {
-            req.global_batch.is_multiple_of(l.dp * chunk)
-                && Schedule::new(req.schedule, l.pp, req.global_batch / (l.dp * chunk), v).is_ok()
+            l.micro_batches(req.global_batch, req.micro_batch)
+                .is_ok_and(|m| Schedule::new(req.schedule, l.pp, m, v).is_ok())
                 && partition(model, l.pp * v, None).is_ok()
         })
         .collect();
@@ -116,7 +115,10 @@ pub fn morph(
         .map(|&layout| Candidate {
             layout,
             micro_batch: req.micro_batch,
-            micro_batches: req.global_batch / (layout.dp * req.micro_batch),
+            // Every layout that fits splits the batch (`morph_layouts`).
+            micro_batches: layout
+                .micro_batches(req.global_batch, req.micro_batch)
+                .unwrap_or(1),
             schedule: req.schedule,
             virtual_stages: req.virtual_stages,
             recompute: req.recompute,

@@ -29,7 +29,10 @@ impl Varuna {
     /// unpadded inputs.
     pub(super) fn local_inputs(&self, batch: &Batch) -> Result<(Batch, Option<usize>)> {
         let me = Chunks::of(&self.cp);
-        let n = sequence_multiple(me.size, self.topo.layout().tp, self.opts.sequence_parallel);
+        let n = self
+            .topo
+            .layout()
+            .sequence_multiple(self.opts.sequence_parallel);
         if n == 1 {
             return Ok((batch.to_device(&self.opts.device)?, None));
         }
@@ -111,18 +114,4 @@ impl Varuna {
             .collect::<candle_core::Result<Vec<_>>>()?;
         Chunks::join(&parts, 1)
     }
-}
-
-/// The lengths that sequences must be a multiple of to split over a ring of `cp` ranks (two
-/// chunks each) and, with sequence parallelism, each rank's part over `tp` ranks.
-pub fn sequence_multiple(cp: usize, tp: usize, sequence_parallel: bool) -> usize {
-    let ring = if cp > 1 { 2 * cp } else { 1 };
-    let split = if sequence_parallel { cp * tp } else { 1 };
-    let gcd = |mut a: usize, mut b: usize| {
-        while b != 0 {
-            (a, b) = (b, a % b);
-        }
-        a
-    };
-    ring / gcd(ring, split) * split
 }

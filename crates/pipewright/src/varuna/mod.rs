@@ -27,7 +27,6 @@ mod zero;
 use candle_core::{Device, Tensor, Var};
 
 pub use checkpoint::TrainState;
-pub use context::sequence_multiple;
 pub use generate::Sampling;
 pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 
@@ -87,7 +86,7 @@ impl Varuna {
     ) -> Result<Self> {
         opts.validate(model, world.size())?;
         let topo = opts.topology()?;
-        let chunks = opts.chunks()?;
+        let micro_batches = opts.micro_batches()?;
         let coords = topo.coords(world.rank())?;
         let tp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
@@ -99,7 +98,7 @@ impl Varuna {
             .with_cp(cp.clone())
             .with_sequence_parallel(opts.sequence_parallel);
         let popts = PipelineOptions {
-            chunks,
+            micro_batches,
             schedule: opts.schedule,
             virtual_stages: opts.virtual_stages,
             custom_schedule: opts.custom_schedule.clone(),
@@ -111,7 +110,7 @@ impl Varuna {
             detect_anomaly: opts.detect_anomaly,
         };
         let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
-        pipeline.set_micro_batch_offset(coords.dp_rank * chunks);
+        pipeline.set_micro_batch_offset(coords.dp_rank * micro_batches);
         pipeline.enable_trace();
         let params = pipeline.params().to_vec();
         let master = if opts.precision == Precision::F32 {
@@ -160,11 +159,11 @@ impl Varuna {
             eval_rows: None,
         };
         if let Some(f) = v.opts.batch_fn.clone() {
-            let sample = f(v.opts.chunk_size)?;
+            let sample = f(v.opts.micro_batch)?;
             v.predict(&sample).map_err(|e| {
                 invalid!(
                     "a sample batch of {} rows does not run through the model: {e}",
-                    v.opts.chunk_size
+                    v.opts.micro_batch
                 )
             })?;
         }
@@ -228,7 +227,7 @@ impl Varuna {
 
     /// Rows of the global batch this rank's replica takes each step.
     pub fn replica_batch(&self) -> usize {
-        self.opts.global_batch_size / self.topo.layout().dp
+        self.opts.global_batch / self.topo.layout().dp
     }
 
     /// The loss scale the next step uses (1 unless f16).
@@ -264,7 +263,7 @@ impl Varuna {
                 "step got {rows} rows but each of the {} replicas takes {} of the global batch of {}",
                 self.topo.layout().dp,
                 self.replica_batch(),
-                self.opts.global_batch_size
+                self.opts.global_batch
             ));
         }
         let batch = self.local_batch(batch)?;

@@ -15,7 +15,7 @@ use crate::pipeline::Recompute;
 use crate::precision::{LossScaler, Precision};
 use crate::topology::{Layout, Topology};
 use crate::zero::Zero;
-use crate::{invalid, Result};
+use crate::Result;
 
 /// Where ranks go.
 #[derive(Clone, Debug)]
@@ -40,15 +40,15 @@ pub type BatchFn = Arc<dyn Fn(usize) -> Result<Batch> + Send + Sync>;
 pub struct VarunaOptions {
     /// Where ranks go.
     pub placement: Placement,
-    /// Rows of one step over all replicas.
-    pub global_batch_size: usize,
-    /// Rows of one micro-batch.
-    pub chunk_size: usize,
+    /// Rows of one step over all replicas (Varuna's `global_batch_size`).
+    pub global_batch: usize,
+    /// Rows of one micro-batch (Varuna's `chunk_size`).
+    pub micro_batch: usize,
     /// What the model computes in.
     pub precision: Precision,
     /// Parameter pairs kept equal (Varuna's `shared_weights`).
     pub shared_weights: Vec<(String, String)>,
-    /// When given, a batch of `chunk_size` rows is run through the model (evaluation mode) at
+    /// When given, a batch of `micro_batch` rows is run through the model (evaluation mode) at
     /// construction, so that a shape error shows before training.
     pub batch_fn: Option<BatchFn>,
     /// Seeds initialisation, dropout and everything random.
@@ -96,11 +96,11 @@ pub struct VarunaOptions {
 impl VarunaOptions {
     /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler,
     /// DDP's 25 MiB buckets, no ZeRO.
-    pub fn new(layout: Layout, global_batch_size: usize, chunk_size: usize) -> Self {
+    pub fn new(layout: Layout, global_batch: usize, micro_batch: usize) -> Self {
         Self {
             placement: Placement::Layout(layout),
-            global_batch_size,
-            chunk_size,
+            global_batch,
+            micro_batch,
             precision: Precision::F32,
             shared_weights: Vec::new(),
             batch_fn: None,
@@ -131,22 +131,12 @@ impl VarunaOptions {
         }
     }
 
-    /// Micro-batches each data-parallel replica splits its rows into.
-    pub fn chunks(&self) -> Result<usize> {
-        let dp = self.topology()?.layout().dp;
-        let per_step = dp * self.chunk_size;
-        if self.chunk_size == 0
-            || self.global_batch_size == 0
-            || !self.global_batch_size.is_multiple_of(per_step)
-        {
-            return Err(invalid!(
-                "global_batch_size {} is not divisible by dp {dp} x chunk_size {}: choose a \
-                 multiple of {per_step}",
-                self.global_batch_size,
-                self.chunk_size
-            ));
-        }
-        Ok(self.global_batch_size / per_step)
+    /// Micro-batches each data-parallel replica splits its rows into
+    /// ([`Layout::micro_batches`]).
+    pub fn micro_batches(&self) -> Result<usize> {
+        self.topology()?
+            .layout()
+            .micro_batches(self.global_batch, self.micro_batch)
     }
 
     /// Every check that builds nothing: the placement fits a world of `world` ranks, the
@@ -159,14 +149,14 @@ impl VarunaOptions {
     pub fn validate(&self, model: &Sequential, world: usize) -> Result<()> {
         let topo = self.topology()?;
         topo.layout().check_world(world)?;
-        let chunks = self.chunks()?;
+        let micro_batches = self.micro_batches()?;
         let pp = topo.layout().pp;
         let schedule = Schedule::for_pipeline(
             self.custom_schedule.as_ref(),
             self.schedule,
             self.virtual_stages,
             pp,
-            chunks,
+            micro_batches,
         )?;
         if self.custom_schedule.is_some() {
             schedule.validate()?;
