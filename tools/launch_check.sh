@@ -73,6 +73,13 @@ same=$?
 ok=$?
 check "a rank killed after step 10 (exit $code, $attempts attempts, final parameters identical: $([ $same -eq 0 ] && echo yes || echo no))" $ok
 
+# The largest relative difference of run $2's losses from run $1's (1 unless it has $3 rows).
+worst_loss() {
+  paste -d, <(cut -d, -f2 "$1/scalars.csv") <(cut -d, -f2 "$2/scalars.csv") |
+    awk -F, -v n="$3" 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; k++ } END { if (k != n) w = 1; printf "%.2e", w }'
+}
+# The world of each attempt of the launch in run directory $1.
+worlds_of() { grep '"world"' "$1/launch.json" | tr -dc '0-9\n' | tr '\n' ' '; }
 # Kills (signal $2) one rank of the launcher $1's current attempt.
 signal_rank() {
   local m
@@ -131,9 +138,8 @@ echo "localhost slots=4" >"$hosts"
 signal_rank "$launcher" KILL
 wait "$launcher"
 code=$?
-worlds=$(grep '"world"' "$out/morph/launch.json" | tr -dc '0-9\n' | tr '\n' ' ')
-worst=$(paste -d, <(cut -d, -f2 "$out/whole/scalars.csv") <(cut -d, -f2 "$out/morph/scalars.csv") |
-  awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++ } END { if (n != 30) w = 1; printf "%.2e", w }')
+worlds=$(worlds_of "$out/morph")
+worst=$(worst_loss "$out/whole" "$out/morph" 30)
 [ "$code" -eq 0 ] && [ "$worlds" = "4 2 4 " ] && awk -v w="$worst" 'BEGIN { exit !(w < 1e-5) }'
 check "4 -> 2 -> 4 slots (worlds: $worlds): 30 losses within $worst of the uninterrupted run" $?
 
@@ -169,11 +175,10 @@ echo "localhost slots=2" >"$out/llama-hosts"
 signal_rank "$launcher" KILL
 wait "$launcher"
 code=$?
-worlds=$(grep '"world"' "$out/llama/launch.json" | tr -dc '0-9\n' | tr '\n' ' ')
+worlds=$(worlds_of "$out/llama")
 grep -q "morphing from pp=2 tp=2 dp=1 to .* for a world of 2 (the planner's fastest" "$out/llama.log"
 planned=$?
-worst=$(paste -d, <(cut -d, -f2 "$out/llama-whole/scalars.csv") <(cut -d, -f2 "$out/llama/scalars.csv") |
-  awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++ } END { if (n != 20) w = 1; printf "%.2e", w }')
+worst=$(worst_loss "$out/llama-whole" "$out/llama" 20)
 [ "$code" -eq 0 ] && [ "$worlds" = "4 2 " ] && [ "$planned" -eq 0 ] && awk -v w="$worst" 'BEGIN { exit !(w < 1e-5) }'
 check "a Llama on 4 -> 2 slots (worlds: $worlds) is morphed by the planner: 20 losses within $worst" $?
 

@@ -12,12 +12,11 @@
 use std::sync::Arc;
 
 use pipewright::data_parallel::DistributedLoader;
-use pipewright::experiment::{
-    fit, Cadence, Context, Experiment, Hooks, LinePlot, Param, Recorder, StepDone,
-};
+use pipewright::experiment::{Context, Experiment, LinePlot, Param, Recorder};
 use pipewright::loss::CrossEntropy;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::topology::Layout;
+use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Batch, Result};
 use pipewright_models::tasks::Adder;

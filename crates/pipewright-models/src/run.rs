@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 
 use pipewright::experiment::report::Prediction;
-use pipewright::experiment::TrainSpec;
 use pipewright::model_spec::ModelSpec;
 use pipewright::plan::{estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, Profile};
 use pipewright::precision::Precision;
+use pipewright::trainer::TrainSpec;
 use pipewright::varuna::Sampling;
 use pipewright::{invalid, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use pipewright::experiment::{Balance, TrainSpec};
 use pipewright::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::plan::Hardware;
 use pipewright::topology::Layout;
+use pipewright::trainer::{Balance, TrainSpec};
 use pipewright::trainer::{Data, Run, Trainer};
 use pipewright::Batch;
 use pipewright_models::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskSpec};

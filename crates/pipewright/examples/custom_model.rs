@@ -18,7 +18,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::experiment::TrainSpec;
 use pipewright::init::{normal_vec, rng_for};
 use pipewright::loss::Mse;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
@@ -32,6 +31,7 @@ use pipewright::plan::{
 };
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::topology::Layout;
+use pipewright::trainer::TrainSpec;
 use pipewright::trainer::{Run, Trainer};
 use pipewright::{invalid, Batch, Build, Result};
 use rand::Rng;

@@ -16,9 +16,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::experiment::{
-    fit, Cadence, Context, Dataset, Experiment, Hooks, Param, Recorder, SmartDataLoader, StepDone,
-};
+use pipewright::experiment::{Context, Dataset, Experiment, Param, Recorder, SmartDataLoader};
 use pipewright::init::rng_for;
 use pipewright::loss::Loss;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
@@ -26,6 +24,7 @@ use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::{Linear, Module};
 use pipewright::shard::TpGroup;
 use pipewright::topology::Layout;
+use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
 use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Batch, Build, Error, Result};
 use rand::Rng;

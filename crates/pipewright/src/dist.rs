@@ -123,7 +123,7 @@ pub fn heartbeat(step: u64) -> Result<()> {
 
 /// A flag that SIGTERM (a preemption notice), SIGUSR1 (what `pipewright launch` forwards
 /// through mpirun) and SIGINT (Ctrl-C) set: a training loop reads it between steps, and every
-/// rank then saves and stops ([`crate::experiment::Hooks::stop_requested`]). A second SIGINT
+/// rank then saves and stops ([`crate::trainer::Hooks::stop_requested`]). A second SIGINT
 /// while the flag is set ends the process at once (the default action): files a run appends
 /// to are written whole rows at a time and checkpoints are renamed into place, so even that
 /// leaves nothing torn.

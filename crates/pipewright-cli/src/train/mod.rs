@@ -6,9 +6,10 @@ mod report;
 
 use std::sync::Arc;
 
-use pipewright::experiment::{Balance, Context, Experiment, Params, RunDir};
+use pipewright::experiment::{Context, Experiment, Params, RunDir};
 use pipewright::pipeline::{chrome_trace, TraceEvent};
 use pipewright::plan::StepParts;
+use pipewright::trainer::Balance;
 use pipewright::trainer::{Data, Place, Run, Trainer};
 
 use pipewright::{invalid, Batch, Error, Result};

@@ -7,11 +7,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
-use pipewright::experiment::{
-    peak_memory_bytes, Context, Hooks, LinePlot, Recorder, RunDir, StepDone,
-};
+use pipewright::experiment::{peak_memory_bytes, Context, LinePlot, Recorder, RunDir};
 use pipewright::memory;
 use pipewright::plan::StepParts;
+use pipewright::trainer::{Hooks, StepDone};
 use pipewright::{Batch, Result};
 use pipewright_models::{RunSpec, TaskShape};
 use serde::Serialize;

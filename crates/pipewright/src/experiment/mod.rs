@@ -2,10 +2,10 @@
 //! body run by every rank with its [`Context`] (registered [`Stateful`] items and the trainer,
 //! saved and restored together), the [`SmartDataLoader`] over a user's [`Dataset`], the run
 //! directory with its parameters, and the [`Recorder`] for scalars (TensorBoard events and
-//! CSV) and resource readings; a run as data ([`TrainSpec`]) and the one training loop ([`fit()`]).
+//! CSV) and resource readings. The run as data and the one training loop are the trainer's
+//! ([`crate::trainer`]).
 
 pub mod context;
-pub mod fit;
 pub mod image;
 pub mod loader;
 pub mod lock;
@@ -14,12 +14,10 @@ pub mod recorder;
 pub mod report;
 pub mod run_dir;
 pub mod runner;
-pub mod spec;
 pub mod sweep;
 pub mod tfevents;
 
 pub use context::{Context, Counter, Stateful};
-pub use fit::{fit, Cadence, FitReport, Hooks, StepDone};
 pub use image::{LinePlot, RgbImage};
 pub use loader::{Dataset, SmartDataLoader};
 pub use lock::RunLock;
@@ -28,7 +26,6 @@ pub use recorder::Recorder;
 pub use report::{write_report, RunRecord};
 pub use run_dir::RunDir;
 pub use runner::Experiment;
-pub use spec::{Balance, TrainSpec};
 pub use sweep::{run_parameter_sweep, Sweep, SweepRun};
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.

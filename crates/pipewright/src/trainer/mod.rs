@@ -19,11 +19,13 @@
 //! collectives over NCCL when [`Place::backend`] asks), the optimizer, pretrained weights
 //! ([`Place::pretrained`], by the model's Hugging Face names) and goes on from the newest
 //! checkpoint when the run does; [`Trainer::fit`] runs the one training loop
-//! ([`crate::experiment::fit()`]) with the program's [`crate::experiment::Hooks`].
+//! ([`crate::trainer::fit()`]) with the program's [`crate::trainer::Hooks`].
 //! [`Trainer::train`] does both on every rank: threads of this process, or this process's
 //! rank under mpirun.
 
+pub mod fit;
 mod rank;
+pub mod spec;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -31,7 +33,6 @@ use std::sync::Arc;
 
 use crate::batch::Batch;
 use crate::comm::Backend;
-use crate::experiment::{Balance, TrainSpec};
 use crate::loss::{CrossEntropy, SharedLoss};
 use crate::model::Sequential;
 use crate::model_spec::ModelSpec;
@@ -39,7 +40,9 @@ use crate::plan::{Hardware, Morph};
 use crate::varuna::VarunaOptions;
 use crate::{invalid, Result};
 
+pub use fit::{fit, Cadence, FitReport, Hooks, StepDone};
 pub use rank::{Batches, Losses, Started};
+pub use spec::{Balance, TrainSpec};
 
 /// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
 /// step, so that every replica, layout and resumed run reads the same rows.

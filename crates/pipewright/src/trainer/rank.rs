@@ -6,12 +6,13 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
+use super::fit::{fit, FitReport, Hooks, StepDone};
 use super::Trainer;
 use crate::batch::Batch;
 use crate::comm::Communicator;
 use crate::data_parallel::DistributedLoader;
 use crate::experiment::params::standard;
-use crate::experiment::{fit, Context, FitReport, Hooks, Params, StepDone};
+use crate::experiment::{Context, Params};
 use crate::varuna::{Varuna, VarunaOptions};
 use crate::{invalid, Result};
 

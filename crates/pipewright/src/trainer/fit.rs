@@ -15,9 +15,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::context::Context;
 use crate::batch::Batch;
 use crate::checkpoint::CheckpointOptions;
+use crate::experiment::Context;
 use crate::varuna::StepOutcome;
 use crate::{invalid, Result};
 
