@@ -14,9 +14,7 @@ use pipewright::context_parallel::{ring_attention, Chunks};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::model_spec::ModelSpec;
 use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
-use pipewright::shard::{
-    ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel, TpGroup,
-};
+use pipewright::shard::{Group, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -230,7 +228,7 @@ pub struct LlamaBlock {
     /// Query and key/value heads on this rank.
     local: (usize, usize),
     /// The context-parallel ring the sequence is split over (a group of one: whole).
-    ring: TpGroup,
+    ring: Group,
     /// Sequence parallelism: the block's input and output are this rank's part of the
     /// sequence.
     sp: SequenceParallel,

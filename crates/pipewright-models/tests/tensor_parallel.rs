@@ -11,7 +11,7 @@ use pipewright::nn::max_rel_diff;
 use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::serial::{SerialTrainer, TrainOptions};
 use pipewright::shard::{
-    collect_state_dict, load_state_dict, part, relocate_state_dict, state_dict, Shard, TpGroup,
+    collect_state_dict, load_state_dict, part, relocate_state_dict, state_dict, Group, Shard,
 };
 use pipewright::Error;
 use pipewright::{Batch, Build};
@@ -137,7 +137,7 @@ fn gpt_tensor_parallel_matches_serial() {
     let want = run(&mut trainer(&Build::cpu(SEED), cfg()).unwrap()).unwrap();
     for tp in [1, 2, 4] {
         let runs = local::run(tp, |comm| {
-            let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+            let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
             run(&mut trainer(&init, cfg())?)
         })
         .unwrap();
@@ -249,7 +249,7 @@ fn the_loss_never_gathers_the_vocabulary() {
             inner: Box::new(comm),
             largest: largest.clone(),
         };
-        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(rec)));
+        let init = Build::cpu(SEED).with_tp(Group::new(Box::new(rec)));
         let t = trainer(&init, cfg())?;
         t.loss_and_grads(&Batch::pair(x.clone(), y.clone()))?;
         Ok(largest.load(Ordering::SeqCst))
@@ -275,7 +275,7 @@ fn state_dicts_collect_and_relocate_exactly() {
         .collect();
     for tp in [1, 2, 4] {
         let back = local::run(tp, |comm| {
-            let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+            let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
             let model = gpt(cfg())?.build(&init)?;
             // The initial shards are the serial initial values cut.
             let mine = relocate_state_dict(&model, &state_dict(&serial))?;
@@ -303,7 +303,7 @@ fn state_dicts_collect_and_relocate_exactly() {
     }
     // Collected at tp=4, relocated into tp=2: the model at tp=2 holds the same whole state.
     let at4 = local::run(4, |comm| {
-        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
         let model = gpt(cfg())?.build(&init)?;
         load_state_dict(&model, &relocate_state_dict(&model, &whole)?)?;
         collect_state_dict(&model, &state_dict(&model))
@@ -311,7 +311,7 @@ fn state_dicts_collect_and_relocate_exactly() {
     .unwrap()
     .swap_remove(0);
     let at2 = local::run(2, |comm| {
-        let init = Build::cpu(SEED + 1).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED + 1).with_tp(Group::new(Box::new(comm)));
         let model = gpt(cfg())?.build(&init)?;
         load_state_dict(&model, &relocate_state_dict(&model, &at4)?)?;
         collect_state_dict(&model, &state_dict(&model))
@@ -328,7 +328,7 @@ fn state_dicts_collect_and_relocate_exactly() {
 fn bad_splits_and_shapes_are_clear_errors() {
     // 4 heads over 8 ranks? n_embd 16 has 4 heads; vocabulary 10 over 4 ranks.
     let errs = local::run(4, |comm| {
-        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
         let heads = gpt(GptConfig {
             n_head: 2,
             n_embd: 16,

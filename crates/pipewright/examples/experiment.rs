@@ -22,7 +22,7 @@ use pipewright::loss::Loss;
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::nn::{Linear, Module};
-use pipewright::shard::TpGroup;
+use pipewright::shard::Group;
 use pipewright::topology::Layout;
 use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
 use pipewright::varuna::{Varuna, VarunaOptions};
@@ -117,7 +117,7 @@ impl Loss for Bce {
         Ok(batch.require("y", "the BCE loss")?.dim(0)?)
     }
 
-    fn sum(&self, out: &Activation, batch: &Batch, _: &Cx, _: &TpGroup) -> Result<(Tensor, usize)> {
+    fn sum(&self, out: &Activation, batch: &Batch, _: &Cx, _: &Group) -> Result<(Tensor, usize)> {
         let p = out
             .tensors()
             .into_iter()

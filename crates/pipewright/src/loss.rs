@@ -11,7 +11,7 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 
 use crate::batch::Batch;
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::model::{Activation, Cx};
 use crate::nn::{count_targets, cross_entropy_sum};
 use crate::shard::vocab_parallel_cross_entropy_sum;
@@ -29,13 +29,7 @@ pub trait Loss: Send + Sync {
     fn count(&self, batch: &Batch) -> Result<usize>;
     /// The summed loss of `batch`'s rows given the model output `out` (whose forward context
     /// `cx` says whether it is split over `tp`), and the count it averages over.
-    fn sum(
-        &self,
-        out: &Activation,
-        batch: &Batch,
-        cx: &Cx,
-        tp: &TpGroup,
-    ) -> Result<(Tensor, usize)>;
+    fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)>;
 }
 
 /// A loss shared by every rank of a job.
@@ -75,13 +69,7 @@ impl Loss for CrossEntropy {
         count_targets(batch.require(&self.target, "the cross-entropy loss")?)
     }
 
-    fn sum(
-        &self,
-        out: &Activation,
-        batch: &Batch,
-        cx: &Cx,
-        tp: &TpGroup,
-    ) -> Result<(Tensor, usize)> {
+    fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)> {
         let y = batch.require(&self.target, "the cross-entropy loss")?;
         let logits = single(out, "cross-entropy")?;
         match cx.parallel_dim(logits) {
@@ -129,13 +117,7 @@ impl Loss for Mse {
         Ok(batch.require(&self.target, "the MSE loss")?.elem_count())
     }
 
-    fn sum(
-        &self,
-        out: &Activation,
-        batch: &Batch,
-        cx: &Cx,
-        tp: &TpGroup,
-    ) -> Result<(Tensor, usize)> {
+    fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)> {
         let y = batch.require(&self.target, "the MSE loss")?;
         let pred = single(out, "MSE")?;
         if tp.size() > 1 && cx.parallel_dim(pred).is_some() {

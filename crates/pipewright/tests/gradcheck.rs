@@ -11,7 +11,7 @@ use pipewright::nn::{
     cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, Conv2d, Dropout, Embedding,
     Init, LayerNorm, Linear, Module,
 };
-use pipewright::shard::{CausalSelfAttention, TpGroup};
+use pipewright::shard::{CausalSelfAttention, Group};
 use pipewright::Result;
 use rand::Rng;
 
@@ -182,7 +182,7 @@ fn gelu_is_gpt2_tanh_form() {
 #[test]
 fn causal_self_attention() {
     let x = var("x", &[2, 5, 8]);
-    let a = CausalSelfAttention::new(&init(), &TpGroup::single(), "attn", 8, 2, 0.0, 0.3).unwrap();
+    let a = CausalSelfAttention::new(&init(), &Group::single(), "attn", 8, 2, 0.0, 0.3).unwrap();
     check("attention", &with_input(&x, a.params()), || {
         a.forward(&x, &mut Cx::new(Mode::Train, 0, 0, 0))
     });
@@ -191,7 +191,7 @@ fn causal_self_attention() {
 #[test]
 fn attention_is_causal() {
     // Changing a later token must not change earlier outputs.
-    let a = CausalSelfAttention::new(&init(), &TpGroup::single(), "attn", 8, 2, 0.0, 0.3).unwrap();
+    let a = CausalSelfAttention::new(&init(), &Group::single(), "attn", 8, 2, 0.0, 0.3).unwrap();
     let mut cx = Cx::eval();
     let x = randn("x", &[1, 5, 8]);
     let y1 = a.forward(&x, &mut cx).unwrap();

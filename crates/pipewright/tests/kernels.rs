@@ -316,11 +316,10 @@ fn fused_attention_matches_heads_scores_and_softmax() {
 
 fn attention_against_composed(t: usize) {
     use pipewright::model::{Cx, Mode};
-    use pipewright::shard::{CausalSelfAttention, TpGroup};
+    use pipewright::shard::{CausalSelfAttention, Group};
     let (b, d, heads) = (2, 24, 3);
     let init = Init::new(Device::Cpu, DType::F32, 11);
-    let a =
-        CausalSelfAttention::new(&init, &TpGroup::single(), "attn", d, heads, 0.0, 0.3).unwrap();
+    let a = CausalSelfAttention::new(&init, &Group::single(), "attn", d, heads, 0.0, 0.3).unwrap();
     let params = a.params();
     let p = |name: &str| {
         params

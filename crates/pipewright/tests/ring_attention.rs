@@ -8,7 +8,7 @@ use pipewright::comm::local;
 use pipewright::context_parallel::{ring_attention, Chunks};
 use pipewright::init::{normal_vec, rng_for};
 use pipewright::nn::{max_rel_diff, scaled_softmax};
-use pipewright::shard::TpGroup;
+use pipewright::shard::Group;
 
 fn randn(key: &str, shape: &[usize], dtype: DType) -> Tensor {
     let n = shape.iter().product();
@@ -85,7 +85,7 @@ fn check(cp: usize, rep: usize, dtype: DType, tol: f64) {
     let grads = (&out * &w).unwrap().sum_all().unwrap().backward().unwrap();
     let want: Vec<Tensor> = vars.iter().map(|x| grads.get(x).unwrap().clone()).collect();
     let results = local::run(cp, |comm| {
-        let ring = TpGroup::new(Box::new(comm));
+        let ring = Group::new(Box::new(comm));
         let me = Chunks::of(&ring);
         let mine = [&q, &k, &v].map(|x| Var::from_tensor(&me.take(x, 2).unwrap()).unwrap());
         let y = ring_attention(

@@ -12,7 +12,7 @@ use pipewright::nn::{cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayo
 use pipewright::shard::{
     get_parallel_dim, part, reduce_from_group, register_ddp_parameters_to_ignore,
     register_parallel_attribute, register_parallel_dim, slice, vocab_parallel_cross_entropy_sum,
-    ParallelDim, ParallelEmbedding, ParallelLinear, Shard, TpGroup,
+    Group, ParallelDim, ParallelEmbedding, ParallelLinear, Shard,
 };
 use pipewright::{Build, Result};
 
@@ -92,7 +92,7 @@ fn check(what: &str, x: &Tensor, f: &Forward, input_grad: bool, stride: usize) {
     assert!(!want.split);
     for tp in [1, 2, 4] {
         let got = local::run(tp, |comm| {
-            let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+            let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
             forward_backward(&init, x, f, input_grad, stride)
         })
         .unwrap();
@@ -209,7 +209,7 @@ fn parallel_embedding_masks_other_ranks_ids() {
     );
     // Out-of-range ids name the layer.
     let errs = local::run(2, |comm| {
-        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
         let e = ParallelEmbedding::new(&init, &init.tp, "emb", 8, 5, 1.0)?;
         Ok(e.forward(&Tensor::new(&[8u32], &Device::Cpu)?, &Cx::eval())
             .unwrap_err()
@@ -239,7 +239,7 @@ fn vocab_parallel_cross_entropy_matches_whole() {
     let want = want.to_scalar::<f32>().unwrap();
     for tp in [1, 2, 4] {
         let got = local::run(tp, |comm| {
-            let g = TpGroup::new(Box::new(comm));
+            let g = Group::new(Box::new(comm));
             let mine = Var::from_tensor(&part(&logits, 1, 1, g.rank(), g.size())?)?;
             let (l, c) = vocab_parallel_cross_entropy_sum(mine.as_tensor(), &targets, &g)?;
             let grad = l.backward()?.get(mine.as_tensor()).unwrap().clone();
@@ -290,7 +290,7 @@ fn parallel_dims_of_tensors_and_parameters() {
     // TorchShard's examples: ParallelLinear(20, 30, dim=-1) holds weight [20, 15] on each of 2
     // ranks, dim=0 holds [10, 30] (weights stored (in, out), order type 1).
     let shapes = local::run(2, |comm| {
-        let g = TpGroup::new(Box::new(comm));
+        let g = Group::new(Box::new(comm));
         let col = register_parallel_attribute(&[20, 30], -1, WeightLayout::InOut, 1, &g)?;
         let row = register_parallel_attribute(&[20, 30], 0, WeightLayout::InOut, 1, &g)?;
         let torch = register_parallel_attribute(&[30, 20], -1, WeightLayout::OutIn, 1, &g)?;
@@ -359,7 +359,7 @@ fn ddp_ignores_exactly_the_sharded_parameters() {
         )) as Box<dyn Layer>)
     }));
     let lists = local::run(2, |comm| {
-        let init = Build::cpu(SEED).with_tp(TpGroup::new(Box::new(comm)));
+        let init = Build::cpu(SEED).with_tp(Group::new(Box::new(comm)));
         Ok(register_ddp_parameters_to_ignore(&s.build(&init)?))
     })
     .unwrap();

@@ -1,4 +1,5 @@
-//! [`TpGroup`]: the tensor-parallel group a layer is split over, as the layers see it.
+//! [`Group`]: the ranks a layer splits its work over, as the layers see them: a
+//! tensor-parallel group (its weights split) or a context-parallel ring (its sequences split).
 
 use std::sync::Arc;
 
@@ -7,19 +8,20 @@ use candle_core::Tensor;
 use super::{Communicator, ReduceOp};
 use crate::Result;
 
-/// The tensor-parallel group a layer is split over. `TpGroup::single()` (the default) is a
-/// group of one: parallel layers then are the plain layers and run no collective.
+/// The ranks a layer splits its work over (the tensor-parallel group, or the context-parallel
+/// ring). `Group::single()` (the default) is a group of one: parallel layers then are the
+/// plain layers and run no collective.
 #[derive(Clone, Default)]
-pub struct TpGroup(Option<Arc<dyn Communicator>>);
+pub struct Group(Option<Arc<dyn Communicator>>);
 
-impl std::fmt::Debug for TpGroup {
+impl std::fmt::Debug for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "TpGroup(rank {} of {})", self.rank(), self.size())
+        write!(f, "Group(rank {} of {})", self.rank(), self.size())
     }
 }
 
-impl TpGroup {
-    /// A group of one rank (no tensor parallelism).
+impl Group {
+    /// A group of one rank (nothing split).
     pub fn single() -> Self {
         Self(None)
     }

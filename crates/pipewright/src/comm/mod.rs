@@ -24,7 +24,7 @@ pub mod wire;
 
 pub(crate) use autograd::{precomputed, precomputed3};
 pub use backend::Backend;
-pub use group::TpGroup;
+pub use group::Group;
 
 use candle_core::Tensor;
 

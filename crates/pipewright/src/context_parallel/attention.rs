@@ -22,7 +22,7 @@ use candle_core::{DType, Tensor, D};
 
 use super::ring::pass_on;
 use super::Chunks;
-use crate::comm::{precomputed3, TpGroup};
+use crate::comm::{precomputed3, Group};
 use crate::nn::causal_mask;
 use crate::{invalid, Result};
 
@@ -78,7 +78,7 @@ impl Online {
 /// One rank's part of the ring: shapes, chunks and the working dtype.
 #[derive(Clone)]
 struct Ring {
-    ring: TpGroup,
+    ring: Group,
     me: Chunks,
     /// Tokens per chunk.
     c: usize,
@@ -278,7 +278,7 @@ pub fn ring_attention(
     v: &Tensor,
     scale: f64,
     rep: usize,
-    ring: &TpGroup,
+    ring: &Group,
 ) -> Result<Tensor> {
     let (b, h, t, hd) = q.dims4()?;
     let kvh = k.dim(1)?;

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::{invalid, Result};
 
 /// Rank `rank` of a context-parallel ring of `size` ranks.
@@ -23,7 +23,7 @@ pub struct Chunks {
 
 impl Chunks {
     /// The chunks of `group`'s rank.
-    pub fn of(group: &TpGroup) -> Self {
+    pub fn of(group: &Group) -> Self {
         Self {
             rank: group.rank(),
             size: group.size(),

@@ -7,12 +7,12 @@
 
 use candle_core::Tensor;
 
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::Result;
 
 /// Sends `t` one place on around the ring and returns what came from one place back (in a
 /// ring of one, `t` itself).
-pub(crate) fn pass_on(t: &Tensor, ring: &TpGroup, tag: u64) -> Result<Tensor> {
+pub(crate) fn pass_on(t: &Tensor, ring: &Group, tag: u64) -> Result<Tensor> {
     let Some(comm) = ring.comm() else {
         return Ok(t.clone());
     };

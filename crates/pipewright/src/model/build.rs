@@ -1,7 +1,7 @@
 //! [`Build`]: what a layer builder gets (the initialiser, the tensor-parallel group, the
 //! context-parallel ring and whether sequence parallelism is on).
 
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::init::Init;
 
 /// What a layer builder gets: where and how to create parameters ([`Init`], also reachable
@@ -14,11 +14,11 @@ pub struct Build {
     /// Where, in what type and from which seed parameters are made.
     pub init: Init,
     /// The tensor-parallel group the layer splits over (a group of one: not split).
-    pub tp: TpGroup,
+    pub tp: Group,
     /// The context-parallel ring the sequences are split over (a group of one: whole
     /// sequences). Attention and position embeddings read it (see
     /// [`crate::context_parallel`]).
-    pub cp: TpGroup,
+    pub cp: Group,
     /// Megatron's sequence parallelism: between tensor-parallel regions activations are split
     /// along the sequence over `tp` (all-gathered before a column-parallel layer,
     /// reduce-scattered after a row-parallel one) instead of whole on every rank.
@@ -30,8 +30,8 @@ impl Build {
     pub fn new(init: Init) -> Self {
         Self {
             init,
-            tp: TpGroup::single(),
-            cp: TpGroup::single(),
+            tp: Group::single(),
+            cp: Group::single(),
             sequence_parallel: false,
         }
     }
@@ -43,14 +43,14 @@ impl Build {
 
     /// The same build for one rank of a tensor-parallel group: parallel layers keep this rank's
     /// shard of the values a serial run draws.
-    pub fn with_tp(mut self, tp: TpGroup) -> Self {
+    pub fn with_tp(mut self, tp: Group) -> Self {
         self.tp = tp;
         self
     }
 
     /// The same build for one rank of a context-parallel ring (each rank holds a slice of every
     /// sequence).
-    pub fn with_cp(mut self, cp: TpGroup) -> Self {
+    pub fn with_cp(mut self, cp: Group) -> Self {
         self.cp = cp;
         self
     }

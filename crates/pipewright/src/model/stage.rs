@@ -7,7 +7,7 @@ use std::sync::Arc;
 use candle_core::Var;
 
 use super::{Activation, Cx, Layer, Shard};
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::Result;
 
 /// Where the parameters of a stage's layers live between uses (ZeRO-3, [`crate::zero`]): each
@@ -26,7 +26,7 @@ pub trait LayerParams: Send + Sync {
 pub struct Stage {
     range: Range<usize>,
     layers: Vec<Box<dyn Layer>>,
-    tp: TpGroup,
+    tp: Group,
     inputs: Vec<String>,
     at_rest: Option<Arc<dyn LayerParams>>,
 }
@@ -39,7 +39,7 @@ impl Stage {
     pub(super) fn new(
         range: Range<usize>,
         layers: Vec<Box<dyn Layer>>,
-        tp: TpGroup,
+        tp: Group,
         inputs: Vec<String>,
     ) -> Self {
         Self {
@@ -146,7 +146,7 @@ impl Stage {
     }
 
     /// The tensor-parallel group the stage was built for.
-    pub fn tp(&self) -> &TpGroup {
+    pub fn tp(&self) -> &Group {
         &self.tp
     }
 

@@ -31,7 +31,7 @@ use super::stage::PipelineStage;
 use super::tied::Tied;
 use super::trace::TraceEvent;
 use crate::batch::Batch;
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::comm::{Communicator, ReduceOp};
 use crate::loss::SharedLoss;
 use crate::model::deferred::leftover;
@@ -138,7 +138,7 @@ impl Pipeline {
     }
 
     /// The tensor-parallel group this rank's stages are split over.
-    pub fn tp(&self) -> &TpGroup {
+    pub fn tp(&self) -> &Group {
         &self.stage.tp
     }
 

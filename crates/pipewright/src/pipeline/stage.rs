@@ -16,7 +16,7 @@ use super::segments::Cuts;
 use super::skip::Skips;
 use super::transfer::Tags;
 use crate::batch::Batch;
-use crate::comm::{Communicator, TpGroup};
+use crate::comm::{Communicator, Group};
 use crate::loss::{output_in_f32, SharedLoss};
 use crate::model::deferred::WeightGradQueue;
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
@@ -39,7 +39,7 @@ pub struct PipelineStage {
     pub(super) skips: Skips,
     pub(super) tags: Tags,
     /// The tensor-parallel group every stage of this rank is split over.
-    pub(super) tp: TpGroup,
+    pub(super) tp: Group,
     pub(super) loss: SharedLoss,
     pub(super) device: Device,
     /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::layer_pass::{bytes, fresh, Forwarded, Pass};
 use crate::batch::Batch;
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::loss::{output_in_f32, Loss};
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
 use crate::Result;
@@ -77,7 +77,7 @@ fn loss_pass(
     y: &Activation,
     batch: &Batch,
     cx: &mut Cx,
-    tp: &TpGroup,
+    tp: &Group,
 ) -> Result<(f64, f64)> {
     let out = Activation::from_tensors(fresh(y, cx)?, y.is_tuple());
     let t0 = Instant::now();

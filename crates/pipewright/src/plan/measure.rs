@@ -9,7 +9,7 @@ use super::optimizer_cost::{time_accumulate, time_optimizer, Before};
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
 use crate::batch::Batch;
 use crate::comm::local;
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::loss::{Loss, SharedLoss};
 use crate::model::{Build, Sequential};
 use crate::pipeline::partition::unit_bounds;
@@ -102,7 +102,7 @@ fn profile_split(
     loss: Option<&dyn Loss>,
 ) -> Result<Vec<Vec<LayerCost>>> {
     let mut per_rank = local::run(tp, |c| {
-        let build = build.clone().with_tp(TpGroup::new(Box::new(c)));
+        let build = build.clone().with_tp(Group::new(Box::new(c)));
         profile_rounds(model, &build, batches, loss)
     })?;
     Ok(per_rank.swap_remove(0))

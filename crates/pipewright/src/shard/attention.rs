@@ -11,7 +11,7 @@
 use candle_core::{Tensor, Var};
 
 use super::{ParallelDim, ParallelLinear, SequenceParallel};
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::context_parallel::ring_attention;
 use crate::init::Init;
 use crate::model::Cx;
@@ -33,7 +33,7 @@ pub struct CausalSelfAttention {
     local_heads: usize,
     tp_rank: usize,
     /// The context-parallel ring the sequence is split over (a group of one: whole).
-    ring: TpGroup,
+    ring: Group,
     /// Sequence parallelism: the input and output are this rank's part of the sequence.
     sp: SequenceParallel,
 }
@@ -42,7 +42,7 @@ impl CausalSelfAttention {
     /// `proj_std` is the std of `c_proj` (GPT-2 scales it by 1/sqrt(2 n_layer)).
     pub fn new(
         init: &Init,
-        tp: &TpGroup,
+        tp: &Group,
         name: &str,
         n_embd: usize,
         n_head: usize,
@@ -80,7 +80,7 @@ impl CausalSelfAttention {
             n_head,
             local_heads: n_head / tp.size(),
             tp_rank: tp.rank(),
-            ring: TpGroup::single(),
+            ring: Group::single(),
             sp: SequenceParallel::default(),
         })
     }
@@ -96,7 +96,7 @@ impl CausalSelfAttention {
 
     /// The same attention for sequences split over the context-parallel `ring` (each rank's
     /// tokens as [`crate::context_parallel::Chunks`] lays them out).
-    pub fn on_ring(mut self, ring: TpGroup) -> Self {
+    pub fn on_ring(mut self, ring: Group) -> Self {
         self.ring = ring;
         self
     }

@@ -12,7 +12,7 @@
 //! [`crate::Layer::shards`].
 
 use super::{normalize_dim, part_len};
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::model::{Cx, Shard, WeightLayout};
 use crate::{invalid, Result};
 use candle_core::Tensor;
@@ -26,7 +26,7 @@ pub fn register_parallel_attribute(
     parallel_dim: i64,
     order: WeightLayout,
     stride: usize,
-    group: &TpGroup,
+    group: &Group,
 ) -> Result<Shard> {
     let axis = match (whole.len(), parallel_dim, order) {
         (1, -1 | 1, _) => 0,

@@ -12,7 +12,7 @@ use super::ops::{
     scatter_to_group,
 };
 use super::part;
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::init::Init;
 use crate::model::WeightLayout;
 use crate::model::{Cx, Shard};
@@ -67,7 +67,7 @@ pub struct ParallelLinear {
     local: Linear,
     /// A row-parallel layer's bias, added after the reduction.
     row_bias: Option<Var>,
-    group: TpGroup,
+    group: Group,
     stride: usize,
     gather_output: bool,
     input_is_parallel: bool,
@@ -83,7 +83,7 @@ impl ParallelLinear {
     /// stored `(out, in)`; `dim` is TorchShard's (`None`, `-1`/`1`, `0`).
     pub fn new(
         init: &Init,
-        group: &TpGroup,
+        group: &Group,
         name: &str,
         inp: usize,
         out: usize,
@@ -100,7 +100,7 @@ impl ParallelLinear {
         whole: Linear,
         dim: Option<ParallelDim>,
         stride: usize,
-        group: &TpGroup,
+        group: &Group,
     ) -> Result<Self> {
         let name = whole.name().to_string();
         let layout = whole.layout();
@@ -288,7 +288,7 @@ pub struct ParallelEmbedding {
     local: Embedding,
     num: usize,
     start: usize,
-    group: TpGroup,
+    group: Group,
     shard: Option<Shard>,
 }
 
@@ -297,7 +297,7 @@ impl ParallelEmbedding {
     /// rows kept. `num` must be a multiple of the group size.
     pub fn new(
         init: &Init,
-        group: &TpGroup,
+        group: &Group,
         name: &str,
         num: usize,
         dim: usize,
@@ -308,7 +308,7 @@ impl ParallelEmbedding {
     }
 
     /// This rank's rows of `whole`.
-    pub fn from_whole(whole: Embedding, group: &TpGroup) -> Result<Self> {
+    pub fn from_whole(whole: Embedding, group: &Group) -> Result<Self> {
         let name = whole.name().to_string();
         let w = whole.weight().as_tensor();
         let (num, _) = w.dims2()?;

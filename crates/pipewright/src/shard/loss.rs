@@ -7,8 +7,8 @@
 use candle_core::{DType, Tensor, D};
 
 use super::ops::reduce_from_group;
+use crate::comm::Group;
 use crate::comm::ReduceOp;
-use crate::comm::TpGroup;
 use crate::kernels::IGNORE_INDEX;
 use crate::nn::loss::class_rows;
 use crate::{invalid, kernels, Result};
@@ -20,7 +20,7 @@ use crate::{invalid, kernels, Result};
 pub fn vocab_parallel_cross_entropy_sum(
     logits: &Tensor,
     targets: &Tensor,
-    group: &TpGroup,
+    group: &Group,
 ) -> Result<(Tensor, usize)> {
     let (part, n) = class_rows(logits, targets)?;
     let classes = part * group.size();

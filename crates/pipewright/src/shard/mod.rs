@@ -1,7 +1,7 @@
 //! Tensor parallelism (TorchShard, Megatron): single layers split across the ranks of a
 //! tensor-parallel group.
 //!
-//! - [`TpGroup`]: the group a layer is split over (a size-1 group means "not split"); it
+//! - [`Group`]: the group a layer is split over (a size-1 group means "not split"); it
 //!   travels in [`crate::model::Build`] beside the initialiser, so that a layer builds only its
 //!   own shard.
 //! - [`slice`](fn@slice): TorchShard's `slice`; [`part`] and [`assemble`] split and join along an axis,
@@ -32,7 +32,7 @@ use candle_core::Tensor;
 
 use crate::{invalid, Result};
 
-pub use crate::comm::TpGroup;
+pub use crate::comm::Group;
 pub use crate::model::Shard;
 pub use attention::CausalSelfAttention;
 pub use attr::{get_parallel_dim, register_parallel_attribute, register_parallel_dim};
@@ -138,7 +138,7 @@ pub fn assemble(parts: &[Tensor], axis: usize, stride: usize) -> Result<Tensor> 
 /// forward marks it) is gathered; a whole one is returned as it is.
 ///
 /// [`Cx`]: crate::model::Cx
-pub fn whole_output(out: &Tensor, cx: &crate::model::Cx, tp: &TpGroup) -> Result<Tensor> {
+pub fn whole_output(out: &Tensor, cx: &crate::model::Cx, tp: &Group) -> Result<Tensor> {
     match cx.parallel_dim(out) {
         Some(d) if tp.size() > 1 => {
             let axis = normalize_dim(d, out.rank())?;

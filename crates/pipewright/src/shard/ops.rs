@@ -23,8 +23,8 @@ use candle_core::Tensor;
 
 use super::{assemble, part};
 use crate::comm::precomputed;
+use crate::comm::Group;
 use crate::comm::ReduceOp;
-use crate::comm::TpGroup;
 use crate::Result;
 
 #[derive(Clone, Copy, Debug)]
@@ -50,7 +50,7 @@ impl Kind {
     }
 
     /// The conjugate collective of `grad`.
-    fn backward(self, g: &TpGroup, grad: &Tensor) -> Result<Tensor> {
+    fn backward(self, g: &Group, grad: &Tensor) -> Result<Tensor> {
         match self {
             Kind::Copy => g.all_reduce(grad, ReduceOp::Sum),
             Kind::Reduce => Ok(grad.clone()),
@@ -65,14 +65,14 @@ impl Kind {
     }
 }
 
-fn apply(x: &Tensor, value: Tensor, kind: Kind, group: &TpGroup) -> Result<Tensor> {
+fn apply(x: &Tensor, value: Tensor, kind: Kind, group: &Group) -> Result<Tensor> {
     let g = group.clone();
     precomputed(x, value, kind.name(), move |grad| kind.backward(&g, grad))
 }
 
 /// Identity forward, all-reduce backward: feeds a replicated tensor into a column-parallel
 /// layer, whose every rank contributes part of its gradient.
-pub fn copy_to_group(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+pub fn copy_to_group(x: &Tensor, group: &Group) -> Result<Tensor> {
     if group.size() == 1 {
         return Ok(x.clone());
     }
@@ -81,7 +81,7 @@ pub fn copy_to_group(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 
 /// All-reduce (sum) forward, identity backward: joins the partial outputs of a row-parallel
 /// layer.
-pub fn reduce_from_group(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+pub fn reduce_from_group(x: &Tensor, group: &Group) -> Result<Tensor> {
     if group.size() == 1 {
         return Ok(x.clone());
     }
@@ -91,12 +91,7 @@ pub fn reduce_from_group(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 
 /// All-gather forward (the parts joined along `axis`, see [`super::assemble`] for `stride`),
 /// own part backward: the whole output of a column-parallel layer on every rank.
-pub fn gather_from_group(
-    x: &Tensor,
-    group: &TpGroup,
-    axis: usize,
-    stride: usize,
-) -> Result<Tensor> {
+pub fn gather_from_group(x: &Tensor, group: &Group, axis: usize, stride: usize) -> Result<Tensor> {
     if group.size() == 1 {
         return Ok(x.clone());
     }
@@ -107,7 +102,7 @@ pub fn gather_from_group(
 
 /// Own part forward (see [`super::part`]), all-gather backward: splits a replicated tensor
 /// for a row-parallel layer.
-pub fn scatter_to_group(x: &Tensor, group: &TpGroup, axis: usize, stride: usize) -> Result<Tensor> {
+pub fn scatter_to_group(x: &Tensor, group: &Group, axis: usize, stride: usize) -> Result<Tensor> {
     if group.size() == 1 {
         return Ok(x.clone());
     }
@@ -117,7 +112,7 @@ pub fn scatter_to_group(x: &Tensor, group: &TpGroup, axis: usize, stride: usize)
 
 /// The sum over the group of `x` `(batch, sequence, ...)`, member `r` keeping part `r` of the
 /// sequence.
-fn reduce_scatter_dim1(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+fn reduce_scatter_dim1(x: &Tensor, group: &Group) -> Result<Tensor> {
     let comm = group
         .comm()
         .ok_or_else(|| crate::invalid!("a reduce-scatter needs a group of more than one rank"))?;
@@ -127,7 +122,7 @@ fn reduce_scatter_dim1(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 }
 
 /// Every member's `x` joined along dim 1 (the sequence) in rank order.
-fn all_gather_dim1(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+fn all_gather_dim1(x: &Tensor, group: &Group) -> Result<Tensor> {
     let parts = group.all_gather(&x.contiguous()?)?;
     let parts = parts
         .iter()
@@ -139,7 +134,7 @@ fn all_gather_dim1(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 /// All-gather along the sequence (dim 1) forward, reduce-scatter backward: a sequence-parallel
 /// activation becomes the whole sequence for a column-parallel layer (whose ranks each add a
 /// partial gradient for every position).
-pub fn gather_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+pub fn gather_sequence(x: &Tensor, group: &Group) -> Result<Tensor> {
     if group.size() == 1 {
         return Ok(x.clone());
     }
@@ -149,7 +144,7 @@ pub fn gather_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
 
 /// Reduce-scatter along the sequence (dim 1) forward, all-gather backward: the partial outputs
 /// of a row-parallel layer, summed, each member keeping its part of the sequence.
-pub fn reduce_scatter_sequence(x: &Tensor, group: &TpGroup) -> Result<Tensor> {
+pub fn reduce_scatter_sequence(x: &Tensor, group: &Group) -> Result<Tensor> {
     if group.size() == 1 {
         return Ok(x.clone());
     }

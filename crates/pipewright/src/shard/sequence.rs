@@ -13,7 +13,7 @@
 use candle_core::Tensor;
 
 use super::ops::{copy_to_group, gather_sequence, scatter_to_group};
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::model::{Build, Cx};
 use crate::nn::Dropout;
 use crate::{invalid, Result};
@@ -21,7 +21,7 @@ use crate::{invalid, Result};
 /// Whether and over which group a layer's activations are split along the sequence.
 #[derive(Clone, Debug, Default)]
 pub struct SequenceParallel {
-    group: TpGroup,
+    group: Group,
     on: bool,
 }
 

@@ -31,7 +31,7 @@ pub use generate::Sampling;
 pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
 
 use crate::batch::Batch;
-use crate::comm::TpGroup;
+use crate::comm::Group;
 use crate::comm::{axis_group, Communicator, ReduceOp};
 use crate::grads::Grads;
 use crate::init::Init;
@@ -55,7 +55,7 @@ pub struct Varuna {
     /// which sum their gradients, losses and target counts.
     dp: Box<dyn Communicator>,
     /// The context-parallel ring splitting this replica's sequences (a group of one: none).
-    cp: TpGroup,
+    cp: Group,
     pipeline: Pipeline,
     /// The f32 masters the optimizer updates, whole or (ZeRO) this replica's pieces.
     weights: zero::Weights,
@@ -88,10 +88,10 @@ impl Varuna {
         let topo = opts.topology()?;
         let micro_batches = opts.micro_batches()?;
         let coords = topo.coords(world.rank())?;
-        let tp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
+        let tp = Group::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
         let dp = axis_group(world.as_ref(), &topo, Axis::Replica)?;
-        let cp = TpGroup::new(axis_group(world.as_ref(), &topo, Axis::Context)?);
+        let cp = Group::new(axis_group(world.as_ref(), &topo, Axis::Context)?);
         let init = Init::new(opts.device.clone(), opts.precision.dtype(), opts.seed);
         let build = Build::new(init)
             .with_tp(tp.clone())
