@@ -13,6 +13,7 @@ use pipewright::plan::{
     format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Link,
     Profile, Request, StepParts,
 };
+use pipewright::ModelSpec;
 use pipewright::{invalid, Error, Result};
 
 use crate::train::TrainArgs;
@@ -69,7 +70,9 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
     }
     let a = &p.train;
     let (model, _, task) = a.model_and_task()?;
-    model.shapes_profile(&task.shape().sample(), a.precision.parse()?, hw)
+    model
+        .shapes_profile(&task.shape().sample(), a.precision.parse()?, hw)?
+        .ok_or_else(|| invalid!("{} has no shapes to plan from", model.what()))
 }
 
 /// The hardware file `name`, with the measured link of `link` (if any) between a node's

@@ -63,20 +63,6 @@ impl ModelConfig {
         };
         Ok(Sampling::greedy(max_new_tokens, block, vocab))
     }
-
-    /// The planner's profile from the model's shapes for samples of `sample` dims computing
-    /// in `precision` on `hw`.
-    pub fn shapes_profile(
-        &self,
-        sample: &[usize],
-        precision: Precision,
-        hw: &Hardware,
-    ) -> Result<Profile> {
-        let shapes = self
-            .shapes(sample)?
-            .ok_or_else(|| invalid!("{} has no shapes to plan from", self.what()))?;
-        shapes.profile(hw, precision.dtype().size_in_bytes())
-    }
 }
 
 impl ModelSpec for ModelConfig {
@@ -216,7 +202,8 @@ impl RunSpec {
     /// The planner's profile of this run's model from its shapes on `hw`.
     pub fn shapes_profile(&self, hw: &Hardware) -> Result<Profile> {
         self.model
-            .shapes_profile(&self.sample()?, self.train.precision, hw)
+            .shapes_profile(&self.sample()?, self.train.precision, hw)?
+            .ok_or_else(|| invalid!("{} has no shapes to plan from", self.model.what()))
     }
 
     /// This run restarted in a world of `world` ranks (see [`TrainSpec::morph`]). With

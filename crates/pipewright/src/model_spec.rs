@@ -15,7 +15,8 @@
 //! shapes and tensor-parallel rules.
 
 use crate::model::Sequential;
-use crate::plan::ModelShapes;
+use crate::plan::{Hardware, ModelShapes, Profile};
+use crate::precision::Precision;
 use crate::Result;
 
 /// A model that describes itself to the trainer and the planner.
@@ -43,6 +44,19 @@ pub trait ModelSpec {
     fn shapes(&self, sample: &[usize]) -> Result<Option<ModelShapes>> {
         let _ = sample;
         Ok(None)
+    }
+
+    /// The planner's profile of the model from its shapes for samples of `sample` dims,
+    /// computing in `precision` on `hw`; none for a model without shapes.
+    fn shapes_profile(
+        &self,
+        sample: &[usize],
+        precision: Precision,
+        hw: &Hardware,
+    ) -> Result<Option<Profile>> {
+        self.shapes(sample)?
+            .map(|s| s.profile(hw, precision.dtype().size_in_bytes()))
+            .transpose()
     }
 
     /// The names parameter `name` may have in a Hugging Face file, preferred first (a head

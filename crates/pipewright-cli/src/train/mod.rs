@@ -179,6 +179,10 @@ pub struct Setup {
     meta: serde_json::Value,
     /// The run directory holds this run already: its scalars go on from the resumed step.
     continuing: bool,
+    /// The machines `--hardware` names (morphing plans for them; the report's prediction).
+    hw: pipewright::plan::Hardware,
+    /// The run's ranks in this process: all of them as threads, the local ones under mpirun.
+    here: usize,
 }
 
 impl Setup {
@@ -225,7 +229,7 @@ impl Setup {
             place: Place {
                 device: a.device.clone(),
                 backend: a.backend,
-                machines: Some((hw, env.local_world_size)),
+                machines: Some((hw.clone(), env.local_world_size)),
                 pretrained: a.init_from.clone(),
                 checkpoint_dir: a.checkpoint_dir.clone(),
                 detect_anomaly: params.flag("debug")?,
@@ -285,6 +289,8 @@ impl Setup {
             task,
             trainer,
             continuing,
+            hw,
+            here,
             a,
         })
     }
@@ -315,13 +321,7 @@ impl Setup {
             *run_dir.lock().map_err(|_| invalid!("a rank panicked"))? = Some(d.path().into());
             // The planner's prediction for this layout from the model's shapes, for the
             // report (a layout the planner refuses has none, and the report says so).
-            let hw = pipewright::plan::Hardware::load(&a.hardware)?;
-            let per_node = if pipewright::dist::Env::under_mpi() {
-                pipewright::dist::Env::from_env().local_world_size
-            } else {
-                self.spec.train.world()
-            };
-            if let Ok(p) = self.spec.predict(&hw, per_node) {
+            if let Ok(p) = self.spec.predict(&self.hw, self.here) {
                 p.save(d.path())?;
             }
             if start > 0 {

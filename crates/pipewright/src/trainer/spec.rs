@@ -234,10 +234,7 @@ impl TrainSpec {
     ) -> Result<(Self, Morph)> {
         let built = model.build()?;
         let profile = match machines {
-            Some((hw, _)) => match model.shapes(sample)? {
-                Some(shapes) => Some(shapes.profile(hw, self.precision.dtype().size_in_bytes())?),
-                None => None,
-            },
+            Some((hw, _)) => model.shapes_profile(sample, self.precision, hw)?,
             None => None,
         };
         let planner = match (machines, &profile) {
