@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 out = os.path.join(root, "crates/pipewright/tests/fixtures/tokenizer")
 os.makedirs(out, exist_ok=True)
-files = sorted(glob.glob(os.path.join(root, "crates/pipewright/src/pipeline/*.rs")))
+files = sorted(glob.glob(os.path.join(root, "crates/pipewright/src/parallel/pipeline/*.rs")))
 
 tok = Tokenizer(models.BPE())
 tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -1,4 +1,4 @@
-//! With the `cuda` feature, compiles pipewright's CUDA kernels (`src/kernels/cuda/*.cu`) to
+//! With the `cuda` feature, compiles pipewright's CUDA kernels (`src/model/kernels/cuda/*.cu`) to
 //! PTX in OUT_DIR, which `kernels::gpu` embeds and candle's CUDA device loads at run time; and
 //! compiles each once more to machine code only to check that no kernel spills registers to
 //! local memory (the build fails if one does: a spill in these loops costs more than the
@@ -26,7 +26,7 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let dir = Path::new("src/kernels/cuda");
+    let dir = Path::new("src/model/kernels/cuda");
     println!(
         "cargo:rerun-if-changed={}",
         dir.join("common.cuh").display()

@@ -3,7 +3,7 @@
 //! ([`pipewright::plan::comm_bench`]).
 
 use clap::{Args, Subcommand};
-use pipewright::comm::Backend;
+use pipewright::dist::comm::Backend;
 use pipewright::plan::comm_bench::{fit_link, measure, Row};
 use pipewright::{invalid, Result};
 
@@ -86,20 +86,21 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         1
     };
     let most = a.sizes.iter().copied().fold(0.0, f64::max);
-    pipewright::memory::check_fits(
+    pipewright::runtime::memory::check_fits(
         most * (1u64 << 20) as f64 * 3.0 * ranks_here as f64,
         &format!("bench comm of {most} MiB buffers on {ranks_here} ranks here"),
         "give smaller --sizes (MiB) or a smaller --world",
     )?;
     if let Some(out) = &a.out {
-        pipewright::files::ensure_replaceable(out, "--out", "a fitted link", |t| {
+        pipewright::runtime::files::ensure_replaceable(out, "--out", "a fitted link", |t| {
             serde_json::from_str::<pipewright::plan::Link>(t).is_ok()
         })?;
     }
     match a.backend {
         Backend::Local => {
             let (sizes, iters) = (a.sizes.clone(), a.iters);
-            let mut out = pipewright::comm::local::run(a.world, |c| measure(&c, &sizes, iters))?;
+            let mut out =
+                pipewright::dist::comm::local::run(a.world, |c| measure(&c, &sizes, iters))?;
             let rows = out.swap_remove(0);
             print("local", a.world, &rows, None);
             write_link(&a, &rows, a.world)
@@ -138,8 +139,8 @@ fn mpi_bench(_: &CommArgs) -> Result<()> {
 
 #[cfg(feature = "mpi")]
 fn mpi_bench(a: &CommArgs) -> Result<()> {
-    use pipewright::comm::Communicator;
-    let (_mpi, world) = pipewright::comm::mpi::Mpi::init()?;
+    use pipewright::dist::comm::Communicator;
+    let (_mpi, world) = pipewright::dist::comm::mpi::Mpi::init()?;
     let (ours, raw) = pipewright::plan::comm_bench::measure_beside_mpi(&world, &a.sizes, a.iters)?;
     if world.is_master() {
         print("mpi", world.size(), &ours, Some(&raw));

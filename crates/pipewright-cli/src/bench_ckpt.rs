@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::Args;
-use pipewright::checkpoint::{CheckpointOptions, Manifest};
-use pipewright::comm::local;
-use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::{CheckpointOptions, Manifest};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use pipewright::{Batch, Error, Result};
 use pipewright_models::{gpt, GptConfig, TIED};
 
@@ -71,7 +71,7 @@ pub fn run(a: CkptBenchArgs) -> Result<()> {
         dropout: 0.0,
     };
     // The model, its optimizer state and the copies a save and a load make.
-    pipewright::memory::check_fits(
+    pipewright::runtime::memory::check_fits(
         cfg.param_count() as f64 * 40.0,
         &format!("a checkpoint benchmark of {} GPT layers", a.n_layer),
         "fewer --n-layer",

@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use pipewright::checkpoint::{self, Reader};
-use pipewright::topology::Layout;
-use pipewright::{files, Result};
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::{self, Reader};
+use pipewright::{runtime::files, Result};
 use pipewright_models::stored::{self, HfArch};
 
 #[derive(Subcommand)]

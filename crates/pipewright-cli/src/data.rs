@@ -110,7 +110,7 @@ pub fn run(c: DataCommand) -> Result<()> {
 }
 
 fn windows(a: &WindowsArgs) -> Result<()> {
-    pipewright::files::ensure_new(&a.out, "--out")?;
+    pipewright::runtime::files::ensure_new(&a.out, "--out")?;
     let data = pipewright::data::TokenDataset::open(&a.data, None)?;
     let mut csv = String::from("step,windows\n");
     for step in 0..a.steps {
@@ -118,7 +118,7 @@ fn windows(a: &WindowsArgs) -> Result<()> {
         let rows: Vec<String> = rows.iter().map(u64::to_string).collect();
         csv.push_str(&format!("{},{}\n", step + 1, rows.join(" ")));
     }
-    pipewright::files::write_atomic(&a.out, csv.as_bytes())?;
+    pipewright::runtime::files::write_atomic(&a.out, csv.as_bytes())?;
     pipewright::say!(
         "wrote {}: {} steps of {} windows of {} ids from `{}` (seed {})",
         a.out.display(),

@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use pipewright::checkpoint::Reader;
-use pipewright::comm::local;
 use pipewright::data::Tokenizer;
-use pipewright::nn::optim::OptimizerConfig;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Sampling, Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::Reader;
+use pipewright::engine::varuna::{Sampling, Varuna, VarunaOptions};
+use pipewright::model::nn::optim::OptimizerConfig;
 use pipewright::ModelSpec;
 use pipewright::{invalid, Result};
 use pipewright_models::{hf, TaskSpec};
@@ -122,7 +122,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     // The text needs every id; the ids alone stream and keep nothing.
     let keep = tok.is_some();
     if keep {
-        pipewright::memory::check_fits(
+        pipewright::runtime::memory::check_fits(
             a.max_new_tokens as f64 * 4.0,
             &format!("decoding {} generated tokens to text", a.max_new_tokens),
             "ask for fewer tokens (--max-new-tokens), or leave out --tokenizer to stream ids",
@@ -130,7 +130,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let from_checkpoint = a.checkpoint.is_some();
     let mut out = local::run(layout.world(), |comm| {
-        let first = pipewright::comm::Communicator::rank(&comm) == 0;
+        let first = pipewright::dist::comm::Communicator::rank(&comm) == 0;
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
         v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         if from_checkpoint {
@@ -141,7 +141,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let (mut ids, mut sep) = (Vec::new(), "ids ");
         v.generate_each(&prompt, &sampling, &mut |id| {
             if first {
-                pipewright::console::say_text(&format!("{sep}{id}"));
+                pipewright::runtime::console::say_text(&format!("{sep}{id}"));
                 sep = ",";
             }
             if keep {

@@ -1,11 +1,11 @@
-//! `pipewright launch`: the flags of [`pipewright::launch::Launch`], which starts a program's
+//! `pipewright launch`: the flags of [`pipewright::trainer::launch::Launch`], which starts a program's
 //! ranks under mpirun and restarts them when one dies, and `rank-env`, what each rank runs
-//! first ([`pipewright::launch::exec_rank`]).
+//! first ([`pipewright::trainer::launch::exec_rank`]).
 
 use std::path::PathBuf;
 
 use clap::Args;
-use pipewright::launch::{Launch, Slots};
+use pipewright::trainer::launch::{Launch, Slots};
 use pipewright::{invalid, Error, Result};
 
 /// The flags of `pipewright launch`.

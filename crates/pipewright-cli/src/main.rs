@@ -16,9 +16,10 @@ mod train;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-/// Counts live bytes per rank (`pipewright::memory`): the summary's allocated peaks.
+/// Counts live bytes per rank (`pipewright::runtime::memory`): the summary's allocated peaks.
 #[global_allocator]
-static ALLOC: pipewright::memory::CountingAlloc = pipewright::memory::CountingAlloc;
+static ALLOC: pipewright::runtime::memory::CountingAlloc =
+    pipewright::runtime::memory::CountingAlloc;
 
 #[derive(Parser)]
 #[command(
@@ -175,7 +176,7 @@ fn command() -> clap::Command {
 
 fn main() {
     // Evaluations and checkpoints allocate and free the same large buffers again and again.
-    pipewright::memory::keep_freed_memory();
+    pipewright::runtime::memory::keep_freed_memory();
     let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Train { args } => train::run(args),
@@ -190,7 +191,7 @@ fn main() {
         Command::Report(a) => report::run(a),
         Command::Sweep(a) => sweep::run(a),
         Command::Launch(a) => launch::run(a),
-        Command::RankEnv { program } => pipewright::launch::exec_rank(&program),
+        Command::RankEnv { program } => pipewright::trainer::launch::exec_rank(&program),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

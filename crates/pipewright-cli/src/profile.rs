@@ -51,7 +51,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
         false => ("profile.json", "a layer profile"),
     };
     let out = p.train.out.clone().unwrap_or_else(|| default.into());
-    pipewright::files::ensure_replaceable(&out, "--out", what, |t| match p.gemm {
+    pipewright::runtime::files::ensure_replaceable(&out, "--out", what, |t| match p.gemm {
         true => serde_json::from_str::<pipewright::plan::Hardware>(t).is_ok(),
         false => serde_json::from_str::<pipewright::plan::Profile>(t).is_ok(),
     })?;
@@ -61,7 +61,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     check_fits(&p)?;
     // The pools as `train` sizes them for as many ranks as copies run at once (an unset
     // RAYON_NUM_THREADS left candle's products 20-30 % slower here than train's explicit one).
-    pipewright::comm::size_thread_pools(p.concurrent);
+    pipewright::dist::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
     let (config, _, task) = a.model_and_task()?;
     let model = config.build()?;
@@ -80,7 +80,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
             concurrent: p.concurrent,
             // The loss `train` trains every reference model with (Varuna's default).
             loss: Some(std::sync::Arc::new(
-                pipewright::loss::CrossEntropy::default(),
+                pipewright::parallel::loss::CrossEntropy::default(),
             )),
         },
         config.tp_divides(),
@@ -137,13 +137,13 @@ fn check_fits(p: &ProfileArgs) -> Result<()> {
 
 /// `profile --gemm`: the products timed, the curve fitted and printed, the file written.
 fn gemm(p: &ProfileArgs) -> Result<()> {
-    pipewright::comm::size_thread_pools(p.concurrent);
+    pipewright::dist::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
-    let precision: pipewright::precision::Precision = a.precision.parse()?;
+    let precision: pipewright::model::precision::Precision = a.precision.parse()?;
     let dtype = precision.dtype();
-    let device = pipewright::device::device(&a.device, 0)?;
+    let device = pipewright::runtime::device::device(&a.device, 0)?;
     let base = crate::plan::hardware(&a.hardware, None)?;
-    pipewright::memory::check_fits(
+    pipewright::runtime::memory::check_fits(
         pipewright::plan::gemm_grid_peak_bytes(p.gemm_scale, dtype.size_in_bytes()),
         &format!("timing products of --gemm-scale {}", p.gemm_scale),
         "give a smaller --gemm-scale",

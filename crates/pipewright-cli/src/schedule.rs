@@ -6,12 +6,12 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use pipewright::pipeline::read_chrome_trace;
-use pipewright::pipeline::schedule::{Schedule, ScheduleKind};
-use pipewright::pipeline::timeline::{svg_panels, svg_panels_wide};
-use pipewright::pipeline::Simulation;
+use pipewright::dist::topology::Layout;
+use pipewright::parallel::pipeline::read_chrome_trace;
+use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
+use pipewright::parallel::pipeline::timeline::{svg_panels, svg_panels_wide};
+use pipewright::parallel::pipeline::Simulation;
 use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Profile};
-use pipewright::topology::Layout;
 use pipewright::{invalid, Error, Result};
 
 #[derive(Args)]
@@ -76,7 +76,7 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
         schedule: kind,
         virtual_stages: a.r#virtual,
         recompute: a.recompute.parse()?,
-        zero: pipewright::zero::Zero::Off,
+        zero: pipewright::parallel::zero::Zero::Off,
         sequence_parallel: false,
     };
     let (e, sim) = estimate(&profile, &cluster, &cand)?;
@@ -102,8 +102,8 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
 
 pub fn run(a: ScheduleArgs) -> Result<()> {
     if let Some(svg) = &a.svg {
-        let drawn = pipewright::pipeline::timeline::is_timeline_svg;
-        pipewright::files::ensure_replaceable(svg, "--svg", "a drawn schedule", drawn)?;
+        let drawn = pipewright::parallel::pipeline::timeline::is_timeline_svg;
+        pipewright::runtime::files::ensure_replaceable(svg, "--svg", "a drawn schedule", drawn)?;
     }
     let kind: ScheduleKind = a.schedule.parse()?;
     let s = Schedule::new(kind, a.pp, a.chunks, a.r#virtual)?;
@@ -133,7 +133,7 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         }
     } else {
         let sim = &panels[0].1;
-        pipewright::console::say_text(&sim.timeline());
+        pipewright::runtime::console::say_text(&sim.timeline());
         pipewright::say!(
             "time {} units, bubble {:.1} %, activations held per stage {:?}",
             sim.makespan,

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{losses, run, text, tmp, train};
-use pipewright::checkpoint::{HfWeights, Split};
+use pipewright::engine::checkpoint::{HfWeights, Split};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -124,7 +124,7 @@ fn pretrained_weights_train_on_any_layout_and_export_back() {
             theirs.read(name, Split::WHOLE).unwrap(),
             ours.read(name, Split::WHOLE).unwrap(),
         );
-        let e = pipewright::nn::max_rel_diff(&a, &b).unwrap();
+        let e = pipewright::model::nn::max_rel_diff(&a, &b).unwrap();
         assert!(e < 1e-6, "`{name}` moved by {e:e}");
     }
     // Errors.

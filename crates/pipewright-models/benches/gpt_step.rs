@@ -22,11 +22,11 @@
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pipewright::comm::local;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::model::precision::Precision;
 use pipewright::Batch;
 use pipewright_models::{gpt, GptConfig, TIED};
 use rand::{Rng, SeedableRng};
@@ -61,7 +61,7 @@ fn main() -> pipewright::Result<()> {
     };
     let (batch, seq) = (env_or("PW_BENCH_BATCH", 8usize), cfg.block_size);
     let steps: usize = env_or("PW_BENCH_STEPS", 5);
-    let device = pipewright::device::device(
+    let device = pipewright::runtime::device::device(
         &std::env::var("PW_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into()),
         0,
     )?;
@@ -95,7 +95,7 @@ fn main() -> pipewright::Result<()> {
         let n_params = t.pipeline().total_params()?;
         t.step(&batch_of)?; // warm-up
         let mut times = Vec::new();
-        pipewright::memory::reset_gpu_peak(t.device());
+        pipewright::runtime::memory::reset_gpu_peak(t.device());
         profile(true);
         for _ in 0..steps {
             let s = Instant::now();
@@ -106,7 +106,7 @@ fn main() -> pipewright::Result<()> {
         Ok((
             n_params,
             times,
-            pipewright::memory::gpu_peak_bytes(t.device()),
+            pipewright::runtime::memory::gpu_peak_bytes(t.device()),
         ))
     })?;
     let (n_params, mut times, gpu_peak) = runs.remove(0);

@@ -8,17 +8,17 @@
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pipewright::comm::local;
-use pipewright::nn::optim::{LrSchedule, OptimizerConfig};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig};
 use pipewright::Batch;
 use pipewright_models::{llama, LlamaConfig};
 use rand::{Rng, SeedableRng};
 
 fn main() -> pipewright::Result<()> {
     // As the `pipewright` binary does: freed tensors' pages are reused, not faulted in anew.
-    pipewright::memory::keep_freed_memory();
+    pipewright::runtime::memory::keep_freed_memory();
     let cfg = LlamaConfig {
         vocab_size: 4096,
         block_size: 256,

@@ -11,13 +11,13 @@
 
 use std::sync::Arc;
 
-use pipewright::data_parallel::DistributedLoader;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::experiment::{Context, Experiment, LinePlot, Param, Recorder};
-use pipewright::loss::CrossEntropy;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::topology::Layout;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::loss::CrossEntropy;
 use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
-use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Batch, Result};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TaskShape, TIED};

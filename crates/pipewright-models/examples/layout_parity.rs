@@ -8,11 +8,11 @@
 //! it is below 1e-5 (with CP > 1, [`CONTEXT_PARALLEL_TOLERANCE`]); any failure aborts the job.
 
 use candle_core::{Device, Tensor};
-use pipewright::comm::mpi::Mpi;
-use pipewright::comm::{Communicator, ReduceOp};
-use pipewright::topology::Layout;
-use pipewright::varuna::VarunaOptions;
-use pipewright::zero::Zero;
+use pipewright::dist::comm::mpi::Mpi;
+use pipewright::dist::comm::{Communicator, ReduceOp};
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::VarunaOptions;
+use pipewright::parallel::zero::Zero;
 use pipewright_models::parity::{worst_difference, ParityRun, CONTEXT_PARALLEL_TOLERANCE};
 
 fn main() {

@@ -3,8 +3,8 @@
 //! `i` is a multiple of `blocks_per_stage` (except the first).
 
 use candle_core::{Tensor, Var};
+use pipewright::model::nn::{join, relu, BatchNorm2d, Conv2d, Init, Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::{join, relu, BatchNorm2d, Conv2d, Init, Linear, Module};
 use pipewright::{invalid, Error, Result};
 use serde::{Deserialize, Serialize};
 

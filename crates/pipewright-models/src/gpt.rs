@@ -13,10 +13,10 @@
 //! loss. LayerNorms and `wpe` are whole on every rank.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::context_parallel::Chunks;
+use pipewright::model::nn::{join, Dropout, Embedding, LayerNorm, Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::{join, Dropout, Embedding, LayerNorm, Linear, Module};
-use pipewright::shard::{
+use pipewright::parallel::context_parallel::Chunks;
+use pipewright::parallel::tensor_parallel::{
     CausalSelfAttention, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel, Shard,
 };
 use pipewright::{invalid, Build, Error, Result};
@@ -116,7 +116,12 @@ pub fn gpt(cfg: GptConfig) -> Result<Sequential> {
     s.push(LayerSpec::new("lm_head", move |init| {
         // Drawn from wte's stream: equal to wte.weight at the start.
         let w = init.normal(TIED.0, &[cfg.vocab_size, cfg.n_embd], 0.02)?;
-        let whole = Linear::from_vars("lm_head", w, None, pipewright::nn::WeightLayout::OutIn)?;
+        let whole = Linear::from_vars(
+            "lm_head",
+            w,
+            None,
+            pipewright::model::nn::WeightLayout::OutIn,
+        )?;
         // Sequence parallelism ends here: the head gathers the whole sequence.
         Ok(Box::new(LmHead(
             ParallelLinear::from_whole(whole, Some(ParallelDim::Column), 1, &init.tp)?

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use pipewright::checkpoint::Reader;
+use pipewright::engine::checkpoint::Reader;
 use pipewright::{invalid, Error, Result};
 
 use crate::{GptConfig, LlamaConfig, ModelConfig};
@@ -204,6 +204,6 @@ pub fn export(r: &Reader, model: &ModelConfig, out: &Path) -> Result<usize> {
     )?;
     let text = serde_json::to_string_pretty(&config)
         .map_err(|e| invalid!("cannot write config.json: {e}"))?;
-    pipewright::files::write_atomic(&out.join("config.json"), text.as_bytes())?;
+    pipewright::runtime::files::write_atomic(&out.join("config.json"), text.as_bytes())?;
     Ok(n)
 }

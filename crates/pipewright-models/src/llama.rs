@@ -10,11 +10,15 @@
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
 use candle_core::{Tensor, Var, D};
-use pipewright::context_parallel::{ring_attention, Chunks};
+use pipewright::model::nn::{
+    join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout,
+};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
-use pipewright::model_spec::ModelSpec;
-use pipewright::nn::{join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout};
-use pipewright::shard::{Group, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel};
+use pipewright::parallel::context_parallel::{ring_attention, Chunks};
+use pipewright::parallel::tensor_parallel::{
+    Group, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel,
+};
+use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 

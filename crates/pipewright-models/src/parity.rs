@@ -5,15 +5,15 @@
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor, Var};
-use pipewright::comm::Communicator;
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::loss::CrossEntropy;
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::shard::{part, Shard};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::Communicator;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::loss::CrossEntropy;
+use pipewright::parallel::tensor_parallel::{part, Shard};
 use pipewright::{invalid, Batch, Build, Result};
 
 use crate::tasks::Adder;

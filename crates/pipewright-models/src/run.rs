@@ -5,12 +5,12 @@
 
 use std::path::PathBuf;
 
+use pipewright::engine::varuna::Sampling;
 use pipewright::experiment::report::Prediction;
-use pipewright::model_spec::ModelSpec;
+use pipewright::model::precision::Precision;
 use pipewright::plan::{estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, Profile};
-use pipewright::precision::Precision;
+use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::trainer::TrainSpec;
-use pipewright::varuna::Sampling;
 use pipewright::{invalid, Error, Result, Sequential};
 use serde::{Deserialize, Serialize};
 
@@ -275,7 +275,7 @@ impl RunSpec {
     /// memory available, 1 GiB at most, and at least a micro-batch (which training holds).
     pub fn eval_rows(&self, shape: &TaskShape) -> Result<usize> {
         let (_, _, kept, _) = self.sizes(shape)?;
-        let budget = pipewright::memory::available_bytes()
+        let budget = pipewright::runtime::memory::available_bytes()
             .map_or(1u64 << 30, |a| (a / 4).min(1 << 30)) as f64;
         let rows = (budget / kept.max(1.0)).min(usize::MAX as f64) as usize;
         Ok(rows.max(self.train.micro_batch))
@@ -295,7 +295,7 @@ impl RunSpec {
         let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;
         let here = ranks_here.clamp(1, t.world());
         let share = here as f64 / t.world() as f64;
-        pipewright::memory::check_fits(
+        pipewright::runtime::memory::check_fits(
             replica * t.layout.dp as f64 * share + input * t.global_batch as f64,
             &format!(
                 "training {what} on batches of {} rows in micro-batches of {} on {here} of its \

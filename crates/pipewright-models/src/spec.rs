@@ -3,11 +3,11 @@
 //! morphing. Shapes per token follow `pipewright::plan::shaped`'s conventions (elements, per
 //! sample); the GPT's are the library's [`Transformer`], the Llama's and the CNN's are here.
 
-use pipewright::model_spec::ModelSpec;
 use pipewright::plan::{
     AttentionKernel, AttentionShape, LayerShapes, Linear, ModelShapes, ShapedLayer, Split,
     Transformer,
 };
+use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::{invalid, Result, Sequential};
 
 use crate::{cnn, gpt, llama, CnnConfig, GptConfig, LlamaConfig, TIED};

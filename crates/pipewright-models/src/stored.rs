@@ -4,12 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright::checkpoint::{CheckpointOptions, Reader};
-use pipewright::comm::local;
-use pipewright::model_spec::ModelSpec;
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::{CheckpointOptions, Reader};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::precision::Precision;
+use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::{invalid, Error, Result};
 
 use crate::flags::{task_spec, TrainArgs};
@@ -46,8 +46,8 @@ impl RunSpec {
 /// saves it again into the checkpoint directory `out`, which must be new (in another run's
 /// checkpoints it would move that run's `latest` back). Returns the checkpoint written.
 pub fn reshard(r: &Reader, layout: Layout, out: &Path) -> Result<PathBuf> {
-    pipewright::files::ensure_new(out, "--out")?;
-    if let Some((inside, what)) = pipewright::files::inside_other(out, true) {
+    pipewright::runtime::files::ensure_new(out, "--out")?;
+    if let Some((inside, what)) = pipewright::runtime::files::inside_other(out, true) {
         return Err(invalid!(
             "--out `{}` is inside `{}`, {what}: reshard into a directory of its own",
             out.display(),

@@ -5,11 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright::checkpoint::{self, CheckpointOptions};
-use pipewright::comm::local;
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
-use pipewright::varuna::Varuna;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::{self, CheckpointOptions};
+use pipewright::engine::varuna::Varuna;
+use pipewright::model::precision::Precision;
 use pipewright::Batch;
 use pipewright_models::parity::ParityRun;
 use pipewright_models::tasks::Adder;
@@ -283,9 +283,9 @@ fn keep_removes_the_oldest_and_async_saves_equal_sync_ones() {
 
 #[test]
 fn the_serial_trainer_and_varuna_share_one_format_across_precisions() {
-    use pipewright::loss::CrossEntropy;
-    use pipewright::nn::optim::LrSchedule;
-    use pipewright::serial::{SerialTrainer, TrainOptions};
+    use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+    use pipewright::model::nn::optim::LrSchedule;
+    use pipewright::parallel::loss::CrossEntropy;
     use pipewright::Build;
     let task = Adder::new(2, 0).unwrap();
     let batch = |s: u64| {

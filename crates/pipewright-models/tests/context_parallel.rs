@@ -3,9 +3,9 @@
 //! gradient norms of 5 clipped AdamW steps and the final parameters agree within 1e-5, as for
 //! every other layout (with a ring: see [`CONTEXT_PARALLEL_TOLERANCE`]).
 
-use pipewright::comm::local;
-use pipewright::topology::Layout;
-use pipewright::varuna::VarunaOptions;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::VarunaOptions;
 use pipewright_models::parity::{
     worst_difference, ParityRun, RankResult, CONTEXT_PARALLEL_TOLERANCE,
 };

@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use pipewright::comm::local;
-use pipewright::loss::CrossEntropy;
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::precision::Precision;
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
+use pipewright::model::precision::Precision;
+use pipewright::parallel::loss::CrossEntropy;
 use pipewright::{Batch, Build};
 use pipewright_models::parity::ParityRun;
 use pipewright_models::tasks::Adder;

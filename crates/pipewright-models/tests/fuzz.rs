@@ -12,13 +12,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use pipewright::checkpoint::{self, Manifest, Reader};
-use pipewright::comm::local;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::{self, Manifest, Reader};
+use pipewright::engine::varuna::{TrainState, Varuna, VarunaOptions};
 use pipewright::experiment::params::{parse, standard};
-use pipewright::memory::{live_bytes, peak_bytes, reset_peaks, CountingAlloc};
 use pipewright::plan::Hardware;
-use pipewright::topology::Layout;
-use pipewright::varuna::{TrainState, Varuna, VarunaOptions};
+use pipewright::runtime::memory::{live_bytes, peak_bytes, reset_peaks, CountingAlloc};
 use pipewright_models::{gpt, GptConfig, TIED};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -140,7 +140,9 @@ fn checkpoint() -> &'static Path {
         };
         let dirs = local::run(2, |comm| {
             let mut v = Varuna::new(&gpt(cfg)?, Box::new(comm), opts.clone())?;
-            v.set_optimizer(|ps| pipewright::nn::optim::OptimizerConfig::default().build(ps, &[]))?;
+            v.set_optimizer(|ps| {
+                pipewright::model::nn::optim::OptimizerConfig::default().build(ps, &[])
+            })?;
             v.checkpoint(&root, &Default::default())
         })
         .unwrap();

@@ -3,12 +3,12 @@
 //! `PW_TEST_DEVICE` (`cpu` unless set): on a GPU machine a `cuda` build runs the same comparison
 //! there (`tools/gpu-checks.sh`).
 
-use pipewright::nn::max_rel_diff;
+use pipewright::model::nn::max_rel_diff;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
-use pipewright::nn::optim::{LrSchedule, Sgd, SgdConfig};
-use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::nn::optim::{LrSchedule, Sgd, SgdConfig};
 use pipewright::{Batch, Build};
 use pipewright_models::{gpt, GptConfig, TIED};
 
@@ -30,7 +30,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
         dropout: 0.0,
     };
     let dev = device();
-    let init = pipewright::nn::Init::new(dev.clone(), candle_core::DType::F32, 0);
+    let init = pipewright::model::nn::Init::new(dev.clone(), candle_core::DType::F32, 0);
     let stage = gpt(cfg).unwrap().build(&Build::new(init)).unwrap();
     let params = stage.params();
     // Every parameter of ours is in the fixture with the same shape, and nothing is left over.
@@ -58,7 +58,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
             schedule: LrSchedule::Constant { lr: 0.1 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
-            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+            loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
     .unwrap()
@@ -103,5 +103,5 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// The device the test computes on.
 fn device() -> Device {
     let name = std::env::var("PW_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
-    pipewright::device::device(&name, 0).unwrap()
+    pipewright::runtime::device::device(&name, 0).unwrap()
 }

@@ -8,13 +8,13 @@
 
 use std::path::Path;
 
-use pipewright::checkpoint::Reader;
-use pipewright::comm::local;
-use pipewright::memory::{self, CountingAlloc};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::Reader;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::OptimizerConfig;
 use pipewright::model::KvCache;
-use pipewright::nn::optim::OptimizerConfig;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::runtime::memory::{self, CountingAlloc};
 use pipewright::ModelSpec;
 use pipewright_models::llama::LlamaConfig;
 use pipewright_models::{hf, ModelConfig};
@@ -58,7 +58,7 @@ fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
     let sync = std::sync::Barrier::new(layout.world());
     local::run(layout.world(), |comm| {
         let rank = {
-            use pipewright::comm::Communicator;
+            use pipewright::dist::comm::Communicator;
             comm.rank()
         };
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;

@@ -8,12 +8,12 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use pipewright::comm::local;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::OptimizerConfig;
 use pipewright::model::KvCache;
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::OptimizerConfig;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::Batch;
 use pipewright::ModelSpec;
 use pipewright_models::{hf, ModelConfig};

@@ -4,13 +4,13 @@
 //! makes every rank skip the step (with and without ZeRO).
 
 use candle_core::Var;
-use pipewright::comm::{local, Communicator};
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::precision::{LossScaler, Precision};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Placement, Varuna, VarunaOptions};
-use pipewright::zero::Zero;
+use pipewright::dist::comm::{local, Communicator};
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Placement, Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::model::precision::{LossScaler, Precision};
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::zero::Zero;
 use pipewright::{Batch, Build};
 use pipewright_models::parity::{worst_difference, ParityRun, RankResult};
 use pipewright_models::tasks::Adder;
@@ -185,7 +185,7 @@ fn low_precision_computes_in_the_low_type() {
             )?;
             let x = Adder::new(2, 0)?.batch(0, 2)?.0;
             // The stage a rank builds computes in the low type; what predict hands back is f32.
-            let init = pipewright::nn::Init::new(candle_core::Device::Cpu, p.dtype(), 0);
+            let init = pipewright::model::nn::Init::new(candle_core::Device::Cpu, p.dtype(), 0);
             let stage = gpt(cfg())?.build(&Build::new(init))?;
             let out = stage
                 .forward(x.clone().into(), &mut pipewright::Cx::eval())?

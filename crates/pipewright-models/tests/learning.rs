@@ -1,8 +1,8 @@
 //! Learning, not just running: a tiny GPT learns 2-digit addition (held-out exact match) in
 //! well under a minute on two cores. Alone in its binary so no other test competes for cores.
 
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::{Batch, Build};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TIED};
@@ -45,7 +45,7 @@ fn tiny_gpt_learns_two_digit_addition() {
             },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
-            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+            loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
     .unwrap();

@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::comm::local;
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::loss::CrossEntropy;
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::loss::CrossEntropy;
 use pipewright::{Batch, Build};
 use pipewright_models::{llama, LlamaConfig};
 

@@ -6,11 +6,11 @@ mod common;
 
 use candle_core::Tensor;
 use common::*;
-use pipewright::comm::local;
-use pipewright::pipeline::schedule::{Schedule, ScheduleKind};
-use pipewright::pipeline::Recompute;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
+use pipewright::parallel::pipeline::Recompute;
 use pipewright::{Batch, Sequential};
 
 #[test]

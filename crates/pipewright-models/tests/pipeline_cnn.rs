@@ -6,11 +6,11 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use pipewright::loss::CrossEntropy;
-use pipewright::nn::optim::LrSchedule;
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
-use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::nn::optim::LrSchedule;
+use pipewright::parallel::loss::CrossEntropy;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
 use pipewright::{Batch, Build, Sequential};
 use pipewright_models::tasks::Shapes;
 use pipewright_models::{cnn, CnnConfig, Task};
@@ -157,11 +157,11 @@ fn a_skip_connection_jumps_over_whole_stages() {
 
 #[test]
 fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
-    use pipewright::comm::local;
-    use pipewright::data_parallel::DistributedLoader;
-    use pipewright::topology::Layout;
-    use pipewright::varuna::Varuna;
-    use pipewright::zero::Zero;
+    use pipewright::dist::comm::local;
+    use pipewright::dist::topology::Layout;
+    use pipewright::engine::varuna::Varuna;
+    use pipewright::parallel::data_parallel::DistributedLoader;
+    use pipewright::parallel::zero::Zero;
     // The long skip leaves the stem and lands on the head: inside one stage at pp 1 (popped
     // four cuts later), from stage 0 to stage 1 at pp 2 (sent on from a cut).
     let c = Case {
@@ -170,13 +170,15 @@ fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
     };
     let want = serial(&c);
     for (pp, recompute) in [(1, Recompute::Never), (2, Recompute::Always)] {
-        let opts = pipewright::varuna::VarunaOptions {
+        let opts = pipewright::engine::varuna::VarunaOptions {
             zero: Zero::Parameters,
             bucket_bytes: 1024,
             ..options(&c, pp, ScheduleKind::OneFOneB, 1, recompute)
         };
-        let opts = pipewright::varuna::VarunaOptions {
-            placement: pipewright::varuna::Placement::Layout(Layout::new(pp, 1, 2).unwrap()),
+        let opts = pipewright::engine::varuna::VarunaOptions {
+            placement: pipewright::engine::varuna::Placement::Layout(
+                Layout::new(pp, 1, 2).unwrap(),
+            ),
             ..opts
         };
         let per_rank = local::run(pp * 2, |comm| {

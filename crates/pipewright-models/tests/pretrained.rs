@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::checkpoint::{HfWeights, Reader, Split};
-use pipewright::comm::local;
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::OptimizerConfig;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::{HfWeights, Reader, Split};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::OptimizerConfig;
 use pipewright::Batch;
 use pipewright::ModelSpec;
 use pipewright_models::{hf, ModelConfig};

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use pipewright::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::dist::topology::Layout;
+use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::plan::Hardware;
-use pipewright::topology::Layout;
 use pipewright::trainer::{Balance, TrainSpec};
 use pipewright::trainer::{Data, Run, Trainer};
 use pipewright::Batch;

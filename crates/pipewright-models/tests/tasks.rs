@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use pipewright::nn::IGNORE_INDEX;
+use pipewright::model::nn::IGNORE_INDEX;
 use pipewright_models::tasks::{Adder, Shapes, Sort, Text};
 use pipewright_models::{Task, TaskShape};
 

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use pipewright::comm::{local, Communicator, Pending, ReduceOp};
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::shard::{
+use pipewright::dist::comm::{local, Communicator, Pending, ReduceOp};
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::parallel::tensor_parallel::{
     collect_state_dict, load_state_dict, part, relocate_state_dict, state_dict, Group, Shard,
 };
 use pipewright::Error;
@@ -49,7 +49,7 @@ fn trainer(init: &Build, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
-            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+            loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
 }

@@ -3,9 +3,9 @@
 //! same mathematics, BatchNorm statistics move.
 
 use candle_core::{DType, Tensor};
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::{Batch, Build};
 use pipewright_models::tasks::{Adder, Shapes};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TIED};
@@ -34,7 +34,7 @@ fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
             schedule: LrSchedule::Constant { lr: 3e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
-            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+            loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
     .unwrap()
@@ -137,9 +137,9 @@ fn accumulation_over_chunks_is_one_batch() {
     // key bias of attention, to full-size steps.)
     let sgd = |chunks: usize| {
         let stage = gpt(cfg(0.0)).unwrap().build(&Build::cpu(4)).unwrap();
-        let opt = pipewright::nn::optim::Sgd::new(
+        let opt = pipewright::model::nn::optim::Sgd::new(
             stage.params(),
-            pipewright::nn::optim::SgdConfig {
+            pipewright::model::nn::optim::SgdConfig {
                 momentum: 0.9,
                 ..Default::default()
             },
@@ -155,7 +155,7 @@ fn accumulation_over_chunks_is_one_batch() {
                 schedule: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![(TIED.0.into(), TIED.1.into())],
                 deferred_batch_norm: false,
-                loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+                loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
             },
         )
         .unwrap();
@@ -201,7 +201,7 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
             schedule: LrSchedule::Constant { lr: 1e-2 },
             tied: vec![],
             deferred_batch_norm: false,
-            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+            loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
     .unwrap();
@@ -250,7 +250,7 @@ fn bad_configurations_are_errors() {
             schedule: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![("wte.weight".into(), "nope.weight".into())],
             deferred_batch_norm: false,
-            loss: std::sync::Arc::new(pipewright::loss::CrossEntropy::default()),
+            loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
     .err()
@@ -289,7 +289,7 @@ fn gradient_norm_counts_a_tied_pair_once() {
         .sum::<f64>()
         .sqrt();
     let tied = vec![(TIED.0.to_string(), TIED.1.to_string())];
-    let norm = pipewright::serial::clip_tied(&mut g, &tied, None).unwrap();
+    let norm = pipewright::engine::serial::clip_tied(&mut g, &tied, None).unwrap();
     assert!((norm - want).abs() / want < 1e-6, "{norm} vs {want}");
     assert!(
         norm < g.norm().unwrap(),

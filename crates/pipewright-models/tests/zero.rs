@@ -1,4 +1,4 @@
-//! ZeRO-1, 2 and 3 ([`pipewright::zero`]) against serial training: every stage at dp 2 with
+//! ZeRO-1, 2 and 3 ([`pipewright::parallel::zero`]) against serial training: every stage at dp 2 with
 //! pipeline and tensor parallelism, under 1F1B, zero-bubble and interleaved schedules and
 //! recomputation, gives the serial run's losses, gradient norms (clipping acts) and final
 //! parameters within 1e-5, with tied weights and weight decay; an overflow on one rank skips
@@ -6,14 +6,14 @@
 //! of the model's weights between uses); a ZeRO run resumes bit for bit at its layout, and its
 //! checkpoint resumes under any other stage and dp (and a plain run's under ZeRO) within 1e-5.
 
-use pipewright::comm::local;
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::nn::optim::{AdamW, AdamWConfig};
-use pipewright::pipeline::{Recompute, ScheduleKind};
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::zero::Zero;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{AdamW, AdamWConfig};
+use pipewright::model::precision::Precision;
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::pipeline::{Recompute, ScheduleKind};
+use pipewright::parallel::zero::Zero;
 use pipewright::Batch;
 use pipewright_models::parity::{worst_difference, ParityRun, RankResult};
 use pipewright_models::tasks::Adder;

@@ -18,19 +18,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::init::{normal_vec, rng_for};
-use pipewright::loss::Mse;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};
+use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::model_spec::Custom;
-use pipewright::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};
-use pipewright::nn::{Linear, Module};
+use pipewright::parallel::loss::Mse;
 use pipewright::plan::search::candidates;
 use pipewright::plan::{
     measure, rank, Cluster, Hardware, LayerShapes, ModelShapes, Morph, Request, ShapedLayer, Sizes,
     Split,
 };
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::topology::Layout;
+use pipewright::trainer::model_spec::Custom;
 use pipewright::trainer::TrainSpec;
 use pipewright::trainer::{Run, Trainer};
 use pipewright::{invalid, Batch, Build, Result};

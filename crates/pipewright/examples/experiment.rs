@@ -16,16 +16,16 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::experiment::{Context, Dataset, Experiment, Param, Recorder, SmartDataLoader};
-use pipewright::init::rng_for;
-use pipewright::loss::Loss;
+use pipewright::model::init::rng_for;
+use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
-use pipewright::nn::{Linear, Module};
-use pipewright::shard::Group;
-use pipewright::topology::Layout;
+use pipewright::parallel::loss::Loss;
+use pipewright::parallel::tensor_parallel::Group;
 use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
-use pipewright::varuna::{Varuna, VarunaOptions};
 use pipewright::{invalid, Batch, Build, Error, Result};
 use rand::Rng;
 

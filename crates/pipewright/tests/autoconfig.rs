@@ -3,15 +3,15 @@
 
 use std::time::Instant;
 
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
+use pipewright::dist::topology::Layout;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
+use pipewright::parallel::zero::Zero;
 use pipewright::plan::estimate::{BACKWARD_EXTRA_SHARE, RANK_BYTES};
 use pipewright::plan::{
     estimate, parse_bytes, search, ActionOverhead, Candidate, Cluster, Fit, Hardware, Link,
     Profile, Request, Transformer, Transient,
 };
-use pipewright::topology::Layout;
-use pipewright::zero::Zero;
 
 mod common;
 use common::{candidate, hardware, profile};

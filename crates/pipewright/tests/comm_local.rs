@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::comm::local::{run, run_with_timeout};
-use pipewright::comm::{conformance, Communicator, ReduceOp};
+use pipewright::dist::comm::local::{run, run_with_timeout};
+use pipewright::dist::comm::{conformance, Communicator, ReduceOp};
 
 #[test]
 fn conformance_suite_for_worlds_of_1_to_8() {

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use pipewright::data::{prepare, InvalidUtf8, PrepareOptions, TokenDtype, Tokenizer};
-use pipewright::memory::CountingAlloc;
+use pipewright::runtime::memory::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;

@@ -14,13 +14,13 @@ use custom_model::{
     batch, model, restart_and_morph, serial_trainer, spec, train_parallel, train_serial,
     CHUNK_SIZE, GLOBAL_BATCH,
 };
-use pipewright::comm::local;
-use pipewright::loss::Mse;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::model::nn::{max_rel_diff, Grads};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
-use pipewright::nn::{max_rel_diff, Grads};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::parallel::loss::Mse;
 use pipewright::{Batch, Result};
 
 fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
@@ -244,7 +244,7 @@ fn what_a_user_gets_wrong_is_a_clear_error() {
         "{e}"
     );
     // Devices by name.
-    let e = pipewright::device::device("tpu", 0)
+    let e = pipewright::runtime::device::device("tpu", 0)
         .unwrap_err()
         .to_string();
     assert!(
@@ -252,7 +252,7 @@ fn what_a_user_gets_wrong_is_a_clear_error() {
         "{e}"
     );
     if !candle_core::utils::cuda_is_available() {
-        let e = pipewright::device::device("cuda", 1)
+        let e = pipewright::runtime::device::device("cuda", 1)
             .unwrap_err()
             .to_string();
         assert!(

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use pipewright::data::{
     prepare, InvalidUtf8, PrepareOptions, Split, TokenDataset, TokenDtype, Tokenizer,
 };
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::memory::{live_bytes, peak_bytes, reset_peaks, CountingAlloc};
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::runtime::memory::{live_bytes, peak_bytes, reset_peaks, CountingAlloc};
 use pipewright::Batch;
 
 #[global_allocator]
@@ -32,7 +32,7 @@ fn tmp(name: &str) -> PathBuf {
 
 /// This crate's own sources: a corpus every checkout has.
 fn sources() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pipeline");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/parallel/pipeline");
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()

@@ -2,12 +2,12 @@
 //! collectives, and the distributed loader gives each replica its own rows, deterministically.
 
 use candle_core::{Device, Tensor};
-use pipewright::comm::{local, Communicator};
-use pipewright::data_parallel::{
+use pipewright::dist::comm::{local, Communicator};
+use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::model::nn::Grads;
+use pipewright::parallel::data_parallel::{
     all_reduce_grads, shard_batch, DistributedLoader, DEFAULT_BUCKET_BYTES,
 };
-use pipewright::init::{normal_vec, rng_for};
-use pipewright::nn::Grads;
 use pipewright::Batch;
 
 fn grads(rank: usize) -> Grads {

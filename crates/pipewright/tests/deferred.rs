@@ -5,10 +5,10 @@
 //! unsplit backward gives.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::init::{normal_vec, rng_for};
 use pipewright::model::deferred::WeightGradQueue;
+use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::model::nn::{Conv2d, Embedding, Init, Linear, Module};
 use pipewright::model::{Cx, Mode};
-use pipewright::nn::{Conv2d, Embedding, Init, Linear, Module};
 
 fn randn(key: &str, shape: &[usize]) -> Tensor {
     let v = normal_vec(&mut rng_for(5, key), shape.iter().product(), 0.0, 1.0);

@@ -5,13 +5,13 @@
 //! compared with the gradient from candle's backward.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::init::{normal_vec, rng_for};
-use pipewright::model::{Cx, Mode};
-use pipewright::nn::{
+use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::model::nn::{
     cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, Conv2d, Dropout, Embedding,
     Init, LayerNorm, Linear, Module,
 };
-use pipewright::shard::{CausalSelfAttention, Group};
+use pipewright::model::{Cx, Mode};
+use pipewright::parallel::tensor_parallel::{CausalSelfAttention, Group};
 use pipewright::Result;
 use rand::Rng;
 
@@ -131,7 +131,7 @@ fn layer_norm() {
 #[test]
 fn rms_norm() {
     let x = var("x", &[3, 4, 6]);
-    let norm = pipewright::nn::RmsNorm::new(&init(), "norm", 6, 1e-5).unwrap();
+    let norm = pipewright::model::nn::RmsNorm::new(&init(), "norm", 6, 1e-5).unwrap();
     for (_, p) in norm.params() {
         p.set(&randn("rmsp", p.dims())).unwrap();
     }
@@ -144,11 +144,11 @@ fn rms_norm() {
 fn swiglu_and_rotary() {
     let (g, u) = (var("g", &[3, 5, 8]), var("u", &[3, 5, 8]));
     let both = vec![("g".to_string(), g.clone()), ("u".to_string(), u.clone())];
-    check("swiglu", &both, || pipewright::nn::swiglu(&g, &u));
+    check("swiglu", &both, || pipewright::model::nn::swiglu(&g, &u));
     // (batch, heads, time, head_dim), positions from 3 as after a cache of 3 tokens.
     let x = var("x", &[2, 3, 5, 8]);
     check("rope", &with_input(&x, vec![]), || {
-        pipewright::nn::rope(&x, 3, 10000.0)
+        pipewright::model::nn::rope(&x, 3, 10000.0)
     });
 }
 

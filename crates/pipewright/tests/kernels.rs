@@ -3,10 +3,9 @@
 //! over several steps (their f64 gradients meet finite differences in `gradcheck.rs`).
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use pipewright::grads::Grads;
-use pipewright::init::{normal_vec, rng_for, Init};
-use pipewright::nn::optim::{AdamW, AdamWConfig, Optimizer};
-use pipewright::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax, LayerNorm, Module};
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
+use pipewright::model::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax};
+use pipewright::model::{grads::Grads, init::*, nn::LayerNorm, nn::Module};
 
 fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
     let n = shape.iter().product();
@@ -19,7 +18,7 @@ fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
 
 /// Largest |a - b| over the largest |b|.
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    pipewright::nn::max_rel_diff(a, b).unwrap()
+    pipewright::model::nn::max_rel_diff(a, b).unwrap()
 }
 
 /// Output and input gradient of `f` at `x` for the loss `sum(f(x) * r)`.
@@ -49,7 +48,7 @@ fn gelu_matches_the_tanh_formula() {
 
 #[test]
 fn linear_matches_matmul_and_bias_in_both_layouts_with_and_without_gelu() {
-    use pipewright::nn::Linear;
+    use pipewright::model::nn::Linear;
     let init = Init::new(Device::Cpu, DType::F32, 4);
     // 300 rows: big enough for the products to be split in bands over the pool's threads,
     // the last band partial.
@@ -316,7 +315,7 @@ fn fused_attention_matches_heads_scores_and_softmax() {
 
 fn attention_against_composed(t: usize) {
     use pipewright::model::{Cx, Mode};
-    use pipewright::shard::{CausalSelfAttention, Group};
+    use pipewright::parallel::tensor_parallel::{CausalSelfAttention, Group};
     let (b, d, heads) = (2, 24, 3);
     let init = Init::new(Device::Cpu, DType::F32, 11);
     let a = CausalSelfAttention::new(&init, &Group::single(), "attn", d, heads, 0.0, 0.3).unwrap();
@@ -433,7 +432,7 @@ fn gradient_norms_match_an_f64_sum_of_squares() {
 /// gradient, computed from its rounded output, within a few rounding steps).
 #[test]
 fn low_precision_kernels_are_the_f32_kernels_rounded_once() {
-    use pipewright::nn::Linear;
+    use pipewright::model::nn::Linear;
     for low in [DType::F16, DType::BF16] {
         let x = randn("lp/x", &[3, 20, 48], 1.5).to_dtype(low).unwrap();
         let r = randn("lp/r", &[3, 20, 48], 1.0).to_dtype(low).unwrap();

@@ -6,8 +6,8 @@
 //! take the device path).
 #![cfg(feature = "nccl")]
 
-use pipewright::comm::nccl::{probe, NcclComm};
-use pipewright::comm::{conformance, local};
+use pipewright::dist::comm::nccl::{probe, NcclComm};
+use pipewright::dist::comm::{conformance, local};
 
 #[test]
 fn nccl_is_a_clear_error_without_cuda_or_passes_the_suite_with_it() {
@@ -17,7 +17,7 @@ fn nccl_is_a_clear_error_without_cuda_or_passes_the_suite_with_it() {
         Ok(match NcclComm::new(Box::new(cpu), 0) {
             Ok(nccl) => {
                 let on_host = conformance::run_all(&nccl)?;
-                let dev = pipewright::device::device(&device, 0)?;
+                let dev = pipewright::runtime::device::device(&device, 0)?;
                 let on_device = if dev.is_cpu() {
                     0
                 } else {

@@ -1,14 +1,14 @@
 //! Optimizers against PyTorch trajectories (tools/make_fixtures.py), state round trips, and the
 //! learning-rate schedule and clipping against their formulas.
 
-use pipewright::nn::max_rel_diff;
+use pipewright::model::nn::max_rel_diff;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor, Var};
-use pipewright::nn::optim::{
+use pipewright::model::nn::optim::{
     clip_grad_norm, AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig,
 };
-use pipewright::nn::Grads;
+use pipewright::model::nn::Grads;
 
 const NAMES: [&str; 3] = ["a.weight", "a.bias", "b.weight"];
 const LRS: [f64; 3] = [0.01, 0.02, 0.005];

@@ -5,16 +5,16 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Shape, Tensor, Var};
+use pipewright::dist::topology::Layout;
+use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::nn::{Linear, Module};
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
 use pipewright::plan::{
     balance_by, estimate, layouts, measure, morph, morph_layouts, profile_layers, rank,
     search::candidates, By, Candidate, Cluster, Hardware, MorphPlanner, MorphRequest, Profile,
     Request, Sizes,
 };
-use pipewright::topology::Layout;
 use pipewright::{Batch, Build, Result};
 
 struct Dense(Linear, String);
@@ -140,7 +140,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
             recompute: Recompute::Never,
-            zero: pipewright::zero::Zero::Off,
+            zero: pipewright::parallel::zero::Zero::Off,
             sequence_parallel: false,
         };
         let schedule = |p: &Profile| estimate(p, &cluster, &c).unwrap().1.makespan;
@@ -158,7 +158,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         schedule: ScheduleKind::OneFOneB,
         virtual_stages: 1,
         recompute: Recompute::Never,
-        zero: pipewright::zero::Zero::Off,
+        zero: pipewright::parallel::zero::Zero::Off,
         tp_divides: vec![1],
     };
     // World 2: (1, 1, 2) or (2, 1, 1); without a profile the same pp is nearest.
@@ -202,7 +202,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
                 schedule: ScheduleKind::OneFOneB,
                 virtual_stages: 1,
                 recompute: Recompute::Never,
-                zero: pipewright::zero::Zero::Off,
+                zero: pipewright::parallel::zero::Zero::Off,
                 sequence_parallel: false,
             };
             (estimate(&profile, &cluster6, &c).unwrap().0.step_s, layout)

@@ -4,13 +4,13 @@
 //! whole, the search turning to a ring when long sequences do not fit (and not searching rings
 //! of short chunks), and candidates it must refuse.
 
+use pipewright::parallel::zero::Zero;
 use pipewright::plan::context::{ring_seconds, working_bytes};
 use pipewright::plan::estimate::{state_bytes_per_param, RANK_BYTES};
 use pipewright::plan::{
     estimate, parse_candidate, rank, search, AttentionShape, Cluster, Estimate, Hardware, Link,
     Profile, Request, Transformer,
 };
-use pipewright::zero::Zero;
 
 /// A device of 80 GiB whose links move `bandwidth` bytes a second (`hardware()`: 1e9).
 fn hardware_with(bandwidth: f64) -> Hardware {

@@ -4,11 +4,11 @@
 //! differently) and f32.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::comm::local;
-use pipewright::context_parallel::{ring_attention, Chunks};
-use pipewright::init::{normal_vec, rng_for};
-use pipewright::nn::{max_rel_diff, scaled_softmax};
-use pipewright::shard::Group;
+use pipewright::dist::comm::local;
+use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::model::nn::{max_rel_diff, scaled_softmax};
+use pipewright::parallel::context_parallel::{ring_attention, Chunks};
+use pipewright::parallel::tensor_parallel::Group;
 
 fn randn(key: &str, shape: &[usize], dtype: DType) -> Tensor {
     let n = shape.iter().product();

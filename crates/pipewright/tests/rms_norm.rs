@@ -3,8 +3,8 @@
 //! in `gradcheck.rs`).
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use pipewright::init::{normal_vec, rng_for, Init};
-use pipewright::nn::Module;
+use pipewright::model::init::{normal_vec, rng_for, Init};
+use pipewright::model::nn::Module;
 
 fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
     let n = shape.iter().product();
@@ -16,13 +16,13 @@ fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
 }
 
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    pipewright::nn::max_rel_diff(a, b).unwrap()
+    pipewright::model::nn::max_rel_diff(a, b).unwrap()
 }
 
 #[test]
 fn rms_norm_matches_the_composed_formula() {
     let init = Init::new(Device::Cpu, DType::F32, 3);
-    let norm = pipewright::nn::RmsNorm::new(&init, "norm", 80, 1e-5).unwrap();
+    let norm = pipewright::model::nn::RmsNorm::new(&init, "norm", 80, 1e-5).unwrap();
     let w = norm.params()[0].1.clone();
     w.set(&(randn("rms/w", &[80], 0.5) + 1.0).unwrap()).unwrap();
     let x = (randn("rms/x", &[3, 40, 80], 2.0) + 0.5).unwrap();

@@ -2,9 +2,9 @@
 //! counts their papers give; hand-broken lists are rejected.
 
 use pipewright::model::{LayerSpec, Sequential};
-use pipewright::pipeline::partition::{partition, uniform_balance};
-use pipewright::pipeline::schedule::{Action, Schedule, ScheduleKind};
-use pipewright::pipeline::timeline::held;
+use pipewright::parallel::pipeline::partition::{partition, uniform_balance};
+use pipewright::parallel::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use pipewright::parallel::pipeline::timeline::held;
 
 #[test]
 fn every_schedule_is_complete_and_deadlock_free() {

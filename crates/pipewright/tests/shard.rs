@@ -5,11 +5,13 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::comm::local;
-use pipewright::init::{normal_vec, rng_for};
+use pipewright::dist::comm::local;
+use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::model::nn::{
+    cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayout, IGNORE_INDEX,
+};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Mode, Sequential};
-use pipewright::nn::{cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayout, IGNORE_INDEX};
-use pipewright::shard::{
+use pipewright::parallel::tensor_parallel::{
     get_parallel_dim, part, reduce_from_group, register_ddp_parameters_to_ignore,
     register_parallel_attribute, register_parallel_dim, slice, vocab_parallel_cross_entropy_sum,
     Group, ParallelDim, ParallelEmbedding, ParallelLinear, Shard,
@@ -372,8 +374,8 @@ fn ddp_ignores_exactly_the_sharded_parameters() {
 
 #[test]
 fn a_group_larger_than_the_world_is_a_clear_error() {
-    use pipewright::comm::axis_group;
-    use pipewright::topology::{Axis, Layout, Topology};
+    use pipewright::dist::comm::axis_group;
+    use pipewright::dist::topology::{Axis, Layout, Topology};
     let errs = local::run(2, |comm| {
         let topo = Topology::new(Layout::new(1, 4, 1)?);
         Ok(axis_group(&comm, &topo, Axis::Tensor)

@@ -12,17 +12,17 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Var};
 use custom_model::{batch, model, CHUNK_SIZE, GLOBAL_BATCH};
-use pipewright::comm::local;
-use pipewright::data_parallel::DistributedLoader;
-use pipewright::loss::Mse;
-use pipewright::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};
-use pipewright::nn::Grads;
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};
+use pipewright::model::nn::Grads;
+use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::loss::Mse;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
+use pipewright::parallel::zero::Zero;
 use pipewright::plan::{estimate, Cluster, Hardware, StepParts};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
-use pipewright::zero::Zero;
 use pipewright::Result;
 
 const HOOK: Duration = Duration::from_millis(25);

@@ -7,7 +7,7 @@ mod report;
 use std::sync::Arc;
 
 use pipewright::experiment::{Context, Experiment, Params, RunDir};
-use pipewright::pipeline::{chrome_trace, TraceEvent};
+use pipewright::parallel::pipeline::{chrome_trace, TraceEvent};
 use pipewright::plan::StepParts;
 use pipewright::trainer::Balance;
 use pipewright::trainer::{Data, Place, Run, Trainer};
@@ -23,7 +23,7 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
     let argv = std::iter::once("pipewright train".into()).chain(args);
     let params = match experiment(|_| Ok(())).parse(argv) {
         Err(Error::Help(text)) => {
-            pipewright::console::say_text(&text);
+            pipewright::runtime::console::say_text(&text);
             return Ok(());
         }
         p => p?,
@@ -117,7 +117,7 @@ fn inherit_checkpointing(params: &mut Params) -> Result<()> {
 /// no steps left (it would end at once and rewrite the run's scalars and summary with
 /// nothing), or token shards of another tokenizer than the checkpoint's run trained on.
 fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<()> {
-    let r = pipewright::checkpoint::Reader::open(ck)?;
+    let r = pipewright::engine::checkpoint::Reader::open(ck)?;
     let (at, steps) = (r.manifest().step, spec.train.cadence.steps);
     if a.resume.is_some() && at >= steps {
         return Err(invalid!(
@@ -267,7 +267,10 @@ impl Setup {
             );
         }
         let layout = spec.train.layout;
-        if spec.train.zero != pipewright::zero::Zero::Off && layout.dp == 1 && env.rank == 0 {
+        if spec.train.zero != pipewright::parallel::zero::Zero::Off
+            && layout.dp == 1
+            && env.rank == 0
+        {
             pipewright::say!(
                 "note: --zero {} shards over data-parallel replicas and --dp is 1: nothing to \
                  shard, training without it",
@@ -280,8 +283,8 @@ impl Setup {
             ));
         }
         if let Some(t) = &a.trace {
-            let ours = pipewright::pipeline::trace::is_chrome_trace;
-            pipewright::files::ensure_replaceable(t, "--trace", "a pipeline trace", ours)?;
+            let ours = pipewright::parallel::pipeline::trace::is_chrome_trace;
+            pipewright::runtime::files::ensure_replaceable(t, "--trace", "a pipeline trace", ours)?;
         }
         Ok(Self {
             meta: spec.to_meta()?,

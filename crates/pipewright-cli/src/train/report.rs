@@ -4,12 +4,12 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::checkpoint::CheckpointOptions;
+use pipewright::engine::checkpoint::CheckpointOptions;
 use pipewright::experiment::recorder::ScalarRow;
 use pipewright::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
 use pipewright::experiment::{peak_memory_bytes, Context, LinePlot, Recorder, RunDir};
-use pipewright::memory;
 use pipewright::plan::StepParts;
+use pipewright::runtime::memory;
 use pipewright::trainer::{Hooks, StepDone};
 use pipewright::{Batch, Result};
 use pipewright_models::{RunSpec, TaskShape};
@@ -51,7 +51,7 @@ pub struct Summary {
     /// decoding can hold more).
     training_peak_memory_bytes: Option<u64>,
     /// The most bytes held at once before the first evaluation as the allocator counts them
-    /// ([`pipewright::memory`]: without what glibc keeps back after a free) ...
+    /// ([`pipewright::runtime::memory`]: without what glibc keeps back after a free) ...
     training_peak_allocated_bytes: Option<u64>,
     /// ... and each rank's, for ranks running as threads of this process (empty under
     /// mpirun, where each process is one rank and the line above is its own).
@@ -98,11 +98,13 @@ impl Hooks for TrainHooks<'_> {
             self.training_peak = peak_memory_bytes();
             // On a GPU the counting allocator sees the host's bytes, not the tensors: rank
             // 0's GPU's memory pool counts those (of every rank of this process on it).
-            let counted = pipewright::device::in_host_memory(&a.device);
+            let counted = pipewright::runtime::device::in_host_memory(&a.device);
             self.allocated_peak = if counted {
                 memory::peak_bytes()
             } else {
-                pipewright::device::gpu_peak_bytes(&pipewright::device::device(&a.device, 0)?)?
+                pipewright::runtime::device::gpu_peak_bytes(&pipewright::runtime::device::device(
+                    &a.device, 0,
+                )?)?
             };
             if counted && !pipewright::dist::Env::under_mpi() {
                 self.rank_allocated_peaks =
@@ -374,7 +376,7 @@ pub fn write_summary(
         );
     }
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    let on_gpu = !pipewright::device::in_host_memory(&a.device);
+    let on_gpu = !pipewright::runtime::device::in_host_memory(&a.device);
     match (summary.training_peak_allocated_bytes, on_gpu) {
         (Some(p), true) => pipewright::say!(
             "allocated peak  {:.1} MiB on rank 0's GPU (its memory pool's high-water mark, \

@@ -90,7 +90,8 @@ pub fn losses(out: &std::path::Path) -> Vec<f64> {
 /// prepared into token shards, in `dir`: (tokenizer.json, shard directory).
 pub fn corpus(dir: &std::path::Path, vocab: usize) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipewright/src/pipeline");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../pipewright/src/parallel/pipeline");
     let (tok, shards) = (dir.join("tok.json"), dir.join("shards"));
     let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
     let v = vocab.to_string();

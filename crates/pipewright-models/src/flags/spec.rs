@@ -1,14 +1,14 @@
 //! What the flags build: the task's spec, the layout, the rest of the run's [`TrainSpec`], and
 //! the flags again as a command line or with a planned candidate's layout.
 
-use pipewright::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
+use pipewright::dist::topology::Layout;
+use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::model::precision::Precision;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
+use pipewright::parallel::zero::Zero;
 use pipewright::plan::Candidate;
-use pipewright::precision::Precision;
-use pipewright::topology::Layout;
 use pipewright::trainer::{Cadence, TrainSpec};
-use pipewright::zero::Zero;
 use pipewright::{invalid, Result};
 
 use super::args::{DecayKind, LrScheduleKind, OptimizerKind, TaskKind, TrainArgs};

@@ -14,7 +14,7 @@ pub use text::Text;
 pub use tokens::Tokens;
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::nn::IGNORE_INDEX;
+use pipewright::model::nn::IGNORE_INDEX;
 use pipewright::Result;
 
 /// What the model sees.

@@ -3,7 +3,8 @@
 //! out; the metric is exact-match accuracy of greedily decoded sorted sequences on them.
 
 use candle_core::Tensor;
-use pipewright::init::{hash_seed, rng_for};
+use pipewright::model::init::rng_for;
+use pipewright::runtime::seed::hash_seed;
 use pipewright::{invalid, Result};
 use rand::Rng;
 

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use pipewright::data::{Split, TokenDataset};
-use pipewright::nn::cross_entropy;
+use pipewright::model::nn::cross_entropy;
 use pipewright::{invalid, Result};
 
 use super::{Predict, Task, TaskShape};

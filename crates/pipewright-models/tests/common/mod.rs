@@ -5,15 +5,15 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
-use pipewright::comm::local;
-use pipewright::loss::CrossEntropy;
-use pipewright::nn::max_rel_diff;
-use pipewright::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
-use pipewright::serial::{SerialTrainer, TrainOptions};
-use pipewright::topology::Layout;
-use pipewright::varuna::{Varuna, VarunaOptions};
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
+use pipewright::parallel::loss::CrossEntropy;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
 use pipewright::{Batch, Build, Sequential};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{gpt, GptConfig, Task, TIED};

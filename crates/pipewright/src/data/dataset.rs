@@ -41,7 +41,7 @@ impl Stream {
         let mut maps = Vec::new();
         let mut starts = vec![0u64];
         for f in files {
-            let path = crate::files::inside(dir, &f.file)?;
+            let path = crate::runtime::files::inside(dir, &f.file)?;
             let file =
                 std::fs::File::open(&path).map_err(|e| Error::io("cannot open shard", &path, e))?;
             let len = file
@@ -213,7 +213,7 @@ impl TokenDataset {
         }
         let n = self.windows(Split::Train, block) as u32;
         let mut order: Vec<u32> = (0..n).collect();
-        order.shuffle(&mut crate::init::rng_for(
+        order.shuffle(&mut crate::model::init::rng_for(
             seed,
             &format!("tokens/epoch/{epoch}"),
         ));

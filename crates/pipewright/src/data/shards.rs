@@ -187,7 +187,7 @@ pub fn prepare(
     opts: &PrepareOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ShardIndex> {
-    crate::files::ensure_new(out, "--out")?;
+    crate::runtime::files::ensure_new(out, "--out")?;
     if files.is_empty() {
         return Err(invalid!("no corpus files: name at least one"));
     }

@@ -48,8 +48,8 @@ struct DistinctWords {
 
 impl DistinctWords {
     fn new(vocab_size: usize) -> Self {
-        let budget =
-            crate::memory::available_bytes().map(|a| a as f64 * 0.8 - vocab_size as f64 * 100.0);
+        let budget = crate::runtime::memory::available_bytes()
+            .map(|a| a as f64 * 0.8 - vocab_size as f64 * 100.0);
         Self {
             seen: Default::default(),
             bytes: 0,
@@ -60,7 +60,10 @@ impl DistinctWords {
     /// Counts `text`'s new words; an error once training on them would not fit.
     fn add(&mut self, text: &str) -> Result<()> {
         for w in text.split_whitespace() {
-            if self.seen.insert(crate::init::hash_seed(&[w.as_bytes()])) {
+            if self
+                .seen
+                .insert(crate::runtime::seed::hash_seed(&[w.as_bytes()]))
+            {
                 self.bytes += w.len() as u64;
             }
         }
@@ -70,8 +73,8 @@ impl DistinctWords {
                 "the corpus's distinct words already total {} and training a tokenizer on them \
                  takes about {}, more than this machine has available: train it on a sample of \
                  the corpus (text with repeated words, not one long run without spaces)",
-                crate::bytes::format_bytes(self.bytes as f64),
-                crate::bytes::format_bytes(need)
+                crate::runtime::bytes::format_bytes(self.bytes as f64),
+                crate::runtime::bytes::format_bytes(need)
             )),
             _ => Ok(()),
         }
@@ -93,7 +96,7 @@ impl Tokenizer {
             .map_or(0, |m| m as usize + 1);
         Ok(Self {
             inner,
-            sha256: crate::checkpoint::format::sha256(&bytes),
+            sha256: crate::engine::checkpoint::format::sha256(&bytes),
             path: path.to_path_buf(),
             ids,
         })
@@ -131,12 +134,12 @@ impl Tokenizer {
             ));
         }
         // The trainer's tables take about 100 bytes a token, besides the corpus's words.
-        crate::memory::check_fits(
+        crate::runtime::memory::check_fits(
             vocab_size as f64 * 100.0,
             &format!("a tokenizer of {vocab_size} tokens"),
             "give a smaller --vocab-size",
         )?;
-        crate::files::ensure_new(out, "--out")?;
+        crate::runtime::files::ensure_new(out, "--out")?;
         let mut trainer = BpeTrainerBuilder::new()
             .show_progress(false)
             .vocab_size(vocab_size)

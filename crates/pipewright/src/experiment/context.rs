@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 
 use super::loader::{Dataset, SmartDataLoader};
 use super::params::Params;
-use crate::checkpoint::CheckpointOptions;
-use crate::comm::Communicator;
-use crate::varuna::Varuna;
+use crate::dist::comm::Communicator;
+use crate::engine::checkpoint::CheckpointOptions;
+use crate::engine::varuna::Varuna;
 use crate::{invalid, Error, Result};
 
 /// A value whose state a checkpoint of the context saves and restores.
@@ -88,7 +88,7 @@ impl Context {
     /// The context of the rank `comm` speaks for, with the run's `params` and directory.
     pub fn new(params: Params, dir: &Path, comm: Box<dyn Communicator>) -> Result<Self> {
         let device = if params.flag("cuda")? {
-            crate::device::device("cuda", comm.rank())?
+            crate::runtime::device::device("cuda", comm.rank())?
         } else {
             Device::Cpu
         };
@@ -129,7 +129,7 @@ impl Context {
     /// Moves every registered item to this rank's GPU, and makes it the device of what comes
     /// next (pystematic's `cuda()`).
     pub fn cuda(&mut self) -> Result<()> {
-        self.move_to(crate::device::device("cuda", self.comm.rank())?)
+        self.move_to(crate::runtime::device::device("cuda", self.comm.rank())?)
     }
 
     fn move_to(&mut self, device: Device) -> Result<()> {
@@ -202,7 +202,7 @@ impl Context {
 
     /// The checkpoint a run given `checkpoint` goes on from: a checkpoint, a directory of
     /// them, or `latest` (the newest intact one in `checkpoint_dir`,
-    /// [`crate::checkpoint::newest_intact`]); without one, in a launcher's restarted attempt,
+    /// [`crate::engine::checkpoint::newest_intact`]); without one, in a launcher's restarted attempt,
     /// the newest intact one in `checkpoint_dir` saved so far, if any. Checkpoints passed over
     /// as damaged are named on stderr, once per process.
     pub fn resume_target(
@@ -210,17 +210,16 @@ impl Context {
         checkpoint_dir: &Path,
     ) -> Result<Option<PathBuf>> {
         let intact = match checkpoint {
-            Some("latest") => {
-                crate::checkpoint::newest_intact(checkpoint_dir)?.ok_or_else(|| {
+            Some("latest") => crate::engine::checkpoint::newest_intact(checkpoint_dir)?
+                .ok_or_else(|| {
                     Error::State(format!(
                         "no checkpoint at `{}`: it holds neither a manifest.json nor a latest file",
                         checkpoint_dir.display()
                     ))
-                })?
-            }
-            Some(p) => return crate::checkpoint::resolve(Path::new(p)).map(Some),
+                })?,
+            Some(p) => return crate::engine::checkpoint::resolve(Path::new(p)).map(Some),
             None if crate::dist::Env::from_env().restart > 0 => {
-                match crate::checkpoint::newest_intact(checkpoint_dir)? {
+                match crate::engine::checkpoint::newest_intact(checkpoint_dir)? {
                     Some(i) => i,
                     None => return Ok(None),
                 }
@@ -363,7 +362,7 @@ impl Context {
 
 /// Names on stderr the checkpoints passed over to reach `intact`, once per process (every rank
 /// thread resolves the same target) and from the first rank only.
-fn report_skipped(intact: &crate::checkpoint::Intact) {
+fn report_skipped(intact: &crate::engine::checkpoint::Intact) {
     static SAID: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
     if intact.skipped.is_empty() || crate::dist::Env::from_env().rank != 0 {
         return;

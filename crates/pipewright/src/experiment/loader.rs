@@ -7,8 +7,8 @@ use candle_core::{Device, Tensor};
 use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
-use crate::batch::Batch;
-use crate::init::rng_for;
+use crate::model::batch::Batch;
+use crate::model::init::rng_for;
 use crate::{invalid, Result};
 
 /// A data set: samples by index (PyTorch's map-style `Dataset`).

@@ -79,7 +79,7 @@ impl Csv {
                 }
             }
         }
-        crate::files::write_atomic(&path, kept.as_bytes())?;
+        crate::runtime::files::write_atomic(&path, kept.as_bytes())?;
         let out = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)

@@ -59,7 +59,7 @@ impl RunDir {
     /// Writes `name` atomically.
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<PathBuf> {
         let target = self.path.join(name);
-        crate::files::write_atomic(&target, bytes)?;
+        crate::runtime::files::write_atomic(&target, bytes)?;
         Ok(target)
     }
 

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::context::Context;
 use super::lock::RunLock;
 use super::params::{self, ArgsGroup, Param, Params};
-use crate::comm::local;
+use crate::dist::comm::local;
 use crate::{invalid, Error, Result};
 
 /// An experiment: a name, its parameters and its body.
@@ -195,7 +195,7 @@ where
         if env.world_size > 1 || crate::dist::Env::under_mpi() {
             // One rank of a launched job: its world is the job's; its directory the one the
             // relaunching process made, or rank 0's.
-            crate::comm::size_thread_pools(env.local_world_size);
+            crate::dist::comm::size_thread_pools(env.local_world_size);
             let world = crate::dist::init()?;
             // Rank 0 holds the directory's lock (the relaunching process holds it for its
             // ranks).
@@ -210,7 +210,7 @@ where
             if let (Err(e), true) = (&result, env.world_size > 1) {
                 // The others would wait for this rank forever: end the job.
                 eprintln!("error: rank {}: {e}", env.rank);
-                crate::comm::mpi::Mpi::abort(1);
+                crate::dist::comm::mpi::Mpi::abort(1);
             }
             result?;
             return Ok(dir);
@@ -247,7 +247,7 @@ where
     fn agree_dir(
         &self,
         params: &Params,
-        comm: &dyn crate::comm::Communicator,
+        comm: &dyn crate::dist::comm::Communicator,
     ) -> Result<(PathBuf, Option<RunLock>)> {
         let (mine, lock) = if comm.rank() == 0 {
             let (dir, lock, _) = self.make_dir(params)?;
@@ -283,7 +283,7 @@ where
         };
         let goes_on =
             params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
-        if let Some((inside, what)) = crate::files::inside_other(&dir, false) {
+        if let Some((inside, what)) = crate::runtime::files::inside_other(&dir, false) {
             return Err(invalid!(
                 "the run directory `{}` is inside `{}`, {what}: give the run a directory of its \
                  own",

@@ -77,7 +77,7 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
         ));
     }
     // A second sweep into the same directory would overwrite the first's table and runs.
-    crate::files::ensure_new(&s.out, "the sweep directory")?;
+    crate::runtime::files::ensure_new(&s.out, "the sweep directory")?;
     std::fs::create_dir_all(&s.out).map_err(|e| Error::io("cannot create", &s.out, e))?;
     let todo: Vec<(usize, Vec<(String, String)>)> =
         combinations(&s.grid).into_iter().enumerate().collect();

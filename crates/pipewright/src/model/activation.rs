@@ -2,7 +2,7 @@
 
 use candle_core::Tensor;
 
-use crate::batch::Batch;
+use crate::model::batch::Batch;
 use crate::{invalid, Error, Result};
 
 /// What flows between layers: one tensor or a tuple of tensors, batch on dim 0.

@@ -1,13 +1,13 @@
 //! [`Build`]: what a layer builder gets (the initialiser, the tensor-parallel group, the
 //! context-parallel ring and whether sequence parallelism is on).
 
-use crate::comm::Group;
-use crate::init::Init;
+use crate::dist::comm::Group;
+use crate::model::init::Init;
 
 /// What a layer builder gets: where and how to create parameters ([`Init`], also reachable
 /// through `Deref`, so `Linear::new(b, ..)` works with `b: &Build`) and the tensor-parallel
 /// group the layer splits over (a group of one unless the layout has tp > 1). Layers of
-/// [`crate::nn`] need only the initialiser; the parallel layers of [`crate::shard`] take the
+/// [`crate::model::nn`] need only the initialiser; the parallel layers of [`crate::parallel::tensor_parallel`] take the
 /// group too.
 #[derive(Clone, Debug)]
 pub struct Build {
@@ -17,7 +17,7 @@ pub struct Build {
     pub tp: Group,
     /// The context-parallel ring the sequences are split over (a group of one: whole
     /// sequences). Attention and position embeddings read it (see
-    /// [`crate::context_parallel`]).
+    /// [`crate::parallel::context_parallel`]).
     pub cp: Group,
     /// Megatron's sequence parallelism: between tensor-parallel regions activations are split
     /// along the sequence over `tp` (all-gathered before a column-parallel layer,

@@ -43,7 +43,7 @@ pub struct Cx {
     pub kv_cache: Option<KvCache>,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
-    /// Activations split over the tensor-parallel group, by tensor (see [`crate::shard::attr`]).
+    /// Activations split over the tensor-parallel group, by tensor (see [`crate::parallel::tensor_parallel::attr`]).
     parallel: HashMap<TensorId, i64>,
 }
 
@@ -122,7 +122,7 @@ impl Cx {
     }
 
     /// Marks `t` as split on `dim` over the tensor-parallel group (`None` clears the mark);
-    /// see [`crate::shard::register_parallel_dim`].
+    /// see [`crate::parallel::tensor_parallel::register_parallel_dim`].
     pub fn set_parallel_dim(&mut self, t: &Tensor, dim: Option<i64>) {
         match dim {
             Some(d) => self.parallel.insert(t.id(), d),

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::WeightLayout;
-use crate::grads::Grads;
+use crate::model::grads::Grads;
 use crate::{Error, Result};
 
 /// The weight-bearing op a tap stands after (its input, which the weight gradient needs too, is
@@ -122,7 +122,7 @@ impl CustomOp3 for Tap {
         _w: &CpuStorage,
         _wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        crate::storage::copy(s, l)
+        crate::runtime::storage::copy(s, l)
     }
 
     fn cuda_fwd(
@@ -134,7 +134,7 @@ impl CustomOp3 for Tap {
         _w: &candle_core::CudaStorage,
         _wl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        crate::storage::copy(s, l)
+        crate::runtime::storage::copy(s, l)
     }
 
     fn bwd(
@@ -193,7 +193,7 @@ impl WeightGradQueue {
                 work,
             },
         )?;
-        crate::storage::release(&y)?;
+        crate::runtime::storage::release(&y)?;
         Ok(out)
     }
 

@@ -5,9 +5,16 @@
 //! builder, and the names of the batch tensors its first layer takes. [`Sequential::build_range`]
 //! materialises any contiguous range of layers alone (what a pipeline stage owns); parameters
 //! carry global names (`h.3.attn.c_attn.weight`) that do not depend on the range, and their
-//! initial values come from [`crate::init::Init`], keyed by those names, so every split of a model
+//! initial values come from [`crate::model::init::Init`], keyed by those names, so every split of a model
 //! starts from the same weights. A builder gets a [`Build`]: the initialiser (device, dtype,
 //! seed) and the tensor-parallel group its layer splits over.
+
+pub mod batch;
+pub mod grads;
+pub mod init;
+pub(crate) mod kernels;
+pub mod nn;
+pub mod precision;
 
 mod activation;
 mod build;
@@ -29,7 +36,7 @@ pub use kv_cache::KvCache;
 pub use param::{Shard, WeightLayout};
 pub use stage::{Between, LayerParams, Stage};
 
-use crate::batch::Batch;
+use crate::model::batch::Batch;
 use crate::{invalid, Result};
 
 /// One built layer. Parameters are [`Var`]s with global names.

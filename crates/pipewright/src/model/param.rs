@@ -21,7 +21,7 @@ pub struct Shard {
     pub order: WeightLayout,
     /// The tensor axis that is split.
     pub axis: usize,
-    /// Blocks of the axis split separately (3 for GPT's fused q|k|v), see [`crate::shard::part`].
+    /// Blocks of the axis split separately (3 for GPT's fused q|k|v), see [`crate::parallel::tensor_parallel::part`].
     pub stride: usize,
     /// This rank's part and the number of parts.
     pub index: usize,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use candle_core::Var;
 
 use super::{Activation, Cx, Layer, Shard};
-use crate::comm::Group;
+use crate::dist::comm::Group;
 use crate::Result;
 
-/// Where the parameters of a stage's layers live between uses (ZeRO-3, [`crate::zero`]): each
+/// Where the parameters of a stage's layers live between uses (ZeRO-3, [`crate::parallel::zero`]): each
 /// layer's are fetched (gathered whole) just before it computes and released (their memory
 /// given back) just after, in every forward: training, recomputation, evaluation and decoding.
 /// Fetching may be collective (over the data-parallel replicas): every replica runs the same
@@ -177,7 +177,7 @@ impl Stage {
 /// the step (counted from 1, as everywhere a user reads them; `cx.step` is the steps taken).
 fn check_finite(layer: &str, y: &Activation, cx: &Cx) -> Result<()> {
     for t in y.tensors().into_iter().filter(|t| t.dtype().is_float()) {
-        if !crate::grads::all_finite(t)? {
+        if !crate::model::grads::all_finite(t)? {
             return Err(crate::invalid!(
                 "anomaly: layer `{layer}` produced NaN or inf values in micro-batch {} of step {}: \
                  lower the learning rate, clip gradients, or check this layer's input",

@@ -40,13 +40,15 @@ use std::ops::Range;
 
 use super::layer_cost::{median, profile_stage};
 use super::profile::{ActionOverhead, Fit};
-use crate::batch::Batch;
-use crate::comm::local;
-use crate::loss::SharedLoss;
+use crate::dist::comm::local;
+use crate::model::batch::Batch;
+use crate::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use crate::model::{Build, Sequential};
-use crate::nn::optim::{AdamW, AdamWConfig, Optimizer};
-use crate::pipeline::partition::unit_bounds;
-use crate::pipeline::{Action, Pipeline, PipelineOptions, Recompute, ScheduleKind, TraceEvent};
+use crate::parallel::loss::SharedLoss;
+use crate::parallel::pipeline::partition::unit_bounds;
+use crate::parallel::pipeline::{
+    Action, Pipeline, PipelineOptions, Recompute, ScheduleKind, TraceEvent,
+};
 use crate::Result;
 
 /// Steps traced a burst, after two untimed ones; [`measure`](super::measure()) traces three

@@ -7,11 +7,11 @@ use super::cluster::Cluster;
 use super::hardware::Link;
 use super::profile::Profile;
 use super::rank_memory::{rank_live_bytes, state_bytes_per_param, StageBytes};
-use crate::data_parallel::DEFAULT_BUCKET_BYTES;
-use crate::pipeline::schedule::Schedule;
-use crate::pipeline::timeline;
-use crate::pipeline::{Recompute, Sharing};
-use crate::zero::Zero;
+use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
+use crate::parallel::pipeline::schedule::Schedule;
+use crate::parallel::pipeline::timeline;
+use crate::parallel::pipeline::{Recompute, Sharing};
+use crate::parallel::zero::Zero;
 use crate::Result;
 
 /// One model stage's costs for one micro-batch.

@@ -4,7 +4,7 @@
 //! programming over prefix sums (O(n^2 p)), where torchgpipe's block partition is a heuristic
 //! with the same aim.
 //!
-//! A balance counts items per stage, as [`crate::pipeline::partition`] takes it: layers, or
+//! A balance counts items per stage, as [`crate::parallel::pipeline::partition`] takes it: layers, or
 //! segments between cut points when the model has them.
 
 use crate::{invalid, Result};

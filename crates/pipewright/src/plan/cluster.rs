@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::hardware::{Hardware, Link};
 use super::profile::Profile;
-use crate::pipeline::Sharing;
+use crate::parallel::pipeline::Sharing;
 use crate::Result;
 
 /// How a training runtime moves gradients and activations, as the planner costs it.

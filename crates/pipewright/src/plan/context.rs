@@ -3,7 +3,7 @@
 //!
 //! - Time: every layer's work is per token or, for causal attention, balanced over the ring
 //!   by the front-and-back chunks, so a rank computes `1/cp` of it; an attention layer adds
-//!   the ring's messages, which [`crate::context_parallel::ring_attention`] sends between its
+//!   the ring's messages, which [`crate::parallel::context_parallel::ring_attention`] sends between its
 //!   block products, not beside them: `cp - 1` key/value blocks in the forward, and in the
 //!   backward `cp - 1` blocks with their gradients plus one last pass of the gradients home
 //!   (f32 blocks: half precision is widened before the ring).
@@ -19,7 +19,7 @@ use super::hardware::Link;
 use super::profile::AttentionShape;
 
 /// `seq x seq` buffers the fused CPU attention kernel holds at once: a pair's probabilities
-/// and their gradient in its backward (measured with [`crate::memory`]: a 2-head GPT at 8192
+/// and their gradient in its backward (measured with [`crate::runtime::memory`]: a 2-head GPT at 8192
 /// tokens peaked 512 MiB above its activations with 1 and with 2 threads).
 pub const FUSED_ATTENTION_TENSORS: f64 = 2.0;
 

@@ -1,6 +1,6 @@
 //! What a machine loses when more ranks compute at once than it has cores: the crowded
 //! efficiency the simulator applies while busy ranks outnumber the cores
-//! ([`Sharing`](crate::pipeline::Sharing)).
+//! ([`Sharing`](crate::parallel::pipeline::Sharing)).
 //!
 //! Ranks that share cores take turns: the OS switches between their threads, wakes each on
 //! a core another just left, and the caches each thread warmed serve the next; a rank that
@@ -26,15 +26,15 @@
 //! did (1.1-1.5 where training gave 1.0), so that measurement is not the model's. Replicas of
 //! one stage run in step and wait together; stages run out of step, and while several are
 //! busy each fills the others' waits as far as its measured busy share says
-//! ([`Sharing::across`](crate::pipeline::Sharing)).
+//! ([`Sharing::across`](crate::parallel::pipeline::Sharing)).
 
 use std::time::Instant;
 
 use super::layer_cost::{median, profile_stage, sweep};
-use crate::batch::Batch;
-use crate::comm::{local, Communicator};
-use crate::loss::Loss;
+use crate::dist::comm::{local, Communicator};
+use crate::model::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
+use crate::parallel::loss::Loss;
 use crate::Result;
 
 /// Rounds of every layer's timed passes each copy runs in a trial (a round of the README's GPT

@@ -15,11 +15,11 @@ use super::cluster::Cluster;
 use super::context;
 use super::profile::{Fit, Profile};
 use super::shapes::ShapeCost;
-use crate::pipeline::schedule::{Action, Schedule, ScheduleKind};
-use crate::pipeline::timeline::Simulation;
-use crate::pipeline::{Recompute, Sharing};
-use crate::topology::Layout;
-use crate::zero::Zero;
+use crate::dist::topology::Layout;
+use crate::parallel::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use crate::parallel::pipeline::timeline::Simulation;
+use crate::parallel::pipeline::{Recompute, Sharing};
+use crate::parallel::zero::Zero;
 use crate::Result;
 
 use super::after_schedule::{busiest_parts, After, RankUpdate, StageCost};
@@ -76,7 +76,7 @@ pub struct Estimate {
     pub peak_bytes: Vec<f64>,
     /// Where the slowest pipeline rank's step goes.
     pub breakdown: Breakdown,
-    /// The step's parts as [`crate::varuna::Varuna::step`] times them on rank 0 (they sum to
+    /// The step's parts as [`crate::engine::varuna::Varuna::step`] times them on rank 0 (they sum to
     /// `step_s`; another stage's longer update is waited for in rank 0's next schedule).
     pub parts: StepParts,
     /// Model FLOPs utilisation: the model's forward and backward FLOPs (no recomputation) per

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::attention_rate::{AttentionRate, AttentionTiming};
 use super::gemm::{GemmCurve, GemmTiming};
-pub use crate::bytes::{format_bytes, parse_bytes};
+pub use crate::runtime::bytes::{format_bytes, parse_bytes};
 use crate::{invalid, Error, Result};
 
 /// A link between devices: a message of `b` bytes takes `latency_s + b / bandwidth`.
@@ -303,7 +303,7 @@ impl Hardware {
     /// Writes the description as JSON (atomically), for `plan --hardware FILE`.
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(|e| invalid!("{e}"))?;
-        crate::files::write_atomic(path, text.as_bytes())
+        crate::runtime::files::write_atomic(path, text.as_bytes())
     }
 
     /// Peak FLOP/s of one device computing in `half` precision or in f32.

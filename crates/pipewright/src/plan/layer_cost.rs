@@ -10,10 +10,10 @@ use candle_core::DType;
 use serde::Serialize;
 
 use super::layer_pass::{bytes, fresh, Forwarded, Pass};
-use crate::batch::Batch;
-use crate::comm::Group;
-use crate::loss::{output_in_f32, Loss};
+use crate::dist::comm::Group;
+use crate::model::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
+use crate::parallel::loss::{output_in_f32, Loss};
 use crate::Result;
 
 /// What one layer costs for one micro-batch.
@@ -41,13 +41,13 @@ pub struct LayerCost {
     pub kept_bytes: usize,
     /// Bytes its forward keeps for the zero-bubble split backward (which runs the plain ops
     /// where the whole backward has fused kernels): as the allocator counts them when
-    /// [`crate::memory::CountingAlloc`] is installed, else the graph's as above.
+    /// [`crate::runtime::memory::CountingAlloc`] is installed, else the graph's as above.
     pub split_kept_bytes: usize,
     /// Bytes the split backward holds from its input pass until its weight pass, once the
     /// graph is gone (the queue's inputs and output gradients): as the allocator counts them
     /// when it is installed, else the queued output gradients.
     pub deferred_bytes: usize,
-    /// With [`crate::memory::CountingAlloc`] installed: the most its backward held at once
+    /// With [`crate::runtime::memory::CountingAlloc`] installed: the most its backward held at once
     /// beyond what it started with and its parameters' gradients, and of that what its
     /// gradient store still held when it ended, beyond its input's gradient ...
     pub backward_transient_bytes: Option<(usize, usize)>,

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use candle_core::{Storage, Tensor, TensorId, Var};
 
-use crate::cpu_time::thread_cpu_seconds;
 use crate::model::deferred::WeightGradQueue;
 use crate::model::{Activation, Cx};
+use crate::runtime::cpu_time::thread_cpu_seconds;
 use crate::Result;
 
 /// Bytes of `t`'s elements.
@@ -68,7 +68,7 @@ pub(super) struct Forwarded {
     /// The sum of its float outputs: what the backward starts from.
     objective: Option<Tensor>,
     kept: usize,
-    /// The thread's live bytes before the forward (with [`crate::memory::CountingAlloc`]).
+    /// The thread's live bytes before the forward (with [`crate::runtime::memory::CountingAlloc`]).
     before: Option<u64>,
 }
 
@@ -85,18 +85,18 @@ pub(super) struct Pass {
     /// Bytes of the layer's output.
     pub output_bytes: usize,
     /// Bytes the forward keeps for the backward: the graph's tensors, or with the split
-    /// backward and [`crate::memory::CountingAlloc`] installed, the bytes its forward left live.
+    /// backward and [`crate::runtime::memory::CountingAlloc`] installed, the bytes its forward left live.
     pub kept: usize,
     /// With the split backward: the bytes that wait for the weight gradients once the graph is
     /// gone (the queue's inputs and output gradients, as the allocator counts them where it
     /// can, else the output gradients).
     pub queued: usize,
-    /// With [`crate::memory::CountingAlloc`] installed: what the backward (the input pass)
+    /// With [`crate::runtime::memory::CountingAlloc`] installed: what the backward (the input pass)
     /// held beyond what it started with.
     pub peak: Option<Peak>,
 }
 
-/// Bytes a backward held beyond what it started with (as [`crate::memory`] counts them).
+/// Bytes a backward held beyond what it started with (as [`crate::runtime::memory`] counts them).
 #[derive(Clone, Copy)]
 pub(super) struct Peak {
     /// The most at once.
@@ -109,7 +109,7 @@ pub(super) struct Peak {
 
 /// Live bytes of this thread above `then`, where the allocator counts them.
 fn above(then: Option<u64>) -> Option<usize> {
-    crate::memory::thread_live_bytes()
+    crate::runtime::memory::thread_live_bytes()
         .zip(then)
         .map(|(n, t)| n.saturating_sub(t) as usize)
 }
@@ -130,7 +130,7 @@ impl Forwarded {
         let inputs = fresh(x, cx)?;
         let mut leaves: Vec<TensorId> = inputs.iter().map(Tensor::id).collect();
         leaves.extend(layer.params().iter().map(|(_, v)| v.id()));
-        let before = crate::memory::thread_live_bytes();
+        let before = crate::runtime::memory::thread_live_bytes();
         sync()?;
         let cpu = thread_cpu_seconds();
         let t0 = Instant::now();
@@ -177,7 +177,7 @@ impl Forwarded {
     /// gradients at once after it); `sync` runs just before each timing starts.
     pub(super) fn backward(self, sync: &Barrier<'_>) -> Result<Pass> {
         sync()?;
-        let start = crate::memory::reset_thread_peak();
+        let start = crate::runtime::memory::reset_thread_peak();
         let cpu = thread_cpu_seconds();
         let t1 = Instant::now();
         let store = self.objective.as_ref().map(Tensor::backward).transpose()?;
@@ -189,7 +189,7 @@ impl Forwarded {
         let ended = above(start);
         // (Once the gradient store is gone, what stays is the split backward's queue.)
         drop(store);
-        let peak = crate::memory::thread_peak_bytes()
+        let peak = crate::runtime::memory::thread_peak_bytes()
             .zip(start)
             .map(|(p, s)| p.saturating_sub(s) as usize)
             .zip(ended.zip(above(start)))

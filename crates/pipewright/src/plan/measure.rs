@@ -7,12 +7,12 @@ use super::crowding::crowded_efficiency;
 use super::layer_cost::{median, profile_stage, LayerCost};
 use super::optimizer_cost::{time_accumulate, time_optimizer, Before};
 use super::profile::{Fit, LayerProfile, Profile, SplitCost, Timing, Transient};
-use crate::batch::Batch;
-use crate::comm::local;
-use crate::comm::Group;
-use crate::loss::{Loss, SharedLoss};
+use crate::dist::comm::local;
+use crate::dist::comm::Group;
+use crate::model::batch::Batch;
 use crate::model::{Build, Sequential};
-use crate::pipeline::partition::unit_bounds;
+use crate::parallel::loss::{Loss, SharedLoss};
+use crate::parallel::pipeline::partition::unit_bounds;
 use crate::{invalid, Result};
 
 /// Rounds of timings: each round times every layer at every size once, in turn, and each

@@ -66,9 +66,9 @@ pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
 pub use step_parts::{Part, PartClock, StepParts};
 pub use transformer::Transformer;
 
-use crate::batch::Batch;
+use crate::model::batch::Batch;
 use crate::model::{Build, Sequential};
-use crate::pipeline::partition::unit_costs;
+use crate::parallel::pipeline::partition::unit_costs;
 use crate::Result;
 
 /// What a balance weighs.

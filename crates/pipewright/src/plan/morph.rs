@@ -9,12 +9,12 @@ use super::cluster::Cluster;
 use super::estimate::Candidate;
 use super::profile::Profile;
 use super::search::{layouts, rank, Request};
+use crate::dist::topology::Layout;
 use crate::model::Sequential;
-use crate::pipeline::partition::partition;
-use crate::pipeline::schedule::{Schedule, ScheduleKind};
-use crate::pipeline::Recompute;
-use crate::topology::Layout;
-use crate::zero::Zero;
+use crate::parallel::pipeline::partition::partition;
+use crate::parallel::pipeline::schedule::{Schedule, ScheduleKind};
+use crate::parallel::pipeline::Recompute;
+use crate::parallel::zero::Zero;
 use crate::{invalid, Result};
 
 /// What a run keeps across a morph, and the world it morphs into.

@@ -17,12 +17,12 @@ use candle_core::Var;
 
 use super::layer_cost::{median, profile_stage};
 use super::profile::Fit;
-use crate::batch::Batch;
-use crate::grads::Grads;
-use crate::loss::Loss;
+use crate::model::batch::Batch;
+use crate::model::grads::Grads;
+use crate::model::nn::optim::{scale_to_norm, AdamW, AdamWConfig, Optimizer};
+use crate::model::precision::{has_overflow, to_master_grads};
 use crate::model::{Build, Sequential, Stage};
-use crate::nn::optim::{scale_to_norm, AdamW, AdamWConfig, Optimizer};
-use crate::precision::{has_overflow, to_master_grads};
+use crate::parallel::loss::Loss;
 use crate::Result;
 
 /// Random gradients for `params`.

@@ -45,7 +45,7 @@ impl Fit {
 
 /// Bytes per sample a layer's backward holds at its peak beyond what it started with and what
 /// the rest of the step keeps anyway: the gradients of its graph's nodes in candle's store, its
-/// output's and its input's. Measured by the allocator ([`crate::memory::CountingAlloc`]);
+/// output's and its input's. Measured by the allocator ([`crate::runtime::memory::CountingAlloc`]);
 /// without it a stage's backward is charged
 /// [`BACKWARD_EXTRA_SHARE`](super::rank_memory::BACKWARD_EXTRA_SHARE) of its kept bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

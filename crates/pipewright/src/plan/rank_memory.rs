@@ -1,13 +1,13 @@
 //! What a pipeline rank holds at its peak, by the byte: its stages' activations as the schedule
 //! holds them, its parameters' state under each ZeRO stage, the backward's transient bytes,
 //! the rank's own bytes and ZeRO-3's whole layer: what [`super::estimate()`] adds up into each
-//! pipeline rank's peak. The constants are measured here with [`crate::memory`]'s counting
+//! pipeline rank's peak. The constants are measured here with [`crate::runtime::memory`]'s counting
 //! allocator where they are not a count of f32 copies.
 
 use super::profile::{LayerProfile, SplitCost};
-use crate::pipeline::timeline::Held;
-use crate::pipeline::Recompute;
-use crate::zero::Zero;
+use crate::parallel::pipeline::timeline::Held;
+use crate::parallel::pipeline::Recompute;
+use crate::parallel::zero::Zero;
 
 /// What one model stage holds for one micro-batch, in bytes (a rank's share of each under
 /// context parallelism).
@@ -168,12 +168,12 @@ pub const FIRST_BACKWARD_BYTES_PER_PARAM: f64 = 16.0;
 
 /// A backward holds, beside the activations it consumes, this share of them again: the
 /// gradients of the graph's nodes live in candle's store until the nodes they flow into are
-/// done. Measured here with [`crate::memory`]: a GPT stage's live peak rose by 1.2-1.35 times
+/// done. Measured here with [`crate::runtime::memory`]: a GPT stage's live peak rose by 1.2-1.35 times
 /// its kept bytes from a micro-batch of 16 to one of 64 rows, for 2 and 4 blocks.
 pub const BACKWARD_EXTRA_SHARE: f64 = 0.3;
 
 /// What a rank allocates besides its model: its schedule, batches and communicator
-/// (measured here with [`crate::memory`]: a 13,600-parameter GPT rank peaks at 1.4 MiB).
+/// (measured here with [`crate::runtime::memory`]: a 13,600-parameter GPT rank peaks at 1.4 MiB).
 pub const RANK_BYTES: f64 = 1.2 * 1024.0 * 1024.0;
 
 /// Bytes per parameter a rank keeps under `zero` over `dp` replicas (4-byte values, as

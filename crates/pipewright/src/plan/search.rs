@@ -9,10 +9,10 @@ use super::cluster::Cluster;
 use super::estimate::{estimate, Candidate, Estimate};
 use super::hardware::format_bytes;
 use super::profile::Profile;
-use crate::pipeline::schedule::ScheduleKind;
-use crate::pipeline::Recompute;
-use crate::topology::Layout;
-use crate::zero::Zero;
+use crate::dist::topology::Layout;
+use crate::parallel::pipeline::schedule::ScheduleKind;
+use crate::parallel::pipeline::Recompute;
+use crate::parallel::zero::Zero;
 use crate::{invalid, Result};
 
 /// What to plan for.
@@ -217,11 +217,11 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
 pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec<Estimate>> {
     // The candidates are enumerated by the world's divisors: a world past any layout's would
     // take as long to factor as to refuse.
-    if req.world > crate::topology::MAX_WORLD {
+    if req.world > crate::dist::topology::MAX_WORLD {
         return Err(invalid!(
             "a world of {} ranks is more than the {} a layout may have",
             req.world,
-            crate::topology::MAX_WORLD
+            crate::dist::topology::MAX_WORLD
         ));
     }
     rank(profile, cluster, req, candidates(req, profile))

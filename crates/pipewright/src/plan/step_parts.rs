@@ -1,4 +1,4 @@
-//! Where a training step's time goes, part by part: what [`crate::varuna::Varuna::step`]
+//! Where a training step's time goes, part by part: what [`crate::engine::varuna::Varuna::step`]
 //! measures on each rank, and what [`super::estimate()`] predicts for the same parts, so
 //! that a prediction that misses can be checked part by part instead of as one number.
 //!

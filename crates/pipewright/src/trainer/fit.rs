@@ -15,10 +15,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::batch::Batch;
-use crate::checkpoint::CheckpointOptions;
+use crate::engine::checkpoint::CheckpointOptions;
+use crate::engine::varuna::StepOutcome;
 use crate::experiment::Context;
-use crate::varuna::StepOutcome;
+use crate::model::batch::Batch;
 use crate::{invalid, Result};
 
 /// How long a run trains and when it evaluates, logs and saves.

@@ -2,7 +2,7 @@
 //!
 //! A program describes a [`Run`]: the spec (layout, batch, schedule, precision, optimizer,
 //! cadence), the model (any [`ModelSpec`]: a reference model or a user's
-//! [`crate::model_spec::Custom`]), its loss, its data (the rows of each step's global batch, a
+//! [`crate::trainer::model_spec::Custom`]), its loss, its data (the rows of each step's global batch, a
 //! pure function of the step) and where it runs ([`Place`]). [`Trainer::new`] then does, once
 //! per process and before anything is written, what every program needs:
 //!
@@ -24,6 +24,8 @@
 //! rank under mpirun.
 
 pub mod fit;
+pub mod launch;
+pub mod model_spec;
 mod rank;
 pub mod spec;
 
@@ -31,13 +33,13 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::batch::Batch;
-use crate::comm::Backend;
-use crate::loss::{CrossEntropy, SharedLoss};
+use crate::dist::comm::Backend;
+use crate::engine::varuna::VarunaOptions;
+use crate::model::batch::Batch;
 use crate::model::Sequential;
-use crate::model_spec::ModelSpec;
+use crate::parallel::loss::{CrossEntropy, SharedLoss};
 use crate::plan::{Hardware, Morph};
-use crate::varuna::VarunaOptions;
+use crate::trainer::model_spec::ModelSpec;
 use crate::{invalid, Result};
 
 pub use fit::{fit, Cadence, FitReport, Hooks, StepDone};
@@ -179,7 +181,7 @@ impl Trainer {
             ..run.spec.varuna_options(tied.clone(), balance)
         };
         options.validate(&model, run.spec.world())?;
-        crate::device::device(&run.place.device, 0)?;
+        crate::runtime::device::device(&run.place.device, 0)?;
         Ok(Self {
             timed: matches!(run.spec.balance, Some(Balance::Time)),
             stop: crate::dist::preemption_flag()?,

@@ -8,12 +8,12 @@ use candle_core::{Device, Tensor};
 
 use super::fit::{fit, FitReport, Hooks, StepDone};
 use super::Trainer;
-use crate::batch::Batch;
-use crate::comm::Communicator;
-use crate::data_parallel::DistributedLoader;
+use crate::dist::comm::Communicator;
+use crate::engine::varuna::{Varuna, VarunaOptions};
 use crate::experiment::params::standard;
 use crate::experiment::{Context, Params};
-use crate::varuna::{Varuna, VarunaOptions};
+use crate::model::batch::Batch;
+use crate::parallel::data_parallel::DistributedLoader;
 use crate::{invalid, Result};
 
 /// A rank's rows of every global batch, on its device.
@@ -49,7 +49,7 @@ impl Trainer {
             cx.get_rank()
         };
         let mut opts = VarunaOptions {
-            device: crate::device::device(&self.run.place.device, local_rank)?,
+            device: crate::runtime::device::device(&self.run.place.device, local_rank)?,
             ..self.options.clone()
         };
         if let (true, Some(b)) = (self.timed, &opts.balance) {
@@ -90,10 +90,12 @@ impl Trainer {
     fn world(&self, cx: &Context, device: &Device) -> Result<Box<dyn Communicator>> {
         let world = cx.world()?;
         #[cfg(feature = "cuda")]
-        if let (crate::comm::Backend::Nccl, candle_core::DeviceLocation::Cuda { gpu_id }) =
+        if let (crate::dist::comm::Backend::Nccl, candle_core::DeviceLocation::Cuda { gpu_id }) =
             (self.run.place.backend, device.location())
         {
-            return Ok(Box::new(crate::comm::nccl::NcclComm::new(world, gpu_id)?));
+            return Ok(Box::new(crate::dist::comm::nccl::NcclComm::new(
+                world, gpu_id,
+            )?));
         }
         let _ = device;
         Ok(world)
@@ -137,7 +139,7 @@ impl Trainer {
             let (comm, _guard) = crate::dist::init()?.into_parts();
             return Ok(vec![rank(comm)?]);
         }
-        crate::comm::local::run(self.run.spec.world(), |c| rank(Box::new(c)))
+        crate::dist::comm::local::run(self.run.spec.world(), |c| rank(Box::new(c)))
     }
 }
 

@@ -5,21 +5,21 @@
 //! It leaves out the model and the data, which are the program's: `pipewright-models`'
 //! `RunSpec` adds its reference models and tasks; a user's program adds its own beside it.
 
-use crate::zero::Zero;
+use crate::parallel::zero::Zero;
 use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
 use super::fit::Cadence;
-use crate::batch::Batch;
+use crate::dist::topology::Layout;
+use crate::engine::varuna::VarunaOptions;
+use crate::model::batch::Batch;
+use crate::model::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
+use crate::model::precision::Precision;
 use crate::model::{Build, Sequential};
-use crate::model_spec::ModelSpec;
-use crate::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
-use crate::pipeline::schedule::ScheduleKind;
-use crate::pipeline::Recompute;
+use crate::parallel::pipeline::schedule::ScheduleKind;
+use crate::parallel::pipeline::Recompute;
 use crate::plan::{balance_by, morph, By, Cluster, Hardware, Morph, MorphPlanner, MorphRequest};
-use crate::precision::Precision;
-use crate::topology::Layout;
-use crate::varuna::VarunaOptions;
+use crate::trainer::model_spec::ModelSpec;
 use crate::{invalid, Error, Result};
 
 /// How layers are split over the model stages (serialized as `{"layers": [3, 2]}`, `"time"`
@@ -179,7 +179,7 @@ impl TrainSpec {
         }
     }
 
-    /// The optimizer over `params` (for [`crate::varuna::Varuna::set_optimizer`]) of a model
+    /// The optimizer over `params` (for [`crate::engine::varuna::Varuna::set_optimizer`]) of a model
     /// whose tied pairs are `tied`.
     pub fn optimizer(
         &self,

@@ -3,10 +3,10 @@
 // Each test binary uses some of it.
 #![allow(dead_code)]
 
-use pipewright::pipeline::schedule::ScheduleKind;
-use pipewright::pipeline::Recompute;
+use pipewright::dist::topology::Layout;
+use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::Recompute;
 use pipewright::plan::{Candidate, Fit, Hardware, LayerProfile, Link, Profile};
-use pipewright::topology::Layout;
 
 /// A hardware file with links of `latency_s` and no bandwidth limit worth the name.
 pub fn hardware(latency_s: f64) -> Hardware {
@@ -89,7 +89,7 @@ pub fn candidate(
         schedule,
         virtual_stages: 1,
         recompute,
-        zero: pipewright::zero::Zero::Off,
+        zero: pipewright::parallel::zero::Zero::Off,
         sequence_parallel: false,
     }
 }

@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-pub use crate::axis::{linear_ticks, tick_label};
+pub use crate::runtime::axis::{linear_ticks, tick_label};
 
 use super::html::escape;
 

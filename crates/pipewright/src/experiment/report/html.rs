@@ -55,7 +55,7 @@ pub fn cell_text(key: &str, v: &Value) -> String {
         _ => None,
     };
     let shown = if key.ends_with("bytes") {
-        each(&crate::bytes::format_bytes)
+        each(&crate::runtime::bytes::format_bytes)
     } else if key.contains("bubble") {
         each(&|b| format!("{:.1} %", b * 100.0))
     } else {

@@ -18,8 +18,8 @@ pub use chart::{LineChart, Series};
 pub use prediction::Prediction;
 pub use run::{Logged, RunRecord};
 
-use crate::pipeline::timeline::svg_panels_wide;
-use crate::pipeline::Simulation;
+use crate::parallel::pipeline::timeline::svg_panels_wide;
+use crate::parallel::pipeline::Simulation;
 use crate::Result;
 use html::{escape, key_table, table, value_text};
 
@@ -326,13 +326,18 @@ pub fn render(runs: &[RunRecord]) -> String {
 }
 
 /// Reads every run directory of `dirs` and writes their page to `out` (atomically), which must
-/// be new or a page written before ([`crate::files::ensure_replaceable`]).
+/// be new or a page written before ([`crate::runtime::files::ensure_replaceable`]).
 pub fn write_report(dirs: &[&Path], out: &Path) -> Result<Vec<RunRecord>> {
-    crate::files::ensure_replaceable(out, "--out", "a pipewright report page", html::is_page)?;
+    crate::runtime::files::ensure_replaceable(
+        out,
+        "--out",
+        "a pipewright report page",
+        html::is_page,
+    )?;
     let runs = dirs
         .iter()
         .map(|d| RunRecord::read(d))
         .collect::<Result<Vec<_>>>()?;
-    crate::files::write_atomic(out, render(&runs).as_bytes())?;
+    crate::runtime::files::write_atomic(out, render(&runs).as_bytes())?;
     Ok(runs)
 }

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::schedule::Action;
-use crate::pipeline::timeline::Span;
-use crate::pipeline::Simulation;
+use crate::parallel::pipeline::schedule::Action;
+use crate::parallel::pipeline::timeline::Span;
+use crate::parallel::pipeline::Simulation;
 use crate::plan::{Estimate, Hardware};
 use crate::{invalid, Error, Result};
 
@@ -66,7 +66,7 @@ impl Prediction {
     /// Writes it into the run directory `dir` (atomically).
     pub fn save(&self, dir: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(|e| invalid!("{e}"))?;
-        crate::files::write_atomic(&dir.join(FILE), text.as_bytes())
+        crate::runtime::files::write_atomic(&dir.join(FILE), text.as_bytes())
     }
 
     /// Reads `path` (none when it does not exist).

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::prediction::Prediction;
 use crate::experiment::recorder::whole_rows;
-use crate::pipeline::{read_chrome_trace, Simulation};
+use crate::parallel::pipeline::{read_chrome_trace, Simulation};
 use crate::{Error, Result};
 
 /// One logged step of `scalars.csv`.

@@ -1,0 +1,448 @@
+//! Ranks as threads of one process, exchanging tensors through shared mailboxes: no
+//! serialisation, a tensor moves as a reference to its storage (a parameter is copied first,
+//! since the sender may update it in place).
+//!
+//! [`run`] spawns the ranks and joins them. A rank that returns an error or panics marks the
+//! world as failed: every pending or later call of every other rank returns an error naming
+//! that rank, so nothing hangs. A receive that waits longer than the timeout (default 300 s,
+//! `PIPEWRIGHT_COMM_TIMEOUT` seconds, or [`run_with_timeout`]) is an error naming both ranks.
+//!
+//! A receive polls its mailbox for a while before it sleeps, when the world's ranks fit the
+//! machine's cores (as MPI and NCCL poll): waking a sleeping thread took long enough here to
+//! slow two-rank steps by 7-13 % (pp 2, dp 2, tp 2 on two cores, 50 us of polling). With more
+//! ranks than cores a poller takes the core a rank would compute on (4 ranks on 2 cores: up to
+//! twice as slow with 200 us), so it sleeps at once. `PIPEWRIGHT_COMM_SPIN_US` sets the time.
+//!
+//! Collectives gather at the group's first member, which checks the tensors and hands every
+//! member all of them; each member reduces them in rank order ([`super::ordered`]), so
+//! reductions are bit-identical on every member and to every other backend's.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use candle_core::Tensor;
+
+use super::{
+    check_agree, check_same_dtype, describe, ordered, Communicator, Pending, ReduceOp, MAX_TAG,
+};
+use crate::runtime::seed::hash_seed;
+use crate::{Error, Result};
+
+mod spawn;
+use spawn::default_timeout;
+pub use spawn::{run, run_with_timeout};
+
+/// (group id, sender world rank, receiver world rank, tag)
+type Key = (u64, usize, usize, u64);
+
+enum Msg {
+    Tensors(Vec<Tensor>),
+    /// A collective failed at its root; every member reports the same error.
+    Failed(String),
+}
+
+#[derive(Default)]
+struct State {
+    boxes: HashMap<Key, VecDeque<Msg>>,
+    /// The first rank failure: (rank, message).
+    failed: Option<(usize, String)>,
+}
+
+struct World {
+    size: usize,
+    state: Mutex<State>,
+    /// One per world rank, signalled when a message for that rank arrives (or any rank
+    /// fails): a message wakes only its receiver. One for the whole world woke every waiting
+    /// rank on every message, and with more ranks than cores those wake-ups took time slices
+    /// from the ranks computing.
+    cvs: Vec<Condvar>,
+    timeout: Duration,
+    /// How long a receive polls its mailbox before it sleeps on its condition variable.
+    spin: Duration,
+}
+
+impl World {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A rank that panicked while holding the lock cannot leave the mailboxes inconsistent
+        // (every update is a single push or pop), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn post(&self, key: Key, msg: Msg) {
+        self.lock().boxes.entry(key).or_default().push_back(msg);
+        self.cvs[key.2].notify_all();
+    }
+
+    fn fail(&self, rank: usize, why: String) {
+        let mut s = self.lock();
+        if s.failed.is_none() {
+            s.failed = Some((rank, why));
+        }
+        drop(s);
+        for cv in &self.cvs {
+            cv.notify_all();
+        }
+    }
+
+    /// Waits for the next message under `key`.
+    fn take(&self, key: Key, me: usize, what: &str) -> Result<Vec<Tensor>> {
+        let start = Instant::now();
+        let mut s = self.lock();
+        loop {
+            if let Some(q) = s.boxes.get_mut(&key) {
+                if let Some(m) = q.pop_front() {
+                    // A collective's key is used once: an emptied box left behind grew the
+                    // map by one entry per message, step after step (4 KB a step a rank here).
+                    if q.is_empty() {
+                        s.boxes.remove(&key);
+                    }
+                    return match m {
+                        Msg::Tensors(t) => Ok(t),
+                        Msg::Failed(why) => Err(Error::Comm(why)),
+                    };
+                }
+            }
+            if let Some((r, why)) = &s.failed {
+                if *r != me {
+                    return Err(Error::Comm(format!(
+                        "rank {me}: {what} from rank {} abandoned because rank {r} failed: {why}",
+                        key.1
+                    )));
+                }
+            }
+            let waited = start.elapsed();
+            if waited >= self.timeout {
+                return Err(Error::Comm(format!(
+                    "rank {me}: {what} from rank {} timed out after {:.0?}: is rank {} running and \
+                     sending it (same tag, same order of collectives)?",
+                    key.1, waited, key.1
+                )));
+            }
+            if waited < self.spin {
+                // Poll: let the sender take the lock, look again.
+                drop(s);
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+                s = self.lock();
+                continue;
+            }
+            let slice = (self.timeout - waited).min(Duration::from_millis(200));
+            s = self.cvs[key.2]
+                .wait_timeout(s, slice)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// One rank's view of a group of threads.
+pub struct LocalComm {
+    world: Arc<World>,
+    group: u64,
+    /// World ranks of the members, indexed by group rank.
+    members: Arc<Vec<usize>>,
+    rank: usize,
+    seq: AtomicU64,
+}
+
+fn check_same(op: &str, ts: &[Tensor], reference: usize) -> std::result::Result<(), String> {
+    let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
+    check_agree(op, &parts, reference)
+}
+
+/// Whether tensors of `t`'s dtype can be reduced by `op` (an error for every rank if not).
+fn reducible(t: &Tensor, op: ReduceOp) -> std::result::Result<(), String> {
+    if op == ReduceOp::Avg && t.dtype().is_int() {
+        return Err(format!(
+            "cannot average {:?} tensors: use ReduceOp::Sum and divide where the rounding is known",
+            t.dtype()
+        ));
+    }
+    Ok(())
+}
+
+impl LocalComm {
+    fn world_rank(&self, r: usize, what: &str) -> Result<usize> {
+        self.members.get(r).copied().ok_or_else(|| {
+            Error::Comm(format!(
+                "rank {}: {what} names rank {r}, outside this group of {} ranks",
+                self.rank,
+                self.members.len()
+            ))
+        })
+    }
+
+    fn me(&self) -> usize {
+        self.members[self.rank]
+    }
+
+    fn check_tag(&self, tag: u64) -> Result<()> {
+        if tag >= MAX_TAG {
+            return Err(Error::Comm(format!(
+                "tag {tag} is too large: use tags below {MAX_TAG}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A tensor safe to hand to another thread: detached from this rank's graph, and copied if
+    /// it is a parameter (which this rank may update in place later).
+    fn outgoing(t: &Tensor) -> Result<Tensor> {
+        Ok(if t.is_variable() {
+            t.copy()?.detach()
+        } else {
+            t.detach()
+        })
+    }
+
+    /// Runs one collective: every member's `inputs` go to member 0, which turns them into one
+    /// reply per member (or an error for all); each member gets its reply on the device of its
+    /// inputs (threads may sit on different GPUs).
+    fn collective(
+        &self,
+        name: &str,
+        inputs: Vec<Tensor>,
+        combine: impl FnOnce(Vec<Vec<Tensor>>) -> std::result::Result<Vec<Vec<Tensor>>, String>,
+    ) -> Result<Vec<Tensor>> {
+        // Collective messages live above the user tag range.
+        let tag = MAX_TAG + self.seq.fetch_add(1, Ordering::SeqCst);
+        let root = self.members[0];
+        let me = self.me();
+        let here = inputs.first().map(|t| t.device().clone());
+        let inputs = inputs
+            .iter()
+            .map(Self::outgoing)
+            .collect::<Result<Vec<_>>>()?;
+        let reply = if self.rank != 0 {
+            self.world
+                .post((self.group, me, root, tag), Msg::Tensors(inputs));
+            self.world.take((self.group, root, me, tag), me, name)?
+        } else {
+            let mut all = vec![inputs];
+            for &m in &self.members[1..] {
+                all.push(self.world.take((self.group, m, root, tag), me, name)?);
+            }
+            let mut replies = match combine(all) {
+                Ok(replies) => replies,
+                Err(why) => {
+                    for &m in &self.members[1..] {
+                        self.world
+                            .post((self.group, root, m, tag), Msg::Failed(why.clone()));
+                    }
+                    return Err(Error::Comm(why));
+                }
+            };
+            for (r, &m) in self.members.iter().enumerate().skip(1) {
+                let reply = std::mem::take(&mut replies[r]);
+                self.world
+                    .post((self.group, root, m, tag), Msg::Tensors(reply));
+            }
+            std::mem::take(&mut replies[0])
+        };
+        Ok(reply
+            .iter()
+            .map(|t| t.to_device(here.as_ref().unwrap_or(t.device())))
+            .collect::<candle_core::Result<_>>()?)
+    }
+}
+
+/// `t`, received from another rank, as memory of the receiving rank: a copy, made (and
+/// counted, [`crate::runtime::memory`]) in its thread, as a rank of another process would receive into
+/// its own buffer. Sharing the sender's tensor charged it to the sender for as long as the
+/// receiver held it, so a rank's measured peak moved with its partners' timing.
+fn own(t: Tensor) -> Result<Tensor> {
+    Ok(t.copy()?)
+}
+
+fn first(ts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
+    ts.into_iter().map(|mut v| v.remove(0)).collect()
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn backend(&self) -> &'static str {
+        "local"
+    }
+
+    fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()> {
+        self.check_tag(tag)?;
+        let d = self.world_rank(dst, "send")?;
+        self.world.post(
+            (self.group, self.me(), d, tag),
+            Msg::Tensors(vec![Self::outgoing(t)?]),
+        );
+        Ok(())
+    }
+
+    fn recv(&self, src: usize, tag: u64) -> Result<Tensor> {
+        self.check_tag(tag)?;
+        let s = self.world_rank(src, "recv")?;
+        let mut v = self
+            .world
+            .take((self.group, s, self.me(), tag), self.me(), "recv")?;
+        own(v.remove(0))
+    }
+
+    fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>> {
+        self.send(t, dst, tag)?;
+        Ok(Pending::new(|| Ok(())))
+    }
+
+    fn irecv(&self, src: usize, tag: u64) -> Result<Pending<Tensor>> {
+        self.check_tag(tag)?;
+        let s = self.world_rank(src, "irecv")?;
+        let (world, key, me) = (
+            self.world.clone(),
+            (self.group, s, self.me(), tag),
+            self.me(),
+        );
+        Ok(Pending::new(move || {
+            own(world.take(key, me, "irecv")?.remove(0))
+        }))
+    }
+
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let n = self.size();
+        let all = self.collective("all_reduce", vec![t.clone()], |all| {
+            let ts = first(all);
+            check_same("all_reduce", &ts, 0)?;
+            reducible(&ts[0], op).map_err(|e| format!("all_reduce: {e}"))?;
+            Ok(vec![ts; n])
+        })?;
+        // Each rank reduces into memory of its own (counted to it, as a rank of another
+        // process would hold its own result), the same bits on every rank.
+        ordered::combine(&all, op)
+    }
+
+    fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let n = self.size();
+        let all = self.collective("all_gather", vec![t.clone()], |all| {
+            let ts = first(all);
+            let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
+            check_same_dtype(&parts)?;
+            Ok(vec![ts; n])
+        })?;
+        // Its own part is its input; the others', copies of its own.
+        let mine = self.rank;
+        all.into_iter()
+            .enumerate()
+            .map(|(r, t)| if r == mine { Ok(t) } else { own(t) })
+            .collect()
+    }
+
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        let n = self.size();
+        let all = self.collective("reduce_scatter", vec![t.clone()], |all| {
+            let ts = first(all);
+            check_same("reduce_scatter", &ts, 0)?;
+            let rows = ts[0].dims().first().copied().ok_or_else(|| {
+                "reduce_scatter: a 0-d tensor has no dim 0 to scatter".to_string()
+            })?;
+            if rows % n != 0 {
+                return Err(format!(
+                    "reduce_scatter: dim 0 of {} does not split into {n} equal parts",
+                    describe(&ts[0])
+                ));
+            }
+            reducible(&ts[0], op).map_err(|e| format!("reduce_scatter: {e}"))?;
+            Ok(vec![ts; n])
+        })?;
+        // Each rank reduces its own part only.
+        let part = all[0].dim(0)? / n;
+        let mine = all
+            .iter()
+            .map(|t| t.narrow(0, self.rank * part, part))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        ordered::combine(&mine, op)?
+            .contiguous()
+            .map_err(Into::into)
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        let n = self.size();
+        self.world_rank(root, "broadcast")?;
+        let mut r = self.collective("broadcast", vec![t.clone()], |all| {
+            let ts = first(all);
+            check_same("broadcast", &ts, root)?;
+            Ok(vec![vec![ts[root].clone()]; n])
+        })?;
+        match self.rank == root {
+            true => Ok(r.remove(0)),
+            false => own(r.remove(0)),
+        }
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let n = self.size();
+        self.collective("barrier", Vec::new(), |_| Ok(vec![Vec::new(); n]))?;
+        Ok(())
+    }
+
+    fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>> {
+        let mut seen = vec![false; self.size()];
+        for &m in members {
+            if m >= self.size() || std::mem::replace(&mut seen[m], true) {
+                return Err(Error::Comm(format!(
+                    "split: members {members:?} must be distinct ranks below {}",
+                    self.size()
+                )));
+            }
+        }
+        let rank = members
+            .iter()
+            .position(|&m| m == self.rank)
+            .ok_or_else(|| {
+                Error::Comm(format!(
+                    "split: rank {} is not among the members {members:?}",
+                    self.rank
+                ))
+            })?;
+        let world: Vec<usize> = members.iter().map(|&m| self.members[m]).collect();
+        let bytes: Vec<u8> = world
+            .iter()
+            .flat_map(|r| (*r as u64).to_le_bytes())
+            .collect();
+        let group = hash_seed(&[&self.group.to_le_bytes(), &bytes]);
+        Ok(Box::new(LocalComm {
+            world: self.world.clone(),
+            group,
+            members: Arc::new(world),
+            rank,
+            seq: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl LocalComm {
+    /// A world of one rank: this thread alone (what a program started by nothing gets).
+    pub fn single() -> Self {
+        LocalComm {
+            world: Arc::new(World {
+                size: 1,
+                state: Mutex::new(State::default()),
+                cvs: vec![Condvar::new()],
+                timeout: default_timeout(),
+                spin: Duration::ZERO,
+            }),
+            group: 0,
+            members: Arc::new(vec![0]),
+            rank: 0,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// Number of ranks in the whole process world.
+    pub fn world_size(&self) -> usize {
+        self.world.size
+    }
+}

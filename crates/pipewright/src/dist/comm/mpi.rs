@@ -1,0 +1,400 @@
+//! Open MPI backend (cargo feature `mpi`): one process per rank under `mpirun`; rank and size
+//! come from MPI. Tensors travel as raw bytes straight from and into CPU storage (no
+//! serialisation, no extra copy on the receiving side); point-to-point messages carry a small
+//! header (dtype and shape) first. Collectives use MPI's own (`MPI_Allgatherv`, ...) after an
+//! exchange of headers that lets every rank report a shape or dtype mismatch identically.
+//! Reductions add nothing in MPI: `MPI_Alltoallv` hands each rank the parts it reduces, which
+//! it adds in rank order ([`super::ordered`]), and `MPI_Allgatherv` shares the results, so the
+//! bits do not depend on the algorithm Open MPI picks for a CPU, a size or a rank count. GPU
+//! tensors go through host memory (this MPI is not CUDA-aware;
+//! [`wire::to_host`](super::wire::to_host) warns once), and the results of collectives come
+//! back on the device of their input.
+//!
+//! MPI's default error handler is fatal: a rank that dies makes `mpirun` end the job and
+//! name it. A rank whose program returns an error should call [`Mpi::abort`] so the others do
+//! not wait.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor};
+use mpi::datatype::{Equivalence, Partition, PartitionMut};
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{
+    Communicator as _, CommunicatorCollectives, Destination, Group as _, Root, Source,
+};
+use mpi::Threading;
+
+use super::wire::{
+    header, parse_header, reduce_plan, tensor_from_bytes, to_host, with_bytes, Buf, HEADER,
+};
+use super::{check_agree, check_same_dtype, ordered, Communicator, Pending, ReduceOp, MAX_TAG};
+use crate::{Error, Result};
+
+/// MPI itself: initialised with `MPI_THREAD_MULTIPLE`, finalised when dropped.
+pub struct Mpi {
+    _universe: mpi::environment::Universe,
+}
+
+impl Mpi {
+    /// Initialises MPI and returns the world communicator.
+    pub fn init() -> Result<(Mpi, MpiComm)> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
+        if threading != Threading::Multiple {
+            return Err(Error::Comm(format!(
+                "this MPI library offers {threading:?} threading, pipewright needs Multiple \
+                 (MPI_THREAD_MULTIPLE) for non-blocking sends: install Open MPI built with it"
+            )));
+        }
+        crate::runtime::memory::keep_freed_memory();
+        let comm = MpiComm::new(universe.world());
+        Ok((
+            Mpi {
+                _universe: universe,
+            },
+            comm,
+        ))
+    }
+
+    /// Ends every rank of the job (after an error on this rank), with `code` as exit status.
+    pub fn abort(code: i32) -> ! {
+        SimpleCommunicator::world().abort(code)
+    }
+}
+
+struct Inner(SimpleCommunicator);
+// SAFETY: MPI is initialised with MPI_THREAD_MULTIPLE (checked in `Mpi::init`), so a
+// communicator handle may be used from several threads at once.
+unsafe impl Send for Inner {}
+unsafe impl Sync for Inner {}
+
+/// One rank of an MPI communicator.
+pub struct MpiComm {
+    inner: Arc<Inner>,
+    rank: usize,
+    size: usize,
+}
+
+/// MPI writes every element of a fresh vector (no zeroing first: at 16-64 MiB zeroing the
+/// receive buffer costs as much as the transfer). `fill` gets the vector's spare capacity as a
+/// raw pointer and must return the number of elements MPI reported written; the vector takes
+/// them only if that is all of them.
+fn filled_by_mpi<T: Copy>(n: usize, fill: impl FnOnce(*mut T) -> Result<usize>) -> Result<Vec<T>> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let written = fill(v.as_mut_ptr())?;
+    if written != n {
+        return Err(Error::Comm(format!("MPI wrote {written} of {n} elements")));
+    }
+    // SAFETY: MPI initialised all n elements of the capacity (checked just above).
+    unsafe { v.set_len(n) };
+    Ok(v)
+}
+
+fn count_i32(n: usize) -> Result<i32> {
+    i32::try_from(n)
+        .map_err(|_| Error::Comm(format!("a message of {n} elements is too large for MPI")))
+}
+
+/// Receives exactly `n` elements of `T` from `src` into a fresh vector.
+fn recv_new<T: Copy>(comm: &SimpleCommunicator, n: usize, src: i32, tag: i32) -> Result<Vec<T>> {
+    let bytes = count_i32(n * std::mem::size_of::<T>())?;
+    let byte = u8::equivalent_datatype();
+    filled_by_mpi(n, |ptr: *mut T| {
+        let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
+        let mut got: i32 = 0;
+        // SAFETY: `ptr` has room for n elements (`bytes` bytes); MPI fills `status`.
+        unsafe {
+            ffi::MPI_Recv(
+                ptr.cast(),
+                bytes,
+                byte.as_raw(),
+                src,
+                tag,
+                comm.as_raw(),
+                status.as_mut_ptr(),
+            );
+            ffi::MPI_Get_count(status.as_ptr(), byte.as_raw(), &mut got);
+        }
+        if got != bytes {
+            return Err(Error::Comm(format!(
+                "recv from rank {src} got {got} bytes where its header announced {bytes}"
+            )));
+        }
+        Ok(n)
+    })
+}
+
+impl MpiComm {
+    fn new(comm: SimpleCommunicator) -> Self {
+        let (rank, size) = (comm.rank() as usize, comm.size() as usize);
+        Self {
+            inner: Arc::new(Inner(comm)),
+            rank,
+            size,
+        }
+    }
+
+    fn comm(&self) -> &SimpleCommunicator {
+        &self.inner.0
+    }
+
+    fn peer(&self, r: usize, what: &str, tag: Option<u64>) -> Result<i32> {
+        if r >= self.size {
+            return Err(Error::Comm(format!(
+                "rank {}: {what} names rank {r}, outside this group of {} ranks",
+                self.rank, self.size
+            )));
+        }
+        if let Some(tag) = tag {
+            if tag >= MAX_TAG {
+                return Err(Error::Comm(format!(
+                    "tag {tag} is too large: use tags below {MAX_TAG}"
+                )));
+            }
+        }
+        Ok(r as i32)
+    }
+
+    /// Every member's (shape, dtype).
+    fn headers(&self, t: &Tensor) -> Result<Vec<(Vec<usize>, DType)>> {
+        let mine = header(t)?;
+        let mut all = vec![0u64; HEADER * self.size];
+        self.comm().all_gather_into(&mine[..], &mut all[..]);
+        all.chunks(HEADER).map(parse_header).collect()
+    }
+
+    fn agree(&self, op: &str, t: &Tensor, reference: usize) -> Result<()> {
+        check_agree(op, &self.headers(t)?, reference).map_err(Error::Comm)
+    }
+
+    /// Member `r` gets elements `shares[r]` of every member's flat `t`, in rank order:
+    /// `MPI_Alltoallv` moves the bytes and adds nothing.
+    fn exchange(&self, flat: &Tensor, shares: &[Range<usize>]) -> Result<Vec<Tensor>> {
+        let (dt, size) = (flat.dtype(), self.size);
+        let bytes = |n: usize| count_i32(n * dt.size_in_bytes());
+        let counts = |f: &dyn Fn(usize) -> usize| -> Result<Vec<i32>> {
+            (0..size).map(|r| bytes(f(r))).collect()
+        };
+        let (send_counts, send_displs) =
+            (counts(&|r| shares[r].len())?, counts(&|r| shares[r].start)?);
+        let mine = shares[self.rank].len();
+        let (recv_counts, recv_displs) = (counts(&|_| mine)?, counts(&|r| r * mine)?);
+        let mut buf = Buf::for_receive(dt, mine * size)?;
+        with_bytes(flat, |b| {
+            let send = Partition::new(b, &send_counts[..], &send_displs[..]);
+            let mut recv = PartitionMut::new(buf.bytes_mut(), &recv_counts[..], &recv_displs[..]);
+            self.comm().all_to_all_varcount_into(&send, &mut recv);
+        })?;
+        let all = buf.into_tensor(&[size, mine])?;
+        (0..size).map(|r| Ok(all.get(r)?)).collect()
+    }
+
+    /// Every member's `part` (flat, lengths `lens`), joined in rank order.
+    fn gather_flat(&self, part: &Tensor, lens: &[usize]) -> Result<Tensor> {
+        let dt = part.dtype();
+        let bytes = |n: usize| count_i32(n * dt.size_in_bytes());
+        let counts: Vec<i32> = lens.iter().map(|n| bytes(*n)).collect::<Result<_>>()?;
+        let displs: Vec<i32> = (0..lens.len())
+            .map(|r| bytes(lens[..r].iter().sum()))
+            .collect::<Result<_>>()?;
+        let mut buf = Buf::for_receive(dt, lens.iter().sum())?;
+        with_bytes(part, |mine| {
+            let mut all = PartitionMut::new(buf.bytes_mut(), &counts[..], &displs[..]);
+            self.comm().all_gather_varcount_into(mine, &mut all);
+        })?;
+        buf.into_tensor(&[lens.iter().sum()])
+    }
+
+    /// all_reduce (or reduce_scatter) in rank order ([`ordered`]): each member reduces its share
+    /// of the elements (its rows), and all_reduce gathers the shares.
+    fn reduce(&self, t: &Tensor, op: ReduceOp, scatter: bool) -> Result<Tensor> {
+        let name = if scatter {
+            "reduce_scatter"
+        } else {
+            "all_reduce"
+        };
+        self.agree(name, t, 0)?;
+        let dims = reduce_plan(t, op, self.size, scatter)?;
+        let flat = t.flatten_all()?;
+        let n = flat.elem_count();
+        let shares: Vec<Range<usize>> = (0..self.size)
+            .map(|r| match scatter {
+                true => r * n / self.size..(r + 1) * n / self.size,
+                false => ordered::share(n, self.size, r),
+            })
+            .collect();
+        let mine = ordered::combine(&self.exchange(&flat, &shares)?, op)?;
+        if scatter {
+            return Ok(mine.reshape(dims)?);
+        }
+        let lens: Vec<usize> = shares.iter().map(|r| r.len()).collect();
+        Ok(self.gather_flat(&mine, &lens)?.reshape(dims)?)
+    }
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn backend(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn send(&self, t: &Tensor, dst: usize, tag: u64) -> Result<()> {
+        let t = &to_host(t, "mpi")?;
+        let p = self
+            .comm()
+            .process_at_rank(self.peer(dst, "send", Some(tag))?);
+        let h = header(t)?;
+        p.send_with_tag(&h[..], tag as i32);
+        with_bytes(t, |b| p.send_with_tag(b, tag as i32))
+    }
+
+    fn recv(&self, src: usize, tag: u64) -> Result<Tensor> {
+        let p = self
+            .comm()
+            .process_at_rank(self.peer(src, "recv", Some(tag))?);
+        let mut h = [0u64; HEADER];
+        p.receive_into_with_tag(&mut h[..], tag as i32);
+        let (dims, dt) = parse_header(&h)?;
+        let (n, c, s, t) = (dims.iter().product(), self.comm(), src as i32, tag as i32);
+        let buf = match dt {
+            DType::U8 => Buf::U8(recv_new(c, n, s, t)?),
+            DType::U32 => Buf::U32(recv_new(c, n, s, t)?),
+            DType::I64 => Buf::I64(recv_new(c, n, s, t)?),
+            DType::BF16 => Buf::BF16(recv_new(c, n, s, t)?),
+            DType::F16 => Buf::F16(recv_new(c, n, s, t)?),
+            DType::F32 => Buf::F32(recv_new(c, n, s, t)?),
+            DType::F64 => Buf::F64(recv_new(c, n, s, t)?),
+            other => {
+                return Err(Error::Comm(format!(
+                    "the MPI backend does not carry {other:?} tensors"
+                )))
+            }
+        };
+        buf.into_tensor(&dims)
+    }
+
+    fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>> {
+        self.peer(dst, "isend", Some(tag))?;
+        let me = MpiComm {
+            inner: self.inner.clone(),
+            rank: self.rank,
+            size: self.size,
+        };
+        let t = t.clone();
+        let h = std::thread::spawn(move || me.send(&t, dst, tag));
+        Ok(Pending::new(move || {
+            h.join()
+                .map_err(|_| Error::Comm("isend thread panicked".into()))?
+        }))
+    }
+
+    fn irecv(&self, src: usize, tag: u64) -> Result<Pending<Tensor>> {
+        self.peer(src, "irecv", Some(tag))?;
+        let me = MpiComm {
+            inner: self.inner.clone(),
+            rank: self.rank,
+            size: self.size,
+        };
+        let h = std::thread::spawn(move || me.recv(src, tag));
+        Ok(Pending::new(move || {
+            h.join()
+                .map_err(|_| Error::Comm("irecv thread panicked".into()))?
+        }))
+    }
+
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        Ok(self
+            .reduce(&to_host(t, "mpi")?, op, false)?
+            .to_device(t.device())?)
+    }
+
+    fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
+        let (here, t) = (t.device(), &to_host(t, "mpi")?);
+        let parts = self.headers(t)?;
+        check_same_dtype(&parts).map_err(Error::Comm)?;
+        let esize = t.dtype().size_in_bytes();
+        let counts: Vec<i32> = parts
+            .iter()
+            .map(|(d, _)| (d.iter().product::<usize>() * esize) as i32)
+            .collect();
+        let displs: Vec<i32> = counts
+            .iter()
+            .scan(0, |acc, c| Some(std::mem::replace(acc, *acc + c)))
+            .collect();
+        let total: usize = counts.iter().map(|c| *c as usize).sum();
+        let mut all = vec![0u8; total];
+        with_bytes(t, |mine| {
+            let mut part = PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            self.comm().all_gather_varcount_into(mine, &mut part);
+        })?;
+        parts
+            .iter()
+            .zip(displs.iter().zip(&counts))
+            .map(|((dims, dt), (&off, &len))| {
+                Ok(
+                    tensor_from_bytes(*dt, dims, &all[off as usize..(off + len) as usize])?
+                        .to_device(here)?,
+                )
+            })
+            .collect()
+    }
+
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        Ok(self
+            .reduce(&to_host(t, "mpi")?, op, true)?
+            .to_device(t.device())?)
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        let r = self.peer(root, "broadcast", None)?;
+        self.agree("broadcast", t, root)?;
+        let mut buf = Buf::for_receive(t.dtype(), t.elem_count())?;
+        if self.rank == root {
+            with_bytes(&to_host(t, "mpi")?, |b| buf.bytes_mut().copy_from_slice(b))?;
+        }
+        self.comm()
+            .process_at_rank(r)
+            .broadcast_into(buf.bytes_mut());
+        Ok(buf.into_tensor(t.dims())?.to_device(t.device())?)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.comm().barrier();
+        Ok(())
+    }
+
+    fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>> {
+        let mut seen = vec![false; self.size];
+        for &m in members {
+            if m >= self.size || std::mem::replace(&mut seen[m], true) {
+                return Err(Error::Comm(format!(
+                    "split: members {members:?} must be distinct ranks below {}",
+                    self.size
+                )));
+            }
+        }
+        if !members.contains(&self.rank) {
+            return Err(Error::Comm(format!(
+                "split: rank {} is not among the members {members:?}",
+                self.rank
+            )));
+        }
+        let ranks: Vec<i32> = members.iter().map(|&m| m as i32).collect();
+        let group = self.comm().group().include(&ranks);
+        let sub = self
+            .comm()
+            .split_by_subgroup(&group)
+            .ok_or_else(|| Error::Comm("split: MPI gave no communicator to a member".into()))?;
+        Ok(Box::new(MpiComm::new(sub)))
+    }
+}

@@ -1,0 +1,86 @@
+//! The two halves of [`Varuna::step`] that stand apart: this replica's gradients of the
+//! batch (the pipeline's, unscaled to f32, summed over the replicas or sharded by ZeRO-2/3),
+//! and what a step that overflowed does (skip it under loss scaling, else fail saying why).
+
+use super::{StepOutcome, Varuna};
+use crate::model::nn::Grads;
+use crate::model::precision::to_master_grads;
+use crate::parallel::data_parallel::all_reduce_grads;
+use crate::parallel::pipeline::GradSink;
+use crate::parallel::zero::{ShardedGrads, Zero};
+use crate::plan::{Part, PartClock};
+use crate::{invalid, Batch, Error, Result};
+
+impl Varuna {
+    /// The loss of this rank's micro-batches and this replica's f32 gradients of `batch`
+    /// over the global batch's `total` counted targets, computed at loss scale `scale`;
+    /// `clock` laps the pipeline and the gradients' parts.
+    pub(super) fn replica_grads(
+        &mut self,
+        batch: &Batch,
+        total: usize,
+        scale: f64,
+        clock: &mut PartClock,
+    ) -> Result<(f64, Grads)> {
+        // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
+        let by_layer = self.zero() == Zero::Parameters;
+        let mut sharded = (self.zero().shards_grads())
+            .then(|| self.weights.sharded())
+            .flatten()
+            .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale, by_layer));
+        let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
+        let (loss, produced) = self
+            .pipeline
+            .loss_and_grads_into(batch, total, scale, sink)?;
+        self.wall += clock.lap(Part::Pipeline);
+        let events = self.pipeline.take_trace();
+        self.busy += events
+            .iter()
+            .map(|e| (e.dur_us - e.wait_us).max(0.0) * 1e-6)
+            .sum::<f64>();
+        if let Some(t) = self.trace.as_mut() {
+            t.extend(events);
+        }
+        let mut grads = match sharded {
+            Some(s) => s.finish(&produced)?,
+            // f32 and unscaled in one pass (the scale is a power of two: exact).
+            None => to_master_grads(&produced, 1.0 / scale)?,
+        };
+        // Freed as the sum replaces them, bucket by bucket, not held through the step.
+        drop(produced);
+        if let Some(hook) = self.grad_hook.as_mut() {
+            hook(&mut grads);
+        }
+        if !self.zero().shards_grads() {
+            all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
+        }
+        clock.lap(Part::Gradients);
+        Ok((loss, grads))
+    }
+
+    /// A step whose gradients (or loss) overflowed: skipped with the loss scale lowered, or,
+    /// without loss scaling or once the scaler says the run diverged, an error.
+    pub(super) fn after_overflow(&mut self, outcome: StepOutcome) -> Result<StepOutcome> {
+        let (step, loss) = (outcome.step, outcome.loss);
+        match self.scaler.as_mut() {
+            Some(s) => {
+                s.update(true);
+                match s.diverged() {
+                    Some(why) => Err(invalid!("f16 training stopped at step {}: {why}", step + 1)),
+                    None => Ok(outcome),
+                }
+            }
+            // Steps count from 1 (`step` is how many were taken before this one).
+            None if !loss.is_finite() => Err(Error::NonFiniteLoss {
+                step: step + 1,
+                loss,
+            }),
+            None => Err(invalid!(
+                "a gradient is inf or NaN at step {} ({} has no loss scaling to skip it): lower \
+                 the learning rate or enable clipping",
+                step + 1,
+                self.opts.precision
+            )),
+        }
+    }
+}

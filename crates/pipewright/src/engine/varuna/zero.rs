@@ -1,0 +1,148 @@
+//! ZeRO in the Varuna step ([`crate::parallel::zero`]): the plan of this rank's parameters over its
+//! data-parallel group, and the f32 state a checkpoint reads and writes, whole or in pieces.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Tensor, Var};
+
+use super::Varuna;
+use crate::dist::comm::Communicator;
+use crate::model::precision::MasterWeights;
+use crate::parallel::pipeline::Pipeline;
+use crate::parallel::zero::{LayerGather, ParamSpec, ShardPlan, Zero, ZeroShards, AFTER_PIPELINE};
+use crate::Result;
+
+/// The f32 master weights a rank updates: whole, or under ZeRO its replica's pieces.
+pub(super) enum Weights {
+    /// Every master weight of the rank's stages and shards.
+    Whole(MasterWeights),
+    /// This replica's pieces of them.
+    Sharded(ZeroShards),
+}
+
+/// This rank's weights: under ZeRO (when `zero` shards anything) each model stage's parameters in
+/// buckets of their own (their gradients are complete together; under ZeRO-3 each layer's,
+/// which the layer gathers when it computes), tied weights apart (they are summed between
+/// stages after the pipeline), the whole masters dropped once cut; else `masters` whole
+/// (without ZeRO or with one replica).
+pub(super) fn weights(
+    zero: Zero,
+    pipeline: &mut Pipeline,
+    tied: &[(String, String)],
+    bucket_bytes: usize,
+    dp: &dyn Communicator,
+    masters: MasterWeights,
+) -> Result<Weights> {
+    if zero == Zero::Off || dp.size() == 1 {
+        return Ok(Weights::Whole(masters));
+    }
+    let is_tied = |n: &str| tied.iter().any(|(a, b)| a == n || b == n);
+    let mut specs: Vec<ParamSpec> = Vec::new();
+    let mut model = Vec::new();
+    let mut layers = BTreeMap::new();
+    for (k, layer, params) in pipeline.params_by_layer() {
+        for (n, v) in &params {
+            let group = if zero == Zero::Parameters { layer } else { k };
+            let tag = if is_tied(n) { AFTER_PIPELINE } else { group };
+            specs.push((n.clone(), v.dims().to_vec(), tag));
+            model.push((n.clone(), v.clone()));
+        }
+        layers.insert(layer, params);
+    }
+    let device = masters.master().first().map(|(_, v)| v.device().clone());
+    let device = device.unwrap_or(candle_core::Device::Cpu);
+    let plan = ShardPlan::new(&specs, bucket_bytes, dp.rank(), dp.size(), device)?;
+    let z = ZeroShards::new(zero, plan.clone(), model, masters.master())?;
+    drop(masters);
+    if zero == Zero::Parameters {
+        // A communicator of its own: layers gather inside the schedule, between the step's
+        // other collectives over the replicas.
+        let all: Vec<usize> = (0..dp.size()).collect();
+        let gather = LayerGather::new(plan, dp.split(&all)?, z.pieces().to_vec(), layers)?;
+        let gather = Arc::new(gather);
+        pipeline.set_layer_params(Some(gather.clone()));
+        return Ok(Weights::Sharded(z.with_gather(gather)));
+    }
+    Ok(Weights::Sharded(z))
+}
+
+impl Varuna {
+    /// The ZeRO stage in effect: the one asked for, or [`Zero::Off`] with one replica, where
+    /// there is nothing to shard.
+    pub fn zero(&self) -> Zero {
+        match &self.weights {
+            Weights::Sharded(z) => z.stage(),
+            Weights::Whole(_) => Zero::Off,
+        }
+    }
+
+    /// The model's parameters, whole, in the compute type, by name: the values its layers
+    /// compute with (collective over the data-parallel replicas under ZeRO-3, whose layers
+    /// hold them only while they compute: they are gathered).
+    pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
+        if let Some(g) = self.weights.sharded().and_then(ZeroShards::gather) {
+            return g.gather_all();
+        }
+        self.pipeline
+            .params()
+            .iter()
+            .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?)))
+            .collect()
+    }
+
+    /// The parameters the optimizer is made over: the f32 masters, or under ZeRO this
+    /// replica's pieces of them.
+    pub(super) fn optimized(&self) -> Vec<(String, Var)> {
+        match &self.weights {
+            Weights::Sharded(z) => z.pieces().to_vec(),
+            Weights::Whole(m) => m.master().to_vec(),
+        }
+    }
+
+    /// Whole f32 parameters as a checkpoint holds them (collective over the replicas under
+    /// ZeRO): the masters, gathered from the pieces under ZeRO, or with `blank` new zeros to
+    /// read into (and hand to [`Varuna::set_whole_masters`]).
+    pub(super) fn whole_masters(&self, blank: bool) -> Result<Vec<(String, Var)>> {
+        let z = match &self.weights {
+            Weights::Whole(m) => return Ok(m.master().to_vec()),
+            Weights::Sharded(z) => z,
+        };
+        if !blank {
+            return z.whole_masters(self.dp.as_ref());
+        }
+        self.pipeline
+            .params()
+            .iter()
+            .map(|(n, v)| Ok((n.clone(), Var::zeros(v.dims(), DType::F32, v.device())?)))
+            .collect()
+    }
+
+    /// Puts whole f32 parameters read by [`Varuna::whole_masters`] in place: into the model
+    /// (and under ZeRO into this replica's pieces).
+    pub(super) fn set_whole_masters(&self, whole: &[(String, Var)]) -> Result<()> {
+        match &self.weights {
+            Weights::Sharded(z) => z.load_masters(whole),
+            Weights::Whole(m) => m.sync(),
+        }
+    }
+}
+
+impl Weights {
+    /// Puts the updated masters into the model (collective over the replicas under ZeRO: the
+    /// all-gather of the pieces).
+    pub(super) fn publish(&self, dp: &dyn Communicator) -> Result<()> {
+        match self {
+            Weights::Whole(m) => m.sync(),
+            Weights::Sharded(z) => z.publish(dp),
+        }
+    }
+
+    /// The ZeRO state, if sharded.
+    pub(super) fn sharded(&self) -> Option<&ZeroShards> {
+        match self {
+            Weights::Sharded(z) => Some(z),
+            Weights::Whole(_) => None,
+        }
+    }
+}

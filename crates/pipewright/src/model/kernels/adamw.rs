@@ -1,0 +1,380 @@
+//! AdamW in one pass per parameter: the parameter updated in place and both moments written
+//! while each element is read once, with exactly the f32 arithmetic, operation for operation,
+//! of the composed update in `nn::optim::adamw` (so the trajectories stay bit-for-bit those of
+//! the `torch.optim` fixtures).
+
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+
+use super::{par_elems, slice, Out};
+
+const NAME: &str = "pipewright-adamw";
+
+/// One step's coefficients, rounded to f32 as candle's `affine` rounds them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdamWStep {
+    /// `1 - lr * weight_decay` when this parameter decays.
+    pub decay: Option<f64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    /// `1 / sqrt(1 - beta2^t)`.
+    pub inv_bc2_sqrt: f64,
+    pub eps: f64,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f64,
+}
+
+/// Whether [`update`] takes `p`: a contiguous f32 parameter on the CPU or (in the `cuda`
+/// build) a GPU.
+pub(crate) fn applies(p: &Tensor) -> bool {
+    (p.device().is_cpu() || (cfg!(feature = "cuda") && p.device().is_cuda()))
+        && p.dtype() == DType::F32
+        && p.is_contiguous()
+}
+
+/// Updates `p` in place from its f32 gradient `g` and moments `m`, `v` (none before the first
+/// step) and returns the new moments.
+pub(crate) fn update(
+    p: &Tensor,
+    g: &Tensor,
+    m: Option<&Tensor>,
+    v: Option<&Tensor>,
+    c: AdamWStep,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    if p.device().is_cuda() {
+        return cuda::update(p, g, m, v, c);
+    }
+    let g = g.contiguous()?;
+    let (m, v) = (
+        m.map(Tensor::contiguous).transpose()?,
+        v.map(Tensor::contiguous).transpose()?,
+    );
+    let n = p.elem_count();
+    let (sg, lg) = g.storage_and_layout();
+    let gs = cpu_f32(&sg, lg)?;
+    let ms = m.as_ref().map(|m| m.storage_and_layout());
+    let vs = v.as_ref().map(|v| v.storage_and_layout());
+    let ms = ms.as_ref().map(|(s, l)| cpu_f32(s, l)).transpose()?;
+    let vs = vs.as_ref().map(|(s, l)| cpu_f32(s, l)).transpose()?;
+    for (what, len) in [
+        ("gradient", Some(gs.len())),
+        ("exp_avg", ms.map(<[f32]>::len)),
+        ("exp_avg_sq", vs.map(<[f32]>::len)),
+    ] {
+        if let Some(len) = len.filter(|&l| l != n) {
+            candle_core::bail!("{NAME}: {what} holds {len} elements, the parameter {n}");
+        }
+    }
+    let op = Update {
+        g: gs,
+        m: ms,
+        v: vs,
+        c,
+        out: std::sync::Mutex::new(None),
+    };
+    p.inplace_op1(&op)?;
+    let (m1, v1) = op.out.into_inner().unwrap().expect("the CPU update ran");
+    let dev = p.device();
+    Ok((
+        Tensor::from_vec(m1, p.shape(), dev)?,
+        Tensor::from_vec(v1, p.shape(), dev)?,
+    ))
+}
+
+fn cpu_f32<'a>(s: &'a Storage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+    match s {
+        Storage::Cpu(c) => slice(c, l, NAME),
+        _ => candle_core::bail!("{NAME}: expects CPU tensors"),
+    }
+}
+
+struct Update<'a> {
+    g: &'a [f32],
+    m: Option<&'a [f32]>,
+    v: Option<&'a [f32]>,
+    c: AdamWStep,
+    out: std::sync::Mutex<Option<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl InplaceOp1 for Update<'_> {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle_core::Result<()> {
+        let (a, b) = l
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{NAME}: parameter not contiguous")))?;
+        let p = match s {
+            CpuStorage::F32(p) => &mut p[a..b],
+            other => candle_core::bail!(
+                "{NAME}: expects an f32 parameter, got {:?}",
+                candle_core::backend::BackendStorage::dtype(other)
+            ),
+        };
+        let n = p.len();
+        let f = |x: f64| x as f32;
+        let c = self.c;
+        let k = Coeffs {
+            decay: c.decay.map(f),
+            b1: f(c.beta1),
+            c1: f(1.0 - c.beta1),
+            b2: f(c.beta2),
+            c2: f(1.0 - c.beta2),
+            inv: f(c.inv_bc2_sqrt),
+            eps: f(c.eps),
+            step: f(c.step_size),
+        };
+        // Before the first step the moments are zero, which gives the same bits as the
+        // composed update's first step (0 * b + 0 + x = x, and x is never -0).
+        let zeros = match (self.m, self.v) {
+            (Some(_), Some(_)) => Vec::new(),
+            _ => vec![0f32; n],
+        };
+        let (m0, v0) = (self.m.unwrap_or(&zeros), self.v.unwrap_or(&zeros));
+        let (mut m1, mut v1) = (Out::<f32>::new(n), Out::<f32>::new(n));
+        let (mo, vo, po) = (m1.rows(), v1.rows(), super::Rows(p.as_mut_ptr()));
+        par_elems(n, |r| {
+            // SAFETY: blocks are disjoint and within `n`, for all three buffers.
+            let (p, m, v) = unsafe { (po.get(r.clone()), mo.get(r.clone()), vo.get(r.clone())) };
+            let (g, m0, v0) = (&self.g[r.clone()], &m0[r.clone()], &v0[r]);
+            k.apply(p, m, v, g, m0, v0);
+        });
+        // SAFETY: the blocks covered `0..n` of both moments.
+        let moments = unsafe { (m1.into_vec(n), v1.into_vec(n)) };
+        *self.out.lock().unwrap() = Some(moments);
+        Ok(())
+    }
+}
+
+/// One step's f32 coefficients.
+#[derive(Clone, Copy)]
+struct Coeffs {
+    decay: Option<f32>,
+    b1: f32,
+    c1: f32,
+    b2: f32,
+    c2: f32,
+    inv: f32,
+    eps: f32,
+    step: f32,
+}
+
+impl Coeffs {
+    /// The update of one block, compiled for AVX-512 and AVX2 too and chosen at run time.
+    fn apply(
+        &self,
+        p: &mut [f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[f32],
+        m0: &[f32],
+        v0: &[f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512(
+                c: &Coeffs,
+                a: (&mut [f32], &mut [f32], &mut [f32]),
+                b: (&[f32], &[f32], &[f32]),
+            ) {
+                c.update(a, b)
+            }
+            #[target_feature(enable = "avx2")]
+            unsafe fn avx2(
+                c: &Coeffs,
+                a: (&mut [f32], &mut [f32], &mut [f32]),
+                b: (&[f32], &[f32], &[f32]),
+            ) {
+                c.update(a, b)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                return unsafe { avx512(self, (p, m, v), (g, m0, v0)) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { avx2(self, (p, m, v), (g, m0, v0)) };
+            }
+        }
+        self.update((p, m, v), (g, m0, v0))
+    }
+
+    /// Each line is one of the composed update's tensor ops (affine: `x * mul + add`); without
+    /// fused multiply-adds (Rust never contracts), so the bits are the composed ones.
+    #[inline(always)]
+    fn update(
+        &self,
+        (p, m, v): (&mut [f32], &mut [f32], &mut [f32]),
+        (g, m0, v0): (&[f32], &[f32], &[f32]),
+    ) {
+        let c = *self;
+        for (((((pk, mk), vk), &g), &m0), &v0) in p.iter_mut().zip(m).zip(v).zip(g).zip(m0).zip(v0)
+        {
+            let mut x = *pk;
+            if let Some(d) = c.decay {
+                x = x * d + 0.0;
+            }
+            let m1 = (m0 * c.b1 + 0.0) + (g * c.c1 + 0.0);
+            let v1 = (v0 * c.b2 + 0.0) + ((g * g) * c.c2 + 0.0);
+            let denom = (v1.sqrt() * c.inv + 0.0) * 1.0 + c.eps;
+            *pk = x - ((m1 / denom) * c.step + 0.0);
+            *mk = m1;
+            *vk = v1;
+        }
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/adamw.cu): the parameter updated in place, the new
+/// moments written into fresh tensors (the old ones may be held elsewhere, by a checkpoint
+/// being written, say).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
+    use candle_core::{CudaStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+
+    use super::{AdamWStep, NAME};
+    use crate::model::kernels::gpu::{self, PushKernelArg};
+
+    /// adamw.cu's `Coeffs`.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Coeffs {
+        decay: f32,
+        b1: f32,
+        c1: f32,
+        b2: f32,
+        c2: f32,
+        inv: f32,
+        eps: f32,
+        step: f32,
+        has_decay: i32,
+    }
+    // SAFETY: plain old data laid out as the kernel's struct.
+    unsafe impl DeviceRepr for Coeffs {}
+
+    pub(super) fn update(
+        p: &Tensor,
+        g: &Tensor,
+        m: Option<&Tensor>,
+        v: Option<&Tensor>,
+        c: AdamWStep,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
+        let n = p.elem_count();
+        let check = |what: &str, t: &Tensor| {
+            if t.elem_count() != n || t.dtype() != DType::F32 {
+                candle_core::bail!(
+                    "{NAME}: {what} is {:?} {:?}, the parameter {n} f32",
+                    t.dims(),
+                    t.dtype()
+                );
+            }
+            Ok(())
+        };
+        let g = g.contiguous()?;
+        check("the gradient", &g)?;
+        let (m1, v1, m0, v0) = match (m, v) {
+            (Some(m), Some(v)) => {
+                // SAFETY: the kernel writes every element of the new moments before anything
+                // reads them (no zero fill per parameter per step).
+                let (m1, v1) = unsafe { (p.empty_like()?, p.empty_like()?) };
+                (m1, v1, m.contiguous()?, v.contiguous()?)
+            }
+            // Before the first step the moments are zero: the new ones start as the old.
+            _ => {
+                let (m1, v1) = (p.zeros_like()?, p.zeros_like()?);
+                (m1.clone(), v1.clone(), m1, v1)
+            }
+        };
+        check("exp_avg", &m0)?;
+        check("exp_avg_sq", &v0)?;
+        let f = |x: f64| x as f32;
+        let k = Coeffs {
+            decay: f(c.decay.unwrap_or(1.0)),
+            b1: f(c.beta1),
+            c1: f(1.0 - c.beta1),
+            b2: f(c.beta2),
+            c2: f(1.0 - c.beta2),
+            inv: f(c.inv_bc2_sqrt),
+            eps: f(c.eps),
+            step: f(c.step_size),
+            has_decay: i32::from(c.decay.is_some()),
+        };
+        p.inplace_op1(&Update {
+            k,
+            g,
+            m0,
+            v0,
+            m1: m1.clone(),
+            v1: v1.clone(),
+        })?;
+        Ok((m1, v1))
+    }
+
+    struct Update {
+        k: Coeffs,
+        g: Tensor,
+        m0: Tensor,
+        v0: Tensor,
+        m1: Tensor,
+        v1: Tensor,
+    }
+
+    /// The GPU buffer under `t` (contiguous, f32) and its offsets.
+    fn with_slice<R>(
+        t: &Tensor,
+        f: impl FnOnce(&CudaStorage, &Layout) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (s, l) = t.storage_and_layout();
+        match &*s {
+            Storage::Cuda(s) => f(s, l),
+            _ => candle_core::bail!("{NAME}: expects every tensor on the parameter's GPU"),
+        }
+    }
+
+    impl InplaceOp1 for Update {
+        fn name(&self) -> &'static str {
+            NAME
+        }
+
+        fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> candle_core::Result<()> {
+            candle_core::bail!("{NAME}: the GPU update was given a CPU parameter")
+        }
+
+        fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
+            let (a, b) = l.contiguous_offsets().ok_or_else(|| {
+                candle_core::Error::Msg(format!("{NAME}: parameter not contiguous"))
+            })?;
+            let n = b - a;
+            let dev = s.device.clone();
+            let f = gpu::func(&dev, &gpu::ADAMW, "adamw", DType::F32)?;
+            let mut p = s.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
+            with_slice(&self.g, |sg, lg| {
+                with_slice(&self.m0, |sm0, lm0| {
+                    with_slice(&self.v0, |sv0, lv0| {
+                        with_slice(&self.m1, |sm1, lm1| {
+                            with_slice(&self.v1, |sv1, lv1| {
+                                let g = gpu::view::<f32>(sg, lg, NAME)?;
+                                let (m0, v0) = (
+                                    gpu::view::<f32>(sm0, lm0, NAME)?,
+                                    gpu::view::<f32>(sv0, lv0, NAME)?,
+                                );
+                                let (m1, v1) = (
+                                    gpu::view::<f32>(sm1, lm1, NAME)?,
+                                    gpu::view::<f32>(sv1, lv1, NAME)?,
+                                );
+                                // The kernel writes m1 and v1 through these views: fresh
+                                // tensors of this call's alone.
+                                gpu::launch(&f, gpu::elementwise(n), n, |b| {
+                                    b.arg(&mut p).arg(&g).arg(&m0).arg(&v0).arg(&m1).arg(&v1);
+                                    b.arg(&n).arg(&self.k);
+                                })
+                            })
+                        })
+                    })
+                })
+            })
+        }
+    }
+}

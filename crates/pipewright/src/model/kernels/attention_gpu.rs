@@ -1,0 +1,157 @@
+//! The same on a CUDA device: through cuBLAS's tensor-core products while a chunk of heads'
+//! scores fits a scratch buffer (kernels/attention_blas.rs), else flash-style
+//! (kernels/cuda/attention.cu): no (time x time) tensor, the backward's row statistics
+//! (log-sum-exp, `dy . y`) in two f32 vectors. Neither keeps anything past the op.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+use candle_core::{CudaStorage, Layout, Result, Shape};
+
+use super::{Attention, Geometry, GPU_HEAD_DIM, NAME};
+use crate::model::kernels::attention_blas as blas;
+use crate::model::kernels::gpu::{self, addr, typed, PushKernelArg};
+
+/// attention.cu's `Geo`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Geo {
+    t: i32,
+    h: i32,
+    hd: i32,
+    c: i32,
+    scale: f32,
+}
+// SAFETY: plain old data laid out as the kernel's struct.
+unsafe impl DeviceRepr for Geo {}
+
+/// Rows of queries (or keys) per block, as attention.cu's `R`.
+const ROWS: usize = 64;
+
+/// The kernels' geometry, their head-dimension bucket (32, 64 or 128) and launch shape.
+fn launch_of(a: &Attention, l: &Layout) -> Result<(Geo, usize, LaunchConfig, usize)> {
+    let g = Geometry::of(l, a.heads)?;
+    let batch = l.dims()[0];
+    let bucket = match g.hd {
+        0..=32 => 32,
+        33..=64 => 64,
+        65..=128 => 128,
+        hd => candle_core::bail!("{NAME}: head dimension {hd} is over {GPU_HEAD_DIM} on a GPU"),
+    };
+    let (units, blocks) = (batch * a.heads, g.t.div_ceil(ROWS));
+    if 3 * g.lc > i32::MAX as usize || units > i32::MAX as usize || blocks > 65_535 {
+        candle_core::bail!(
+            "{NAME}: {batch} x {} rows of {} columns is over one launch",
+            g.t,
+            3 * g.lc
+        );
+    }
+    let geo = Geo {
+        t: g.t as i32,
+        h: a.heads as i32,
+        hd: g.hd as i32,
+        c: g.lc as i32,
+        scale: a.scale as f32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (units as u32, blocks as u32, 1),
+        block_dim: (4 * bucket as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok((geo, bucket, cfg, units * g.t))
+}
+
+/// The shapes for the cuBLAS path (kernels/attention_blas.rs), if it takes them: it does
+/// while a chunk of heads' scores fits its scratch, the flash kernels beyond.
+fn blas_dims(a: &Attention, l: &Layout, dtype: candle_core::DType) -> Result<Option<blas::Dims>> {
+    let g = Geometry::of(l, a.heads)?;
+    let d = blas::Dims {
+        batch: l.dims()[0],
+        t: g.t,
+        heads: a.heads,
+        hd: g.hd,
+        c: g.lc,
+        scale: a.scale as f32,
+    };
+    Ok((d.fits(dtype) && d.batch * d.t * d.hd > 0).then_some(d))
+}
+
+pub(super) fn forward(a: &Attention, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+    let dev = s.device();
+    let (geo, d, cfg, work) = launch_of(a, l)?;
+    let (batch, t) = (l.dims()[0], geo.t as usize);
+    let c = geo.c as usize;
+    let blas_dims = blas_dims(a, l, s.dtype())?;
+    typed!(NAME, s.dtype(), |T| {
+        let x = gpu::view::<T>(s, l, NAME)?;
+        let mut y = gpu::alloc::<T>(dev, batch * t * c)?;
+        if let Some(bd) = &blas_dims {
+            blas::forward::<T>(dev, bd, s.dtype(), addr(dev, &x), addr(dev, &y))?;
+            return Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                Shape::from((batch, t, c)),
+            ));
+        }
+        let f = gpu::func(dev, &gpu::ATTENTION, &format!("attn_fwd_{d}"), s.dtype())?;
+        gpu::launch(&f, cfg, work, |b| {
+            b.arg(&x).arg(&mut y).arg(&geo);
+        })?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            Shape::from((batch, t, c)),
+        ))
+    })
+}
+
+type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+pub(super) fn backward(
+    a: &Attention,
+    [(sx, lx), (sy, ly), (sg, lg)]: [Input; 3],
+) -> Result<(CudaStorage, Shape)> {
+    let dev = sx.device();
+    let (geo, d, cfg, work) = launch_of(a, lx)?;
+    let n = lx.shape().elem_count();
+    let blas_dims = blas_dims(a, lx, sx.dtype())?;
+    typed!(NAME, sx.dtype(), |T| {
+        let x = gpu::view::<T>(sx, lx, NAME)?;
+        let (y, dy) = (gpu::view::<T>(sy, ly, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+        let mut dx = gpu::alloc::<T>(dev, n)?;
+        if let Some(bd) = &blas_dims {
+            let (xa, dya, dxa) = (addr(dev, &x), addr(dev, &dy), addr(dev, &dx));
+            blas::backward::<T>(dev, bd, sx.dtype(), xa, dya, dxa)?;
+            return Ok((
+                CudaStorage::wrap_cuda_slice(dx, dev.clone()),
+                lx.shape().clone(),
+            ));
+        }
+        let (mut lse, mut dvec) = (gpu::alloc::<f32>(dev, work)?, gpu::alloc::<f32>(dev, work)?);
+        let q = gpu::func(dev, &gpu::ATTENTION, &format!("attn_bwd_q_{d}"), sx.dtype())?;
+        gpu::launch(&q, cfg, work, |b| {
+            b.arg(&x)
+                .arg(&y)
+                .arg(&dy)
+                .arg(&mut dx)
+                .arg(&mut lse)
+                .arg(&mut dvec);
+            b.arg(&geo);
+        })?;
+        let kv = gpu::func(
+            dev,
+            &gpu::ATTENTION,
+            &format!("attn_bwd_kv_{d}"),
+            sx.dtype(),
+        )?;
+        gpu::launch(&kv, cfg, work, |b| {
+            b.arg(&x)
+                .arg(&dy)
+                .arg(&mut dx)
+                .arg(&lse)
+                .arg(&dvec)
+                .arg(&geo);
+        })?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(dx, dev.clone()),
+            lx.shape().clone(),
+        ))
+    })
+}

@@ -1,0 +1,388 @@
+//! Cross-entropy fused with its log-softmax: the loss of each row from one read of its logits
+//! (max, log-sum-exp, the target's logit), no log-probabilities stored; the backward writes
+//! `softmax - one_hot` scaled by the row's gradient in one more pass.
+
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+
+use super::{dispatch, input, par, row_max, storage, sum_exp, Out, Real};
+
+/// Targets equal to this are ignored (PyTorch's default `ignore_index`).
+pub const IGNORE_INDEX: i64 = -100;
+
+const NAME: &str = "pipewright-cross-entropy";
+
+/// Each row's negative log-likelihood of its target (zero where the target is
+/// [`IGNORE_INDEX`]) for CPU f32/f64 `logits` `(rows, classes)`; `targets` are checked to lie
+/// in `0..classes` or be ignored.
+pub(crate) fn nll_rows(logits: &Tensor, targets: Vec<i64>) -> candle_core::Result<Tensor> {
+    logits.contiguous()?.apply_op1(CrossEntropy {
+        targets: Arc::new(targets),
+    })
+}
+
+#[derive(Clone)]
+struct CrossEntropy {
+    targets: Arc<Vec<i64>>,
+}
+
+/// The row's log-sum-exp.
+fn lse<T: Real>(row: &[T]) -> T {
+    let m = row_max(row);
+    m + sum_exp(row, m).ln()
+}
+
+fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
+    let rows = t.len();
+    let mut out = Out::new(rows);
+    let o = out.rows();
+    par(rows, x.len(), |r| {
+        // SAFETY: these rows' losses are this call's alone.
+        let nll = unsafe { o.get(r.clone()) };
+        for (k, i) in r.enumerate() {
+            nll[k] = if t[i] == IGNORE_INDEX {
+                T::zero()
+            } else {
+                let row = &x[i * classes..(i + 1) * classes];
+                lse(row) - row[t[i] as usize]
+            };
+        }
+    });
+    // SAFETY: every row's loss was written.
+    unsafe { out.into_vec(rows) }
+}
+
+fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize) -> Vec<T> {
+    let mut out = Out::new(x.len());
+    let o = out.rows();
+    par(t.len(), x.len(), |r| {
+        for i in r {
+            // SAFETY: row i is this call's alone.
+            let d = unsafe { o.get(i * classes..(i + 1) * classes) };
+            if t[i] == IGNORE_INDEX {
+                d.fill(T::zero());
+                continue;
+            }
+            let row = &x[i * classes..(i + 1) * classes];
+            let m = row_max(row);
+            for (dv, &v) in d.iter_mut().zip(row) {
+                *dv = v - m;
+            }
+            T::exp_slice(d);
+            let sum = d.iter().copied().sum::<T>();
+            let scale = g[i] / sum;
+            for v in d.iter_mut() {
+                *v *= scale;
+            }
+            let k = t[i] as usize;
+            d[k] -= g[i];
+        }
+    });
+    // SAFETY: every row was written.
+    unsafe { out.into_vec(x.len()) }
+}
+
+impl CustomOp1 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (rows, classes) = l.shape().dims2()?;
+        let t = &self.targets;
+        if t.len() != rows {
+            candle_core::bail!("{NAME}: {rows} rows of logits but {} targets", t.len());
+        }
+        dispatch!(NAME, s, |s: T| Ok((
+            storage(forward::<T>(&input(s, l, NAME)?, t, classes)),
+            Shape::from(rows)
+        )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward(s, l, &self.targets)
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(
+            &g.contiguous()?,
+            &CrossEntropyGrad(self.clone()),
+        )?))
+    }
+}
+
+/// `g_i (softmax(x_i) - one_hot(t_i))` row by row, zero for ignored rows.
+struct CrossEntropyGrad(CrossEntropy);
+
+impl CustomOp2 for CrossEntropyGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-cross-entropy-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (rows, classes) = lx.shape().dims2()?;
+        if self.0.targets.len() != rows {
+            candle_core::bail!(
+                "{NAME}: {rows} rows of logits but {} targets",
+                self.0.targets.len()
+            );
+        }
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(backward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sg, lg, NAME)?,
+                &self.0.targets,
+                classes
+            )),
+            lx.shape().clone()
+        )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward(sx, lx, sg, lg, &self.0.targets)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/cross_entropy.cu); the targets go up with each call
+/// (8 bytes a row, beside the row's classes).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+
+    /// The targets on the GPU (one unread element when there are none: no empty buffers).
+    fn upload(
+        s: &CudaStorage,
+        targets: &[i64],
+    ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<i64>> {
+        let none: &[i64] = &[0];
+        s.device()
+            .clone_htod(if targets.is_empty() { none } else { targets })
+    }
+
+    fn rows_cols(l: &Layout, targets: &[i64]) -> Result<(usize, usize)> {
+        let (rows, classes) = l.shape().dims2()?;
+        if targets.len() != rows {
+            candle_core::bail!(
+                "{NAME}: {rows} rows of logits but {} targets",
+                targets.len()
+            );
+        }
+        Ok((rows, classes))
+    }
+
+    pub(super) fn forward(
+        s: &CudaStorage,
+        l: &Layout,
+        targets: &[i64],
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = s.device();
+        let (rows, classes) = rows_cols(l, targets)?;
+        typed!(NAME, s.dtype(), |T| {
+            if classes == 0 {
+                // No classes: every target is ignored (validated by the caller), every loss 0.
+                let nll = gpu::zeros::<T>(dev, rows)?;
+                return Ok((
+                    CudaStorage::wrap_cuda_slice(nll, dev.clone()),
+                    Shape::from(rows),
+                ));
+            }
+            let t = upload(s, targets)?;
+            let x = gpu::view::<T>(s, l, NAME)?;
+            let mut nll = gpu::alloc::<T>(dev, rows)?;
+            let f = gpu::func(dev, &gpu::CROSS_ENTROPY, "ce_fwd", s.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, classes)?, rows, |a| {
+                a.arg(&x).arg(&t).arg(&mut nll).arg(&classes);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(nll, dev.clone()),
+                Shape::from(rows),
+            ))
+        })
+    }
+
+    pub(super) fn backward(
+        sx: &CudaStorage,
+        lx: &Layout,
+        sg: &CudaStorage,
+        lg: &Layout,
+        targets: &[i64],
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, classes) = rows_cols(lx, targets)?;
+        let t = upload(sx, targets)?;
+        typed!(NAME, sx.dtype(), |T| {
+            let (x, g) = (gpu::view::<T>(sx, lx, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let mut dx = gpu::alloc::<T>(dev, rows * classes)?;
+            let f = gpu::func(dev, &gpu::CROSS_ENTROPY, "ce_bwd", sx.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, classes)?, rows * classes, |a| {
+                a.arg(&x).arg(&g).arg(&t).arg(&mut dx).arg(&classes);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(dx, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
+}
+
+/// For logits holding part of the classes (vocabulary parallelism): each row's
+/// `[sum_j exp(x_j - m_i), x_t - m_i]` (the second zero where the target `t` is not in this
+/// part or ignored), `m` the all-reduced row maximum, as one `(rows, 2)` tensor whose backward
+/// is one pass too. `local[i]`: the target's index in this part, if it is here.
+pub(crate) fn partial_sums(
+    logits: &Tensor,
+    max: &Tensor,
+    local: Vec<Option<usize>>,
+) -> candle_core::Result<Tensor> {
+    logits.contiguous()?.apply_op2(
+        &max.contiguous()?,
+        Partial {
+            local: Arc::new(local),
+        },
+    )
+}
+
+#[derive(Clone)]
+struct Partial {
+    local: Arc<Vec<Option<usize>>>,
+}
+
+fn partial_forward<T: Real>(x: &[T], m: &[T], local: &[Option<usize>], classes: usize) -> Vec<T> {
+    let rows = local.len();
+    let mut out = Out::new(2 * rows);
+    let o = out.rows();
+    par(rows, x.len(), |r| {
+        // SAFETY: these rows' pairs are this call's alone.
+        let pairs = unsafe { o.get(2 * r.start..2 * r.end) };
+        for (k, i) in r.enumerate() {
+            let row = &x[i * classes..(i + 1) * classes];
+            pairs[2 * k] = sum_exp(row, m[i]);
+            pairs[2 * k + 1] = local[i].map_or(T::zero(), |j| row[j] - m[i]);
+        }
+    });
+    // SAFETY: every pair was written.
+    unsafe { out.into_vec(2 * rows) }
+}
+
+/// `g_i0 exp(x_ij - m_i) + g_i1 [j == t_i]`.
+fn partial_backward<T: Real>(
+    x: &[T],
+    m: &[T],
+    g: &[T],
+    local: &[Option<usize>],
+    classes: usize,
+) -> Vec<T> {
+    let mut out = Out::new(x.len());
+    let o = out.rows();
+    par(local.len(), x.len(), |r| {
+        for i in r {
+            let row = &x[i * classes..(i + 1) * classes];
+            // SAFETY: row i is this call's alone.
+            let d = unsafe { o.get(i * classes..(i + 1) * classes) };
+            for (dv, &v) in d.iter_mut().zip(row) {
+                *dv = v - m[i];
+            }
+            T::exp_slice(d);
+            for dv in d.iter_mut() {
+                *dv *= g[2 * i];
+            }
+            if let Some(j) = local[i] {
+                d[j] += g[2 * i + 1];
+            }
+        }
+    });
+    // SAFETY: every row was written.
+    unsafe { out.into_vec(x.len()) }
+}
+
+impl CustomOp2 for Partial {
+    fn name(&self) -> &'static str {
+        "pipewright-vocab-parallel-partial"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sm: &CpuStorage,
+        lm: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (rows, classes) = lx.shape().dims2()?;
+        if self.local.len() != rows || lm.shape().elem_count() != rows {
+            candle_core::bail!("{NAME}: {rows} rows of logits, one maximum and target each");
+        }
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(partial_forward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sm, lm, NAME)?,
+                &self.local,
+                classes
+            )),
+            Shape::from((rows, 2))
+        )))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        m: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = x.apply_op3_no_bwd(m, &g.contiguous()?, &PartialGrad(self.clone()))?;
+        Ok((Some(dx), None))
+    }
+}
+
+struct PartialGrad(Partial);
+
+impl candle_core::CustomOp3 for PartialGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-vocab-parallel-partial-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sm: &CpuStorage,
+        lm: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, classes) = lx.shape().dims2()?;
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(partial_backward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sm, lm, NAME)?,
+                &input(sg, lg, NAME)?,
+                &self.0.local,
+                classes
+            )),
+            lx.shape().clone()
+        )))
+    }
+}

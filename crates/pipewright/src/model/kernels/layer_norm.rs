@@ -1,0 +1,311 @@
+//! LayerNorm over the last dimension, fused: each row's mean and reciprocal standard deviation
+//! computed once, the output written in the same pass; the backward recomputes both from the
+//! row (one extra read of the row, no saved tensors) and writes the input's gradient and
+//! each row block's share of the weight and bias gradients in one pass.
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+
+use super::{dispatch, input, par, row_grads, storage, Out, Real};
+
+const NAME: &str = "pipewright-layer-norm";
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` of a CPU f32/f64 tensor (biased variance,
+/// as `torch.nn.LayerNorm`), with a fused backward for `x`, `weight` and `bias`.
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> candle_core::Result<Tensor> {
+    // Any leading dimensions: the op sees rows of the last one (no reshape nodes, whose
+    // gradients would cost a pass each).
+    x.contiguous()?.apply_op3(
+        &weight.contiguous()?,
+        &bias.contiguous()?,
+        LayerNorm { eps },
+    )
+}
+
+struct LayerNorm {
+    eps: f64,
+}
+
+struct LayerNormGrad {
+    eps: f64,
+}
+
+/// Partial sums kept apart: one running sum is a chain of dependent additions, eight are one
+/// vector register's worth the compiler can keep in flight.
+const LANES: usize = 8;
+
+/// The `K` sums `sum_j f(a_j, b_j, c_j)` over three rows of equal length, each in [`LANES`]
+/// interleaved partial sums added in a fixed order (the same for every row and thread).
+pub(crate) fn sums<const K: usize, T: Real>(
+    a: &[T],
+    b: &[T],
+    c: &[T],
+    f: impl Fn(T, T, T) -> [T; K],
+) -> [T; K] {
+    let mut acc = [[T::zero(); LANES]; K];
+    let (ca, cb, cc) = (
+        a.chunks_exact(LANES),
+        b.chunks_exact(LANES),
+        c.chunks_exact(LANES),
+    );
+    let (ra, rb, rc) = (ca.remainder(), cb.remainder(), cc.remainder());
+    for ((x, y), z) in ca.zip(cb).zip(cc) {
+        for k in 0..LANES {
+            for (s, v) in acc.iter_mut().zip(f(x[k], y[k], z[k])) {
+                s[k] += v;
+            }
+        }
+    }
+    for k in 0..ra.len() {
+        for (s, v) in acc.iter_mut().zip(f(ra[k], rb[k], rc[k])) {
+            s[k] += v;
+        }
+    }
+    acc.map(|p| ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7])))
+}
+
+/// The mean and 1 / sqrt(var + eps) of `row` (two passes: the variance of the centred row).
+fn stats<T: Real>(row: &[T], eps: T) -> (T, T) {
+    let n = T::from(row.len()).unwrap();
+    let [mean] = sums(row, row, row, |v, _, _| [v]).map(|t| t / n);
+    let [var] = sums(row, row, row, |v, _, _| [(v - mean) * (v - mean)]).map(|t| t / n);
+    (mean, (var + eps).sqrt().recip())
+}
+
+fn forward<T: Real>(x: &[T], w: &[T], b: &[T], eps: f64) -> Vec<T> {
+    let cols = w.len();
+    let rows = x.len() / cols;
+    let eps = T::from(eps).unwrap();
+    let mut out = Out::new(x.len());
+    let o = out.rows();
+    par(rows, x.len(), |r| {
+        for i in r {
+            let row = &x[i * cols..(i + 1) * cols];
+            let (mean, rstd) = stats(row, eps);
+            // SAFETY: row i is this call's alone.
+            let y = unsafe { o.get(i * cols..(i + 1) * cols) };
+            for j in 0..cols {
+                y[j] = (row[j] - mean) * rstd * w[j] + b[j];
+            }
+        }
+    });
+    // SAFETY: every row was written.
+    unsafe { out.into_vec(x.len()) }
+}
+
+/// `[dx (rows x cols) | dw (cols) | db (cols)]` in one buffer.
+fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
+    let cols = w.len();
+    let eps = T::from(eps).unwrap();
+    let n = T::from(cols).unwrap();
+    // Each block's weight and bias gradient sums side by side.
+    row_grads(x.len() / cols, cols, 2 * cols, |i, part, d| {
+        let (dw, db) = part.split_at_mut(cols);
+        let row = &x[i * cols..(i + 1) * cols];
+        let gr = &g[i * cols..(i + 1) * cols];
+        let (mean, rstd) = stats(row, eps);
+        for j in 0..cols {
+            let xh = (row[j] - mean) * rstd;
+            dw[j] += gr[j] * xh;
+            db[j] += gr[j];
+        }
+        let [s1, s2] = sums(row, gr, w, |v, g, wj| {
+            let gw = g * wj;
+            [gw, gw * ((v - mean) * rstd)]
+        });
+        let (m1, m2) = (s1 / n, s2 / n);
+        for j in 0..cols {
+            let xh = (row[j] - mean) * rstd;
+            d[j] = rstd * (gr[j] * w[j] - m1 - xh * m2);
+        }
+    })
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sb: &CpuStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let cols = *lx.dims().last().unwrap_or(&0);
+        if lw.dims() != [cols] || lb.dims() != [cols] {
+            candle_core::bail!(
+                "{NAME}: weight {:?} and bias {:?} must have the {cols} elements of a row",
+                lw.dims(),
+                lb.dims()
+            );
+        }
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(forward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                &input(sb, lb, NAME)?,
+                self.eps
+            )),
+            lx.shape().clone()
+        )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+        sb: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward([(sx, lx), (sw, lw), (sb, lb)], self.eps)
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let n = x.elem_count();
+        let cols = w.elem_count();
+        let packed = x.apply_op3_no_bwd(w, &g.contiguous()?, &LayerNormGrad { eps: self.eps })?;
+        let dx = packed.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = packed.narrow(0, n, cols)?;
+        let db = packed.narrow(0, n + cols, cols)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+impl CustomOp3 for LayerNormGrad {
+    fn name(&self) -> &'static str {
+        "pipewright-layer-norm-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sx: &CpuStorage,
+        lx: &Layout,
+        sw: &CpuStorage,
+        lw: &Layout,
+        sg: &CpuStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = lx.shape().elem_count() + 2 * lw.shape().elem_count();
+        dispatch!(NAME, sx, |sx: T| Ok((
+            storage(backward::<T>(
+                &input(sx, lx, NAME)?,
+                &input(sw, lw, NAME)?,
+                &input(sg, lg, NAME)?,
+                self.eps
+            )),
+            Shape::from(n)
+        )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward([(sx, lx), (sw, lw), (sg, lg)], self.eps)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/layer_norm.cu).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+
+    type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+    /// Rows and columns of `x`, checked against the per-column `w`.
+    fn rows_cols(lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
+        let cols = *lx.dims().last().unwrap_or(&0);
+        if lw.dims() != [cols] {
+            candle_core::bail!("{NAME}: weight {:?} for rows of {cols}", lw.dims());
+        }
+        Ok((lx.shape().elem_count() / cols.max(1), cols))
+    }
+
+    pub(super) fn forward(
+        [(sx, lx), (sw, lw), (sb, lb)]: [Input; 3],
+        eps: f64,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, cols) = rows_cols(lx, lw)?;
+        if lb.dims() != [cols] {
+            candle_core::bail!("{NAME}: bias {:?} for rows of {cols}", lb.dims());
+        }
+        let eps = eps as f32;
+        typed!(NAME, sx.dtype(), |T| {
+            let x = gpu::view::<T>(sx, lx, NAME)?;
+            let (w, b) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sb, lb, NAME)?);
+            let mut y = gpu::alloc::<T>(dev, rows * cols)?;
+            let f = gpu::func(dev, &gpu::LAYER_NORM, "ln_fwd", sx.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, cols)?, rows * cols, |a| {
+                a.arg(&x).arg(&w).arg(&b).arg(&mut y).arg(&cols).arg(&eps);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
+
+    /// `[dx | dw | db]`, as the CPU twin packs them.
+    pub(super) fn backward(
+        [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
+        eps: f64,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, cols) = rows_cols(lx, lw)?;
+        let n = rows * cols;
+        let eps = eps as f32;
+        let (cfg, blocks, per) = gpu::column_blocks(rows, cols);
+        typed!(NAME, sx.dtype(), |T| {
+            let x = gpu::view::<T>(sx, lx, NAME)?;
+            let (w, g) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let mut out = gpu::alloc::<T>(dev, n + 2 * cols)?;
+            let mut stats = gpu::alloc::<f32>(dev, 2 * rows)?;
+            let mut partial = gpu::zeros::<f32>(dev, blocks * 2 * cols)?;
+            let dx = gpu::func(dev, &gpu::LAYER_NORM, "ln_bwd_dx", sx.dtype())?;
+            gpu::launch(&dx, gpu::per_row(rows, cols)?, n, |a| {
+                a.arg(&x).arg(&w).arg(&g).arg(&mut out).arg(&mut stats);
+                a.arg(&cols).arg(&eps);
+            })?;
+            let sums = gpu::func(dev, &gpu::LAYER_NORM, "ln_partials", sx.dtype())?;
+            gpu::launch(&sums, cfg, n, |a| {
+                a.arg(&x).arg(&g).arg(&stats).arg(&mut partial);
+                a.arg(&rows).arg(&cols).arg(&per);
+            })?;
+            let mut tail = out.slice_mut(n..n + 2 * cols);
+            gpu::finish_sums(dev, sx.dtype(), &partial, &mut tail, 2 * cols, blocks)?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from(n + 2 * cols),
+            ))
+        })
+    }
+}

@@ -1,0 +1,54 @@
+//! Rotary position embeddings (RoPE) as Hugging Face's Llama applies them: frequencies
+//! `theta^(-2i/hd)` for the first half of a head's width, repeated over the second half, each
+//! pair `(i, i + hd/2)` rotated by `position * frequency`. Angles in f32 as transformers
+//! computes them.
+
+use std::sync::Arc;
+
+use candle_core::{Tensor, D};
+
+use crate::{invalid, model::kernels, Result};
+
+/// `cos` and `sin` `(t, hd/2)`, row-major, of positions `start..start + t`.
+fn tables(start: usize, t: usize, hd: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = hd / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
+        .collect();
+    let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
+    for p in start..start + t {
+        for &f in &inv {
+            let a = p as f32 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// `x` `(batch, heads, t, head_dim)` with rotary embeddings of positions `start..start + t`
+/// (`start` > 0 when decoding after cached tokens). One fused kernel each way on the CPU
+/// (the backward rotates back); composed ops elsewhere (`x cos + rotate_half(x) sin`).
+pub fn rope(x: &Tensor, start: usize, theta: f64) -> Result<Tensor> {
+    let (t, hd) = (x.dim(D::Minus2)?, x.dim(D::Minus1)?);
+    if hd % 2 != 0 || !(theta > 0.0 && theta.is_finite()) {
+        return Err(invalid!(
+            "rotary embeddings need an even head width and a positive base, got {hd} and {theta}"
+        ));
+    }
+    let (cos, sin) = tables(start, t, hd, theta);
+    if kernels::fused(x) {
+        return Ok(kernels::rotary::rope(x, Arc::new(cos), Arc::new(sin))?);
+    }
+    let whole = |v: Vec<f32>| -> Result<Tensor> {
+        let half = Tensor::from_vec(v, (t, hd / 2), x.device())?;
+        Ok(Tensor::cat(&[&half, &half], D::Minus1)?.to_dtype(x.dtype())?)
+    };
+    let (cos, sin) = (whole(cos)?, whole(sin)?);
+    let (x1, x2) = (
+        x.narrow(D::Minus1, 0, hd / 2)?,
+        x.narrow(D::Minus1, hd / 2, hd / 2)?,
+    );
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
+}

@@ -1,0 +1,137 @@
+//! Data parallelism: replicas of the same stage and shard each take their own rows of the
+//! global batch, and their gradients are summed (PyTorch's DDP), in a few large flat buckets
+//! rather than one collective per parameter.
+//!
+//! Each replica divides its loss by the count of targets of the *global* batch, so the sum
+//! over replicas is exactly the gradient of the global batch's mean loss: a serial run's.
+//! Tied pairs are summed between their stages inside each replica first; being equal, they
+//! stay equal through the sum over replicas.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::dist::comm::{Communicator, ReduceOp};
+use crate::model::batch::Batch;
+use crate::model::grads::Grads;
+use crate::{invalid, Result};
+
+/// PyTorch DDP's default bucket: 25 MiB.
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// Sums `grads` over the replicas of `comm` in place, in buckets of about `bucket_bytes`
+/// (gradients in name order, flattened into one f32 buffer per bucket). Every member must hold
+/// gradients of the same names and shapes. Returns the number of collectives run.
+pub fn all_reduce_grads(
+    grads: &mut Grads,
+    comm: &dyn Communicator,
+    bucket_bytes: usize,
+) -> Result<usize> {
+    if comm.size() == 1 {
+        return Ok(0);
+    }
+    let names: Vec<(String, Vec<usize>)> = grads
+        .iter()
+        .map(|(n, g)| (n.clone(), g.dims().to_vec()))
+        .collect();
+    let sizes: Vec<usize> = names.iter().map(|(_, d)| d.iter().product()).collect();
+    let buckets: Vec<&[(String, Vec<usize>)]> = buckets(&sizes, bucket_bytes)
+        .into_iter()
+        .map(|r| &names[r])
+        .collect();
+    for bucket in &buckets {
+        let flat = bucket
+            .iter()
+            .map(|(n, _)| {
+                Ok(grads
+                    .get(n)
+                    .expect("listed")
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sum = comm.all_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
+        let mut at = 0;
+        for (n, dims) in bucket.iter() {
+            let len: usize = dims.iter().product();
+            let g = sum.narrow(0, at, len)?.reshape(dims.as_slice())?;
+            let dt = grads.get(n).expect("listed").dtype();
+            grads.insert(n.clone(), g.to_dtype(dt)?);
+            at += len;
+        }
+    }
+    Ok(buckets.len())
+}
+
+/// Consecutive runs of tensors of `sizes` elements (in order) filling buckets of about
+/// `bucket_bytes` of f32: a bucket takes tensors until it holds `bucket_bytes` or more, so one
+/// larger tensor has a bucket of its own. The one bucketing of gradient sums and of ZeRO's
+/// shards ([`crate::parallel::zero`]).
+pub fn buckets(sizes: &[usize], bucket_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut bytes = usize::MAX;
+    for (i, n) in sizes.iter().enumerate() {
+        if bytes >= bucket_bytes {
+            out.push(i..i);
+            bytes = 0;
+        }
+        bytes += n * 4;
+        out.last_mut().expect("a bucket was pushed").end = i + 1;
+    }
+    out
+}
+
+/// Rows `rank * n/size ..` of every tensor of `batch`: replica `rank`'s part of a global
+/// batch. The rows must divide evenly.
+pub fn shard_batch(batch: &Batch, rank: usize, size: usize) -> Result<Batch> {
+    let rows = batch.rows()?;
+    if size == 0 || !rows.is_multiple_of(size) {
+        return Err(invalid!(
+            "a global batch of {rows} rows does not split evenly over {size} data-parallel replicas"
+        ));
+    }
+    let per = rows / size;
+    batch.narrow(rank * per, per)
+}
+
+/// pystematic's data loader for data parallelism: each replica gets its own rows of every
+/// global batch, on its device. `batch_fn(step, rows)` must be deterministic (a task seeded
+/// once): every replica asks for the same global batch and keeps its part.
+pub struct DistributedLoader<F> {
+    batch_fn: F,
+    global_batch: usize,
+    rank: usize,
+    size: usize,
+    device: Device,
+}
+
+impl<F> DistributedLoader<F>
+where
+    F: Fn(u64, usize) -> Result<Batch>,
+{
+    /// A loader of global batches of `global_batch` rows for replica `rank` of `size`.
+    pub fn new(
+        batch_fn: F,
+        global_batch: usize,
+        rank: usize,
+        size: usize,
+        device: Device,
+    ) -> Result<Self> {
+        if size == 0 || rank >= size || !global_batch.is_multiple_of(size) {
+            return Err(invalid!(
+                "a global batch of {global_batch} does not split evenly over {size} data-parallel replicas"
+            ));
+        }
+        Ok(Self {
+            batch_fn,
+            global_batch,
+            rank,
+            size,
+            device,
+        })
+    }
+
+    /// This replica's rows of global batch `step`, on the loader's device.
+    pub fn batch(&self, step: u64) -> Result<Batch> {
+        let b = (self.batch_fn)(step, self.global_batch)?;
+        shard_batch(&b, self.rank, self.size)?.to_device(&self.device)
+    }
+}

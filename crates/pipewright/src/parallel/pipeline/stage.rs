@@ -1,0 +1,159 @@
+//! [`PipelineStage`]: the model stages one pipeline rank holds and what runs on them (the
+//! forward of a micro-batch here, its backward in [`super::backward`], receives and skips in
+//! [`super::io`], evaluation in [`super::evaluate`]), apart from the schedule that orders
+//! them ([`super::executor::Pipeline`]), as torch.distributed.pipelining separates a
+//! `PipelineStage` from its schedule.
+
+use std::ops::Range;
+use std::sync::atomic::AtomicU64;
+
+use candle_core::{Device, Tensor, Var};
+
+use super::options::PipelineOptions;
+use super::partition::partition;
+use super::schedule::Schedule;
+use super::segments::Cuts;
+use super::skip::Skips;
+use super::transfer::Tags;
+use crate::dist::comm::{Communicator, Group};
+use crate::model::batch::Batch;
+use crate::model::deferred::WeightGradQueue;
+use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
+use crate::parallel::loss::{output_in_f32, SharedLoss};
+use crate::{invalid, Result};
+
+/// What a training forward of one stage gives: its output (on the last stage the loss), the
+/// skips it sends on, and where it was cut into one graph per layer (ZeRO-3).
+pub(super) type Forward = (Activation, Vec<(usize, Tensor)>, Option<Cuts>);
+
+/// The model stages one rank holds, built, with what their forwards and backwards need: the
+/// pipeline communicator, where every other stage is, the skip routes and message tags, the
+/// tensor-parallel group, the loss, and the step and micro-batch numbers that seed dropout.
+pub struct PipelineStage {
+    pub(super) comm: Box<dyn Communicator>,
+    /// The rank that holds each model stage.
+    placement: Vec<usize>,
+    /// (model stage, built layers) of each stage this rank holds, in stage order.
+    pub(super) own: Vec<(usize, Stage)>,
+    pub(super) ranges: Vec<Range<usize>>,
+    pub(super) skips: Skips,
+    pub(super) tags: Tags,
+    /// The tensor-parallel group every stage of this rank is split over.
+    pub(super) tp: Group,
+    pub(super) loss: SharedLoss,
+    pub(super) device: Device,
+    /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout
+    /// masks are keyed by it, so a replica draws what a serial run draws for those rows.
+    pub(super) mb_offset: usize,
+    pub(super) opts: PipelineOptions,
+    pub(super) step: u64,
+    /// Deferred weight gradients (zero-bubble schedules only).
+    pub(super) queue: Option<WeightGradQueue>,
+    /// Nanoseconds spent in receives, for [`super::trace::TraceEvent::wait_us`].
+    pub(super) waited_ns: AtomicU64,
+}
+
+impl PipelineStage {
+    /// Builds the stages `schedule` gives this rank (`comm`'s rank) from `model` on `build`'s
+    /// device.
+    pub(super) fn new(
+        model: &Sequential,
+        build: &Build,
+        comm: Box<dyn Communicator>,
+        schedule: &Schedule,
+        opts: PipelineOptions,
+        loss: SharedLoss,
+    ) -> Result<Self> {
+        let ranges = partition(model, schedule.stages, opts.balance.as_deref())?;
+        let own = schedule
+            .stages_of(comm.rank())
+            .into_iter()
+            .map(|k| Ok((k, model.build_range(ranges[k].clone(), build)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let skips = Skips::new(model, &ranges)?;
+        let tags = Tags::new(
+            schedule.stages,
+            opts.micro_batches,
+            skips.routes().len(),
+            opts.tied.len(),
+        )?;
+        Ok(Self {
+            comm,
+            placement: schedule.placement()?,
+            own,
+            ranges,
+            skips,
+            tags,
+            tp: build.tp.clone(),
+            loss,
+            device: build.device.clone(),
+            mb_offset: 0,
+            queue: schedule.splits_backward().then(WeightGradQueue::new),
+            opts,
+            step: 0,
+            waited_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// The number of model stages over all ranks.
+    pub(super) fn stage_count(&self) -> usize {
+        self.placement.len()
+    }
+
+    /// The pipeline rank that holds model stage `k`.
+    pub(super) fn rank_of(&self, k: usize) -> usize {
+        self.placement[k]
+    }
+
+    /// The built layers of model stage `k`, which this rank holds.
+    pub(super) fn own_stage(&self, k: usize) -> Result<&Stage> {
+        self.own
+            .iter()
+            .find(|(s, _)| *s == k)
+            .map(|(_, s)| s)
+            .ok_or_else(|| {
+                invalid!(
+                    "rank {} was asked to run stage {k}, which it does not hold",
+                    self.comm.rank()
+                )
+            })
+    }
+
+    /// Runs model stage `k` in training mode; on the last stage the output becomes the
+    /// micro-batch's loss over `denominator`. When the stage releases its parameters between
+    /// uses (ZeRO-3) the forward is cut into one graph per layer, and the cuts come back too.
+    pub(super) fn train_forward(
+        &self,
+        (k, mb): (usize, usize),
+        x: Activation,
+        imports: &[(usize, Var)],
+        batch: &Batch,
+        denominator: usize,
+        recomputing: bool,
+    ) -> Result<Forward> {
+        let last = k + 1 == self.stage_count();
+        let stage = self.own_stage(k)?;
+        let mut cuts = stage.releases_params().then(Cuts::default);
+        let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
+        cx.defer_batch_stats = self.opts.deferred_batch_norm;
+        cx.detect_anomaly = self.opts.detect_anomaly;
+        cx.weight_grads = self.queue.clone();
+        // The same context as the first forward: same dropout masks; layers with side effects
+        // (BatchNorm statistics) see is_recomputing().
+        cx.set_recomputing(recomputing);
+        let (out, exports) =
+            self.skips
+                .run(stage, (k, last), x, imports, &mut cx, cuts.as_mut())?;
+        if !last {
+            return Ok((out, exports, cuts));
+        }
+        let out = output_in_f32(out, &mut cx)?;
+        let (sum, _) = self.loss.sum(&out, batch, &cx, &self.tp)?;
+        Ok(((sum / denominator as f64)?.into(), exports, cuts))
+    }
+
+    /// The batch tensors the model's first stage takes.
+    pub fn input_names(&self) -> &[String] {
+        self.own[0].1.input_names()
+    }
+}
