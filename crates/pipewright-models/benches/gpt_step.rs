@@ -24,6 +24,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::model::precision::Precision;
@@ -70,10 +71,12 @@ fn main() -> pipewright::Result<()> {
         .parse()?;
     let opts = VarunaOptions {
         shared_weights: vec![(TIED.0.into(), TIED.1.into())],
-        lr: LrSchedule::Constant { lr: 1e-4 },
         device,
-        precision,
-        ..VarunaOptions::new(Layout::new(1, 1, 1)?, batch, batch)
+        ..VarunaOptions::of(TrainSpec {
+            lr: LrSchedule::Constant { lr: 1e-4 },
+            precision,
+            ..TrainSpec::new(Layout::new(1, 1, 1)?, batch, batch, 1)
+        })
     };
     let model = gpt(cfg)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);

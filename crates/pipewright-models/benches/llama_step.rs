@@ -10,6 +10,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig};
 use pipewright::Batch;
@@ -35,10 +36,10 @@ fn main() -> pipewright::Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let opts = VarunaOptions {
+    let opts = VarunaOptions::of(TrainSpec {
         lr: LrSchedule::Constant { lr: 1e-4 },
-        ..VarunaOptions::new(Layout::new(1, 1, 1)?, batch, batch)
-    };
+        ..TrainSpec::new(Layout::new(1, 1, 1)?, batch, batch, 1)
+    });
     let model = llama(cfg)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let ids: Vec<u32> = (0..batch * (seq + 1))

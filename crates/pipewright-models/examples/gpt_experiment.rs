@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::experiment::{Context, Experiment, LinePlot, Param, Recorder};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
@@ -58,12 +59,14 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let opts = VarunaOptions {
         shared_weights: vec![(TIED.0.into(), TIED.1.into())],
         loss: Arc::new(CrossEntropy::default()),
-        lr: LrSchedule::Constant {
-            lr: cx.params().float("lr")?,
-        },
-        seed,
         detect_anomaly: cx.params().flag("debug")?,
-        ..VarunaOptions::new(Layout::new(pp, tp, dp)?, batch, batch / (dp * chunks))
+        ..VarunaOptions::of(TrainSpec {
+            lr: LrSchedule::Constant {
+                lr: cx.params().float("lr")?,
+            },
+            seed,
+            ..TrainSpec::new(Layout::new(pp, tp, dp)?, batch, batch / (dp * chunks), 1)
+        })
     };
     let mut trainer = Varuna::new(&gpt(cfg)?, cx.world()?, opts)?;
     trainer.set_optimizer(|p| Ok(Box::new(AdamW::new(p, AdamWConfig::default())?)))?;

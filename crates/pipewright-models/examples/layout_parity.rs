@@ -11,7 +11,6 @@ use candle_core::{Device, Tensor};
 use pipewright::dist::comm::mpi::Mpi;
 use pipewright::dist::comm::{Communicator, ReduceOp};
 use pipewright::dist::topology::Layout;
-use pipewright::engine::varuna::VarunaOptions;
 use pipewright::parallel::zero::Zero;
 use pipewright_models::parity::{worst_difference, ParityRun, CONTEXT_PARALLEL_TOLERANCE};
 
@@ -46,11 +45,10 @@ fn main() {
         };
         let want = run.serial()?;
         let all: Box<dyn Communicator> = world.split(&(0..world.size()).collect::<Vec<_>>())?;
-        let opts = VarunaOptions {
-            zero,
-            sequence_parallel: sp == 1,
-            ..run.options(layout)
-        };
+        let opts = run.options(layout).with_spec(|s| {
+            s.zero = zero;
+            s.sequence_parallel = sp == 1;
+        });
         let got = run.rank(Box::new(world), opts)?;
         let worst = worst_difference(&got, &want)?;
         let w = all.all_reduce(&Tensor::new(&[worst], &Device::Cpu)?, ReduceOp::Max)?;

@@ -8,6 +8,7 @@ use candle_core::{Device, Tensor, Var};
 use pipewright::dist::comm::Communicator;
 use pipewright::dist::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
@@ -129,10 +130,12 @@ impl ParityRun {
     pub fn options(&self, layout: Layout) -> VarunaOptions {
         VarunaOptions {
             shared_weights: tied(),
-            seed: self.seed,
-            clip: Some(self.clip),
-            lr: LrSchedule::Constant { lr: self.lr },
-            ..VarunaOptions::new(layout, self.global_batch, self.micro_batch)
+            ..VarunaOptions::of(TrainSpec {
+                seed: self.seed,
+                clip: Some(self.clip),
+                lr: LrSchedule::Constant { lr: self.lr },
+                ..TrainSpec::new(layout, self.global_batch, self.micro_batch, 1)
+            })
         }
     }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
 use pipewright::engine::checkpoint::{CheckpointOptions, Reader};
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::precision::Precision;
 use pipewright::trainer::model_spec::ModelSpec;
@@ -75,13 +76,16 @@ pub fn reshard(r: &Reader, layout: Layout, out: &Path) -> Result<PathBuf> {
     // One micro-batch per replica; `Varuna::new` says so if the batch does not split.
     let opts = VarunaOptions {
         shared_weights: tied.clone(),
-        precision: r.manifest().precision.parse::<Precision>()?,
-        seed: spec.train.seed,
-        ..VarunaOptions::new(
-            layout,
-            spec.train.global_batch,
-            spec.train.global_batch / layout.dp,
-        )
+        ..VarunaOptions::of(TrainSpec {
+            precision: r.manifest().precision.parse::<Precision>()?,
+            seed: spec.train.seed,
+            ..TrainSpec::new(
+                layout,
+                spec.train.global_batch,
+                spec.train.global_batch / layout.dp,
+                1,
+            )
+        })
     };
     let save = CheckpointOptions {
         meta: r.manifest().meta.clone(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
-use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::engine::varuna::Varuna;
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::model::precision::Precision;
@@ -55,10 +55,9 @@ fn evaluation_equals_serial_at_every_layout_and_precision() {
             (Precision::F16, 2e-4, 3e-3),
         ] {
             let layout = Layout::new(pp, tp, 1).unwrap();
-            let opts = VarunaOptions {
-                precision,
-                ..ParityRun::default().options(layout)
-            };
+            let opts = ParityRun::default()
+                .options(layout)
+                .with_spec(|s| s.precision = precision);
             let got = local::run(layout.world(), |comm| {
                 let v = Varuna::new(
                     &gpt(ParityRun::default().gpt)?,

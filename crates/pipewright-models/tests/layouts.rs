@@ -6,7 +6,7 @@
 use candle_core::Var;
 use pipewright::dist::comm::{local, Communicator};
 use pipewright::dist::topology::Layout;
-use pipewright::engine::varuna::{Placement, Varuna, VarunaOptions};
+use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::model::precision::{LossScaler, Precision};
 use pipewright::parallel::data_parallel::DistributedLoader;
@@ -80,10 +80,7 @@ fn a_stage_to_rank_map_places_stages_anywhere() {
     };
     let want = run.serial().unwrap();
     let opts = VarunaOptions {
-        placement: Placement::StageToRankMap {
-            map: "2,3;0,1;".into(),
-            tp: 1,
-        },
+        stage_to_rank_map: Some("2,3;0,1;".into()),
         ..run.options(Layout::new(2, 1, 2).unwrap())
     };
     for (rank, got) in parallel(&run, 4, opts.clone()).iter().enumerate() {
@@ -103,8 +100,8 @@ fn a_stage_to_rank_map_places_stages_anywhere() {
 fn low_precision_follows_f32() {
     let layout = Layout::new(2, 1, 1).unwrap();
     let mut base = options(layout);
-    base.lr = LrSchedule::Constant { lr: 3e-3 };
-    base.clip = Some(1.0);
+    base.spec.lr = LrSchedule::Constant { lr: 3e-3 };
+    base.spec.clip = Some(1.0);
     let run = ParityRun {
         steps: 50,
         ..ParityRun::default()
@@ -137,17 +134,13 @@ fn low_precision_follows_f32() {
         f32[0],
         f32[49]
     );
-    let (bf16, none) = curve(VarunaOptions {
-        precision: Precision::Bf16,
-        ..base.clone()
-    });
+    let (bf16, none) = curve(base.clone().with_spec(|s| s.precision = Precision::Bf16));
     assert!(none.is_empty(), "bf16 needs no loss scale");
     within("bf16", &bf16, &f32, 0);
     // f16 from a scale its gradients fit: no step skipped, the same curve.
     let (f16, none) = curve(VarunaOptions {
-        precision: Precision::F16,
         loss_scaler: LossScaler::with(1024.0, 2000),
-        ..base.clone()
+        ..base.clone().with_spec(|s| s.precision = Precision::F16)
     });
     assert!(none.is_empty());
     within("f16", &f16, &f32, 0);
@@ -157,9 +150,8 @@ fn low_precision_follows_f32() {
     // micro-batch's own gradient overflows); then it trains as f32 does. (From the default
     // 2^16 nothing overflows: the fused kernels sum in f32 and round once, as PyTorch's do.)
     let (f16, skipped) = curve(VarunaOptions {
-        precision: Precision::F16,
         loss_scaler: LossScaler::with(1048576.0, 2000),
-        ..base.clone()
+        ..base.clone().with_spec(|s| s.precision = Precision::F16)
     });
     assert!(!skipped.is_empty() && skipped.len() <= 8, "{skipped:?}");
     assert_eq!(skipped[0], 0, "the start overflows: {skipped:?}");
@@ -178,10 +170,7 @@ fn low_precision_computes_in_the_low_type() {
             let v = Varuna::new(
                 &gpt(cfg())?,
                 Box::new(comm),
-                VarunaOptions {
-                    precision: p,
-                    ..options(layout)
-                },
+                options(layout).with_spec(|s| s.precision = p),
             )?;
             let x = Adder::new(2, 0)?.batch(0, 2)?.0;
             // The stage a rank builds computes in the low type; what predict hands back is f32.
@@ -227,10 +216,11 @@ fn an_overflow_on_one_rank_skips_the_step_everywhere() {
 fn overflow_skips_everywhere(zero: Zero) {
     let layout = Layout::new(2, 1, 2).unwrap();
     let opts = VarunaOptions {
-        zero,
-        precision: Precision::F16,
         loss_scaler: LossScaler::with(1024.0, 1000),
-        ..options(layout)
+        ..options(layout).with_spec(|s| {
+            s.zero = zero;
+            s.precision = Precision::F16;
+        })
     };
     let task = Adder::new(2, 0).unwrap();
     let runs = local::run(layout.world(), |comm| {
@@ -316,25 +306,13 @@ fn bad_layouts_batches_and_ties_are_clear_errors() {
     let l = Layout::new(2, 1, 1).unwrap();
     let e = err(4, options(l));
     assert!(e.contains("needs 2 ranks but the world has 4"), "{e}");
-    let e = err(
-        2,
-        VarunaOptions {
-            global_batch: 7,
-            ..options(l)
-        },
-    );
+    let e = err(2, options(l).with_spec(|s| s.global_batch = 7));
     assert!(
         e.contains("a global batch of 7 rows does not split into 1 data-parallel replicas of micro-batches of 2 rows"),
         "{e}"
     );
     let l2 = Layout::new(1, 1, 2).unwrap();
-    let e = err(
-        2,
-        VarunaOptions {
-            global_batch: 6,
-            ..options(l2)
-        },
-    );
+    let e = err(2, options(l2).with_spec(|s| s.global_batch = 6));
     assert!(e.contains("does not split into 2 data-parallel replicas of micro-batches of 2 rows: choose a batch that is a positive multiple of 4"), "{e}");
     let e = err(
         2,

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
@@ -116,12 +117,12 @@ fn losses(layout: Layout, sp: bool) -> Vec<f64> {
     let f = fixture();
     let cfg = config(&f);
     let model = llama(cfg).unwrap();
-    let opts = VarunaOptions {
+    let opts = VarunaOptions::of(TrainSpec {
         seed: 3,
         clip: Some(1.0),
         sequence_parallel: sp,
-        ..VarunaOptions::new(layout, 8, 2)
-    };
+        ..TrainSpec::new(layout, 8, 2, 1)
+    });
     let make = |step: u64, rows: usize| -> pipewright::Result<Batch> {
         let n = (rows * 13) as u32;
         let all: Vec<u32> = (0..n)

@@ -8,6 +8,7 @@ use candle_core::Tensor;
 use common::*;
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::Balance;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::parallel::pipeline::Recompute;
@@ -139,25 +140,20 @@ fn bad_pipeline_configurations_are_errors() {
         .to_string()
     };
     let base = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
-    let e = err(VarunaOptions {
-        balance: Some(vec![4, 3]),
-        ..base.clone()
-    });
+    let e = err(base
+        .clone()
+        .with_spec(|s| s.balance = Some(Balance::Layers(vec![4, 3]))));
     assert!(e.contains("sums to 7 but the model has 6 segments"), "{e}");
-    let e = err(VarunaOptions {
-        micro_batch: 5,
-        ..base.clone()
-    });
+    let e = err(base.clone().with_spec(|s| s.micro_batch = 5));
     assert!(
         e.contains("a global batch of 12 rows does not split into 1 data-parallel replicas of micro-batches of 5 rows"),
         "{e}"
     );
-    let e = err(VarunaOptions {
-        schedule: ScheduleKind::Interleaved,
-        virtual_stages: 2,
-        micro_batch: 12,
-        ..base
-    });
+    let e = err(base.with_spec(|s| {
+        s.schedule = ScheduleKind::Interleaved;
+        s.virtual_stages = 2;
+        s.micro_batch = 12;
+    }));
     assert!(e.contains("micro-batches"), "{e}");
 }
 

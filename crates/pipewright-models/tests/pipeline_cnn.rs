@@ -171,16 +171,11 @@ fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
     let want = serial(&c);
     for (pp, recompute) in [(1, Recompute::Never), (2, Recompute::Always)] {
         let opts = pipewright::engine::varuna::VarunaOptions {
-            zero: Zero::Parameters,
             bucket_bytes: 1024,
             ..options(&c, pp, ScheduleKind::OneFOneB, 1, recompute)
+                .with_spec(|s| s.zero = Zero::Parameters)
         };
-        let opts = pipewright::engine::varuna::VarunaOptions {
-            placement: pipewright::engine::varuna::Placement::Layout(
-                Layout::new(pp, 1, 2).unwrap(),
-            ),
-            ..opts
-        };
+        let opts = opts.with_spec(|s| s.layout = Layout::new(pp, 1, 2).unwrap());
         let per_rank = local::run(pp * 2, |comm| {
             let mut v = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
             assert_eq!(v.zero(), Zero::Parameters);

@@ -35,10 +35,8 @@ fn every_zero_stage_trains_as_serial() {
         for (pp, tp, dp) in [(1, 1, 2), (2, 1, 2), (1, 2, 2), (1, 1, 4), (2, 2, 2)] {
             let layout = Layout::new(pp, tp, dp).unwrap();
             let opts = VarunaOptions {
-                zero,
-                // Small buckets: parameters straddle shards and buckets.
                 bucket_bytes: 4096,
-                ..run.options(layout)
+                ..run.options(layout).with_spec(|s| s.zero = zero)
             };
             for (rank, got) in parallel(&run, opts).iter().enumerate() {
                 let worst = worst_difference(got, &want).unwrap();
@@ -88,12 +86,13 @@ fn zero_two_and_three_keep_working_under_every_schedule_and_recomputation() {
         ),
     ] {
         let opts = VarunaOptions {
-            zero,
             bucket_bytes: 4096,
-            schedule,
-            virtual_stages,
-            recompute,
-            ..run.options(layout)
+            ..run.options(layout).with_spec(|s| {
+                s.zero = zero;
+                s.schedule = schedule;
+                s.virtual_stages = virtual_stages;
+                s.recompute = recompute;
+            })
         };
         for (rank, got) in parallel(&run, opts).iter().enumerate() {
             let worst = worst_difference(got, &want).unwrap();
@@ -114,10 +113,9 @@ fn zero_stages_parse_and_one_replica_runs_without() {
         assert!(e.contains("use 0, 1, 2 or 3"), "{e}");
     }
     let run = ParityRun::default();
-    let opts = VarunaOptions {
-        zero: Zero::Parameters,
-        ..run.options(Layout::new(2, 1, 1).unwrap())
-    };
+    let opts = run
+        .options(Layout::new(2, 1, 1).unwrap())
+        .with_spec(|s| s.zero = Zero::Parameters);
     let zero = local::run(2, |comm| {
         Ok(Varuna::new(&gpt(run.gpt)?, Box::new(comm), opts.clone())?.zero())
     })
@@ -135,10 +133,9 @@ fn each_replica_keeps_its_share_of_the_optimizer_state() {
         (Zero::Gradients, 4),
         (Zero::Parameters, 2),
     ] {
-        let opts = VarunaOptions {
-            zero,
-            ..run.options(Layout::new(1, 1, dp).unwrap())
-        };
+        let opts = run
+            .options(Layout::new(1, 1, dp).unwrap())
+            .with_spec(|s| s.zero = zero);
         // (optimizer-state elements, parameter elements, weight elements the model's own
         // variables hold) of each rank after one step.
         let held = local::run(dp, |comm| {
@@ -200,9 +197,9 @@ fn held(v: &candle_core::Var) -> usize {
 
 fn zero_options(l: (usize, usize, usize), zero: Zero, precision: Precision) -> VarunaOptions {
     VarunaOptions {
-        zero,
         bucket_bytes: 4096,
         ..resume::options(Layout::new(l.0, l.1, l.2).unwrap(), precision)
+            .with_spec(|s| s.zero = zero)
     }
 }
 

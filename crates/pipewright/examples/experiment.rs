@@ -25,7 +25,7 @@ use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::parallel::loss::Loss;
 use pipewright::parallel::tensor_parallel::Group;
-use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
+use pipewright::trainer::{fit, Cadence, Hooks, StepDone, TrainSpec};
 use pipewright::{invalid, Batch, Build, Error, Result};
 use rand::Rng;
 
@@ -154,15 +154,18 @@ pub fn body(cx: &mut Context) -> Result<()> {
         ));
     }
     let dp = world / pp;
-    let opts = VarunaOptions {
-        loss: Arc::new(Bce),
+    let spec = TrainSpec {
         lr: LrSchedule::Constant {
             lr: cx.params().float("lr")?,
         },
         seed,
+        ..TrainSpec::new(Layout::new(pp, 1, dp)?, batch * dp, batch / chunks, 1)
+    };
+    let opts = VarunaOptions {
+        loss: Arc::new(Bce),
         // --debug: the first NaN or inf fails the step, naming its layer and micro-batch.
         detect_anomaly: cx.params().flag("debug")?,
-        ..VarunaOptions::new(Layout::new(pp, 1, dp)?, batch * dp, batch / chunks)
+        ..VarunaOptions::of(spec)
     };
     let mut trainer = Varuna::new(&model(), cx.world()?, opts)?;
     trainer.set_optimizer(sgd)?;

@@ -16,6 +16,7 @@ use custom_model::{
 };
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::model::nn::{max_rel_diff, Grads};
@@ -30,9 +31,11 @@ fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
 fn options(layout: Layout) -> VarunaOptions {
     VarunaOptions {
         loss: Arc::new(Mse::new("y")),
-        lr: LrSchedule::Constant { lr: 0.1 },
         device: Device::Cpu,
-        ..VarunaOptions::new(layout, GLOBAL_BATCH, CHUNK_SIZE)
+        ..VarunaOptions::of(TrainSpec {
+            lr: LrSchedule::Constant { lr: 0.1 },
+            ..TrainSpec::new(layout, GLOBAL_BATCH, CHUNK_SIZE, 1)
+        })
     }
 }
 

@@ -14,6 +14,7 @@ use candle_core::{Device, Var};
 use custom_model::{batch, model, CHUNK_SIZE, GLOBAL_BATCH};
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};
 use pipewright::model::nn::Grads;
@@ -53,9 +54,11 @@ fn a_known_delay_lands_in_its_part_of_the_step() {
     let runs = local::run(4, |comm| {
         let opts = VarunaOptions {
             loss: Arc::new(Mse::new("y")),
-            lr: LrSchedule::Constant { lr: 0.1 },
             device: Device::Cpu,
-            ..VarunaOptions::new(Layout::new(2, 1, 2)?, GLOBAL_BATCH, CHUNK_SIZE)
+            ..VarunaOptions::of(TrainSpec {
+                lr: LrSchedule::Constant { lr: 0.1 },
+                ..TrainSpec::new(Layout::new(2, 1, 2)?, GLOBAL_BATCH, CHUNK_SIZE, 1)
+            })
         };
         let mut v = Varuna::new(&model(), Box::new(comm), opts)?;
         v.set_optimizer(|p| Ok(Box::new(Sleepy(Sgd::new(p, SgdConfig::default())?))))?;

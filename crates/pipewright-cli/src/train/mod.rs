@@ -259,7 +259,9 @@ impl Setup {
             Some(Balance::Size) => Some("size"),
             _ => None,
         };
-        if let (Some(by), Some(b), 0) = (by, &trainer.options().balance, env.rank) {
+        if let (Some(by), Some(Balance::Layers(b)), 0) =
+            (by, &trainer.options().spec.balance, env.rank)
+        {
             let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
             pipewright::say!(
                 "balance by {by}: {} (layers or segments per stage)",

@@ -8,6 +8,7 @@ use candle_core::Tensor;
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
@@ -120,15 +121,17 @@ pub fn options(
     recompute: Recompute,
 ) -> VarunaOptions {
     VarunaOptions {
-        seed: SEED,
-        schedule: kind,
-        virtual_stages: v,
-        recompute,
         shared_weights: c.tied.clone(),
-        clip: c.clip,
-        lr: LrSchedule::Constant { lr: 1e-2 },
-        deferred_batch_norm: c.deferred,
-        ..VarunaOptions::new(Layout::new(pp, 1, 1).unwrap(), BATCH, BATCH / c.chunks)
+        ..VarunaOptions::of(TrainSpec {
+            seed: SEED,
+            schedule: kind,
+            virtual_stages: v,
+            recompute,
+            clip: c.clip,
+            lr: LrSchedule::Constant { lr: 1e-2 },
+            deferred_batch_norm: c.deferred,
+            ..TrainSpec::new(Layout::new(pp, 1, 1).unwrap(), BATCH, BATCH / c.chunks, 1)
+        })
     }
 }
 

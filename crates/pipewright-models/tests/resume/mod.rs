@@ -49,9 +49,10 @@ pub fn cfg(dropout: f64) -> GptConfig {
 
 pub fn options(layout: Layout, precision: Precision) -> VarunaOptions {
     VarunaOptions {
-        precision,
         loss_scaler: LossScaler::with(1024.0, 3),
-        ..ParityRun::default().options(layout)
+        ..ParityRun::default()
+            .options(layout)
+            .with_spec(|s| s.precision = precision)
     }
 }
 
@@ -76,7 +77,7 @@ pub fn run(
         }
         let loader = DistributedLoader::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
-            opts.global_batch,
+            opts.spec.global_batch,
             v.coords().dp_rank,
             layout.dp,
             candle_core::Device::Cpu,

@@ -7,4 +7,5 @@
 
 pub mod checkpoint;
 pub mod serial;
+pub mod spec;
 pub mod varuna;

@@ -12,55 +12,14 @@
 
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::engine::checkpoint::CheckpointOptions;
+use crate::engine::spec::Cadence;
 use crate::engine::varuna::StepOutcome;
 use crate::experiment::Context;
 use crate::model::batch::Batch;
-use crate::{invalid, Result};
-
-/// How long a run trains and when it evaluates, logs and saves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cadence {
-    /// Steps of the whole run (a resumed run takes only those it has not taken).
-    pub steps: u64,
-    /// Evaluate after every `eval_every` steps, and after the last.
-    pub eval_every: u64,
-    /// Save after every `checkpoint_every` steps (0: never; a stop request saves anyway).
-    pub checkpoint_every: u64,
-    /// Mark every `log_every`-th step for logging (evaluations are always marked).
-    pub log_every: u64,
-    /// Write checkpoints in the background while training goes on (the last is finished
-    /// before [`fit`] returns).
-    pub async_checkpoint: bool,
-}
-
-impl Cadence {
-    /// `steps` steps, one evaluation at the end, every step logged, no checkpoint.
-    pub fn steps(steps: u64) -> Self {
-        Self {
-            steps,
-            eval_every: steps.max(1),
-            checkpoint_every: 0,
-            log_every: 1,
-            async_checkpoint: false,
-        }
-    }
-
-    /// Fails on a cadence that cannot run (no evaluation or log period).
-    pub fn validate(&self) -> Result<()> {
-        if self.eval_every == 0 || self.log_every == 0 {
-            return Err(invalid!(
-                "eval_every and log_every must be at least 1 (got {} and {})",
-                self.eval_every,
-                self.log_every
-            ));
-        }
-        Ok(())
-    }
-}
+use crate::Result;
 
 /// What one step of [`fit`] did, for [`Hooks::after_step`].
 #[derive(Clone, Copy, Debug)]

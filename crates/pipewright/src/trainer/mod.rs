@@ -26,8 +26,8 @@
 pub mod fit;
 pub mod launch;
 pub mod model_spec;
+mod morph;
 mod rank;
-pub mod spec;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -42,9 +42,9 @@ use crate::plan::{Hardware, Morph};
 use crate::trainer::model_spec::ModelSpec;
 use crate::{invalid, Result};
 
-pub use fit::{fit, Cadence, FitReport, Hooks, StepDone};
+pub use crate::engine::spec::{Balance, Cadence, TrainSpec};
+pub use fit::{fit, FitReport, Hooks, StepDone};
 pub use rank::{Batches, Losses, Started};
-pub use spec::{Balance, TrainSpec};
 
 /// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
 /// step, so that every replica, layout and resumed run reads the same rows.
@@ -168,17 +168,18 @@ impl Trainer {
         }
         run.spec.validate()?;
         let tied = run.model.tied();
-        let balance = match &run.spec.balance {
-            None => None,
+        let spec = match &run.spec.balance {
+            None | Some(Balance::Layers(_)) => run.spec.clone(),
             Some(_) => {
                 let sample = (run.data)(0, run.spec.micro_batch)?;
                 run.spec.resolve_balance(&model, &sample)?
             }
         };
         let options = VarunaOptions {
+            shared_weights: tied.clone(),
             loss: run.loss.clone(),
             detect_anomaly: run.place.detect_anomaly,
-            ..run.spec.varuna_options(tied.clone(), balance)
+            ..VarunaOptions::of(spec)
         };
         options.validate(&model, run.spec.world())?;
         crate::runtime::device::device(&run.place.device, 0)?;

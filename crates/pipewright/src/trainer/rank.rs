@@ -9,6 +9,7 @@ use candle_core::{Device, Tensor};
 use super::fit::{fit, FitReport, Hooks, StepDone};
 use super::Trainer;
 use crate::dist::comm::Communicator;
+use crate::engine::spec::Balance;
 use crate::engine::varuna::{Varuna, VarunaOptions};
 use crate::experiment::params::standard;
 use crate::experiment::{Context, Params};
@@ -52,13 +53,15 @@ impl Trainer {
             device: crate::runtime::device::device(&self.run.place.device, local_rank)?,
             ..self.options.clone()
         };
-        if let (true, Some(b)) = (self.timed, &opts.balance) {
+        if let (true, Some(Balance::Layers(b))) = (self.timed, &opts.spec.balance) {
             let mine = Tensor::new(
                 b.iter().map(|n| *n as u32).collect::<Vec<_>>(),
                 &Device::Cpu,
             )?;
             let rank0 = cx.broadcast_from_master(&mine)?.to_vec1::<u32>()?;
-            opts.balance = Some(rank0.into_iter().map(|n| n as usize).collect());
+            opts.spec.balance = Some(Balance::Layers(
+                rank0.into_iter().map(|n| n as usize).collect(),
+            ));
         }
         let comm = self.world(cx, &opts.device)?;
         let mut v = Varuna::new(&self.model, comm, opts)?;

@@ -82,14 +82,14 @@ impl Varuna {
         let state = TrainState {
             step: self.pipeline.steps_taken(),
             optimizer_step,
-            lr_schedule: self.opts.lr,
+            lr_schedule: self.opts.spec.lr,
             loss_scaler: self.scaler.clone(),
-            seed: self.opts.seed,
+            seed: self.opts.spec.seed,
             extra: opts.extra.clone(),
         };
         Ok(Header {
             layout: self.topo.layout(),
-            precision: self.opts.precision.to_string(),
+            precision: self.opts.spec.precision.to_string(),
             world: self.world.size(),
             step: state.step,
             state: serde_json::to_value(&state).map_err(|e| invalid!("checkpoint: {e}"))?,

@@ -19,7 +19,7 @@ impl Varuna {
         (0..self.topo.world())
             .map(|r| {
                 let c = self.topo.coords(r)?;
-                let layers: Vec<String> = (0..self.opts.virtual_stages)
+                let layers: Vec<String> = (0..self.opts.spec.virtual_stages)
                     .map(|v| {
                         let k = v * l.pp + c.stage;
                         let rg = &ranges[k];

@@ -28,7 +28,7 @@ use candle_core::{Device, Tensor, Var};
 
 pub use checkpoint::TrainState;
 pub use generate::Sampling;
-pub use options::{BatchFn, Evaluation, Placement, StepOutcome, VarunaOptions};
+pub use options::{BatchFn, Evaluation, StepOutcome, VarunaOptions};
 
 use crate::dist::comm::Group;
 use crate::dist::comm::{axis_group, Communicator, ReduceOp};
@@ -39,7 +39,7 @@ use crate::model::init::Init;
 use crate::model::nn::optim::{scale_to_norm, Optimizer};
 use crate::model::precision::{has_overflow, LossScaler, MasterWeights, Precision};
 use crate::model::{Build, Sequential};
-use crate::parallel::pipeline::{Pipeline, PipelineOptions, TraceEvent};
+use crate::parallel::pipeline::{Pipeline, TraceEvent};
 use crate::parallel::zero::Zero;
 use crate::plan::{Part, PartClock, StepParts};
 use crate::{invalid, Result};
@@ -86,38 +86,31 @@ impl Varuna {
     ) -> Result<Self> {
         opts.validate(model, world.size())?;
         let topo = opts.topology()?;
-        let micro_batches = opts.micro_batches()?;
+        let micro_batches = opts.spec.micro_batches()?;
         let coords = topo.coords(world.rank())?;
         let tp = Group::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
         let dp = axis_group(world.as_ref(), &topo, Axis::Replica)?;
         let cp = Group::new(axis_group(world.as_ref(), &topo, Axis::Context)?);
-        let init = Init::new(opts.device.clone(), opts.precision.dtype(), opts.seed);
+        let init = Init::new(
+            opts.device.clone(),
+            opts.spec.precision.dtype(),
+            opts.spec.seed,
+        );
         let build = Build::new(init)
             .with_tp(tp.clone())
             .with_cp(cp.clone())
-            .with_sequence_parallel(opts.sequence_parallel);
-        let popts = PipelineOptions {
-            micro_batches,
-            schedule: opts.schedule,
-            virtual_stages: opts.virtual_stages,
-            custom_schedule: opts.custom_schedule.clone(),
-            balance: opts.balance.clone(),
-            seed: opts.seed,
-            tied: opts.shared_weights.clone(),
-            recompute: opts.recompute,
-            deferred_batch_norm: opts.deferred_batch_norm,
-            detect_anomaly: opts.detect_anomaly,
-        };
+            .with_sequence_parallel(opts.spec.sequence_parallel);
+        let popts = opts.pipeline_options()?;
         let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
         pipeline.set_micro_batch_offset(coords.dp_rank * micro_batches);
         pipeline.enable_trace();
         let params = pipeline.params().to_vec();
-        let master = if opts.precision == Precision::F32 {
+        let master = if opts.spec.precision == Precision::F32 {
             params.clone()
         } else {
             // The f32 values a serial run starts from (the model holds them rounded).
-            let f32_init = Init::new(opts.device.clone(), Precision::F32.dtype(), opts.seed);
+            let f32_init = Init::new(opts.device.clone(), Precision::F32.dtype(), opts.spec.seed);
             let f32_build = Build::new(f32_init).with_tp(tp);
             let mut m = Vec::new();
             for (_, range) in pipeline.own_stages() {
@@ -128,7 +121,7 @@ impl Varuna {
         let masters = MasterWeights::new(params, master)?;
         masters.sync()?;
         let weights = zero::weights(
-            opts.zero,
+            opts.spec.zero,
             &mut pipeline,
             &opts.shared_weights,
             opts.bucket_bytes,
@@ -136,6 +129,7 @@ impl Varuna {
             masters,
         )?;
         let scaler = opts
+            .spec
             .precision
             .scales_loss()
             .then(|| opts.loss_scaler.clone());
@@ -159,11 +153,11 @@ impl Varuna {
             eval_rows: None,
         };
         if let Some(f) = v.opts.batch_fn.clone() {
-            let sample = f(v.opts.micro_batch)?;
+            let sample = f(v.opts.spec.micro_batch)?;
             v.predict(&sample).map_err(|e| {
                 invalid!(
                     "a sample batch of {} rows does not run through the model: {e}",
-                    v.opts.micro_batch
+                    v.opts.spec.micro_batch
                 )
             })?;
         }
@@ -227,7 +221,7 @@ impl Varuna {
 
     /// Rows of the global batch this rank's replica takes each step.
     pub fn replica_batch(&self) -> usize {
-        self.opts.global_batch / self.topo.layout().dp
+        self.opts.spec.global_batch / self.topo.layout().dp
     }
 
     /// The loss scale the next step uses (1 unless f16).
@@ -263,7 +257,7 @@ impl Varuna {
                 "step got {rows} rows but each of the {} replicas takes {} of the global batch of {}",
                 self.topo.layout().dp,
                 self.replica_batch(),
-                self.opts.global_batch
+                self.opts.spec.global_batch
             ));
         }
         let batch = self.local_batch(batch)?;
@@ -293,7 +287,7 @@ impl Varuna {
             .to_vec1::<u32>()?[0]
             == 1;
         clock.lap(Part::Scalars);
-        let lr = self.opts.lr.lr_at(step);
+        let lr = self.opts.spec.lr.lr_at(step);
         let mut outcome = StepOutcome {
             step,
             loss,
@@ -313,7 +307,7 @@ impl Varuna {
         } else {
             self.pipeline.grad_norm(&grads)?
         };
-        if let Some(max) = self.opts.clip {
+        if let Some(max) = self.opts.spec.clip {
             scale_to_norm(&mut grads, norm, max)?;
         }
         if let Some(z) = self.weights.sharded() {

@@ -5,85 +5,50 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use crate::dist::topology::{Layout, Topology};
+use crate::engine::spec::{Balance, TrainSpec};
 use crate::model::batch::Batch;
-use crate::model::nn::optim::LrSchedule;
-use crate::model::precision::{LossScaler, Precision};
+use crate::model::precision::LossScaler;
 use crate::model::Sequential;
 use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::parallel::loss::{CrossEntropy, SharedLoss};
 use crate::parallel::pipeline::partition::partition;
-use crate::parallel::pipeline::schedule::{Schedule, ScheduleKind};
-use crate::parallel::pipeline::Recompute;
-use crate::parallel::zero::Zero;
-use crate::Result;
-
-/// Where ranks go.
-#[derive(Clone, Debug)]
-pub enum Placement {
-    /// pp x tp x dp, tp fastest (see [`crate::dist::topology`]).
-    Layout(Layout),
-    /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...) with `tp`
-    /// consecutive ranks per shard group.
-    StageToRankMap {
-        /// Ranks of each stage.
-        map: String,
-        /// Ranks per shard group.
-        tp: usize,
-    },
-}
+use crate::parallel::pipeline::schedule::Schedule;
+use crate::parallel::pipeline::PipelineOptions;
+use crate::{invalid, Result};
 
 /// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
 pub type BatchFn = Arc<dyn Fn(usize) -> Result<Batch> + Send + Sync>;
 
-/// Everything [`super::Varuna::new`] needs besides the model and the world.
+/// Everything [`super::Varuna::new`] needs besides the model and the world: the run's
+/// [`TrainSpec`] (its layout, batch, schedule, precision, recompute, ZeRO, clipping, learning
+/// rate and seed; the optimizer and the cadence in it are the trainer's, not the step's) and
+/// what only a running program has (tied pairs, placement, loss, device, ...).
 #[derive(Clone)]
 pub struct VarunaOptions {
-    /// Where ranks go.
-    pub placement: Placement,
-    /// Rows of one step over all replicas (Varuna's `global_batch_size`).
-    pub global_batch: usize,
-    /// Rows of one micro-batch (Varuna's `chunk_size`).
-    pub micro_batch: usize,
-    /// What the model computes in.
-    pub precision: Precision,
+    /// The run this step belongs to. Its balance, when given, is layers per stage
+    /// ([`Balance::Layers`]; a profiled balance is resolved before, the same on every rank:
+    /// [`TrainSpec::resolve_balance`]).
+    pub spec: TrainSpec,
+    /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...), with
+    /// `spec.layout.tp` consecutive ranks per shard group; the layout's order (tp fastest,
+    /// see [`crate::dist::topology`]) when `None`. Its layout must be the spec's.
+    pub stage_to_rank_map: Option<String>,
     /// Parameter pairs kept equal (Varuna's `shared_weights`).
     pub shared_weights: Vec<(String, String)>,
     /// When given, a batch of `micro_batch` rows is run through the model (evaluation mode) at
     /// construction, so that a shape error shows before training.
     pub batch_fn: Option<BatchFn>,
-    /// Seeds initialisation, dropout and everything random.
-    pub seed: u64,
-    /// The pipeline schedule.
-    pub schedule: ScheduleKind,
-    /// Model stages per pipeline rank (interleaved schedule).
-    pub virtual_stages: usize,
     /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
-    /// set, it replaces `schedule` and `virtual_stages`.
+    /// set, it replaces the spec's schedule and virtual stages.
     pub custom_schedule: Option<Schedule>,
-    /// Layers (or segments between cut points) per model stage; uniform if `None`.
-    pub balance: Option<Vec<usize>>,
-    /// Activation recomputation.
-    pub recompute: Recompute,
-    /// BatchNorm statistics move once per batch (torchgpipe's deferred batch norm).
-    pub deferred_batch_norm: bool,
     /// After every layer's forward, check its output and fail at the first NaN or inf,
     /// naming the layer, micro-batch and step (PyTorch's anomaly detection; costs a
     /// reduction per layer: for debugging).
     pub detect_anomaly: bool,
-    /// Clip the global gradient norm to this.
-    pub clip: Option<f64>,
-    /// The learning rate by step.
-    pub lr: LrSchedule,
     /// Used with f16 only.
     pub loss_scaler: LossScaler,
     /// Bytes per gradient bucket summed over replicas (and per ZeRO bucket).
     pub bucket_bytes: usize,
-    /// What the data-parallel replicas shard ([`crate::parallel::zero`]); nothing to shard with dp 1.
-    pub zero: Zero,
-    /// Megatron's sequence parallelism over the tensor-parallel group: activations outside
-    /// the tensor-parallel layers (norms, residuals, dropout) split along the sequence instead
-    /// of whole on every rank; exact against tp without it. No effect with tp 1.
-    pub sequence_parallel: bool,
     /// The objective, computed on the last stage (Varuna's model returns its loss; here the
     /// loss is given apart, see [`crate::parallel::loss`]). Cross-entropy against
     /// [`Batch::TARGETS`] by default.
@@ -94,49 +59,83 @@ pub struct VarunaOptions {
 }
 
 impl VarunaOptions {
-    /// f32, 1F1B, no tied weights, no clipping, constant lr 1e-3, PyTorch's loss scaler,
-    /// DDP's 25 MiB buckets, no ZeRO.
-    pub fn new(layout: Layout, global_batch: usize, micro_batch: usize) -> Self {
+    /// The step of `spec`: no tied weights, the layout's placement, PyTorch's loss scaler,
+    /// DDP's 25 MiB buckets, cross-entropy, the CPU.
+    pub fn of(spec: TrainSpec) -> Self {
         Self {
-            placement: Placement::Layout(layout),
-            global_batch,
-            micro_batch,
-            precision: Precision::F32,
+            spec,
+            stage_to_rank_map: None,
             shared_weights: Vec::new(),
             batch_fn: None,
-            seed: 0,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
             custom_schedule: None,
-            balance: None,
-            recompute: Recompute::Never,
-            deferred_batch_norm: false,
             detect_anomaly: false,
-            clip: None,
-            lr: LrSchedule::Constant { lr: 1e-3 },
             loss_scaler: LossScaler::new(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
-            zero: Zero::Off,
-            sequence_parallel: false,
             loss: Arc::new(CrossEntropy::default()),
             device: Device::Cpu,
         }
     }
 
-    /// The layout the placement describes.
+    /// [`VarunaOptions::of`] [`TrainSpec::new`]: f32, 1F1B, no clipping, constant lr 1e-3, no
+    /// ZeRO, seed 0.
+    pub fn new(layout: Layout, global_batch: usize, micro_batch: usize) -> Self {
+        Self::of(TrainSpec::new(layout, global_batch, micro_batch, 1))
+    }
+
+    /// These options with their spec changed by `change` (a program or test that varies one
+    /// field of the run: `opts.with_spec(|s| s.precision = Precision::Bf16)`).
+    pub fn with_spec(mut self, change: impl FnOnce(&mut TrainSpec)) -> Self {
+        change(&mut self.spec);
+        self
+    }
+
+    /// Where ranks go: the spec's layout in its order, or the stage-to-rank map (which must
+    /// describe the same layout).
     pub fn topology(&self) -> Result<Topology> {
-        match &self.placement {
-            Placement::Layout(l) => Ok(Topology::new(*l)),
-            Placement::StageToRankMap { map, tp } => Topology::from_stage_to_rank_map(map, *tp),
+        let layout = self.spec.layout;
+        let Some(map) = &self.stage_to_rank_map else {
+            return Ok(Topology::new(layout));
+        };
+        let topo = Topology::from_stage_to_rank_map(map, layout.tp)?;
+        if topo.layout() != layout {
+            return Err(invalid!(
+                "the stage-to-rank map `{map}` places {:?}, but the spec's layout is {layout:?}: \
+                 give a map of the spec's layout (or the spec the map's)",
+                topo.layout()
+            ));
+        }
+        Ok(topo)
+    }
+
+    /// Layers per model stage, when the spec gives them; `None` is uniform. A balance still
+    /// to be profiled is an error: resolve it first, the same on every rank.
+    pub fn balance(&self) -> Result<Option<Vec<usize>>> {
+        match &self.spec.balance {
+            None => Ok(None),
+            Some(Balance::Layers(l)) => Ok(Some(l.clone())),
+            Some(b) => Err(invalid!(
+                "the balance `{b:?}` is measured, not given: resolve it into layers per stage \
+                 first (TrainSpec::resolve_balance, the same on every rank)"
+            )),
         }
     }
 
-    /// Micro-batches each data-parallel replica splits its rows into
-    /// ([`Layout::micro_batches`]).
-    pub fn micro_batches(&self) -> Result<usize> {
-        self.topology()?
-            .layout()
-            .micro_batches(self.global_batch, self.micro_batch)
+    /// What the pipeline runs of this step: the spec's micro-batches, schedule, balance,
+    /// recompute and seed with the tied pairs and the program's options.
+    pub fn pipeline_options(&self) -> Result<PipelineOptions> {
+        let s = &self.spec;
+        Ok(PipelineOptions {
+            micro_batches: s.micro_batches()?,
+            schedule: s.schedule,
+            virtual_stages: s.virtual_stages,
+            custom_schedule: self.custom_schedule.clone(),
+            balance: self.balance()?,
+            seed: s.seed,
+            tied: self.shared_weights.clone(),
+            recompute: s.recompute,
+            deferred_batch_norm: s.deferred_batch_norm,
+            detect_anomaly: self.detect_anomaly,
+        })
     }
 
     /// Every check that builds nothing: the placement fits a world of `world` ranks, the
@@ -149,21 +148,20 @@ impl VarunaOptions {
     pub fn validate(&self, model: &Sequential, world: usize) -> Result<()> {
         let topo = self.topology()?;
         topo.layout().check_world(world)?;
-        let micro_batches = self.micro_batches()?;
-        let pp = topo.layout().pp;
+        let p = self.pipeline_options()?;
         let schedule = Schedule::for_pipeline(
-            self.custom_schedule.as_ref(),
-            self.schedule,
-            self.virtual_stages,
-            pp,
-            micro_batches,
+            p.custom_schedule.as_ref(),
+            p.schedule,
+            p.virtual_stages,
+            topo.layout().pp,
+            p.micro_batches,
         )?;
-        if self.custom_schedule.is_some() {
+        if p.custom_schedule.is_some() {
             schedule.validate()?;
         }
-        partition(model, schedule.stages, self.balance.as_deref())?;
+        partition(model, schedule.stages, p.balance.as_deref())?;
         model.skips()?;
-        self.lr.validate()
+        self.spec.lr.validate()
     }
 }
 

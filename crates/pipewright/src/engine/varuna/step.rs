@@ -79,7 +79,7 @@ impl Varuna {
                 "a gradient is inf or NaN at step {} ({} has no loss scaling to skip it): lower \
                  the learning rate or enable clipping",
                 step + 1,
-                self.opts.precision
+                self.opts.spec.precision
             )),
         }
     }

@@ -1,25 +1,23 @@
 //! A training run as data: the layout, the batch and its micro-batches, the pipeline schedule,
 //! precision and recompute, the optimizer and its learning rate, the seed and the cadence. A
-//! [`TrainSpec`] serializes (a run directory's `params.json` and a checkpoint record it), builds
-//! the [`VarunaOptions`] and the optimizer it describes, and morphs into a world of another size.
+//! [`TrainSpec`] serializes (a run directory's `params.json` and a checkpoint record it), is
+//! borrowed whole by the step ([`crate::engine::varuna::VarunaOptions::spec`]), builds the
+//! optimizer it describes, and morphs into a world of another size.
 //! It leaves out the model and the data, which are the program's: `pipewright-models`'
 //! `RunSpec` adds its reference models and tasks; a user's program adds its own beside it.
 
-use crate::parallel::zero::Zero;
 use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
-use super::fit::Cadence;
 use crate::dist::topology::Layout;
-use crate::engine::varuna::VarunaOptions;
 use crate::model::batch::Batch;
 use crate::model::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
 use crate::model::precision::Precision;
 use crate::model::{Build, Sequential};
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
-use crate::plan::{balance_by, morph, By, Cluster, Hardware, Morph, MorphPlanner, MorphRequest};
-use crate::trainer::model_spec::ModelSpec;
+use crate::parallel::zero::Zero;
+use crate::plan::{balance_by, morph, By, Morph, MorphPlanner, MorphRequest};
 use crate::{invalid, Error, Result};
 
 /// How layers are split over the model stages (serialized as `{"layers": [3, 2]}`, `"time"`
@@ -85,7 +83,7 @@ pub struct TrainSpec {
     #[serde(default)]
     pub zero: Zero,
     /// Megatron's sequence parallelism over the tensor-parallel ranks (see
-    /// [`VarunaOptions::sequence_parallel`]); runs recorded before it had none.
+    /// [`crate::parallel::tensor_parallel`]); runs recorded before it had none.
     #[serde(default)]
     pub sequence_parallel: bool,
     /// Seeds initialisation, dropout, the data and everything random.
@@ -123,6 +121,13 @@ impl TrainSpec {
         self.layout.world()
     }
 
+    /// Micro-batches each data-parallel replica splits its rows into
+    /// ([`Layout::micro_batches`], the one check that a batch splits).
+    pub fn micro_batches(&self) -> Result<usize> {
+        self.layout
+            .micro_batches(self.global_batch, self.micro_batch)
+    }
+
     /// Fails on a spec that cannot run whatever the model: a batch that does not split into
     /// the replicas' micro-batches, a negative clip, a cadence without periods.
     pub fn validate(&self) -> Result<()> {
@@ -132,51 +137,25 @@ impl TrainSpec {
                 return Err(invalid!("clip must be a positive norm (or none), got {c}"));
             }
         }
-        self.layout
-            .micro_batches(self.global_batch, self.micro_batch)?;
-        Ok(())
+        self.micro_batches().map(|_| ())
     }
 
-    /// The layers per stage: the given list, or profiled here (on the CPU, seeded) on
-    /// `sample`, one micro-batch, for [`Balance::Time`] and [`Balance::Size`].
-    pub fn resolve_balance(
-        &self,
-        model: &Sequential,
-        sample: &Batch,
-    ) -> Result<Option<Vec<usize>>> {
+    /// This spec with its balance as layers per stage (what the step runs): the given list,
+    /// or profiled here (on the CPU, seeded) on `sample`, one micro-batch, for
+    /// [`Balance::Time`] and [`Balance::Size`]. Ranks that profile each take one rank's
+    /// result (the trainer broadcasts rank 0's), or their stages would not meet.
+    pub fn resolve_balance(&self, model: &Sequential, sample: &Batch) -> Result<Self> {
         let by = match &self.balance {
-            None => return Ok(None),
-            Some(Balance::Layers(l)) => return Ok(Some(l.clone())),
+            None | Some(Balance::Layers(_)) => return Ok(self.clone()),
             Some(Balance::Time) => By::Time,
             Some(Balance::Size) => By::Size,
         };
         let stages = self.layout.pp * self.virtual_stages;
-        balance_by(by, model, &Build::cpu(self.seed), sample, stages).map(Some)
-    }
-
-    /// The trainer's options: the spec's, with `shared_weights` tied and `balance` resolved
-    /// (see [`TrainSpec::resolve_balance`]); the device and the rest as
-    /// [`VarunaOptions::new`] has them.
-    pub fn varuna_options(
-        &self,
-        shared_weights: Vec<(String, String)>,
-        balance: Option<Vec<usize>>,
-    ) -> VarunaOptions {
-        VarunaOptions {
-            shared_weights,
-            precision: self.precision,
-            seed: self.seed,
-            schedule: self.schedule,
-            virtual_stages: self.virtual_stages,
-            balance,
-            recompute: self.recompute,
-            deferred_batch_norm: self.deferred_batch_norm,
-            clip: self.clip,
-            lr: self.lr,
-            zero: self.zero,
-            sequence_parallel: self.sequence_parallel,
-            ..VarunaOptions::new(self.layout, self.global_batch, self.micro_batch)
-        }
+        let layers = balance_by(by, model, &Build::cpu(self.seed), sample, stages)?;
+        Ok(Self {
+            balance: Some(Balance::Layers(layers)),
+            ..self.clone()
+        })
     }
 
     /// The optimizer over `params` (for [`crate::engine::varuna::Varuna::set_optimizer`]) of a model
@@ -220,35 +199,45 @@ impl TrainSpec {
         }
         Ok((spec, m))
     }
+}
 
-    /// This run restarted in a world of `world` ranks for `model` (Varuna's morphing, see
-    /// [`TrainSpec::morph`]). With `machines` (the hardware and its ranks per node) and a model
-    /// that gives its shapes for samples of `sample` dims, the planner costs every layout from
-    /// them and the fastest that fits is taken; otherwise the layout nearest the old one.
-    pub fn morph_model(
-        &self,
-        world: usize,
-        model: &dyn ModelSpec,
-        sample: &[usize],
-        machines: Option<(&Hardware, usize)>,
-    ) -> Result<(Self, Morph)> {
-        let built = model.build()?;
-        let profile = match machines {
-            Some((hw, _)) => model.shapes_profile(sample, self.precision, hw)?,
-            None => None,
-        };
-        let planner = match (machines, &profile) {
-            (Some((hw, per_node)), Some(profile)) => Some(MorphPlanner {
-                profile,
-                cluster: Cluster {
-                    hardware: hw,
-                    ranks_per_node: per_node.clamp(1, world.max(1)),
-                    runtime: Default::default(),
-                },
-                memory_bytes: hw.memory_bytes() as f64,
-            }),
-            _ => None,
-        };
-        self.morph(world, &built, model.tp_divides(), planner)
+/// How long a run trains and when it evaluates, logs and saves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cadence {
+    /// Steps of the whole run (a resumed run takes only those it has not taken).
+    pub steps: u64,
+    /// Evaluate after every `eval_every` steps, and after the last.
+    pub eval_every: u64,
+    /// Save after every `checkpoint_every` steps (0: never; a stop request saves anyway).
+    pub checkpoint_every: u64,
+    /// Mark every `log_every`-th step for logging (evaluations are always marked).
+    pub log_every: u64,
+    /// Write checkpoints in the background while training goes on (the last is finished
+    /// before the trainer's `fit` returns).
+    pub async_checkpoint: bool,
+}
+
+impl Cadence {
+    /// `steps` steps, one evaluation at the end, every step logged, no checkpoint.
+    pub fn steps(steps: u64) -> Self {
+        Self {
+            steps,
+            eval_every: steps.max(1),
+            checkpoint_every: 0,
+            log_every: 1,
+            async_checkpoint: false,
+        }
+    }
+
+    /// Fails on a cadence that cannot run (no evaluation or log period).
+    pub fn validate(&self) -> Result<()> {
+        if self.eval_every == 0 || self.log_every == 0 {
+            return Err(invalid!(
+                "eval_every and log_every must be at least 1 (got {} and {})",
+                self.eval_every,
+                self.log_every
+            ));
+        }
+        Ok(())
     }
 }
