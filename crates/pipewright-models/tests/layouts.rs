@@ -6,6 +6,7 @@
 use candle_core::Var;
 use pipewright::dist::comm::{local, Communicator};
 use pipewright::dist::topology::Layout;
+use pipewright::engine::spec::Balance;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::model::precision::{LossScaler, Precision};
@@ -94,6 +95,30 @@ fn a_stage_to_rank_map_places_stages_anywhere() {
     })
     .unwrap();
     assert_eq!(stages, [1, 1, 0, 0]);
+}
+
+/// The step's placement and balance come from the spec it holds: a stage-to-rank map of
+/// another layout, or a balance still to be measured, is refused before anything is built.
+#[test]
+fn a_map_or_balance_the_spec_does_not_describe_is_refused() {
+    let opts = VarunaOptions {
+        stage_to_rank_map: Some("0,1;2,3;".into()),
+        ..options(Layout::new(4, 1, 1).unwrap())
+    };
+    let e = opts
+        .validate(&gpt(cfg()).unwrap(), 4)
+        .expect_err("a map of pp 2 x dp 2 does not place pp 4");
+    assert!(
+        e.to_string().contains("stage-to-rank map `0,1;2,3;`"),
+        "{e}"
+    );
+    let opts =
+        options(Layout::new(2, 1, 1).unwrap()).with_spec(|s| s.balance = Some(Balance::Time));
+    let e = opts.validate(&gpt(cfg()).unwrap(), 2).unwrap_err();
+    assert!(
+        e.to_string().contains("resolve it into layers per stage"),
+        "{e}"
+    );
 }
 
 #[test]
