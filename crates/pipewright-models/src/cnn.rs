@@ -27,6 +27,20 @@ pub struct CnnConfig {
 }
 
 impl CnnConfig {
+    /// The CNN a run gets when it names no size (`pipewright train --model cnn`): 16 channels
+    /// wide, 4 residual blocks, two per stage of resolution, no long skip, for images of
+    /// `in_channels` channels and `classes` classes.
+    pub const fn small(in_channels: usize, classes: usize) -> Self {
+        Self {
+            in_channels,
+            classes,
+            width: 16,
+            blocks: 4,
+            blocks_per_stage: 2,
+            long_skip: false,
+        }
+    }
+
     /// Fails on sizes the CNN cannot be built with.
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [

@@ -43,6 +43,19 @@ pub struct GptConfig {
 }
 
 impl GptConfig {
+    /// The GPT a run gets when it names no size (`pipewright train --model gpt`): 2 blocks, 4
+    /// heads, 128 wide, no dropout, for `vocab_size` ids in sequences of up to `block_size`.
+    pub const fn small(vocab_size: usize, block_size: usize) -> Self {
+        Self {
+            vocab_size,
+            block_size,
+            n_layer: 2,
+            n_head: 4,
+            n_embd: 128,
+            dropout: 0.0,
+        }
+    }
+
     /// Fails on sizes GPT-2 cannot be built with (heads not dividing the width, ...).
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [

@@ -48,6 +48,44 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// A Llama of these sizes, the rest by the family's defaults: as many key/value heads as
+    /// query heads, SwiGLU's MLP width ([`LlamaConfig::swiglu_hidden`]), RMSNorm's epsilon
+    /// 1e-5 and rotary base 10000 (Meta's Llama 2).
+    pub const fn new(
+        vocab_size: usize,
+        block_size: usize,
+        n_layer: usize,
+        n_head: usize,
+        dim: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            block_size,
+            n_layer,
+            n_head,
+            n_kv_head: n_head,
+            dim,
+            hidden: Self::swiglu_hidden(dim),
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+        }
+    }
+
+    /// The Llama a run gets when it names no size (`pipewright train --model llama`): the
+    /// small GPT's blocks, heads and width ([`crate::GptConfig::small`]), the rest by
+    /// [`LlamaConfig::new`].
+    pub const fn small(vocab_size: usize, block_size: usize) -> Self {
+        let g = crate::GptConfig::small(vocab_size, block_size);
+        Self::new(vocab_size, block_size, g.n_layer, g.n_head, g.n_embd)
+    }
+
+    /// SwiGLU's MLP width for a model `dim` wide: 8/3 of it (the width that gives three
+    /// matrices the parameters of a 4x GELU MLP's two), rounded up to a multiple of 8 (Meta
+    /// rounds to 256, which would more than double a small model's MLP).
+    pub const fn swiglu_hidden(dim: usize) -> usize {
+        (8 * dim / 3).div_ceil(8) * 8
+    }
+
     /// Fails on sizes that do not make a Llama.
     pub fn validate(&self) -> Result<()> {
         let c = self;

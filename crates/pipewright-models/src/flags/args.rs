@@ -6,6 +6,14 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::{CnnConfig, GptConfig, LlamaConfig};
+
+/// The models' own defaults the size flags start from (a size the task gives, such as the
+/// vocabulary, is the task's).
+const SMALL: GptConfig = GptConfig::small(0, 0);
+const SMALL_LLAMA: LlamaConfig = LlamaConfig::small(0, 0);
+const SMALL_CNN: CnnConfig = CnnConfig::small(0, 0);
+
 /// Which reference model (`--model`).
 #[derive(Clone, Copy, Debug, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -237,13 +245,13 @@ pub struct TrainArgs {
     pub eval_every: u64,
     // GPT sizes.
     /// Transformer blocks of the GPT or the Llama.
-    #[arg(help_heading = "Model", long, default_value_t = 2, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL.n_layer, value_parser = positive)]
     pub n_layer: usize,
     /// Attention heads (tensor and pipeline sizes must fit them: tp divides the heads).
-    #[arg(help_heading = "Model", long, default_value_t = 4, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL.n_head, value_parser = positive)]
     pub n_head: usize,
     /// Hidden size (a multiple of --n-head).
-    #[arg(help_heading = "Model", long, default_value_t = 128, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL.n_embd, value_parser = positive)]
     pub n_embd: usize,
     /// Tokens of a training window, and the longest sequence a new model accepts (default 64;
     /// with --init-from, the pretrained model's positions, and at most them).
@@ -251,7 +259,7 @@ pub struct TrainArgs {
     pub block_size: Option<usize>,
     /// The GPT's dropout probability (after the embeddings, in attention, after the MLP),
     /// in [0, 1); 0 with --cp > 1.
-    #[arg(help_heading = "Model", long, default_value_t = 0.0, value_parser = finite)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL.dropout, value_parser = finite)]
     pub dropout: f64,
     /// GPT vocabulary (default: the task's); a larger one pads the vocabulary, for example to
     /// a multiple of --tp. Padded ids never occur.
@@ -270,17 +278,17 @@ pub struct TrainArgs {
     #[arg(help_heading = "Model", long, value_parser = positive)]
     pub mlp_hidden: Option<usize>,
     /// Llama rotary base.
-    #[arg(help_heading = "Model", long, default_value_t = 10000.0, value_parser = finite)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL_LLAMA.rope_theta, value_parser = finite)]
     pub rope_theta: f64,
     // CNN sizes.
     /// CNN channels of the first blocks.
-    #[arg(help_heading = "Model", long, default_value_t = 16, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL_CNN.width, value_parser = positive)]
     pub width: usize,
     /// CNN: a long skip connection from the stem to the head (crosses every pipeline stage).
     #[arg(help_heading = "Model", long)]
     pub long_skip: bool,
     /// CNN residual blocks.
-    #[arg(help_heading = "Model", long, default_value_t = 4, value_parser = positive)]
+    #[arg(help_heading = "Model", long, default_value_t = SMALL_CNN.blocks, value_parser = positive)]
     pub blocks: usize,
     // Task options.
     /// Digits of each adder operand.

@@ -240,12 +240,10 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
                 ));
             }
             let cfg = CnnConfig {
-                in_channels: channels,
-                classes,
                 width: a.width,
                 blocks: a.blocks,
-                blocks_per_stage: 2,
                 long_skip: a.long_skip,
+                ..CnnConfig::small(channels, classes)
             };
             Ok(ModelConfig::Cnn { cnn: cfg })
         }
@@ -299,8 +297,9 @@ fn language_model(
     }
     check_sequence_split(a, seq_len)?;
     if let ModelKind::Llama = kind {
-        let n_kv_head = a.n_kv_head.unwrap_or(a.n_head);
-        let hidden = a.mlp_hidden.unwrap_or((8 * a.n_embd / 3).div_ceil(8) * 8);
+        let family = LlamaConfig::new(vocab_size, block_size, a.n_layer, a.n_head, a.n_embd);
+        let n_kv_head = a.n_kv_head.unwrap_or(family.n_kv_head);
+        let hidden = a.mlp_hidden.unwrap_or(family.hidden);
         for (flag, n) in [("--n-kv-head", n_kv_head), ("--mlp-hidden", hidden)] {
             if !n.is_multiple_of(a.tp) {
                 return Err(invalid!(
@@ -310,26 +309,20 @@ fn language_model(
             }
         }
         let llama = LlamaConfig {
-            vocab_size,
-            block_size,
-            n_layer: a.n_layer,
-            n_head: a.n_head,
             n_kv_head,
-            dim: a.n_embd,
             hidden,
-            norm_eps: 1e-5,
             rope_theta: a.rope_theta,
+            ..family
         };
         llama.validate()?;
         return Ok(ModelConfig::Llama { llama, vocab });
     }
     let cfg = GptConfig {
-        vocab_size,
-        block_size,
         n_layer: a.n_layer,
         n_head: a.n_head,
         n_embd: a.n_embd,
         dropout: a.dropout,
+        ..GptConfig::small(vocab_size, block_size)
     };
     Ok(ModelConfig::Gpt { gpt: cfg, vocab })
 }
@@ -398,5 +391,41 @@ mod tests {
             .err()
             .expect("17 tokens do not fit 16 positions");
         assert!(e.to_string().contains("16 positions"), "{e}");
+    }
+
+    /// A run that names no size gets each model's own small config, for the task's
+    /// vocabulary and sequences; the Llama's MLP is SwiGLU's 8/3 of its width rounded up to
+    /// 8 (128 wide: 341.3 -> 344) and its key/value heads are its heads.
+    #[test]
+    fn the_flags_defaults_are_the_models_own() {
+        let mut a = defaults();
+        for kind in [ModelKind::Gpt, ModelKind::Llama] {
+            a.model = kind;
+            let (model, _, task) = a.model_and_task().unwrap();
+            let TaskShape::Tokens { vocab, seq_len } = task.shape() else {
+                panic!("the default task reads tokens")
+            };
+            match model {
+                ModelConfig::Gpt { gpt, .. } => assert_eq!(gpt, GptConfig::small(vocab, seq_len)),
+                ModelConfig::Llama { llama, .. } => {
+                    assert_eq!(llama, LlamaConfig::small(vocab, seq_len));
+                    assert_eq!((llama.hidden, llama.n_kv_head), (344, 4));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        a.model = ModelKind::Cnn;
+        a.task = super::super::args::TaskKind::Shapes;
+        let (model, _, task) = a.model_and_task().unwrap();
+        let TaskShape::Images {
+            channels, classes, ..
+        } = task.shape()
+        else {
+            panic!("the shapes task reads images")
+        };
+        let ModelConfig::Cnn { cnn } = model else {
+            panic!("{model:?}")
+        };
+        assert_eq!(cnn, CnnConfig::small(channels, classes));
     }
 }
