@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{losses, run, text, tmp, train};
-use pipewright::engine::checkpoint::{HfWeights, Split};
+use pipewright::engine::checkpoint::{HfWeights, TensorPart};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -121,8 +121,8 @@ fn pretrained_weights_train_on_any_layout_and_export_back() {
     assert_eq!(theirs.shapes(), ours.shapes());
     for name in theirs.shapes().keys() {
         let (a, b) = (
-            theirs.read(name, Split::WHOLE).unwrap(),
-            ours.read(name, Split::WHOLE).unwrap(),
+            theirs.read(name, TensorPart::WHOLE).unwrap(),
+            ours.read(name, TensorPart::WHOLE).unwrap(),
         );
         let e = pipewright::model::nn::max_rel_diff(&a, &b).unwrap();
         assert!(e < 1e-6, "`{name}` moved by {e:e}");

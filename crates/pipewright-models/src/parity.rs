@@ -105,7 +105,7 @@ impl ParityRun {
                 seed: self.seed,
                 micro_batches: self.global_batch / self.micro_batch,
                 clip: Some(self.clip),
-                schedule: LrSchedule::Constant { lr: self.lr },
+                lr: LrSchedule::Constant { lr: self.lr },
                 tied: tied(),
                 deferred_batch_norm: false,
                 loss: std::sync::Arc::new(CrossEntropy::default()),

@@ -4,7 +4,7 @@
 //! sample); the GPT's are the library's [`Transformer`], the Llama's and the CNN's are here.
 
 use pipewright::plan::{
-    AttentionKernel, AttentionShape, LayerShapes, Linear, ModelShapes, ShapedLayer, Split,
+    AttentionKernel, AttentionShape, LayerShapes, Linear, ModelShapes, ShapedLayer, TpSplit,
     Transformer,
 };
 use pipewright::trainer::model_spec::ModelSpec;
@@ -111,8 +111,8 @@ impl ModelSpec for LlamaConfig {
             elementwise_whole_bytes: 2.0 * d,
             elementwise_split_bytes: 0.0,
         };
-        let col = |i, o| Linear::new(i, o, Split::Columns);
-        let row = |i, o| Linear::new(i, o, Split::Rows);
+        let col = |i, o| Linear::new(i, o, TpSplit::Columns);
+        let row = |i, o| Linear::new(i, o, TpSplit::Rows);
         let (dim, qw, kvw, mlp) = (self.dim, self.n_head * hd, self.n_kv_head * hd, self.hidden);
         // Whole: two RMSNorms (read, write: 2 d each) and two residual sums (3 d each). Split:
         // q, k, v made contiguous per head, q and k rotated, the key/value heads repeated for
@@ -207,7 +207,7 @@ impl ModelSpec for CnnConfig {
                 self.in_channels
             ));
         }
-        let conv = |inp: usize, out: usize, k: usize| Linear::new(k * k * inp, out, Split::None);
+        let conv = |inp: usize, out: usize, k: usize| Linear::new(k * k * inp, out, TpSplit::None);
         let stem = vec![conv(channels, self.width, 3)];
         let mut layers = vec![conv_unit("stem", None, 1, height * width, stem, self.width)];
         // Stage by stage: its first block (strided, with a shortcut, past the first stage),
@@ -298,9 +298,9 @@ fn conv_unit(
 /// features).
 fn cnn_head(cfg: &CnnConfig, pixels: usize, channels: usize) -> ShapedLayer {
     let f = |v: usize| v as f64;
-    let mut linear = vec![Linear::new(channels, cfg.classes, Split::None)];
+    let mut linear = vec![Linear::new(channels, cfg.classes, TpSplit::None)];
     if cfg.long_skip {
-        linear.push(Linear::new(cfg.width, cfg.classes, Split::None));
+        linear.push(Linear::new(cfg.width, cfg.classes, TpSplit::None));
     }
     // The classifier's bias beside the weights.
     let params = linear

@@ -303,7 +303,7 @@ fn the_serial_trainer_and_varuna_share_one_format_across_precisions() {
                 seed: run.seed,
                 micro_batches: 8,
                 clip: Some(run.clip),
-                schedule: LrSchedule::Constant { lr: run.lr },
+                lr: LrSchedule::Constant { lr: run.lr },
                 tied: vec![("wte.weight".into(), "lm_head.weight".into())],
                 deferred_batch_norm: false,
                 loss: std::sync::Arc::new(CrossEntropy::default()),

@@ -34,7 +34,7 @@ fn serial() -> (f64, candle_core::Tensor) {
             seed: run.seed,
             micro_batches: 1,
             clip: None,
-            schedule: LrSchedule::Constant { lr: 1e-3 },
+            lr: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![],
             deferred_batch_norm: false,
             loss: Arc::new(CrossEntropy::default()),

@@ -55,7 +55,7 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
             seed: 0,
             micro_batches: chunks,
             clip: None,
-            schedule: LrSchedule::Constant { lr: 0.1 },
+            lr: LrSchedule::Constant { lr: 0.1 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),

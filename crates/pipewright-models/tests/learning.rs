@@ -37,7 +37,7 @@ fn tiny_gpt_learns_two_digit_addition() {
             seed: 0,
             micro_batches: 1,
             clip: Some(1.0),
-            schedule: LrSchedule::WarmupCosine {
+            lr: LrSchedule::WarmupCosine {
                 lr: 1e-3,
                 warmup: 100,
                 total: steps,

@@ -77,7 +77,7 @@ fn logits_loss_and_every_gradient_match_hf_llama() {
                 seed: 0,
                 micro_batches: chunks,
                 clip: None,
-                schedule: LrSchedule::Constant { lr: 0.1 },
+                lr: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![],
                 deferred_batch_norm: false,
                 loss: std::sync::Arc::new(CrossEntropy::default()),

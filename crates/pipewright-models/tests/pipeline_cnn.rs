@@ -91,7 +91,7 @@ fn deferred_batch_norm_commits_whole_batch_statistics() {
                 seed: SEED,
                 micro_batches: chunks,
                 clip: None,
-                schedule: LrSchedule::Constant { lr: 1e-2 },
+                lr: LrSchedule::Constant { lr: 1e-2 },
                 tied: vec![],
                 deferred_batch_norm: deferred,
                 loss: Arc::new(CrossEntropy::default()),

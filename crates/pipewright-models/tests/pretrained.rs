@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
-use pipewright::engine::checkpoint::{HfWeights, Reader, Split};
+use pipewright::engine::checkpoint::{HfWeights, Reader, TensorPart};
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::OptimizerConfig;
@@ -55,7 +55,7 @@ fn tensors(dir: &Path) -> Vec<(String, Vec<f32>)> {
     w.shapes()
         .keys()
         .map(|n| {
-            let t = w.read(n, Split::WHOLE).unwrap();
+            let t = w.read(n, TensorPart::WHOLE).unwrap();
             (
                 n.clone(),
                 t.flatten_all().unwrap().to_vec1::<f32>().unwrap(),

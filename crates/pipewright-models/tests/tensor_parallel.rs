@@ -46,7 +46,7 @@ fn trainer(init: &Build, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
             // elements with tiny gradients it magnifies the last-bit differences of summing in
             // another order (a row-parallel matmul sums partial products, then all-reduces).
             // At 1e-3 the worst parameter after 3 steps is 3.7e-6 off (relative); at 1e-2, 2e-5.
-            schedule: LrSchedule::Constant { lr: 1e-3 },
+            lr: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
             deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),

@@ -28,7 +28,7 @@ use pipewright::parallel::loss::Mse;
 use pipewright::plan::search::candidates;
 use pipewright::plan::{
     measure, rank, Cluster, Hardware, LayerShapes, ModelShapes, Morph, Request, ShapedLayer, Sizes,
-    Split,
+    TpSplit,
 };
 use pipewright::trainer::model_spec::Custom;
 use pipewright::trainer::TrainSpec;
@@ -118,7 +118,11 @@ pub fn model_spec() -> Custom {
             tp_split: false,
             shapes: LayerShapes {
                 tokens: 1,
-                linear: vec![pipewright::plan::Linear::new(inputs, outputs, Split::None)],
+                linear: vec![pipewright::plan::Linear::new(
+                    inputs,
+                    outputs,
+                    TpSplit::None,
+                )],
                 attention: None,
                 // The mask's product and the activation, in elements.
                 elementwise_whole_bytes: (2 * inputs + 2 * outputs) as f64,
@@ -213,7 +217,7 @@ pub fn serial_trainer(make: MakeOptimizer, lr: f64) -> Result<SerialTrainer> {
             seed: 0,
             micro_batches: GLOBAL_BATCH / CHUNK_SIZE,
             clip: None,
-            schedule: LrSchedule::Constant { lr },
+            lr: LrSchedule::Constant { lr },
             tied: vec![],
             deferred_batch_norm: false,
             loss: Arc::new(Mse::new("y")),

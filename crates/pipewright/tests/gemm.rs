@@ -7,7 +7,7 @@
 use pipewright::plan::shapes::ShapeCost;
 use pipewright::plan::{
     gemm_grid, AttentionKernel, AttentionRate, AttentionShape, AttentionTiming, Gemm, GemmCurve,
-    GemmTiming, Hardware, LayerShapes, Linear, Split,
+    GemmTiming, Hardware, LayerShapes, Linear, TpSplit,
 };
 
 /// A device of 100 TFLOP/s at 1 TB/s (ridge: 100 FLOPs a byte), 5 us a product, 2-byte values.
@@ -175,12 +175,12 @@ fn tensor_parallel_shards_of_a_narrow_model_cost_more_than_their_share() {
             Linear {
                 inputs: d,
                 outputs: 3 * d,
-                split: Split::Columns,
+                split: TpSplit::Columns,
             },
             Linear {
                 inputs: d,
                 outputs: d,
-                split: Split::Rows,
+                split: TpSplit::Rows,
             },
         ],
         attention: None::<AttentionKernel>,

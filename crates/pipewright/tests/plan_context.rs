@@ -5,7 +5,7 @@
 //! of short chunks), and candidates it must refuse.
 
 use pipewright::parallel::zero::Zero;
-use pipewright::plan::context::{ring_seconds, working_bytes};
+use pipewright::plan::context_parallel::{ring_seconds, working_bytes};
 use pipewright::plan::estimate::{state_bytes_per_param, RANK_BYTES};
 use pipewright::plan::{
     estimate, parse_candidate, rank, search, AttentionShape, Cluster, Estimate, Hardware, Link,

@@ -84,7 +84,7 @@ pub fn serial(c: &Case) -> Run {
                 seed: SEED,
                 micro_batches: c.chunks,
                 clip: c.clip,
-                schedule: LrSchedule::Constant { lr: 1e-2 },
+                lr: LrSchedule::Constant { lr: 1e-2 },
                 tied: c.tied.clone(),
                 deferred_batch_norm: c.deferred,
                 loss: Arc::new(CrossEntropy::default()),

@@ -34,7 +34,7 @@ pub struct TrainOptions {
     /// Clip the global gradient norm to this.
     pub clip: Option<f64>,
     /// The learning rate by step.
-    pub schedule: LrSchedule,
+    pub lr: LrSchedule,
     /// Parameter pairs kept equal (GPT's `wte.weight` and `lm_head.weight`).
     pub tied: Vec<(String, String)>,
     /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
@@ -72,7 +72,7 @@ pub struct SerialTrainer {
 impl SerialTrainer {
     /// A trainer of `model` with `optimizer` (the whole model on one device).
     pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
-        opts.schedule.validate()?;
+        opts.lr.validate()?;
         // One rank with the machine's cores, unless the user or a launcher said otherwise.
         crate::dist::comm::size_thread_pools(1);
         if opts.micro_batches == 0 {
@@ -182,7 +182,7 @@ impl SerialTrainer {
         if let Some(max) = self.opts.clip {
             scale_to_norm(&mut grads, grad_norm, max)?;
         }
-        let lr = self.opts.schedule.lr_at(self.step);
+        let lr = self.opts.lr.lr_at(self.step);
         self.optimizer.step(&grads, lr)?;
         let report = StepReport {
             step: self.step,
@@ -226,7 +226,7 @@ impl SerialTrainer {
             state: serde_json::json!({
                 "step": self.step,
                 "optimizer_step": optimizer_step,
-                "lr_schedule": self.opts.schedule,
+                "lr_schedule": self.opts.lr,
                 "loss_scaler": null,
                 "seed": self.opts.seed,
                 "extra": opts.extra,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::balance::{balance_cost, even_blocks};
 use super::bound::{Bound, Breakdown};
 use super::cluster::Cluster;
-use super::context;
+use super::context_parallel as cp_cost;
 use super::profile::{Fit, Profile};
 use super::shapes::ShapeCost;
 use crate::dist::topology::Layout;
@@ -130,7 +130,7 @@ fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<O
 }
 
 /// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
-/// cp and sequence parallelism (see [`super::context`]); `shaped` holds each layer's cost by
+/// cp and sequence parallelism (see [`super::context_parallel`]); `shaped` holds each layer's cost by
 /// shape ([`shape_costs`]).
 fn stage_cost(
     p: &Profile,
@@ -146,7 +146,7 @@ fn stage_cost(
     let tp_link = c.link(tp);
     let ring_link = c.link(tp * cp);
     // This rank's share of every token-wise cost, and of what crosses a cut.
-    let share = context::share(cp);
+    let share = cp_cost::share(cp);
     let cut = share / if sp { tp as f64 } else { 1.0 };
     let threads = c.thread_ratio(p.threads);
     let slow = threads * share;
@@ -223,7 +223,7 @@ fn stage_cost(
         }
         s.bytes.largest = s.bytes.largest.max(s.params - before);
         if let Some(a) = &l.attention {
-            let (f, b) = context::ring_seconds(a, rows, tp, cp, ring_link);
+            let (f, b) = cp_cost::ring_seconds(a, rows, tp, cp, ring_link);
             s.forward += f;
             s.backward += b;
             s.backward_input += b;
@@ -231,7 +231,7 @@ fn stage_cost(
             s.bytes.working =
                 s.bytes
                     .working
-                    .max(context::working_bytes(a, rows, tp, cp, p.dtype_bytes));
+                    .max(cp_cost::working_bytes(a, rows, tp, cp, p.dtype_bytes));
         }
         let measured = l.split.iter().find(|m| m.tp == tp);
         s.bytes.add(l, measured, tp, sp, r * share);

@@ -9,7 +9,7 @@
 //! - [`balance`]: the contiguous split of per-layer (or per-segment) costs over pipeline stages
 //!   that minimises the most expensive stage (torchgpipe's `balance_by_time` and
 //!   `balance_by_size` over given costs).
-//! - [`context`]: what context and sequence parallelism change in a layer's costs.
+//! - [`context_parallel`]: what context and sequence parallelism change in a layer's costs.
 //! - [`crowding`]: what a machine loses while more ranks compute than it has cores.
 //! - [`gemm`]: a matrix product's seconds by shape on a device (a roofline fitted to timings);
 //!   [`shapes`]: a layer's products and element-wise passes, costed at a candidate's sizes.
@@ -27,7 +27,7 @@ pub mod balance;
 pub mod bound;
 pub mod cluster;
 pub mod comm_bench;
-pub mod context;
+pub mod context_parallel;
 pub mod crowding;
 pub mod estimate;
 pub mod gemm;
@@ -62,7 +62,7 @@ pub use profile::{
 };
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use shaped::{ModelShapes, ShapedLayer};
-pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, Split};
+pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, TpSplit};
 pub use step_parts::{Part, PartClock, StepParts};
 pub use transformer::Transformer;
 

@@ -143,7 +143,7 @@ pub struct LayerProfile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<Timing>,
     /// The causal self-attention inside the layer, if any: what context parallelism splits
-    /// (its ring's messages and working memory are modelled from it, [`super::context`]).
+    /// (its ring's messages and working memory are modelled from it, [`super::context_parallel`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionShape>,
     /// Its products and element-wise passes by shape (a model planned from its shapes): the

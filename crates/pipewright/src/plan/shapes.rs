@@ -9,7 +9,7 @@
 //! products, the input gradient and the weight gradient; of an element-wise pass, twice its
 //! bytes):
 //! - A linear product multiplies the sample's tokens (`m`, split over the ring) by an `k x n`
-//!   weight; [`Split`] says which side tensor parallelism divides.
+//!   weight; [`TpSplit`] says which side tensor parallelism divides.
 //! - Attention: at cp 1 with a fused kernel ([`AttentionKernel::Fused`], pipewright's), the
 //!   two products over the causal half, the `seq x seq` scores never in memory; with
 //!   materialised scores ([`AttentionKernel::Materialized`], unfused frameworks), both products
@@ -38,7 +38,7 @@ pub struct AttentionShape {
 /// Which side of a linear product tensor parallelism divides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Split {
+pub enum TpSplit {
     /// Not split (every tp rank computes it whole).
     None,
     /// The outputs (a column-parallel layer).
@@ -56,12 +56,12 @@ pub struct Linear {
     /// Output features (`n`).
     pub outputs: usize,
     /// What tensor parallelism divides.
-    pub split: Split,
+    pub split: TpSplit,
 }
 
 impl Linear {
     /// The product by an `inputs x outputs` weight that tensor parallelism splits as `split`.
-    pub fn new(inputs: usize, outputs: usize, split: Split) -> Self {
+    pub fn new(inputs: usize, outputs: usize, split: TpSplit) -> Self {
         Self {
             inputs,
             outputs,
@@ -129,7 +129,7 @@ impl ShapeCost {
 const MATERIALIZED_SCORE_PASSES: f64 = 4.5;
 
 /// Passes of a ring pair's scores through memory (written, exponentiated, summed, read by the
-/// second product; [`super::context::RING_PAIR_TENSORS`] holds five at once in the backward).
+/// second product; [`super::context_parallel::RING_PAIR_TENSORS`] holds five at once in the backward).
 const RING_SCORE_PASSES: f64 = 4.0;
 
 /// Where attention's seconds and streamed bytes go.
@@ -278,9 +278,9 @@ impl LayerShapes {
         let (mut fwd, mut bwd_in, mut bwd_w) = (0.0, 0.0, 0.0);
         for l in &self.linear {
             let (n, k) = match l.split {
-                Split::None => (l.outputs, l.inputs),
-                Split::Columns => (l.outputs.div_ceil(tp), l.inputs),
-                Split::Rows => (l.outputs, l.inputs.div_ceil(tp)),
+                TpSplit::None => (l.outputs, l.inputs),
+                TpSplit::Columns => (l.outputs.div_ceil(tp), l.inputs),
+                TpSplit::Rows => (l.outputs, l.inputs.div_ceil(tp)),
             };
             product(Gemm::new(tokens, n, k), 1.0, &mut fwd);
             product(Gemm::new(tokens, k, n), 1.0, &mut bwd_in);

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::hardware::Hardware;
 use super::profile::{AttentionShape, Profile};
 use super::shaped::{ModelShapes, ShapedLayer};
-use super::shapes::{AttentionKernel, LayerShapes, Linear, Split};
+use super::shapes::{AttentionKernel, LayerShapes, Linear, TpSplit};
 use crate::{invalid, Result};
 
 /// A GPT-2/GPT-3-shaped decoder (the layers of `pipewright_models::gpt`: the embeddings, the
@@ -116,10 +116,10 @@ impl Transformer {
         let block = LayerShapes {
             tokens: seq,
             linear: vec![
-                Linear::new(d, 3 * d, Split::Columns),
-                Linear::new(d, d, Split::Rows),
-                Linear::new(d, 4 * d, Split::Columns),
-                Linear::new(4 * d, d, Split::Rows),
+                Linear::new(d, 3 * d, TpSplit::Columns),
+                Linear::new(d, d, TpSplit::Rows),
+                Linear::new(d, 4 * d, TpSplit::Columns),
+                Linear::new(4 * d, d, TpSplit::Rows),
             ],
             attention: Some(self.attention),
             elementwise_whole_bytes: 10.0 * h,
@@ -136,7 +136,7 @@ impl Transformer {
         // and writes them about four times.
         let head = LayerShapes {
             tokens: seq,
-            linear: vec![Linear::new(d, vocab, Split::Columns)],
+            linear: vec![Linear::new(d, vocab, TpSplit::Columns)],
             attention: None,
             elementwise_whole_bytes: 2.0 * h,
             elementwise_split_bytes: 4.0 * v,

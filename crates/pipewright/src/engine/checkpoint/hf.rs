@@ -1,6 +1,6 @@
 //! Pretrained weights as Hugging Face saves them: a directory with `model.safetensors`, or
 //! shards listed by `model.safetensors.index.json`. The files are memory-mapped and each rank
-//! copies out only its own part of each tensor ([`HfWeights::read`] with its [`Split`]), so no
+//! copies out only its own part of each tensor ([`HfWeights::read`] with its [`TensorPart`]), so no
 //! rank ever holds the whole model. Every header is checked against its file before a byte is
 //! read: a name outside the directory, an offset past the end or a shape that does not match
 //! its bytes is an error naming the file.
@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use memmap2::Mmap;
 
-use super::save::Split;
+use super::save::TensorPart;
 use crate::parallel::tensor_parallel::part_len;
 use crate::{Error, Result};
 
@@ -119,7 +119,7 @@ impl HfWeights {
 
     /// Part `split` of tensor `name` in f32, copied out of the map: only that part's bytes are
     /// read.
-    pub fn read(&self, name: &str, split: Split) -> Result<Tensor> {
+    pub fn read(&self, name: &str, split: TensorPart) -> Result<Tensor> {
         let e = self.tensors.get(name).ok_or_else(|| {
             Error::State(format!("`{}` holds no tensor `{name}`", self.dir.display()))
         })?;

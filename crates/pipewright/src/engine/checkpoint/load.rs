@@ -10,7 +10,7 @@ use candle_core::Tensor;
 use super::format::{
     f32_data, read_part, sha256, write_safetensors_with, EntryKind, Manifest, Part,
 };
-use super::save::Split;
+use super::save::TensorPart;
 use crate::parallel::tensor_parallel::{assemble, part};
 use crate::{Error, Result};
 
@@ -112,7 +112,7 @@ impl Reader {
     }
 
     /// Tensor `name`, the part `split` of it (f32, on the CPU).
-    pub fn read(&self, name: &str, split: Split) -> Result<Tensor> {
+    pub fn read(&self, name: &str, split: TensorPart) -> Result<Tensor> {
         let e = self.manifest.tensors.get(name).ok_or_else(|| {
             Error::State(format!("`{}` holds no tensor `{name}`", self.dir.display()))
         })?;

@@ -31,7 +31,7 @@ pub use fallback::{newest_intact, Intact, Skipped};
 pub use format::{EntryKind, Manifest};
 pub use hf::HfWeights;
 pub use load::Reader;
-pub use save::{step_dir, Header, Held, Snapshot, Split, Written};
+pub use save::{step_dir, Header, Held, Snapshot, TensorPart, Written};
 pub use state::{Owned, Restored};
 
 use crate::dist::comm::Communicator;

@@ -23,7 +23,7 @@ use crate::{Error, Result};
 /// How a tensor of a snapshot is split: part `index` of `count` along `axis` in `stride`
 /// blocks (part 0 of 1 when whole).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Split {
+pub struct TensorPart {
     /// The split axis.
     pub axis: usize,
     /// Blocks of the axis split separately.
@@ -34,9 +34,9 @@ pub struct Split {
     pub count: usize,
 }
 
-impl Split {
+impl TensorPart {
     /// A whole tensor.
-    pub const WHOLE: Split = Split {
+    pub const WHOLE: TensorPart = TensorPart {
         axis: 0,
         stride: 1,
         index: 0,
@@ -55,7 +55,7 @@ pub struct Held {
     /// The whole tensor's shape.
     pub whole: Vec<usize>,
     /// Which part of it this rank holds.
-    pub split: Split,
+    pub split: TensorPart,
     /// The part's shape.
     pub shape: Vec<usize>,
     /// The part's values, row-major.
@@ -68,7 +68,7 @@ impl Held {
         name: &str,
         kind: EntryKind,
         whole: Vec<usize>,
-        split: Split,
+        split: TensorPart,
         t: &Tensor,
     ) -> Result<Self> {
         Ok(Self {

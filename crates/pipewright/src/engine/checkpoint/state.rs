@@ -7,7 +7,7 @@ use candle_core::{Tensor, Var};
 
 use super::format::EntryKind;
 use super::load::Reader;
-use super::save::{Held, Snapshot, Split};
+use super::save::{Held, Snapshot, TensorPart};
 use crate::model::nn::optim::StateDict;
 use crate::parallel::tensor_parallel::Shard;
 use crate::{Error, Result};
@@ -31,10 +31,10 @@ pub struct Owned<'a> {
 
 impl Owned<'_> {
     /// How this rank holds parameter `name`, and its whole shape when split.
-    pub fn split(&self, name: &str) -> (Split, Option<Vec<usize>>) {
+    pub fn split(&self, name: &str) -> (TensorPart, Option<Vec<usize>>) {
         match self.shards.iter().find(|(n, _)| n == name) {
             Some((_, s)) => (
-                Split {
+                TensorPart {
                     axis: s.axis,
                     stride: s.stride,
                     index: s.index,
@@ -42,7 +42,7 @@ impl Owned<'_> {
                 },
                 Some(s.whole.clone()),
             ),
-            None => (Split::WHOLE, None),
+            None => (TensorPart::WHOLE, None),
         }
     }
 
@@ -90,7 +90,7 @@ impl Owned<'_> {
                     name,
                     EntryKind::Buffer,
                     whole,
-                    Split::WHOLE,
+                    TensorPart::WHOLE,
                     b.as_tensor(),
                 )?);
             }

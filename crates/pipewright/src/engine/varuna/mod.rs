@@ -17,7 +17,7 @@
 //! the masters are cast into the model.
 
 mod checkpoint;
-mod context;
+mod context_parallel;
 mod describe;
 mod generate;
 mod options;
