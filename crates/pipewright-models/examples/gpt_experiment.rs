@@ -1,4 +1,4 @@
-//! A GPT experiment on the Varuna step: the adder task (2-digit sums) learned by a small GPT
+//! A GPT experiment through the front door (`pipewright::trainer`): the adder task (2-digit sums) learned by a small GPT
 //! over any pp x tp x dp layout of the run's ranks, written as a pipewright experiment. The
 //! context holds the trainer, the step counter and (on the master) the recorder, so that
 //! `--checkpoint` goes on where a run stopped; the recorder writes the loss and the held-out
@@ -12,16 +12,12 @@
 use std::sync::Arc;
 
 use pipewright::dist::topology::Layout;
-use pipewright::engine::spec::TrainSpec;
-use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::experiment::{Context, Experiment, LinePlot, Param, Recorder};
-use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
-use pipewright::parallel::data_parallel::DistributedLoader;
-use pipewright::parallel::loss::CrossEntropy;
-use pipewright::trainer::{fit, Cadence, Hooks, StepDone};
+use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig};
+use pipewright::trainer::{Cadence, Hooks, Losses, Place, Run, StepDone, TrainSpec, Trainer};
 use pipewright::{invalid, Batch, Result};
 use pipewright_models::tasks::Adder;
-use pipewright_models::{gpt, GptConfig, Task, TaskShape, TIED};
+use pipewright_models::{GptConfig, Task, TaskShape};
 
 /// The body every rank runs.
 pub fn body(cx: &mut Context) -> Result<()> {
@@ -39,7 +35,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
         ));
     }
     let dp = world / (pp * tp);
-    let task = Adder::new(2, seed)?;
+    let task = Arc::new(Adder::new(2, seed)?);
     let TaskShape::Tokens { vocab, seq_len } = task.shape() else {
         return Err(invalid!("the adder task is made of tokens"));
     };
@@ -56,58 +52,69 @@ pub fn body(cx: &mut Context) -> Result<()> {
             "--batch-size {batch} does not split into {dp} replicas x --chunks {chunks}"
         ));
     }
-    let opts = VarunaOptions {
-        shared_weights: vec![(TIED.0.into(), TIED.1.into())],
-        loss: Arc::new(CrossEntropy::default()),
-        detect_anomaly: cx.params().flag("debug")?,
-        ..VarunaOptions::of(TrainSpec {
-            lr: LrSchedule::Constant {
-                lr: cx.params().float("lr")?,
-            },
-            seed,
-            ..TrainSpec::new(Layout::new(pp, tp, dp)?, batch, batch / (dp * chunks), 1)
-        })
+    let spec = TrainSpec {
+        optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
+        lr: LrSchedule::Constant {
+            lr: cx.params().float("lr")?,
+        },
+        seed,
+        cadence: Cadence {
+            eval_every: cx.params().positive("eval_every")? as u64,
+            checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64,
+            ..Cadence::steps(steps)
+        },
+        ..TrainSpec::new(
+            Layout::new(pp, tp, dp)?,
+            batch,
+            batch / (dp * chunks),
+            steps,
+        )
     };
-    let mut trainer = Varuna::new(&gpt(cfg)?, cx.world()?, opts)?;
-    trainer.set_optimizer(|p| Ok(Box::new(AdamW::new(p, AdamWConfig::default())?)))?;
-    let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
+    let data = {
+        let task = task.clone();
+        move |step: u64, rows: usize| -> Result<Batch> {
+            let (x, y) = task.batch(step, rows)?;
+            Ok(Batch::pair(x, y))
+        }
+    };
+    // The front door: the GPT (tied weights, parallel rules) on the task's rows of each step.
+    let run = Run {
+        place: Place {
+            detect_anomaly: cx.params().flag("debug")?,
+            ..Place::default()
+        },
+        ..Run::new(spec, Arc::new(cfg), Arc::new(data))
+    };
+    let trainer = Trainer::new(run, Some(world))?;
     if cx.is_master() {
         let mut rec = Recorder::create(cx.dir(), "eval/accuracy")?;
         rec.params(&cx.params().to_json())?;
         cx.register("recorder", rec)?;
     }
-    cx.set_trainer(trainer)?;
-    let data = |step: u64, rows: usize| -> Result<Batch> {
-        let (x, y) = task.batch(step, rows)?;
-        Ok(Batch::pair(x, y))
-    };
-    let cadence = Cadence {
-        steps,
-        eval_every: cx.params().positive("eval_every")? as u64,
-        checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64,
-        ..Cadence::steps(steps)
-    };
+    let started = trainer.start(cx)?;
     let mut hooks = AdderHooks {
         task: &task,
-        loader: DistributedLoader::new(data, batch, replica, dp, device)?,
+        batches: Losses::new(started),
         curve: Vec::new(),
     };
-    fit(cx, &cadence, &mut hooks)?;
+    trainer.fit(cx, &mut hooks)?;
     Ok(())
 }
 
-/// What this experiment does around the steps of [`fit`]: batches of the adder task, its
-/// held-out accuracy, and (on the master) the recorder's loss, accuracy and loss curve.
-struct AdderHooks<'a, F> {
+/// What this experiment does around the steps of the one loop: the run's batches of the adder
+/// task, its held-out accuracy, and (on the master) the recorder's loss, accuracy and loss
+/// curve.
+struct AdderHooks<'a> {
     task: &'a Adder,
-    loader: DistributedLoader<F>,
+    /// The rank's rows of each step, through the simplest hooks.
+    batches: Losses,
     /// (step, loss): the loss curve drawn at every evaluation.
     curve: Vec<(f64, f64)>,
 }
 
-impl<F: Fn(u64, usize) -> Result<Batch>> Hooks for AdderHooks<'_, F> {
-    fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
-        self.loader.batch(step)
+impl Hooks for AdderHooks<'_> {
+    fn batch(&mut self, cx: &mut Context, step: u64) -> Result<Batch> {
+        self.batches.batch(cx, step)
     }
 
     fn evaluate(&mut self, cx: &mut Context, _: u64) -> Result<Option<f64>> {

@@ -2,7 +2,8 @@
 //! layer, a cut, a sigmoid read-out), binary cross-entropy, SGD, a data set read through the
 //! `SmartDataLoader`, and a `Context` that saves the trainer, the loader's position (its epoch
 //! too) and the recorder's count together, so that `--checkpoint` goes on exactly where a run
-//! stopped. The steps run through the library's one training loop, `fit`.
+//! stopped. It trains through the front door (`pipewright::trainer`), its hooks giving the
+//! loader's batches.
 //!
 //! ```sh
 //! cargo run --release -p pipewright --example experiment -- --help
@@ -17,15 +18,15 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::dist::topology::Layout;
-use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::experiment::{Context, Dataset, Experiment, Param, Recorder, SmartDataLoader};
 use pipewright::model::init::rng_for;
-use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
+use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::parallel::loss::Loss;
 use pipewright::parallel::tensor_parallel::Group;
-use pipewright::trainer::{fit, Cadence, Hooks, StepDone, TrainSpec};
+use pipewright::trainer::model_spec::Custom;
+use pipewright::trainer::{Cadence, Hooks, Place, Run, StepDone, TrainSpec, Trainer};
 use pipewright::{invalid, Batch, Build, Error, Result};
 use rand::Rng;
 
@@ -131,14 +132,6 @@ impl Loss for Bce {
     }
 }
 
-fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
-    let cfg = SgdConfig {
-        momentum: 0.9,
-        ..Default::default()
-    };
-    Ok(Box::new(Sgd::new(params, cfg)?))
-}
-
 /// The experiment's body, run by every rank.
 pub fn body(cx: &mut Context) -> Result<()> {
     let seed = cx.params().int("random_seed")? as u64;
@@ -154,45 +147,66 @@ pub fn body(cx: &mut Context) -> Result<()> {
         ));
     }
     let dp = world / pp;
+    let samples = cx.params().positive("samples")?;
+    let loader = |(replica, device)| {
+        SmartDataLoader::new(
+            Points::new(samples, seed),
+            batch,
+            true,
+            seed,
+            (replica, dp),
+            device,
+        )
+    };
+    // Every replica's share of the points makes as many batches.
+    let per_epoch = loader((0, Device::Cpu))?.batches_per_epoch() as u64;
     let spec = TrainSpec {
+        optimizer: OptimizerConfig::Sgd(SgdConfig {
+            momentum: 0.9,
+            ..Default::default()
+        }),
         lr: LrSchedule::Constant {
             lr: cx.params().float("lr")?,
         },
         seed,
+        // Epochs of the loader's batches, saved every `checkpoint_every` epochs.
+        cadence: Cadence {
+            checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64 * per_epoch,
+            ..Cadence::steps(epochs as u64 * per_epoch)
+        },
         ..TrainSpec::new(Layout::new(pp, 1, dp)?, batch * dp, batch / chunks, 1)
     };
-    let opts = VarunaOptions {
+    // The front door, with the batches from this experiment's own loader (its hooks).
+    let run = Run {
         loss: Arc::new(Bce),
         // --debug: the first NaN or inf fails the step, naming its layer and micro-batch.
-        detect_anomaly: cx.params().flag("debug")?,
-        ..VarunaOptions::of(spec)
+        place: Place {
+            detect_anomaly: cx.params().flag("debug")?,
+            ..Place::default()
+        },
+        ..Run::with_own_batches(spec, Arc::new(Custom::new("points", model())))
     };
-    let mut trainer = Varuna::new(&model(), cx.world()?, opts)?;
-    trainer.set_optimizer(sgd)?;
-    let (replica, device) = (trainer.coords().dp_rank, trainer.device().clone());
-    let data = Points::new(cx.params().positive("samples")?, seed);
-    let loader = SmartDataLoader::new(data, batch, true, seed, (replica, dp), device)?;
-    let per_epoch = loader.batches_per_epoch() as u64;
-    // Registered before the trainer restores a checkpoint, or after: either way restored.
-    cx.register("loader", loader)?;
-    cx.set_trainer(trainer)?;
+    let trainer = Trainer::new(run, Some(world))?;
+    // Builds this rank's part and restores the checkpoint the run goes on from; items
+    // registered before or after it are restored either way.
+    trainer.start(cx)?;
+    let at = {
+        let v = cx.trainer()?;
+        (v.coords().dp_rank, v.device().clone())
+    };
+    cx.register("loader", loader(at)?)?;
     if cx.is_master() {
         // Every step's loss under `train/loss` (tags.csv, TensorBoard); its count is restored
         // with the rest.
         let rec = Recorder::create(cx.dir(), "eval/held_out")?;
         cx.register("recorder", rec)?;
     }
-    // Epochs of the loader's batches, saved every `checkpoint_every` epochs.
-    let cadence = Cadence {
-        checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64 * per_epoch,
-        ..Cadence::steps(epochs as u64 * per_epoch)
-    };
     let mut hooks = PointsHooks {
         per_epoch,
         epoch: 0,
         losses: Vec::new(),
     };
-    fit(cx, &cadence, &mut hooks)?;
+    trainer.fit(cx, &mut hooks)?;
     let losses = hooks.losses;
     // The held-out loss: 64 points of another seed, every replica the same rows.
     let held = Points::new(64, seed + 1);
@@ -220,7 +234,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     Ok(())
 }
 
-/// What this experiment does around the steps of [`fit`]: batches from the registered
+/// What this experiment does around the steps of the one loop: batches from the registered
 /// loader (the next epoch where one ends), every step's loss in the recorder and in
 /// `losses.csv`, and a line for each saved checkpoint.
 struct PointsHooks {

@@ -16,12 +16,13 @@ use custom_model::{
 };
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
-use pipewright::engine::spec::TrainSpec;
+use pipewright::engine::spec::{Balance, TrainSpec};
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};
 use pipewright::model::nn::{max_rel_diff, Grads};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::parallel::loss::Mse;
+use pipewright::trainer::{Run, Trainer};
 use pipewright::{Batch, Result};
 
 fn sgd(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
@@ -77,6 +78,35 @@ fn the_front_door_trains_a_user_model_restarts_it_and_morphs_it_by_the_planner()
             "step {s}: {serial:?} vs {losses:?}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A run whose hooks give the batches has no data of its own: what needs it (a profiled
+/// balance, the simplest hooks) says so and how to give it, before any rank trains.
+#[test]
+fn a_run_without_data_says_what_needs_it() {
+    let mut spec = spec(Layout::new(2, 1, 1).unwrap(), 2);
+    let without = |spec: TrainSpec| Run {
+        data: None,
+        ..custom_model::run(spec)
+    };
+    spec.balance = Some(Balance::Time);
+    let e = Trainer::new(without(spec.clone()), None).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains("a balance by time or size needs the run's data"),
+        "{e}"
+    );
+    spec.balance = None;
+    let dir = std::env::temp_dir().join(format!("pw-no-data-{}", std::process::id()));
+    let e = Trainer::new(without(spec), None)
+        .unwrap()
+        .losses(&dir, None)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("Losses reads only the run's data"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -338,7 +338,10 @@ impl Setup {
                 );
             }
         }
-        let batches = &started.batches;
+        let batches = started
+            .batches
+            .as_ref()
+            .ok_or_else(|| invalid!("the run was built without its data"))?;
         let done = train_loop(
             self,
             num_params,

@@ -98,8 +98,11 @@ pub struct Run {
     pub model: Arc<dyn ModelSpec + Send + Sync>,
     /// The objective on the last stage.
     pub loss: SharedLoss,
-    /// The data.
-    pub data: Data,
+    /// The data, as rows of each step ([`Trainer::start`] gives each rank its share); `None`
+    /// when the program's hooks give every batch themselves (a stateful loader it registers on
+    /// its context, such as pystematic's [`crate::experiment::SmartDataLoader`]). Without it
+    /// there is no sample to plan a restart from its shapes or to profile a balance on.
+    pub data: Option<Data>,
     /// Where it runs.
     pub place: Place,
 }
@@ -112,15 +115,37 @@ impl Run {
             spec,
             model,
             loss: Arc::new(CrossEntropy::default()),
-            data,
+            data: Some(data),
             place: Place::default(),
         }
+    }
+
+    /// `model` trained as `spec` says on batches the program's hooks give (see [`Run::data`]),
+    /// with cross-entropy, on the CPU, ranks as threads.
+    pub fn with_own_batches(spec: TrainSpec, model: Arc<dyn ModelSpec + Send + Sync>) -> Self {
+        Self {
+            spec,
+            model,
+            loss: Arc::new(CrossEntropy::default()),
+            data: None,
+            place: Place::default(),
+        }
+    }
+
+    /// The run's data, or an error that says what needs it.
+    fn need_data(&self, what: &str) -> Result<&Data> {
+        self.data.as_ref().ok_or_else(|| {
+            invalid!(
+                "{what} needs the run's data, and this run has none (its hooks give the \
+                 batches): give the run its data (Run::new)"
+            )
+        })
     }
 
     /// The dims of one input sample (the model's first input, its rows left out): what the
     /// model's shapes are sized for.
     pub fn sample(&self, model: &Sequential) -> Result<Vec<usize>> {
-        let batch = (self.data)(0, 1)?;
+        let batch = (self.need_data("the model's sample")?)(0, 1)?;
         let name = model
             .input_names()
             .first()
@@ -155,11 +180,16 @@ impl Trainer {
         let model = run.model.build()?;
         let mut morphed = None;
         if let Some(world) = world.filter(|w| *w != run.spec.world()) {
-            let sample = match run.place.machines {
-                Some(_) => run.sample(&model)?,
-                None => Vec::new(),
+            // Planned from the model's shapes when there are machines to plan for and data to
+            // size a sample by; else the nearest layout.
+            let sample = match (&run.place.machines, &run.data) {
+                (Some(_), Some(_)) => run.sample(&model)?,
+                _ => Vec::new(),
             };
-            let machines = run.place.machines.as_ref().map(|(hw, n)| (hw, *n));
+            let machines = (run.data.is_some())
+                .then_some(run.place.machines.as_ref())
+                .flatten()
+                .map(|(hw, n)| (hw, *n));
             let (spec, m) = run
                 .spec
                 .morph_model(world, run.model.as_ref(), &sample, machines)?;
@@ -171,7 +201,8 @@ impl Trainer {
         let spec = match &run.spec.balance {
             None | Some(Balance::Layers(_)) => run.spec.clone(),
             Some(_) => {
-                let sample = (run.data)(0, run.spec.micro_batch)?;
+                let sample =
+                    (run.need_data("a balance by time or size")?)(0, run.spec.micro_batch)?;
                 run.spec.resolve_balance(&model, &sample)?
             }
         };

@@ -24,8 +24,9 @@ pub type Batches = DistributedLoader<Box<dyn Fn(u64, usize) -> Result<Batch> + S
 pub struct Started {
     /// The step training goes on from (0 for a new run, else the restored checkpoint's).
     pub step: u64,
-    /// The rank's rows of each step's batch.
-    pub batches: Batches,
+    /// The rank's rows of each step's batch (`None` when the run has no data of its own:
+    /// the program's hooks give the batches).
+    pub batches: Option<Batches>,
 }
 
 impl Trainer {
@@ -73,14 +74,16 @@ impl Trainer {
             let model = &self.run.model;
             v.load_pretrained(dir, &|n| model.hf_names(n))?;
         }
-        let data = self.run.data.clone();
-        let batches = DistributedLoader::new(
-            Box::new(move |step, rows| data(step, rows)) as Box<_>,
-            self.run.spec.global_batch,
-            v.coords().dp_rank,
-            self.run.spec.layout.dp,
-            v.device().clone(),
-        )?;
+        let batches = match self.run.data.clone() {
+            Some(data) => Some(DistributedLoader::new(
+                Box::new(move |step, rows| data(step, rows)) as Box<_>,
+                self.run.spec.global_batch,
+                v.coords().dp_rank,
+                self.run.spec.layout.dp,
+                v.device().clone(),
+            )?),
+            None => None,
+        };
         if let Some(d) = &self.run.place.checkpoint_dir {
             cx.set_checkpoint_dir(d)?;
         }
@@ -149,8 +152,8 @@ impl Trainer {
 /// The simplest hooks: the rank's batches, and each step's loss kept (a program that records
 /// nothing else, a test against serial training).
 pub struct Losses {
-    /// The rank's rows of each step.
-    pub batches: Batches,
+    /// The rank's rows of each step (the run's data; none when the run has none).
+    pub batches: Option<Batches>,
     /// Each step's loss, in order (the same on every rank).
     pub losses: Vec<f64>,
 }
@@ -167,7 +170,13 @@ impl Losses {
 
 impl Hooks for Losses {
     fn batch(&mut self, _: &mut Context, step: u64) -> Result<Batch> {
-        self.batches.batch(step)
+        match &self.batches {
+            Some(b) => b.batch(step),
+            None => Err(invalid!(
+                "the run has no data of its own, and Losses reads only the run's data: give \
+                 the run its data (Run::new) or hooks that give the batches"
+            )),
+        }
     }
 
     fn after_step(&mut self, _: &mut Context, done: &StepDone) -> Result<()> {
