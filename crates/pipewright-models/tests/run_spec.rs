@@ -44,7 +44,13 @@ fn losses(spec: &RunSpec) -> Vec<f64> {
     let data: Data = Arc::new(move |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)));
     let run = Run::new(spec.train.clone(), Arc::new(spec.model.clone()), data);
     let trainer = Trainer::new(run, None).unwrap();
-    trainer.losses(&std::env::temp_dir(), None).unwrap()
+    // A run directory of its own (rank 0 records the run there), removed after.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("pw-run-spec-{}-{n}", std::process::id()));
+    let losses = trainer.losses(&dir, None).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    losses
 }
 
 #[test]

@@ -260,8 +260,13 @@ pub fn run(spec: TrainSpec) -> Run {
 
 /// Losses of the run `spec` (its layout's ranks as threads) through the front door.
 pub fn train(spec: &TrainSpec) -> Result<Vec<f64>> {
-    // Nothing is written: no checkpoint is asked for.
-    Trainer::new(run(spec.clone()), None)?.losses(&std::env::temp_dir(), None)
+    // A run directory of its own (rank 0 records the run there), removed after.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("custom-model-{}-{n}", std::process::id()));
+    let losses = Trainer::new(run(spec.clone()), None)?.losses(&dir, None);
+    let _ = std::fs::remove_dir_all(&dir);
+    losses
 }
 
 /// Plans this model for 4 ranks from a profile measured here: the fastest layout at the

@@ -78,6 +78,19 @@ fn the_front_door_trains_a_user_model_restarts_it_and_morphs_it_by_the_planner()
             "step {s}: {serial:?} vs {losses:?}"
         );
     }
+    // The front door kept the run's record: every step once (the restarted attempt dropped
+    // nothing and repeated nothing), with the loss the hooks saw.
+    let csv = std::fs::read_to_string(dir.join("scalars.csv")).unwrap();
+    let rows: Vec<(u64, f64)> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].parse().unwrap(), f[1].parse().unwrap())
+        })
+        .collect();
+    let want: Vec<(u64, f64)> = (1..).zip(losses.iter().copied()).collect();
+    assert_eq!(rows, want, "{csv}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -5,12 +5,10 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::engine::checkpoint::CheckpointOptions;
-use pipewright::experiment::recorder::ScalarRow;
-use pipewright::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
-use pipewright::experiment::{peak_memory_bytes, Context, LinePlot, Recorder, RunDir};
+use pipewright::experiment::{peak_memory_bytes, Context, Recorder, RunDir};
 use pipewright::plan::StepParts;
 use pipewright::runtime::memory;
-use pipewright::trainer::{Hooks, StepDone};
+use pipewright::trainer::{Hooks, Recorded, StepDone};
 use pipewright::{Batch, Result};
 use pipewright_models::{RunSpec, TaskShape};
 use serde::Serialize;
@@ -66,16 +64,14 @@ pub struct Summary {
 }
 
 /// What `pipewright train` does around [`fit`]'s steps: the task's batches and metric, the
-/// recorder and the progress bar (on the reporting rank), the process's peak memory before the
-/// first evaluation, and checkpoints that store what rebuilds the run.
+/// progress bar and log lines (on the reporting rank), the process's peak memory before the
+/// first evaluation, and checkpoints that store what rebuilds the run. The record is the
+/// library's ([`Recorded`]).
 struct TrainHooks<'a> {
     run: &'a Setup,
     batch: &'a dyn Fn(u64) -> Result<Batch>,
-    rec: Option<Recorder>,
     pb: ProgressBar,
     reporting: bool,
-    /// (step, loss) of this run's steps: the loss curve drawn at every evaluation.
-    curve: Vec<(f64, f64)>,
     first: u64,
     start: Instant,
     items_per_step: usize,
@@ -83,8 +79,6 @@ struct TrainHooks<'a> {
     training_peak: Option<u64>,
     allocated_peak: Option<u64>,
     rank_allocated_peaks: Vec<u64>,
-    /// Steps an f16 run skipped (a gradient overflowed; the loss scale fell).
-    skipped: u64,
 }
 
 impl Hooks for TrainHooks<'_> {
@@ -122,15 +116,12 @@ impl Hooks for TrainHooks<'_> {
     fn after_step(&mut self, _: &mut Context, d: &StepDone) -> Result<()> {
         // One numbering everywhere: a step is counted by the steps done with it (1 is the
         // first), in the console, scalars.csv, tags.csv, images and checkpoints alike.
-        let (step, loss) = (d.steps, d.outcome.loss);
-        if d.outcome.overflow {
-            self.skipped += 1;
-        }
+        let loss = d.outcome.loss;
         let scaled = self.run.a.precision == "f16";
         // An f16 run's dynamic loss scale and the steps it skipped on overflow, in the log
         // lines as on the progress bar (which a file or a CI log does not show).
         let scale = |sep: &str| {
-            let (s, k) = (d.outcome.loss_scale, self.skipped);
+            let (s, k) = (d.outcome.loss_scale, d.skipped);
             if scaled {
                 format!("{sep}loss scale {s}{sep}skipped {k}")
             } else {
@@ -146,31 +137,6 @@ impl Hooks for TrainHooks<'_> {
             );
             self.pb.suspend(|| pipewright::say!("{line}"));
         }
-        self.curve.push((d.steps as f64, loss));
-        if let Some(rec) = self.rec.as_mut().filter(|_| d.evaluated) {
-            rec.set_count(d.steps);
-            rec.figure(
-                "train/loss_curve",
-                &LinePlot::loss_curve(self.curve.clone()),
-            )?;
-        }
-        if let Some(rec) = self.rec.as_mut().filter(|_| d.log) {
-            rec.record(ScalarRow {
-                step,
-                loss,
-                lr: d.outcome.lr,
-                metric: d.metric,
-            })?;
-            rec.set_count(step);
-            rec.scalar(STEP_SECONDS_TAG, d.seconds)?;
-            if d.seconds > 0.0 {
-                rec.scalar(THROUGHPUT_TAG, self.items_per_step as f64 / d.seconds)?;
-            }
-            if scaled {
-                rec.scalar("train/loss_scale", d.outcome.loss_scale)?;
-                rec.scalar("train/skipped_steps", self.skipped as f64)?;
-            }
-        }
         let done = d.steps - self.first;
         let rate = done as f64 * self.items_per_step as f64 / self.start.elapsed().as_secs_f64();
         let items = self.items;
@@ -183,9 +149,6 @@ impl Hooks for TrainHooks<'_> {
     }
 
     fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {
-        if let Some(rec) = self.rec.as_mut() {
-            rec.flush()?;
-        }
         let opts = CheckpointOptions {
             keep: self.run.a.keep,
             meta: self.run.meta.clone(),
@@ -288,10 +251,8 @@ pub fn train_loop(
     let mut hooks = TrainHooks {
         run,
         batch,
-        rec,
         pb,
         reporting: dir.is_some(),
-        curve: Vec::new(),
         first,
         start: Instant::now(),
         items_per_step,
@@ -299,17 +260,18 @@ pub fn train_loop(
         training_peak: None,
         allocated_peak: None,
         rank_allocated_peaks: Vec::new(),
-        skipped: 0,
     };
-    let report = run.trainer.fit(cx, &mut hooks)?;
+    let scaled = run.spec.train.precision.scales_loss();
+    let mut recorded = Recorded::new(&mut hooks, rec, items_per_step, scaled);
+    let report = run.trainer.fit(cx, &mut recorded)?;
+    let rec = recorded.finish()?;
     hooks.pb.finish_and_clear();
     if report.stopped && dir.is_some() {
         pipewright::say!("preempted: saved step {} and stopping", report.steps);
     }
-    let (Some(_), Some(rec)) = (dir, hooks.rec.as_mut()) else {
+    if dir.is_none() || rec.is_none() {
         return Ok(None);
-    };
-    rec.flush()?;
+    }
     Ok(Some(Summary {
         steps: report.steps,
         final_loss: report.last_loss,

@@ -38,6 +38,9 @@ pub struct StepDone {
     pub log: bool,
     /// Whether this is the run's last step.
     pub last: bool,
+    /// Steps of this attempt skipped so far, this one included, because a gradient
+    /// overflowed (an f16 run's loss scale then falls).
+    pub skipped: u64,
 }
 
 /// What differs between training programs; every rank's `fit` calls the same hooks in the
@@ -117,6 +120,7 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
         seconds: 0.0,
         stopped: false,
     };
+    let mut skipped = 0;
     for step in first..cadence.steps {
         let batch = hooks.batch(cx, step)?;
         let t = Instant::now();
@@ -130,7 +134,9 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
         } else {
             None
         };
+        skipped += u64::from(outcome.overflow);
         let done = StepDone {
+            skipped,
             steps,
             outcome,
             seconds,

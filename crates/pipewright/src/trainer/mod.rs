@@ -28,6 +28,7 @@ pub mod launch;
 pub mod model_spec;
 mod morph;
 mod rank;
+mod record;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -45,6 +46,7 @@ use crate::{invalid, Result};
 pub use crate::engine::spec::{Balance, Cadence, TrainSpec};
 pub use fit::{fit, FitReport, Hooks, StepDone};
 pub use rank::{Batches, Losses, Started};
+pub use record::Recorded;
 
 /// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
 /// step, so that every replica, layout and resumed run reads the same rows.

@@ -7,15 +7,19 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 use super::fit::{fit, FitReport, Hooks, StepDone};
+use super::record::Recorded;
 use super::Trainer;
 use crate::dist::comm::Communicator;
 use crate::engine::spec::Balance;
 use crate::engine::varuna::{Varuna, VarunaOptions};
 use crate::experiment::params::standard;
-use crate::experiment::{Context, Params};
+use crate::experiment::{Context, Params, Recorder};
 use crate::model::batch::Batch;
 use crate::parallel::data_parallel::DistributedLoader;
 use crate::{invalid, Result};
+
+/// The tag [`Trainer::train`] records the hooks' metric under.
+pub const METRIC_TAG: &str = "eval/metric";
 
 /// A rank's rows of every global batch, on its device.
 pub type Batches = DistributedLoader<Box<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>>;
@@ -118,8 +122,10 @@ impl Trainer {
     /// this process's rank when mpirun started it. `checkpoint` says what the run goes on
     /// from (a checkpoint, a directory of them, or `latest`; `None`: a new run, or a restarted
     /// attempt's newest). Each rank starts ([`Trainer::start`]), makes its hooks with `hooks`
-    /// from what it started with, and fits; returns each of this process's ranks' report and
-    /// hooks, in rank order.
+    /// from what it started with, and fits; rank 0 keeps the run's record in `dir`
+    /// ([`Recorded`]: loss, learning rate, the hooks' metric under `eval/metric`, step seconds
+    /// and rows per second). Returns each of this process's ranks' report and hooks, in rank
+    /// order.
     pub fn train<H, F>(
         &self,
         dir: &Path,
@@ -137,8 +143,18 @@ impl Trainer {
         let rank = |comm: Box<dyn Communicator>| -> Result<(FitReport, H)> {
             let mut cx = Context::new(params.clone(), dir, comm)?;
             let started = self.start(&mut cx)?;
+            let rec = match (cx.is_master(), started.step) {
+                (false, _) => None,
+                (true, 0) => Some(Recorder::create(dir, METRIC_TAG)?),
+                // Rows of the steps after the checkpoint go: they are recorded again.
+                (true, step) => Some(Recorder::resume(dir, METRIC_TAG, step + 1)?),
+            };
             let mut h = hooks(started);
-            let report = self.fit(&mut cx, &mut h)?;
+            let spec = &self.run.spec;
+            let scaled = spec.precision.scales_loss();
+            let mut recorded = Recorded::new(&mut h, rec, spec.global_batch, scaled);
+            let report = self.fit(&mut cx, &mut recorded)?;
+            recorded.finish()?;
             Ok((report, h))
         };
         if crate::dist::Env::under_mpi() {

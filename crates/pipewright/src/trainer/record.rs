@@ -1,0 +1,115 @@
+//! The run's record, kept around a program's hooks on the reporting rank: every logged step's
+//! loss, learning rate and metric (`scalars.csv`, `tags.csv` and TensorBoard), its seconds
+//! and items per second, an f16 run's loss scale and skipped steps, and the loss curve drawn
+//! at every evaluation; flushed before each checkpoint and at the end, so a checkpoint never
+//! holds a step the record lacks. [`crate::trainer::Trainer::train`] keeps it on rank 0;
+//! `pipewright train` keeps it with its own hooks; the report page reads it
+//! ([`crate::experiment::report`]).
+
+use super::fit::{Hooks, StepDone};
+use crate::experiment::recorder::ScalarRow;
+use crate::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
+use crate::experiment::{Context, LinePlot, Recorder};
+use crate::model::batch::Batch;
+use crate::Result;
+
+/// A program's hooks with the run's record (see the module's text). On a rank that does not
+/// report (no recorder) it only passes the hooks' calls on.
+pub struct Recorded<'a> {
+    hooks: &'a mut dyn Hooks,
+    rec: Option<Recorder>,
+    /// What one step trains on (tokens, rows), for the throughput.
+    items_per_step: usize,
+    /// Whether the run scales its loss (f16): its scale and skipped steps are recorded.
+    scaled: bool,
+    /// (steps, loss) of this attempt's steps: the curve drawn at each evaluation.
+    curve: Vec<(f64, f64)>,
+}
+
+impl<'a> Recorded<'a> {
+    /// `hooks` recorded into `rec` (`None` on a rank that does not report), a step being
+    /// `items_per_step` items; `scaled` for an f16 run.
+    pub fn new(
+        hooks: &'a mut dyn Hooks,
+        rec: Option<Recorder>,
+        items_per_step: usize,
+        scaled: bool,
+    ) -> Self {
+        Self {
+            hooks,
+            rec,
+            items_per_step,
+            scaled,
+            curve: Vec::new(),
+        }
+    }
+
+    /// The record flushed (the run's end), and its recorder back.
+    pub fn finish(mut self) -> Result<Option<Recorder>> {
+        if let Some(rec) = self.rec.as_mut() {
+            rec.flush()?;
+        }
+        Ok(self.rec)
+    }
+
+    /// Writes step `d`'s rows.
+    fn record(&mut self, d: &StepDone) -> Result<()> {
+        self.curve.push((d.steps as f64, d.outcome.loss));
+        let Some(rec) = self.rec.as_mut() else {
+            return Ok(());
+        };
+        // One numbering everywhere: a step is counted by the steps done with it (1 is the
+        // first), in the console, scalars.csv, tags.csv, images and checkpoints alike.
+        rec.set_count(d.steps);
+        if d.evaluated {
+            rec.figure(
+                "train/loss_curve",
+                &LinePlot::loss_curve(self.curve.clone()),
+            )?;
+        }
+        if !d.log {
+            return Ok(());
+        }
+        rec.record(ScalarRow {
+            step: d.steps,
+            loss: d.outcome.loss,
+            lr: d.outcome.lr,
+            metric: d.metric,
+        })?;
+        rec.scalar(STEP_SECONDS_TAG, d.seconds)?;
+        if d.seconds > 0.0 {
+            rec.scalar(THROUGHPUT_TAG, self.items_per_step as f64 / d.seconds)?;
+        }
+        if self.scaled {
+            rec.scalar("train/loss_scale", d.outcome.loss_scale)?;
+            rec.scalar("train/skipped_steps", d.skipped as f64)?;
+        }
+        Ok(())
+    }
+}
+
+impl Hooks for Recorded<'_> {
+    fn batch(&mut self, cx: &mut Context, step: u64) -> Result<Batch> {
+        self.hooks.batch(cx, step)
+    }
+
+    fn evaluate(&mut self, cx: &mut Context, steps: u64) -> Result<Option<f64>> {
+        self.hooks.evaluate(cx, steps)
+    }
+
+    fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
+        self.hooks.after_step(cx, done)?;
+        self.record(done)
+    }
+
+    fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {
+        if let Some(rec) = self.rec.as_mut() {
+            rec.flush()?;
+        }
+        self.hooks.checkpoint(cx, steps, background)
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.hooks.stop_requested()
+    }
+}
