@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
 use pipewright::dist::comm::local::{run, run_with_timeout};
-use pipewright::dist::comm::{conformance, Communicator, ReduceOp};
+use pipewright::dist::comm::{conformance, Communicator, Pending, ReduceOp};
 
 #[test]
 fn conformance_suite_for_worlds_of_1_to_8() {
@@ -127,4 +127,61 @@ fn a_silent_peer_times_out_naming_it() {
     let e = errs[0].as_ref().unwrap();
     assert!(e.contains("rank 0: recv from rank 1 timed out"), "{e}");
     assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+/// The local backend with every call passed on but all_to_all, which takes the trait's
+/// default (through all_gather): the path of backends without a native exchange (NCCL).
+struct Gathering(Box<dyn Communicator>);
+
+impl Communicator for Gathering {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn backend(&self) -> &'static str {
+        "gathering"
+    }
+    fn send(&self, t: &Tensor, dst: usize, tag: u64) -> pipewright::Result<()> {
+        self.0.send(t, dst, tag)
+    }
+    fn recv(&self, src: usize, tag: u64) -> pipewright::Result<Tensor> {
+        self.0.recv(src, tag)
+    }
+    fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> pipewright::Result<Pending<()>> {
+        self.0.isend(t, dst, tag)
+    }
+    fn irecv(&self, src: usize, tag: u64) -> pipewright::Result<Pending<Tensor>> {
+        self.0.irecv(src, tag)
+    }
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> pipewright::Result<Tensor> {
+        self.0.all_reduce(t, op)
+    }
+    fn all_gather(&self, t: &Tensor) -> pipewright::Result<Vec<Tensor>> {
+        self.0.all_gather(t)
+    }
+    fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> pipewright::Result<Tensor> {
+        self.0.reduce_scatter(t, op)
+    }
+    fn broadcast(&self, t: &Tensor, root: usize) -> pipewright::Result<Tensor> {
+        self.0.broadcast(t, root)
+    }
+    fn barrier(&self) -> pipewright::Result<()> {
+        self.0.barrier()
+    }
+    fn split(&self, members: &[usize]) -> pipewright::Result<Box<dyn Communicator>> {
+        Ok(Box::new(Gathering(self.0.split(members)?)))
+    }
+}
+
+#[test]
+fn all_to_all_through_all_gather_passes_the_suite() {
+    for world in [1, 2, 3, 5] {
+        let passed = run(world, |c| conformance::run_all(&Gathering(Box::new(c)))).unwrap();
+        assert!(
+            passed.iter().all(|&p| p == passed[0] && p > 100),
+            "world {world}: {passed:?}"
+        );
+    }
 }

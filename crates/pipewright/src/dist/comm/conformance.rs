@@ -88,10 +88,11 @@ pub fn run_all_on(comm: &dyn Communicator, device: &Device) -> Result<usize> {
         shapes,
     };
     type Part = fn(&mut Count) -> Result<()>;
-    let parts: [(&str, Part); 6] = [
+    let parts: [(&str, Part); 7] = [
         ("all_reduce", all_reduce),
         ("order of addition", order_of_addition),
         ("gather, scatter and broadcast", gather_scatter_broadcast),
+        ("all_to_all", all_to_all),
         ("point to point", point_to_point),
         ("sub-groups", sub_groups),
         ("mismatches", mismatches),
@@ -267,6 +268,62 @@ fn gather_scatter_broadcast(c: &mut Count) -> Result<()> {
     }
     c.comm.barrier()?;
     c.check(c.comm.is_master() == (c.rank == 0), || "is_master".into());
+    Ok(())
+}
+
+/// all_to_all with uneven parts: rank `src` sends rank `dst` `(src + 2 dst) % 3` rows of 2
+/// (empty parts too, where the device holds them), values that tell (src, dst) apart; then a
+/// member passing too few parts, or rows of another width, is refused alike on every member.
+fn all_to_all(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    let empty_ok = c.shapes.iter().any(|s| s.iter().product::<usize>() == 0);
+    let rows = |src: usize, dst: usize| (src + 2 * dst) % 3 + usize::from(!empty_ok);
+    let salt = |dst: usize| 5 * dst + 1;
+    for dt in DTYPES {
+        let parts = (0..world)
+            .map(|dst| {
+                let n = rows(c.rank, dst);
+                c.tensor(&values(c.rank, salt(dst), n * 2), &[n, 2], dt)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let got = c.comm.all_to_all(&parts)?;
+        let mut ok = got.len() == world;
+        for (src, t) in got.iter().enumerate() {
+            let n = rows(src, c.rank);
+            ok &= t.dims() == [n, 2]
+                && t.dtype() == dt
+                && c.here(t)
+                && as_f64(t)? == values(src, salt(c.rank), n * 2);
+        }
+        c.check(ok, || format!("all_to_all {dt:?}"));
+    }
+    if world < 2 {
+        return Ok(());
+    }
+    let odd = world - 1;
+    let part = |cols: usize| Tensor::zeros((1, cols), DType::F32, c.device);
+    let few = if c.rank == odd { odd } else { world };
+    let e = c.comm.all_to_all(
+        &(0..few)
+            .map(|_| part(2))
+            .collect::<candle_core::Result<Vec<_>>>()?,
+    );
+    let want = format!("rank {odd} passed {odd} parts for a group of {world} ranks");
+    c.check(
+        matches!(&e, Err(e) if e.to_string().contains(&want)),
+        || format!("all_to_all with too few parts: {:?}", e.err()),
+    );
+    let cols = if c.rank == odd { 3 } else { 2 };
+    let e = c.comm.all_to_all(
+        &(0..world)
+            .map(|_| part(cols))
+            .collect::<candle_core::Result<Vec<_>>>()?,
+    );
+    let want = format!("rank {odd} passed rows of [3] F32 but rank 0 passed rows of [2] F32");
+    c.check(
+        matches!(&e, Err(e) if e.to_string().contains(&want)),
+        || format!("all_to_all with rows of another width: {:?}", e.err()),
+    );
     Ok(())
 }
 

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Tensor;
 
+use super::all_to_all::{descriptor, Plan};
 use super::{
     check_agree, check_same_dtype, describe, ordered, Communicator, Pending, ReduceOp, MAX_TAG,
 };
@@ -380,6 +381,23 @@ impl Communicator for LocalComm {
             true => Ok(r.remove(0)),
             false => own(r.remove(0)),
         }
+    }
+
+    fn all_to_all(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
+        let n = self.size();
+        let got = self.collective("all_to_all", parts.to_vec(), |all| {
+            let descriptors: Vec<_> = all.iter().map(|p| descriptor(p)).collect();
+            Plan::agree(&descriptors)?;
+            Ok((0..n)
+                .map(|dst| all.iter().map(|p| p[dst].clone()).collect())
+                .collect())
+        })?;
+        // Its own part is its input; the others', copies of their own.
+        let mine = self.rank;
+        got.into_iter()
+            .enumerate()
+            .map(|(r, t)| if r == mine { Ok(t) } else { own(t) })
+            .collect()
     }
 
     fn barrier(&self) -> Result<()> {

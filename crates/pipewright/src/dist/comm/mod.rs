@@ -9,6 +9,7 @@
 //! sender's device for local threads, the CPU for MPI, the GPU for NCCL): receivers move it to
 //! their device, which costs nothing when it is there already.
 
+pub mod all_to_all;
 mod autograd;
 mod backend;
 pub mod conformance;
@@ -105,6 +106,15 @@ pub trait Communicator: Send + Sync {
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
     /// Every member gets `root`'s tensor; the others pass a tensor of the same shape and dtype.
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
+    /// Member `r` gets part `r` of every member's `parts`, in rank order (torch's
+    /// `all_to_all`): each member passes one part per member, all of one dtype with the same
+    /// dims after the first; the rows may differ, zero included (expert parallelism's dispatch
+    /// and combine). Every member checks the same facts and so reports the same error
+    /// ([`all_to_all::Plan`]). By default through [`Communicator::all_gather`]
+    /// ([`all_to_all::through_all_gather`]); the local and MPI backends exchange natively.
+    fn all_to_all(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
+        all_to_all::through_all_gather(self, parts)
+    }
     /// Returns once every member has called it.
     fn barrier(&self) -> Result<()>;
     /// A communicator over `members` (ranks of this communicator, in the order they will have);

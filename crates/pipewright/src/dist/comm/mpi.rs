@@ -30,7 +30,9 @@ use mpi::Threading;
 use super::wire::{
     header, parse_header, reduce_plan, tensor_from_bytes, to_host, with_bytes, Buf, HEADER,
 };
-use super::{check_agree, check_same_dtype, ordered, Communicator, Pending, ReduceOp, MAX_TAG};
+use super::{
+    all_to_all, check_agree, check_same_dtype, ordered, Communicator, Pending, ReduceOp, MAX_TAG,
+};
 use crate::{Error, Result};
 
 /// MPI itself: initialised with `MPI_THREAD_MULTIPLE`, finalised when dropped.
@@ -353,6 +355,39 @@ impl Communicator for MpiComm {
         Ok(self
             .reduce(&to_host(t, "mpi")?, op, true)?
             .to_device(t.device())?)
+    }
+
+    /// `MPI_Alltoallv` of each part's bytes, after the plan's descriptors.
+    fn all_to_all(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
+        let plan = all_to_all::agree(self, parts)?;
+        let here = parts[0].device();
+        let joined = to_host(&Tensor::cat(parts, 0)?, "mpi")?;
+        let row = plan.row.iter().product::<usize>();
+        let layout = |rows: &[usize]| -> Result<(Vec<i32>, Vec<i32>)> {
+            let bytes = |r: usize| count_i32(r * row * plan.dtype.size_in_bytes());
+            let counts = rows.iter().map(|r| bytes(*r)).collect::<Result<_>>()?;
+            let displs = (0..rows.len())
+                .map(|i| bytes(rows[..i].iter().sum()))
+                .collect::<Result<_>>()?;
+            Ok((counts, displs))
+        };
+        let (sent, got) = (&plan.rows[self.rank], plan.received(self.rank));
+        let ((sc, sd), (rc, rd)) = (layout(sent)?, layout(&got)?);
+        let total: usize = got.iter().sum();
+        let mut buf = Buf::for_receive(plan.dtype, total * row)?;
+        with_bytes(&joined, |b| {
+            let send = Partition::new(b, &sc[..], &sd[..]);
+            let mut recv = PartitionMut::new(buf.bytes_mut(), &rc[..], &rd[..]);
+            self.comm().all_to_all_varcount_into(&send, &mut recv);
+        })?;
+        let all = buf.into_tensor(&plan.dims(total))?;
+        let starts = got
+            .iter()
+            .scan(0, |at, r| Some(std::mem::replace(at, *at + r)));
+        starts
+            .zip(&got)
+            .map(|(start, rows)| Ok(all.narrow(0, start, *rows)?.to_device(here)?))
+            .collect()
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
