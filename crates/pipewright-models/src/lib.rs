@@ -11,6 +11,7 @@ pub mod flags;
 pub mod gpt;
 pub mod hf;
 pub mod llama;
+pub mod moe;
 pub mod parity;
 pub mod run;
 pub mod spec;

@@ -184,7 +184,7 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
 }
 
 /// A bias-free `(out, in)` linear layer, Normal(0, 0.02) as Hugging Face initialises Llama.
-fn linear(init: &Build, name: &str, inp: usize, out: usize) -> Result<Linear> {
+pub(crate) fn linear(init: &Build, name: &str, inp: usize, out: usize) -> Result<Linear> {
     let w = init.normal(&join(name, "weight"), &[out, inp], 0.02)?;
     Linear::from_vars(name, w, None, WeightLayout::OutIn)
 }

@@ -1,0 +1,264 @@
+//! A mixture of experts in place of a Llama block's MLP (Mixtral's and Qwen3-MoE's, with
+//! DeepSeek's shared experts as an option): a router picks `top_k` of `n_experts` SwiGLU
+//! experts for each token and adds their outputs, weighted.
+//!
+//! - Routing as Mixtral and Qwen3-MoE route: a softmax over all experts (in f32), the top k
+//!   taken, their weights renormalised to sum to 1 when `norm_topk` says so (Mixtral always).
+//!   Ties go to the lower expert index, so that every layout routes a token the same way.
+//! - Dropless dispatch: each expert computes all its tokens as one product (their rows
+//!   gathered by index, its results added back at those rows, experts in index order); no
+//!   token is dropped and there is no capacity to size.
+//! - Shared experts (DeepSeek's): `shared` more experts every token goes through, unweighted,
+//!   as one SwiGLU `shared * hidden` wide (the same sum).
+//! - The load-balancing loss is Switch's, per layer (Hugging Face's `load_balancing_loss_func`
+//!   over one layer's router logits): `E * sum_e f_e P_e`, where `f_e` is the number of the
+//!   tokens' top-k slots expert `e` took over the number of tokens and `P_e` its mean router
+//!   probability; only `P_e` carries a gradient.
+//!
+//! Parameter names are Hugging Face's: Mixtral's `block_sparse_moe.gate` and
+//! `block_sparse_moe.experts.{e}.w1` (gate), `w3` (up), `w2` (down); Qwen3-MoE's `mlp.gate` and
+//! `mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`; DeepSeek's `mlp.shared_experts.*`.
+
+use candle_core::{DType, Tensor, Var};
+use pipewright::model::nn::{join, softmax_last_dim, swiglu, Linear, Module};
+use pipewright::{invalid, Build, Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::llama::linear;
+
+/// Whose parameter names the experts take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoeNames {
+    /// Mixtral's: `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.w1|w3|w2`.
+    Mixtral,
+    /// Qwen3-MoE's: `mlp.gate`, `mlp.experts.{e}.gate_proj|up_proj|down_proj`.
+    Qwen3Moe,
+}
+
+/// A mixture of experts' sizes and rules (Hugging Face's names in the comments).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Routed experts (`num_local_experts`, `num_experts`).
+    pub n_experts: usize,
+    /// Experts per token (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// One expert's MLP width (`intermediate_size`, `moe_intermediate_size`).
+    pub hidden: usize,
+    /// Shared experts every token goes through (DeepSeek's `n_shared_experts`; 0: none).
+    pub shared: usize,
+    /// The top k weights renormalised to sum to 1 (`norm_topk_prob`; Mixtral always).
+    pub norm_topk: bool,
+    /// The load-balancing loss's weight in the training loss (`router_aux_loss_coef`).
+    pub aux_coef: f64,
+    /// Whose parameter names.
+    pub names: MoeNames,
+}
+
+impl MoeConfig {
+    /// Fails on sizes no mixture can have.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_experts == 0 || self.top_k == 0 || self.top_k > self.n_experts {
+            return Err(invalid!(
+                "--top-k {} of --n-experts {}: choose 1 <= top-k <= experts",
+                self.top_k,
+                self.n_experts
+            ));
+        }
+        if self.hidden == 0 || !self.aux_coef.is_finite() || self.aux_coef < 0.0 {
+            return Err(invalid!(
+                "an expert needs a positive width (got {}) and the auxiliary loss a \
+                 non-negative coefficient (got {})",
+                self.hidden,
+                self.aux_coef
+            ));
+        }
+        Ok(())
+    }
+
+    /// The names of block `block`'s router and of expert `e`'s (gate, up, down) products.
+    fn names(&self, block: &str, e: usize) -> (String, [String; 3]) {
+        match self.names {
+            MoeNames::Mixtral => {
+                let at = |s: &str| join(block, &format!("block_sparse_moe.{s}"));
+                let w = |i: u8| at(&format!("experts.{e}.w{i}"));
+                (at("gate"), [w(1), w(3), w(2)])
+            }
+            MoeNames::Qwen3Moe => {
+                let at = |s: &str| join(block, &format!("mlp.{s}"));
+                let p = |s: &str| at(&format!("experts.{e}.{s}"));
+                (at("gate"), [p("gate_proj"), p("up_proj"), p("down_proj")])
+            }
+        }
+    }
+}
+
+/// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+pub struct Expert {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Expert {
+    /// The expert named `[gate, up, down]`, `dim` to `hidden` and back.
+    pub fn new(init: &Build, [g, u, d]: &[String; 3], dim: usize, hidden: usize) -> Result<Self> {
+        Ok(Self {
+            gate: linear(init, g, dim, hidden)?,
+            up: linear(init, u, dim, hidden)?,
+            down: linear(init, d, hidden, dim)?,
+        })
+    }
+
+    /// The expert on rows `x` `(rows, dim)`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        self.down.forward(&h)
+    }
+
+    fn params(&self) -> Vec<(String, Var)> {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .flat_map(|l| l.params())
+            .collect()
+    }
+}
+
+/// What one pass of a mixture gave.
+pub struct Routed {
+    /// The output, the input's shape.
+    pub out: Tensor,
+    /// The load-balancing loss (a scalar, f32; before its coefficient).
+    pub aux: Tensor,
+    /// Top-k slots each expert took (tokens per expert, a token counted once per expert).
+    pub load: Vec<usize>,
+}
+
+/// A block's mixture of experts.
+pub struct MoeMlp {
+    name: String,
+    cfg: MoeConfig,
+    router: Linear,
+    experts: Vec<Expert>,
+    shared: Option<Expert>,
+}
+
+impl MoeMlp {
+    /// Block `block`'s mixture, for a model `dim` wide.
+    pub fn new(init: &Build, block: &str, dim: usize, cfg: MoeConfig) -> Result<Self> {
+        cfg.validate()?;
+        let (router, _) = cfg.names(block, 0);
+        let experts = (0..cfg.n_experts)
+            .map(|e| Expert::new(init, &cfg.names(block, e).1, dim, cfg.hidden))
+            .collect::<Result<_>>()?;
+        let shared = (cfg.shared > 0)
+            .then(|| {
+                let at = |s: &str| join(block, &format!("mlp.shared_experts.{s}"));
+                let names = [at("gate_proj"), at("up_proj"), at("down_proj")];
+                Expert::new(init, &names, dim, cfg.shared * cfg.hidden)
+            })
+            .transpose()?;
+        Ok(Self {
+            name: join(block, "moe"),
+            cfg,
+            router: linear(init, &router, dim, cfg.n_experts)?,
+            experts,
+            shared,
+        })
+    }
+
+    /// The mixture on `x` `(..., dim)`.
+    pub fn forward(&self, x: &Tensor) -> Result<Routed> {
+        let dims = x.dims().to_vec();
+        let dim = *dims.last().ok_or_else(|| Error::Layer {
+            layer: self.name.clone(),
+            msg: "expects (..., channels), got a scalar".into(),
+        })?;
+        let xs = x.reshape(((), dim))?;
+        let n = xs.dim(0)?;
+        let probs = softmax_last_dim(&self.router.forward(&xs)?.to_dtype(DType::F32)?)?;
+        let (e, k) = (self.cfg.n_experts, self.cfg.top_k);
+        let chosen = top_k(&probs.flatten_all()?.to_vec1::<f32>()?, e, k);
+        let idx: Vec<u32> = chosen.iter().flatten().map(|c| *c as u32).collect();
+        let idx = Tensor::from_vec(idx, (n, k), x.device())?;
+        let mut w = probs.gather(&idx, 1)?;
+        if self.cfg.norm_topk {
+            w = w.broadcast_div(&w.sum_keepdim(1)?)?;
+        }
+        let w = w.flatten_all()?.to_dtype(x.dtype())?;
+        let mut out = xs.zeros_like()?;
+        let mut load = vec![0usize; e];
+        for (expert, (rows, slots)) in self.experts.iter().zip(by_expert(&chosen, e)) {
+            if rows.is_empty() {
+                continue;
+            }
+            let at = Tensor::new(rows.as_slice(), x.device())?;
+            let y = expert.forward(&xs.index_select(&at, 0)?)?;
+            let ws = w.index_select(&Tensor::new(slots.as_slice(), x.device())?, 0)?;
+            out = out.index_add(&at, &y.broadcast_mul(&ws.unsqueeze(1)?)?, 0)?;
+        }
+        for c in chosen.iter().flatten() {
+            load[*c] += 1;
+        }
+        if let Some(s) = &self.shared {
+            out = (out + s.forward(&xs)?)?;
+        }
+        let aux = self.aux(&probs, &load, n)?;
+        Ok(Routed {
+            out: out.reshape(dims)?,
+            aux,
+            load,
+        })
+    }
+
+    /// Switch's load-balancing loss of router probabilities `probs` `(n, E)` whose top-k
+    /// slots fell as `load`: `E / n * sum_e load_e * mean_i probs[i, e]`.
+    fn aux(&self, probs: &Tensor, load: &[usize], n: usize) -> Result<Tensor> {
+        let e = self.cfg.n_experts;
+        if n == 0 {
+            return Ok(Tensor::zeros((), DType::F32, probs.device())?);
+        }
+        let f: Vec<f32> = load.iter().map(|l| *l as f32).collect();
+        let f = Tensor::from_vec(f, e, probs.device())?;
+        let scale = e as f64 / (n as f64 * n as f64);
+        Ok((probs.sum(0)? * f)?.sum_all()?.affine(scale, 0.0)?)
+    }
+
+    /// The router's and every expert's parameters, in that order.
+    pub fn params(&self) -> Vec<(String, Var)> {
+        let mut v = self.router.params();
+        for x in self.experts.iter().chain(&self.shared) {
+            v.extend(x.params());
+        }
+        v
+    }
+}
+
+/// Each token's `k` experts of `e` by probability (`probs` row-major `(tokens, e)`), highest
+/// first, ties to the lower index.
+pub fn top_k(probs: &[f32], e: usize, k: usize) -> Vec<Vec<usize>> {
+    probs
+        .chunks(e)
+        .map(|row| {
+            let mut order: Vec<usize> = (0..e).collect();
+            // Stable: equal probabilities keep the lower index first.
+            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]));
+            order.truncate(k);
+            order
+        })
+        .collect()
+}
+
+/// For each expert, the tokens routed to it and their slots (`token * k + j`) in the flat
+/// `(tokens, k)` weights, in token order.
+fn by_expert(chosen: &[Vec<usize>], e: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let mut out = vec![(Vec::new(), Vec::new()); e];
+    let k = chosen.first().map_or(0, Vec::len);
+    for (i, row) in chosen.iter().enumerate() {
+        for (j, c) in row.iter().enumerate() {
+            out[*c].0.push(i as u32);
+            out[*c].1.push((i * k + j) as u32);
+        }
+    }
+    out
+}
