@@ -1,7 +1,8 @@
 //! The mixture of experts against a token-by-token oracle built from plain products (no
-//! gathers, no index additions, no fused kernels): outputs, the load-balancing loss and every
-//! gradient (router included) within f32 rounding; ties routed to the lower expert; sizes no
-//! mixture can have refused.
+//! gathers, no index additions, no fused kernels) and against Hugging Face's Mixtral and
+//! Qwen3-MoE blocks (fixtures by tools/make_moe_fixtures.py): outputs, the load-balancing loss
+//! and every gradient (router included); ties routed to the lower expert; sizes no mixture can
+//! have refused.
 
 use std::collections::HashMap;
 
@@ -203,4 +204,49 @@ fn sizes_no_mixture_can_have_are_refused() {
     c.top_k = 2;
     c.hidden = 0;
     assert!(MoeMlp::new(&Build::cpu(0), "b", DIM, c).is_err());
+}
+
+/// Hugging Face's block (tools/make_moe_fixtures.py): its weights loaded by the Hub's names,
+/// the same output, load-balancing loss and gradients (router included).
+#[test]
+fn the_mixture_matches_hugging_face_mixtral_and_qwen3_moe_blocks() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for (file, names, norm_topk) in [
+        ("moe-mixtral.safetensors", MoeNames::Mixtral, true),
+        ("moe-qwen3moe.safetensors", MoeNames::Qwen3Moe, false),
+    ] {
+        let f = candle_core::safetensors::load(dir.join(file), &Device::Cpu).unwrap();
+        let coef = f["coef"].to_scalar::<f32>().unwrap() as f64;
+        let c = MoeConfig {
+            n_experts: 4,
+            top_k: 2,
+            hidden: 12,
+            shared: 0,
+            norm_topk,
+            aux_coef: coef,
+            names,
+        };
+        let moe = MoeMlp::new(&Build::cpu(0), "model.layers.0", 16, c).unwrap();
+        let params = moe.params();
+        for (name, v) in &params {
+            v.set(&f[name.as_str()]).unwrap();
+        }
+        let got = moe.forward(&f["x"]).unwrap();
+        let d = max_rel_diff(&got.out, &f["y"]).unwrap();
+        assert!(d < 1e-5, "{file}: output off by {d:e}");
+        let a = (
+            got.aux.to_scalar::<f32>().unwrap(),
+            f["aux"].to_scalar::<f32>().unwrap(),
+        );
+        assert!(((a.0 - a.1) / a.1).abs() < 1e-5, "{file}: aux {a:?}");
+        let loss = ((&got.out * &f["r"]).unwrap().sum_all().unwrap()
+            + got.aux.affine(coef, 0.0).unwrap())
+        .unwrap();
+        let g = loss.backward().unwrap();
+        for (name, v) in &params {
+            let want = &f[format!("grad.{name}").as_str()];
+            let d = max_rel_diff(g.get(v.as_tensor()).unwrap(), want).unwrap();
+            assert!(d < 1e-4, "{file}: {name}'s gradient off by {d:e}");
+        }
+    }
 }
