@@ -30,6 +30,7 @@ fn main() -> pipewright::Result<()> {
         hidden: 1376,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
+        moe: None,
     };
     let (batch, seq) = (8usize, cfg.block_size);
     let steps: usize = std::env::var("PW_BENCH_STEPS")

@@ -148,6 +148,7 @@ pub fn config_from_dir(dir: &Path) -> Result<ModelConfig> {
                 hidden: int("intermediate_size")?,
                 norm_eps: c["rms_norm_eps"].as_f64().unwrap_or(1e-6),
                 rope_theta: theta,
+                moe: None,
             };
             llama.validate()?;
             Ok(ModelConfig::Llama { llama, vocab })

@@ -10,9 +10,7 @@
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
 use candle_core::{Tensor, Var, D};
-use pipewright::model::nn::{
-    join, rope, scaled_softmax, swiglu, Linear, Module, RmsNorm, WeightLayout,
-};
+use pipewright::model::nn::{join, rope, scaled_softmax, swiglu, with_aux_loss, Module, RmsNorm};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::parallel::context_parallel::{ring_attention, Chunks};
 use pipewright::parallel::tensor_parallel::{
@@ -23,6 +21,8 @@ use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::gpt::{window, LmHead};
+use crate::linear::linear;
+use crate::moe::{MoeConfig, MoeMlp};
 
 /// A Llama's sizes (Hugging Face's `LlamaConfig` names in the comments).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +45,10 @@ pub struct LlamaConfig {
     pub norm_eps: f64,
     /// Rotary base (`rope_theta`).
     pub rope_theta: f64,
+    /// Mixtures of experts in place of the MLP of the blocks it says (Mixtral, Qwen3-MoE);
+    /// none for a dense Llama (and in runs recorded before there were any).
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
 
 impl LlamaConfig {
@@ -68,6 +72,7 @@ impl LlamaConfig {
             hidden: Self::swiglu_hidden(dim),
             norm_eps: 1e-5,
             rope_theta: 10000.0,
+            moe: None,
         }
     }
 
@@ -119,7 +124,7 @@ impl LlamaConfig {
         if !(c.norm_eps > 0.0 && c.rope_theta > 0.0) {
             return Err(invalid!("norm_eps and rope_theta must be positive"));
         }
-        Ok(())
+        c.moe.as_ref().map_or(Ok(()), MoeConfig::validate)
     }
 
     /// Parameters of the whole model: the embedding and the head, per block the attention
@@ -130,7 +135,12 @@ impl LlamaConfig {
         let (v, d, h) = (self.vocab_size as f64, self.dim as f64, self.hidden as f64);
         let kv = self.n_kv_head as f64 * (self.dim / self.n_head.max(1)) as f64;
         let block = (2.0 * d * d + 2.0 * d * kv + 3.0 * d * h + 2.0 * d) * self.n_layer as f64;
-        (2.0 * v * d + block + d).min(u64::MAX as f64) as u64
+        // A mixture's router and experts in place of a block's dense MLP.
+        let moe = self.moe.map_or(0.0, |m| {
+            let sparse = (0..self.n_layer).filter(|i| m.at(*i)).count() as f64;
+            sparse * (m.param_count(self.dim) as f64 - 3.0 * d * h)
+        });
+        (2.0 * v * d + block + moe + d).min(u64::MAX as f64) as u64
     }
 
     fn head_dim(&self) -> usize {
@@ -162,7 +172,7 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
     for i in 0..cfg.n_layer {
         let name = format!("model.layers.{i}");
         s.push(LayerSpec::new(name.clone(), move |init| {
-            Ok(Box::new(LlamaBlock::new(init, &name, cfg)?) as Box<dyn Layer>)
+            Ok(Box::new(LlamaBlock::new(init, &name, i, cfg)?) as Box<dyn Layer>)
         }))
         .cut();
     }
@@ -181,12 +191,6 @@ pub fn llama(cfg: LlamaConfig) -> Result<Sequential> {
         )) as Box<dyn Layer>)
     }));
     Ok(s)
-}
-
-/// A bias-free `(out, in)` linear layer, Normal(0, 0.02) as Hugging Face initialises Llama.
-pub(crate) fn linear(init: &Build, name: &str, inp: usize, out: usize) -> Result<Linear> {
-    let w = init.normal(&join(name, "weight"), &[out, inp], 0.02)?;
-    Linear::from_vars(name, w, None, WeightLayout::OutIn)
 }
 
 /// Split over the group on `dim` (column: whole output rows per rank; row: input columns).
@@ -254,6 +258,16 @@ impl Layer for FinalNorm {
     }
 }
 
+/// A block's MLP: SwiGLU split over the tensor-parallel group, or a mixture of experts.
+enum Mlp {
+    Dense {
+        gate: ParallelLinear,
+        up: ParallelLinear,
+        down: ParallelLinear,
+    },
+    Moe(MoeMlp),
+}
+
 /// A Llama block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 pub struct LlamaBlock {
     name: String,
@@ -264,9 +278,7 @@ pub struct LlamaBlock {
     v: ParallelLinear,
     o: ParallelLinear,
     post_norm: RmsNorm,
-    gate: ParallelLinear,
-    up: ParallelLinear,
-    down: ParallelLinear,
+    mlp: Mlp,
     /// Query and key/value heads on this rank.
     local: (usize, usize),
     /// The context-parallel ring the sequence is split over (a group of one: whole).
@@ -277,8 +289,11 @@ pub struct LlamaBlock {
 }
 
 impl LlamaBlock {
-    /// Block `name` of `cfg`.
-    pub fn new(init: &Build, name: &str, cfg: LlamaConfig) -> Result<Self> {
+    /// Block `name`, the model's block `layer` (from 0), of `cfg`.
+    pub fn new(init: &Build, name: &str, layer: usize, cfg: LlamaConfig) -> Result<Self> {
+        if cfg.moe.is_some() {
+            whole_mixture(init, name)?;
+        }
         let tp = init.tp.size();
         if let Some(d) = cfg.tp_divides().into_iter().find(|d| d % tp != 0) {
             return Err(Error::Layer {
@@ -301,9 +316,14 @@ impl LlamaBlock {
             v: parallel(init, &at("self_attn.v_proj"), d, cfg.n_kv_head * hd, Column)?,
             o: parallel(init, &at("self_attn.o_proj"), cfg.n_head * hd, d, Row)?,
             post_norm: RmsNorm::new(init, &at("post_attention_layernorm"), d, cfg.norm_eps)?,
-            gate: parallel(init, &at("mlp.gate_proj"), d, cfg.hidden, Column)?,
-            up: parallel(init, &at("mlp.up_proj"), d, cfg.hidden, Column)?,
-            down: parallel(init, &at("mlp.down_proj"), cfg.hidden, d, Row)?,
+            mlp: match cfg.moe.filter(|m| m.at(layer)) {
+                Some(m) => Mlp::Moe(MoeMlp::new(init, name, d, m)?),
+                None => Mlp::Dense {
+                    gate: parallel(init, &at("mlp.gate_proj"), d, cfg.hidden, Column)?,
+                    up: parallel(init, &at("mlp.up_proj"), d, cfg.hidden, Column)?,
+                    down: parallel(init, &at("mlp.down_proj"), cfg.hidden, d, Row)?,
+                },
+            },
             local: (cfg.n_head / tp, cfg.n_kv_head / tp),
             ring: init.cp.clone(),
             sp: SequenceParallel::new(init),
@@ -397,9 +417,16 @@ impl Layer for LlamaBlock {
         let n = self.sp.gather(&self.input_norm.forward_with(&x, w)?)?;
         let x = (&x + self.attention(&n, cx)?)?;
         let n = self.sp.gather(&self.post_norm.forward_with(&x, w)?)?;
-        let g = self.gate.forward_gathered(&n, cx)?;
-        let u = self.up.forward_gathered(&n, cx)?;
-        let h = self.down.forward(&swiglu(&g, &u)?, cx)?;
+        let h = match &self.mlp {
+            Mlp::Dense { gate, up, down } => {
+                let (g, u) = (gate.forward_gathered(&n, cx)?, up.forward_gathered(&n, cx)?);
+                down.forward(&swiglu(&g, &u)?, cx)?
+            }
+            Mlp::Moe(m) => {
+                let r = m.forward(&n)?;
+                with_aux_loss(&r.out, &r.aux, m.aux_coef() * cx.aux_weight)?
+            }
+        };
         Ok((x + h)?.into())
     }
 
@@ -409,18 +436,38 @@ impl Layer for LlamaBlock {
             v.extend(p.params());
         }
         v.extend(self.post_norm.params());
-        for p in [&self.gate, &self.up, &self.down] {
-            v.extend(p.params());
+        match &self.mlp {
+            Mlp::Dense { gate, up, down } => {
+                for p in [gate, up, down] {
+                    v.extend(p.params());
+                }
+            }
+            Mlp::Moe(m) => v.extend(m.params()),
         }
         v
     }
 
     fn shards(&self) -> Vec<(String, Shard)> {
-        [
-            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ]
-        .iter()
-        .flat_map(|p| p.shards())
-        .collect()
+        let mut split = vec![&self.q, &self.k, &self.v, &self.o];
+        if let Mlp::Dense { gate, up, down } = &self.mlp {
+            split.extend([gate, up, down]);
+        }
+        split.iter().flat_map(|p| p.shards()).collect()
     }
+}
+
+/// Fails unless a model with mixtures of experts runs on whole tensor-parallel groups of one
+/// and whole sequences: experts do not split over tensor-parallel ranks yet, and the routing
+/// statistics need every token of a sequence.
+fn whole_mixture(init: &Build, block: &str) -> Result<()> {
+    if init.tp.size() > 1 || init.cp.size() > 1 {
+        return Err(Error::Layer {
+            layer: block.into(),
+            msg: "a mixture of experts runs at --tp 1 and --cp 1 for now (experts are not \
+                  split over tensor-parallel ranks, nor routing statistics over a ring): use \
+                  pipeline and data parallelism"
+                .into(),
+        });
+    }
+    Ok(())
 }

@@ -24,7 +24,7 @@ use pipewright::model::nn::{join, softmax_last_dim, swiglu, Linear, Module};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::llama::linear;
+use crate::linear::linear;
 
 /// Whose parameter names the experts take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +53,9 @@ pub struct MoeConfig {
     pub aux_coef: f64,
     /// Whose parameter names.
     pub names: MoeNames,
+    /// Block `i` (from 0) is a mixture when `(i + 1) % every == 0`, the others dense
+    /// (Qwen's `decoder_sparse_step`; 1: every block).
+    pub every: usize,
 }
 
 impl MoeConfig {
@@ -65,6 +68,9 @@ impl MoeConfig {
                 self.n_experts
             ));
         }
+        if self.every == 0 {
+            return Err(invalid!("--moe-every must be at least 1 (1: every block)"));
+        }
         if self.hidden == 0 || !self.aux_coef.is_finite() || self.aux_coef < 0.0 {
             return Err(invalid!(
                 "an expert needs a positive width (got {}) and the auxiliary loss a \
@@ -74,6 +80,19 @@ impl MoeConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Whether block `layer` (from 0) is a mixture.
+    pub fn at(&self, layer: usize) -> bool {
+        (layer + 1).is_multiple_of(self.every)
+    }
+
+    /// The parameters of one mixture in a model `dim` wide: the router, the experts and the
+    /// shared experts.
+    pub fn param_count(&self, dim: usize) -> u64 {
+        let (d, h) = (dim as f64, self.hidden as f64);
+        let experts = (self.n_experts + self.shared) as f64 * 3.0 * d * h;
+        (d * self.n_experts as f64 + experts).min(u64::MAX as f64) as u64
     }
 
     /// The names of block `block`'s router and of expert `e`'s (gate, up, down) products.
@@ -222,6 +241,11 @@ impl MoeMlp {
         let f = Tensor::from_vec(f, e, probs.device())?;
         let scale = e as f64 / (n as f64 * n as f64);
         Ok((probs.sum(0)? * f)?.sum_all()?.affine(scale, 0.0)?)
+    }
+
+    /// The load-balancing loss's coefficient.
+    pub fn aux_coef(&self) -> f64 {
+        self.cfg.aux_coef
     }
 
     /// The router's and every expert's parameters, in that order.

@@ -67,9 +67,14 @@ impl ModelSpec for LlamaConfig {
         llama(*self)
     }
 
-    /// Query heads, key/value heads, the MLP width and the vocabulary.
+    /// Query heads, key/value heads, the MLP width and the vocabulary; 1 with a mixture of
+    /// experts (its experts do not split over tensor-parallel ranks yet).
     fn tp_divides(&self) -> Vec<usize> {
-        vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size]
+        let mut d = vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size];
+        if self.moe.is_some() {
+            d.push(1);
+        }
+        d
     }
 
     /// The embedding, `n_layer` blocks `model.layers.N` and the final norm with the head, over

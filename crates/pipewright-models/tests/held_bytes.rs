@@ -41,6 +41,7 @@ fn model() -> ModelConfig {
         hidden: 768,
         norm_eps: 1e-5,
         rope_theta: 10000.0,
+        moe: None,
     };
     ModelConfig::Llama { llama, vocab: 4096 }
 }

@@ -37,6 +37,7 @@ fn config(f: &HashMap<String, Tensor>) -> LlamaConfig {
         hidden: c[6] as usize,
         norm_eps: g[0],
         rope_theta: g[1],
+        moe: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn cfg(shared: usize, norm_topk: bool, names: MoeNames) -> MoeConfig {
         norm_topk,
         aux_coef: 0.01,
         names,
+        every: 1,
     }
 }
 
@@ -225,6 +226,7 @@ fn the_mixture_matches_hugging_face_mixtral_and_qwen3_moe_blocks() {
             norm_topk,
             aux_coef: coef,
             names,
+            every: 1,
         };
         let moe = MoeMlp::new(&Build::cpu(0), "model.layers.0", 16, c).unwrap();
         let params = moe.params();

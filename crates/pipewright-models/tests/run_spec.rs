@@ -131,6 +131,7 @@ fn every_model_morphs_through_the_planner() {
                 hidden: 64,
                 norm_eps: 1e-5,
                 rope_theta: 10000.0,
+                moe: None,
             },
             vocab: 32,
         },

@@ -143,6 +143,7 @@ impl SerialTrainer {
         {
             let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
             cx.defer_batch_stats = self.opts.deferred_batch_norm;
+            cx.aux_weight = 1.0 / self.opts.micro_batches as f64;
             let out = self.forward_cx(&mb, &mut cx)?;
             let (sum, _) = self.opts.loss.sum(&out, &mb, &cx, self.model.tp())?;
             let l = (sum / total as f64)?;

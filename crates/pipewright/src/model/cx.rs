@@ -38,6 +38,11 @@ pub struct Cx {
     /// Check every layer's output for NaN and inf ([`crate::model::Stage::forward`] fails at
     /// the first, naming the layer, micro-batch and step).
     pub detect_anomaly: bool,
+    /// The weight of this micro-batch's auxiliary losses in the backward
+    /// ([`crate::model::nn::with_aux_loss`], before each loss's own coefficient): the loss
+    /// scale over the global batch's micro-batches, set by the trainer; 0 (no auxiliary
+    /// gradient) in evaluation and wherever no trainer set it.
+    pub aux_weight: f64,
     /// Incremental decoding: attention layers attend over these cached keys and values too,
     /// and positions start at its [`KvCache::past`] (see [`crate::model::KvCache`]).
     pub kv_cache: Option<KvCache>,
@@ -58,6 +63,7 @@ impl Cx {
             defer_batch_stats: false,
             weight_grads: None,
             detect_anomaly: false,
+            aux_weight: 0.0,
             kv_cache: None,
             recomputing: false,
             stash: HashMap::new(),

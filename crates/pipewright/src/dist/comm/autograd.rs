@@ -1,10 +1,12 @@
-//! [`precomputed`] and [`precomputed3`]: a value computed with collectives, handed to candle as
-//! the output of an autograd op whose backward is computed with collectives too (the
-//! tensor-parallel mappings of [`crate::parallel::tensor_parallel::ops`] and context-parallel ring attention).
+//! [`precomputed`], [`precomputed2`] and [`precomputed3`]: a value computed with collectives (or
+//! already in hand), handed to candle as the output of an autograd op whose backward is
+//! computed apart (the tensor-parallel mappings of [`crate::parallel::tensor_parallel::ops`],
+//! context-parallel ring attention, an auxiliary loss's gradient,
+//! [`crate::model::nn::with_aux_loss`]).
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 
 use crate::Result;
 
@@ -90,6 +92,43 @@ impl CustomOp1 for Precomputed {
     }
 }
 
+impl CustomOp2 for Precomputed {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        _s1: &CpuStorage,
+        _l1: &Layout,
+        _s2: &CpuStorage,
+        _l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        self.cpu()
+    }
+
+    fn cuda_fwd(
+        &self,
+        _s1: &candle_core::CudaStorage,
+        _l1: &Layout,
+        _s2: &candle_core::CudaStorage,
+        _l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        self.cuda()
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let mut g = self.grads(&[a, b], res, grad)?.into_iter().map(Some);
+        Ok((g.next().flatten(), g.next().flatten()))
+    }
+}
+
 impl CustomOp3 for Precomputed {
     fn name(&self) -> &'static str {
         self.name
@@ -150,6 +189,17 @@ pub(crate) fn precomputed(
 ) -> Result<Tensor> {
     let backward: Backward = Box::new(move |_, _, grad| Ok(vec![backward(grad)?]));
     Ok(x.apply_op1(op(name, value, backward))?)
+}
+
+/// `value` (computed from `a` and `b` by the caller) as the output of an op on the two whose
+/// backward is `backward(inputs, output, output's gradient)`, giving both inputs' gradients.
+pub(crate) fn precomputed2(
+    [a, b]: [&Tensor; 2],
+    value: Tensor,
+    name: &'static str,
+    backward: impl Fn(&[&Tensor], &Tensor, &Tensor) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+) -> Result<Tensor> {
+    Ok(a.apply_op2(b, op(name, value, Box::new(backward)))?)
 }
 
 /// `value` (computed from `a`, `b` and `c` by the caller) as the output of an op on the three

@@ -23,7 +23,7 @@ pub mod ordered;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 
-pub(crate) use autograd::{precomputed, precomputed3};
+pub(crate) use autograd::{precomputed, precomputed2, precomputed3};
 pub use backend::Backend;
 pub use group::Group;
 

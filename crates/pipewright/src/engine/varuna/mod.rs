@@ -86,7 +86,6 @@ impl Varuna {
     ) -> Result<Self> {
         opts.validate(model, world.size())?;
         let topo = opts.topology()?;
-        let micro_batches = opts.spec.micro_batches()?;
         let coords = topo.coords(world.rank())?;
         let tp = Group::new(axis_group(world.as_ref(), &topo, Axis::Tensor)?);
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
@@ -103,7 +102,7 @@ impl Varuna {
             .with_sequence_parallel(opts.spec.sequence_parallel);
         let popts = opts.pipeline_options()?;
         let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
-        pipeline.set_micro_batch_offset(coords.dp_rank * micro_batches);
+        pipeline.set_replica(coords.dp_rank, topo.layout().dp);
         pipeline.enable_trace();
         let params = pipeline.params().to_vec();
         let master = if opts.spec.precision == Precision::F32 {

@@ -4,6 +4,7 @@
 //! with their own backward; elsewhere as ops whose backward candle implements.
 
 pub mod activation;
+pub mod aux_loss;
 pub mod batch_norm;
 pub mod conv;
 pub mod dropout;
@@ -21,6 +22,7 @@ pub use crate::model::init::Init;
 pub use crate::model::kernels::IGNORE_INDEX;
 pub use crate::model::WeightLayout;
 pub use activation::{causal_mask, gelu, relu, residual, scaled_softmax, softmax_last_dim, swiglu};
+pub use aux_loss::with_aux_loss;
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;
 pub use dropout::Dropout;

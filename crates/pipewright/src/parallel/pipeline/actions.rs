@@ -97,8 +97,14 @@ impl<'a, 's> StepState<'a, 's> {
         let input = stage.stage_input(k, mb, &self.mbs[mb])?;
         let imports = stage.import_skips(k, mb)?;
         let x = input.activation.clone();
-        let (out, exports, cuts) =
-            stage.train_forward((k, mb), x, &imports, &self.mbs[mb], self.denominator, false)?;
+        let (out, exports, cuts) = stage.train_forward(
+            (k, mb),
+            x,
+            &imports,
+            &self.mbs[mb],
+            (self.denominator, self.loss_scale),
+            false,
+        )?;
         stage.export_skips(mb, &exports, &mut self.sends)?;
         if k + 1 == stage.stage_count() {
             let l = out.tensors()[0].to_dtype(DType::F64)?.to_scalar::<f64>()?;

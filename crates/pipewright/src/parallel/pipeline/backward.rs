@@ -66,7 +66,14 @@ impl PipelineStage {
             _ => {
                 recomputed = true;
                 let (mb_batch, x) = (ctx.batch, s.input.clone());
-                self.train_forward((k, mb), x, &s.imports, mb_batch, ctx.denominator, true)?
+                self.train_forward(
+                    (k, mb),
+                    x,
+                    &s.imports,
+                    mb_batch,
+                    (ctx.denominator, ctx.loss_scale),
+                    true,
+                )?
             }
         };
         let recv = |src, tag| self.recv_timed(src, tag);

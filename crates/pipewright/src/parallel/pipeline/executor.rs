@@ -115,10 +115,12 @@ impl Pipeline {
         self.stage.forward_only(batch, with_loss, with_output)
     }
 
-    /// Numbers this rank's micro-batches from `offset` (its replica's first micro-batch in the
-    /// global batch), for seeded randomness.
-    pub fn set_micro_batch_offset(&mut self, offset: usize) {
-        self.stage.mb_offset = offset;
+    /// This rank is in data-parallel replica `index` of `replicas`: its micro-batches are
+    /// numbered from its replica's first in the global batch (for seeded randomness), and an
+    /// auxiliary loss of each weighs one micro-batch of all the replicas' ([`crate::model::Cx::aux_weight`]).
+    pub fn set_replica(&mut self, index: usize, replicas: usize) {
+        self.stage.mb_offset = index * self.stage.opts.micro_batches;
+        self.stage.replicas = replicas.max(1);
     }
 
     /// The model stages this rank holds and their layer ranges.

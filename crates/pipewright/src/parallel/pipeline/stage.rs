@@ -45,6 +45,8 @@ pub struct PipelineStage {
     /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout
     /// masks are keyed by it, so a replica draws what a serial run draws for those rows.
     pub(super) mb_offset: usize,
+    /// Data-parallel replicas, each running `opts.micro_batches` micro-batches of a step.
+    pub(super) replicas: usize,
     pub(super) opts: PipelineOptions,
     pub(super) step: u64,
     /// Deferred weight gradients (zero-bubble schedules only).
@@ -88,6 +90,7 @@ impl PipelineStage {
             loss,
             device: build.device.clone(),
             mb_offset: 0,
+            replicas: 1,
             queue: schedule.splits_backward().then(WeightGradQueue::new),
             opts,
             step: 0,
@@ -120,7 +123,8 @@ impl PipelineStage {
     }
 
     /// Runs model stage `k` in training mode; on the last stage the output becomes the
-    /// micro-batch's loss over `denominator`. When the stage releases its parameters between
+    /// micro-batch's loss over `denominator`; auxiliary losses weigh `loss_scale` over the
+    /// global batch's micro-batches. When the stage releases its parameters between
     /// uses (ZeRO-3) the forward is cut into one graph per layer, and the cuts come back too.
     pub(super) fn train_forward(
         &self,
@@ -128,7 +132,7 @@ impl PipelineStage {
         x: Activation,
         imports: &[(usize, Var)],
         batch: &Batch,
-        denominator: usize,
+        (denominator, loss_scale): (usize, f64),
         recomputing: bool,
     ) -> Result<Forward> {
         let last = k + 1 == self.stage_count();
@@ -138,6 +142,7 @@ impl PipelineStage {
         cx.defer_batch_stats = self.opts.deferred_batch_norm;
         cx.detect_anomaly = self.opts.detect_anomaly;
         cx.weight_grads = self.queue.clone();
+        cx.aux_weight = loss_scale / (self.opts.micro_batches * self.replicas) as f64;
         // The same context as the first forward: same dropout masks; layers with side effects
         // (BatchNorm statistics) see is_recomputing().
         cx.set_recomputing(recomputing);
