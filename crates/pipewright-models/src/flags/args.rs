@@ -280,6 +280,25 @@ pub struct TrainArgs {
     /// Llama rotary base.
     #[arg(help_heading = "Model", long, default_value_t = SMALL_LLAMA.rope_theta, value_parser = finite)]
     pub rope_theta: f64,
+    /// Llama: a mixture of this many experts in place of the MLP (Mixtral's; --tp 1, --cp 1
+    /// for now).
+    #[arg(help_heading = "Model", long, value_parser = positive)]
+    pub n_experts: Option<usize>,
+    /// Experts each token goes to (with --n-experts).
+    #[arg(help_heading = "Model", long, default_value_t = 2, value_parser = positive)]
+    pub top_k: usize,
+    /// A mixture in every Nth block, dense MLPs between (with --n-experts; 1: every block).
+    #[arg(help_heading = "Model", long, default_value_t = 1, value_parser = positive)]
+    pub moe_every: usize,
+    /// Experts every token also goes through, unweighted (DeepSeek's; with --n-experts).
+    #[arg(help_heading = "Model", long, default_value_t = 0)]
+    pub shared_experts: usize,
+    /// One expert's MLP width (with --n-experts; default: --mlp-hidden's).
+    #[arg(help_heading = "Model", long, value_parser = positive)]
+    pub moe_hidden: Option<usize>,
+    /// The load-balancing loss's weight in the training loss (with --n-experts; Switch's 0.01).
+    #[arg(help_heading = "Model", long, default_value_t = 0.01, value_parser = finite)]
+    pub aux_loss_coef: f64,
     // CNN sizes.
     /// CNN channels of the first blocks.
     #[arg(help_heading = "Model", long, default_value_t = SMALL_CNN.width, value_parser = positive)]
