@@ -50,8 +50,9 @@ fn adamw(params: Vec<(String, Var)>) -> Result<Box<dyn Optimizer>> {
     Ok(Box::new(AdamW::new(params, AdamWConfig::default())?))
 }
 
-fn serial(task: &Adder) -> Result<SerialResult> {
-    let stage = llama(config(task))?.build(&Build::cpu(SEED))?;
+/// The serial oracle of the Llama `cfg`, before any step.
+fn serial_trainer(cfg: LlamaConfig) -> Result<SerialTrainer> {
+    let stage = llama(cfg)?.build(&Build::cpu(SEED))?;
     let opt = adamw(stage.params())?;
     let opts = TrainOptions {
         seed: SEED,
@@ -62,7 +63,11 @@ fn serial(task: &Adder) -> Result<SerialResult> {
         deferred_batch_norm: false,
         loss: Arc::new(CrossEntropy::default()),
     };
-    let mut t = SerialTrainer::new(stage, opt, opts)?;
+    SerialTrainer::new(stage, opt, opts)
+}
+
+fn serial(task: &Adder) -> Result<SerialResult> {
+    let mut t = serial_trainer(config(task))?;
     let mut steps = Vec::new();
     for s in 0..STEPS {
         let (x, y) = task.batch(s, GLOBAL)?;
@@ -131,21 +136,7 @@ fn the_load_balancing_loss_trains_the_routers() {
         moe: cfg.moe.map(|m| MoeConfig { aux_coef: 0.0, ..m }),
         ..cfg
     };
-    let stage = llama(without_cfg)
-        .unwrap()
-        .build(&Build::cpu(SEED))
-        .unwrap();
-    let opt = adamw(stage.params()).unwrap();
-    let opts = TrainOptions {
-        seed: SEED,
-        micro_batches: GLOBAL / MICRO,
-        clip: Some(CLIP),
-        lr: LrSchedule::Constant { lr: LR },
-        tied: Vec::new(),
-        deferred_batch_norm: false,
-        loss: Arc::new(CrossEntropy::default()),
-    };
-    let mut t = SerialTrainer::new(stage, opt, opts).unwrap();
+    let mut t = serial_trainer(without_cfg).unwrap();
     for s in 0..STEPS {
         let (x, y) = task.batch(s, GLOBAL).unwrap();
         t.step(&Batch::pair(x, y)).unwrap();
