@@ -83,12 +83,8 @@ impl ModelSpec for LlamaConfig {
     fn shapes(&self, _sample: &[usize]) -> Result<Option<ModelShapes>> {
         self.validate()?;
         let f = |v: usize| v as f64;
-        let (d, s, v, hidden) = (
-            f(self.dim),
-            f(self.block_size),
-            f(self.vocab_size),
-            f(self.hidden),
-        );
+        let (d, s) = (f(self.dim), f(self.block_size));
+        let (v, hidden) = (f(self.vocab_size), f(self.hidden));
         let hd = self.dim / self.n_head;
         let (dq, dkv) = (f(self.n_head * hd), f(self.n_kv_head * hd));
         let seq = self.block_size;
@@ -174,15 +170,64 @@ impl ModelSpec for LlamaConfig {
             head_dim: hd,
             seq,
         });
+        let mut layers = vec![unit("embed", 1, v * d, embed, (d, d), d, 1.0)];
+        layers.extend(self.with_mixtures(blocks));
+        layers.push(unit(
+            "head",
+            1,
+            v * d + d,
+            head,
+            (2.0 * d + v, 2.0 * d),
+            v,
+            1.0,
+        ));
         Ok(Some(ModelShapes {
             what: self.what(),
-            layers: vec![
-                unit("embed", 1, v * d, embed, (d, d), d, 1.0),
-                blocks,
-                unit("head", 1, v * d + d, head, (2.0 * d + v, 2.0 * d), v, 1.0),
-            ],
+            layers,
             tp_divides: ModelSpec::tp_divides(self),
         }))
+    }
+}
+
+impl LlamaConfig {
+    /// The `n_layer` blocks `blocks` describes, each mixture of experts in place of its dense
+    /// MLP (one unit per block then): the router and, per token, its `top_k` experts' and the
+    /// shared experts' products; every expert's parameters; SwiGLU's passes and what the
+    /// backward keeps for each expert a token goes through, and the router's probabilities.
+    fn with_mixtures(&self, blocks: ShapedLayer) -> Vec<ShapedLayer> {
+        let Some(m) = self.moe else {
+            return vec![blocks];
+        };
+        let (d, h) = (self.dim as f64, self.hidden as f64);
+        let s = self.block_size as f64;
+        let wide = (m.top_k + m.shared) * m.hidden;
+        let whole = |i, o| Linear::new(i, o, TpSplit::None);
+        (0..self.n_layer)
+            .map(|i| {
+                let mut u = ShapedLayer {
+                    count: 1,
+                    first: Some(i),
+                    ..blocks.clone()
+                };
+                if !m.at(i) {
+                    return u;
+                }
+                let dense = 3.0 * h;
+                let moe = 3.0 * wide as f64;
+                u.params += m.param_count(self.dim) as f64 - 3.0 * d * h;
+                u.shapes.linear.truncate(4);
+                u.shapes.linear.extend([
+                    whole(self.dim, m.n_experts),
+                    whole(self.dim, wide),
+                    whole(self.dim, wide),
+                    whole(wide, self.dim),
+                ]);
+                u.shapes.elementwise_split_bytes += moe - dense + m.n_experts as f64;
+                u.kept += (moe - dense + m.n_experts as f64) * s;
+                u.deferred += (2.0 * wide as f64 - 2.0 * h) * s;
+                u
+            })
+            .collect()
     }
 }
 

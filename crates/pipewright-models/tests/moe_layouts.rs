@@ -162,3 +162,31 @@ fn experts_split_over_tensor_parallel_ranks_are_refused_for_now() {
         .expect_err("tp 2 splits no experts yet");
     assert!(e.to_string().contains("runs at --tp 1 and --cp 1"), "{e}");
 }
+
+/// The planner and the memory check size a mixture-of-experts Llama from its shapes: their
+/// parameters are the built model's, with mixtures in every block or every other one.
+#[test]
+fn the_shapes_count_every_expert() {
+    use pipewright::ModelSpec;
+    let task = Adder::new(2, 0).unwrap();
+    for every in [1, 2] {
+        let mut cfg = config(&task);
+        cfg.moe = cfg.moe.map(|m| MoeConfig { every, ..m });
+        let built: usize = llama(cfg)
+            .unwrap()
+            .build(&Build::cpu(0))
+            .unwrap()
+            .params()
+            .iter()
+            .map(|(_, v)| v.as_tensor().elem_count())
+            .sum();
+        let shapes = cfg.shapes(&[]).unwrap().unwrap();
+        let counted: f64 = shapes
+            .layers
+            .iter()
+            .map(|l| l.params * l.count as f64)
+            .sum();
+        assert_eq!(counted as usize, built, "every {every}");
+        assert_eq!(cfg.param_count() as usize, built, "every {every}");
+    }
+}
