@@ -206,8 +206,10 @@ impl MoeMlp {
         }
         let w = w.flatten_all()?.to_dtype(x.dtype())?;
         let mut out = xs.zeros_like()?;
-        let mut load = vec![0usize; e];
-        for (expert, (rows, slots)) in self.experts.iter().zip(by_expert(&chosen, e)) {
+        let groups = by_expert(&chosen, e);
+        // Each expert's tokens: a token counted once per expert it goes to.
+        let load: Vec<usize> = groups.iter().map(|(rows, _)| rows.len()).collect();
+        for (expert, (rows, slots)) in self.experts.iter().zip(groups) {
             if rows.is_empty() {
                 continue;
             }
@@ -215,9 +217,6 @@ impl MoeMlp {
             let y = expert.forward(&xs.index_select(&at, 0)?)?;
             let ws = w.index_select(&Tensor::new(slots.as_slice(), x.device())?, 0)?;
             out = out.index_add(&at, &y.broadcast_mul(&ws.unsqueeze(1)?)?, 0)?;
-        }
-        for c in chosen.iter().flatten() {
-            load[*c] += 1;
         }
         if let Some(s) = &self.shared {
             out = (out + s.forward(&xs)?)?;
