@@ -181,3 +181,42 @@ fn context_parallel_ranks_sit_between_tensor_and_data() {
     assert_eq!(old, Layout::new(2, 1, 2).unwrap());
     assert!(Layout::new(1, 1, 1).unwrap().with_cp(0).is_err());
 }
+
+#[test]
+fn expert_groups_are_neighbouring_replicas_and_their_strided_twins() {
+    // pp 1 x tp 1 x cp 2 x dp 4 with ep 2: replicas {0,1} and {2,3} split the experts; replicas
+    // 0 and 2 (with their cp ranks) hold the same ones.
+    let l = Layout::new(1, 1, 4)
+        .unwrap()
+        .with_cp(2)
+        .unwrap()
+        .with_ep(2)
+        .unwrap();
+    assert_eq!(l.world(), 8);
+    assert_eq!(l.to_string(), "pp=1 tp=1 cp=2 dp=4 ep=2");
+    // Index = dp_rank * 2 + cp_rank.
+    assert_eq!(l.group(3, Axis::Expert).unwrap(), vec![1, 3]);
+    assert_eq!(l.group(4, Axis::Expert).unwrap(), vec![4, 6]);
+    assert_eq!(l.group(3, Axis::ExpertReplica).unwrap(), vec![2, 3, 6, 7]);
+    assert_eq!(l.ep_rank(l.coords(6).unwrap()), 1);
+    for (axis, n) in [(Axis::Expert, 2), (Axis::ExpertReplica, 4)] {
+        let gs = l.groups(axis);
+        assert_eq!(gs.len() * n, 8, "{axis:?}");
+        let mut all: Vec<usize> = gs.into_iter().flatten().collect();
+        all.sort();
+        assert_eq!(all, (0..8).collect::<Vec<_>>(), "{axis:?}");
+    }
+    // ep 1: an expert group is one rank and the expert replicas are the replicas.
+    let one = Layout::new(2, 2, 2).unwrap();
+    assert_eq!(one.group(5, Axis::Expert).unwrap(), vec![5]);
+    assert_eq!(
+        one.group(5, Axis::ExpertReplica).unwrap(),
+        one.group(5, Axis::Replica).unwrap()
+    );
+    // ep must divide dp.
+    let e = Layout::new(1, 1, 4).unwrap().with_ep(3).unwrap_err();
+    assert!(e.to_string().contains("divide"), "{e}");
+    assert!(Layout::new(1, 1, 4).unwrap().with_ep(0).is_err());
+    let old: Layout = serde_json::from_str(r#"{"pp":1,"tp":1,"dp":4,"cp":1}"#).unwrap();
+    assert_eq!(old.ep, 1);
+}

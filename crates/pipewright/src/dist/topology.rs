@@ -18,6 +18,14 @@
 //! gradients with the data-parallel ranks ([`Axis::Replica`] is both together). [`Topology::new`] places index `i` on world
 //! rank `i`; [`Topology::from_stage_to_rank_map`] places them as a launcher says.
 //!
+//! Expert parallelism (`ep`) adds no ranks: it is carved from the data-parallel replicas, as
+//! torchtitan and Megatron carve it. Replicas `g*ep .. (g+1)*ep` (same stage, tp and cp rank)
+//! form expert group `g` ([`Axis::Expert`]): each holds `1/ep` of every mixture's experts
+//! (replica `d` the part `d % ep`, its expert-parallel rank) and they send each other the
+//! tokens routed to them. The ranks holding the same experts, every `ep`-th replica with its
+//! context-parallel ranks ([`Axis::ExpertReplica`]), sum the experts' gradients; everything
+//! else sums over [`Axis::Replica`] as without experts.
+//!
 //! A [`Layout`] is also where the facts derived from the degrees live (torchtitan's
 //! `ParallelDims`), so that no caller works them out again: its ranks ([`Layout::world`]), the
 //! ranks that hold the same weights and sum gradients and losses ([`Layout::replicas`]), the
@@ -45,6 +53,13 @@ pub enum Axis {
     /// context-parallel ranks together, which sum their gradients (the data-parallel group
     /// when cp = 1).
     Replica,
+    /// The `ep` neighbouring data-parallel replicas (same stage, tp and cp rank) that split a
+    /// mixture's experts between them and send each other the tokens routed to them.
+    Expert,
+    /// The ranks holding the same experts (same stage, tp rank and expert-parallel rank):
+    /// every `ep`-th data-parallel replica with its context-parallel ranks, which sum the
+    /// experts' gradients (the [`Axis::Replica`] group when ep = 1).
+    ExpertReplica,
 }
 
 /// A rank's position: pipeline stage, tensor-parallel rank, context-parallel rank,
@@ -79,6 +94,11 @@ pub struct Layout {
     /// absent from files written before it existed).
     #[serde(default = "one")]
     pub cp: usize,
+    /// Expert-parallel ranks: groups of `ep` neighbouring data-parallel replicas each holding
+    /// `1/ep` of every mixture's experts (1: none; a divisor of `dp`, it adds no ranks; absent
+    /// from files written before it existed).
+    #[serde(default = "one")]
+    pub ep: usize,
 }
 
 impl fmt::Display for Layout {
@@ -87,7 +107,11 @@ impl fmt::Display for Layout {
         if self.cp > 1 {
             write!(f, "cp={} ", self.cp)?;
         }
-        write!(f, "dp={}", self.dp)
+        write!(f, "dp={}", self.dp)?;
+        if self.ep > 1 {
+            write!(f, " ep={}", self.ep)?;
+        }
+        Ok(())
     }
 }
 
@@ -104,7 +128,14 @@ impl Layout {
                 "layout pp={pp} tp={tp} dp={dp}: every degree must be at least 1"
             ));
         }
-        Self { pp, tp, dp, cp: 1 }.checked()
+        Self {
+            pp,
+            tp,
+            dp,
+            cp: 1,
+            ep: 1,
+        }
+        .checked()
     }
 
     /// The same layout with each replica's sequences split over `cp` context-parallel ranks.
@@ -113,6 +144,25 @@ impl Layout {
             return Err(invalid!("layout {self}: cp must be at least 1"));
         }
         Self { cp, ..self }.checked()
+    }
+
+    /// The same layout with each mixture's experts split over groups of `ep` data-parallel
+    /// replicas (torchtitan's and Megatron's expert parallelism, carved from the data-parallel
+    /// ranks): `ep` must divide `dp`.
+    pub fn with_ep(self, ep: usize) -> Result<Self> {
+        if ep == 0 || !self.dp.is_multiple_of(ep) {
+            return Err(invalid!(
+                "layout {self}: --ep {ep} must divide the {} data-parallel replicas (expert \
+                 parallelism splits groups of them); choose a divisor of dp",
+                self.dp
+            ));
+        }
+        Ok(Self { ep, ..self })
+    }
+
+    /// The expert-parallel rank of a rank at `c`: which part of each mixture's experts it holds.
+    pub fn ep_rank(&self, c: Coords) -> usize {
+        c.dp_rank % self.ep
     }
 
     /// `self` if its world is at most [`MAX_WORLD`] ranks.
@@ -141,6 +191,7 @@ impl Layout {
             tp: 1,
             dp: 1,
             cp: 1,
+            ep: 1,
         }
     }
 
@@ -247,18 +298,29 @@ impl Layout {
     /// ([`Axis::Replica`]: data-parallel rank slowest, context-parallel rank fastest).
     pub fn group(&self, i: usize, axis: Axis) -> Result<Vec<usize>> {
         let c = self.coords(i)?;
-        let (n, set): (usize, fn(Coords, usize, usize) -> Coords) = match axis {
+        // The members along the axis: how many, and the coordinates of member `k`.
+        type Member = fn(Coords, usize, &Layout) -> Coords;
+        let (n, set): (usize, Member) = match axis {
             Axis::Pipeline => (self.pp, |c, k, _| Coords { stage: k, ..c }),
             Axis::Tensor => (self.tp, |c, k, _| Coords { tp_rank: k, ..c }),
             Axis::Data => (self.dp, |c, k, _| Coords { dp_rank: k, ..c }),
             Axis::Context => (self.cp, |c, k, _| Coords { cp_rank: k, ..c }),
-            Axis::Replica => (self.cp * self.dp, |c, k, cp| Coords {
-                dp_rank: k / cp,
-                cp_rank: k % cp,
+            Axis::Replica => (self.cp * self.dp, |c, k, l| Coords {
+                dp_rank: k / l.cp,
+                cp_rank: k % l.cp,
+                ..c
+            }),
+            Axis::Expert => (self.ep, |c, k, l| Coords {
+                dp_rank: c.dp_rank / l.ep * l.ep + k,
+                ..c
+            }),
+            Axis::ExpertReplica => (self.cp * self.dp / self.ep, |c, k, l| Coords {
+                dp_rank: k / l.cp * l.ep + c.dp_rank % l.ep,
+                cp_rank: k % l.cp,
                 ..c
             }),
         };
-        (0..n).map(|k| self.index(set(c, k, self.cp))).collect()
+        (0..n).map(|k| self.index(set(c, k, self))).collect()
     }
 
     /// Every `axis` group, each in order along the axis, groups ordered by their first index.

@@ -61,7 +61,13 @@ pub fn layouts(
         for tp in divisors(rest).filter(|tp| tp_divides.iter().all(|d| d.is_multiple_of(*tp))) {
             let dp = rest / tp;
             if global_batch.is_multiple_of(dp) {
-                out.push(Layout { pp, tp, dp, cp: 1 });
+                out.push(Layout {
+                    pp,
+                    tp,
+                    dp,
+                    cp: 1,
+                    ep: 1,
+                });
             }
         }
     }
@@ -95,7 +101,8 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
             all.push(Layout { cp, ..l });
         }
     }
-    for Layout { pp, tp, dp, cp } in all {
+    for layout in all {
+        let Layout { pp, tp, dp, cp, .. } = layout;
         let rows = req.global_batch / dp;
         for micro_batch in micro_batch_sizes(rows) {
             let m = rows / micro_batch;
@@ -124,7 +131,7 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
                     for &zero in zeros {
                         for &sequence_parallel in sps {
                             out.push(Candidate {
-                                layout: Layout { pp, tp, dp, cp },
+                                layout,
                                 micro_batch,
                                 micro_batches: m,
                                 schedule,
