@@ -454,6 +454,13 @@ impl Layer for LlamaBlock {
         }
         split.iter().flat_map(|p| p.shards()).collect()
     }
+
+    fn experts(&self) -> Vec<String> {
+        match &self.mlp {
+            Mlp::Moe(m) => m.expert_names(),
+            Mlp::Dense { .. } => Vec::new(),
+        }
+    }
 }
 
 /// Fails unless a model with mixtures of experts runs on whole tensor-parallel groups of one

@@ -5,9 +5,13 @@
 //! - Routing as Mixtral and Qwen3-MoE route: a softmax over all experts (in f32), the top k
 //!   taken, their weights renormalised to sum to 1 when `norm_topk` says so (Mixtral always).
 //!   Ties go to the lower expert index, so that every layout routes a token the same way.
-//! - Dropless dispatch: each expert computes all its tokens as one product (their rows
-//!   gathered by index, its results added back at those rows, experts in index order); no
-//!   token is dropped and there is no capacity to size.
+//! - Dropless dispatch: the tokens' rows are gathered by expert, each expert computes all its
+//!   rows as one product, and the weighted results are added back at their tokens (experts in
+//!   index order); no token is dropped and there is no capacity to size.
+//! - Expert parallelism: built for a rank of an expert-parallel group ([`Build::ep`]), the
+//!   mixture holds only that rank's experts (their global names kept) and sends the rows
+//!   between the group's ranks ([`pipewright::parallel::expert_parallel::Dispatch`]); the
+//!   routing, the weights and the auxiliary loss stay on the token's own rank.
 //! - Shared experts (DeepSeek's): `shared` more experts every token goes through, unweighted,
 //!   as one SwiGLU `shared * hidden` wide (the same sum).
 //! - The load-balancing loss is Switch's, per layer (Hugging Face's `load_balancing_loss_func`
@@ -20,7 +24,9 @@
 //! `mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`; DeepSeek's `mlp.shared_experts.*`.
 
 use candle_core::{DType, Tensor, Var};
+use pipewright::dist::comm::Group;
 use pipewright::model::nn::{join, softmax_last_dim, swiglu, Linear, Module};
+use pipewright::parallel::expert_parallel::{local_experts, Dispatch};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -158,16 +164,20 @@ pub struct MoeMlp {
     name: String,
     cfg: MoeConfig,
     router: Linear,
+    /// This rank's experts (all of them without expert parallelism).
     experts: Vec<Expert>,
+    /// The expert-parallel group the experts are split over.
+    ep: Group,
     shared: Option<Expert>,
 }
 
 impl MoeMlp {
-    /// Block `block`'s mixture, for a model `dim` wide.
+    /// Block `block`'s mixture, for a model `dim` wide (this rank's part of the experts when
+    /// `init` is for a rank of an expert-parallel group).
     pub fn new(init: &Build, block: &str, dim: usize, cfg: MoeConfig) -> Result<Self> {
         cfg.validate()?;
         let (router, _) = cfg.names(block, 0);
-        let experts = (0..cfg.n_experts)
+        let experts = local_experts(cfg.n_experts, init.ep.rank(), init.ep.size())?
             .map(|e| Expert::new(init, &cfg.names(block, e).1, dim, cfg.hidden))
             .collect::<Result<_>>()?;
         let shared = (cfg.shared > 0)
@@ -182,6 +192,7 @@ impl MoeMlp {
             cfg,
             router: linear(init, &router, dim, cfg.n_experts)?,
             experts,
+            ep: init.ep.clone(),
             shared,
         })
     }
@@ -205,16 +216,27 @@ impl MoeMlp {
             w = w.broadcast_div(&w.sum_keepdim(1)?)?;
         }
         let w = w.flatten_all()?.to_dtype(x.dtype())?;
-        let mut out = xs.zeros_like()?;
         let groups = by_expert(&chosen, e);
         // Each expert's tokens: a token counted once per expert it goes to.
         let load: Vec<usize> = groups.iter().map(|(rows, _)| rows.len()).collect();
-        for (expert, (rows, slots)) in self.experts.iter().zip(groups) {
-            if rows.is_empty() {
-                continue;
-            }
-            let at = Tensor::new(rows.as_slice(), x.device())?;
-            let y = expert.forward(&xs.index_select(&at, 0)?)?;
+        let (rows, slots): (Vec<u32>, Vec<u32>) =
+            groups
+                .into_iter()
+                .fold((Vec::new(), Vec::new()), |(mut r, mut s), (rows, slots)| {
+                    r.extend(rows);
+                    s.extend(slots);
+                    (r, s)
+                });
+        let dispatch = Dispatch::new(&load, &self.ep)?;
+        let at = Tensor::new(rows.as_slice(), x.device())?;
+        let sorted = match rows.len() {
+            0 => xs.narrow(0, 0, 0)?,
+            _ => xs.index_select(&at, 0)?,
+        };
+        // Run on every rank of an expert group, rows or none: it exchanges with the others.
+        let y = dispatch.run(&sorted, |j, r| self.experts[j].forward(r))?;
+        let mut out = xs.zeros_like()?;
+        if !rows.is_empty() {
             let ws = w.index_select(&Tensor::new(slots.as_slice(), x.device())?, 0)?;
             out = out.index_add(&at, &y.broadcast_mul(&ws.unsqueeze(1)?)?, 0)?;
         }
@@ -247,7 +269,16 @@ impl MoeMlp {
         self.cfg.aux_coef
     }
 
-    /// The router's and every expert's parameters, in that order.
+    /// The names of this rank's experts' parameters (the router and shared experts are on
+    /// every rank).
+    pub fn expert_names(&self) -> Vec<String> {
+        self.experts
+            .iter()
+            .flat_map(|x| x.params().into_iter().map(|(n, _)| n))
+            .collect()
+    }
+
+    /// The router's and this rank's experts' parameters, in that order.
     pub fn params(&self) -> Vec<(String, Var)> {
         let mut v = self.router.params();
         for x in self.experts.iter().chain(&self.shared) {

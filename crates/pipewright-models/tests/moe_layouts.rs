@@ -3,11 +3,14 @@
 //! pipeline and data-parallel layouts: the auxiliary loss's gradient is given where each
 //! router sits, weighted by the global batch's micro-batches, whatever the layout.
 
+use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{Device, Var};
 use pipewright::dist::comm::{local, Communicator};
 use pipewright::dist::topology::Layout;
+use pipewright::engine::checkpoint::CheckpointOptions;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
@@ -20,7 +23,7 @@ use pipewright_models::parity::{worst_difference, RankResult, SerialResult};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{llama, LlamaConfig, Task, TaskShape};
 
-const STEPS: u64 = 4;
+const STEPS: u64 = 20;
 const GLOBAL: usize = 8;
 const MICRO: usize = 2;
 const SEED: u64 = 3;
@@ -84,6 +87,19 @@ fn serial(task: &Adder) -> Result<SerialResult> {
 }
 
 fn rank(task: &Adder, world: Box<dyn Communicator>, layout: Layout) -> Result<RankResult> {
+    resumed(task, world, layout, 0..STEPS, None, None)
+}
+
+/// Steps `steps` at `layout`, after loading the checkpoint `resume` if given, saving one into
+/// `save` at the end if given.
+fn resumed(
+    task: &Adder,
+    world: Box<dyn Communicator>,
+    layout: Layout,
+    steps: Range<u64>,
+    resume: Option<&Path>,
+    save: Option<&Path>,
+) -> Result<RankResult> {
     let opts = VarunaOptions::of(TrainSpec {
         seed: SEED,
         clip: Some(CLIP),
@@ -92,6 +108,9 @@ fn rank(task: &Adder, world: Box<dyn Communicator>, layout: Layout) -> Result<Ra
     });
     let mut v = Varuna::new(&llama(config(task))?, world, opts)?;
     v.set_optimizer(adamw)?;
+    if let Some(p) = resume {
+        assert_eq!(v.load_checkpoint(p)?.step, steps.start);
+    }
     let loader = DistributedLoader::new(
         |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
         GLOBAL,
@@ -99,13 +118,16 @@ fn rank(task: &Adder, world: Box<dyn Communicator>, layout: Layout) -> Result<Ra
         layout.dp,
         Device::Cpu,
     )?;
-    let mut steps = Vec::new();
-    for s in 0..STEPS {
+    let mut out = Vec::new();
+    for s in steps {
         let o = v.step(&loader.batch(s)?)?;
-        steps.push((o.loss, o.grad_norm, o.overflow));
+        out.push((o.loss, o.grad_norm, o.overflow));
+    }
+    if let Some(p) = save {
+        v.checkpoint(p, &CheckpointOptions::default())?;
     }
     Ok(RankResult {
-        steps,
+        steps: out,
         params: v.parameters()?,
         shards: v.pipeline().shards().into_iter().collect(),
     })
@@ -123,6 +145,55 @@ fn a_mixture_of_experts_llama_trains_as_serial_on_pipeline_and_data_parallel_lay
             assert!(worst < 1e-5, "pp {pp} dp {dp}, rank {r}: off by {worst:e}");
         }
     }
+}
+
+#[test]
+fn expert_parallel_layouts_train_as_serial() {
+    let task = Adder::new(2, 0).unwrap();
+    let want = serial(&task).unwrap();
+    for (pp, dp, ep) in [(1, 2, 2), (1, 4, 4), (1, 4, 2), (2, 2, 2)] {
+        let layout = Layout::new(pp, 1, dp).unwrap().with_ep(ep).unwrap();
+        let got = local::run(layout.world(), |c| rank(&task, Box::new(c), layout)).unwrap();
+        for (r, g) in got.iter().enumerate() {
+            let worst = worst_difference(g, &want).unwrap();
+            assert!(worst < 1e-5, "{layout}, rank {r}: off by {worst:e}");
+            if pp == 1 {
+                // Every expert, whichever rank of the group holds it.
+                assert_eq!(g.params.len(), want.params.len(), "{layout}, rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_saved_at_ep_2_resumes_at_ep_1_and_ep_4() {
+    let task = Adder::new(2, 0).unwrap();
+    let want = serial(&task).unwrap();
+    let half = STEPS / 2;
+    let dir = std::env::temp_dir().join(format!("pw-moe-ep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let at = |ep: usize| Layout::new(1, 1, 4).unwrap().with_ep(ep).unwrap();
+    let first = local::run(4, |c| {
+        resumed(&task, Box::new(c), at(2), 0..half, None, Some(&dir))
+    })
+    .unwrap();
+    for ep in [1, 4] {
+        let second = local::run(4, |c| {
+            resumed(&task, Box::new(c), at(ep), half..STEPS, Some(&dir), None)
+        })
+        .unwrap();
+        for (r, (a, b)) in first.iter().zip(&second).enumerate() {
+            let whole = RankResult {
+                steps: a.steps.iter().chain(&b.steps).copied().collect(),
+                params: b.params.clone(),
+                shards: b.shards.clone(),
+            };
+            let worst = worst_difference(&whole, &want).unwrap();
+            assert!(worst < 1e-5, "ep 2 -> {ep}, rank {r}: off by {worst:e}");
+            assert_eq!(whole.params.len(), want.params.len(), "ep {ep}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

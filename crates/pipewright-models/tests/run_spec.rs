@@ -64,7 +64,7 @@ fn a_spec_reads_back_from_its_json() {
     let json = serde_json::to_value(&spec).unwrap();
     assert_eq!(
         json["layout"],
-        serde_json::json!({"pp": 2, "tp": 1, "dp": 2, "cp": 1})
+        serde_json::json!({"pp": 2, "tp": 1, "dp": 2, "cp": 1, "ep": 1})
     );
     assert_eq!(json["schedule"], "1f1b");
     assert_eq!(json["precision"], "f32");

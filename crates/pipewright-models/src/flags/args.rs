@@ -133,6 +133,11 @@ pub struct TrainArgs {
     /// multiple of 2 x cp; no dropout).
     #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub cp: usize,
+    /// Expert-parallel ranks, carved from the --dp replicas: groups of ep replicas each hold
+    /// 1/ep of every mixture's experts and send each other the tokens routed to them
+    /// (with --n-experts; a divisor of --dp and of --n-experts; no ranks added).
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
+    pub ep: usize,
     /// Megatron's sequence parallelism with --tp > 1: activations outside the tensor-parallel
     /// layers split along the sequence over the tp ranks (same result, less memory).
     #[arg(help_heading = "Parallelism", long)]

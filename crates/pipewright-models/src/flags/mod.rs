@@ -8,6 +8,7 @@
 
 mod args;
 mod model;
+mod moe;
 mod spec;
 
 pub use args::{

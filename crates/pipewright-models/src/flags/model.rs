@@ -1,7 +1,6 @@
 //! The model the flags of `pipewright train` describe, and the check that no flag of another
 //! model or task is given (it would be ignored without a word).
 
-use crate::moe::{MoeConfig, MoeNames};
 use crate::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskShape, TaskSpec};
 use pipewright::ModelSpec;
 use pipewright::{invalid, Result};
@@ -168,7 +167,7 @@ fn check_flags_apply(a: &TrainArgs) -> Result<()> {
 /// Fails on a flag that only means something beside another the run does not have.
 fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
     let adam = (a.beta1, a.beta2, a.eps, a.decay) != (d.beta1, d.beta2, d.eps, d.decay);
-    let needs: [(bool, &str); 9] = [
+    let needs: [(bool, &str); 7] = [
         (
             a.momentum != d.momentum && matches!(a.optimizer, OptimizerKind::Adamw),
             "--momentum is SGD's: this run uses --optimizer adamw (its betas play that part)",
@@ -197,19 +196,6 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
              --checkpoint-every",
         ),
         (
-            a.n_experts.is_none()
-                && (a.top_k, a.moe_every, a.shared_experts, a.aux_loss_coef)
-                    != (d.top_k, d.moe_every, d.shared_experts, d.aux_loss_coef)
-                || a.n_experts.is_none() && a.moe_hidden.is_some(),
-            "--top-k, --moe-every, --shared-experts, --moe-hidden and --aux-loss-coef shape a \
-             mixture of experts: give --n-experts",
-        ),
-        (
-            a.n_experts.is_some() && (a.tp > 1 || a.cp > 1),
-            "--n-experts runs at --tp 1 and --cp 1 for now (experts do not split over \
-             tensor-parallel ranks yet): use --pp and --dp",
-        ),
-        (
             a.backend == pipewright::dist::comm::Backend::Mpi && a.world() == 1,
             "--backend mpi talks between ranks, and this layout has one: drop --backend mpi, or \
              give the layout more ranks (--pp, --tp, --dp, --cp)",
@@ -218,11 +204,11 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
     if let Some((_, why)) = needs.iter().find(|(bad, _)| *bad) {
         return Err(invalid!("{why}"));
     }
-    Ok(())
+    super::moe::check(a, d)
 }
 
 /// The flags' defaults (what `pipewright train` alone runs).
-fn defaults() -> TrainArgs {
+pub(super) fn defaults() -> TrainArgs {
     use clap::Parser;
     #[derive(Parser)]
     struct Only {
@@ -328,16 +314,7 @@ fn language_model(
             n_kv_head,
             hidden,
             rope_theta: a.rope_theta,
-            moe: a.n_experts.map(|n_experts| MoeConfig {
-                n_experts,
-                top_k: a.top_k,
-                hidden: a.moe_hidden.unwrap_or(hidden),
-                shared: a.shared_experts,
-                norm_topk: true,
-                aux_coef: a.aux_loss_coef,
-                names: MoeNames::Mixtral,
-                every: a.moe_every,
-            }),
+            moe: super::moe::mixture(a, hidden),
             ..family
         };
         llama.validate()?;
@@ -453,32 +430,5 @@ mod tests {
             panic!("{model:?}")
         };
         assert_eq!(cnn, CnnConfig::small(channels, classes));
-    }
-
-    /// `--n-experts` makes the Llama's blocks mixtures (every `--moe-every`th), sized by the
-    /// flags; the mixture's flags are refused without it, on another model, or split over tp.
-    #[test]
-    fn the_mixture_flags_make_a_mixture_of_experts_llama() {
-        let mut a = defaults();
-        a.model = ModelKind::Llama;
-        (a.n_experts, a.top_k, a.moe_every, a.shared_experts) = (Some(4), 1, 2, 1);
-        let (ModelConfig::Llama { llama, .. }, _, _) = a.model_and_task().unwrap() else {
-            panic!("a Llama")
-        };
-        let m = llama.moe.unwrap();
-        assert_eq!((m.n_experts, m.top_k, m.every, m.shared), (4, 1, 2, 1));
-        assert_eq!((m.hidden, m.at(0), m.at(1)), (llama.hidden, false, true));
-        let refused = |a: &TrainArgs, says: &str| {
-            let e = a.model_and_task().err().unwrap().to_string();
-            assert!(e.contains(says), "{e}");
-        };
-        a.tp = 2;
-        refused(&a, "--n-experts runs at --tp 1");
-        a.tp = 1;
-        a.model = ModelKind::Gpt;
-        refused(&a, "does not use --n-experts");
-        a.model = ModelKind::Llama;
-        a.n_experts = None;
-        refused(&a, "give --n-experts");
     }
 }

@@ -67,9 +67,11 @@ fn seq_len(a: &TrainArgs) -> Result<usize> {
 }
 
 impl TrainArgs {
-    /// The layout the flags ask for (`--pp --tp --cp --dp`).
+    /// The layout the flags ask for (`--pp --tp --cp --dp --ep`).
     pub fn layout(&self) -> Result<Layout> {
-        Layout::new(self.pp, self.tp, self.dp)?.with_cp(self.cp)
+        Layout::new(self.pp, self.tp, self.dp)?
+            .with_cp(self.cp)?
+            .with_ep(self.ep)
     }
 
     /// Ranks the flags ask for.
@@ -181,6 +183,7 @@ impl TrainArgs {
     pub fn for_candidate(&self, c: &Candidate, balance: &[usize]) -> Self {
         let mut a = self.clone();
         (a.pp, a.tp, a.dp, a.cp) = (c.layout.pp, c.layout.tp, c.layout.dp, c.layout.cp);
+        a.ep = c.layout.ep;
         a.sequence_parallel = c.sequence_parallel;
         a.chunks = c.micro_batches;
         a.chunk_size = None;

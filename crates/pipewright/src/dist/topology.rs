@@ -433,6 +433,13 @@ impl Topology {
         })
     }
 
+    /// The same placement with each mixture's experts split over groups of `ep` replicas
+    /// ([`Layout::with_ep`]).
+    pub fn with_ep(mut self, ep: usize) -> Result<Self> {
+        self.layout = self.layout.with_ep(ep)?;
+        Ok(self)
+    }
+
     /// The placement as a `stage_to_rank_map` string (`"0,4;1,5;"`).
     pub fn stage_to_rank_map(&self) -> String {
         let per = self.layout.dp * self.layout.cp * self.layout.tp;

@@ -149,7 +149,7 @@ impl SerialTrainer {
             let l = (sum / total as f64)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let store = l.backward()?;
-            grads.accumulate(Grads::from_store(&store, &self.params))?;
+            grads.accumulate(Grads::from_store(&store, &self.params)?)?;
         }
         self.model.finish_batch()?;
         for (a, b) in &self.opts.tied {
@@ -174,7 +174,12 @@ impl SerialTrainer {
             });
         }
         let tp = self.model.tp();
-        let share = sum_sq_share(&grads, &self.opts.tied, &self.sharded, tp.rank())?;
+        let share = sum_sq_share(
+            &grads,
+            &self.opts.tied,
+            [&self.sharded, &[]],
+            [tp.rank(), 0],
+        )?;
         let sq = tp.all_reduce(
             &Tensor::new(&[share], &candle_core::Device::Cpu)?,
             ReduceOp::Sum,
@@ -205,6 +210,8 @@ impl SerialTrainer {
             buffers: self.model.buffers(),
             write_whole: tp.rank() == 0,
             write_shards: true,
+            experts: Vec::new(),
+            write_experts: false,
         }
     }
 
@@ -302,7 +309,7 @@ impl SerialTrainer {
 /// The global gradient norm with each tied pair counted once (it is one parameter in
 /// PyTorch), and clipping to `clip` if given. Returns the norm before clipping.
 pub fn clip_tied(grads: &mut Grads, tied: &[(String, String)], clip: Option<f64>) -> Result<f64> {
-    let norm = sum_sq_share(grads, tied, &[], 0)?.sqrt();
+    let norm = sum_sq_share(grads, tied, [&[], &[]], [0, 0])?.sqrt();
     if let Some(max) = clip {
         scale_to_norm(grads, norm, max)?;
     }

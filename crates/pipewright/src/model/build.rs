@@ -1,5 +1,5 @@
 //! [`Build`]: what a layer builder gets (the initialiser, the tensor-parallel group, the
-//! context-parallel ring and whether sequence parallelism is on).
+//! context-parallel ring, the expert-parallel group and whether sequence parallelism is on).
 
 use crate::dist::comm::Group;
 use crate::model::init::Init;
@@ -19,6 +19,9 @@ pub struct Build {
     /// sequences). Attention and position embeddings read it (see
     /// [`crate::parallel::context_parallel`]).
     pub cp: Group,
+    /// The expert-parallel group a mixture of experts splits its experts over (a group of
+    /// one: every expert here); see [`crate::parallel::expert_parallel`].
+    pub ep: Group,
     /// Megatron's sequence parallelism: between tensor-parallel regions activations are split
     /// along the sequence over `tp` (all-gathered before a column-parallel layer,
     /// reduce-scattered after a row-parallel one) instead of whole on every rank.
@@ -32,6 +35,7 @@ impl Build {
             init,
             tp: Group::single(),
             cp: Group::single(),
+            ep: Group::single(),
             sequence_parallel: false,
         }
     }
@@ -52,6 +56,13 @@ impl Build {
     /// sequence).
     pub fn with_cp(mut self, cp: Group) -> Self {
         self.cp = cp;
+        self
+    }
+
+    /// The same build for one rank of an expert-parallel group (it holds `1/size` of each
+    /// mixture's experts).
+    pub fn with_ep(mut self, ep: Group) -> Self {
+        self.ep = ep;
         self
     }
 

@@ -18,16 +18,23 @@ impl Grads {
     }
 
     /// Keeps only the gradients of `params` (activations' gradients are dropped).
-    /// A parameter that took no part in the loss gets no entry. Gradients are detached: a
+    /// A parameter that took no part in the loss (an expert no token was routed to) gets a
+    /// zero gradient, as one grouped tensor of experts does in torchtitan: every replica then
+    /// sums the same set, and the optimizer moves it by its momentum as PyTorch's would. Gradients are detached: a
     /// gradient computed from a parameter would otherwise keep that step's whole graph alive
     /// in whatever accumulates it (optimizer moments), step after step.
-    pub fn from_store(store: &GradStore, params: &[(String, Var)]) -> Self {
-        Self(
-            params
-                .iter()
-                .filter_map(|(n, v)| store.get(v.as_tensor()).map(|g| (n.clone(), g.detach())))
-                .collect(),
-        )
+    pub fn from_store(store: &GradStore, params: &[(String, Var)]) -> Result<Self> {
+        params
+            .iter()
+            .map(|(n, v)| {
+                let g = match store.get(v.as_tensor()) {
+                    Some(g) => g.detach(),
+                    None => v.as_tensor().zeros_like()?,
+                };
+                Ok((n.clone(), g))
+            })
+            .collect::<Result<_>>()
+            .map(Self)
     }
 
     /// The gradient of parameter `name`.
@@ -137,20 +144,23 @@ pub fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
 }
 
 /// This rank's share of the squared gradient norm of a model split over a tensor-parallel
-/// group, so that the sum over the group is the norm of the whole model: sharded parameters
-/// count on every rank (each holds its part), whole ones on rank 0 only, and the second member
-/// of each tied pair nowhere (a tied pair is one parameter in PyTorch).
+/// group and an expert-parallel group, so that the sum over both groups is the norm of the
+/// whole model: for each group `i`, a parameter listed in `split[i]` (a tensor-parallel shard,
+/// an expert) counts on every rank of it (each holds its own), one not listed on its rank 0
+/// only (`ranks[i]`: this rank's place in group `i`); the second member of each tied pair
+/// counts nowhere (a tied pair is one parameter in PyTorch).
 pub fn sum_sq_share(
     grads: &Grads,
     tied: &[(String, String)],
-    sharded: &[String],
-    tp_rank: usize,
+    split: [&[String]; 2],
+    ranks: [usize; 2],
 ) -> Result<f64> {
     let counted: Vec<&Tensor> = grads
         .iter()
         .filter(|(name, _)| {
             let second = tied.iter().any(|(_, b)| b == *name);
-            !(second || (tp_rank != 0 && !sharded.contains(*name)))
+            let here = (0..2).all(|i| ranks[i] == 0 || split[i].contains(*name));
+            !second && here
         })
         .map(|(_, g)| g)
         .collect();

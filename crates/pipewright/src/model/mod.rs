@@ -60,6 +60,13 @@ pub trait Layer: Send + Sync {
     fn shards(&self) -> Vec<(String, Shard)> {
         Vec::new()
     }
+    /// The parameters that are experts this rank holds for its expert-parallel group (see
+    /// [`crate::parallel::expert_parallel`]): their gradients are summed over the ranks
+    /// holding the same experts, not over every replica. Empty for every layer but a mixture
+    /// of experts.
+    fn experts(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 type BuildFn = dyn Fn(&Build) -> Result<Box<dyn Layer>> + Send + Sync;

@@ -155,6 +155,11 @@ impl Stage {
         self.layers.iter().flat_map(|l| l.shards()).collect()
     }
 
+    /// The names of the experts' parameters this rank holds ([`super::Layer::experts`]).
+    pub fn experts(&self) -> Vec<String> {
+        self.layers.iter().flat_map(|l| l.experts()).collect()
+    }
+
     /// Ends a training batch in every layer.
     pub fn finish_batch(&self) -> Result<()> {
         self.layers.iter().try_for_each(|l| l.finish_batch())

@@ -102,7 +102,7 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
         }
     }
     for layout in all {
-        let Layout { pp, tp, dp, cp, .. } = layout;
+        let Layout { pp, tp, dp, .. } = layout;
         let rows = req.global_batch / dp;
         for micro_batch in micro_batch_sizes(rows) {
             let m = rows / micro_batch;

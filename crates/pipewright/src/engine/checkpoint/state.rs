@@ -27,6 +27,11 @@ pub struct Owned<'a> {
     pub write_whole: bool,
     /// This rank writes its shards (first replica).
     pub write_shards: bool,
+    /// The parameters that are this rank's experts (expert parallelism: the ranks of the
+    /// first expert group hold every expert between them, each its own).
+    pub experts: Vec<String>,
+    /// This rank writes its experts (first tensor-parallel rank of the first expert group).
+    pub write_experts: bool,
 }
 
 impl Owned<'_> {
@@ -65,7 +70,9 @@ impl Owned<'_> {
         let mut tensors = Vec::new();
         for (name, var) in self.params {
             let (split, whole) = self.split(name);
-            let writes = if whole.is_some() {
+            let writes = if self.experts.contains(name) {
+                self.write_experts
+            } else if whole.is_some() {
                 self.write_shards
             } else {
                 self.write_whole

@@ -43,6 +43,8 @@ impl Varuna {
             buffers: self.pipeline.buffers(),
             write_whole: c.dp_rank == 0 && c.cp_rank == 0 && c.tp_rank == 0,
             write_shards: c.dp_rank == 0 && c.cp_rank == 0,
+            experts: self.pipeline.experts().to_vec(),
+            write_experts: c.dp_rank < self.topo.layout().ep && c.cp_rank == 0 && c.tp_rank == 0,
         }
     }
 

@@ -56,6 +56,10 @@ pub struct Varuna {
     dp: Box<dyn Communicator>,
     /// The context-parallel ring splitting this replica's sequences (a group of one: none).
     cp: Group,
+    /// Under expert parallelism (ep > 1), the ranks holding this rank's experts
+    /// ([`Axis::ExpertReplica`]), which sum the experts' gradients; without it the experts sum
+    /// over `dp` with everything else.
+    expert_dp: Option<Box<dyn Communicator>>,
     pipeline: Pipeline,
     /// The f32 masters the optimizer updates, whole or (ZeRO) this replica's pieces.
     weights: zero::Weights,
@@ -91,6 +95,10 @@ impl Varuna {
         let pp = axis_group(world.as_ref(), &topo, Axis::Pipeline)?;
         let dp = axis_group(world.as_ref(), &topo, Axis::Replica)?;
         let cp = Group::new(axis_group(world.as_ref(), &topo, Axis::Context)?);
+        let ep = Group::new(axis_group(world.as_ref(), &topo, Axis::Expert)?);
+        let expert_dp = (topo.layout().ep > 1)
+            .then(|| axis_group(world.as_ref(), &topo, Axis::ExpertReplica))
+            .transpose()?;
         let init = Init::new(
             opts.device.clone(),
             opts.spec.precision.dtype(),
@@ -99,6 +107,7 @@ impl Varuna {
         let build = Build::new(init)
             .with_tp(tp.clone())
             .with_cp(cp.clone())
+            .with_ep(ep.clone())
             .with_sequence_parallel(opts.spec.sequence_parallel);
         let popts = opts.pipeline_options()?;
         let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
@@ -110,7 +119,7 @@ impl Varuna {
         } else {
             // The f32 values a serial run starts from (the model holds them rounded).
             let f32_init = Init::new(opts.device.clone(), Precision::F32.dtype(), opts.spec.seed);
-            let f32_build = Build::new(f32_init).with_tp(tp);
+            let f32_build = Build::new(f32_init).with_tp(tp).with_ep(ep);
             let mut m = Vec::new();
             for (_, range) in pipeline.own_stages() {
                 m.extend(model.build_range(range, &f32_build)?.params());
@@ -138,6 +147,7 @@ impl Varuna {
             world,
             dp,
             cp,
+            expert_dp,
             pipeline,
             weights,
             optimizer: None,

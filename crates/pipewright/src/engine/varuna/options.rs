@@ -96,7 +96,8 @@ impl VarunaOptions {
         let Some(map) = &self.stage_to_rank_map else {
             return Ok(Topology::new(layout));
         };
-        let topo = Topology::from_stage_to_rank_map(map, layout.tp)?;
+        // A map places stages and replicas; the experts split over the replicas it places.
+        let topo = Topology::from_stage_to_rank_map(map, layout.tp)?.with_ep(layout.ep)?;
         if topo.layout() != layout {
             return Err(invalid!(
                 "the stage-to-rank map `{map}` places {:?}, but the spec's layout is {layout:?}: \
@@ -161,6 +162,14 @@ impl VarunaOptions {
         }
         partition(model, schedule.stages, p.balance.as_deref())?;
         model.skips()?;
+        if topo.layout().ep > 1 && self.spec.zero != crate::parallel::zero::Zero::Off {
+            return Err(invalid!(
+                "--ep {} with ZeRO {}: expert parallelism does not shard yet; train with \
+                 --zero 0 or --ep 1",
+                topo.layout().ep,
+                self.spec.zero
+            ));
+        }
         self.spec.lr.validate()
     }
 }

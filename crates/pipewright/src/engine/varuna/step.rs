@@ -52,10 +52,31 @@ impl Varuna {
             hook(&mut grads);
         }
         if !self.zero().shards_grads() {
-            all_reduce_grads(&mut grads, self.dp.as_ref(), self.opts.bucket_bytes)?;
+            self.sum_over_replicas(&mut grads)?;
         }
         clock.lap(Part::Gradients);
         Ok((loss, grads))
+    }
+
+    /// Sums `grads` over the replicas: the experts' over the ranks holding the same experts
+    /// (under expert parallelism), everything else over every replica.
+    fn sum_over_replicas(&self, grads: &mut Grads) -> Result<()> {
+        let bucket = self.opts.bucket_bytes;
+        let Some(expert_dp) = self.expert_dp.as_deref() else {
+            return all_reduce_grads(grads, self.dp.as_ref(), bucket).map(drop);
+        };
+        let mut experts = Grads::new();
+        for n in self.pipeline.experts() {
+            if let Some(g) = grads.remove(n) {
+                experts.insert(n.clone(), g);
+            }
+        }
+        all_reduce_grads(grads, self.dp.as_ref(), bucket)?;
+        all_reduce_grads(&mut experts, expert_dp, bucket)?;
+        for (n, g) in experts.iter() {
+            grads.insert(n.clone(), g.clone());
+        }
+        Ok(())
     }
 
     /// A step whose gradients (or loss) overflowed: skipped with the loss scale lowered, or,

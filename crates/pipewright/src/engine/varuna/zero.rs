@@ -9,6 +9,7 @@ use candle_core::{DType, Tensor, Var};
 use super::Varuna;
 use crate::dist::comm::Communicator;
 use crate::model::precision::MasterWeights;
+use crate::parallel::expert_parallel::gather_named;
 use crate::parallel::pipeline::Pipeline;
 use crate::parallel::zero::{LayerGather, ParamSpec, ShardPlan, Zero, ZeroShards, AFTER_PIPELINE};
 use crate::Result;
@@ -79,16 +80,26 @@ impl Varuna {
 
     /// The model's parameters, whole, in the compute type, by name: the values its layers
     /// compute with (collective over the data-parallel replicas under ZeRO-3, whose layers
-    /// hold them only while they compute: they are gathered).
+    /// hold them only while they compute: they are gathered), with every expert of this
+    /// rank's expert group (collective over it under expert parallelism).
     pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
         if let Some(g) = self.weights.sharded().and_then(ZeroShards::gather) {
             return g.gather_all();
         }
-        self.pipeline
+        let all: Vec<(String, Tensor)> = self
+            .pipeline
             .params()
             .iter()
             .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?)))
-            .collect()
+            .collect::<Result<_>>()?;
+        if self.pipeline.ep().size() == 1 {
+            return Ok(all);
+        }
+        let experts = self.pipeline.experts();
+        let (mine, mut out): (Vec<_>, Vec<_>) =
+            all.into_iter().partition(|(n, _)| experts.contains(n));
+        out.extend(gather_named(&mine, self.pipeline.ep())?);
+        Ok(out)
     }
 
     /// The parameters the optimizer is made over: the f32 masters, or under ZeRO this

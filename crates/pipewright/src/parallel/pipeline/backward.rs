@@ -117,12 +117,15 @@ impl PipelineStage {
         loop {
             if let Some(o) = objective {
                 // The layers' parameters whole for their own backward only (ZeRO-3).
+                // (An unused parameter's zero gradient takes its shape while it is whole.)
                 layers.clone().try_for_each(|l| stage.fetch(l))?;
-                let store = o.backward();
-                layers.clone().try_for_each(|l| stage.release(l))?;
-                let store = store?;
                 let params: Vec<_> = layers.clone().flat_map(|l| stage.layer_params(l)).collect();
-                let mine = Grads::from_store(&store, &params);
+                let store = o
+                    .backward()
+                    .map_err(crate::Error::from)
+                    .and_then(|s| Ok((Grads::from_store(&s, &params)?, s)));
+                layers.clone().try_for_each(|l| stage.release(l))?;
+                let (mine, store) = store?;
                 self.check_grads(&mine, k, mb)?;
                 give(layers.clone(), mine)?;
                 leaves.add(&store)?;

@@ -51,6 +51,8 @@ pub struct Pipeline {
     params: Vec<(String, Var)>,
     /// The names of the sharded parameters.
     sharded: Vec<String>,
+    /// The names of the experts' parameters (held by this expert-parallel rank alone).
+    experts: Vec<String>,
     /// Activations and stage inputs held at most during the last step.
     held: Held,
     /// Executed actions, when tracing.
@@ -88,12 +90,14 @@ impl Pipeline {
                 crate::parallel::tensor_parallel::register_ddp_parameters_to_ignore(s)
             })
             .collect();
+        let experts = stage.own.iter().flat_map(|(_, s)| s.experts()).collect();
         Ok(Self {
             stage,
             schedule,
             tied,
             params,
             sharded,
+            experts,
             held: Held::default(),
             trace: None,
             epoch: Instant::now(),
@@ -139,6 +143,16 @@ impl Pipeline {
             .iter()
             .flat_map(|(_, s)| s.shards())
             .collect()
+    }
+
+    /// The names of this rank's experts' parameters ([`crate::model::Layer::experts`]).
+    pub fn experts(&self) -> &[String] {
+        &self.experts
+    }
+
+    /// The expert-parallel group this rank's mixtures split their experts over.
+    pub fn ep(&self) -> &Group {
+        &self.stage.ep
     }
 
     /// The tensor-parallel group this rank's stages are split over.
@@ -201,11 +215,13 @@ impl Pipeline {
             .params
             .iter()
             .map(|(n, v)| {
-                let parts = if self.sharded.contains(n) {
-                    self.stage.tp.size()
-                } else {
-                    1
-                };
+                let mut parts = 1;
+                if self.sharded.contains(n) {
+                    parts *= self.stage.tp.size();
+                }
+                if self.experts.contains(n) {
+                    parts *= self.stage.ep.size();
+                }
                 v.elem_count() * parts
             })
             .sum();
@@ -348,8 +364,8 @@ impl Pipeline {
         let sq = sum_sq_share(
             grads,
             self.tied.pairs(),
-            &self.sharded,
-            self.stage.tp.rank(),
+            [&self.sharded, &self.experts],
+            [self.stage.tp.rank(), self.stage.ep.rank()],
         )?;
         let mut sq = Tensor::new(&[sq], &Device::Cpu)?;
         if let Some(c) = shards.filter(|c| c.size() > 1) {
@@ -357,6 +373,7 @@ impl Pipeline {
         }
         let sq = self.stage.comm.all_reduce(&sq, ReduceOp::Sum)?;
         let sq = self.stage.tp.all_reduce(&sq, ReduceOp::Sum)?;
+        let sq = self.stage.ep.all_reduce(&sq, ReduceOp::Sum)?;
         Ok(sq.to_vec1::<f64>()?[0].max(0.0).sqrt())
     }
 

@@ -40,6 +40,8 @@ pub struct PipelineStage {
     pub(super) tags: Tags,
     /// The tensor-parallel group every stage of this rank is split over.
     pub(super) tp: Group,
+    /// The expert-parallel group its mixtures' experts are split over.
+    pub(super) ep: Group,
     pub(super) loss: SharedLoss,
     pub(super) device: Device,
     /// Index of this rank's first micro-batch in the global batch (data parallelism): dropout
@@ -87,6 +89,7 @@ impl PipelineStage {
             skips,
             tags,
             tp: build.tp.clone(),
+            ep: build.ep.clone(),
             loss,
             device: build.device.clone(),
             mb_offset: 0,
