@@ -376,3 +376,14 @@ fn default_beta2() -> f64 {
 fn default_eps() -> f64 {
     1e-8
 }
+
+/// The flags' defaults (what `pipewright train` alone runs).
+pub(super) fn defaults() -> TrainArgs {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Only {
+        #[command(flatten)]
+        a: TrainArgs,
+    }
+    Only::parse_from(["train"]).a
+}

@@ -5,7 +5,7 @@ use crate::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec, Task, TaskS
 use pipewright::ModelSpec;
 use pipewright::{invalid, Result};
 
-use super::args::{ModelKind, OptimizerKind, TaskKind, TrainArgs};
+use super::args::{defaults, ModelKind, OptimizerKind, TaskKind, TrainArgs};
 
 impl TrainArgs {
     /// The run the flags describe, checked, and its task (built to learn its shape).
@@ -205,17 +205,6 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
         return Err(invalid!("{why}"));
     }
     super::moe::check(a, d)
-}
-
-/// The flags' defaults (what `pipewright train` alone runs).
-pub(super) fn defaults() -> TrainArgs {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Only {
-        #[command(flatten)]
-        a: TrainArgs,
-    }
-    Only::parse_from(["train"]).a
 }
 
 /// The model the flags describe, for `task`.

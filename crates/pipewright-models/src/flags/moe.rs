@@ -56,8 +56,7 @@ pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::args::{ModelKind, TrainArgs};
-    use super::super::model::defaults;
+    use super::super::args::{defaults, ModelKind, TrainArgs};
     use crate::ModelConfig;
 
     /// `--n-experts` makes the Llama's blocks mixtures (every `--moe-every`th), sized by the

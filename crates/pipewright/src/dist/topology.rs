@@ -18,13 +18,10 @@
 //! gradients with the data-parallel ranks ([`Axis::Replica`] is both together). [`Topology::new`] places index `i` on world
 //! rank `i`; [`Topology::from_stage_to_rank_map`] places them as a launcher says.
 //!
-//! Expert parallelism (`ep`) adds no ranks: it is carved from the data-parallel replicas, as
-//! torchtitan and Megatron carve it. Replicas `g*ep .. (g+1)*ep` (same stage, tp and cp rank)
-//! form expert group `g` ([`Axis::Expert`]): each holds `1/ep` of every mixture's experts
-//! (replica `d` the part `d % ep`, its expert-parallel rank) and they send each other the
-//! tokens routed to them. The ranks holding the same experts, every `ep`-th replica with its
-//! context-parallel ranks ([`Axis::ExpertReplica`]), sum the experts' gradients; everything
-//! else sums over [`Axis::Replica`] as without experts.
+//! Expert parallelism (`ep`) adds no ranks: as in torchtitan and Megatron, replicas
+//! `g*ep .. (g+1)*ep` (same stage, tp and cp rank) form expert group `g` ([`Axis::Expert`]),
+//! replica `d` holding part `d % ep` of every mixture's experts; the ranks holding the same
+//! experts ([`Axis::ExpertReplica`]) sum the experts' gradients, the rest as without experts.
 //!
 //! A [`Layout`] is also where the facts derived from the degrees live (torchtitan's
 //! `ParallelDims`), so that no caller works them out again: its ranks ([`Layout::world`]), the
