@@ -2,7 +2,8 @@
 # A GPT run under mpirun -np NP must write the same losses and metrics as the same run on local
 # threads, and so must the run started with `--distributed` (train relaunching itself as NP
 # processes under mpirun). Usage: tools/mpi_parity.sh NP LAYOUT-FLAGS... (for example `2 --pp 2`
-# or `2 --tp 2`). Prints a pass/fail line.
+# or `2 --tp 2`); PARITY_MODEL="--model llama --n-experts 4" trains that model instead (no
+# dropout then). Prints a pass/fail line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=$1
@@ -12,8 +13,10 @@ bin=target/pipewright-mpi
 cp target/release/pipewright "$bin"
 out=target/mpi-parity/$(echo "$*" | tr -c 'a-z0-9' '_')
 rm -rf "$out"
-args=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 --schedule 1f1b --dropout 0.1 "$@")
-serial=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 --dropout 0.1)
+read -r -a model <<<"${PARITY_MODEL:---dropout 0.1}"
+common=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 "${model[@]}")
+args=("${common[@]}" --schedule 1f1b "$@")
+serial=("${common[@]}")
 "$bin" "${serial[@]}" --out "$out/serial" >/dev/null
 "$bin" "${args[@]}" --out "$out/local" >/dev/null
 bash tools/mpirun.sh "$np" "$bin" "${args[@]}" --backend mpi --out "$out/mpi" >/dev/null
@@ -30,7 +33,7 @@ done
 worst=$(paste -d, <(cut -d, -f2 "$out/serial/scalars.csv") <(cut -d, -f2 "$out/mpi/scalars.csv") |
   awk -F, 'NR > 1 { d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d } END { printf "%.2e", w }')
 if awk -v w="$worst" 'BEGIN { exit !(w < 1e-5) }'; then
-  echo "mpi parity ($*): GPT under mpirun -np $np and with --distributed write the local run's losses and metrics, and the serial run's losses within $worst ($rows rows)"
+  echo "mpi parity ($*): ${PARITY_MODEL:-GPT} under mpirun -np $np and with --distributed write the local run's losses and metrics, and the serial run's losses within $worst ($rows rows)"
   echo "1 passed, 0 failed"
 else
   echo "mpi parity ($*): losses differ from the serial run by $worst"
