@@ -10,6 +10,7 @@
 //! column-parallel, `down_proj` row-parallel; a vocabulary-parallel embedding and head.
 
 use candle_core::{Tensor, Var, D};
+use pipewright::model::expert_load::ExpertLoad;
 use pipewright::model::nn::{join, rope, scaled_softmax, swiglu, with_aux_loss, Module, RmsNorm};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::parallel::context_parallel::{ring_attention, Chunks};
@@ -424,6 +425,11 @@ impl Layer for LlamaBlock {
             }
             Mlp::Moe(m) => {
                 let r = m.forward(&n)?;
+                if cx.is_training() {
+                    let aux = r.aux.to_scalar::<f32>()? as f64;
+                    cx.expert_loads
+                        .push(ExpertLoad::pass(&self.name, &r.load, aux));
+                }
                 with_aux_loss(&r.out, &r.aux, m.aux_coef() * cx.aux_weight)?
             }
         };

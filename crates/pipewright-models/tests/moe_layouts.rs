@@ -14,6 +14,7 @@ use pipewright::engine::checkpoint::CheckpointOptions;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
+use pipewright::model::expert_load::ExpertLoad;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::parallel::data_parallel::DistributedLoader;
 use pipewright::parallel::loss::CrossEntropy;
@@ -69,13 +70,22 @@ fn serial_trainer(cfg: LlamaConfig) -> Result<SerialTrainer> {
     SerialTrainer::new(stage, opt, opts)
 }
 
+/// Each step's expert loads.
+type Loads = Vec<Vec<ExpertLoad>>;
+
 fn serial(task: &Adder) -> Result<SerialResult> {
+    serial_with_loads(task).map(|(r, _)| r)
+}
+
+fn serial_with_loads(task: &Adder) -> Result<(SerialResult, Loads)> {
     let mut t = serial_trainer(config(task))?;
     let mut steps = Vec::new();
+    let mut loads = Vec::new();
     for s in 0..STEPS {
         let (x, y) = task.batch(s, GLOBAL)?;
         let r = t.step(&Batch::pair(x, y))?;
         steps.push((r.loss, r.grad_norm));
+        loads.push(t.expert_loads());
     }
     let params = t
         .model()
@@ -83,11 +93,29 @@ fn serial(task: &Adder) -> Result<SerialResult> {
         .into_iter()
         .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
         .collect::<Result<_>>()?;
-    Ok(SerialResult { steps, params })
+    Ok((SerialResult { steps, params }, loads))
+}
+
+/// Fails unless `got` routed each step's tokens as `want` did, with its auxiliary losses.
+fn same_loads(got: &Loads, want: &Loads, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (s, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}, step {s}: layers");
+        assert!(!g.is_empty(), "{what}: no loads");
+        for (a, b) in g.iter().zip(w) {
+            assert_eq!(
+                (&a.layer, &a.tokens, a.passes),
+                (&b.layer, &b.tokens, b.passes),
+                "{what}"
+            );
+            let d = (a.aux - b.aux).abs() / b.aux.abs().max(1e-12);
+            assert!(d < 1e-5, "{what}, step {s}, {}: aux off by {d:e}", a.layer);
+        }
+    }
 }
 
 fn rank(task: &Adder, world: Box<dyn Communicator>, layout: Layout) -> Result<RankResult> {
-    resumed(task, world, layout, 0..STEPS, None, None)
+    resumed(task, world, layout, 0..STEPS, None, None).map(|(r, _)| r)
 }
 
 /// Steps `steps` at `layout`, after loading the checkpoint `resume` if given, saving one into
@@ -99,7 +127,7 @@ fn resumed(
     steps: Range<u64>,
     resume: Option<&Path>,
     save: Option<&Path>,
-) -> Result<RankResult> {
+) -> Result<(RankResult, Loads)> {
     let opts = VarunaOptions::of(TrainSpec {
         seed: SEED,
         clip: Some(CLIP),
@@ -119,18 +147,21 @@ fn resumed(
         Device::Cpu,
     )?;
     let mut out = Vec::new();
+    let mut loads = Vec::new();
     for s in steps {
         let o = v.step(&loader.batch(s)?)?;
         out.push((o.loss, o.grad_norm, o.overflow));
+        loads.push(v.expert_loads().to_vec());
     }
     if let Some(p) = save {
         v.checkpoint(p, &CheckpointOptions::default())?;
     }
-    Ok(RankResult {
+    let r = RankResult {
         steps: out,
         params: v.parameters()?,
         shards: v.pipeline().shards().into_iter().collect(),
-    })
+    };
+    Ok((r, loads))
 }
 
 #[test]
@@ -150,11 +181,16 @@ fn a_mixture_of_experts_llama_trains_as_serial_on_pipeline_and_data_parallel_lay
 #[test]
 fn expert_parallel_layouts_train_as_serial() {
     let task = Adder::new(2, 0).unwrap();
-    let want = serial(&task).unwrap();
+    let (want, want_loads) = serial_with_loads(&task).unwrap();
     for (pp, dp, ep) in [(1, 2, 2), (1, 4, 4), (1, 4, 2), (2, 2, 2)] {
         let layout = Layout::new(pp, 1, dp).unwrap().with_ep(ep).unwrap();
-        let got = local::run(layout.world(), |c| rank(&task, Box::new(c), layout)).unwrap();
-        for (r, g) in got.iter().enumerate() {
+        let got = local::run(layout.world(), |c| {
+            resumed(&task, Box::new(c), layout, 0..STEPS, None, None)
+        })
+        .unwrap();
+        for (r, (g, loads)) in got.iter().enumerate() {
+            // Every rank knows every layer's loads over the global batch.
+            same_loads(loads, &want_loads, &format!("{layout}, rank {r}"));
             let worst = worst_difference(g, &want).unwrap();
             assert!(worst < 1e-5, "{layout}, rank {r}: off by {worst:e}");
             if pp == 1 {
@@ -182,7 +218,7 @@ fn a_checkpoint_saved_at_ep_2_resumes_at_ep_1_and_ep_4() {
             resumed(&task, Box::new(c), at(ep), half..STEPS, Some(&dir), None)
         })
         .unwrap();
-        for (r, (a, b)) in first.iter().zip(&second).enumerate() {
+        for (r, ((a, _), (b, _))) in first.iter().zip(&second).enumerate() {
             let whole = RankResult {
                 steps: a.steps.iter().chain(&b.steps).copied().collect(),
                 params: b.params.clone(),

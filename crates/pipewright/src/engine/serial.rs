@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::dist::comm::ReduceOp;
 use crate::engine::checkpoint::{self, CheckpointOptions, Header, Owned, Reader};
 use crate::model::batch::Batch;
+use crate::model::expert_load::{merge, sort_by_layer, ExpertLoad};
 use crate::model::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
 use crate::model::nn::{sum_sq_share, Grads};
 use crate::model::{Activation, Cx, Mode, Stage};
@@ -67,6 +68,8 @@ pub struct SerialTrainer {
     optimizer: Box<dyn Optimizer>,
     opts: TrainOptions,
     step: u64,
+    /// What the mixtures of experts routed in the last batch's forwards.
+    loads: std::sync::Mutex<Vec<ExpertLoad>>,
 }
 
 impl SerialTrainer {
@@ -97,7 +100,14 @@ impl SerialTrainer {
             optimizer,
             opts,
             step: 0,
+            loads: Default::default(),
         })
+    }
+
+    /// What each mixture of experts routed over the last batch's micro-batches, layer by
+    /// layer in model order (empty without mixtures).
+    pub fn expert_loads(&self) -> Vec<ExpertLoad> {
+        self.loads.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The model.
@@ -136,6 +146,7 @@ impl SerialTrainer {
         }
         let mut grads = Grads::new();
         let mut loss = 0.0;
+        let mut loads = Vec::new();
         for (i, mb) in batch
             .split(self.opts.micro_batches)?
             .into_iter()
@@ -145,6 +156,7 @@ impl SerialTrainer {
             cx.defer_batch_stats = self.opts.deferred_batch_norm;
             cx.aux_weight = 1.0 / self.opts.micro_batches as f64;
             let out = self.forward_cx(&mb, &mut cx)?;
+            merge(&mut loads, std::mem::take(&mut cx.expert_loads));
             let (sum, _) = self.opts.loss.sum(&out, &mb, &cx, self.model.tp())?;
             let l = (sum / total as f64)?;
             loss += l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
@@ -152,6 +164,8 @@ impl SerialTrainer {
             grads.accumulate(Grads::from_store(&store, &self.params)?)?;
         }
         self.model.finish_batch()?;
+        sort_by_layer(&mut loads);
+        *self.loads.lock().unwrap_or_else(|e| e.into_inner()) = loads;
         for (a, b) in &self.opts.tied {
             let sum = match (grads.get(a), grads.get(b)) {
                 (Some(ga), Some(gb)) => (ga + gb)?,

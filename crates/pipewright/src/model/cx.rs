@@ -46,6 +46,9 @@ pub struct Cx {
     /// Incremental decoding: attention layers attend over these cached keys and values too,
     /// and positions start at its [`KvCache::past`] (see [`crate::model::KvCache`]).
     pub kv_cache: Option<KvCache>,
+    /// What each mixture of experts routed in this training forward (one entry a mixture;
+    /// the trainer sums them into the step's, see [`super::expert_load`]).
+    pub expert_loads: Vec<super::expert_load::ExpertLoad>,
     recomputing: bool,
     stash: HashMap<String, Tensor>,
     /// Activations split over the tensor-parallel group, by tensor (see [`crate::parallel::tensor_parallel::attr`]).
@@ -65,6 +68,7 @@ impl Cx {
             detect_anomaly: false,
             aux_weight: 0.0,
             kv_cache: None,
+            expert_loads: Vec::new(),
             recomputing: false,
             stash: HashMap::new(),
             parallel: HashMap::new(),

@@ -20,6 +20,7 @@ mod activation;
 mod build;
 mod cx;
 pub mod deferred;
+pub mod expert_load;
 mod kv_cache;
 mod param;
 mod stage;

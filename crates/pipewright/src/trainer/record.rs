@@ -1,6 +1,7 @@
 //! The run's record, kept around a program's hooks on the reporting rank: every logged step's
 //! loss, learning rate and metric (`scalars.csv`, `tags.csv` and TensorBoard), its seconds
-//! and items per second, an f16 run's loss scale and skipped steps, and the loss curve drawn
+//! and items per second, an f16 run's loss scale and skipped steps, a mixture of experts'
+//! load-balancing loss and tokens per expert, and the loss curve drawn
 //! at every evaluation; flushed before each checkpoint and at the end, so a checkpoint never
 //! holds a step the record lacks. [`crate::trainer::Trainer::train`] keeps it on rank 0;
 //! `pipewright train` keeps it with its own hooks; the report page reads it
@@ -8,9 +9,11 @@
 
 use super::fit::{Hooks, StepDone};
 use crate::experiment::recorder::ScalarRow;
+use crate::experiment::report::experts::{AUX_LOSS_TAG, EXPERT_LOAD_PREFIX, MAX_OVER_MEAN};
 use crate::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
 use crate::experiment::{Context, LinePlot, Recorder};
 use crate::model::batch::Batch;
+use crate::model::expert_load::ExpertLoad;
 use crate::Result;
 
 /// A program's hooks with the run's record (see the module's text). On a rank that does not
@@ -52,8 +55,8 @@ impl<'a> Recorded<'a> {
         Ok(self.rec)
     }
 
-    /// Writes step `d`'s rows.
-    fn record(&mut self, d: &StepDone) -> Result<()> {
+    /// Writes step `d`'s rows (with what its mixtures of experts routed, `loads`).
+    fn record(&mut self, d: &StepDone, loads: &[ExpertLoad]) -> Result<()> {
         self.curve.push((d.steps as f64, d.outcome.loss));
         let Some(rec) = self.rec.as_mut() else {
             return Ok(());
@@ -84,8 +87,26 @@ impl<'a> Recorded<'a> {
             rec.scalar("train/loss_scale", d.outcome.loss_scale)?;
             rec.scalar("train/skipped_steps", d.skipped as f64)?;
         }
-        Ok(())
+        record_loads(rec, loads)
     }
+}
+
+/// A step's expert loads: the model's load-balancing loss (each mixture's mean over the
+/// micro-batches, summed: what the objective adds, times its coefficient), and each mixture's
+/// tokens per expert and their max over mean.
+fn record_loads(rec: &mut Recorder, loads: &[ExpertLoad]) -> Result<()> {
+    if loads.is_empty() {
+        return Ok(());
+    }
+    rec.scalar(AUX_LOSS_TAG, loads.iter().map(ExpertLoad::mean_aux).sum())?;
+    for l in loads {
+        let tag = |what: &str| format!("{EXPERT_LOAD_PREFIX}{}/{what}", l.layer);
+        rec.scalar(&tag(MAX_OVER_MEAN), l.max_over_mean())?;
+        for (e, t) in l.tokens.iter().enumerate() {
+            rec.scalar(&tag(&format!("expert_{e}")), *t)?;
+        }
+    }
+    Ok(())
 }
 
 impl Hooks for Recorded<'_> {
@@ -99,7 +120,8 @@ impl Hooks for Recorded<'_> {
 
     fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
         self.hooks.after_step(cx, done)?;
-        self.record(done)
+        let loads = cx.trainer()?.expert_loads().to_vec();
+        self.record(done, &loads)
     }
 
     fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {

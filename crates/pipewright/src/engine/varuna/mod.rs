@@ -34,6 +34,7 @@ use crate::dist::comm::Group;
 use crate::dist::comm::{axis_group, Communicator, ReduceOp};
 use crate::dist::topology::{Axis, Coords, Topology};
 use crate::model::batch::Batch;
+use crate::model::expert_load::ExpertLoad;
 use crate::model::grads::Grads;
 use crate::model::init::Init;
 use crate::model::nn::optim::{scale_to_norm, Optimizer};
@@ -78,6 +79,10 @@ pub struct Varuna {
     pending: Option<crate::engine::checkpoint::Pending>,
     /// The most rows [`Varuna::predict`] runs at once ([`Varuna::set_eval_rows`]).
     eval_rows: Option<usize>,
+    /// Whether any rank's stages hold a mixture of experts (the same on every rank).
+    mixtures: bool,
+    /// What the mixtures routed in the last step, over the global batch.
+    loads: Vec<ExpertLoad>,
 }
 
 impl Varuna {
@@ -141,6 +146,8 @@ impl Varuna {
             .precision
             .scales_loss()
             .then(|| opts.loss_scaler.clone());
+        let has = Tensor::new(&[u32::from(!pipeline.experts().is_empty())], &Device::Cpu)?;
+        let mixtures = world.all_reduce(&has, ReduceOp::Max)?.to_vec1::<u32>()?[0] == 1;
         let v = Self {
             topo,
             coords,
@@ -160,6 +167,8 @@ impl Varuna {
             trace: None,
             pending: None,
             eval_rows: None,
+            mixtures,
+            loads: Vec::new(),
         };
         if let Some(f) = v.opts.batch_fn.clone() {
             let sample = f(v.opts.spec.micro_batch)?;
@@ -233,6 +242,13 @@ impl Varuna {
         self.opts.spec.global_batch / self.topo.layout().dp
     }
 
+    /// What each mixture of experts routed in the last step over the global batch (tokens per
+    /// expert, the load-balancing loss), layer by layer in model order, the same on every
+    /// rank; empty without mixtures.
+    pub fn expert_loads(&self) -> &[ExpertLoad] {
+        &self.loads
+    }
+
     /// The loss scale the next step uses (1 unless f16).
     pub fn loss_scale(&self) -> f64 {
         self.scaler.as_ref().map_or(1.0, |s| s.scale())
@@ -286,6 +302,9 @@ impl Varuna {
             .dp
             .all_reduce(&Tensor::new(&[loss], &Device::Cpu)?, ReduceOp::Sum)?
             .to_vec1::<f64>()?[0];
+        if self.mixtures {
+            self.loads = self.gather_expert_loads()?;
+        }
         clock.lap(Part::Scalars);
         let found = has_overflow(&grads)? || !loss.is_finite();
         clock.lap(Part::Update);

@@ -2,7 +2,11 @@
 //! batch (the pipeline's, unscaled to f32, summed over the replicas or sharded by ZeRO-2/3),
 //! and what a step that overflowed does (skip it under loss scaling, else fail saying why).
 
+use candle_core::{Device, Tensor};
+
 use super::{StepOutcome, Varuna};
+use crate::dist::comm::ReduceOp;
+use crate::model::expert_load::{sort_by_layer, ExpertLoad};
 use crate::model::nn::Grads;
 use crate::model::precision::to_master_grads;
 use crate::parallel::data_parallel::all_reduce_grads;
@@ -77,6 +81,42 @@ impl Varuna {
             grads.insert(n.clone(), g.clone());
         }
         Ok(())
+    }
+
+    /// What every mixture of experts of the model routed in this step's forwards, summed over
+    /// the replicas, layer by layer in model order, on every rank (collective over the world:
+    /// one rank of each stage tells the others).
+    pub(super) fn gather_expert_loads(&self) -> Result<Vec<ExpertLoad>> {
+        let mut mine = self.pipeline.take_expert_loads();
+        sort_by_layer(&mut mine);
+        let flat: Vec<f64> = mine.iter().flat_map(ExpertLoad::flat).collect();
+        if self.dp.size() > 1 && !flat.is_empty() {
+            let t = Tensor::new(flat.as_slice(), &Device::Cpu)?;
+            let sum = self.dp.all_reduce(&t, ReduceOp::Sum)?.to_vec1::<f64>()?;
+            let mut at = 0;
+            for l in &mut mine {
+                let n = l.tokens.len() + 2;
+                l.set_flat(&sum[at..at + n]);
+                at += n;
+            }
+        }
+        let c = self.coords;
+        let speaks = c.dp_rank == 0 && c.cp_rank == 0 && c.tp_rank == 0;
+        let said = if speaks {
+            serde_json::to_vec(&mine).map_err(|e| invalid!("expert loads: {e}"))?
+        } else {
+            b"[]".to_vec()
+        };
+        let said = Tensor::new(said.as_slice(), &Device::Cpu)?;
+        let heard = self.world.all_to_all(&vec![said; self.world.size()])?;
+        let mut all = Vec::new();
+        for h in heard {
+            let loads: Vec<ExpertLoad> = serde_json::from_slice(&h.to_vec1::<u8>()?)
+                .map_err(|e| invalid!("expert loads from another rank: {e}"))?;
+            all.extend(loads);
+        }
+        sort_by_layer(&mut all);
+        Ok(all)
     }
 
     /// A step whose gradients (or loss) overflowed: skipped with the loss scale lowered, or,

@@ -1,12 +1,14 @@
 //! One page per run (or per sweep): `pipewright report RUN... --out report.html` and
 //! `train --report`. A self-contained HTML file that opens offline in any browser: the loss,
 //! learning-rate and metric curves of every run overlaid (log scale for the loss), the
-//! throughput and MFU per logged step, the measured pipeline timeline beside the planner's
+//! throughput and MFU per logged step, a mixture of experts' balance (its load-balancing loss
+//! and tokens per expert), the measured pipeline timeline beside the planner's
 //! prediction, memory per rank predicted beside measured, the launch history, and the
 //! parameters and summaries as tables. What a run lacks (a trace, a summary while it runs) the
 //! page says, with what to do.
 
 pub mod chart;
+pub mod experts;
 pub mod html;
 pub mod prediction;
 pub mod run;
@@ -313,6 +315,7 @@ pub fn render(runs: &[RunRecord]) -> String {
     );
     body.push_str(&curves(runs));
     body.push_str(&throughput(runs));
+    body.push_str(&experts::section(runs));
     body.push_str(&timelines(runs));
     body.push_str(&memory(runs));
     body.push_str(&launches(runs));

@@ -145,6 +145,13 @@ impl Pipeline {
             .collect()
     }
 
+    /// What this rank's mixtures of experts routed since the last call (every training
+    /// forward of its stages, recomputations left out), layer by layer.
+    pub fn take_expert_loads(&self) -> Vec<crate::model::expert_load::ExpertLoad> {
+        let mut loads = self.stage.loads.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *loads)
+    }
+
     /// The names of this rank's experts' parameters ([`crate::model::Layer::experts`]).
     pub fn experts(&self) -> &[String] {
         &self.experts

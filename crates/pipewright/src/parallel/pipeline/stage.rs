@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 
 use candle_core::{Device, Tensor, Var};
 
@@ -18,6 +19,7 @@ use super::transfer::Tags;
 use crate::dist::comm::{Communicator, Group};
 use crate::model::batch::Batch;
 use crate::model::deferred::WeightGradQueue;
+use crate::model::expert_load::{merge, ExpertLoad};
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
 use crate::parallel::loss::{output_in_f32, SharedLoss};
 use crate::{invalid, Result};
@@ -55,6 +57,9 @@ pub struct PipelineStage {
     pub(super) queue: Option<WeightGradQueue>,
     /// Nanoseconds spent in receives, for [`super::trace::TraceEvent::wait_us`].
     pub(super) waited_ns: AtomicU64,
+    /// What this rank's mixtures of experts routed in the step's forwards (recomputations
+    /// left out).
+    pub(super) loads: Mutex<Vec<ExpertLoad>>,
 }
 
 impl PipelineStage {
@@ -98,6 +103,7 @@ impl PipelineStage {
             opts,
             step: 0,
             waited_ns: AtomicU64::new(0),
+            loads: Mutex::default(),
         })
     }
 
@@ -152,6 +158,10 @@ impl PipelineStage {
         let (out, exports) =
             self.skips
                 .run(stage, (k, last), x, imports, &mut cx, cuts.as_mut())?;
+        if !recomputing {
+            let mut loads = self.loads.lock().unwrap_or_else(|e| e.into_inner());
+            merge(&mut loads, std::mem::take(&mut cx.expert_loads));
+        }
         if !last {
             return Ok((out, exports, cuts));
         }
