@@ -6,8 +6,15 @@ load-balancing loss `aux` (transformers' `load_balancing_loss_func` on this laye
 logits) and the gradient of `sum(y * r) + coef * aux` for every weight (`grad.<name>`).
 The Rust test (tests/moe.rs) loads the weights by those names and compares.
 
+With `hf`: the whole tiny MixtralForCausalLM as `save_pretrained` writes it (fixtures/hf-mixtral/,
+sharded with an index) and fixtures/mixtral_parity.safetensors: a batch, its logits, the
+language-model loss and every gradient under the Hub's names (tests/hf_moe.rs). The auxiliary
+loss is left out there: transformers' Mixtral takes one over all layers' router logits joined,
+pipewright (as Megatron and torchtitan) one per mixture, summed; with one mixture they agree,
+as the block fixtures check.
+
     bash ../shared/tools/torch-env.sh && ~/.cache/pipewright-torch-env/bin/pip install transformers
-    ~/.cache/pipewright-torch-env/bin/python tools/make_moe_fixtures.py
+    ~/.cache/pipewright-torch-env/bin/python tools/make_moe_fixtures.py [hf]
 """
 import os
 import tempfile
@@ -64,14 +71,78 @@ def make(name, model):
     print(name, sorted(hub))
 
 
-torch.manual_seed(0)
-mix = MixtralForCausalLM(MixtralConfig(
-    vocab_size=32, hidden_size=16, intermediate_size=12, num_hidden_layers=1, num_attention_heads=4,
-    num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=16))
-make("mixtral", mix)
-torch.manual_seed(0)
-qwen = Qwen3MoeForCausalLM(Qwen3MoeConfig(
-    vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=12, num_hidden_layers=1,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_experts=4, num_experts_per_tok=2,
-    norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=16))
-make("qwen3moe", qwen)
+def blocks():
+    torch.manual_seed(0)
+    mix = MixtralForCausalLM(MixtralConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=12, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=16))
+    make("mixtral", mix)
+    torch.manual_seed(0)
+    qwen = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=12, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=16))
+    make("qwen3moe", qwen)
+
+
+def hf_model(name, make_model, names):
+    """A whole tiny model (`make_model()`) with perturbed weights, saved as `save_pretrained`
+    writes it (sharded, with an index) into fixtures/hf-<name>/, and a batch of 4 x 12 tokens
+    with its logits, the language-model loss (no auxiliary loss) and every parameter's gradient
+    under the Hub's per-expert names (`names` maps a fused expert tensor to them) into
+    fixtures/<name>_parity.safetensors."""
+    torch.manual_seed(4321)
+    model = make_model().float()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    d = os.path.join(out_dir, f"hf-{name}")
+    model.save_pretrained(d, max_shard_size="60KB")
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (4, 12))
+    targets = torch.randint(0, vocab, (4, 12))
+    targets[0, :4] = -100
+    targets[2, 7] = -100
+    logits = model(ids).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1), ignore_index=-100)
+    loss.backward()
+    out = {"input_ids": ids, "targets": targets, "loss": loss.detach().reshape(1),
+           "logits": logits.detach().contiguous()}
+    for n, p in model.named_parameters():
+        for hub, g in names(n, p.grad):
+            out["grad." + hub] = g.contiguous()
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(out_dir, f"{name}_parity.safetensors"))
+    print("wrote", d, "loss", loss.item())
+
+
+def per_expert(w1, w3, w2, moe="mlp"):
+    """The Hub's per-expert names of a fused expert gradient: `gate_up_proj` (E, 2F, D) is each
+    expert's gate (`w1`) over its up (`w3`); `down_proj` (E, D, F) is `w2`; the mixture's module
+    is `moe` on the Hub (Mixtral's `block_sparse_moe`; `mlp` in memory)."""
+    def names(n, g):
+        n = n.replace(".mlp.", f".{moe}.")
+        if n.endswith("experts.gate_up_proj"):
+            f = g.shape[1] // 2
+            base = n[: -len("gate_up_proj")]
+            return [x for e in range(g.shape[0]) for x in
+                    ((f"{base}{e}.{w1}.weight", g[e][:f]), (f"{base}{e}.{w3}.weight", g[e][f:]))]
+        if n.endswith("experts.down_proj"):
+            base = n[: -len("down_proj")]
+            return [(f"{base}{e}.{w2}.weight", g[e]) for e in range(g.shape[0])]
+        return [(n, g)]
+    return names
+
+
+if __name__ == "__main__" and len(os.sys.argv) > 1 and os.sys.argv[1] == "hf":
+    hf_model("mixtral", lambda: MixtralForCausalLM(MixtralConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=16,
+        rms_norm_eps=1e-5, rope_theta=10000.0, router_aux_loss_coef=0.02, router_jitter_noise=0.0,
+        tie_word_embeddings=False, attn_implementation="eager", bos_token_id=0, eos_token_id=0)),
+        per_expert("w1", "w3", "w2", "block_sparse_moe"))
+
+if __name__ == "__main__" and len(os.sys.argv) == 1:
+    blocks()

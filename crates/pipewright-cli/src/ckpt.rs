@@ -57,6 +57,10 @@ pub enum ExportFormat {
     /// `config.json` and `model.safetensors` that `LlamaForCausalLM.from_pretrained` loads.
     #[value(name = "hf-llama")]
     HfLlama,
+    /// `config.json` and `model.safetensors` that `MixtralForCausalLM.from_pretrained` loads
+    /// (a Llama trained with `--n-experts`).
+    #[value(name = "hf-mixtral")]
+    HfMixtral,
 }
 
 #[derive(Args)]
@@ -64,11 +68,11 @@ pub struct ExportArgs {
     /// A checkpoint directory (`.../checkpoints/step-N`), or a checkpoints directory (its
     /// latest).
     pub dir: PathBuf,
-    /// What to write: safetensors (every parameter whole), hf-gpt2 or hf-llama (a
+    /// What to write: safetensors (every parameter whole), hf-gpt2, hf-llama or hf-mixtral (a
     /// Hugging Face model directory).
     #[arg(long, value_enum)]
     pub format: ExportFormat,
-    /// The file (safetensors) or directory (hf-gpt2, hf-llama) to write.
+    /// The file (safetensors) or directory (hf-gpt2, hf-llama, hf-mixtral) to write.
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -93,7 +97,9 @@ pub fn run(c: CkptCommand) -> Result<()> {
             files::ensure_new(&a.out, "--out")?;
             match a.format {
                 ExportFormat::Safetensors => export_whole(&a.dir, &a.out),
-                ExportFormat::HfGpt2 | ExportFormat::HfLlama => export_hf(&a.dir, a.format, &a.out),
+                ExportFormat::HfGpt2 | ExportFormat::HfLlama | ExportFormat::HfMixtral => {
+                    export_hf(&a.dir, a.format, &a.out)
+                }
             }
         }
     }
@@ -148,11 +154,12 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `config.json` and `model.safetensors` in Hugging Face's names (GPT-2 or Llama), the
+/// `config.json` and `model.safetensors` in Hugging Face's names (GPT-2, Llama or Mixtral), the
 /// vocabulary padding removed.
 fn export_hf(dir: &Path, format: ExportFormat, out: &Path) -> Result<()> {
     let arch = match format {
         ExportFormat::HfLlama => HfArch::Llama,
+        ExportFormat::HfMixtral => HfArch::Mixtral,
         _ => HfArch::Gpt2,
     };
     let n = stored::export_hf(&Reader::open(dir)?, arch, out)?;

@@ -1,8 +1,9 @@
-//! The reference models in Hugging Face's form: GPT-2 (`GPT2LMHeadModel`) and Llama
-//! (`LlamaForCausalLM`). Their parameter names (the GPT's are GPT-2's without the
-//! `transformer.` prefix; the Llama's are Hugging Face's own), their `config.json` read
-//! ([`config_from_dir`]: `--init-from`) and written ([`export`]: `ckpt export --format hf-gpt2`
-//! or `hf-llama`). A vocabulary padded for tensor parallelism is cut back to the data's on the
+//! The reference models in Hugging Face's form: GPT-2 (`GPT2LMHeadModel`), Llama
+//! (`LlamaForCausalLM`) and Mixtral (`MixtralForCausalLM`: a Llama whose blocks are mixtures of
+//! experts). Their parameter names (the GPT's are GPT-2's without the `transformer.` prefix;
+//! the Llama's and Mixtral's are Hugging Face's own, experts under the Hub's per-expert names),
+//! their `config.json` read ([`config_from_dir`]: `--init-from`) and written ([`export`]:
+//! `ckpt export --format hf-gpt2`, `hf-llama` or `hf-mixtral`). A vocabulary padded for tensor parallelism is cut back to the data's on the
 //! way out.
 
 use std::path::Path;
@@ -10,6 +11,7 @@ use std::path::Path;
 use pipewright::engine::checkpoint::Reader;
 use pipewright::{invalid, Error, Result};
 
+use crate::moe::{MoeConfig, MoeNames};
 use crate::{GptConfig, LlamaConfig, ModelConfig};
 
 /// Hugging Face's name of the GPT parameter `name`.
@@ -46,9 +48,10 @@ pub fn hf_config(cfg: &GptConfig, vocab: usize) -> serde_json::Value {
     })
 }
 
-/// `config.json` of a `LlamaForCausalLM` with `cfg`'s sizes and a vocabulary of `vocab` tokens.
-pub fn llama_config(cfg: &LlamaConfig, vocab: usize) -> serde_json::Value {
-    serde_json::json!({
+/// `config.json` of a `LlamaForCausalLM` with `cfg`'s sizes and a vocabulary of `vocab` tokens
+/// (a `MixtralForCausalLM` when its blocks are mixtures of experts).
+pub fn llama_config(cfg: &LlamaConfig, vocab: usize) -> Result<serde_json::Value> {
+    let mut c = serde_json::json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": vocab,
@@ -67,7 +70,27 @@ pub fn llama_config(cfg: &LlamaConfig, vocab: usize) -> serde_json::Value {
         "tie_word_embeddings": false,
         "initializer_range": 0.02,
         "torch_dtype": "float32",
-    })
+    });
+    if let Some(m) = cfg.moe {
+        if m.names != MoeNames::Mixtral || m.every != 1 || m.shared > 0 || !m.norm_topk {
+            return Err(invalid!(
+                "this mixture of experts has no Mixtral form (Mixtral's names, a mixture in \
+                 every block, no shared experts, renormalised top k): export it as safetensors"
+            ));
+        }
+        c["architectures"] = serde_json::json!(["MixtralForCausalLM"]);
+        c["model_type"] = "mixtral".into();
+        c["intermediate_size"] = m.hidden.into();
+        c["num_local_experts"] = m.n_experts.into();
+        c["num_experts_per_tok"] = m.top_k.into();
+        c["router_aux_loss_coef"] = m.aux_coef.into();
+        c["router_jitter_noise"] = 0.0.into();
+        c["sliding_window"] = serde_json::Value::Null;
+        for k in ["attention_bias", "mlp_bias", "head_dim"] {
+            c.as_object_mut().expect("an object").remove(k);
+        }
+    }
+    Ok(c)
 }
 
 /// The model a Hugging Face directory's `config.json` describes (GPT-2 or Llama); an error for
@@ -106,7 +129,7 @@ pub fn config_from_dir(dir: &Path) -> Result<ModelConfig> {
             gpt.validate()?;
             Ok(ModelConfig::Gpt { gpt, vocab })
         }
-        Some("llama") => {
+        Some(kind @ ("llama" | "mixtral")) => {
             let flag = |k: &str| c[k].as_bool().unwrap_or(false);
             if flag("attention_bias") || flag("mlp_bias") || flag("tie_word_embeddings") {
                 return Err(invalid!(
@@ -150,15 +173,58 @@ pub fn config_from_dir(dir: &Path) -> Result<ModelConfig> {
                 rope_theta: theta,
                 moe: None,
             };
+            let llama = match kind {
+                "mixtral" => mixtral(&c, &path, llama)?,
+                _ => llama,
+            };
             llama.validate()?;
             Ok(ModelConfig::Llama { llama, vocab })
         }
         other => Err(invalid!(
-            "`{}` describes a {} model: --init-from reads GPT-2 (gpt2) and Llama (llama)",
+            "`{}` describes a {} model: --init-from reads GPT-2 (gpt2), Llama (llama) and \
+             Mixtral (mixtral)",
             path.display(),
             other.unwrap_or("model of no model_type")
         )),
     }
+}
+
+/// The Llama `llama` (read from a Mixtral's `config.json`, `c`, at `path`) with its blocks
+/// mixtures of experts as the file says; an error for what is not computed the same way.
+fn mixtral(c: &serde_json::Value, path: &Path, llama: LlamaConfig) -> Result<LlamaConfig> {
+    let int = |k: &str| -> Result<usize> {
+        c[k].as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| invalid!("`{}` has no integer `{k}`", path.display()))
+    };
+    if c["sliding_window"]
+        .as_u64()
+        .is_some_and(|w| (w as usize) < llama.block_size)
+    {
+        return Err(invalid!(
+            "`{}`: attention over a sliding window is not computed here",
+            path.display()
+        ));
+    }
+    if c["router_jitter_noise"].as_f64().is_some_and(|j| j != 0.0) {
+        return Err(invalid!(
+            "`{}`: router jitter noise is not computed here: set it to 0",
+            path.display()
+        ));
+    }
+    Ok(LlamaConfig {
+        moe: Some(MoeConfig {
+            n_experts: int("num_local_experts")?,
+            top_k: int("num_experts_per_tok")?,
+            hidden: llama.hidden,
+            shared: 0,
+            norm_topk: true,
+            aux_coef: c["router_aux_loss_coef"].as_f64().unwrap_or(0.02),
+            names: MoeNames::Mixtral,
+            every: 1,
+        }),
+        ..llama
+    })
 }
 
 /// Writes the model `model` of the checkpoint `r` into the directory `out` as `model.safetensors`
@@ -170,7 +236,7 @@ pub fn export(r: &Reader, model: &ModelConfig, out: &Path) -> Result<usize> {
             (hf_config(gpt, *vocab), *vocab, gpt.vocab_size, "wte.weight")
         }
         ModelConfig::Llama { llama, vocab } => (
-            llama_config(llama, *vocab),
+            llama_config(llama, *vocab)?,
             *vocab,
             llama.vocab_size,
             "model.embed_tokens.weight",

@@ -108,6 +108,8 @@ pub enum HfArch {
     Gpt2,
     /// `LlamaForCausalLM`.
     Llama,
+    /// `MixtralForCausalLM`: a Llama whose blocks are mixtures of experts.
+    Mixtral,
 }
 
 impl HfArch {
@@ -116,6 +118,7 @@ impl HfArch {
         match self {
             HfArch::Gpt2 => "GPT2LMHeadModel",
             HfArch::Llama => "LlamaForCausalLM",
+            HfArch::Mixtral => "MixtralForCausalLM",
         }
     }
 }
@@ -125,13 +128,19 @@ impl HfArch {
 /// that fits it. Returns the tensors written.
 pub fn export_hf(r: &Reader, arch: HfArch, out: &Path) -> Result<usize> {
     let spec = RunSpec::of_checkpoint(r)?;
+    let mixture =
+        |m: &ModelConfig| matches!(m, ModelConfig::Llama { llama, .. } if llama.moe.is_some());
     let fits = match arch {
-        HfArch::Llama => matches!(spec.model, ModelConfig::Llama { .. }),
+        HfArch::Llama => matches!(spec.model, ModelConfig::Llama { .. }) && !mixture(&spec.model),
+        HfArch::Mixtral => mixture(&spec.model),
         HfArch::Gpt2 => matches!(spec.model, ModelConfig::Gpt { .. }),
     };
     if !fits {
         let holds = match spec.model {
             ModelConfig::Gpt { .. } => "a GPT-2: export it with --format hf-gpt2",
+            ModelConfig::Llama { llama, .. } if llama.moe.is_some() => {
+                "a mixture-of-experts Llama: export it with --format hf-mixtral"
+            }
             ModelConfig::Llama { .. } => "a Llama: export it with --format hf-llama",
             ModelConfig::Cnn { .. } => {
                 "a CNN, which no Hugging Face format holds: export it with --format safetensors"
