@@ -49,6 +49,11 @@ pub struct GenerateArgs {
     /// Tensor-parallel ranks.
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
     pub tp: usize,
+    /// Expert-parallel ranks: a mixture of experts' experts split over this many ranks
+    /// (replicas of the rest), which send each other the tokens routed to them; a divisor of
+    /// the experts.
+    #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
+    pub ep: usize,
     /// Rerun the whole context for every token instead of keeping its keys and values (the
     /// same tokens, slower; Hugging Face's `use_cache=False`).
     #[arg(long)]
@@ -112,10 +117,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
     };
     let (seq, tied) = (model.build()?, model.tied());
-    let layout = Layout::new(a.pp, a.tp, 1)?;
+    let layout = Layout::new(a.pp, a.tp, a.ep)?.with_ep(a.ep)?;
     let opts = VarunaOptions {
         shared_weights: tied,
-        ..VarunaOptions::new(layout, 1, 1)
+        ..VarunaOptions::new(layout, layout.dp, 1)
     };
     // A bad layout fails here, before its ranks are started.
     opts.validate(&seq, layout.world())?;

@@ -1,4 +1,4 @@
-//! `pipewright generate`: greedy decoding of the fixture GPT-2 and Llama gives the tokens
+//! `pipewright generate`: greedy decoding of the fixture GPT-2, Llama and Mixtral gives the tokens
 //! transformers' `generate` gave (`tools/make_fixtures.py generate`) on every layout; sampling
 //! with a seed gives the same tokens on every layout; a checkpoint of a corpus run generates
 //! text through its tokenizer.
@@ -28,7 +28,7 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
     let want: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("generate.json")).unwrap())
             .unwrap();
-    for name in ["hf-gpt2", "hf-llama"] {
+    for name in ["hf-gpt2", "hf-llama", "hf-mixtral"] {
         let dir = fixtures().join(name);
         let prompt: Vec<String> = want[name]["prompt"]
             .as_array()
@@ -51,11 +51,17 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
             "--max-new-tokens",
             "8",
         ];
+        // A mixture of experts splits its experts, not its matrices.
+        let split: &[&str] = if name == "hf-mixtral" {
+            &["--ep", "2"]
+        } else {
+            &["--tp", "2"]
+        };
         let layouts = [
             &[][..],
-            &["--tp", "2"],
-            &["--pp", "2", "--tp", "2"],
-            &["--tp", "2", "--no-kv-cache"],
+            split,
+            &[&["--pp", "2"], split].concat(),
+            &[split, &["--no-kv-cache"]].concat(),
         ];
         for layout in layouts {
             let greedy_args = [&base[..], &["--temperature", "0"], layout].concat();
@@ -68,7 +74,7 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
         ]
         .concat();
         let one = ids(&sampled);
-        assert_eq!(ids(&[&sampled[..], &["--tp", "2"]].concat()), one, "{name}");
+        assert_eq!(ids(&[&sampled[..], split].concat()), one, "{name}");
         assert_ne!(
             one,
             greedy.join(","),
