@@ -205,6 +205,10 @@ fn check_outputs(args: &[String], stdout: &str) {
                 "{page:?} lacks {id}"
             );
         }
+        // A mixture of experts' run has the Experts section.
+        if args.iter().any(|a| a == "--n-experts") {
+            assert!(html.contains("id=\"experts\""), "{page:?} lacks experts");
+        }
     }
     if args[0] == "sweep" {
         // 2 x 2 combinations, each trained and tabulated.
@@ -287,7 +291,7 @@ fn check_ckpt(args: &[String], stdout: &str) {
             let bytes = std::fs::read(file).unwrap();
             let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
             let header = String::from_utf8_lossy(&bytes[8..8 + n]).to_string();
-            let embedding = if format == Some("hf-llama") {
+            let embedding = if matches!(format, Some("hf-llama" | "hf-mixtral")) {
                 "model.embed_tokens.weight"
             } else {
                 "wte.weight"

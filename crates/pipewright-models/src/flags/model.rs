@@ -84,6 +84,7 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
             a.tp
         ));
     }
+    super::moe::check_pretrained(a, dir, &model)?;
     Ok(model)
 }
 

@@ -2,10 +2,13 @@
 //! --moe-hidden --aux-loss-coef`, and `--ep` that splits it): the [`MoeConfig`] they make and
 //! the combinations refused before any rank starts.
 
+use std::path::Path;
+
 use pipewright::{invalid, Result};
 
 use super::args::TrainArgs;
 use crate::moe::{MoeConfig, MoeNames};
+use crate::ModelConfig;
 
 /// The mixture the flags ask for (`None` without `--n-experts`), its experts `hidden` wide
 /// unless `--moe-hidden` says otherwise (Mixtral's names, its renormalised top k).
@@ -35,7 +38,7 @@ pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
              mixture of experts: give --n-experts",
         ),
         (
-            a.n_experts.is_none() && a.ep > 1,
+            a.n_experts.is_none() && a.init_from.is_none() && a.ep > 1,
             "--ep splits the experts of a mixture: give --n-experts (and --model llama)",
         ),
         (
@@ -52,6 +55,38 @@ pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
         return Err(invalid!("{why}"));
     }
     Ok(())
+}
+
+/// Fails when the mixture flags disagree with the pretrained model `model` of `dir`
+/// (`--init-from`): `--n-experts` given and not the directory's count, `--ep` that does not
+/// divide its experts or with no mixture to split.
+pub(super) fn check_pretrained(a: &TrainArgs, dir: &Path, model: &ModelConfig) -> Result<()> {
+    let experts = match model {
+        ModelConfig::Llama { llama, .. } => llama.moe.map(|m| m.n_experts),
+        _ => None,
+    };
+    let file = dir.join("config.json");
+    match (experts, a.n_experts) {
+        (Some(e), Some(n)) if e != n => Err(invalid!(
+            "`{}` has {e} experts per mixture but --n-experts says {n}: drop --n-experts (the \
+             directory gives the sizes)",
+            file.display()
+        )),
+        (None, Some(_)) => Err(invalid!(
+            "`{}` holds a model without mixtures of experts: drop --n-experts",
+            file.display()
+        )),
+        (None, None) if a.ep > 1 => Err(invalid!(
+            "--ep splits the experts of a mixture, and `{}` has none: drop --ep",
+            file.display()
+        )),
+        (Some(e), _) if !e.is_multiple_of(a.ep) => Err(invalid!(
+            "--ep {} does not divide the {e} experts of `{}`: choose a divisor",
+            a.ep,
+            file.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -89,5 +124,31 @@ mod tests {
         refused(&a, "give --n-experts");
         (a.top_k, a.moe_every, a.shared_experts, a.dp, a.ep) = (2, 1, 0, 2, 2);
         refused(&a, "--ep splits the experts");
+    }
+
+    /// A Hugging Face directory whose experts disagree with the flags is refused, naming both.
+    #[test]
+    fn a_pretrained_mixture_must_agree_with_the_flags() {
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let check = |name: &str, a: &TrainArgs| {
+            let dir = fixtures.join(name);
+            let model = crate::hf::config_from_dir(&dir).unwrap();
+            super::check_pretrained(a, &dir, &model).map_err(|e| e.to_string())
+        };
+        let mut a = defaults();
+        a.ep = 2;
+        assert!(check("hf-mixtral", &a).is_ok());
+        a.n_experts = Some(8);
+        let e = check("hf-mixtral", &a).unwrap_err();
+        assert!(
+            e.contains("has 4 experts per mixture but --n-experts says 8"),
+            "{e}"
+        );
+        (a.n_experts, a.ep) = (None, 3);
+        let e = check("hf-mixtral", &a).unwrap_err();
+        assert!(e.contains("--ep 3 does not divide the 4 experts"), "{e}");
+        a.ep = 2;
+        let e = check("hf-llama", &a).unwrap_err();
+        assert!(e.contains("has none: drop --ep"), "{e}");
     }
 }
