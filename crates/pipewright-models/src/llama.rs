@@ -260,6 +260,8 @@ impl Layer for FinalNorm {
 }
 
 /// A block's MLP: SwiGLU split over the tensor-parallel group, or a mixture of experts.
+// One a block, made once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Mlp {
     Dense {
         gate: ParallelLinear,
@@ -417,18 +419,23 @@ impl Layer for LlamaBlock {
         // sequence parallelism), once for gate and up.
         let n = self.sp.gather(&self.input_norm.forward_with(&x, w)?)?;
         let x = (&x + self.attention(&n, cx)?)?;
-        let n = self.sp.gather(&self.post_norm.forward_with(&x, w)?)?;
+        let normed = self.post_norm.forward_with(&x, w)?;
         let h = match &self.mlp {
             Mlp::Dense { gate, up, down } => {
+                let n = self.sp.gather(&normed)?;
                 let (g, u) = (gate.forward_gathered(&n, cx)?, up.forward_gathered(&n, cx)?);
                 down.forward(&swiglu(&g, &u)?, cx)?
             }
+            // The router computes on every rank alike; each expert enters the tensor-parallel
+            // region itself.
             Mlp::Moe(m) => {
-                let r = m.forward(&n)?;
+                let r = m.forward(&normed, cx)?;
                 if cx.is_training() {
                     let aux = r.aux.to_scalar::<f32>()? as f64;
-                    cx.expert_loads
-                        .push(ExpertLoad::pass(&self.name, &r.load, aux));
+                    let mut load = ExpertLoad::pass(&self.name, &r.load, aux);
+                    // A context-parallel rank routed its part of the micro-batch's tokens.
+                    load.passes /= self.ring.size() as f64;
+                    cx.expert_loads.push(load);
                 }
                 with_aux_loss(&r.out, &r.aux, m.aux_coef() * cx.aux_weight)?
             }
@@ -458,7 +465,11 @@ impl Layer for LlamaBlock {
         if let Mlp::Dense { gate, up, down } = &self.mlp {
             split.extend([gate, up, down]);
         }
-        split.iter().flat_map(|p| p.shards()).collect()
+        let mut shards: Vec<(String, Shard)> = split.iter().flat_map(|p| p.shards()).collect();
+        if let Mlp::Moe(m) = &self.mlp {
+            shards.extend(m.shards());
+        }
+        shards
     }
 
     fn experts(&self) -> Vec<String> {
@@ -469,16 +480,14 @@ impl Layer for LlamaBlock {
     }
 }
 
-/// Fails unless a model with mixtures of experts runs on whole tensor-parallel groups of one
-/// and whole sequences: experts do not split over tensor-parallel ranks yet, and the routing
-/// statistics need every token of a sequence.
+/// Fails when a mixture of experts meets Megatron's sequence parallelism, which it does not
+/// take yet (its output would have to be scattered along the sequence again).
 fn whole_mixture(init: &Build, block: &str) -> Result<()> {
-    if init.tp.size() > 1 || init.cp.size() > 1 {
+    if init.splits_sequence() {
         return Err(Error::Layer {
             layer: block.into(),
-            msg: "a mixture of experts runs at --tp 1 and --cp 1 for now (experts are not \
-                  split over tensor-parallel ranks, nor routing statistics over a ring): use \
-                  pipeline and data parallelism"
+            msg: "a mixture of experts does not run under --sequence-parallel yet: drop it \
+                  (tensor, context and expert parallelism all apply)"
                 .into(),
         });
     }

@@ -24,9 +24,11 @@
 //! `mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`; DeepSeek's `mlp.shared_experts.*`.
 
 use candle_core::{DType, Tensor, Var};
-use pipewright::dist::comm::Group;
+use pipewright::dist::comm::{Group, ReduceOp};
 use pipewright::model::nn::{join, softmax_last_dim, swiglu, Linear, Module};
+use pipewright::model::{Cx, Shard};
 use pipewright::parallel::expert_parallel::{local_experts, Dispatch};
+use pipewright::parallel::tensor_parallel::{copy_to_group, ParallelDim, ParallelLinear};
 use pipewright::{invalid, Build, Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -118,33 +120,52 @@ impl MoeConfig {
     }
 }
 
-/// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`.
+/// A SwiGLU MLP, `down(silu(gate(x)) * up(x))`, split over the tensor-parallel group as
+/// Megatron splits an MLP: gate and up by output features, down by input features, its
+/// partial outputs summed over the group (in a group of one: the plain MLP).
 pub struct Expert {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    gate: ParallelLinear,
+    up: ParallelLinear,
+    down: ParallelLinear,
+    tp: Group,
 }
 
 impl Expert {
-    /// The expert named `[gate, up, down]`, `dim` to `hidden` and back.
+    /// The expert named `[gate, up, down]`, `dim` to `hidden` and back, this rank's part of it.
     pub fn new(init: &Build, [g, u, d]: &[String; 3], dim: usize, hidden: usize) -> Result<Self> {
+        let split = |name: &str, inp, out, dim| {
+            ParallelLinear::from_whole(linear(init, name, inp, out)?, Some(dim), 1, &init.tp)
+        };
         Ok(Self {
-            gate: linear(init, g, dim, hidden)?,
-            up: linear(init, u, dim, hidden)?,
-            down: linear(init, d, hidden, dim)?,
+            gate: split(g, dim, hidden, ParallelDim::Column)?,
+            up: split(u, dim, hidden, ParallelDim::Column)?,
+            down: split(d, hidden, dim, ParallelDim::Row)?.input_is_parallel(true),
+            tp: init.tp.clone(),
         })
     }
 
-    /// The expert on rows `x` `(rows, dim)`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
-        self.down.forward(&h)
+    /// The expert on rows `x` `(rows, dim)`, whole on every rank of the group.
+    pub fn forward(&self, x: &Tensor, cx: &mut Cx) -> Result<Tensor> {
+        // Into the tensor-parallel region once for gate and up.
+        let x = copy_to_group(x, &self.tp)?;
+        let h = swiglu(
+            &self.gate.forward_gathered(&x, cx)?,
+            &self.up.forward_gathered(&x, cx)?,
+        )?;
+        self.down.forward(&h, cx)
     }
 
     fn params(&self) -> Vec<(String, Var)> {
         [&self.gate, &self.up, &self.down]
             .iter()
             .flat_map(|l| l.params())
+            .collect()
+    }
+
+    fn shards(&self) -> Vec<(String, Shard)> {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .flat_map(|l| l.shards())
             .collect()
     }
 }
@@ -168,6 +189,9 @@ pub struct MoeMlp {
     experts: Vec<Expert>,
     /// The expert-parallel group the experts are split over.
     ep: Group,
+    /// The context-parallel ring the sequences are split over: the routing statistics of
+    /// the auxiliary loss are summed over it.
+    cp: Group,
     shared: Option<Expert>,
 }
 
@@ -193,12 +217,13 @@ impl MoeMlp {
             router: linear(init, &router, dim, cfg.n_experts)?,
             experts,
             ep: init.ep.clone(),
+            cp: init.cp.clone(),
             shared,
         })
     }
 
-    /// The mixture on `x` `(..., dim)`.
-    pub fn forward(&self, x: &Tensor) -> Result<Routed> {
+    /// The mixture on `x` `(..., dim)` in the context `cx`.
+    pub fn forward(&self, x: &Tensor, cx: &mut Cx) -> Result<Routed> {
         let dims = x.dims().to_vec();
         let dim = *dims.last().ok_or_else(|| Error::Layer {
             layer: self.name.clone(),
@@ -234,14 +259,14 @@ impl MoeMlp {
             _ => xs.index_select(&at, 0)?,
         };
         // Run on every rank of an expert group, rows or none: it exchanges with the others.
-        let y = dispatch.run(&sorted, |j, r| self.experts[j].forward(r))?;
+        let y = dispatch.run(&sorted, |j, r| self.experts[j].forward(r, cx))?;
         let mut out = xs.zeros_like()?;
         if !rows.is_empty() {
             let ws = w.index_select(&Tensor::new(slots.as_slice(), x.device())?, 0)?;
             out = out.index_add(&at, &y.broadcast_mul(&ws.unsqueeze(1)?)?, 0)?;
         }
         if let Some(s) = &self.shared {
-            out = (out + s.forward(&xs)?)?;
+            out = (out + s.forward(&xs, cx)?)?;
         }
         let aux = self.aux(&probs, &load, n)?;
         Ok(Routed {
@@ -252,15 +277,24 @@ impl MoeMlp {
     }
 
     /// Switch's load-balancing loss of router probabilities `probs` `(n, E)` whose top-k
-    /// slots fell as `load`: `E / n * sum_e load_e * mean_i probs[i, e]`.
+    /// slots fell as `load`: `E / n * sum_e load_e * mean_i probs[i, e]`. Under context
+    /// parallelism the counts are the whole ring's and this rank's share is its own tokens'
+    /// part of the sum (the shares add up to the loss, and so do their gradients).
     fn aux(&self, probs: &Tensor, load: &[usize], n: usize) -> Result<Tensor> {
         let e = self.cfg.n_experts;
-        if n == 0 {
+        let mut counts: Vec<f32> = load.iter().map(|l| *l as f32).collect();
+        counts.push(n as f32);
+        let mut counts = Tensor::from_vec(counts, e + 1, &candle_core::Device::Cpu)?;
+        if self.cp.size() > 1 {
+            counts = self.cp.all_reduce(&counts, ReduceOp::Sum)?;
+        }
+        let counts = counts.to_vec1::<f32>()?;
+        let n = counts[e] as f64;
+        if n == 0.0 {
             return Ok(Tensor::zeros((), DType::F32, probs.device())?);
         }
-        let f: Vec<f32> = load.iter().map(|l| *l as f32).collect();
-        let f = Tensor::from_vec(f, e, probs.device())?;
-        let scale = e as f64 / (n as f64 * n as f64);
+        let f = Tensor::from_slice(&counts[..e], e, probs.device())?;
+        let scale = e as f64 / (n * n);
         Ok((probs.sum(0)? * f)?.sum_all()?.affine(scale, 0.0)?)
     }
 
@@ -275,6 +309,15 @@ impl MoeMlp {
         self.experts
             .iter()
             .flat_map(|x| x.params().into_iter().map(|(n, _)| n))
+            .collect()
+    }
+
+    /// How this rank's parts of the experts are split over the tensor-parallel group.
+    pub fn shards(&self) -> Vec<(String, Shard)> {
+        self.experts
+            .iter()
+            .chain(&self.shared)
+            .flat_map(Expert::shards)
             .collect()
     }
 

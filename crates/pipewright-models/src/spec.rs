@@ -71,9 +71,8 @@ impl ModelSpec for LlamaConfig {
     /// experts (its experts do not split over tensor-parallel ranks yet).
     fn tp_divides(&self) -> Vec<usize> {
         let mut d = vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size];
-        if self.moe.is_some() {
-            d.push(1);
-        }
+        // Each expert splits as an MLP does.
+        d.extend(self.moe.map(|m| m.hidden));
         d
     }
 

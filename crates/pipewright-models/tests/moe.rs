@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::max_rel_diff;
+use pipewright::model::Cx;
 use pipewright::Build;
 use pipewright_models::moe::{top_k, MoeConfig, MoeMlp, MoeNames};
 
@@ -132,7 +133,7 @@ fn the_mixture_matches_the_token_by_token_oracle_with_every_gradient() {
         let params: HashMap<String, Var> = moe.params().into_iter().collect();
         let x = input(10);
         let r = input(10).affine(0.5, 0.1).unwrap();
-        let got = moe.forward(&x).unwrap();
+        let got = moe.forward(&x, &mut Cx::eval()).unwrap();
         let (want, want_aux) = oracle(&x, &c, &params, "model.layers.0");
         let out = got.out.reshape(((), DIM)).unwrap();
         let d = max_rel_diff(&out, &want).unwrap();
@@ -183,7 +184,7 @@ fn ties_go_to_the_lower_expert() {
             v.set(&v.as_tensor().zeros_like().unwrap()).unwrap();
         }
     }
-    let got = moe.forward(&input(5)).unwrap();
+    let got = moe.forward(&input(5), &mut Cx::eval()).unwrap();
     assert_eq!(got.load, vec![5, 5, 0, 0]);
     // Uniform probabilities (1/4) and every token's two slots on experts 0 and 1 (f = 1, 1):
     // E * (1 * 1/4 + 1 * 1/4) = 2, the top k (Hugging Face's form counts slots, not tokens).
@@ -233,7 +234,7 @@ fn the_mixture_matches_hugging_face_mixtral_and_qwen3_moe_blocks() {
         for (name, v) in &params {
             v.set(&f[name.as_str()]).unwrap();
         }
-        let got = moe.forward(&f["x"]).unwrap();
+        let got = moe.forward(&f["x"], &mut Cx::eval()).unwrap();
         let d = max_rel_diff(&got.out, &f["y"]).unwrap();
         assert!(d < 1e-5, "{file}: output off by {d:e}");
         let a = (

@@ -18,9 +18,12 @@ use pipewright::model::expert_load::ExpertLoad;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::parallel::data_parallel::DistributedLoader;
 use pipewright::parallel::loss::CrossEntropy;
+use pipewright::parallel::zero::Zero;
 use pipewright::{Batch, Build, Result};
 use pipewright_models::moe::{MoeConfig, MoeNames};
-use pipewright_models::parity::{worst_difference, RankResult, SerialResult};
+use pipewright_models::parity::{
+    worst_difference, RankResult, SerialResult, CONTEXT_PARALLEL_TOLERANCE,
+};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{llama, LlamaConfig, Task, TaskShape};
 
@@ -106,7 +109,7 @@ fn same_loads(got: &Loads, want: &Loads, what: &str) {
             assert_eq!(
                 (&a.layer, &a.tokens, a.passes),
                 (&b.layer, &b.tokens, b.passes),
-                "{what}"
+                "{what}, step {s}"
             );
             let d = (a.aux - b.aux).abs() / b.aux.abs().max(1e-12);
             assert!(d < 1e-5, "{what}, step {s}, {}: aux off by {d:e}", a.layer);
@@ -115,7 +118,7 @@ fn same_loads(got: &Loads, want: &Loads, what: &str) {
 }
 
 fn rank(task: &Adder, world: Box<dyn Communicator>, layout: Layout) -> Result<RankResult> {
-    resumed(task, world, layout, 0..STEPS, None, None).map(|(r, _)| r)
+    resumed(task, world, (layout, Zero::Off), 0..STEPS, None, None).map(|(r, _)| r)
 }
 
 /// Steps `steps` at `layout`, after loading the checkpoint `resume` if given, saving one into
@@ -123,7 +126,7 @@ fn rank(task: &Adder, world: Box<dyn Communicator>, layout: Layout) -> Result<Ra
 fn resumed(
     task: &Adder,
     world: Box<dyn Communicator>,
-    layout: Layout,
+    (layout, zero): (Layout, Zero),
     steps: Range<u64>,
     resume: Option<&Path>,
     save: Option<&Path>,
@@ -132,9 +135,11 @@ fn resumed(
         seed: SEED,
         clip: Some(CLIP),
         lr: LrSchedule::Constant { lr: LR },
+        zero,
         ..TrainSpec::new(layout, GLOBAL, MICRO, STEPS)
     });
     let mut v = Varuna::new(&llama(config(task))?, world, opts)?;
+    assert_eq!(v.zero(), if layout.dp > 1 { zero } else { Zero::Off });
     v.set_optimizer(adamw)?;
     if let Some(p) = resume {
         assert_eq!(v.load_checkpoint(p)?.step, steps.start);
@@ -156,9 +161,16 @@ fn resumed(
     if let Some(p) = save {
         v.checkpoint(p, &CheckpointOptions::default())?;
     }
+    let mut params = v.parameters()?;
+    if layout.tp > 1 {
+        // Another rank's experts come as its tensor-parallel parts, whose splits this rank does
+        // not hold: compare this rank's own.
+        let own: Vec<&String> = v.pipeline().params().iter().map(|(n, _)| n).collect();
+        params.retain(|(n, _)| own.contains(&n));
+    }
     let r = RankResult {
         steps: out,
-        params: v.parameters()?,
+        params,
         shards: v.pipeline().shards().into_iter().collect(),
     };
     Ok((r, loads))
@@ -182,18 +194,45 @@ fn a_mixture_of_experts_llama_trains_as_serial_on_pipeline_and_data_parallel_lay
 fn expert_parallel_layouts_train_as_serial() {
     let task = Adder::new(2, 0).unwrap();
     let (want, want_loads) = serial_with_loads(&task).unwrap();
-    for (pp, dp, ep) in [(1, 2, 2), (1, 4, 4), (1, 4, 2), (2, 2, 2)] {
-        let layout = Layout::new(pp, 1, dp).unwrap().with_ep(ep).unwrap();
+    let z = |n: u8| Zero::try_from(n).unwrap();
+    // (pp, tp, dp, ep, ZeRO)
+    let layouts = [
+        (1, 1, 2, 2, z(0)),
+        (1, 1, 4, 4, z(0)),
+        (1, 1, 4, 2, z(0)),
+        (2, 1, 2, 2, z(0)),
+        // Each expert split over the tensor-parallel ranks as an MLP is.
+        (1, 2, 1, 1, z(0)),
+        (1, 2, 2, 2, z(0)),
+        // ZeRO shards the experts over the ranks holding them (alone at dp 2, in pairs at
+        // dp 4), the rest over every replica.
+        (1, 1, 2, 2, z(1)),
+        (1, 1, 2, 2, z(2)),
+        (1, 1, 2, 2, z(3)),
+        (1, 1, 4, 2, z(1)),
+        (1, 1, 4, 2, z(2)),
+        (1, 1, 4, 2, z(3)),
+        (2, 1, 2, 2, z(2)),
+    ];
+    for (pp, tp, dp, ep, zero) in layouts {
+        let layout = Layout::new(pp, tp, dp).unwrap().with_ep(ep).unwrap();
         let got = local::run(layout.world(), |c| {
-            resumed(&task, Box::new(c), layout, 0..STEPS, None, None)
+            resumed(&task, Box::new(c), (layout, zero), 0..STEPS, None, None)
         })
         .unwrap();
         for (r, (g, loads)) in got.iter().enumerate() {
             // Every rank knows every layer's loads over the global batch.
-            same_loads(loads, &want_loads, &format!("{layout}, rank {r}"));
+            same_loads(
+                loads,
+                &want_loads,
+                &format!("{layout} ZeRO {zero}, rank {r}"),
+            );
             let worst = worst_difference(g, &want).unwrap();
-            assert!(worst < 1e-5, "{layout}, rank {r}: off by {worst:e}");
-            if pp == 1 {
+            assert!(
+                worst < 1e-5,
+                "{layout} ZeRO {zero}, rank {r}: off by {worst:e}"
+            );
+            if pp == 1 && tp == 1 {
                 // Every expert, whichever rank of the group holds it.
                 assert_eq!(g.params.len(), want.params.len(), "{layout}, rank {r}");
             }
@@ -202,7 +241,7 @@ fn expert_parallel_layouts_train_as_serial() {
 }
 
 #[test]
-fn a_checkpoint_saved_at_ep_2_resumes_at_ep_1_and_ep_4() {
+fn a_checkpoint_saved_at_ep_2_under_zero_1_resumes_at_ep_1_and_at_ep_4_under_zero_3() {
     let task = Adder::new(2, 0).unwrap();
     let want = serial(&task).unwrap();
     let half = STEPS / 2;
@@ -210,12 +249,26 @@ fn a_checkpoint_saved_at_ep_2_resumes_at_ep_1_and_ep_4() {
     let _ = std::fs::remove_dir_all(&dir);
     let at = |ep: usize| Layout::new(1, 1, 4).unwrap().with_ep(ep).unwrap();
     let first = local::run(4, |c| {
-        resumed(&task, Box::new(c), at(2), 0..half, None, Some(&dir))
+        resumed(
+            &task,
+            Box::new(c),
+            (at(2), Zero::OptimizerState),
+            0..half,
+            None,
+            Some(&dir),
+        )
     })
     .unwrap();
-    for ep in [1, 4] {
+    for (ep, zero) in [(1, Zero::Off), (4, Zero::Parameters)] {
         let second = local::run(4, |c| {
-            resumed(&task, Box::new(c), at(ep), half..STEPS, Some(&dir), None)
+            resumed(
+                &task,
+                Box::new(c),
+                (at(ep), zero),
+                half..STEPS,
+                Some(&dir),
+                None,
+            )
         })
         .unwrap();
         for (r, ((a, _), (b, _))) in first.iter().zip(&second).enumerate() {
@@ -262,12 +315,53 @@ fn the_load_balancing_loss_trains_the_routers() {
 }
 
 #[test]
-fn experts_split_over_tensor_parallel_ranks_are_refused_for_now() {
+fn context_parallel_rings_sum_the_routing_statistics() {
+    // Sequences of 12 tokens split over a ring of 2 (four chunks of 3): each rank routes its
+    // tokens, and the auxiliary loss counts the ring's.
+    let task = Adder::new(4, 0).unwrap();
+    let (want, want_loads) = serial_with_loads(&task).unwrap();
+    for (cp, dp, ep) in [(2, 1, 1), (2, 2, 2)] {
+        let layout = Layout::new(1, 1, dp)
+            .unwrap()
+            .with_cp(cp)
+            .unwrap()
+            .with_ep(ep)
+            .unwrap();
+        let got = local::run(layout.world(), |c| {
+            resumed(
+                &task,
+                Box::new(c),
+                (layout, Zero::Off),
+                0..STEPS,
+                None,
+                None,
+            )
+        })
+        .unwrap();
+        for (r, (g, loads)) in got.iter().enumerate() {
+            same_loads(loads, &want_loads, &format!("{layout}, rank {r}"));
+            let worst = worst_difference(g, &want).unwrap();
+            assert!(
+                worst < CONTEXT_PARALLEL_TOLERANCE,
+                "{layout}, rank {r}: off by {worst:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_mixture_under_sequence_parallelism_is_refused_for_now() {
     let task = Adder::new(2, 0).unwrap();
     let layout = Layout::new(1, 2, 1).unwrap();
-    let e = local::run(2, |c| rank(&task, Box::new(c), layout).map(|_| ()))
-        .expect_err("tp 2 splits no experts yet");
-    assert!(e.to_string().contains("runs at --tp 1 and --cp 1"), "{e}");
+    let e = local::run(2, |c| {
+        let opts = VarunaOptions::of(TrainSpec {
+            sequence_parallel: true,
+            ..TrainSpec::new(layout, GLOBAL, MICRO, STEPS)
+        });
+        Varuna::new(&llama(config(&task))?, Box::new(c), opts).map(|_| ())
+    })
+    .expect_err("sequence parallelism splits no mixture yet");
+    assert!(e.to_string().contains("--sequence-parallel"), "{e}");
 }
 
 /// The planner and the memory check size a mixture-of-experts Llama from its shapes: their

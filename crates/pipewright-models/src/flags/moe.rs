@@ -46,9 +46,9 @@ pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
             "--ep must divide --n-experts: each expert-parallel rank holds as many experts",
         ),
         (
-            a.n_experts.is_some() && (a.tp > 1 || a.cp > 1),
-            "--n-experts runs at --tp 1 and --cp 1 for now (experts do not split over \
-             tensor-parallel ranks yet): use --pp and --dp",
+            a.n_experts.is_some() && a.sequence_parallel,
+            "--n-experts does not run under --sequence-parallel yet: drop it (tensor, context \
+             and expert parallelism all apply)",
         ),
     ];
     if let Some((_, why)) = needs.iter().find(|(bad, _)| *bad) {
@@ -95,8 +95,8 @@ mod tests {
     use crate::ModelConfig;
 
     /// `--n-experts` makes the Llama's blocks mixtures (every `--moe-every`th), sized by the
-    /// flags; the mixture's flags are refused without it, on another model, or split over tp,
-    /// and `--ep` without experts or not dividing them.
+    /// flags; the mixture's flags are refused without it, on another model, or under sequence
+    /// parallelism, and `--ep` without experts or not dividing them.
     #[test]
     fn the_mixture_flags_make_a_mixture_of_experts_llama() {
         let mut a = defaults();
@@ -112,9 +112,9 @@ mod tests {
             let e = a.model_and_task().err().unwrap().to_string();
             assert!(e.contains(says), "{e}");
         };
-        a.tp = 2;
-        refused(&a, "--n-experts runs at --tp 1");
-        (a.tp, a.dp, a.ep) = (1, 3, 3);
+        (a.tp, a.sequence_parallel) = (2, true);
+        refused(&a, "--n-experts does not run under --sequence-parallel");
+        (a.tp, a.sequence_parallel, a.dp, a.ep) = (1, false, 3, 3);
         refused(&a, "--ep must divide --n-experts");
         (a.dp, a.ep) = (1, 1);
         a.model = ModelKind::Gpt;

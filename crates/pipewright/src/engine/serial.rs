@@ -188,12 +188,7 @@ impl SerialTrainer {
             });
         }
         let tp = self.model.tp();
-        let share = sum_sq_share(
-            &grads,
-            &self.opts.tied,
-            [&self.sharded, &[]],
-            [tp.rank(), 0],
-        )?;
+        let share = sum_sq_share(&grads, &self.opts.tied, &self.sharded, tp.rank())?;
         let sq = tp.all_reduce(
             &Tensor::new(&[share], &candle_core::Device::Cpu)?,
             ReduceOp::Sum,
@@ -226,6 +221,7 @@ impl SerialTrainer {
             write_shards: true,
             experts: Vec::new(),
             write_experts: false,
+            write_expert_shards: false,
         }
     }
 
@@ -323,7 +319,7 @@ impl SerialTrainer {
 /// The global gradient norm with each tied pair counted once (it is one parameter in
 /// PyTorch), and clipping to `clip` if given. Returns the norm before clipping.
 pub fn clip_tied(grads: &mut Grads, tied: &[(String, String)], clip: Option<f64>) -> Result<f64> {
-    let norm = sum_sq_share(grads, tied, [&[], &[]], [0, 0])?.sqrt();
+    let norm = sum_sq_share(grads, tied, &[], 0)?.sqrt();
     if let Some(max) = clip {
         scale_to_norm(grads, norm, max)?;
     }

@@ -144,23 +144,20 @@ pub fn max_rel_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
 }
 
 /// This rank's share of the squared gradient norm of a model split over a tensor-parallel
-/// group and an expert-parallel group, so that the sum over both groups is the norm of the
-/// whole model: for each group `i`, a parameter listed in `split[i]` (a tensor-parallel shard,
-/// an expert) counts on every rank of it (each holds its own), one not listed on its rank 0
-/// only (`ranks[i]`: this rank's place in group `i`); the second member of each tied pair
-/// counts nowhere (a tied pair is one parameter in PyTorch).
+/// group, so that the sum over the group is the norm of the whole model: sharded parameters
+/// count on every rank (each holds its part), whole ones on rank 0 only, and the second member
+/// of each tied pair nowhere (a tied pair is one parameter in PyTorch).
 pub fn sum_sq_share(
     grads: &Grads,
     tied: &[(String, String)],
-    split: [&[String]; 2],
-    ranks: [usize; 2],
+    sharded: &[String],
+    tp_rank: usize,
 ) -> Result<f64> {
     let counted: Vec<&Tensor> = grads
         .iter()
         .filter(|(name, _)| {
             let second = tied.iter().any(|(_, b)| b == *name);
-            let here = (0..2).all(|i| ranks[i] == 0 || split[i].contains(*name));
-            !second && here
+            !(second || (tp_rank != 0 && !sharded.contains(*name)))
         })
         .map(|(_, g)| g)
         .collect();

@@ -21,11 +21,31 @@
 //! ([`crate::model::Layer::experts`] names which parameters are experts).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::dist::comm::{precomputed, Group};
+use crate::dist::comm::{precomputed, Communicator, Group};
 use crate::{invalid, Result};
+
+/// Nanoseconds every rank of this process spent in expert exchanges.
+static EXCHANGE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// Seconds the ranks of this process spent in the experts' exchanges (dispatch and combine,
+/// forward and backward, waits for the other members included) since it started, summed
+/// over its ranks: the all-to-all's share of a step, for benchmarks.
+pub fn exchange_seconds() -> f64 {
+    EXCHANGE_NS.load(Ordering::Relaxed) as f64 * 1e-9
+}
+
+/// `parts` exchanged over `comm`, the time counted in [`exchange_seconds`].
+fn timed_all_to_all(comm: &dyn Communicator, parts: &[Tensor]) -> Result<Vec<Tensor>> {
+    let start = Instant::now();
+    let got = comm.all_to_all(parts);
+    EXCHANGE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    got
+}
 
 /// The experts of `n_experts` that member `rank` of an expert group of `size` holds: a
 /// contiguous `n_experts / size` of them. Fails when `size` does not divide the experts.
@@ -98,7 +118,7 @@ impl Dispatch {
     pub fn run(
         &self,
         x: &Tensor,
-        expert: impl Fn(usize, &Tensor) -> Result<Tensor>,
+        mut expert: impl FnMut(usize, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
         let (input, counts) = self.dispatch(x)?;
         let mut outs = Vec::new();
@@ -200,7 +220,7 @@ fn exchange(x: &Tensor, send: &[usize], group: &Group) -> Result<Tensor> {
     let comm = group
         .comm()
         .ok_or_else(|| invalid!("an expert exchange needs a group of more than one rank"))?;
-    let got = comm.all_to_all(&split_rows(&x.detach(), send)?)?;
+    let got = timed_all_to_all(comm, &split_rows(&x.detach(), send)?)?;
     let recv: Vec<usize> = got
         .iter()
         .map(|t| t.dim(0))
@@ -209,7 +229,7 @@ fn exchange(x: &Tensor, send: &[usize], group: &Group) -> Result<Tensor> {
     let (g, send) = (group.clone(), send.to_vec());
     precomputed(x, value, "expert-exchange", move |grad| {
         let comm = g.comm().expect("a group of more than one rank");
-        let back = comm.all_to_all(&split_rows(grad, &recv)?)?;
+        let back = timed_all_to_all(comm, &split_rows(grad, &recv)?)?;
         let out = join_rows(&back, grad)?;
         if out.dim(0)? != send.iter().sum::<usize>() {
             return Err(invalid!(

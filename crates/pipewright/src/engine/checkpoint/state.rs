@@ -30,8 +30,11 @@ pub struct Owned<'a> {
     /// The parameters that are this rank's experts (expert parallelism: the ranks of the
     /// first expert group hold every expert between them, each its own).
     pub experts: Vec<String>,
-    /// This rank writes its experts (first tensor-parallel rank of the first expert group).
+    /// This rank writes its whole experts (first tensor-parallel rank of the first expert
+    /// group).
     pub write_experts: bool,
+    /// This rank writes its experts' shards (the first expert group).
+    pub write_expert_shards: bool,
 }
 
 impl Owned<'_> {
@@ -71,7 +74,10 @@ impl Owned<'_> {
         for (name, var) in self.params {
             let (split, whole) = self.split(name);
             let writes = if self.experts.contains(name) {
-                self.write_experts
+                match whole {
+                    Some(_) => self.write_expert_shards,
+                    None => self.write_experts,
+                }
             } else if whole.is_some() {
                 self.write_shards
             } else {

@@ -36,6 +36,8 @@ impl Varuna {
     /// [`Varuna::whole_masters`]) as the checkpoint sees it.
     fn owned<'a>(&'a self, params: &'a [(String, Var)]) -> Owned<'a> {
         let c = self.coords;
+        // The first expert group holds every expert between its ranks.
+        let first_group = c.dp_rank < self.topo.layout().ep && c.cp_rank == 0;
         Owned {
             rank: self.world.rank(),
             params,
@@ -44,7 +46,8 @@ impl Varuna {
             write_whole: c.dp_rank == 0 && c.cp_rank == 0 && c.tp_rank == 0,
             write_shards: c.dp_rank == 0 && c.cp_rank == 0,
             experts: self.pipeline.experts().to_vec(),
-            write_experts: c.dp_rank < self.topo.layout().ep && c.cp_rank == 0 && c.tp_rank == 0,
+            write_experts: first_group && c.tp_rank == 0,
+            write_expert_shards: first_group,
         }
     }
 
@@ -57,7 +60,7 @@ impl Varuna {
             .ok_or_else(|| invalid!("no optimizer: call set_optimizer before checkpoint"))?;
         let state = optimizer.state_dict()?;
         match self.weights.sharded() {
-            Some(z) => z.whole_state(self.dp.as_ref(), &state),
+            Some(z) => z.whole_state(self.replicas(), &state),
             None => Ok(state),
         }
     }

@@ -23,6 +23,7 @@ mod generate;
 mod options;
 mod step;
 mod zero;
+mod zero_groups;
 
 use candle_core::{Device, Tensor, Var};
 
@@ -133,12 +134,13 @@ impl Varuna {
         };
         let masters = MasterWeights::new(params, master)?;
         masters.sync()?;
+        let replicas = zero_groups::Replicas::of(dp.as_ref(), expert_dp.as_deref());
         let weights = zero::weights(
             opts.spec.zero,
             &mut pipeline,
-            &opts.shared_weights,
-            opts.bucket_bytes,
-            dp.as_ref(),
+            (&opts.shared_weights, opts.bucket_bytes),
+            replicas,
+            expert_dp.is_some(),
             masters,
         )?;
         let scaler = opts
@@ -330,8 +332,9 @@ impl Varuna {
             return self.after_overflow(outcome);
         }
         let norm = if self.zero().shards_grads() {
+            let c = self.replicas();
             self.pipeline
-                .grad_norm_of_shards(&grads, Some(self.dp.as_ref()))?
+                .grad_norm_of_shards(&grads, Some([c.dense, c.experts]))?
         } else {
             self.pipeline.grad_norm(&grads)?
         };
@@ -349,7 +352,7 @@ impl Varuna {
             .step(&grads, lr)?;
         // The summed gradients are done with before the weights are gathered.
         drop(grads);
-        self.weights.publish(self.dp.as_ref())?;
+        self.weights.publish(self.replicas())?;
         if let Some(s) = self.scaler.as_mut() {
             s.update(false);
         }

@@ -162,14 +162,6 @@ impl VarunaOptions {
         }
         partition(model, schedule.stages, p.balance.as_deref())?;
         model.skips()?;
-        if topo.layout().ep > 1 && self.spec.zero != crate::parallel::zero::Zero::Off {
-            return Err(invalid!(
-                "--ep {} with ZeRO {}: expert parallelism does not shard yet; train with \
-                 --zero 0 or --ep 1",
-                topo.layout().ep,
-                self.spec.zero
-            ));
-        }
         self.spec.lr.validate()
     }
 }

@@ -4,6 +4,7 @@
 
 use candle_core::{Device, Tensor};
 
+use super::zero_groups::Replicas;
 use super::{StepOutcome, Varuna};
 use crate::dist::comm::ReduceOp;
 use crate::model::expert_load::{sort_by_layer, ExpertLoad};
@@ -11,7 +12,6 @@ use crate::model::nn::Grads;
 use crate::model::precision::to_master_grads;
 use crate::parallel::data_parallel::all_reduce_grads;
 use crate::parallel::pipeline::GradSink;
-use crate::parallel::zero::{ShardedGrads, Zero};
 use crate::plan::{Part, PartClock};
 use crate::{invalid, Batch, Error, Result};
 
@@ -27,11 +27,14 @@ impl Varuna {
         clock: &mut PartClock,
     ) -> Result<(f64, Grads)> {
         // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
-        let by_layer = self.zero() == Zero::Parameters;
+        let experts = self.pipeline.experts().to_vec();
         let mut sharded = (self.zero().shards_grads())
             .then(|| self.weights.sharded())
             .flatten()
-            .map(|z| ShardedGrads::new(z.plan(), self.dp.as_ref(), scale, by_layer));
+            .map(|z| {
+                let c = Replicas::of(self.dp.as_ref(), self.expert_dp.as_deref());
+                z.sink(c, scale, &experts)
+            });
         let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
         let (loss, produced) = self
             .pipeline

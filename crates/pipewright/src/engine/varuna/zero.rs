@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor, Var};
 
+use super::zero_groups::{BothGather, Replicas, ZeroGroups};
 use super::Varuna;
 use crate::dist::comm::Communicator;
 use crate::model::precision::MasterWeights;
@@ -18,57 +19,95 @@ use crate::Result;
 pub(super) enum Weights {
     /// Every master weight of the rank's stages and shards.
     Whole(MasterWeights),
-    /// This replica's pieces of them.
-    Sharded(ZeroShards),
+    /// This replica's pieces of them (the experts' over their own group).
+    Sharded(Box<ZeroGroups>),
 }
 
 /// This rank's weights: under ZeRO (when `zero` shards anything) each model stage's parameters in
 /// buckets of their own (their gradients are complete together; under ZeRO-3 each layer's,
 /// which the layer gathers when it computes), tied weights apart (they are summed between
-/// stages after the pipeline), the whole masters dropped once cut; else `masters` whole
+/// stages after the pipeline), the experts (`split_experts`: under expert parallelism) sharded
+/// over the ranks holding them, the whole masters dropped once cut; else `masters` whole
 /// (without ZeRO or with one replica).
 pub(super) fn weights(
     zero: Zero,
     pipeline: &mut Pipeline,
-    tied: &[(String, String)],
-    bucket_bytes: usize,
-    dp: &dyn Communicator,
+    (tied, bucket_bytes): (&[(String, String)], usize),
+    c: Replicas<'_>,
+    split_experts: bool,
     masters: MasterWeights,
 ) -> Result<Weights> {
-    if zero == Zero::Off || dp.size() == 1 {
+    if zero == Zero::Off || c.dense.size() == 1 {
         return Ok(Weights::Whole(masters));
     }
     let is_tied = |n: &str| tied.iter().any(|(a, b)| a == n || b == n);
-    let mut specs: Vec<ParamSpec> = Vec::new();
-    let mut model = Vec::new();
-    let mut layers = BTreeMap::new();
+    let experts = pipeline.experts().to_vec();
+    // Index 0: every replica's parameters; 1: the experts.
+    let mut specs: [Vec<ParamSpec>; 2] = Default::default();
+    let mut model: [Vec<(String, Var)>; 2] = Default::default();
+    let mut layers: [BTreeMap<usize, Vec<(String, Var)>>; 2] = Default::default();
     for (k, layer, params) in pipeline.params_by_layer() {
-        for (n, v) in &params {
+        let mut split: [Vec<(String, Var)>; 2] = Default::default();
+        for (n, v) in params {
+            let g = usize::from(split_experts && experts.contains(&n));
             let group = if zero == Zero::Parameters { layer } else { k };
-            let tag = if is_tied(n) { AFTER_PIPELINE } else { group };
-            specs.push((n.clone(), v.dims().to_vec(), tag));
-            model.push((n.clone(), v.clone()));
+            let tag = if is_tied(&n) { AFTER_PIPELINE } else { group };
+            specs[g].push((n.clone(), v.dims().to_vec(), tag));
+            model[g].push((n.clone(), v.clone()));
+            split[g].push((n, v));
         }
-        layers.insert(layer, params);
+        let [a, b] = split;
+        layers[0].insert(layer, a);
+        layers[1].insert(layer, b);
     }
     let device = masters.master().first().map(|(_, v)| v.device().clone());
     let device = device.unwrap_or(candle_core::Device::Cpu);
-    let plan = ShardPlan::new(&specs, bucket_bytes, dp.rank(), dp.size(), device)?;
-    let z = ZeroShards::new(zero, plan.clone(), model, masters.master())?;
-    drop(masters);
-    if zero == Zero::Parameters {
+    let [specs0, specs1] = specs;
+    let [model0, model1] = model;
+    let [layers0, layers1] = layers;
+    let make = |specs: Vec<ParamSpec>, model, layers, comm: &dyn Communicator| {
+        let plan = ShardPlan::new(
+            &specs,
+            bucket_bytes,
+            comm.rank(),
+            comm.size(),
+            device.clone(),
+        )?;
+        let z = ZeroShards::new(zero, plan.clone(), model, masters.master())?;
+        if zero != Zero::Parameters {
+            return Ok((z, None));
+        }
         // A communicator of its own: layers gather inside the schedule, between the step's
         // other collectives over the replicas.
-        let all: Vec<usize> = (0..dp.size()).collect();
-        let gather = LayerGather::new(plan, dp.split(&all)?, z.pieces().to_vec(), layers)?;
+        let all: Vec<usize> = (0..comm.size()).collect();
+        let gather = LayerGather::new(plan, comm.split(&all)?, z.pieces().to_vec(), layers)?;
         let gather = Arc::new(gather);
-        pipeline.set_layer_params(Some(gather.clone()));
-        return Ok(Weights::Sharded(z.with_gather(gather)));
+        Ok::<_, crate::Error>((z.with_gather(gather.clone()), Some(gather)))
+    };
+    let (dense, dense_gather) = make(specs0, model0, layers0, c.dense)?;
+    let experts = split_experts
+        .then(|| make(specs1, model1, layers1, c.experts))
+        .transpose()?;
+    drop(masters);
+    let expert_gather = experts.as_ref().and_then(|e| e.1.clone());
+    match (dense_gather, expert_gather) {
+        (Some(d), Some(e)) => pipeline.set_layer_params(Some(Arc::new(BothGather(d, e)))),
+        (Some(d), None) => pipeline.set_layer_params(Some(d)),
+        _ => {}
     }
-    Ok(Weights::Sharded(z))
+    Ok(Weights::Sharded(Box::new(ZeroGroups {
+        dense,
+        experts: experts.map(|e| e.0),
+    })))
 }
 
 impl Varuna {
+    /// The communicators ZeRO's groups move over: every replica, and the ranks holding the
+    /// same experts (every replica again without expert parallelism).
+    pub(super) fn replicas(&self) -> Replicas<'_> {
+        Replicas::of(self.dp.as_ref(), self.expert_dp.as_deref())
+    }
+
     /// The ZeRO stage in effect: the one asked for, or [`Zero::Off`] with one replica, where
     /// there is nothing to shard.
     pub fn zero(&self) -> Zero {
@@ -83,15 +122,19 @@ impl Varuna {
     /// hold them only while they compute: they are gathered), with every expert of this
     /// rank's expert group (collective over it under expert parallelism).
     pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
-        if let Some(g) = self.weights.sharded().and_then(ZeroShards::gather) {
-            return g.gather_all();
-        }
-        let all: Vec<(String, Tensor)> = self
-            .pipeline
-            .params()
-            .iter()
-            .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?)))
-            .collect::<Result<_>>()?;
+        let gathered = match self.weights.sharded() {
+            Some(z) => z.gather_all()?,
+            None => None,
+        };
+        let all: Vec<(String, Tensor)> = match gathered {
+            Some(all) => all,
+            None => self
+                .pipeline
+                .params()
+                .iter()
+                .map(|(n, v)| Ok((n.clone(), v.as_tensor().copy()?)))
+                .collect::<Result<_>>()?,
+        };
         if self.pipeline.ep().size() == 1 {
             return Ok(all);
         }
@@ -106,7 +149,7 @@ impl Varuna {
     /// replica's pieces of them.
     pub(super) fn optimized(&self) -> Vec<(String, Var)> {
         match &self.weights {
-            Weights::Sharded(z) => z.pieces().to_vec(),
+            Weights::Sharded(z) => z.pieces(),
             Weights::Whole(m) => m.master().to_vec(),
         }
     }
@@ -120,7 +163,7 @@ impl Varuna {
             Weights::Sharded(z) => z,
         };
         if !blank {
-            return z.whole_masters(self.dp.as_ref());
+            return z.whole_masters(self.replicas());
         }
         self.pipeline
             .params()
@@ -142,15 +185,15 @@ impl Varuna {
 impl Weights {
     /// Puts the updated masters into the model (collective over the replicas under ZeRO: the
     /// all-gather of the pieces).
-    pub(super) fn publish(&self, dp: &dyn Communicator) -> Result<()> {
+    pub(super) fn publish(&self, c: Replicas<'_>) -> Result<()> {
         match self {
             Weights::Whole(m) => m.sync(),
-            Weights::Sharded(z) => z.publish(dp),
+            Weights::Sharded(z) => z.publish(c),
         }
     }
 
     /// The ZeRO state, if sharded.
-    pub(super) fn sharded(&self) -> Option<&ZeroShards> {
+    pub(super) fn sharded(&self) -> Option<&ZeroGroups> {
         match self {
             Weights::Sharded(z) => Some(z),
             Weights::Whole(_) => None,

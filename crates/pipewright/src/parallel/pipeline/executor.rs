@@ -360,27 +360,42 @@ impl Pipeline {
         self.grad_norm_of_shards(grads, None)
     }
 
-    /// [`Pipeline::grad_norm`] when each member of `shards` (a data-parallel group under
-    /// ZeRO-2) holds its own part of each gradient: the parts' squares are summed over it
-    /// first.
+    /// [`Pipeline::grad_norm`] when each member of `shards` (under ZeRO-2: every replica,
+    /// and the ranks holding the same experts) holds its own part of each gradient: the
+    /// parts' squares are summed over them first, the experts' over the second.
     pub fn grad_norm_of_shards(
         &self,
         grads: &Grads,
-        shards: Option<&dyn Communicator>,
+        shards: Option<[&dyn Communicator; 2]>,
     ) -> Result<f64> {
-        let sq = sum_sq_share(
-            grads,
-            self.tied.pairs(),
-            [&self.sharded, &self.experts],
-            [self.stage.tp.rank(), self.stage.ep.rank()],
-        )?;
-        let mut sq = Tensor::new(&[sq], &Device::Cpu)?;
-        if let Some(c) = shards.filter(|c| c.size() > 1) {
-            sq = c.all_reduce(&sq, ReduceOp::Sum)?;
+        let (mut dense, mut experts) = (Grads::new(), Grads::new());
+        for (n, g) in grads.iter() {
+            match self.experts.contains(n) {
+                true => experts.insert(n.clone(), g.clone()),
+                false => dense.insert(n.clone(), g.clone()),
+            }
         }
+        let tp = self.stage.tp.rank();
+        let share = |g: &Grads| sum_sq_share(g, self.tied.pairs(), &self.sharded, tp);
+        let mut sq = [share(&dense)?, share(&experts)?];
+        if let Some(comms) = shards {
+            for (s, c) in sq.iter_mut().zip(comms) {
+                if c.size() > 1 {
+                    let t = c.all_reduce(&Tensor::new(&[*s], &Device::Cpu)?, ReduceOp::Sum)?;
+                    *s = t.to_vec1::<f64>()?[0];
+                }
+            }
+        }
+        // Each rank of an expert group holds other experts; the rest it holds as they do.
+        let e = Tensor::new(&[sq[1]], &Device::Cpu)?;
+        let e = self
+            .stage
+            .ep
+            .all_reduce(&e, ReduceOp::Sum)?
+            .to_vec1::<f64>()?[0];
+        let sq = Tensor::new(&[sq[0] + e], &Device::Cpu)?;
         let sq = self.stage.comm.all_reduce(&sq, ReduceOp::Sum)?;
         let sq = self.stage.tp.all_reduce(&sq, ReduceOp::Sum)?;
-        let sq = self.stage.ep.all_reduce(&sq, ReduceOp::Sum)?;
         Ok(sq.to_vec1::<f64>()?[0].max(0.0).sqrt())
     }
 
