@@ -15,7 +15,7 @@ Run with the venv of ../shared/tools/torch-env.sh plus `pip install transformers
   files with model.safetensors.index.json), made from the parity files' parameters
   (`python tools/make_fixtures.py hf` makes only these), for `--init-from` and export.
 - crates/pipewright-models/tests/fixtures/generate.json: transformers' greedy `generate` of 8
-  tokens after a prompt, for both directories and hf-mixtral (tools/make_moe_fixtures.py hf) (`python tools/make_fixtures.py generate`).
+  tokens after a prompt, for both directories, hf-mixtral and hf-qwen3moe (tools/make_moe_fixtures.py hf) (`python tools/make_fixtures.py generate`).
 - crates/pipewright/tests/fixtures/optim.safetensors: torch.optim.AdamW / SGD trajectories over
   three steps with changing learning rates, and torch.nn.utils.clip_grad_norm_.
 """
@@ -191,7 +191,7 @@ def generate_fixture():
 
     fx = os.path.join(ROOT, "crates/pipewright-models/tests/fixtures")
     out = {}
-    for name in ["hf-gpt2", "hf-llama", "hf-mixtral"]:
+    for name in ["hf-gpt2", "hf-llama", "hf-mixtral", "hf-qwen3moe"]:
         m = AutoModelForCausalLM.from_pretrained(os.path.join(fx, name))
         prompt = [3, 1, 4, 1, 5]
         g = m.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,

@@ -6,9 +6,10 @@ load-balancing loss `aux` (transformers' `load_balancing_loss_func` on this laye
 logits) and the gradient of `sum(y * r) + coef * aux` for every weight (`grad.<name>`).
 The Rust test (tests/moe.rs) loads the weights by those names and compares.
 
-With `hf`: the whole tiny MixtralForCausalLM as `save_pretrained` writes it (fixtures/hf-mixtral/,
-sharded with an index) and fixtures/mixtral_parity.safetensors: a batch, its logits, the
-language-model loss and every gradient under the Hub's names (tests/hf_moe.rs). The auxiliary
+With `hf`: the whole tiny MixtralForCausalLM and Qwen3MoeForCausalLM as `save_pretrained` writes
+them (fixtures/hf-mixtral/ and hf-qwen3moe/, sharded with an index) and
+fixtures/{mixtral,qwen3moe}_parity.safetensors: a batch, its logits, the language-model loss and
+every gradient under the Hub's names (tests/hf_moe.rs). The auxiliary
 loss is left out there: transformers' Mixtral takes one over all layers' router logits joined,
 pipewright (as Megatron and torchtitan) one per mixture, summed; with one mixture they agree,
 as the block fixtures check.
@@ -143,6 +144,16 @@ if __name__ == "__main__" and len(os.sys.argv) > 1 and os.sys.argv[1] == "hf":
         rms_norm_eps=1e-5, rope_theta=10000.0, router_aux_loss_coef=0.02, router_jitter_noise=0.0,
         tie_word_embeddings=False, attn_implementation="eager", bos_token_id=0, eos_token_id=0)),
         per_expert("w1", "w3", "w2", "block_sparse_moe"))
+    # Heads wider than hidden / heads, per-head query/key norms, the first block dense, the
+    # top k not renormalised.
+    hf_model("qwen3moe", lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=24, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=2,
+        mlp_only_layers=[], max_position_embeddings=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+        router_aux_loss_coef=0.001, use_sliding_window=False, tie_word_embeddings=False,
+        attn_implementation="eager", bos_token_id=0, eos_token_id=0)),
+        per_expert("gate_proj", "up_proj", "down_proj"))
 
 if __name__ == "__main__" and len(os.sys.argv) == 1:
     blocks()

@@ -61,6 +61,10 @@ pub enum ExportFormat {
     /// (a Llama trained with `--n-experts`).
     #[value(name = "hf-mixtral")]
     HfMixtral,
+    /// `config.json` and `model.safetensors` that `Qwen3MoeForCausalLM.from_pretrained` loads
+    /// (a Qwen3-MoE fine-tuned with `--init-from`).
+    #[value(name = "hf-qwen3-moe")]
+    HfQwen3Moe,
 }
 
 #[derive(Args)]
@@ -68,11 +72,11 @@ pub struct ExportArgs {
     /// A checkpoint directory (`.../checkpoints/step-N`), or a checkpoints directory (its
     /// latest).
     pub dir: PathBuf,
-    /// What to write: safetensors (every parameter whole), hf-gpt2, hf-llama or hf-mixtral (a
+    /// What to write: safetensors (every parameter whole), hf-gpt2, hf-llama, hf-mixtral or hf-qwen3-moe (a
     /// Hugging Face model directory).
     #[arg(long, value_enum)]
     pub format: ExportFormat,
-    /// The file (safetensors) or directory (hf-gpt2, hf-llama, hf-mixtral) to write.
+    /// The file (safetensors) or directory (hf-gpt2, hf-llama, hf-mixtral, hf-qwen3-moe) to write.
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -97,9 +101,10 @@ pub fn run(c: CkptCommand) -> Result<()> {
             files::ensure_new(&a.out, "--out")?;
             match a.format {
                 ExportFormat::Safetensors => export_whole(&a.dir, &a.out),
-                ExportFormat::HfGpt2 | ExportFormat::HfLlama | ExportFormat::HfMixtral => {
-                    export_hf(&a.dir, a.format, &a.out)
-                }
+                ExportFormat::HfGpt2
+                | ExportFormat::HfLlama
+                | ExportFormat::HfMixtral
+                | ExportFormat::HfQwen3Moe => export_hf(&a.dir, a.format, &a.out),
             }
         }
     }
@@ -154,12 +159,13 @@ fn export_whole(dir: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `config.json` and `model.safetensors` in Hugging Face's names (GPT-2, Llama or Mixtral), the
+/// `config.json` and `model.safetensors` in Hugging Face's names (GPT-2, Llama, Mixtral or Qwen3-MoE), the
 /// vocabulary padding removed.
 fn export_hf(dir: &Path, format: ExportFormat, out: &Path) -> Result<()> {
     let arch = match format {
         ExportFormat::HfLlama => HfArch::Llama,
         ExportFormat::HfMixtral => HfArch::Mixtral,
+        ExportFormat::HfQwen3Moe => HfArch::Qwen3Moe,
         _ => HfArch::Gpt2,
     };
     let n = stored::export_hf(&Reader::open(dir)?, arch, out)?;

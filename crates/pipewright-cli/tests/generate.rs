@@ -1,4 +1,4 @@
-//! `pipewright generate`: greedy decoding of the fixture GPT-2, Llama and Mixtral gives the tokens
+//! `pipewright generate`: greedy decoding of the fixture GPT-2, Llama, Mixtral and Qwen3-MoE gives the tokens
 //! transformers' `generate` gave (`tools/make_fixtures.py generate`) on every layout; sampling
 //! with a seed gives the same tokens on every layout; a checkpoint of a corpus run generates
 //! text through its tokenizer.
@@ -28,7 +28,7 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
     let want: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixtures().join("generate.json")).unwrap())
             .unwrap();
-    for name in ["hf-gpt2", "hf-llama", "hf-mixtral"] {
+    for name in ["hf-gpt2", "hf-llama", "hf-mixtral", "hf-qwen3moe"] {
         let dir = fixtures().join(name);
         let prompt: Vec<String> = want[name]["prompt"]
             .as_array()
@@ -52,8 +52,10 @@ fn greedy_decoding_matches_transformers_on_every_layout() {
             "8",
         ];
         // A mixture of experts splits its experts, not its matrices.
-        let split: &[&str] = if name == "hf-mixtral" {
+        let split: &[&str] = if name.starts_with("hf-mixtral") {
             &["--ep", "2"]
+        } else if name == "hf-qwen3moe" {
+            &["--tp", "2", "--ep", "2"]
         } else {
             &["--tp", "2"]
         };

@@ -31,6 +31,8 @@ fn main() -> pipewright::Result<()> {
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         moe: None,
+        head_dim: None,
+        qk_norm: false,
     };
     let (batch, seq) = (8usize, cfg.block_size);
     let steps: usize = std::env::var("PW_BENCH_STEPS")

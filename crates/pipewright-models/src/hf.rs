@@ -1,9 +1,9 @@
 //! The reference models in Hugging Face's form: GPT-2 (`GPT2LMHeadModel`), Llama
-//! (`LlamaForCausalLM`) and Mixtral (`MixtralForCausalLM`: a Llama whose blocks are mixtures of
-//! experts). Their parameter names (the GPT's are GPT-2's without the `transformer.` prefix;
+//! (`LlamaForCausalLM`), Mixtral and Qwen3-MoE (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`:
+//! Llamas whose blocks are mixtures of experts, read and written by `hf_moe.rs`). Their parameter names (the GPT's are GPT-2's without the `transformer.` prefix;
 //! the Llama's and Mixtral's are Hugging Face's own, experts under the Hub's per-expert names),
 //! their `config.json` read ([`config_from_dir`]: `--init-from`) and written ([`export`]:
-//! `ckpt export --format hf-gpt2`, `hf-llama` or `hf-mixtral`). A vocabulary padded for tensor parallelism is cut back to the data's on the
+//! `ckpt export --format hf-gpt2`, `hf-llama`, `hf-mixtral` or `hf-qwen3-moe`). A vocabulary padded for tensor parallelism is cut back to the data's on the
 //! way out.
 
 use std::path::Path;
@@ -11,7 +11,6 @@ use std::path::Path;
 use pipewright::engine::checkpoint::Reader;
 use pipewright::{invalid, Error, Result};
 
-use crate::moe::{MoeConfig, MoeNames};
 use crate::{GptConfig, LlamaConfig, ModelConfig};
 
 /// Hugging Face's name of the GPT parameter `name`.
@@ -71,24 +70,13 @@ pub fn llama_config(cfg: &LlamaConfig, vocab: usize) -> Result<serde_json::Value
         "initializer_range": 0.02,
         "torch_dtype": "float32",
     });
-    if let Some(m) = cfg.moe {
-        if m.names != MoeNames::Mixtral || m.every != 1 || m.shared > 0 || !m.norm_topk {
-            return Err(invalid!(
-                "this mixture of experts has no Mixtral form (Mixtral's names, a mixture in \
-                 every block, no shared experts, renormalised top k): export it as safetensors"
-            ));
-        }
-        c["architectures"] = serde_json::json!(["MixtralForCausalLM"]);
-        c["model_type"] = "mixtral".into();
-        c["intermediate_size"] = m.hidden.into();
-        c["num_local_experts"] = m.n_experts.into();
-        c["num_experts_per_tok"] = m.top_k.into();
-        c["router_aux_loss_coef"] = m.aux_coef.into();
-        c["router_jitter_noise"] = 0.0.into();
-        c["sliding_window"] = serde_json::Value::Null;
-        for k in ["attention_bias", "mlp_bias", "head_dim"] {
-            c.as_object_mut().expect("an object").remove(k);
-        }
+    if let Some(m) = &cfg.moe {
+        crate::hf_moe::write_config(&mut c, cfg, m)?;
+    } else if cfg.qk_norm || cfg.head_dim.is_some() {
+        return Err(invalid!(
+            "a Llama with per-head query/key norms or its own head width has no \
+             LlamaForCausalLM form: export it as safetensors"
+        ));
     }
     Ok(c)
 }
@@ -129,7 +117,7 @@ pub fn config_from_dir(dir: &Path) -> Result<ModelConfig> {
             gpt.validate()?;
             Ok(ModelConfig::Gpt { gpt, vocab })
         }
-        Some(kind @ ("llama" | "mixtral")) => {
+        Some(kind @ ("llama" | "mixtral" | "qwen3_moe")) => {
             let flag = |k: &str| c[k].as_bool().unwrap_or(false);
             if flag("attention_bias") || flag("mlp_bias") || flag("tie_word_embeddings") {
                 return Err(invalid!(
@@ -145,10 +133,12 @@ pub fn config_from_dir(dir: &Path) -> Result<ModelConfig> {
             }
             let n_head = int("num_attention_heads")?;
             let dim = int("hidden_size")?;
-            if c["head_dim"]
+            // Only Qwen3's heads may be wider or narrower than hidden_size / heads.
+            let head_dim = c["head_dim"]
                 .as_u64()
-                .is_some_and(|h| h as usize * n_head != dim)
-            {
+                .map(|h| h as usize)
+                .filter(|h| h * n_head != dim);
+            if head_dim.is_some() && kind != "qwen3_moe" {
                 return Err(invalid!(
                     "`{}`: head_dim x heads must be hidden_size",
                     path.display()
@@ -172,59 +162,24 @@ pub fn config_from_dir(dir: &Path) -> Result<ModelConfig> {
                 norm_eps: c["rms_norm_eps"].as_f64().unwrap_or(1e-6),
                 rope_theta: theta,
                 moe: None,
+                head_dim,
+                qk_norm: false,
             };
             let llama = match kind {
-                "mixtral" => mixtral(&c, &path, llama)?,
+                "mixtral" => crate::hf_moe::mixtral(&c, &path, llama)?,
+                "qwen3_moe" => crate::hf_moe::qwen3_moe(&c, &path, llama)?,
                 _ => llama,
             };
             llama.validate()?;
             Ok(ModelConfig::Llama { llama, vocab })
         }
         other => Err(invalid!(
-            "`{}` describes a {} model: --init-from reads GPT-2 (gpt2), Llama (llama) and \
-             Mixtral (mixtral)",
+            "`{}` describes a {} model: --init-from reads GPT-2 (gpt2), Llama (llama), Mixtral \
+             (mixtral) and Qwen3-MoE (qwen3_moe)",
             path.display(),
             other.unwrap_or("model of no model_type")
         )),
     }
-}
-
-/// The Llama `llama` (read from a Mixtral's `config.json`, `c`, at `path`) with its blocks
-/// mixtures of experts as the file says; an error for what is not computed the same way.
-fn mixtral(c: &serde_json::Value, path: &Path, llama: LlamaConfig) -> Result<LlamaConfig> {
-    let int = |k: &str| -> Result<usize> {
-        c[k].as_u64()
-            .map(|v| v as usize)
-            .ok_or_else(|| invalid!("`{}` has no integer `{k}`", path.display()))
-    };
-    if c["sliding_window"]
-        .as_u64()
-        .is_some_and(|w| (w as usize) < llama.block_size)
-    {
-        return Err(invalid!(
-            "`{}`: attention over a sliding window is not computed here",
-            path.display()
-        ));
-    }
-    if c["router_jitter_noise"].as_f64().is_some_and(|j| j != 0.0) {
-        return Err(invalid!(
-            "`{}`: router jitter noise is not computed here: set it to 0",
-            path.display()
-        ));
-    }
-    Ok(LlamaConfig {
-        moe: Some(MoeConfig {
-            n_experts: int("num_local_experts")?,
-            top_k: int("num_experts_per_tok")?,
-            hidden: llama.hidden,
-            shared: 0,
-            norm_topk: true,
-            aux_coef: c["router_aux_loss_coef"].as_f64().unwrap_or(0.02),
-            names: MoeNames::Mixtral,
-            every: 1,
-        }),
-        ..llama
-    })
 }
 
 /// Writes the model `model` of the checkpoint `r` into the directory `out` as `model.safetensors`

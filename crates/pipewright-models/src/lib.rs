@@ -10,6 +10,7 @@ pub mod cnn;
 pub mod flags;
 pub mod gpt;
 pub mod hf;
+mod hf_moe;
 mod linear;
 pub mod llama;
 pub mod moe;

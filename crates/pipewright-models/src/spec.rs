@@ -84,7 +84,7 @@ impl ModelSpec for LlamaConfig {
         let f = |v: usize| v as f64;
         let (d, s) = (f(self.dim), f(self.block_size));
         let (v, hidden) = (f(self.vocab_size), f(self.hidden));
-        let hd = self.dim / self.n_head;
+        let hd = self.head_dim();
         let (dq, dkv) = (f(self.n_head * hd), f(self.n_kv_head * hd));
         let seq = self.block_size;
         let unit = |name: &str, count, params, shapes, kept: (f64, f64), deferred, all_reduce| {
@@ -146,7 +146,8 @@ impl ModelSpec for LlamaConfig {
         // head, gate, up and their product split. The split backward holds the seven
         // products' output gradients.
         let kept_split = (dq + 2.0 * dkv) + (dq + dkv) + dq + s * f(self.n_head) + 3.0 * hidden;
-        let block_params = 2.0 * d * dq + 2.0 * d * dkv + 3.0 * d * hidden + 2.0 * d;
+        let qk_norm = if self.qk_norm { 2.0 * f(hd) } else { 0.0 };
+        let block_params = 2.0 * d * dq + 2.0 * d * dkv + 3.0 * d * hidden + 2.0 * d + qk_norm;
         let head = LayerShapes {
             tokens: seq,
             linear: vec![col(dim, self.vocab_size)],

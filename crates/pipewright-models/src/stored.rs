@@ -14,6 +14,7 @@ use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::{invalid, Error, Result};
 
 use crate::flags::{task_spec, TrainArgs};
+use crate::moe::MoeNames;
 use crate::run::META_KEY;
 use crate::{hf, ModelConfig, RunSpec};
 
@@ -110,6 +111,8 @@ pub enum HfArch {
     Llama,
     /// `MixtralForCausalLM`: a Llama whose blocks are mixtures of experts.
     Mixtral,
+    /// `Qwen3MoeForCausalLM`: a Llama with per-head query/key norms and mixtures of experts.
+    Qwen3Moe,
 }
 
 impl HfArch {
@@ -119,6 +122,7 @@ impl HfArch {
             HfArch::Gpt2 => "GPT2LMHeadModel",
             HfArch::Llama => "LlamaForCausalLM",
             HfArch::Mixtral => "MixtralForCausalLM",
+            HfArch::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
     }
 }
@@ -128,17 +132,23 @@ impl HfArch {
 /// that fits it. Returns the tensors written.
 pub fn export_hf(r: &Reader, arch: HfArch, out: &Path) -> Result<usize> {
     let spec = RunSpec::of_checkpoint(r)?;
-    let mixture =
-        |m: &ModelConfig| matches!(m, ModelConfig::Llama { llama, .. } if llama.moe.is_some());
+    let names = match &spec.model {
+        ModelConfig::Llama { llama, .. } => llama.moe.map(|m| m.names),
+        _ => None,
+    };
     let fits = match arch {
-        HfArch::Llama => matches!(spec.model, ModelConfig::Llama { .. }) && !mixture(&spec.model),
-        HfArch::Mixtral => mixture(&spec.model),
+        HfArch::Llama => matches!(spec.model, ModelConfig::Llama { .. }) && names.is_none(),
+        HfArch::Mixtral => names == Some(MoeNames::Mixtral),
+        HfArch::Qwen3Moe => names == Some(MoeNames::Qwen3Moe),
         HfArch::Gpt2 => matches!(spec.model, ModelConfig::Gpt { .. }),
     };
     if !fits {
         let holds = match spec.model {
             ModelConfig::Gpt { .. } => "a GPT-2: export it with --format hf-gpt2",
-            ModelConfig::Llama { llama, .. } if llama.moe.is_some() => {
+            ModelConfig::Llama { .. } if names == Some(MoeNames::Qwen3Moe) => {
+                "a Qwen3-MoE: export it with --format hf-qwen3-moe"
+            }
+            ModelConfig::Llama { .. } if names.is_some() => {
                 "a mixture-of-experts Llama: export it with --format hf-mixtral"
             }
             ModelConfig::Llama { .. } => "a Llama: export it with --format hf-llama",

@@ -42,6 +42,8 @@ fn model() -> ModelConfig {
         norm_eps: 1e-5,
         rope_theta: 10000.0,
         moe: None,
+        head_dim: None,
+        qk_norm: false,
     };
     ModelConfig::Llama { llama, vocab: 4096 }
 }

@@ -1,5 +1,7 @@
-//! A Mixtral from Hugging Face (`tools/make_moe_fixtures.py hf`: `MixtralForCausalLM` saved
-//! sharded, a batch, its logits, loss and every gradient) loads into layouts with its experts
+//! A Mixtral and a Qwen3-MoE from Hugging Face (`tools/make_moe_fixtures.py hf`:
+//! `MixtralForCausalLM` and `Qwen3MoeForCausalLM` saved sharded, a batch, its logits, loss and
+//! every gradient; the Qwen3 with wider heads, per-head query/key norms and a dense first
+//! block) load into layouts with their experts
 //! split over ranks (and over tensor-parallel ranks), each rank reading its own experts, and
 //! computes transformers' logits and loss within 1e-5 and every gradient (routers included)
 //! within 1e-4; exported back it holds
@@ -114,11 +116,17 @@ fn tensors(dir: &Path) -> Vec<(String, Vec<f32>)> {
 }
 
 #[test]
-fn a_mixtral_loads_at_expert_parallel_layouts_with_transformers_logits_loss_and_gradients() {
-    let f =
-        candle_core::safetensors::load(fixtures().join("mixtral_parity.safetensors"), &Device::Cpu)
-            .unwrap();
-    let dir = fixtures().join("hf-mixtral");
+fn mixtral_and_qwen3_moe_load_at_expert_parallel_layouts_with_transformers_numbers() {
+    for name in ["mixtral", "qwen3moe"] {
+        parity(name);
+    }
+}
+
+/// The fixture model `name` at every layout: logits, losses and gradients, and the export back.
+fn parity(name: &str) {
+    let file = fixtures().join(format!("{name}_parity.safetensors"));
+    let f = candle_core::safetensors::load(file, &Device::Cpu).unwrap();
+    let dir = fixtures().join(format!("hf-{name}"));
     let want_loss = f["loss"].to_vec1::<f32>().unwrap()[0] as f64;
     let l = |pp, dp, ep| Layout::new(pp, 1, dp).unwrap().with_ep(ep).unwrap();
     let tp2 = Layout::new(1, 2, 2).unwrap().with_ep(2).unwrap();
@@ -126,7 +134,7 @@ fn a_mixtral_loads_at_expert_parallel_layouts_with_transformers_logits_loss_and_
         .into_iter()
         .enumerate()
     {
-        let tmp = std::env::temp_dir().join(format!("pw-hf-moe-{}-{i}", std::process::id()));
+        let tmp = std::env::temp_dir().join(format!("pw-hf-{name}-{}-{i}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         let ranks = compute(&dir, layout, &f, &tmp.join("ckpt"));
         let mut seen = 0;

@@ -38,6 +38,8 @@ fn config(f: &HashMap<String, Tensor>) -> LlamaConfig {
         norm_eps: g[0],
         rope_theta: g[1],
         moe: None,
+        head_dim: None,
+        qk_norm: false,
     }
 }
 

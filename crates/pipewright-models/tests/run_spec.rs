@@ -132,6 +132,8 @@ fn every_model_morphs_through_the_planner() {
                 norm_eps: 1e-5,
                 rope_theta: 10000.0,
                 moe: None,
+                head_dim: None,
+                qk_norm: false,
             },
             vocab: 32,
         },

@@ -15,139 +15,18 @@ use pipewright::model::nn::{join, rope, scaled_softmax, swiglu, with_aux_loss, M
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::parallel::context_parallel::{ring_attention, Chunks};
 use pipewright::parallel::tensor_parallel::{
-    Group, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel,
+    copy_to_group, Group, ParallelDim, ParallelEmbedding, ParallelLinear, SequenceParallel,
 };
 use pipewright::trainer::model_spec::ModelSpec;
-use pipewright::{invalid, Build, Error, Result};
-use serde::{Deserialize, Serialize};
+use pipewright::{Build, Error, Result};
 
 use crate::gpt::{window, LmHead};
 use crate::linear::linear;
-use crate::moe::{MoeConfig, MoeMlp};
+use crate::moe::MoeMlp;
 
-/// A Llama's sizes (Hugging Face's `LlamaConfig` names in the comments).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LlamaConfig {
-    /// Tokens (`vocab_size`).
-    pub vocab_size: usize,
-    /// Longest sequence (`max_position_embeddings`).
-    pub block_size: usize,
-    /// Blocks (`num_hidden_layers`).
-    pub n_layer: usize,
-    /// Query heads (`num_attention_heads`).
-    pub n_head: usize,
-    /// Key and value heads (`num_key_value_heads`; a divisor of `n_head`).
-    pub n_kv_head: usize,
-    /// Model width (`hidden_size`).
-    pub dim: usize,
-    /// MLP width (`intermediate_size`).
-    pub hidden: usize,
-    /// RMSNorm's epsilon (`rms_norm_eps`).
-    pub norm_eps: f64,
-    /// Rotary base (`rope_theta`).
-    pub rope_theta: f64,
-    /// Mixtures of experts in place of the MLP of the blocks it says (Mixtral, Qwen3-MoE);
-    /// none for a dense Llama (and in runs recorded before there were any).
-    #[serde(default)]
-    pub moe: Option<MoeConfig>,
-}
+mod config;
 
-impl LlamaConfig {
-    /// A Llama of these sizes, the rest by the family's defaults: as many key/value heads as
-    /// query heads, SwiGLU's MLP width ([`LlamaConfig::swiglu_hidden`]), RMSNorm's epsilon
-    /// 1e-5 and rotary base 10000 (Meta's Llama 2).
-    pub const fn new(
-        vocab_size: usize,
-        block_size: usize,
-        n_layer: usize,
-        n_head: usize,
-        dim: usize,
-    ) -> Self {
-        Self {
-            vocab_size,
-            block_size,
-            n_layer,
-            n_head,
-            n_kv_head: n_head,
-            dim,
-            hidden: Self::swiglu_hidden(dim),
-            norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            moe: None,
-        }
-    }
-
-    /// The Llama a run gets when it names no size (`pipewright train --model llama`): the
-    /// small GPT's blocks, heads and width ([`crate::GptConfig::small`]), the rest by
-    /// [`LlamaConfig::new`].
-    pub const fn small(vocab_size: usize, block_size: usize) -> Self {
-        let g = crate::GptConfig::small(vocab_size, block_size);
-        Self::new(vocab_size, block_size, g.n_layer, g.n_head, g.n_embd)
-    }
-
-    /// SwiGLU's MLP width for a model `dim` wide: 8/3 of it (the width that gives three
-    /// matrices the parameters of a 4x GELU MLP's two), rounded up to a multiple of 8 (Meta
-    /// rounds to 256, which would more than double a small model's MLP).
-    pub const fn swiglu_hidden(dim: usize) -> usize {
-        (8 * dim / 3).div_ceil(8) * 8
-    }
-
-    /// Fails on sizes that do not make a Llama.
-    pub fn validate(&self) -> Result<()> {
-        let c = self;
-        if [
-            c.vocab_size,
-            c.block_size,
-            c.n_layer,
-            c.n_head,
-            c.n_kv_head,
-            c.dim,
-            c.hidden,
-        ]
-        .contains(&0)
-        {
-            return Err(invalid!("every Llama size must be positive: {c:?}"));
-        }
-        if !c.dim.is_multiple_of(c.n_head) || !(c.dim / c.n_head).is_multiple_of(2) {
-            return Err(invalid!(
-                "dim {} must be n_head {} heads of an even width (rotary pairs)",
-                c.dim,
-                c.n_head
-            ));
-        }
-        if !c.n_head.is_multiple_of(c.n_kv_head) {
-            return Err(invalid!(
-                "n_head {} must be a multiple of n_kv_head {} (query heads per key/value group)",
-                c.n_head,
-                c.n_kv_head
-            ));
-        }
-        if !(c.norm_eps > 0.0 && c.rope_theta > 0.0) {
-            return Err(invalid!("norm_eps and rope_theta must be positive"));
-        }
-        c.moe.as_ref().map_or(Ok(()), MoeConfig::validate)
-    }
-
-    /// Parameters of the whole model: the embedding and the head, per block the attention
-    /// (q and o of `dim` x `n_head * head_dim`, k and v of the key/value heads), the MLP (three
-    /// matrices of `dim` x `hidden`) and two norms, and the final norm.
-    pub fn param_count(&self) -> u64 {
-        // In f64, exact below 2^53 and saturating above (sizes a user gives may be absurd).
-        let (v, d, h) = (self.vocab_size as f64, self.dim as f64, self.hidden as f64);
-        let kv = self.n_kv_head as f64 * (self.dim / self.n_head.max(1)) as f64;
-        let block = (2.0 * d * d + 2.0 * d * kv + 3.0 * d * h + 2.0 * d) * self.n_layer as f64;
-        // A mixture's router and experts in place of a block's dense MLP.
-        let moe = self.moe.map_or(0.0, |m| {
-            let sparse = (0..self.n_layer).filter(|i| m.at(*i)).count() as f64;
-            sparse * (m.param_count(self.dim) as f64 - 3.0 * d * h)
-        });
-        (2.0 * v * d + block + moe + d).min(u64::MAX as f64) as u64
-    }
-
-    fn head_dim(&self) -> usize {
-        self.dim / self.n_head
-    }
-}
+pub use config::LlamaConfig;
 
 /// The Llama as a sequential model: `embed`, `model.layers.0` .. `model.layers.{n-1}`, `norm`,
 /// `lm_head`, with a cut point after the embedding and after every block.
@@ -280,6 +159,10 @@ pub struct LlamaBlock {
     k: ParallelLinear,
     v: ParallelLinear,
     o: ParallelLinear,
+    /// Qwen3's per-head norms of the queries and keys (whole on every tensor-parallel rank,
+    /// their gradients summed over the group: each rank's heads give a part).
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    tp: Group,
     post_norm: RmsNorm,
     mlp: Mlp,
     /// Query and key/value heads on this rank.
@@ -318,6 +201,14 @@ impl LlamaBlock {
             k: parallel(init, &at("self_attn.k_proj"), d, cfg.n_kv_head * hd, Column)?,
             v: parallel(init, &at("self_attn.v_proj"), d, cfg.n_kv_head * hd, Column)?,
             o: parallel(init, &at("self_attn.o_proj"), cfg.n_head * hd, d, Row)?,
+            qk_norm: cfg
+                .qk_norm
+                .then(|| -> Result<_> {
+                    let norm = |n: &str| RmsNorm::new(init, &at(n), hd, cfg.norm_eps);
+                    Ok((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?))
+                })
+                .transpose()?,
+            tp: init.tp.clone(),
             post_norm: RmsNorm::new(init, &at("post_attention_layernorm"), d, cfg.norm_eps)?,
             mlp: match cfg.moe.filter(|m| m.at(layer)) {
                 Some(m) => Mlp::Moe(MoeMlp::new(init, name, d, m)?),
@@ -344,9 +235,13 @@ impl LlamaBlock {
         let heads = |y: Tensor, n: usize| -> Result<Tensor> {
             Ok(y.reshape((b, t, n, hd))?.transpose(1, 2)?.contiguous()?)
         };
-        let q = heads(self.q.forward_gathered(x, cx)?, h)?;
-        let k = heads(self.k.forward_gathered(x, cx)?, kvh)?;
+        let mut q = heads(self.q.forward_gathered(x, cx)?, h)?;
+        let mut k = heads(self.k.forward_gathered(x, cx)?, kvh)?;
         let v = heads(self.v.forward_gathered(x, cx)?, kvh)?;
+        if let Some((qn, kn)) = &self.qk_norm {
+            let w = |t: &Tensor| copy_to_group(t, &self.tp);
+            (q, k) = (qn.forward_with(&q, w)?, kn.forward_with(&k, w)?);
+        }
         let theta = self.cfg.rope_theta;
         if self.ring.size() > 1 {
             return self.ring_attention(&q, &k, &v, cx);
@@ -447,6 +342,10 @@ impl Layer for LlamaBlock {
         let mut v = self.input_norm.params();
         for p in [&self.q, &self.k, &self.v, &self.o] {
             v.extend(p.params());
+        }
+        if let Some((qn, kn)) = &self.qk_norm {
+            v.extend(qn.params());
+            v.extend(kn.params());
         }
         v.extend(self.post_norm.params());
         match &self.mlp {
