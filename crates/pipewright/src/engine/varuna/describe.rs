@@ -12,7 +12,8 @@ impl Varuna {
         self.eval_rows = Some(rows.max(1));
     }
 
-    /// One line per rank of the world: its stage, the layers it holds, its shard and replica.
+    /// One line per rank of the world: its stage, the layers it holds, its shard and replica
+    /// (and under expert parallelism which part of the experts it holds).
     pub fn describe(&self) -> Result<Vec<String>> {
         let l = self.topo.layout();
         let ranges = self.pipeline.ranges();
@@ -31,8 +32,13 @@ impl Varuna {
                 } else {
                     String::new()
                 };
+                let experts = if l.ep > 1 {
+                    format!(", experts part {}/{}", l.ep_rank(c), l.ep)
+                } else {
+                    String::new()
+                };
                 Ok(format!(
-                    "rank {r}: stage {} (layers {}), tp shard {}/{}{ring}, dp replica {}/{}",
+                    "rank {r}: stage {} (layers {}), tp shard {}/{}{ring}, dp replica {}/{}{experts}",
                     c.stage,
                     layers.join(" + "),
                     c.tp_rank,
