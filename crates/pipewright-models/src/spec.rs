@@ -4,8 +4,8 @@
 //! sample); the GPT's are the library's [`Transformer`], the Llama's and the CNN's are here.
 
 use pipewright::plan::{
-    AttentionKernel, AttentionShape, LayerShapes, Linear, ModelShapes, ShapedLayer, TpSplit,
-    Transformer,
+    AttentionKernel, AttentionShape, ExpertShape, LayerShapes, Linear, ModelShapes, ShapedLayer,
+    TpSplit, Transformer,
 };
 use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::{invalid, Result, Sequential};
@@ -101,6 +101,7 @@ impl ModelSpec for LlamaConfig {
                 kept_whole: kept.1 * s,
                 deferred: deferred * s,
                 tp_all_reduce: all_reduce * s * d,
+                experts: None,
             }
         };
         // A gather of the vocabulary-parallel table's rows (read, written).
@@ -193,7 +194,9 @@ impl LlamaConfig {
     /// The `n_layer` blocks `blocks` describes, each mixture of experts in place of its dense
     /// MLP (one unit per block then): the router and, per token, its `top_k` experts' and the
     /// shared experts' products; every expert's parameters; SwiGLU's passes and what the
-    /// backward keeps for each expert a token goes through, and the router's probabilities.
+    /// backward keeps for each expert a token goes through, and the router's probabilities;
+    /// the experts' parameters and the rows the dispatch and combine move (expert
+    /// parallelism's split and exchange).
     fn with_mixtures(&self, blocks: ShapedLayer) -> Vec<ShapedLayer> {
         let Some(m) = self.moe else {
             return vec![blocks];
@@ -202,6 +205,11 @@ impl LlamaConfig {
         let s = self.block_size as f64;
         let wide = (m.top_k + m.shared) * m.hidden;
         let whole = |i, o| Linear::new(i, o, TpSplit::None);
+        // Each expert splits over tp as an MLP does; the router is whole.
+        let (col, row) = (
+            |i, o| Linear::new(i, o, TpSplit::Columns),
+            |i, o| Linear::new(i, o, TpSplit::Rows),
+        );
         (0..self.n_layer)
             .map(|i| {
                 let mut u = ShapedLayer {
@@ -218,13 +226,23 @@ impl LlamaConfig {
                 u.shapes.linear.truncate(4);
                 u.shapes.linear.extend([
                     whole(self.dim, m.n_experts),
-                    whole(self.dim, wide),
-                    whole(self.dim, wide),
-                    whole(wide, self.dim),
+                    col(self.dim, wide),
+                    col(self.dim, wide),
+                    row(wide, self.dim),
                 ]);
                 u.shapes.elementwise_split_bytes += moe - dense + m.n_experts as f64;
                 u.kept += (moe - dense + m.n_experts as f64) * s;
                 u.deferred += (2.0 * wide as f64 - 2.0 * h) * s;
+                // Attention's output, then each expert's (and the shared experts') output
+                // all-reduced over tp.
+                let reduces = 1 + m.top_k + usize::from(m.shared > 0);
+                u.tp_all_reduce = reduces as f64 * s * d;
+                u.experts = Some(ExpertShape {
+                    count: m.n_experts,
+                    params: (m.n_experts * 3 * self.dim * m.hidden) as f64,
+                    // Each token's rows to its top-k experts and back.
+                    all_to_all: 2.0 * m.top_k as f64 * s * d,
+                });
                 u
             })
             .collect()
@@ -340,6 +358,7 @@ fn conv_unit(
         kept_whole: f(pixels) * kept,
         deferred: f(pixels) * f(out),
         tp_all_reduce: 0.0,
+        experts: None,
     }
 }
 
@@ -377,5 +396,6 @@ fn cnn_head(cfg: &CnnConfig, pixels: usize, channels: usize) -> ShapedLayer {
         kept_whole: f(channels + cfg.classes),
         deferred: f(cfg.classes),
         tp_all_reduce: 0.0,
+        experts: None,
     }
 }

@@ -391,3 +391,55 @@ fn the_shapes_count_every_expert() {
         assert_eq!(cfg.param_count() as usize, built, "every {every}");
     }
 }
+
+/// The planner searches expert parallelism for a mixture (ep dividing both dp and the
+/// experts) and none for a dense model; at ep 4 a rank's predicted peak holds a quarter of the
+/// experts, and the dispatch and combine add to the step's communication.
+#[test]
+fn the_planner_searches_ep_and_costs_its_exchange() {
+    use pipewright::plan::search::candidates;
+    use pipewright::plan::{estimate, Cluster, Hardware, Request};
+    use pipewright::ModelSpec;
+    let task = Adder::new(2, 0).unwrap();
+    let cfg = config(&task);
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let profile = |c: &LlamaConfig| c.shapes(&[]).unwrap().unwrap().profile(&hw, 4).unwrap();
+    let req = Request {
+        world: 4,
+        memory_bytes: 1e12,
+        global_batch: GLOBAL,
+        top: 1,
+    };
+    let moe = profile(&cfg);
+    let eps: std::collections::BTreeSet<usize> =
+        candidates(&req, &moe).iter().map(|c| c.layout.ep).collect();
+    assert_eq!(eps.into_iter().collect::<Vec<_>>(), vec![1, 2, 4]);
+    let dense = profile(&LlamaConfig { moe: None, ..cfg });
+    assert!(candidates(&req, &dense).iter().all(|c| c.layout.ep == 1));
+
+    let cluster = Cluster::new(&hw, 4, None).unwrap();
+    let at = |ep: usize| {
+        let c = candidates(&req, &moe)
+            .into_iter()
+            .find(|c| {
+                c.layout.dp == 4 && c.layout.ep == ep && c.zero == Zero::Off && c.micro_batch == 2
+            })
+            .unwrap();
+        estimate(&moe, &cluster, &c).unwrap().0
+    };
+    let (one, four) = (at(1), at(4));
+    let experts = (cfg.n_layer * 4 * 3 * cfg.dim * 12) as f64;
+    // Parameters, gradients and AdamW's state of three quarters of the experts fewer.
+    let saved = one.max_peak_bytes() - four.max_peak_bytes();
+    assert!(
+        saved >= 0.75 * experts * 16.0 * 0.99,
+        "ep 4 saves {saved} bytes of {} expected",
+        0.75 * experts * 16.0
+    );
+    assert!(
+        four.breakdown.communication_s > one.breakdown.communication_s,
+        "the exchange costs nothing: {:?} against {:?}",
+        four.breakdown,
+        one.breakdown
+    );
+}

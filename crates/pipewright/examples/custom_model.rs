@@ -134,6 +134,7 @@ pub fn model_spec() -> Custom {
             kept_whole: kept as f64,
             deferred: 0.0,
             tp_all_reduce: 0.0,
+            experts: None,
         }
     };
     let shapes = ModelShapes {

@@ -140,11 +140,13 @@ fn stage_cost(
     units: std::ops::Range<usize>,
     shaped: &[Option<ShapeCost>],
 ) -> StageCost {
-    let Layout { tp, cp, .. } = cand.layout;
+    let Layout { tp, cp, ep, .. } = cand.layout;
     let sp = cand.sequence_parallel && tp > 1;
     let layers = p.unit_layers(units);
     let tp_link = c.link(tp);
     let ring_link = c.link(tp * cp);
+    // An expert group: ep neighbouring replicas, tp * cp ranks apart.
+    let ep_link = c.link(tp * cp * ep);
     // This rank's share of every token-wise cost, and of what crosses a cut.
     let share = cp_cost::share(cp);
     let cut = share / if sp { tp as f64 } else { 1.0 };
@@ -220,6 +222,16 @@ fn stage_cost(
             s.memory += memory;
             s.comm += 2.0 * comm;
             s.params += l.params as f64 / t;
+        }
+        if let Some(x) = &l.experts {
+            // This rank holds 1/ep of the experts, and exchanges its tokens' rows with the
+            // group's ranks in the forward and again in the backward.
+            s.params -= x.params / t * (1.0 - 1.0 / ep as f64);
+            let a2a = 2.0 * ep_link.all_to_all(ep, x.all_to_all * r * share / 2.0);
+            s.forward += a2a;
+            s.backward += a2a;
+            s.backward_input += a2a;
+            s.comm += 2.0 * a2a;
         }
         s.bytes.largest = s.bytes.largest.max(s.params - before);
         if let Some(a) = &l.attention {

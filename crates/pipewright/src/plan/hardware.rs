@@ -116,6 +116,17 @@ impl Link {
     pub fn all_gather(&self, n: usize, bytes: f64) -> f64 {
         self.all_reduce(n, bytes) / 2.0
     }
+
+    /// Seconds of an all-to-all over `n` devices of which each holds `bytes` spread evenly
+    /// over the others: `n - 1` exchanges, each moving `bytes / n` (expert parallelism's
+    /// dispatch or combine).
+    pub fn all_to_all(&self, n: usize, bytes: f64) -> f64 {
+        if n <= 1 {
+            return 0.0;
+        }
+        let k = (n - 1) as f64;
+        k * self.latency_s + k * bytes / n as f64 / self.bandwidth_bytes_per_s
+    }
 }
 
 /// One kind of node of a cluster.

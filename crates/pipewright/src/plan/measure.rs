@@ -148,6 +148,7 @@ fn layer_profile(
         kept_whole_bytes_per_sample: if split { kept.min(2.0 * output) } else { kept },
         transient: transient(l, big),
         tp_all_reduce_bytes_per_sample: if split { 2.0 * output } else { 0.0 },
+        experts: None,
         split: splits
             .iter()
             .map(|(tp, r)| SplitCost {

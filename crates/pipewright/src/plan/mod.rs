@@ -58,7 +58,8 @@ pub use measure::{measure, Sizes};
 pub use morph::{morph, morph_layouts, Morph, MorphPlanner, MorphRequest};
 pub use optimizer_cost::{time_optimizer, Before};
 pub use profile::{
-    ActionOverhead, AttentionShape, Fit, LayerProfile, Profile, SplitCost, Timing, Transient,
+    ActionOverhead, AttentionShape, ExpertShape, Fit, LayerProfile, Profile, SplitCost, Timing,
+    Transient,
 };
 pub use search::{layouts, parse_candidate, rank, search, Request};
 pub use shaped::{ModelShapes, ShapedLayer};

@@ -135,6 +135,9 @@ pub struct LayerProfile {
     /// Bytes per sample all-reduced over the tp group in the forward, and again in the
     /// backward, when the layer is split.
     pub tp_all_reduce_bytes_per_sample: f64,
+    /// The mixture of experts inside the layer, if any (its dispatch and combine in bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertShape>,
     /// What one rank's shard costs at tensor-parallel sizes measured as such (its
     /// collectives included); other sizes are modelled from the fields above.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -151,6 +154,19 @@ pub struct LayerProfile {
     /// instead of scaling the fits above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<LayerShapes>,
+}
+
+/// A mixture of experts inside a unit: what expert parallelism splits and moves.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertShape {
+    /// Its routed experts (expert parallelism must divide them).
+    pub count: usize,
+    /// The parameters its routed experts hold (split over the expert-parallel ranks).
+    pub params: f64,
+    /// What its dispatch and combine move per sample in the forward (and again in the
+    /// backward): elements of a [`super::ShapedLayer`], bytes of a profile's layer.
+    pub all_to_all: f64,
 }
 
 /// One rank's shard of a layer at a measured tensor-parallel size.
@@ -236,6 +252,16 @@ fn one() -> usize {
 }
 
 impl Profile {
+    /// The routed experts of the model's mixtures (the most of any layer; 0: none): what
+    /// expert parallelism must divide.
+    pub fn experts(&self) -> usize {
+        self.layers
+            .iter()
+            .filter_map(|l| l.experts.map(|x| x.count))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Reads and checks a profile written by [`Profile::save`] (`pipewright profile`).
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;

@@ -1,5 +1,5 @@
 //! AutoConfig (Varuna's, and what Megatron users do by hand): every pp x tp x cp x dp layout
-//! of a world (cp when the model attends over sequences that split into 2 x cp chunks of at
+//! of a world (ep, for a mixture of experts, in the divisors of dp that divide its experts; cp when the model attends over sequences that split into 2 x cp chunks of at
 //! least [`MIN_CHUNK_TOKENS`]; sequence parallelism whenever tp > 1), every micro-batch size, schedule,
 //! recompute mode and ZeRO stage, predicted by
 //! [`estimate`](fn@super::estimate::estimate), kept when each rank fits in the memory cap, and
@@ -94,11 +94,15 @@ fn cp_sizes(world: usize, seq: Option<usize>) -> Vec<usize> {
 /// Every candidate of `req`'s world for `profile`'s model.
 pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
     let (units, tp_divides) = (profile.units(), &profile.tp_divides);
+    let experts = profile.experts();
     let mut out = Vec::new();
     let mut all = Vec::new();
     for cp in cp_sizes(req.world, profile.sequence()) {
         for l in layouts(req.world / cp, units, tp_divides, req.global_batch) {
-            all.push(Layout { cp, ..l });
+            // Expert parallelism over groups of the replicas, dividing the experts.
+            let eps =
+                divisors(l.dp).filter(|&ep| ep == 1 || (experts > 0 && experts.is_multiple_of(ep)));
+            all.extend(eps.map(|ep| Layout { cp, ep, ..l }));
         }
     }
     for layout in all {
@@ -124,8 +128,13 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
                 &[Zero::Off]
             };
             // Sequence parallelism: the same step and less memory in the model, so with tp > 1
-            // it is searched alone (pin `sp=0` to compare).
-            let sps: &[bool] = if tp > 1 { &[true] } else { &[false] };
+            // it is searched alone (pin `sp=0` to compare); a mixture of experts does not
+            // take it yet.
+            let sps: &[bool] = if tp > 1 && experts == 0 {
+                &[true]
+            } else {
+                &[false]
+            };
             for (schedule, virtual_stages) in schedules {
                 for recompute in [Recompute::Never, Recompute::Always] {
                     for &zero in zeros {

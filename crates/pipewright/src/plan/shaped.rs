@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::hardware::Hardware;
-use super::profile::{AttentionShape, Fit, LayerProfile, Profile};
+use super::profile::{AttentionShape, ExpertShape, Fit, LayerProfile, Profile};
 use super::shapes::{LayerShapes, ShapeCost};
 use crate::{invalid, Result};
 
@@ -49,6 +49,9 @@ pub struct ShapedLayer {
     pub deferred: f64,
     /// Elements all-reduced over the tp group in the forward (and again in the backward).
     pub tp_all_reduce: f64,
+    /// The mixture of experts inside the unit, if any (elements per sample exchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertShape>,
 }
 
 /// A model by its shapes: its units in order and the sizes tensor parallelism must divide.
@@ -169,6 +172,10 @@ impl ShapedLayer {
             split_kept_bytes_per_sample: None,
             deferred_bytes_per_sample: self.deferred * q,
             tp_all_reduce_bytes_per_sample: self.tp_all_reduce * q,
+            experts: self.experts.map(|x| ExpertShape {
+                all_to_all: x.all_to_all * q,
+                ..x
+            }),
             split: Vec::new(),
             measured: Vec::new(),
             attention,

@@ -97,6 +97,7 @@ impl Transformer {
                 // Megatron's two all-reduces of the hidden state per block (one in the
                 // embedding and in the head).
                 tp_all_reduce: if stack { 2.0 } else { 1.0 } * s * h,
+                experts: None,
             }
         };
         // The embedding: a gather of token and position rows and their sum.

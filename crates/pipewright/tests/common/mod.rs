@@ -56,6 +56,7 @@ pub fn profile(n: usize, f: f64, b: f64, params: u64, kept: f64) -> Profile {
         split_kept_bytes_per_sample: None,
         deferred_bytes_per_sample: 0.0,
         tp_all_reduce_bytes_per_sample: 0.0,
+        experts: None,
         split: Vec::new(),
         measured: Vec::new(),
         attention: None,
