@@ -137,7 +137,7 @@ pub fn agree<C: Communicator + ?Sized>(comm: &C, parts: &[Tensor]) -> Result<Pla
 
 /// all_to_all through [`Communicator::all_gather`]: every member gathers every member's parts
 /// joined and keeps its own rows of each. It moves `size` times the bytes a native exchange
-/// moves; the backends without one (NCCL) use it.
+/// moves; a backend without one uses it.
 pub fn through_all_gather<C: Communicator + ?Sized>(
     comm: &C,
     parts: &[Tensor],

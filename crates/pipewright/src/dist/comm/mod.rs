@@ -111,7 +111,7 @@ pub trait Communicator: Send + Sync {
     /// dims after the first; the rows may differ, zero included (expert parallelism's dispatch
     /// and combine). Every member checks the same facts and so reports the same error
     /// ([`all_to_all::Plan`]). By default through [`Communicator::all_gather`]
-    /// ([`all_to_all::through_all_gather`]); the local and MPI backends exchange natively.
+    /// ([`all_to_all::through_all_gather`]); the local, MPI and NCCL backends exchange natively.
     fn all_to_all(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
         all_to_all::through_all_gather(self, parts)
     }

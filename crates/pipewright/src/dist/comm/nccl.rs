@@ -8,6 +8,7 @@
 //! report them. Tensors on the GPU (a `cuda` build) go straight through NCCL (`nccl/gpu.rs`); CPU
 //! tensors are copied to the rank's GPU, and results back. Reductions gather through NCCL and
 //! add in rank order ([`super::ordered`]), so they give the bits of every other backend.
+//! all_to_all is one NCCL group of sends and receives (`nccl/exchange.rs`).
 //!
 //! cudarc panics on its first call when libcuda is missing; [`probe`] checks first, and
 //! [`NcclComm::new`] returns an error instead.
@@ -25,6 +26,7 @@ use super::wire::{header_tensor, parse_header_tensor, reduce_plan, tensor_from_b
 use super::{check_agree, check_same_dtype, ordered, Communicator, Pending, ReduceOp, MAX_TAG};
 use crate::{Error, Result};
 
+mod exchange;
 #[cfg(feature = "cuda")]
 mod gpu;
 
@@ -384,6 +386,10 @@ impl Communicator for NcclComm {
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
         self.reduce(t, op, false)
+    }
+
+    fn all_to_all(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.exchange(parts)
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
