@@ -120,7 +120,12 @@ impl Dispatch {
         x: &Tensor,
         mut expert: impl FnMut(usize, &Tensor) -> Result<Tensor>,
     ) -> Result<Tensor> {
-        let (input, counts) = self.dispatch(x)?;
+        // The received rows' expert-major order, once for the dispatch and the combine.
+        let order = match self.group.size() {
+            1 => Vec::new(),
+            _ => self.expert_major(),
+        };
+        let (input, counts) = self.dispatch(x, &order)?;
         let mut outs = Vec::new();
         let mut at = 0;
         for (j, n) in counts.iter().enumerate() {
@@ -136,7 +141,7 @@ impl Dispatch {
         } else {
             Tensor::cat(&outs, 0)?
         };
-        self.combine(&y)
+        self.combine(&y, &order)
     }
 
     /// Rows from member `s` for local expert `j`: where they start among the rows received
@@ -172,8 +177,9 @@ impl Dispatch {
             .collect()
     }
 
-    /// This member's rows for its experts, expert by expert, and each expert's row count.
-    fn dispatch(&self, x: &Tensor) -> Result<(Tensor, Vec<usize>)> {
+    /// This member's rows for its experts, expert by expert (the received rows taken in
+    /// `order`), and each expert's row count.
+    fn dispatch(&self, x: &Tensor, order: &[u32]) -> Result<(Tensor, Vec<usize>)> {
         let counts: Vec<usize> = self
             .mine
             .clone()
@@ -183,21 +189,19 @@ impl Dispatch {
             return Ok((x.clone(), counts));
         }
         let got = exchange(x, &self.sends(self.group.rank()), &self.group)?;
-        let order = self.expert_major();
         if order.is_empty() {
             return Ok((got, counts));
         }
-        let order = Tensor::new(order.as_slice(), x.device())?;
+        let order = Tensor::new(order, x.device())?;
         Ok((got.index_select(&order, 0)?, counts))
     }
 
-    /// The experts' outputs `y` (expert-major, as [`Dispatch::dispatch`] gave the rows) back
-    /// on the members the rows came from, in their order.
-    fn combine(&self, y: &Tensor) -> Result<Tensor> {
+    /// The experts' outputs `y` (expert-major, as [`Dispatch::dispatch`] gave the rows in
+    /// `order`) back on the members the rows came from, in their order.
+    fn combine(&self, y: &Tensor, order: &[u32]) -> Result<Tensor> {
         if self.group.size() == 1 {
             return Ok(y.clone());
         }
-        let order = self.expert_major();
         let y = if order.is_empty() {
             y.clone()
         } else {
