@@ -16,9 +16,16 @@ use pipewright::{invalid, Error, Result};
 
 #[derive(Args)]
 pub struct ScheduleArgs {
-    /// gpipe, 1f1b, interleaved or zb1.
+    /// gpipe, 1f1b, interleaved, zb1, zbv or dualpipev.
     #[arg(long, default_value = "1f1b")]
     pub schedule: String,
+    /// Check and draw this schedule written as data (one rank's actions per line, as --save
+    /// writes it) in place of --schedule; its ranks and micro-batches are its own.
+    #[arg(long, value_name = "FILE")]
+    pub schedule_file: Option<PathBuf>,
+    /// Write the schedule as data to FILE (to edit, then train with `--schedule-file`).
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
     /// Pipeline stages.
     #[arg(long, default_value_t = 4)]
     pub pp: usize,
@@ -105,18 +112,47 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         let drawn = pipewright::parallel::pipeline::timeline::is_timeline_svg;
         pipewright::runtime::files::ensure_replaceable(svg, "--svg", "a drawn schedule", drawn)?;
     }
+    if let Some(path) = &a.save {
+        let ours = |text: &str| Schedule::from_csv(text).is_ok();
+        pipewright::runtime::files::ensure_replaceable(path, "--save", "a saved schedule", ours)?;
+    }
     let kind: ScheduleKind = a.schedule.parse()?;
-    let s = Schedule::new(kind, a.pp, a.chunks, a.r#virtual)?;
+    let (s, title) = match &a.schedule_file {
+        Some(path) => {
+            let s = Schedule::load(path)?;
+            let title = format!(
+                "{} ({} ranks, {} stages, {} chunks)",
+                path.display(),
+                s.ranks,
+                s.stages,
+                s.micro_batches
+            );
+            (s, title)
+        }
+        None => {
+            let title = format!(
+                "{kind} pp={} chunks={} virtual={}",
+                a.pp, a.chunks, a.r#virtual
+            );
+            (Schedule::new(kind, a.pp, a.chunks, a.r#virtual)?, title)
+        }
+    };
     let sim = s.validate()?;
-    let title = format!(
-        "{kind} pp={} chunks={} virtual={}",
-        a.pp, a.chunks, a.r#virtual
-    );
     pipewright::say!("{title}: complete and deadlock-free");
     if a.profile.is_none() && a.trace.is_some() {
         return Err(invalid!(
             "--trace is drawn beside a prediction: give --profile too"
         ));
+    }
+    if a.profile.is_some() && a.schedule_file.is_some() {
+        return Err(invalid!(
+            "--profile predicts a built schedule (--schedule): drop --schedule-file, or \
+             --profile to draw the file's under unit costs"
+        ));
+    }
+    if let Some(path) = &a.save {
+        s.save(path)?;
+        pipewright::say!("saved {}", path.display());
     }
     let mut panels = vec![(title, sim)];
     if a.profile.is_some() {
@@ -135,7 +171,7 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
         let sim = &panels[0].1;
         pipewright::runtime::console::say_text(&sim.timeline());
         pipewright::say!(
-            "time {} units, bubble {:.1} %, activations held per stage {:?}",
+            "time {} units, bubble {:.1} %, micro-batch stages held per rank {:?}",
             sim.makespan,
             sim.bubble * 100.0,
             sim.peak_in_flight

@@ -62,7 +62,7 @@ fn a_schedule_saved_to_a_file_and_loaded_back_trains_to_the_same_losses() {
     let loaded = Schedule::load(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
-    opts.custom_schedule = Some(loaded);
+    opts.spec.custom_schedule = Some(loaded);
     let got = pipelined_with(&case, 2, opts);
     let built = pipelined(&case, 2, ScheduleKind::ZeroBubbleH1, 1, Recompute::Never);
     assert_eq!(
@@ -85,14 +85,14 @@ fn a_v_shaped_schedule_trains_to_the_serial_losses() {
     .unwrap();
     assert_eq!(v.placement().unwrap(), vec![0, 1, 1, 0]);
     let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
-    opts.custom_schedule = Some(v);
+    opts.spec.custom_schedule = Some(v);
     compare(
         "V-shaped",
         &pipelined_with(&case, 2, opts.clone()),
         &serial(&case),
     );
     // One that does not fit the pipeline is refused before anything is built.
-    opts.custom_schedule = Some(Schedule::new(ScheduleKind::GPipe, 2, 3, 1).unwrap());
+    opts.spec.custom_schedule = Some(Schedule::new(ScheduleKind::GPipe, 2, 3, 1).unwrap());
     let e = opts.validate(&case.model, 2).unwrap_err().to_string();
     assert!(e.contains("3 micro-batches") && e.contains("chunks"), "{e}");
 }

@@ -302,3 +302,29 @@ fn partitions_by_layers_or_by_cut_points() {
         assert!(e.contains(needle), "{e}");
     }
 }
+
+#[test]
+fn the_v_schedules_are_complete_deadlock_free_and_placed_in_a_v() {
+    for p in 1..=8 {
+        for m in 1..=20 {
+            let zbv = Schedule::new(ScheduleKind::ZeroBubbleV, p, m, 1).unwrap();
+            let sim = zbv
+                .validate()
+                .unwrap_or_else(|e| panic!("zbv p={p} m={m}: {e}"));
+            let v: Vec<usize> = (0..2 * p).map(|k| k.min(2 * p - 1 - k)).collect();
+            assert_eq!(zbv.placement().unwrap(), v, "zbv p={p}");
+            assert!(sim.bubble >= 0.0);
+            match Schedule::new(ScheduleKind::DualPipeV, p, m, 1) {
+                Ok(s) => {
+                    s.validate()
+                        .unwrap_or_else(|e| panic!("dualpipev p={p} m={m}: {e}"));
+                    assert_eq!(s.placement().unwrap(), v, "dualpipev p={p}");
+                }
+                Err(e) => {
+                    assert!(m < 2 * p, "p={p} m={m}: {e}");
+                    assert!(e.to_string().contains("at least 2 x pp"), "{e}");
+                }
+            }
+        }
+    }
+}

@@ -146,9 +146,16 @@ pub struct TrainArgs {
     /// optimizer keeps f32 master weights.
     #[arg(help_heading = "Parallelism", long, default_value = "f32")]
     pub precision: String,
-    /// Pipeline schedule: gpipe, 1f1b, interleaved or zb1 (zero-bubble H1).
+    /// Pipeline schedule: gpipe, 1f1b, interleaved, zb1 (zero-bubble H1), zbv (zero-bubble
+    /// V: two stages per rank, the first and last on rank 0) or dualpipev (DeepSeek's, at
+    /// least 2 x pp chunks).
     #[arg(help_heading = "Parallelism", long, default_value = "1f1b")]
     pub schedule: String,
+    /// Run this schedule, written as data (one rank's actions per line, `0F0,0F1,0B0,...`, as
+    /// `pipewright schedule --save` writes it, or a PyTorch dump), in place of --schedule;
+    /// checked complete and deadlock-free before anything is built.
+    #[arg(help_heading = "Parallelism", long, value_name = "FILE")]
+    pub schedule_file: Option<PathBuf>,
     /// Model chunks per pipeline stage (interleaved schedule).
     #[arg(help_heading = "Parallelism", long = "virtual", value_name = "VIRTUAL", default_value_t = 1, value_parser = positive)]
     pub virtual_stages: usize,

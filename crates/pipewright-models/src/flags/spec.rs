@@ -4,7 +4,7 @@
 use pipewright::dist::topology::Layout;
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::model::precision::Precision;
-use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::parallel::pipeline::Recompute;
 use pipewright::parallel::zero::Zero;
 use pipewright::plan::Candidate;
@@ -119,6 +119,11 @@ impl TrainArgs {
             micro_batch: self.micro_batch()?,
             schedule: self.schedule.parse::<ScheduleKind>()?,
             virtual_stages: self.virtual_stages,
+            custom_schedule: self
+                .schedule_file
+                .as_deref()
+                .map(Schedule::load)
+                .transpose()?,
             precision: self.precision.parse::<Precision>()?,
             recompute: self.recompute.parse::<Recompute>()?,
             balance: self.balance.as_deref().map(str::parse).transpose()?,
@@ -188,6 +193,7 @@ impl TrainArgs {
         a.chunks = c.micro_batches;
         a.chunk_size = None;
         a.schedule = c.schedule.to_string();
+        a.schedule_file = None;
         a.virtual_stages = c.virtual_stages;
         a.recompute = c.recompute.to_string();
         a.zero = c.zero.to_string();

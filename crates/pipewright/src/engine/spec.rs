@@ -14,7 +14,7 @@ use crate::model::batch::Batch;
 use crate::model::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
 use crate::model::precision::Precision;
 use crate::model::{Build, Sequential};
-use crate::parallel::pipeline::schedule::ScheduleKind;
+use crate::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use crate::parallel::pipeline::Recompute;
 use crate::parallel::zero::Zero;
 use crate::plan::{balance_by, morph, By, Morph, MorphPlanner, MorphRequest};
@@ -65,6 +65,11 @@ pub struct TrainSpec {
     pub schedule: ScheduleKind,
     /// Model stages per pipeline rank (interleaved schedule).
     pub virtual_stages: usize,
+    /// A schedule given as data (`--schedule-file`: saved by `pipewright schedule --save`,
+    /// edited or written by hand, or dumped by PyTorch): when set, it replaces `schedule` and
+    /// `virtual_stages`. Recorded as its text; runs recorded before it had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_schedule: Option<Schedule>,
     /// What the model computes in.
     pub precision: Precision,
     /// Activation recomputation.
@@ -102,6 +107,7 @@ impl TrainSpec {
             micro_batch,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
+            custom_schedule: None,
             precision: Precision::F32,
             recompute: Recompute::Never,
             balance: None,
@@ -128,6 +134,22 @@ impl TrainSpec {
             .micro_batches(self.global_batch, self.micro_batch)
     }
 
+    /// The schedule the pipeline runs: the given one (checked to fit the pipeline's ranks and
+    /// micro-batches, complete and deadlock-free), else the built `schedule`.
+    pub fn schedule(&self) -> Result<Schedule> {
+        let s = Schedule::for_pipeline(
+            self.custom_schedule.as_ref(),
+            self.schedule,
+            self.virtual_stages,
+            self.layout.pp,
+            self.micro_batches()?,
+        )?;
+        if self.custom_schedule.is_some() {
+            s.validate()?;
+        }
+        Ok(s)
+    }
+
     /// Fails on a spec that cannot run whatever the model: a batch that does not split into
     /// the replicas' micro-batches, a negative clip, a cadence without periods.
     pub fn validate(&self) -> Result<()> {
@@ -150,7 +172,7 @@ impl TrainSpec {
             Some(Balance::Time) => By::Time,
             Some(Balance::Size) => By::Size,
         };
-        let stages = self.layout.pp * self.virtual_stages;
+        let stages = self.schedule()?.stages;
         let layers = balance_by(by, model, &Build::cpu(self.seed), sample, stages)?;
         Ok(Self {
             balance: Some(Balance::Layers(layers)),
@@ -172,7 +194,8 @@ impl TrainSpec {
     /// layout [`morph()`] chooses for `model` (a tensor-parallel size must divide every one of
     /// `tp_divides`; `planner` picks the fastest, else the nearest layout is taken), the same
     /// batch, micro-batch, schedule and recompute mode, an explicit list of layers per stage
-    /// dropped (it was made for the old pipeline), and why that layout.
+    /// dropped (it was made for the old pipeline), a given schedule dropped for the built one
+    /// when the pipeline's ranks or micro-batches change, and why that layout.
     pub fn morph(
         &self,
         world: usize,
@@ -196,6 +219,10 @@ impl TrainSpec {
         spec.layout = m.layout;
         if matches!(spec.balance, Some(Balance::Layers(_))) {
             spec.balance = None;
+        }
+        // A given schedule has the old pipeline's ranks and micro-batches.
+        if spec.layout.pp != self.layout.pp || spec.micro_batches()? != self.micro_batches()? {
+            spec.custom_schedule = None;
         }
         Ok((spec, m))
     }

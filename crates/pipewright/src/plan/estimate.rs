@@ -329,7 +329,8 @@ pub fn estimate(
     let Layout { pp, tp, .. } = cand.layout;
     // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
     let replicas = cand.layout.replicas();
-    let (v, m, rows) = (cand.virtual_stages, cand.micro_batches, cand.micro_batch);
+    let v = cand.schedule.stages_per_rank(cand.virtual_stages);
+    let (m, rows) = (cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
     let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);

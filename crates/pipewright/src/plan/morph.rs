@@ -66,12 +66,13 @@ pub struct Morph {
 /// fit, nearest to `req.from` first.
 pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {
     let v = req.virtual_stages;
+    let per_rank = req.schedule.stages_per_rank(v);
     let mut out: Vec<Layout> = layouts(req.world, usize::MAX, &req.tp_divides, req.global_batch)
         .into_iter()
         .filter(|l| {
             l.micro_batches(req.global_batch, req.micro_batch)
                 .is_ok_and(|m| Schedule::new(req.schedule, l.pp, m, v).is_ok())
-                && partition(model, l.pp * v, None).is_ok()
+                && partition(model, l.pp * per_rank, None).is_ok()
         })
         .collect();
     let from = req.from;

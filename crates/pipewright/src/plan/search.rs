@@ -116,6 +116,13 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
                 if units >= 2 * pp && m.is_multiple_of(pp) {
                     schedules.push((ScheduleKind::Interleaved, 2));
                 }
+                // The V schedules: two stages per rank, the first and last on rank 0.
+                if units >= 2 * pp {
+                    schedules.push((ScheduleKind::ZeroBubbleV, 1));
+                    if m >= 2 * pp {
+                        schedules.push((ScheduleKind::DualPipeV, 1));
+                    }
+                }
             }
             let zeros: &[Zero] = if dp > 1 {
                 &[
@@ -262,11 +269,12 @@ pub fn rank(
                 req.world
             ));
         }
-        if pp * c.virtual_stages > profile.units() {
+        let per_rank = c.schedule.stages_per_rank(c.virtual_stages);
+        if pp * per_rank > profile.units() {
             return Err(invalid!(
                 "{} with {} chunks per stage needs more than the model's {} units",
                 c.layout,
-                c.virtual_stages,
+                per_rank,
                 profile.units()
             ));
         }

@@ -17,12 +17,14 @@ impl Varuna {
     pub fn describe(&self) -> Result<Vec<String>> {
         let l = self.topo.layout();
         let ranges = self.pipeline.ranges();
+        let schedule = self.pipeline.schedule();
         (0..self.topo.world())
             .map(|r| {
                 let c = self.topo.coords(r)?;
-                let layers: Vec<String> = (0..self.opts.spec.virtual_stages)
-                    .map(|v| {
-                        let k = v * l.pp + c.stage;
+                let layers: Vec<String> = schedule
+                    .stages_of(c.stage)
+                    .into_iter()
+                    .map(|k| {
                         let rg = &ranges[k];
                         format!("{}..{}", rg.start, rg.end)
                     })

@@ -12,7 +12,6 @@ use crate::model::Sequential;
 use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::parallel::loss::{CrossEntropy, SharedLoss};
 use crate::parallel::pipeline::partition::partition;
-use crate::parallel::pipeline::schedule::Schedule;
 use crate::parallel::pipeline::PipelineOptions;
 use crate::{invalid, Result};
 
@@ -38,9 +37,6 @@ pub struct VarunaOptions {
     /// When given, a batch of `micro_batch` rows is run through the model (evaluation mode) at
     /// construction, so that a shape error shows before training.
     pub batch_fn: Option<BatchFn>,
-    /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
-    /// set, it replaces the spec's schedule and virtual stages.
-    pub custom_schedule: Option<Schedule>,
     /// After every layer's forward, check its output and fail at the first NaN or inf,
     /// naming the layer, micro-batch and step (PyTorch's anomaly detection; costs a
     /// reduction per layer: for debugging).
@@ -67,7 +63,6 @@ impl VarunaOptions {
             stage_to_rank_map: None,
             shared_weights: Vec::new(),
             batch_fn: None,
-            custom_schedule: None,
             detect_anomaly: false,
             loss_scaler: LossScaler::new(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
@@ -129,7 +124,7 @@ impl VarunaOptions {
             micro_batches: s.micro_batches()?,
             schedule: s.schedule,
             virtual_stages: s.virtual_stages,
-            custom_schedule: self.custom_schedule.clone(),
+            custom_schedule: s.custom_schedule.clone(),
             balance: self.balance()?,
             seed: s.seed,
             tied: self.shared_weights.clone(),
@@ -150,16 +145,7 @@ impl VarunaOptions {
         let topo = self.topology()?;
         topo.layout().check_world(world)?;
         let p = self.pipeline_options()?;
-        let schedule = Schedule::for_pipeline(
-            p.custom_schedule.as_ref(),
-            p.schedule,
-            p.virtual_stages,
-            topo.layout().pp,
-            p.micro_batches,
-        )?;
-        if p.custom_schedule.is_some() {
-            schedule.validate()?;
-        }
+        let schedule = self.spec.schedule()?;
         partition(model, schedule.stages, p.balance.as_deref())?;
         model.skips()?;
         self.spec.lr.validate()

@@ -181,8 +181,8 @@ impl<'a, 's> StepState<'a, 's> {
     /// second part).
     fn backward_weight(&mut self, k: usize, mb: usize) -> Result<()> {
         let stage = self.stage;
-        let queue = stage.queue.as_ref().ok_or_else(|| {
-            invalid!("stage {k}: a weight-gradient action in a schedule without split backward")
+        let queue = stage.weight_queue(k, mb).ok_or_else(|| {
+            invalid!("stage {k}: the weight gradient of micro-batch {mb} without its input pass")
         })?;
         let weights = queue.weight_grads(mb + stage.mb_offset)?;
         match self.sink.as_deref_mut() {

@@ -177,6 +177,12 @@ impl Pipeline {
         &self.stage.ranges
     }
 
+    /// The schedule every rank of the pipeline runs (which rank holds each stage:
+    /// [`Schedule::placement`]).
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
     /// The batch tensors the model's first stage takes.
     pub fn input_names(&self) -> &[String] {
         self.stage.input_names()
@@ -330,13 +336,8 @@ impl Pipeline {
         for s in sends {
             s.wait()?;
         }
-        if let Some(n) = self
-            .stage
-            .queue
-            .as_ref()
-            .map(|q| q.pending())
-            .filter(|n| *n > 0)
-        {
+        let n = self.stage.pending_weight_grads();
+        if n > 0 {
             return Err(leftover(n));
         }
         for (_, stage) in &self.stage.own {

@@ -7,6 +7,7 @@
 //! [`transfer`], skip routing in [`skip`], tied weights in [`tied`], recomputation in
 //! [`recompute`], evaluation in [`evaluate`] and traces in [`trace`].
 
+mod action;
 mod actions;
 mod backward;
 pub mod evaluate;
@@ -17,6 +18,8 @@ mod options;
 pub mod partition;
 pub mod recompute;
 pub mod schedule;
+mod schedule_file;
+pub mod schedule_v;
 pub mod segments;
 pub mod simulate;
 pub mod sink;

@@ -17,118 +17,10 @@
 //! - A schedule file is PyTorch's CSV form: one line per rank, its actions separated by commas.
 
 use std::fmt;
-use std::path::Path;
 
+pub use super::action::Action;
+use super::schedule_v::{dual_pipe_v, zero_bubble_v};
 use crate::{invalid, Error, Result};
-
-/// One step of a rank: what it computes, for which micro-batch, on which model stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// The stage's forward of a micro-batch.
-    Forward {
-        /// Micro-batch index within the replica's batch.
-        mb: usize,
-        /// Model stage.
-        stage: usize,
-    },
-    /// Input and weight gradients together.
-    Backward {
-        /// Micro-batch index within the replica's batch.
-        mb: usize,
-        /// Model stage.
-        stage: usize,
-    },
-    /// Zero-bubble split: the input gradient only (sent upstream at once) ...
-    BackwardInput {
-        /// Micro-batch index within the replica's batch.
-        mb: usize,
-        /// Model stage.
-        stage: usize,
-    },
-    /// ... and the weight gradient, later, to fill a bubble.
-    BackwardWeight {
-        /// Micro-batch index within the replica's batch.
-        mb: usize,
-        /// Model stage.
-        stage: usize,
-    },
-}
-
-impl Action {
-    /// The micro-batch the action computes.
-    pub fn mb(&self) -> usize {
-        match *self {
-            Action::Forward { mb, .. }
-            | Action::Backward { mb, .. }
-            | Action::BackwardInput { mb, .. }
-            | Action::BackwardWeight { mb, .. } => mb,
-        }
-    }
-
-    /// The model stage the action runs on.
-    pub fn stage(&self) -> usize {
-        match *self {
-            Action::Forward { stage, .. }
-            | Action::Backward { stage, .. }
-            | Action::BackwardInput { stage, .. }
-            | Action::BackwardWeight { stage, .. } => stage,
-        }
-    }
-
-    /// The letter of what it computes: F, B, I (input gradient), W (weight gradient).
-    pub fn letter(&self) -> char {
-        match self {
-            Action::Forward { .. } => 'F',
-            Action::Backward { .. } => 'B',
-            Action::BackwardInput { .. } => 'I',
-            Action::BackwardWeight { .. } => 'W',
-        }
-    }
-
-    /// The action of `letter` (F, B, I, W) on `stage` for micro-batch `mb`.
-    pub fn new(letter: char, stage: usize, mb: usize) -> Result<Self> {
-        Ok(match letter {
-            'F' => Action::Forward { mb, stage },
-            'B' => Action::Backward { mb, stage },
-            'I' => Action::BackwardInput { mb, stage },
-            'W' => Action::BackwardWeight { mb, stage },
-            _ => {
-                return Err(invalid!(
-                    "unknown action letter `{letter}`: use F (forward), B (backward), I (input \
-                     gradient) or W (weight gradient)"
-                ))
-            }
-        })
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}{}", self.stage(), self.letter(), self.mb())
-    }
-}
-
-impl std::str::FromStr for Action {
-    type Err = Error;
-
-    /// Parses the printed form, `1F3` (stage, letter, micro-batch).
-    fn from_str(s: &str) -> Result<Self> {
-        let s = s.trim();
-        let bad = || {
-            invalid!("`{s}` is not an action: write stage, letter, micro-batch, as `1F3` or `0W2`")
-        };
-        let at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        let (stage, rest) = s.split_at(at);
-        let mut chars = rest.chars();
-        let letter = chars.next().ok_or_else(bad)?;
-        let mb = chars.as_str();
-        if stage.is_empty() || mb.is_empty() || !mb.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        let number = |t: &str| t.parse::<usize>().map_err(|_| bad());
-        Action::new(letter, number(stage)?, number(mb)?)
-    }
-}
 
 /// The schedules pipewright builds (serialized as they parse: `gpipe`, `1f1b`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -147,6 +39,43 @@ pub enum ScheduleKind {
     /// (see [`zero_bubble_h1`]).
     #[serde(rename = "zb1")]
     ZeroBubbleH1,
+    /// ZB-V (Qi et al. 2023): two stages per rank in a V, the split backward placed so that
+    /// nothing waits when forward, input and weight gradients take equal time (see
+    /// [`super::schedule_v`]).
+    #[serde(rename = "zbv")]
+    ZeroBubbleV,
+    /// DualPipeV (DeepSeek-V3's DualPipe on p ranks, PyTorch's `ScheduleDualPipeV`): the V
+    /// placement with a forward and a whole backward paired in the steady state; at least
+    /// 2 x pp micro-batches.
+    #[serde(rename = "dualpipev")]
+    DualPipeV,
+}
+
+impl ScheduleKind {
+    /// Every built schedule, in the order they are listed.
+    pub const ALL: [ScheduleKind; 6] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::Interleaved,
+        ScheduleKind::ZeroBubbleH1,
+        ScheduleKind::ZeroBubbleV,
+        ScheduleKind::DualPipeV,
+    ];
+
+    /// Whether it places two stages per rank in a V (rank r: stages r and 2p - 1 - r).
+    pub fn is_v(self) -> bool {
+        matches!(self, ScheduleKind::ZeroBubbleV | ScheduleKind::DualPipeV)
+    }
+
+    /// Model stages each rank holds when `virtual_stages` is asked for: two in a V, the
+    /// virtual stages under the interleaved schedule, else one.
+    pub fn stages_per_rank(self, virtual_stages: usize) -> usize {
+        match self {
+            _ if self.is_v() => 2,
+            ScheduleKind::Interleaved => virtual_stages,
+            _ => 1,
+        }
+    }
 }
 
 impl std::str::FromStr for ScheduleKind {
@@ -157,9 +86,11 @@ impl std::str::FromStr for ScheduleKind {
             "1f1b" => ScheduleKind::OneFOneB,
             "interleaved" => ScheduleKind::Interleaved,
             "zb1" | "zbh1" => ScheduleKind::ZeroBubbleH1,
+            "zbv" => ScheduleKind::ZeroBubbleV,
+            "dualpipev" => ScheduleKind::DualPipeV,
             _ => {
                 return Err(invalid!(
-                    "unknown schedule `{s}`: use gpipe, 1f1b, interleaved or zb1"
+                    "unknown schedule `{s}`: use gpipe, 1f1b, interleaved, zb1, zbv or dualpipev"
                 ))
             }
         })
@@ -173,6 +104,8 @@ impl fmt::Display for ScheduleKind {
             ScheduleKind::OneFOneB => "1f1b",
             ScheduleKind::Interleaved => "interleaved",
             ScheduleKind::ZeroBubbleH1 => "zb1",
+            ScheduleKind::ZeroBubbleV => "zbv",
+            ScheduleKind::DualPipeV => "dualpipev",
         })
     }
 }
@@ -280,16 +213,29 @@ pub fn interleaved(p: usize, m: usize, v: usize, r: usize) -> Vec<Action> {
 
 impl Schedule {
     /// The lists of every rank for `kind` with `p` ranks, `m` micro-batches and `v` stages per
-    /// rank (interleaved only; otherwise 1).
+    /// rank (interleaved only; the V schedules hold 2, whether `v` says 1 or 2; the others 1).
     pub fn new(kind: ScheduleKind, p: usize, m: usize, v: usize) -> Result<Self> {
         if p == 0 || m == 0 || v == 0 {
             return Err(invalid!("a schedule needs at least one stage, micro-batch and chunk (got pp={p}, micro-batches={m}, virtual_stages={v})"));
         }
-        if v > 1 && kind != ScheduleKind::Interleaved {
+        if v > 1 && kind != ScheduleKind::Interleaved && !(kind.is_v() && v == 2) {
             return Err(invalid!(
-                "virtual_stages {v} needs the interleaved schedule, not {kind}"
+                "virtual_stages {v} needs the interleaved schedule, not {kind}{}",
+                if kind.is_v() {
+                    " (it holds two stages per rank by its V)"
+                } else {
+                    ""
+                }
             ));
         }
+        if kind == ScheduleKind::DualPipeV && m < 2 * p {
+            return Err(invalid!(
+                "dualpipev needs at least 2 x pp = {} micro-batches per replica (chunks), got \
+                 {m}: more chunks, or zbv",
+                2 * p
+            ));
+        }
+        let v = kind.stages_per_rank(v);
         if kind == ScheduleKind::Interleaved && v > 1 && !m.is_multiple_of(p) {
             return Err(invalid!(
                 "the interleaved schedule sends micro-batches round in groups of pp: {m} micro-batches per replica must be a multiple of pp {p}"
@@ -315,6 +261,8 @@ impl Schedule {
                 ScheduleKind::Interleaved if v == 1 => one_f_one_b(p, m, r),
                 ScheduleKind::Interleaved => interleaved(p, m, v, r),
                 ScheduleKind::ZeroBubbleH1 => zero_bubble_h1(p, m, r),
+                ScheduleKind::ZeroBubbleV => zero_bubble_v(p, m, r),
+                ScheduleKind::DualPipeV => dual_pipe_v(p, m, r),
             })
             .collect();
         Self::from_actions(actions)
@@ -411,53 +359,5 @@ impl Schedule {
             ));
         }
         Ok(s.clone())
-    }
-
-    /// The printed form: one line per rank, its actions separated by commas (PyTorch's CSV).
-    pub fn to_csv(&self) -> String {
-        self.actions
-            .iter()
-            .map(|l| {
-                l.iter()
-                    .map(Action::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .map(|l| l + "\n")
-            .collect()
-    }
-
-    /// Parses [`Schedule::to_csv`]'s form (blank lines and `#` comments skipped; a rank with no
-    /// action is an empty line only at the end of a file, so write every rank's list).
-    pub fn from_csv(text: &str) -> Result<Self> {
-        let actions = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .enumerate()
-            .map(|(r, line)| {
-                line.split(',')
-                    .filter(|t| !t.trim().is_empty())
-                    .map(|t| {
-                        t.parse::<Action>()
-                            .map_err(|e| invalid!("rank {r} of the schedule: {e}"))
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Self::from_actions(actions)
-    }
-
-    /// Writes [`Schedule::to_csv`] to `path` (whole, or not at all: a temporary file renamed).
-    pub fn save(&self, path: &Path) -> Result<()> {
-        crate::runtime::files::write_atomic(path, self.to_csv().as_bytes())
-    }
-
-    /// Reads a schedule written by [`Schedule::save`] (or by hand, or by PyTorch's
-    /// `_dump_csv`) from `path`.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid!("cannot read the schedule {}: {e}", path.display()))?;
-        Self::from_csv(&text).map_err(|e| invalid!("{}: {e}", path.display()))
     }
 }

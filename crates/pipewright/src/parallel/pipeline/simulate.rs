@@ -174,10 +174,32 @@ fn first_end(
         .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)))
 }
 
+/// When action `a` can start, at `now` or later: once what it needs has ended (`fwd` and
+/// `grad` by model stage and micro-batch, `m` of them) and crossed from another rank
+/// (`transfer`; stages on one rank, a V's turn, pass their tensors without a hop); `None`
+/// while something it needs has not ended.
+fn starts_at(
+    a: &Action,
+    now: f64,
+    placement: &[usize],
+    (fwd, grad, m): (&[Option<f64>], &[Option<f64>], usize),
+    transfer: &dyn Fn(usize, usize) -> f64,
+) -> Option<f64> {
+    let k = a.stage();
+    let (deps, n) = needs(a, k, placement.len() - 1);
+    let mut at = now;
+    for &(is_f, ks) in &deps[..n] {
+        let t = (if is_f { fwd } else { grad })[ks * m + a.mb()]?;
+        let hop = placement[ks] != placement[k];
+        at = at.max(t + if hop { transfer(ks, k) } else { 0.0 });
+    }
+    Some(at)
+}
+
 /// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
-/// `transfer(from, to)` seconds for what crosses between model stages, the ranks sharing
-/// processors as `sharing` says, `busy(k, a)` the share of `a`'s time it computes. Fails,
-/// naming what each stuck rank waits for, when no rank can move.
+/// `transfer(from, to)` seconds for what crosses between model stages of two ranks, the ranks
+/// sharing processors as `sharing` says, `busy(k, a)` the share of `a`'s time it computes.
+/// Fails, naming what each stuck rank waits for, when no rank can move.
 fn run(
     s: &Schedule,
     cost: &dyn Fn(usize, &Action) -> f64,
@@ -187,6 +209,7 @@ fn run(
 ) -> Result<Simulation> {
     let (p, m) = (s.ranks, s.micro_batches);
     let last = s.stages - 1;
+    let placement = s.placement()?;
     // When the forward / the input gradient of (model stage k, mb) ended, at k * m + mb.
     let mut fwd: Vec<Option<f64>> = vec![None; (last + 1) * m];
     let mut grad: Vec<Option<f64>> = vec![None; (last + 1) * m];
@@ -210,22 +233,11 @@ fn run(
                  grad: &[Option<f64>],
                  active: &mut [bool],
                  ready: &mut BinaryHeap<Reverse<(Time, usize)>>| {
-        if active[r] {
-            return;
-        }
-        let Some(a) = s.actions[r].get(ptr[r]) else {
+        let next = s.actions[r].get(ptr[r]).filter(|_| !active[r]);
+        let Some(at) = next.and_then(|a| starts_at(a, now, &placement, (fwd, grad, m), transfer))
+        else {
             return;
         };
-        let k = a.stage();
-        let (deps, n) = needs(a, k, last);
-        let mut at = now;
-        for &(is_f, ks) in &deps[..n] {
-            let table = if is_f { fwd } else { grad };
-            let Some(t) = table[ks * m + a.mb()] else {
-                return;
-            };
-            at = at.max(t + if ks == k { 0.0 } else { transfer(ks, k) });
-        }
         active[r] = true;
         ready.push(Reverse((Time(at), r)));
     };
@@ -283,7 +295,15 @@ fn run(
                 // Who may move now: this rank, and the ranks of the neighbouring stages.
                 let neighbours = [Some(k), k.checked_sub(1), (k < last).then_some(k + 1)];
                 for ks in neighbours.into_iter().flatten() {
-                    check(ks % p, now, &ptr, &fwd, &grad, &mut active, &mut ready);
+                    check(
+                        placement[ks],
+                        now,
+                        &ptr,
+                        &fwd,
+                        &grad,
+                        &mut active,
+                        &mut ready,
+                    );
                 }
             }
             _ => break,
@@ -407,7 +427,8 @@ impl Schedule {
 
     /// Checks the lists and simulates them with `cost(model stage, action)` seconds per
     /// action and `transfer(from, to)` seconds for what crosses from one model stage to
-    /// another (the planner's costs: every stage its own durations, the links their delays),
+    /// another held by another rank (the planner's costs: every stage its own durations, the
+    /// links their delays),
     /// the ranks sharing processors as `sharing` says (ranks sharing a CPU slow each other
     /// down; [`Sharing::ALONE`] when every rank has its own device), and `busy(model stage,
     /// action)` the share of the action's time its rank computes rather than waits inside it

@@ -4,6 +4,7 @@
 //! them ([`super::executor::Pipeline`]), as torch.distributed.pipelining separates a
 //! `PipelineStage` from its schedule.
 
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -12,7 +13,7 @@ use candle_core::{Device, Tensor, Var};
 
 use super::options::PipelineOptions;
 use super::partition::partition;
-use super::schedule::Schedule;
+use super::schedule::{Action, Schedule};
 use super::segments::Cuts;
 use super::skip::Skips;
 use super::transfer::Tags;
@@ -53,8 +54,13 @@ pub struct PipelineStage {
     pub(super) replicas: usize,
     pub(super) opts: PipelineOptions,
     pub(super) step: u64,
-    /// Deferred weight gradients (zero-bubble schedules only).
-    pub(super) queue: Option<WeightGradQueue>,
+    /// Deferred weight gradients per model stage of this rank whose backward the schedule
+    /// splits (zero-bubble schedules; one queue per stage, so a weight pass takes its own
+    /// stage's work when a rank holds two) ...
+    pub(super) queues: HashMap<usize, WeightGradQueue>,
+    /// ... and the (model stage, micro-batch) pairs it splits: their forwards defer their
+    /// weight gradients, the others' backwards run whole (DualPipeV splits only its last).
+    pub(super) split: HashSet<(usize, usize)>,
     /// Nanoseconds spent in receives, for [`super::trace::TraceEvent::wait_us`].
     pub(super) waited_ns: AtomicU64,
     /// What this rank's mixtures of experts routed in the step's forwards (recomputations
@@ -80,6 +86,11 @@ impl PipelineStage {
             .map(|k| Ok((k, model.build_range(ranges[k].clone(), build)?)))
             .collect::<Result<Vec<_>>>()?;
         let skips = Skips::new(model, &ranges)?;
+        let split: HashSet<(usize, usize)> = schedule.actions[comm.rank()]
+            .iter()
+            .filter(|a| matches!(a, Action::BackwardInput { .. }))
+            .map(|a| (a.stage(), a.mb()))
+            .collect();
         let tags = Tags::new(
             schedule.stages,
             opts.micro_batches,
@@ -99,12 +110,30 @@ impl PipelineStage {
             device: build.device.clone(),
             mb_offset: 0,
             replicas: 1,
-            queue: schedule.splits_backward().then(WeightGradQueue::new),
+            queues: split
+                .iter()
+                .map(|(k, _)| (*k, WeightGradQueue::new()))
+                .collect(),
+            split,
             opts,
             step: 0,
             waited_ns: AtomicU64::new(0),
             loads: Mutex::default(),
         })
+    }
+
+    /// The queue the forward of micro-batch `mb` on model stage `k` defers its weight
+    /// gradients to: `Some` where the schedule splits that backward.
+    pub(super) fn weight_queue(&self, k: usize, mb: usize) -> Option<WeightGradQueue> {
+        self.split
+            .contains(&(k, mb))
+            .then(|| self.queues.get(&k).cloned())
+            .flatten()
+    }
+
+    /// Weight gradients queued and not yet computed, over this rank's stages.
+    pub(super) fn pending_weight_grads(&self) -> usize {
+        self.queues.values().map(WeightGradQueue::pending).sum()
     }
 
     /// The number of model stages over all ranks.
@@ -150,7 +179,7 @@ impl PipelineStage {
         let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
         cx.defer_batch_stats = self.opts.deferred_batch_norm;
         cx.detect_anomaly = self.opts.detect_anomaly;
-        cx.weight_grads = self.queue.clone();
+        cx.weight_grads = self.weight_queue(k, mb);
         cx.aux_weight = loss_scale / (self.opts.micro_batches * self.replicas) as f64;
         // The same context as the first forward: same dropout masks; layers with side effects
         // (BatchNorm statistics) see is_recomputing().
