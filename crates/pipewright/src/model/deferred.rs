@@ -21,10 +21,14 @@ use crate::{Error, Result};
 /// the tap's own).
 #[derive(Clone, Debug)]
 pub enum Work {
-    /// `y = x W^T` (`OutIn`) or `y = x W` (`InOut`), `x` of shape `(rows, in)`.
+    /// `y = a W^T` (`OutIn`) or `y = a W` (`InOut`), `x` of shape `(rows, in)` and `a` the
+    /// input itself or (`gelu`) its GELU, which is computed again for the weight gradient
+    /// rather than kept.
     Matmul {
         /// How the weight stores its features.
         layout: WeightLayout,
+        /// The product takes GELU of the input (the fused linear's `gelu` input).
+        gelu: bool,
     },
     /// `y = W[ids]` with `W` of shape `(rows, dim)`, the ids flat.
     Embedding {
@@ -69,6 +73,9 @@ struct Tap {
     mb: usize,
     param: String,
     work: Work,
+    /// The weight, when the tap's third input is the layer's bias (which the tap then gives
+    /// its gradient, the column sums of the output's); else the third input is the weight.
+    weight: Option<Tensor>,
 }
 
 impl Work {
@@ -82,13 +89,18 @@ impl Work {
         grad: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
         Ok(match self {
-            // As candle's matmul backward: lhs_grad = grad rhs^T, rhs the weight as multiplied.
-            Work::Matmul { layout, .. } => {
+            // As candle's matmul backward: lhs_grad = grad rhs^T, rhs the weight as multiplied
+            // (then through GELU's slope at the input, as the fused linear's backward).
+            Work::Matmul { layout, gelu } => {
                 let rhs = match layout {
                     WeightLayout::OutIn => weight.t()?,
                     WeightLayout::InOut => weight.clone(),
                 };
-                Some(grad.matmul(&rhs.t()?)?)
+                let g = grad.matmul(&rhs.t()?)?;
+                Some(match gelu {
+                    true => crate::model::kernels::gelu::input_grad(input, &g)?,
+                    false => g,
+                })
             }
             Work::Embedding { .. } => None,
             // As candle's conv2d backward for its input (dilation 1).
@@ -141,14 +153,19 @@ impl CustomOp3 for Tap {
         &self,
         _out: &Tensor,
         input: &Tensor,
-        weight: &Tensor,
+        third: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let weight = self.weight.as_ref().unwrap_or(third);
         // Nothing upstream needs it when the input is no part of a graph (ids, images).
         let input_grad = match input.track_op() {
             true => self.work.input_grad(input, weight, grad)?,
             false => None,
+        };
+        let bias_grad = match self.weight {
+            Some(_) => Some(grad.sum(0)?),
+            None => None,
         };
         let mut q = self.queue.0.lock().unwrap_or_else(|e| e.into_inner());
         q.push(Entry {
@@ -158,7 +175,7 @@ impl CustomOp3 for Tap {
             input: input.detach(),
             grad: grad.detach(),
         });
-        Ok((None, input_grad, None))
+        Ok((None, input_grad, bias_grad))
     }
 }
 
@@ -170,29 +187,31 @@ impl WeightGradQueue {
 
     /// `y`, the output of `work`'s op on `input` computed from a detached input and weight (no
     /// graph), as a tensor whose gradient, when it comes, gives `input` its gradient and is
-    /// queued with `work` for parameter `param` (`weight`) of micro-batch `mb`. `y` must be a
-    /// new tensor nothing else reads: its memory is given back (the result is its copy; the
-    /// graph keeps `y` as the tap's input but never reads it), so an activation is kept once.
+    /// queued with `work` for parameter `param` (`weight`) of micro-batch `mb`; with `bias`,
+    /// `y` has the bias added too (a matrix product's `(rows, out)` output), and the bias gets
+    /// its gradient at once. `y` must be a new tensor nothing else reads: its memory is given
+    /// back (the result is its copy; the graph keeps `y` as the tap's input but never reads
+    /// it), so an activation is kept once.
+    #[allow(clippy::too_many_arguments)]
     pub fn tap(
         &self,
         y: Tensor,
         input: &Tensor,
         weight: &Tensor,
+        bias: Option<&Tensor>,
         mb: usize,
         param: &str,
         work: Work,
     ) -> Result<Tensor> {
         let y = y.contiguous()?;
-        let out = y.apply_op3(
-            input,
-            weight,
-            Tap {
-                queue: self.clone(),
-                mb,
-                param: param.to_string(),
-                work,
-            },
-        )?;
+        let tap = Tap {
+            queue: self.clone(),
+            mb,
+            param: param.to_string(),
+            work,
+            weight: bias.map(|_| weight.detach()),
+        };
+        let out = y.apply_op3(input, bias.unwrap_or(weight), tap)?;
         crate::runtime::storage::release(&y)?;
         Ok(out)
     }
@@ -223,8 +242,12 @@ impl WeightGradQueue {
         for e in mine {
             let g = match &e.work {
                 // As candle's matmul backward: rhs_grad = lhs^T grad (then the transpose's).
-                Work::Matmul { layout } => {
-                    let gw = e.input.t()?.matmul(&e.grad)?;
+                Work::Matmul { layout, gelu } => {
+                    let lhs = match gelu {
+                        true => crate::model::kernels::gelu::gelu(&e.input)?,
+                        false => e.input.clone(),
+                    };
+                    let gw = lhs.t()?.matmul(&e.grad)?;
                     match layout {
                         WeightLayout::InOut => gw,
                         WeightLayout::OutIn => gw.t()?,

@@ -15,6 +15,13 @@ pub(crate) fn gelu(x: &Tensor) -> candle_core::Result<Tensor> {
     x.contiguous()?.apply_op1(Gelu)
 }
 
+/// `g` times GELU's slope at `x` (what GELU's backward gives its input for the output's
+/// gradient `g`; a deferred weight gradient's linear takes GELU of its input inside).
+pub(crate) fn input_grad(x: &Tensor, g: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?
+        .apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)
+}
+
 struct Gelu;
 struct GeluGrad;
 
@@ -118,7 +125,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(&g.contiguous()?, &GeluGrad)?))
+        Ok(Some(input_grad(x, g)?))
     }
 }
 

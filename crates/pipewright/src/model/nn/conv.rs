@@ -100,6 +100,7 @@ impl Conv2d {
                     y,
                     x,
                     self.weight.as_tensor(),
+                    None,
                     mb,
                     &join(&self.name, "weight"),
                     work,

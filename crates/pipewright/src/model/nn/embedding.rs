@@ -79,6 +79,7 @@ impl Embedding {
                     y,
                     &flat,
                     self.weight.as_tensor(),
+                    None,
                     mb,
                     &join(&self.name, "weight"),
                     work,
