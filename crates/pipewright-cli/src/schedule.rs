@@ -1,16 +1,17 @@
 //! `pipewright schedule`: a schedule's action lists as a timeline. Under unit costs (forward
 //! 1, backward 2, its input and weight halves 1 each) by default; with `--profile`, the
 //! planner's prediction in real seconds (every stage's own durations, the links' delays,
-//! ranks sharing a CPU), and with `--trace` a measured step drawn beneath it.
+//! ranks sharing a CPU), and with `--trace` a measured step drawn beneath it (without
+//! `--profile`, beneath its own schedule simulated with the costs the step measured).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use pipewright::dist::topology::Layout;
-use pipewright::parallel::pipeline::read_chrome_trace;
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::parallel::pipeline::timeline::{svg_panels, svg_panels_wide};
-use pipewright::parallel::pipeline::Simulation;
+use pipewright::parallel::pipeline::{read_chrome_trace, replay_chrome_trace};
+use pipewright::parallel::pipeline::{Sharing, Simulation};
 use pipewright::plan::{estimate, format_bytes, Candidate, Cluster, Profile};
 use pipewright::{invalid, Error, Result};
 
@@ -65,7 +66,8 @@ pub struct ScheduleArgs {
     #[arg(long, default_value_t = 1)]
     pub nodes: usize,
     /// Draw this measured step (a `pipewright train --trace` file, its last step) under the
-    /// prediction.
+    /// prediction; without --profile, under its schedule simulated with the step's own costs
+    /// (the idle shares of both printed).
     #[arg(long)]
     pub trace: Option<PathBuf>,
 }
@@ -107,6 +109,42 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
     Ok((title, sim))
 }
 
+/// The last step of the trace at `path`, with its idle share; with `simulate`, also its
+/// schedule simulated under the step's own measured costs (the panel drawn above it).
+fn measured(path: &Path, simulate: bool) -> Result<Vec<(String, Simulation)>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
+    // Ranks as threads of this machine take turns on its cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let sharing = Sharing {
+        slots: cores as f64,
+        ..Sharing::ALONE
+    };
+    let replay = replay_chrome_trace(&text, None, sharing)?;
+    pipewright::say!(
+        "measured step (last in the trace): pipeline {:.2} ms, idle {:.1} % (between actions \
+         and waiting inside them)",
+        replay.measured_makespan * 1e3,
+        replay.measured_idle * 100.0
+    );
+    let mut panels = Vec::new();
+    if simulate {
+        let sim = replay.simulated;
+        pipewright::say!(
+            "its schedule simulated with the step's own costs (each stage's median forward, \
+             backward, input and weight pass; the ranks sharing {cores} cores): {:.2} ms, idle \
+             {:.1} %",
+            sim.makespan * 1e3,
+            sim.bubble * 100.0
+        );
+        panels.push(("simulated with the measured costs".to_string(), sim));
+    }
+    panels.push((
+        format!("measured: {}", path.display()),
+        read_chrome_trace(&text, None)?,
+    ));
+    Ok(panels)
+}
+
 pub fn run(a: ScheduleArgs) -> Result<()> {
     if let Some(svg) = &a.svg {
         let drawn = pipewright::parallel::pipeline::timeline::is_timeline_svg;
@@ -139,11 +177,6 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
     };
     let sim = s.validate()?;
     pipewright::say!("{title}: complete and deadlock-free");
-    if a.profile.is_none() && a.trace.is_some() {
-        return Err(invalid!(
-            "--trace is drawn beside a prediction: give --profile too"
-        ));
-    }
     if a.profile.is_some() && a.schedule_file.is_some() {
         return Err(invalid!(
             "--profile predicts a built schedule (--schedule): drop --schedule-file, or \
@@ -157,17 +190,7 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
     let mut panels = vec![(title, sim)];
     if a.profile.is_some() {
         panels = vec![predicted(&a, kind)?];
-        if let Some(path) = &a.trace {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| Error::io("cannot read", path, e))?;
-            let measured = read_chrome_trace(&text, None)?;
-            pipewright::say!(
-                "measured step (last in the trace): pipeline {:.2} ms",
-                measured.makespan * 1e3
-            );
-            panels.push((format!("measured: {}", path.display()), measured));
-        }
-    } else {
+    } else if a.trace.is_none() {
         let sim = &panels[0].1;
         pipewright::runtime::console::say_text(&sim.timeline());
         pipewright::say!(
@@ -177,10 +200,17 @@ pub fn run(a: ScheduleArgs) -> Result<()> {
             sim.peak_in_flight
         );
     }
+    if let Some(path) = &a.trace {
+        let measured = measured(path, a.profile.is_none())?;
+        if a.profile.is_none() {
+            panels.clear();
+        }
+        panels.extend(measured);
+    }
     if let Some(path) = &a.svg {
         // Unit costs: 28 pixels a unit; seconds: the longest timeline 1000 pixels wide.
         let refs: Vec<(&str, &Simulation)> = panels.iter().map(|(t, s)| (t.as_str(), s)).collect();
-        let svg = if a.profile.is_some() {
+        let svg = if a.profile.is_some() || a.trace.is_some() {
             svg_panels_wide(&refs, 1000.0)
         } else {
             svg_panels(&refs, 28.0)

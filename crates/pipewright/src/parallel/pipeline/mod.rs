@@ -28,6 +28,7 @@ mod stage;
 pub mod tied;
 pub mod timeline;
 pub mod trace;
+pub mod trace_replay;
 pub mod transfer;
 
 pub use executor::{Pipeline, PipelineOptions};
@@ -38,3 +39,4 @@ pub use sink::GradSink;
 pub use stage::PipelineStage;
 pub use timeline::{Costs, Simulation, Span};
 pub use trace::{chrome_trace, read_chrome_trace, TraceEvent};
+pub use trace_replay::{replay_chrome_trace, TraceReplay};

@@ -73,25 +73,37 @@ fn parse_action(name: &str) -> Option<Action> {
     name.strip_prefix("R+").unwrap_or(name).parse().ok()
 }
 
-/// One step of a trace written by [`chrome_trace`] (`pipewright train --trace`) as a
-/// [`Simulation`]: each stage's actions in seconds from the step's first start, so that a
-/// measured timeline can be drawn beside a predicted one. `step`: which (default: the last).
-pub fn read_chrome_trace(text: &str, step: Option<u64>) -> Result<Simulation> {
+/// One traced action of a step: the rank that ran it, what, and when, in seconds from the
+/// step's first start (its duration, and the part of it spent waiting for a neighbour).
+pub(super) struct StepEvent {
+    pub rank: usize,
+    pub action: Action,
+    pub start: f64,
+    pub dur: f64,
+    pub wait: f64,
+}
+
+/// The actions of step `step` (default: the last) of a trace [`chrome_trace`] wrote.
+pub(super) fn step_events(text: &str, step: Option<u64>) -> Result<Vec<StepEvent>> {
     let doc: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| invalid!("not a Chrome trace of `pipewright train --trace`: {e}"))?;
     let events = doc["traceEvents"]
         .as_array()
         .ok_or_else(|| invalid!("the trace has no traceEvents"))?;
-    let actions: Vec<(u64, usize, Action, f64, f64)> = events
+    let actions: Vec<(u64, StepEvent)> = events
         .iter()
         .filter(|e| e["ph"] == "X")
         .filter_map(|e| {
+            let us = |v: &serde_json::Value| v.as_f64().map(|t| t * 1e-6);
             Some((
                 e["args"]["step"].as_u64()?,
-                e["tid"].as_u64()? as usize,
-                parse_action(e["name"].as_str()?)?,
-                e["ts"].as_f64()?,
-                e["dur"].as_f64()?,
+                StepEvent {
+                    rank: e["tid"].as_u64()? as usize,
+                    action: parse_action(e["name"].as_str()?)?,
+                    start: us(&e["ts"])?,
+                    dur: us(&e["dur"])?,
+                    wait: us(&e["args"]["wait_us"]).unwrap_or(0.0),
+                },
             ))
         })
         .collect();
@@ -99,17 +111,32 @@ pub fn read_chrome_trace(text: &str, step: Option<u64>) -> Result<Simulation> {
     let want = step
         .or(last)
         .ok_or_else(|| invalid!("the trace holds no pipeline actions"))?;
-    let mine: Vec<_> = actions.into_iter().filter(|a| a.0 == want).collect();
-    let Some(t0) = mine.iter().map(|a| a.3).min_by(f64::total_cmp) else {
+    let mut mine: Vec<StepEvent> = actions
+        .into_iter()
+        .filter(|a| a.0 == want)
+        .map(|a| a.1)
+        .collect();
+    let Some(t0) = mine.iter().map(|a| a.start).min_by(f64::total_cmp) else {
         return Err(invalid!("the trace has no step {want}"));
     };
-    let stages = mine.iter().map(|a| a.1 + 1).max().unwrap_or(0);
+    for e in &mut mine {
+        e.start -= t0;
+    }
+    Ok(mine)
+}
+
+/// One step of a trace written by [`chrome_trace`] (`pipewright train --trace`) as a
+/// [`Simulation`]: each stage's actions in seconds from the step's first start, so that a
+/// measured timeline can be drawn beside a predicted one. `step`: which (default: the last).
+pub fn read_chrome_trace(text: &str, step: Option<u64>) -> Result<Simulation> {
+    let mine = step_events(text, step)?;
+    let stages = mine.iter().map(|a| a.rank + 1).max().unwrap_or(0);
     let mut spans: Vec<Vec<Span>> = vec![Vec::new(); stages];
-    for (_, stage, action, ts, dur) in mine {
-        spans[stage].push(Span {
-            start: (ts - t0) * 1e-6,
-            end: (ts - t0 + dur) * 1e-6,
-            action,
+    for e in mine {
+        spans[e.rank].push(Span {
+            start: e.start,
+            end: e.start + e.dur,
+            action: e.action,
         });
     }
     for row in &mut spans {
