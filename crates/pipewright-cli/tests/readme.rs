@@ -130,11 +130,11 @@ fn check_outputs(args: &[String], stdout: &str) {
         };
         check_svg(Path::new(svg), pp * panels, per_mb * chunks);
     }
-    if let Some(trace) = value_of(args, "--trace") {
+    if let (Some(trace), "train") = (value_of(args, "--trace"), args[0].as_str()) {
         let pp: usize = value_of(args, "--pp").unwrap().parse().unwrap();
         let chunks: usize = value_of(args, "--chunks").unwrap().parse().unwrap();
-        let zb = value_of(args, "--schedule") == Some("zb1");
-        check_trace(Path::new(trace), pp, chunks, zb);
+        let schedule = value_of(args, "--schedule").unwrap_or("1f1b");
+        check_trace(Path::new(trace), pp, chunks, schedule);
     }
     if args[..2] == ["bench", "comm"] {
         assert!(
@@ -339,24 +339,28 @@ fn check_svg(path: &Path, rows_wanted: usize, per_row: usize) {
     }
 }
 
-/// A trace: every stage's track has F and B events (a zero-bubble one's F, I and W), one per
-/// micro-batch and step.
-fn check_trace(path: &Path, pp: usize, chunks: usize, zero_bubble: bool) {
-    let letters: &[&str] = if zero_bubble {
-        &["F", "I", "W"]
-    } else {
-        &["F", "B"]
+/// A trace: every pipeline rank's track has F and B events (a zero-bubble one's F, I and W),
+/// one per micro-batch, step and model stage it holds (two in a V).
+fn check_trace(path: &Path, pp: usize, chunks: usize, schedule: &str) {
+    let letters: &[&str] = match schedule {
+        "zb1" | "zbv" => &["F", "I", "W"],
+        _ => &["F", "B"],
     };
+    let stages = if schedule == "zbv" { 2 } else { 1 };
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let events = t["traceEvents"].as_array().unwrap();
-    for stage in 0..pp {
+    for rank in 0..pp {
         for &letter in letters {
             let n = events
                 .iter()
-                .filter(|e| e["ph"] == "X" && e["tid"] == stage && e["cat"] == letter)
+                .filter(|e| e["ph"] == "X" && e["tid"] == rank && e["cat"] == letter)
                 .count();
-            assert_eq!(n, 2 * chunks, "stage {stage}: {letter} events of 2 steps");
+            assert_eq!(
+                n,
+                2 * chunks * stages,
+                "rank {rank}: {letter} events of 2 steps"
+            );
         }
     }
 }

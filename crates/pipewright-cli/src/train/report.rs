@@ -368,10 +368,10 @@ pub fn write_summary(
         let b: Vec<String> = bubbles
             .iter()
             .enumerate()
-            .map(|(s, b)| format!("stage {s} {:.0}%", b * 100.0))
+            .map(|(s, b)| format!("rank {s} {:.0}%", b * 100.0))
             .collect();
         pipewright::say!(
-            "bubble          {} (share of all steps' time each stage waited)",
+            "bubble          {} (share of all steps' time each pipeline rank waited)",
             b.join(", ")
         );
     }

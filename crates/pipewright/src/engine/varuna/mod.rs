@@ -428,7 +428,8 @@ impl Varuna {
         }
     }
 
-    /// [`Varuna::bubble_fraction`] per pipeline stage, averaged over the stage's ranks
+    /// [`Varuna::bubble_fraction`] per pipeline rank (the stage coordinate: a rank of a V or
+    /// interleaved schedule holds several model stages), averaged over the ranks that share it
     /// (collective over the world).
     pub fn bubble_per_stage(&self) -> Result<Vec<f64>> {
         let me = Tensor::new(
