@@ -172,8 +172,8 @@ impl TrainSpec {
             Some(Balance::Time) => By::Time,
             Some(Balance::Size) => By::Size,
         };
-        let stages = self.schedule()?.stages;
-        let layers = balance_by(by, model, &Build::cpu(self.seed), sample, stages)?;
+        let placement = self.schedule()?.placement()?;
+        let layers = balance_by(by, model, &Build::cpu(self.seed), sample, &placement)?;
         Ok(Self {
             balance: Some(Balance::Layers(layers)),
             ..self.clone()

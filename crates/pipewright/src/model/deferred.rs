@@ -164,7 +164,7 @@ impl CustomOp3 for Tap {
             false => None,
         };
         let bias_grad = match self.weight {
-            Some(_) => Some(grad.sum(0)?),
+            Some(_) => Some(crate::model::kernels::bias::column_sum(grad)?.reshape(third.shape())?),
             None => None,
         };
         let mut q = self.queue.0.lock().unwrap_or_else(|e| e.into_inner());

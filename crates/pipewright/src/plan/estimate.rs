@@ -10,6 +10,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::balance::{balance_cost, even_blocks};
+use super::balance_ranks::balance_v;
 use super::bound::{Bound, Breakdown};
 use super::cluster::Cluster;
 use super::context_parallel as cp_cost;
@@ -251,8 +252,9 @@ fn stage_cost(
     s
 }
 
-/// The model's units balanced over `stages` model stages by their time (or in even blocks, as
-/// the runtime asks), with each stage's costs for a micro-batch of `rows`.
+/// The model's units balanced over `stages` model stages by their time (a V's by its ranks'
+/// summed time; or in even blocks, as the runtime asks), with each stage's costs for a
+/// micro-batch of `rows`.
 fn balanced_stages(
     profile: &Profile,
     cluster: &Cluster,
@@ -270,6 +272,8 @@ fn balanced_stages(
         .collect();
     let balance = if cluster.runtime.even_blocks {
         even_blocks(units, stages)?
+    } else if cand.schedule.is_v() {
+        balance_v(&unit_time, stages / 2)?
     } else {
         balance_cost(&unit_time, stages)?
     };

@@ -24,6 +24,7 @@ pub mod action_cost;
 mod after_schedule;
 pub mod attention_rate;
 pub mod balance;
+mod balance_ranks;
 pub mod bound;
 pub mod cluster;
 pub mod comm_bench;
@@ -47,6 +48,7 @@ pub mod transformer;
 
 pub use attention_rate::{time_fused_attention, AttentionRate, AttentionTiming};
 pub use balance::{balance_cost, stage_costs};
+pub use balance_ranks::{balance_placed, balance_v};
 pub use bound::{Bound, Breakdown};
 pub use cluster::{Cluster, Runtime};
 pub use crowding::crowded_efficiency;
@@ -81,14 +83,16 @@ pub enum By {
     Size,
 }
 
-/// The balance of `model` over `stages` stages (units per stage: layers, or segments between
-/// cut points) by profiled time or size on `sample`, one micro-batch.
+/// The balance of `model` over model stages placed on ranks as `placement` says (units per
+/// stage: layers, or segments between cut points) by profiled time or size on `sample`, one
+/// micro-batch: stage by stage, or by rank where a rank holds two stages of a V
+/// ([`balance_placed`]).
 pub fn balance_by(
     by: By,
     model: &Sequential,
     build: &Build,
     sample: &Batch,
-    stages: usize,
+    placement: &[usize],
 ) -> Result<Vec<usize>> {
     let costs = profile_layers(model, build, sample, 3, None)?;
     let per_layer: Vec<f64> = costs
@@ -98,5 +102,5 @@ pub fn balance_by(
             By::Size => c.size(),
         })
         .collect();
-    balance_cost(&unit_costs(model, &per_layer), stages)
+    balance_placed(&unit_costs(model, &per_layer), placement)
 }
