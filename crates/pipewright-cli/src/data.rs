@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use pipewright::data::{prepare, InvalidUtf8, PrepareOptions, TokenDtype, Tokenizer};
+use pipewright::data::{prepare, Corpus, InvalidUtf8, PrepareOptions, TokenDtype, Tokenizer};
 use pipewright::{invalid, Error, Result};
 
 #[derive(Subcommand)]
@@ -57,7 +57,12 @@ pub struct TokenizerArgs {
     /// (leave such files out).
     #[arg(long, default_value = "error")]
     pub invalid_utf8: InvalidUtf8,
-    /// Text files, or directories of them (read recursively).
+    /// The JSON field or Parquet column holding each document's text.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// Corpus files, or directories of them (read recursively): text (a file a document), JSON
+    /// lines (.jsonl, .json: a document a line) or Parquet (.parquet: a document a row), each
+    /// also gzip- (.gz) or zstd-compressed (.zst).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 }
@@ -70,9 +75,16 @@ pub struct PrepareArgs {
     /// The shard directory to write (new, or empty).
     #[arg(long)]
     pub out: PathBuf,
-    /// Share of the corpus (its last bytes) held out for evaluation.
-    #[arg(long, default_value_t = 0.05, value_parser = crate::train::finite)]
-    pub held_out: f64,
+    /// Share of the corpus (its last bytes of text) held out for evaluation (default 0.05).
+    #[arg(long, value_parser = crate::train::finite, conflicts_with = "valid")]
+    pub held_out: Option<f64>,
+    /// Hold out this file's documents (a file or a directory, as the corpus's; repeat for
+    /// more) instead of a share of the corpus, which then trains whole.
+    #[arg(long, value_name = "FILE")]
+    pub valid: Vec<PathBuf>,
+    /// Threads encoding (default: one per core); the shards are the same bytes for any number.
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
     /// Ids per shard file at most.
     #[arg(long, default_value_t = 1 << 24)]
     pub shard_tokens: usize,
@@ -83,7 +95,12 @@ pub struct PrepareArgs {
     /// (leave such files out).
     #[arg(long, default_value = "error")]
     pub invalid_utf8: InvalidUtf8,
-    /// Text files, or directories of them (read recursively).
+    /// The JSON field or Parquet column holding each document's text.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// Corpus files, or directories of them (read recursively): text (a file a document), JSON
+    /// lines (.jsonl, .json: a document a line) or Parquet (.parquet: a document a row), each
+    /// also gzip- (.gz) or zstd-compressed (.zst).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 }
@@ -91,13 +108,13 @@ pub struct PrepareArgs {
 pub fn run(c: DataCommand) -> Result<()> {
     match c {
         DataCommand::Tokenizer(a) => {
-            let files = corpus(&a.files)?;
-            let (tok, cleaned) = Tokenizer::train(&files, a.vocab_size, &a.out, a.invalid_utf8)?;
+            let corpus = walk_corpus(&a.files, &a.text_field)?;
+            let (tok, cleaned) = Tokenizer::train(&corpus, a.vocab_size, &a.out, a.invalid_utf8)?;
             pipewright::say!(
                 "wrote {} (byte-level BPE, {} tokens, from {} files)",
                 a.out.display(),
                 tok.vocab_size(),
-                files.len()
+                corpus.files.len()
             );
             if cleaned != Default::default() {
                 pipewright::say!("text that was not UTF-8: {cleaned}");
@@ -131,8 +148,9 @@ fn windows(a: &WindowsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The files `paths` name, directories walked (sorted, so the order is the same everywhere).
-fn corpus(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+/// The files `paths` name, directories walked (sorted, so the order is the same everywhere),
+/// their documents' text in `field`.
+fn walk_corpus(paths: &[PathBuf], field: &str) -> Result<Corpus> {
     fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         let meta = std::fs::metadata(p).map_err(|e| Error::io("cannot read corpus path", p, e))?;
         if meta.is_dir() && p.join(pipewright::data::shards::INDEX_FILE).exists() {
@@ -165,14 +183,23 @@ fn corpus(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     if out.is_empty() {
         return Err(invalid!("the corpus paths hold no files"));
     }
-    Ok(out)
+    Ok(Corpus {
+        files: out,
+        text_field: field.to_string(),
+    })
 }
 
 fn prepare_shards(a: &PrepareArgs) -> Result<()> {
     let tok = Tokenizer::load(&a.tokenizer)?;
-    let files = corpus(&a.files)?;
+    let corpus = walk_corpus(&a.files, &a.text_field)?;
+    let valid = match a.valid.is_empty() {
+        true => None,
+        false => Some(walk_corpus(&a.valid, &a.text_field)?),
+    };
     let opts = PrepareOptions {
-        held_out: a.held_out,
+        held_out: a
+            .held_out
+            .unwrap_or(if valid.is_some() { 0.0 } else { 0.05 }),
         shard_tokens: a.shard_tokens,
         dtype: a
             .dtype
@@ -180,19 +207,16 @@ fn prepare_shards(a: &PrepareArgs) -> Result<()> {
             .map(str::parse::<TokenDtype>)
             .transpose()?,
         invalid_utf8: a.invalid_utf8,
+        valid,
+        workers: a.workers,
         ..Default::default()
     };
-    let pb = ProgressBar::new(0);
-    pb.set_style(
-        ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {bytes_per_sec} [{eta}]")
-            .expect("valid template"),
-    );
     let start = Instant::now();
-    let index = prepare(&tok, &files, &a.out, &opts, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
+    let mut shown = Progress::new();
+    let index = prepare(&tok, &corpus, &a.out, &opts, &mut |done, total, tokens| {
+        shown.show(done, total, tokens)
     })?;
-    pb.finish_and_clear();
+    shown.finish();
     let secs = start.elapsed().as_secs_f64();
     let count = |s: &[pipewright::data::shards::ShardFile]| s.iter().map(|f| f.tokens).sum::<u64>();
     let (train, valid) = (count(&index.train), count(&index.valid));
@@ -212,4 +236,60 @@ fn prepare_shards(a: &PrepareArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Progress of a preparation: a bar with tokens per second and the time left on a terminal,
+/// else a line a minute (a log keeps a few lines, not a bar's redraws).
+struct Progress {
+    bar: Option<ProgressBar>,
+    started: Instant,
+    last_line: Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let pb = ProgressBar::new(0);
+            pb.set_style(
+                ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {msg} [{eta}]")
+                    .expect("valid template"),
+            );
+            pb
+        });
+        let now = Instant::now();
+        Self {
+            bar,
+            started: now,
+            last_line: now,
+        }
+    }
+
+    /// `done` bytes of text of `total` read, `tokens` written.
+    fn show(&mut self, done: u64, total: u64, tokens: u64) {
+        let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+        let per_s = tokens as f64 / secs;
+        if let Some(pb) = &self.bar {
+            pb.set_length(total);
+            pb.set_position(done);
+            pb.set_message(format!("{per_s:.0} tokens/s"));
+            return;
+        }
+        if self.last_line.elapsed().as_secs() >= 60 && done < total {
+            self.last_line = Instant::now();
+            let left = (total - done) as f64 * secs / done.max(1) as f64;
+            pipewright::say!(
+                "prepared {:.1} of {:.1} MB of text: {tokens} tokens, {per_s:.0} tokens/s, about \
+                 {left:.0} s left",
+                done as f64 / 1e6,
+                total as f64 / 1e6,
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(pb) = &self.bar {
+            pb.finish_and_clear();
+        }
+    }
 }

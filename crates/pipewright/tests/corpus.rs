@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use pipewright::data::Corpus;
 use pipewright::data::{prepare, InvalidUtf8, PrepareOptions, TokenDtype, Tokenizer};
 use pipewright::runtime::memory::CountingAlloc;
 
@@ -45,6 +46,7 @@ fn opts(invalid: InvalidUtf8) -> PrepareOptions {
         chunk_bytes: 1 << 12,
         dtype: None,
         invalid_utf8: invalid,
+        ..Default::default()
     }
 }
 
@@ -58,18 +60,33 @@ fn bytes_that_are_not_utf8_are_named_replaced_or_skipped() {
     b[5000] = 0xff;
     std::fs::write(&bad, &b).unwrap();
     let files = [good.clone(), bad.clone()];
-    let e = Tokenizer::train(&files, 300, &d.join("t0.json"), InvalidUtf8::Error)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = Tokenizer::train(
+        &Corpus::new(files.to_vec()),
+        300,
+        &d.join("t0.json"),
+        InvalidUtf8::Error,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("b.bin") && e.contains("byte 5000"), "{e}");
     assert!(e.contains("--invalid-utf8 replace"), "{e}");
     assert!(!d.join("t0.json").exists(), "nothing written");
-    let (_, replaced) =
-        Tokenizer::train(&files, 300, &d.join("t1.json"), InvalidUtf8::Replace).unwrap();
+    let (_, replaced) = Tokenizer::train(
+        &Corpus::new(files.to_vec()),
+        300,
+        &d.join("t1.json"),
+        InvalidUtf8::Replace,
+    )
+    .unwrap();
     assert_eq!(replaced.replaced_bytes, 1);
-    let (tok, skipped) =
-        Tokenizer::train(&files, 300, &d.join("t2.json"), InvalidUtf8::Skip).unwrap();
+    let (tok, skipped) = Tokenizer::train(
+        &Corpus::new(files.to_vec()),
+        300,
+        &d.join("t2.json"),
+        InvalidUtf8::Skip,
+    )
+    .unwrap();
     assert_eq!(
         (skipped.skipped_documents, skipped.skipped_bytes),
         (1, 9_000)
@@ -77,10 +94,10 @@ fn bytes_that_are_not_utf8_are_named_replaced_or_skipped() {
     // data prepare reads by the same rule.
     let e = prepare(
         &tok,
-        &files,
+        &Corpus::new(files.to_vec()),
         &d.join("s0"),
         &opts(InvalidUtf8::Error),
-        &mut |_, _| {},
+        &mut |_, _, _| {},
     )
     .err()
     .unwrap()
@@ -88,19 +105,19 @@ fn bytes_that_are_not_utf8_are_named_replaced_or_skipped() {
     assert!(e.contains("b.bin") && e.contains("byte 5000"), "{e}");
     let index = prepare(
         &tok,
-        &files,
+        &Corpus::new(files.to_vec()),
         &d.join("s1"),
         &opts(InvalidUtf8::Replace),
-        &mut |_, _| {},
+        &mut |_, _, _| {},
     )
     .unwrap();
     assert_eq!((index.replaced_bytes, index.documents), (1, 2));
     let index = prepare(
         &tok,
-        &files,
+        &Corpus::new(files.to_vec()),
         &d.join("s2"),
         &opts(InvalidUtf8::Skip),
-        &mut |_, _| {},
+        &mut |_, _, _| {},
     )
     .unwrap();
     assert_eq!((index.skipped_documents, index.documents), (1, 1));
@@ -118,13 +135,19 @@ fn a_corpus_of_one_line_is_split_at_the_held_out_share() {
     let corpus = d.join("line.txt");
     std::fs::write(&corpus, words(200_000, 3, " ")).unwrap();
     let files = [corpus];
-    let (tok, _) = Tokenizer::train(&files, 400, &d.join("t.json"), InvalidUtf8::Error).unwrap();
+    let (tok, _) = Tokenizer::train(
+        &Corpus::new(files.to_vec()),
+        400,
+        &d.join("t.json"),
+        InvalidUtf8::Error,
+    )
+    .unwrap();
     let index = prepare(
         &tok,
-        &files,
+        &Corpus::new(files.to_vec()),
         &d.join("s"),
         &opts(InvalidUtf8::Error),
-        &mut |_, _| {},
+        &mut |_, _, _| {},
     )
     .unwrap();
     let (train, valid) = (tokens(&index.train), tokens(&index.valid));
@@ -163,10 +186,10 @@ fn ids_are_stored_by_the_largest_id() {
     std::fs::write(&corpus, "a b a b\n".repeat(200)).unwrap();
     let index = prepare(
         &tok,
-        &[corpus],
+        &Corpus::new(vec![corpus]),
         &d.join("s"),
         &opts(InvalidUtf8::Error),
-        &mut |_, _| {},
+        &mut |_, _, _| {},
     )
     .unwrap();
     assert_eq!(index.dtype, TokenDtype::U32);

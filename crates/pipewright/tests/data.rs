@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use pipewright::data::Corpus;
 use pipewright::data::{
     prepare, InvalidUtf8, PrepareOptions, Split, TokenDataset, TokenDtype, Tokenizer,
 };
@@ -45,9 +46,14 @@ fn sources() -> Vec<PathBuf> {
 
 fn tokenizer(dir: &Path) -> Tokenizer {
     std::fs::create_dir_all(dir).unwrap();
-    Tokenizer::train(&sources(), 600, &dir.join("tok.json"), InvalidUtf8::Error)
-        .unwrap()
-        .0
+    Tokenizer::train(
+        &Corpus::new(sources().to_vec()),
+        600,
+        &dir.join("tok.json"),
+        InvalidUtf8::Error,
+    )
+    .unwrap()
+    .0
 }
 
 fn small() -> PrepareOptions {
@@ -57,6 +63,7 @@ fn small() -> PrepareOptions {
         chunk_bytes: 4096,
         dtype: None,
         invalid_utf8: InvalidUtf8::Error,
+        ..Default::default()
     }
 }
 
@@ -118,7 +125,14 @@ fn shards_stream_a_corpus_larger_than_their_memory_and_decode_back() {
         let out = dir.join(name);
         let before = live_bytes().unwrap();
         reset_peaks();
-        let index = prepare(&tok, &files, &out, &small(), &mut |_, _| {}).unwrap();
+        let index = prepare(
+            &tok,
+            &Corpus::new(files.to_vec()),
+            &out,
+            &small(),
+            &mut |_, _, _| {},
+        )
+        .unwrap();
         let held = peak_bytes().unwrap() - before;
         (text, out, index, held)
     };
@@ -153,7 +167,14 @@ fn an_epoch_gives_every_window_once_and_replicas_their_own_rows() {
     let dir = tmp("epoch");
     let tok = tokenizer(&dir);
     let out = dir.join("shards");
-    prepare(&tok, &sources(), &out, &small(), &mut |_, _| {}).unwrap();
+    prepare(
+        &tok,
+        &Corpus::new(sources().to_vec()),
+        &out,
+        &small(),
+        &mut |_, _, _| {},
+    )
+    .unwrap();
     let ds = TokenDataset::open(&out, None).unwrap();
     let (block, rows, seed) = (16, 8, 7);
     let n = ds.windows(Split::Train, block);
@@ -228,12 +249,19 @@ fn bad_shards_and_corpora_are_clear_errors() {
     let dir = tmp("bad");
     let tok = tokenizer(&dir);
     let out = dir.join("shards");
-    prepare(&tok, &sources(), &out, &small(), &mut |_, _| {}).unwrap();
+    prepare(
+        &tok,
+        &Corpus::new(sources().to_vec()),
+        &out,
+        &small(),
+        &mut |_, _, _| {},
+    )
+    .unwrap();
     // Another tokenizer.
     let other_dir = dir.join("other");
     std::fs::create_dir_all(&other_dir).unwrap();
     let other = Tokenizer::train(
-        &sources()[..1],
+        &Corpus::new(sources()[..1].to_vec()),
         300,
         &other_dir.join("tok.json"),
         InvalidUtf8::Error,
@@ -255,15 +283,27 @@ fn bad_shards_and_corpora_are_clear_errors() {
     let empty = dir.join("empty.txt");
     std::fs::write(&empty, "").unwrap();
     let none = dir.join("none");
-    let e = prepare(&tok, &[empty], &none, &small(), &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
+    let e = prepare(
+        &tok,
+        &Corpus::new([empty].to_vec()),
+        &none,
+        &small(),
+        &mut |_, _, _| {},
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("corpus is empty"), "{e}");
-    let e = prepare(&tok, &sources(), &out, &small(), &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
+    let e = prepare(
+        &tok,
+        &Corpus::new(sources().to_vec()),
+        &out,
+        &small(),
+        &mut |_, _, _| {},
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("already exists"), "{e}");
     // A vocabulary u16 ids cannot hold.
     let big = dir.join("big.json");
@@ -282,10 +322,16 @@ fn bad_shards_and_corpora_are_clear_errors() {
         dtype: Some(TokenDtype::U16),
         ..small()
     };
-    let e = prepare(&big, &sources(), &none, &u16s, &mut |_, _| {})
-        .err()
-        .unwrap()
-        .to_string();
+    let e = prepare(
+        &big,
+        &Corpus::new(sources().to_vec()),
+        &none,
+        &u16s,
+        &mut |_, _, _| {},
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("does not fit in u16"), "{e}");
     assert!(!none.exists());
     let leftovers: Vec<_> = std::fs::read_dir(&dir)

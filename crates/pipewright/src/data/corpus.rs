@@ -1,13 +1,15 @@
-//! A corpus's text, read the one way both `data tokenizer` and `data prepare` read it: each
-//! file a document, streamed in pieces of bounded size (cut after a newline where one is near,
-//! else at a character boundary), so a single line or document larger than memory is read like
-//! any other. Bytes that are not UTF-8 are handled by one policy ([`InvalidUtf8`]): an error
+//! A corpus's text, read the one way both `data tokenizer` and `data prepare` read it: its
+//! documents in order (a text file is one, a JSON line or a Parquet row one:
+//! [`super::documents`]), each streamed in pieces of bounded size (cut after a newline where
+//! one is near, else at a character boundary), so a single line or document larger than memory
+//! is read like any other and a document cuts alike from any format. Bytes that are not UTF-8 are handled by one policy ([`InvalidUtf8`]): an error
 //! naming the file and the byte offset (the default), replaced by U+FFFD, or the whole document
 //! skipped; [`Cleaned`] counts what was replaced or skipped.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
+use std::path::Path;
 
+use super::documents::{format_of, open_stream, Corpus, FileDocuments, Format};
 use crate::{invalid, Error, Result};
 
 /// What to do with bytes of the corpus that are not UTF-8 text.
@@ -72,12 +74,16 @@ pub struct Piece {
 
 /// The corpus's pieces, document after document ([`Iterator`] of `Result<Piece>`).
 pub struct Pieces {
-    files: Vec<PathBuf>,
+    corpus: Corpus,
     policy: InvalidUtf8,
     /// The next piece's size, and how far past it it may run on to the next newline.
     limit: (usize, u64),
     next_file: usize,
-    open: Option<BufReader<std::fs::File>>,
+    /// The documents of the file being read.
+    docs: Option<FileDocuments>,
+    /// The document being read, and its name for errors.
+    open: Option<BufReader<Box<dyn Read + Send>>>,
+    name: String,
     /// Bytes read but not yet given (a character cut at a piece's end).
     rest: Vec<u8>,
     /// Where `rest` starts in the open file.
@@ -86,20 +92,25 @@ pub struct Pieces {
     pub cleaned: Cleaned,
 }
 
-/// The files of `files` that are UTF-8 text throughout (a streamed pass over each), and what
-/// leaving out the others skips: what [`InvalidUtf8::Skip`] reads, known before reading (for a
-/// split by share of the bytes that are read).
-pub fn utf8_files(files: &[PathBuf]) -> Result<(Vec<PathBuf>, Cleaned)> {
+/// `corpus` without its text files that are not UTF-8 throughout (a streamed pass over each;
+/// JSON and Parquet text is UTF-8 by their formats), and what leaving them out skips: what
+/// [`InvalidUtf8::Skip`] reads, known before reading (for a split by share of the bytes that
+/// are read).
+pub fn utf8_files(corpus: &Corpus) -> Result<(Corpus, Cleaned)> {
     let mut cleaned = Cleaned::default();
     let mut kept = Vec::new();
-    for f in files {
-        if Pieces::first_invalid(f)?.is_some() {
+    for f in &corpus.files {
+        if format_of(f).0 == Format::Text && Pieces::first_invalid(f)?.is_some() {
             cleaned.skipped_documents += 1;
             cleaned.skipped_bytes += std::fs::metadata(f).map_or(0, |m| m.len());
         } else {
             kept.push(f.clone());
         }
     }
+    let kept = Corpus {
+        files: kept,
+        ..corpus.clone()
+    };
     Ok((kept, cleaned))
 }
 
@@ -122,14 +133,17 @@ fn incomplete_tail(b: &[u8]) -> usize {
 }
 
 impl Pieces {
-    /// The pieces of `files` (about `limit` bytes each), `policy` for bytes that are not UTF-8.
-    pub fn new(files: &[PathBuf], policy: InvalidUtf8, limit: usize) -> Self {
+    /// The pieces of `corpus`'s documents (about `limit` bytes each), `policy` for bytes that
+    /// are not UTF-8.
+    pub fn new(corpus: &Corpus, policy: InvalidUtf8, limit: usize) -> Self {
         Self {
-            files: files.to_vec(),
+            corpus: corpus.clone(),
             policy,
             limit: (limit.max(1), RUN_ON),
             next_file: 0,
+            docs: None,
             open: None,
+            name: String::new(),
             rest: Vec::new(),
             offset: 0,
             cleaned: Cleaned::default(),
@@ -142,11 +156,10 @@ impl Pieces {
         self.limit = (limit.max(1), run_on.min(RUN_ON));
     }
 
-    /// The first byte of `path` that is not UTF-8 (streamed, in bounded memory), if any.
-    fn first_invalid(path: &PathBuf) -> Result<Option<u64>> {
-        let f =
-            std::fs::File::open(path).map_err(|e| Error::io("cannot read corpus file", path, e))?;
-        let (mut r, mut carry, mut at) = (BufReader::new(f), Vec::new(), 0u64);
+    /// The first byte of the text file `path` that is not UTF-8 (streamed, decompressed, in
+    /// bounded memory), if any.
+    fn first_invalid(path: &Path) -> Result<Option<u64>> {
+        let (mut r, mut carry, mut at) = (open_stream(path)?, Vec::new(), 0u64);
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = r
@@ -166,22 +179,35 @@ impl Pieces {
         }
     }
 
-    /// Opens the next document to read, leaving out those [`InvalidUtf8::Skip`] skips.
+    /// Opens the next document to read, leaving out the text files [`InvalidUtf8::Skip`]
+    /// skips.
     fn open_next(&mut self) -> Result<bool> {
-        while let Some(path) = self.files.get(self.next_file).cloned() {
-            self.next_file += 1;
-            if self.policy == InvalidUtf8::Skip && Self::first_invalid(&path)?.is_some() {
-                self.cleaned.skipped_documents += 1;
-                self.cleaned.skipped_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
-                continue;
+        loop {
+            if self.docs.is_none() {
+                let Some(path) = self.corpus.files.get(self.next_file).cloned() else {
+                    return Ok(false);
+                };
+                self.next_file += 1;
+                let text = format_of(&path).0 == Format::Text;
+                if self.policy == InvalidUtf8::Skip && text && Self::first_invalid(&path)?.is_some()
+                {
+                    self.cleaned.skipped_documents += 1;
+                    self.cleaned.skipped_bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+                    continue;
+                }
+                self.docs = Some(FileDocuments::open(&path, &self.corpus.text_field)?);
             }
-            let f = std::fs::File::open(&path)
-                .map_err(|e| Error::io("cannot read corpus file", &path, e))?;
-            self.open = Some(BufReader::new(f));
-            self.offset = 0;
-            return Ok(true);
+            match self.docs.as_mut().map(FileDocuments::next_document) {
+                Some(Ok(Some(d))) => {
+                    self.open = Some(BufReader::new(d.text));
+                    self.name = d.name;
+                    self.offset = 0;
+                    return Ok(true);
+                }
+                Some(Err(e)) => return Err(e),
+                _ => self.docs = None,
+            }
         }
-        Ok(false)
     }
 
     /// The next raw bytes of the open document: about the limit, run on to a newline.
@@ -189,7 +215,8 @@ impl Pieces {
         let (limit, run_on) = self.limit;
         let r = self.open.as_mut().expect("a document is open");
         let mut v = Vec::with_capacity(limit.min(1 << 20));
-        let what = |e| invalid!("cannot read the corpus: {e}");
+        let name = &self.name;
+        let what = |e| invalid!("cannot read {name}: {e}");
         r.take(limit as u64).read_to_end(&mut v).map_err(what)?;
         if run_on > 0 && v.len() == limit && v.last() != Some(&b'\n') {
             r.take(run_on).read_until(b'\n', &mut v).map_err(what)?;
@@ -197,7 +224,7 @@ impl Pieces {
         Ok(v)
     }
 
-    /// The text of `bytes`, read at `self.offset` of document `self.next_file - 1`: a cut
+    /// The text of `bytes`, read at `self.offset` of the open document: a cut
     /// character at the end goes back to `rest` unless `last`; invalid bytes by the policy.
     fn decode(&mut self, mut bytes: Vec<u8>, last: bool) -> Result<String> {
         if !last {
@@ -213,10 +240,10 @@ impl Pieces {
                 let bytes = e.into_bytes();
                 if self.policy != InvalidUtf8::Replace {
                     return Err(invalid!(
-                        "`{}` is not UTF-8 text: byte {at} (0x{:02x}) is not part of a \
+                        "{} is not UTF-8 text: byte {at} (0x{:02x}) is not part of a \
                          character; pass --invalid-utf8 replace (U+FFFD for such bytes) or skip \
                          (leave such files out), or remove the file from the corpus",
-                        self.files[self.next_file - 1].display(),
+                        self.name,
                         bytes[(at - start) as usize]
                     ));
                 }

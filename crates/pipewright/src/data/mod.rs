@@ -6,22 +6,22 @@
 
 pub mod corpus;
 pub mod dataset;
+pub mod documents;
+mod encode;
 pub mod shards;
 pub mod tokenizer;
 
 pub use corpus::{Cleaned, InvalidUtf8};
 pub use dataset::{Split, TokenDataset};
-pub use shards::{prepare, PrepareOptions, ShardIndex, TokenDtype};
+pub use documents::Corpus;
+pub use encode::prepare;
+pub use shards::{PrepareOptions, ShardIndex, TokenDtype};
 pub use tokenizer::{Tokenizer, END_OF_TEXT};
 
-/// Bytes of the corpus `files`; an error when it holds none (nothing to learn from).
-fn corpus_bytes(files: &[std::path::PathBuf]) -> crate::Result<u64> {
-    let mut total = 0u64;
-    for f in files {
-        total += std::fs::metadata(f)
-            .map_err(|e| crate::Error::io("cannot read corpus file", f, e))?
-            .len();
-    }
+/// Bytes of text in `corpus` ([`documents::text_bytes`]); an error when it holds none
+/// (nothing to learn from).
+fn corpus_bytes(corpus: &Corpus) -> crate::Result<u64> {
+    let total = documents::text_bytes(corpus)?;
     if total == 0 {
         return Err(crate::invalid!(
             "the corpus is empty: its files hold no text"

@@ -9,6 +9,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, TokenizerBuilder};
 
 use super::corpus::{Cleaned, InvalidUtf8, Pieces};
+use super::documents::Corpus;
 use crate::{invalid, Error, Result};
 
 /// The token that ends every document of a prepared corpus (GPT-2's).
@@ -103,17 +104,17 @@ impl Tokenizer {
     }
 
     /// Trains a byte-level BPE of `vocab_size` tokens (the 256 bytes, [`END_OF_TEXT`] and the
-    /// merges) on the text files `files`, and writes it to `out` as `tokenizer.json`. The
+    /// merges) on the documents of `files` ([`super::documents`]), and writes it to `out` as `tokenizer.json`. The
     /// files stream in bounded pieces ([`super::corpus`]: a corpus of one long line or one
     /// long word trains in the memory of any other), `policy` says what to do with bytes that
     /// are not UTF-8; returns what it replaced or skipped.
     pub fn train(
-        files: &[PathBuf],
+        files: &Corpus,
         vocab_size: usize,
         out: &Path,
         policy: InvalidUtf8,
     ) -> Result<(Self, Cleaned)> {
-        if files.is_empty() {
+        if files.files.is_empty() {
             return Err(invalid!(
                 "no files to train a tokenizer on: name at least one"
             ));
@@ -197,11 +198,12 @@ impl Tokenizer {
             .to_vec())
     }
 
-    /// The ids of many texts at once, encoded in parallel.
+    /// The ids of many texts at once, encoded in parallel (on rayon's current pool; no
+    /// offsets computed).
     pub fn encode_many(&self, texts: Vec<String>) -> Result<Vec<Vec<u32>>> {
         Ok(self
             .inner
-            .encode_batch(texts, false)
+            .encode_batch_fast(texts, false)
             .map_err(|e| invalid!("cannot encode: {e}"))?
             .into_iter()
             .map(|e| e.get_ids().to_vec())
