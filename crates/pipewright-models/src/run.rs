@@ -123,6 +123,10 @@ pub enum TaskSpec {
         /// specs saved before it was recorded.
         #[serde(default)]
         tokenizer_sha256: String,
+        /// A blend (`--data 0.7:A,0.3:B`): every dataset with its weight, `dir` the first;
+        /// empty for `dir` alone.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        blend: Vec<(f64, PathBuf)>,
     },
     /// A text file's bytes in windows of `seq_len` ([`Text`]).
     Text {
@@ -145,8 +149,13 @@ impl TaskSpec {
                 dir,
                 seq_len,
                 tokenizer_sha256,
+                blend,
             } => {
-                let t = Tokens::open(dir, *seq_len, seed)?;
+                let parts = match blend.is_empty() {
+                    true => vec![(1.0, dir.clone())],
+                    false => blend.clone(),
+                };
+                let t = Tokens::open(&parts, *seq_len, seed)?;
                 let found = &t.dataset().index().tokenizer_sha256;
                 if !tokenizer_sha256.is_empty() && found != tokenizer_sha256 {
                     return Err(invalid!(

@@ -1,6 +1,8 @@
 //! What the flags build: the task's spec, the layout, the rest of the run's [`TrainSpec`], and
 //! the flags again as a command line or with a planned candidate's layout.
 
+use std::path::{Path, PathBuf};
+
 use pipewright::dist::topology::Layout;
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::model::precision::Precision;
@@ -28,14 +30,22 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
             image_size: a.image_size,
         },
         TaskKind::Tokens => {
-            let dir = a.data.clone().ok_or_else(|| {
+            let data = a.data.clone().ok_or_else(|| {
                 invalid!("--task tokens needs --data DIR (token shards: `pipewright data prepare`)")
             })?;
-            let index = pipewright::data::TokenDataset::open(&dir, None)?;
+            let blend = blend_of(&data)?;
+            let dir = blend.first().map_or(data, |(_, d)| d.clone());
+            // Opening the blend checks every dataset and that they share a tokenizer.
+            let parts = match blend.is_empty() {
+                true => vec![(1.0, dir.clone())],
+                false => blend.clone(),
+            };
+            let opened = pipewright::data::Blend::open(&parts)?;
             TaskSpec::Tokens {
-                tokenizer_sha256: index.index().tokenizer_sha256.clone(),
+                tokenizer_sha256: opened.first().index().tokenizer_sha256.clone(),
                 dir,
                 seq_len: seq_len(a)?,
+                blend,
             }
         }
         TaskKind::Text => TaskSpec::Text {
@@ -46,6 +56,34 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
             seq_len: seq_len(a)?,
         },
     })
+}
+
+/// The datasets of a blend written `0.7:DIR_A,0.3:DIR_B` (each part a weight, a colon and a
+/// shard directory); empty for a single directory.
+fn blend_of(data: &Path) -> Result<Vec<(f64, PathBuf)>> {
+    let text = data.to_string_lossy();
+    let parts: Vec<Option<(f64, PathBuf)>> = text
+        .split(',')
+        .map(|p| {
+            let (w, d) = p.split_once(':')?;
+            Some((w.trim().parse::<f64>().ok()?, PathBuf::from(d.trim())))
+        })
+        .collect();
+    if parts.iter().all(Option::is_none) && !text.contains(',') {
+        return Ok(Vec::new());
+    }
+    parts
+        .into_iter()
+        .zip(text.split(','))
+        .map(|(p, raw)| {
+            p.ok_or_else(|| {
+                invalid!(
+                    "`{raw}` in --data `{text}` is not WEIGHT:DIR: write a blend as \
+                     0.7:DIR_A,0.3:DIR_B"
+                )
+            })
+        })
+        .collect()
 }
 
 /// The tokens of a training window: `--block-size`; else a pretrained model's positions

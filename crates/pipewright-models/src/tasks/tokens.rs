@@ -1,11 +1,11 @@
 //! Language modelling on a user's corpus, prepared into token shards (`pipewright data
-//! prepare`, [`pipewright::data::prepare`]): training windows from [`TokenDataset`] (a step's
-//! rows depend only on the step and the seed), and the held-out split's perplexity as the
-//! metric.
+//! prepare`, [`pipewright::data::prepare`]), or on several blended by weight ([`Blend`]):
+//! training windows whose rows depend only on the step and the seed, and the held-out
+//! perplexity as the metric (of each dataset's held-out split, blended by weight).
 
-use std::path::Path;
+use std::path::PathBuf;
 
-use pipewright::data::{Split, TokenDataset};
+use pipewright::data::{Blend, Split, TokenDataset};
 use pipewright::model::nn::cross_entropy;
 use pipewright::{invalid, Result};
 
@@ -16,23 +16,26 @@ const EVAL_WINDOWS: u64 = 64;
 
 /// Next-token prediction over token shards; the metric is held-out perplexity.
 pub struct Tokens {
-    data: TokenDataset,
+    data: Blend,
     seq_len: usize,
     seed: u64,
 }
 
 impl Tokens {
-    /// The shards in `dir` in windows of `seq_len` ids.
-    pub fn open(dir: &Path, seq_len: usize, seed: u64) -> Result<Self> {
-        let data = TokenDataset::open(dir, None)?;
-        for split in [Split::Train, Split::Valid] {
-            if data.windows(split, seq_len) == 0 {
-                return Err(invalid!(
-                    "the {split:?} split of `{}` holds {} ids, too few for one window of \
-                     {seq_len}: lower --block-size or prepare more text",
-                    dir.display(),
-                    data.tokens(split)
-                ));
+    /// The shards of the directories `parts` (weight, directory; one of weight 1 for a
+    /// single dataset) in windows of `seq_len` ids.
+    pub fn open(parts: &[(f64, PathBuf)], seq_len: usize, seed: u64) -> Result<Self> {
+        let data = Blend::open(parts)?;
+        for (_, d) in data.sources() {
+            for split in [Split::Train, Split::Valid] {
+                if d.windows(split, seq_len) == 0 {
+                    return Err(invalid!(
+                        "the {split:?} split of `{}` holds {} ids, too few for one window of \
+                         {seq_len}: lower --block-size or prepare more text",
+                        d.dir().display(),
+                        d.tokens(split)
+                    ));
+                }
             }
         }
         Ok(Self {
@@ -42,9 +45,28 @@ impl Tokens {
         })
     }
 
-    /// The shards.
+    /// The shards (the first dataset of a blend).
     pub fn dataset(&self) -> &TokenDataset {
+        self.data.first()
+    }
+
+    /// The datasets and their weights.
+    pub fn blend(&self) -> &Blend {
         &self.data
+    }
+
+    /// The mean held-out loss of `data` over up to 64 windows spread over its held-out split.
+    fn held_out_loss(&self, data: &TokenDataset, predict: &mut Predict<'_>) -> Result<f64> {
+        let n = data.windows(Split::Valid, self.seq_len);
+        let k = n.min(EVAL_WINDOWS);
+        let windows: Vec<u64> = (0..k).map(|i| i * n / k).collect();
+        let mut total = 0.0;
+        for chunk in windows.chunks(16) {
+            let (x, y) = data.tensors(Split::Valid, chunk, self.seq_len)?;
+            let loss = cross_entropy(&predict(&x)?, &y)?.to_scalar::<f32>()? as f64;
+            total += loss * chunk.len() as f64;
+        }
+        Ok(total / k as f64)
     }
 }
 
@@ -55,7 +77,7 @@ impl Task for Tokens {
 
     fn shape(&self) -> TaskShape {
         TaskShape::Tokens {
-            vocab: self.data.index().vocab_size,
+            vocab: self.data.first().index().vocab_size,
             seq_len: self.seq_len,
         }
     }
@@ -76,17 +98,13 @@ impl Task for Tokens {
         self.data.batch(step, batch_size, self.seq_len, self.seed)
     }
 
-    /// exp of the mean held-out loss over up to 64 windows spread over the held-out split.
+    /// exp of the held-out loss: each dataset's mean over up to 64 windows spread over its
+    /// held-out split, blended by the datasets' weights.
     fn evaluate(&self, predict: &mut Predict<'_>) -> Result<f64> {
-        let n = self.data.windows(Split::Valid, self.seq_len);
-        let k = n.min(EVAL_WINDOWS);
-        let windows: Vec<u64> = (0..k).map(|i| i * n / k).collect();
-        let mut total = 0.0;
-        for chunk in windows.chunks(16) {
-            let (x, y) = self.data.tensors(Split::Valid, chunk, self.seq_len)?;
-            let loss = cross_entropy(&predict(&x)?, &y)?.to_scalar::<f32>()? as f64;
-            total += loss * chunk.len() as f64;
+        let mut loss = 0.0;
+        for (w, d) in self.data.sources() {
+            loss += w * self.held_out_loss(d, predict)?;
         }
-        Ok((total / k as f64).exp())
+        Ok(loss.exp())
     }
 }

@@ -104,8 +104,8 @@ impl Stream {
     }
 }
 
-/// An epoch's shuffle: (epoch, block, seed) and the order of its windows.
-type Order = ((u64, usize, u64), Arc<Vec<u32>>);
+/// An epoch's shuffle: (epoch, block, seed, blend source) and the order of its windows.
+type Order = ((u64, usize, u64, usize), Arc<Vec<u32>>);
 
 /// Token shards opened for training and evaluation.
 pub struct TokenDataset {
@@ -203,27 +203,30 @@ impl TokenDataset {
         Ok(out)
     }
 
-    /// The order of epoch `epoch`'s windows of `block` (seeded by `seed`).
-    fn order(&self, epoch: u64, block: usize, seed: u64) -> Arc<Vec<u32>> {
+    /// The order of epoch `epoch`'s windows of `block` (seeded by `seed`; a blend's source
+    /// `source` other than the first by its own stream).
+    fn order(&self, epoch: u64, block: usize, seed: u64, source: usize) -> Arc<Vec<u32>> {
         let mut held = self.order.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((key, o)) = held.as_ref() {
-            if *key == (epoch, block, seed) {
+            if *key == (epoch, block, seed, source) {
                 return o.clone();
             }
         }
         let n = self.windows(Split::Train, block) as u32;
         let mut order: Vec<u32> = (0..n).collect();
-        order.shuffle(&mut crate::model::init::rng_for(
-            seed,
-            &format!("tokens/epoch/{epoch}"),
-        ));
+        let stream = match source {
+            0 => format!("tokens/epoch/{epoch}"),
+            s => format!("tokens/{s}/epoch/{epoch}"),
+        };
+        order.shuffle(&mut crate::model::init::rng_for(seed, &stream));
         let order = Arc::new(order);
-        *held = Some(((epoch, block, seed), order.clone()));
+        *held = Some(((epoch, block, seed, source), order.clone()));
         order
     }
 
-    /// Window indices of the training rows of global batch `step` of `rows` rows.
-    pub fn rows(&self, step: u64, rows: usize, block: usize, seed: u64) -> Result<Vec<u64>> {
+    /// The window of training row `g` (rows counted over the run, this dataset's own when it
+    /// is source `source` of a blend): window `perm_e[g mod n]` of epoch `e = g / n`.
+    pub fn row_window(&self, g: u64, block: usize, seed: u64, source: usize) -> Result<u64> {
         let n = self.windows(Split::Train, block);
         if n == 0 || n > u32::MAX as u64 {
             return Err(invalid!(
@@ -233,17 +236,16 @@ impl TokenDataset {
                 self.tokens(Split::Train)
             ));
         }
+        let order = self.order(g / n, block, seed, source);
+        Ok(order[(g % n) as usize] as u64)
+    }
+
+    /// Window indices of the training rows of global batch `step` of `rows` rows.
+    pub fn rows(&self, step: u64, rows: usize, block: usize, seed: u64) -> Result<Vec<u64>> {
         let first = step * rows as u64;
-        let mut held: Option<(u64, Arc<Vec<u32>>)> = None;
-        Ok((first..first + rows as u64)
-            .map(|g| {
-                let epoch = g / n;
-                if held.as_ref().is_none_or(|(e, _)| *e != epoch) {
-                    held = Some((epoch, self.order(epoch, block, seed)));
-                }
-                held.as_ref().map_or(0, |(_, o)| o[(g % n) as usize] as u64)
-            })
-            .collect())
+        (first..first + rows as u64)
+            .map(|g| self.row_window(g, block, seed, 0))
+            .collect()
     }
 
     /// The training batch of `step`: inputs `(rows, block)` u32 and targets `(rows, block)` i64.

@@ -4,6 +4,7 @@
 //! a [`TokenDataset`] that memory-maps them and yields training windows: the same rows for the
 //! same step whatever the layout, a new order every epoch, each replica its own rows.
 
+pub mod blend;
 pub mod corpus;
 pub mod dataset;
 pub mod documents;
@@ -11,6 +12,7 @@ mod encode;
 pub mod shards;
 pub mod tokenizer;
 
+pub use blend::Blend;
 pub use corpus::{Cleaned, InvalidUtf8};
 pub use dataset::{Split, TokenDataset};
 pub use documents::Corpus;

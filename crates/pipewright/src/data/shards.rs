@@ -103,7 +103,7 @@ pub struct ShardIndex {
     pub skipped_documents: u64,
 }
 
-/// How [`prepare`] cuts and stores a corpus.
+/// How [`super::prepare`] cuts and stores a corpus.
 #[derive(Clone, Debug)]
 pub struct PrepareOptions {
     /// Ids per shard file at most.

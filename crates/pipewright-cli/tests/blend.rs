@@ -1,0 +1,94 @@
+//! Two prepared corpora blended 0.7/0.3 (`train --task tokens --data 0.7:A,0.3:B`): pp2 x dp2
+//! writes the serial run's losses, a run resumed mid-epoch the uninterrupted one's bit for bit,
+//! and corpora of different tokenizers are refused before anything is written.
+
+mod common;
+
+use std::path::Path;
+
+use common::{corpus, losses, run, text, tmp, train};
+
+#[test]
+fn a_blend_trains_on_any_layout_and_resumes_on_the_same_rows() {
+    let dir = tmp("blend");
+    let (tok, web) = corpus(&dir, 512);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    // The second corpus: JSON lines of other sources, with the same tokenizer.
+    let docs: String = ["scheduling", "simulation", "partition"]
+        .iter()
+        .map(|t| {
+            format!(
+                "{}\n",
+                serde_json::json!({"text": format!("{t} ").repeat(400)})
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("code.jsonl"), docs).unwrap();
+    let code = dir.join("code");
+    let o = run(&[
+        "data",
+        "prepare",
+        "--tokenizer",
+        &s(&tok),
+        "--out",
+        &s(&code),
+        &s(&dir.join("code.jsonl")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let data = format!("0.7:{},0.3:{}", s(&web), s(&code));
+    let base = [
+        "--task",
+        "tokens",
+        "--data",
+        &data,
+        "--block-size",
+        "32",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--n-embd",
+        "32",
+        "--batch-size",
+        "16",
+        "--eval-every",
+        "3",
+        "--lr-schedule",
+        "constant",
+    ];
+    let with = |extra: &[&str], out: &Path| {
+        let mut a: Vec<String> = base.iter().map(|v| v.to_string()).collect();
+        a.extend(extra.iter().map(|v| v.to_string()));
+        a.extend(["--out".to_string(), s(out)]);
+        let o = train(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", text(&o));
+        losses(out)
+    };
+    let serial = with(&["--chunks", "4", "--steps", "6"], &dir.join("serial"));
+    let layout = with(
+        &["--pp", "2", "--dp", "2", "--chunks", "2", "--steps", "6"],
+        &dir.join("pp2dp2"),
+    );
+    assert_eq!(serial.len(), 6);
+    for (a, b) in serial.iter().zip(&layout) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{serial:?} vs {layout:?}");
+    }
+    let parts = dir.join("parts");
+    with(
+        &["--chunks", "4", "--steps", "3", "--checkpoint-every", "3"],
+        &parts,
+    );
+    let resumed = with(
+        &["--chunks", "4", "--steps", "6", "--resume", "latest"],
+        &parts,
+    );
+    assert_eq!(resumed, serial);
+    // Another tokenizer's corpus: refused, nothing written.
+    let (_, theirs) = corpus(&dir.join("theirs"), 300);
+    let bad = format!("0.5:{},0.5:{}", s(&web), s(&theirs));
+    let none = dir.join("none");
+    let o = train(&["--task", "tokens", "--data", &bad, "--out", &s(&none)]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("different tokenizers"), "{}", text(&o));
+    assert!(!none.exists());
+}

@@ -1,0 +1,130 @@
+//! Prepared datasets blended by weight (Megatron's `--data-path 0.7 A 0.3 B`, torchtitan's
+//! dataset mixtures): row `g` of the run goes to the source whose share so far lags its weight
+//! the most (Megatron's `build_blending_indices`: after any number of rows each source's count
+//! is within one row of its weight's share, ties to the first source), so a row's source
+//! depends on its number alone; it is that source's `k`-th row, for which the source keeps
+//! its own epochs and shuffle ([`TokenDataset::row_window`]), the first source with the run's
+//! seed as an unblended run reads it. Every layout and a resumed run read the same rows.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use candle_core::{Device, Tensor};
+
+use super::dataset::{Split, TokenDataset};
+use crate::{invalid, Result};
+
+/// Where the assignment of rows to sources has got to: the next row and each source's count
+/// so far.
+struct Assigned {
+    next: u64,
+    counts: Vec<u64>,
+}
+
+/// Several token datasets read by weight.
+pub struct Blend {
+    sources: Vec<(f64, TokenDataset)>,
+    assigned: Mutex<Assigned>,
+}
+
+impl Blend {
+    /// Opens the shard directories of `parts` (weight, directory): the weights positive (they
+    /// are normalized), the shards encoded by one tokenizer.
+    pub fn open(parts: &[(f64, PathBuf)]) -> Result<Self> {
+        if parts.is_empty() {
+            return Err(invalid!("a blend needs at least one dataset"));
+        }
+        if let Some((w, d)) = parts.iter().find(|(w, _)| !(w.is_finite() && *w > 0.0)) {
+            return Err(invalid!(
+                "the weight of `{}` is {w}: give every dataset a positive weight",
+                d.display()
+            ));
+        }
+        let sum: f64 = parts.iter().map(|(w, _)| w).sum();
+        let sources = parts
+            .iter()
+            .map(|(w, d)| Ok((w / sum, TokenDataset::open(d, None)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let first = &sources[0].1;
+        for (_, s) in &sources[1..] {
+            if s.index().tokenizer_sha256 != first.index().tokenizer_sha256 {
+                return Err(invalid!(
+                    "`{}` and `{}` were encoded by different tokenizers: a blend's datasets \
+                     must share one (prepare them with the same tokenizer.json)",
+                    first.dir().display(),
+                    s.dir().display()
+                ));
+            }
+        }
+        let n = sources.len();
+        Ok(Self {
+            sources,
+            assigned: Mutex::new(Assigned {
+                next: 0,
+                counts: vec![0; n],
+            }),
+        })
+    }
+
+    /// The datasets and their normalized weights.
+    pub fn sources(&self) -> impl Iterator<Item = (f64, &TokenDataset)> {
+        self.sources.iter().map(|(w, d)| (*w, d))
+    }
+
+    /// The first dataset (its index: the vocabulary, the tokenizer).
+    pub fn first(&self) -> &TokenDataset {
+        &self.sources[0].1
+    }
+
+    /// The directories, in order.
+    pub fn dirs(&self) -> Vec<&Path> {
+        self.sources.iter().map(|(_, d)| d.dir()).collect()
+    }
+
+    /// (source, the source's row number) of rows `first .. first + n` of the run.
+    pub fn assign(&self, first: u64, n: usize) -> Vec<(usize, u64)> {
+        let mut a = self.assigned.lock().unwrap_or_else(|e| e.into_inner());
+        if first < a.next {
+            (a.next, a.counts) = (0, vec![0; self.sources.len()]);
+        }
+        let mut out = Vec::with_capacity(n);
+        while a.next < first + n as u64 {
+            let g = a.next;
+            // The source lagging its share the most after this row.
+            let s = (0..self.sources.len())
+                .map(|s| (s, self.sources[s].0 * (g + 1) as f64 - a.counts[s] as f64))
+                .fold((0, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
+                .0;
+            if g >= first {
+                out.push((s, a.counts[s]));
+            }
+            a.counts[s] += 1;
+            a.next += 1;
+        }
+        out
+    }
+
+    /// The training batch of `step`, `rows` windows of `block` ids drawn by weight (see the
+    /// module's text): inputs `(rows, block)` u32, targets `(rows, block)` i64.
+    pub fn batch(
+        &self,
+        step: u64,
+        rows: usize,
+        block: usize,
+        seed: u64,
+    ) -> Result<(Tensor, Tensor)> {
+        let mut x = Vec::with_capacity(rows * block);
+        let mut y = Vec::with_capacity(rows * block);
+        for (s, k) in self.assign(step * rows as u64, rows) {
+            let data = &self.sources[s].1;
+            let w = data.row_window(k, block, seed, s)?;
+            let ids = data.window(Split::Train, w, block)?;
+            x.extend_from_slice(&ids[..block]);
+            y.extend(ids[1..].iter().map(|&v| v as i64));
+        }
+        Ok((
+            Tensor::from_vec(x, (rows, block), &Device::Cpu)?,
+            Tensor::from_vec(y, (rows, block), &Device::Cpu)?,
+        ))
+    }
+}
