@@ -42,6 +42,18 @@ fn place(path: &str, dir: &Path) -> String {
     p.display().to_string()
 }
 
+/// A blend's `W:runs/...` parts placed in `dir` as [`place`] places a run's path.
+fn place_blend(blend: &str, dir: &Path) -> String {
+    blend
+        .split(',')
+        .map(|part| match part.split_once(':') {
+            Some((w, p)) => format!("{w}:{}", place(p, dir)),
+            None => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `args` with `--steps` set to 2 (3 when resuming, so that one more step runs), a checkpoint
 /// every step, `--out`, `--trace`, `--svg` and `runs/...` arguments in `dir`, and `--data`
 /// relative to the repository.
@@ -55,6 +67,7 @@ fn shrink(args: &[&str], dir: &Path) -> Vec<String> {
             "--steps" => Some(steps.to_string()),
             "--checkpoint-every" => Some("1".to_string()),
             "--out" | "--trace" | "--svg" => Some(place(&next, dir)),
+            "--data" if next.contains(":runs/") => Some(place_blend(&next, dir)),
             "--data" if next.starts_with("runs/") => Some(place(&next, dir)),
             "--data" => Some(root().join(&next).display().to_string()),
             _ => None,
@@ -368,8 +381,11 @@ fn check_trace(path: &Path, pp: usize, chunks: usize, schedule: &str) {
 /// The run directories a command names (`runs/NAME...` gives `NAME`): commands naming one
 /// another's runs depend on each other's outputs.
 fn runs_named(words: &[&str]) -> Vec<String> {
+    // A blend names several: `0.7:runs/a,0.3:runs/b`.
     words
         .iter()
+        .flat_map(|w| w.split(','))
+        .map(|w| w.split_once(':').map_or(w, |(_, p)| p))
         .filter_map(|w| w.strip_prefix("runs/"))
         .map(|r| r.split('/').next().unwrap().to_string())
         .collect()
