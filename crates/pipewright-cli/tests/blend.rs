@@ -1,6 +1,7 @@
-//! Two prepared corpora blended 0.7/0.3 (`train --task tokens --data 0.7:A,0.3:B`): pp2 x dp2
-//! writes the serial run's losses, a run resumed mid-epoch the uninterrupted one's bit for bit,
-//! and corpora of different tokenizers are refused before anything is written.
+//! Two prepared corpora blended 0.7/0.3 (`train --task tokens --data 0.7:A,0.3:B`): each
+//! dataset's held-out perplexity is recorded and the run's metric blends them by weight; pp2 x
+//! dp2 writes the serial run's losses, a run resumed mid-epoch the uninterrupted one's bit for
+//! bit, and corpora of different tokenizers are refused before anything is written.
 
 mod common;
 
@@ -70,6 +71,32 @@ fn a_blend_trains_on_any_layout_and_resumes_on_the_same_rows() {
         &dir.join("pp2dp2"),
     );
     assert_eq!(serial.len(), 6);
+    // Each dataset's held-out perplexity at each evaluation (tags.csv), and the run's metric
+    // (scalars.csv) their blend by weight: exp(0.7 ln p_web + 0.3 ln p_code).
+    let tags = std::fs::read_to_string(dir.join("serial/tags.csv")).unwrap();
+    let part = |step: &str, name: &str| -> f64 {
+        let key = format!("{step},metric/{name},");
+        let line = tags
+            .lines()
+            .find(|l| l.starts_with(&key))
+            .unwrap_or_else(|| {
+                panic!("no `{key}` in tags.csv:\n{tags}");
+            });
+        line[key.len()..].parse().unwrap()
+    };
+    let scalars = std::fs::read_to_string(dir.join("serial/scalars.csv")).unwrap();
+    for step in ["3", "6"] {
+        let metric: f64 = scalars
+            .lines()
+            .find(|l| l.starts_with(&format!("{step},")))
+            .and_then(|l| l.rsplit(',').next()?.parse().ok())
+            .unwrap();
+        let blended = (0.7 * part(step, "shards").ln() + 0.3 * part(step, "code").ln()).exp();
+        assert!(
+            (metric - blended).abs() < 1e-9 * metric,
+            "step {step}: {metric} vs {blended}"
+        );
+    }
     for (a, b) in serial.iter().zip(&layout) {
         assert!((a - b).abs() <= 1e-5 * a.abs(), "{serial:?} vs {layout:?}");
     }

@@ -79,6 +79,8 @@ struct TrainHooks<'a> {
     training_peak: Option<u64>,
     allocated_peak: Option<u64>,
     rank_allocated_peaks: Vec<u64>,
+    /// The last evaluation's parts of the metric (a blend's datasets'), for the record.
+    metric_parts: Vec<(String, f64)>,
 }
 
 impl Hooks for TrainHooks<'_> {
@@ -106,11 +108,16 @@ impl Hooks for TrainHooks<'_> {
             }
         }
         let trainer = cx.trainer()?;
-        let metric = self
+        let (metric, parts) = self
             .run
             .task
-            .evaluate(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
+            .evaluate_parts(&mut |x| trainer.predict(&Batch::input(x.clone())))?;
+        self.metric_parts = parts;
         Ok(Some(metric))
+    }
+
+    fn metric_parts(&mut self) -> Vec<(String, f64)> {
+        std::mem::take(&mut self.metric_parts)
     }
 
     fn after_step(&mut self, _: &mut Context, d: &StepDone) -> Result<()> {
@@ -260,6 +267,7 @@ pub fn train_loop(
         training_peak: None,
         allocated_peak: None,
         rank_allocated_peaks: Vec::new(),
+        metric_parts: Vec::new(),
     };
     let scaled = run.spec.train.precision.scales_loss();
     let mut recorded = Recorded::new(&mut hooks, rec, items_per_step, scaled);

@@ -67,6 +67,11 @@ pub trait Task: Send + Sync {
     fn batch(&self, step: u64, batch_size: usize) -> Result<(Tensor, Tensor)>;
     /// The metric on the held-out examples.
     fn evaluate(&self, predict: &mut Predict<'_>) -> Result<f64>;
+    /// The metric and its parts by name (a blend's held-out perplexity of each dataset); the
+    /// metric alone by default.
+    fn evaluate_parts(&self, predict: &mut Predict<'_>) -> Result<(f64, Vec<(String, f64)>)> {
+        Ok((self.evaluate(predict)?, Vec::new()))
+    }
 }
 
 /// Bytes of logits one forward of [`greedy`] may make: rows are decoded in groups that fit

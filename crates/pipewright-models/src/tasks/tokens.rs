@@ -101,10 +101,24 @@ impl Task for Tokens {
     /// exp of the held-out loss: each dataset's mean over up to 64 windows spread over its
     /// held-out split, blended by the datasets' weights.
     fn evaluate(&self, predict: &mut Predict<'_>) -> Result<f64> {
-        let mut loss = 0.0;
+        Ok(self.evaluate_parts(predict)?.0)
+    }
+
+    /// With a blend, each dataset's own held-out perplexity too, named by its directory.
+    fn evaluate_parts(&self, predict: &mut Predict<'_>) -> Result<(f64, Vec<(String, f64)>)> {
+        let (mut loss, mut parts) = (0.0, Vec::new());
         for (w, d) in self.data.sources() {
-            loss += w * self.held_out_loss(d, predict)?;
+            let l = self.held_out_loss(d, predict)?;
+            loss += w * l;
+            let name = d.dir().file_name().map_or_else(
+                || d.dir().display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            parts.push((name, l.exp()));
         }
-        Ok(loss.exp())
+        if parts.len() < 2 {
+            parts.clear();
+        }
+        Ok((loss.exp(), parts))
     }
 }

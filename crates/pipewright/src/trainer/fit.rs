@@ -56,6 +56,13 @@ pub trait Hooks {
         Ok(None)
     }
 
+    /// After [`Hooks::evaluate`]: the parts of its metric by name (a blend's held-out
+    /// perplexity of each dataset), which the run's record keeps as `metric/<name>`; none by
+    /// default.
+    fn metric_parts(&mut self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+
     /// After every step: record, print, draw.
     fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
         let _ = (cx, done);

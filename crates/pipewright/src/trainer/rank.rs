@@ -225,6 +225,10 @@ impl Hooks for Preemptible<'_> {
         self.hooks.evaluate(cx, steps)
     }
 
+    fn metric_parts(&mut self) -> Vec<(String, f64)> {
+        self.hooks.metric_parts()
+    }
+
     fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
         self.hooks.after_step(cx, done)
     }

@@ -1,6 +1,7 @@
 //! The run's record, kept around a program's hooks on the reporting rank: every logged step's
-//! loss, learning rate and metric (`scalars.csv`, `tags.csv` and TensorBoard), its seconds
-//! and items per second, an f16 run's loss scale and skipped steps, a mixture of experts'
+//! loss, learning rate and metric (`scalars.csv`, `tags.csv` and TensorBoard), the metric's
+//! parts at each evaluation (`metric/<name>`: a blend's datasets), its seconds and items per
+//! second, an f16 run's loss scale and skipped steps, a mixture of experts'
 //! load-balancing loss and tokens per expert, and the loss curve drawn
 //! at every evaluation; flushed before each checkpoint and at the end, so a checkpoint never
 //! holds a step the record lacks. [`crate::trainer::Trainer::train`] keeps it on rank 0;
@@ -10,6 +11,7 @@
 use super::fit::{Hooks, StepDone};
 use crate::experiment::recorder::ScalarRow;
 use crate::experiment::report::experts::{AUX_LOSS_TAG, EXPERT_LOAD_PREFIX, MAX_OVER_MEAN};
+use crate::experiment::report::parts::METRIC_PART_PREFIX;
 use crate::experiment::report::{STEP_SECONDS_TAG, THROUGHPUT_TAG};
 use crate::experiment::{Context, LinePlot, Recorder};
 use crate::model::batch::Batch;
@@ -115,7 +117,19 @@ impl Hooks for Recorded<'_> {
     }
 
     fn evaluate(&mut self, cx: &mut Context, steps: u64) -> Result<Option<f64>> {
-        self.hooks.evaluate(cx, steps)
+        let metric = self.hooks.evaluate(cx, steps)?;
+        let parts = self.hooks.metric_parts();
+        if let Some(rec) = self.rec.as_mut() {
+            rec.set_count(steps);
+            for (name, v) in &parts {
+                rec.scalar(&format!("{METRIC_PART_PREFIX}{name}"), *v)?;
+            }
+        }
+        Ok(metric)
+    }
+
+    fn metric_parts(&mut self) -> Vec<(String, f64)> {
+        self.hooks.metric_parts()
     }
 
     fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {

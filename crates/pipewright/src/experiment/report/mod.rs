@@ -10,6 +10,7 @@
 pub mod chart;
 pub mod experts;
 pub mod html;
+pub mod parts;
 pub mod prediction;
 pub mod run;
 
@@ -316,6 +317,7 @@ pub fn render(runs: &[RunRecord]) -> String {
     body.push_str(&curves(runs));
     body.push_str(&throughput(runs));
     body.push_str(&experts::section(runs));
+    body.push_str(&parts::section(runs));
     body.push_str(&timelines(runs));
     body.push_str(&memory(runs));
     body.push_str(&launches(runs));
