@@ -9,9 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 
-use super::dataset::{Split, TokenDataset};
+use super::dataset::{pair_tensors, Split, TokenDataset};
 use crate::{invalid, Result};
 
 /// Where the assignment of rows to sources has got to: the next row and each source's count
@@ -113,18 +113,15 @@ impl Blend {
         block: usize,
         seed: u64,
     ) -> Result<(Tensor, Tensor)> {
-        let mut x = Vec::with_capacity(rows * block);
-        let mut y = Vec::with_capacity(rows * block);
-        for (s, k) in self.assign(step * rows as u64, rows) {
-            let data = &self.sources[s].1;
-            let w = data.row_window(k, block, seed, s)?;
-            let ids = data.window(Split::Train, w, block)?;
-            x.extend_from_slice(&ids[..block]);
-            y.extend(ids[1..].iter().map(|&v| v as i64));
-        }
-        Ok((
-            Tensor::from_vec(x, (rows, block), &Device::Cpu)?,
-            Tensor::from_vec(y, (rows, block), &Device::Cpu)?,
-        ))
+        let windows = self
+            .assign(step * rows as u64, rows)
+            .into_iter()
+            .map(|(s, k)| {
+                let data = &self.sources[s].1;
+                let w = data.row_window(k, block, seed, s)?;
+                data.window(Split::Train, w, block)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        pair_tensors(&windows, block)
     }
 }

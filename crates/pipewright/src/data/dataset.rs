@@ -262,17 +262,26 @@ impl TokenDataset {
 
     /// Inputs and targets of the windows `windows` of `split`.
     pub fn tensors(&self, split: Split, windows: &[u64], block: usize) -> Result<(Tensor, Tensor)> {
-        let mut x = Vec::with_capacity(windows.len() * block);
-        let mut y = Vec::with_capacity(windows.len() * block);
-        for &w in windows {
-            let ids = self.window(split, w, block)?;
-            x.extend_from_slice(&ids[..block]);
-            y.extend(ids[1..].iter().map(|&v| v as i64));
-        }
-        let b = windows.len();
-        Ok((
-            Tensor::from_vec(x, (b, block), &Device::Cpu)?,
-            Tensor::from_vec(y, (b, block), &Device::Cpu)?,
-        ))
+        let ids = windows
+            .iter()
+            .map(|&w| self.window(split, w, block))
+            .collect::<Result<Vec<_>>>()?;
+        pair_tensors(&ids, block)
     }
+}
+
+/// Inputs `(rows, block)` u32 and targets `(rows, block)` i64 of windows of `block + 1` ids
+/// each (the targets shifted by one).
+pub(super) fn pair_tensors(windows: &[Vec<u32>], block: usize) -> Result<(Tensor, Tensor)> {
+    let mut x = Vec::with_capacity(windows.len() * block);
+    let mut y = Vec::with_capacity(windows.len() * block);
+    for ids in windows {
+        x.extend_from_slice(&ids[..block]);
+        y.extend(ids[1..].iter().map(|&v| v as i64));
+    }
+    let b = windows.len();
+    Ok((
+        Tensor::from_vec(x, (b, block), &Device::Cpu)?,
+        Tensor::from_vec(y, (b, block), &Device::Cpu)?,
+    ))
 }

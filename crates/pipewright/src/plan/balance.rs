@@ -138,7 +138,7 @@ pub fn even_blocks(units: usize, stages: usize) -> Result<Vec<usize>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
@@ -147,7 +147,7 @@ mod tests {
     }
 
     /// Every split of `n` items into `p` non-empty stages.
-    fn all_splits(n: usize, p: usize) -> Vec<Vec<usize>> {
+    pub(in crate::plan) fn all_splits(n: usize, p: usize) -> Vec<Vec<usize>> {
         if p == 1 {
             return vec![vec![n]];
         }

@@ -185,28 +185,12 @@ fn refine(mut b: Vec<usize>, busiest: &dyn Fn(&[usize]) -> f64) -> Vec<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::balance::tests::all_splits;
     use super::*;
     use rand::{Rng, SeedableRng};
 
     fn v(p: usize) -> Vec<usize> {
         (0..2 * p).map(|k| k.min(2 * p - 1 - k)).collect()
-    }
-
-    /// Every split of `n` items into `p` non-empty stages.
-    fn all_splits(n: usize, p: usize) -> Vec<Vec<usize>> {
-        if p == 1 {
-            return vec![vec![n]];
-        }
-        (1..=n - (p - 1))
-            .flat_map(|first| {
-                all_splits(n - first, p - 1)
-                    .into_iter()
-                    .map(move |mut rest| {
-                        rest.insert(0, first);
-                        rest
-                    })
-            })
-            .collect()
     }
 
     /// The busiest rank's summed cost under `b`, stage k on rank `placement[k]`.

@@ -87,6 +87,16 @@ pub fn held(s: &Schedule) -> Vec<Vec<Held>> {
         .collect()
 }
 
+/// The share of `ranks` ranks' time over `makespan` seconds not among the `busy` seconds they
+/// computed (0 for an empty step).
+pub(super) fn idle_share(busy: f64, ranks: usize, makespan: f64) -> f64 {
+    if makespan > 0.0 {
+        1.0 - busy / (ranks as f64 * makespan)
+    } else {
+        0.0
+    }
+}
+
 /// A simulated run of a schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Simulation {
@@ -105,13 +115,8 @@ impl Simulation {
     /// The simulation of `s` whose actions took `spans` (per rank, in order), ending at
     /// `makespan`: its bubble and the micro-batches each rank holds at once.
     pub(super) fn from_spans(s: &Schedule, spans: Vec<Vec<Span>>, makespan: f64) -> Self {
-        let p = s.ranks;
         let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
-        let bubble = if makespan > 0.0 {
-            1.0 - busy / (p as f64 * makespan)
-        } else {
-            0.0
-        };
+        let bubble = idle_share(busy, s.ranks, makespan);
         // (A rank's last action is a backward: what it holds after it is never the most.)
         let peak_in_flight = held(s)
             .iter()

@@ -144,11 +144,7 @@ pub fn read_chrome_trace(text: &str, step: Option<u64>) -> Result<Simulation> {
     }
     let makespan = spans.iter().flatten().map(|s| s.end).fold(0.0, f64::max);
     let busy: f64 = spans.iter().flatten().map(|s| s.end - s.start).sum();
-    let bubble = if makespan > 0.0 {
-        1.0 - busy / (stages as f64 * makespan)
-    } else {
-        0.0
-    };
+    let bubble = super::timeline::idle_share(busy, stages, makespan);
     Ok(Simulation {
         spans,
         makespan,

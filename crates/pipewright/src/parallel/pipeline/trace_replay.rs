@@ -76,11 +76,7 @@ pub fn replay_chrome_trace(text: &str, step: Option<u64>, sharing: Sharing) -> R
         sharing,
         &|_, _| 1.0,
     )?;
-    let measured_idle = if makespan > 0.0 {
-        1.0 - computing / (ranks as f64 * makespan)
-    } else {
-        0.0
-    };
+    let measured_idle = super::timeline::idle_share(computing, ranks, makespan);
     Ok(TraceReplay {
         schedule,
         measured_idle,
