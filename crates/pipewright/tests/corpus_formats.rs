@@ -1,5 +1,6 @@
 //! Corpora in the formats they ship in: the same documents written as text files (the oracle),
-//! JSON lines (plain, gzip, zstd), Parquet of several row groups and a mix of them prepare to
+//! JSON lines (plain, gzip, zstd), Parquet of several row groups and a mix of them (a
+//! zstd-compressed Parquet file among them) prepare to
 //! the same shards byte for byte, with 1, 2 and 4 workers alike; a malformed line, a missing or
 //! non-text field, a non-string column, truncated gzip and zstd streams and a file that is not
 //! Parquet are clear errors that leave nothing behind.
@@ -149,8 +150,10 @@ fn every_format_prepares_to_the_shards_of_the_same_documents_in_text() {
     let mixed = {
         let mut files = vec![d.join("mix-a.jsonl.zst")];
         std::fs::write(&files[0], zstd(&json_lines(&docs[..10]))).unwrap();
-        files.push(d.join("mix-b.parquet"));
-        parquet(&files[1], &docs[10..20]);
+        parquet(&d.join("mix-b.parquet"), &docs[10..20]);
+        let bytes = std::fs::read(d.join("mix-b.parquet")).unwrap();
+        files.push(d.join("mix-b.parquet.zst"));
+        std::fs::write(&files[1], zstd(&bytes)).unwrap();
         files.extend(text_files(&d, &docs[20..], "mix-c-", true));
         Corpus::new(files)
     };

@@ -1,7 +1,8 @@
 //! What a corpus file holds, by its name: plain text (the file one document), JSON lines
 //! (`.jsonl`, `.json`, `.ndjson`: a document per line, its text in a string field) or Parquet
 //! (`.parquet`: a document per row, its text in a string column, read a row group's batch at
-//! a time), each also gzip- (`.gz`) or zstd-compressed (`.zst`, `.zstd`). A [`Corpus`] names the
+//! a time), each also gzip- (`.gz`) or zstd-compressed (`.zst`, `.zstd`; a compressed Parquet
+//! file is decompressed into a temporary file first, as Parquet is read by seeking). A [`Corpus`] names the
 //! files and the field; [`FileDocuments`] gives one file's documents in order, each as a
 //! stream of its text's bytes, which [`super::corpus::Pieces`] cuts into pieces alike whatever
 //! the format, so a document encodes to the same ids from any of them.
@@ -230,9 +231,29 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
     }
 }
 
+/// `path` as a file Parquet can seek in: itself, or (gzip or zstd outside, which Parquet's
+/// reader cannot seek through) its bytes decompressed into a temporary file, unlinked as soon
+/// as it is open so that nothing is left behind whatever happens.
+fn seekable(path: &Path) -> Result<File> {
+    if format_of(path).1 == Compression::None {
+        return File::open(path).map_err(|e| Error::io("cannot read corpus file", path, e));
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = std::env::temp_dir().join(format!("pipewright-{}-{n}.parquet", std::process::id()));
+    let copied = (|| {
+        let mut out = File::create(&tmp).map_err(|e| Error::io("cannot create", &tmp, e))?;
+        std::io::copy(&mut open_stream(path)?, &mut out)
+            .map_err(|e| invalid!("cannot read `{}`: {e}", path.display()))?;
+        File::open(&tmp).map_err(|e| Error::io("cannot read", &tmp, e))
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    copied
+}
+
 /// Batches of rows of `path`'s string column `field` (no other column read).
 fn parquet_reader(path: &Path, field: &str) -> Result<ParquetRecordBatchReader> {
-    let f = File::open(path).map_err(|e| Error::io("cannot read corpus file", path, e))?;
+    let f = seekable(path)?;
     let not = |e: parquet::errors::ParquetError| {
         invalid!(
             "`{}` is not a Parquet file it can read: {e}",
