@@ -2,10 +2,10 @@
 //! (`.jsonl`, `.json`, `.ndjson`: a document per line, its text in a string field) or Parquet
 //! (`.parquet`: a document per row, its text in a string column, read a row group's batch at
 //! a time), each also gzip- (`.gz`) or zstd-compressed (`.zst`, `.zstd`; a compressed Parquet
-//! file is decompressed into a temporary file first, as Parquet is read by seeking). A [`Corpus`] names the
-//! files and the field; [`FileDocuments`] gives one file's documents in order, each as a
-//! stream of its text's bytes, which [`super::corpus::Pieces`] cuts into pieces alike whatever
-//! the format, so a document encodes to the same ids from any of them.
+//! file is decompressed into a temporary file first, as Parquet is read by seeking). A
+//! [`Corpus`] names the files and the field; [`FileDocuments`] gives one file's documents in
+//! order, each as a stream of its text's bytes, which [`super::corpus::Pieces`] cuts into
+//! pieces alike whatever the format, so a document encodes to the same ids from any of them.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Cursor, Read};
