@@ -199,9 +199,11 @@ fn starts_at(
 /// Runs the lists of `s`: `cost(k, a)` seconds of `a` on model stage `k` at full speed,
 /// `transfer(from, to)` seconds for what crosses between model stages of two ranks, the ranks
 /// sharing processors as `sharing` says, `busy(k, a)` the share of `a`'s time it computes.
-/// Fails, naming what each stuck rank waits for, when no rank can move.
+/// Fails, naming what each stuck rank waits for, when no rank can move. `placement`: the rank
+/// of each stage ([`validate_complete`] has worked it out).
 fn run(
     s: &Schedule,
+    placement: &[usize],
     cost: &dyn Fn(usize, &Action) -> f64,
     transfer: &dyn Fn(usize, usize) -> f64,
     sharing: Sharing,
@@ -209,7 +211,6 @@ fn run(
 ) -> Result<Simulation> {
     let (p, m) = (s.ranks, s.micro_batches);
     let last = s.stages - 1;
-    let placement = s.placement()?;
     // When the forward / the input gradient of (model stage k, mb) ended, at k * m + mb.
     let mut fwd: Vec<Option<f64>> = vec![None; (last + 1) * m];
     let mut grad: Vec<Option<f64>> = vec![None; (last + 1) * m];
@@ -234,7 +235,7 @@ fn run(
                  active: &mut [bool],
                  ready: &mut BinaryHeap<Reverse<(Time, usize)>>| {
         let next = s.actions[r].get(ptr[r]).filter(|_| !active[r]);
-        let Some(at) = next.and_then(|a| starts_at(a, now, &placement, (fwd, grad, m), transfer))
+        let Some(at) = next.and_then(|a| starts_at(a, now, placement, (fwd, grad, m), transfer))
         else {
             return;
         };
@@ -351,8 +352,8 @@ fn deadlock(
 }
 
 /// Every stage has, on the rank that holds it, one forward and one backward (or one input and
-/// one weight gradient) of every micro-batch, and nothing else.
-fn validate_complete(s: &Schedule) -> Result<()> {
+/// one weight gradient) of every micro-batch, and nothing else; the rank of each stage.
+fn validate_complete(s: &Schedule) -> Result<Vec<usize>> {
     let (m, stages) = (s.micro_batches, s.stages);
     if s.actions.len() != s.ranks {
         return Err(invalid!(
@@ -410,7 +411,7 @@ fn validate_complete(s: &Schedule) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(placement)
 }
 
 impl Schedule {
@@ -440,8 +441,8 @@ impl Schedule {
         sharing: Sharing,
         busy: &dyn Fn(usize, &Action) -> f64,
     ) -> Result<Simulation> {
-        validate_complete(self)?;
-        run(self, cost, transfer, sharing, busy)
+        let placement = validate_complete(self)?;
+        run(self, &placement, cost, transfer, sharing, busy)
     }
 
     /// [`Schedule::simulate`] under [`Costs::unit`]: complete and deadlock-free, or an error
