@@ -21,6 +21,7 @@
 #    $PW_BENCH_BATCH, default 8), f32 and bf16, pipewright and PyTorch eager side by side,
 #    with peak GPU memory and MFU against the H100 SXM's dense peaks (989 TFLOP/s bf16, 67 f32);
 #    and the 1.3B shape (24 layers, d 2048, 16 heads) in bf16, pipewright and PyTorch eager
+#  - the bf16 step again with the vocabulary padded to 50304 (the head's alignment)
 #  - one bf16 step of pipewright's under Nsight Compute, its kernel time summed by kind
 #    (tools/gpu_kernels.py) against the step's wall time
 # pipeline:
@@ -89,6 +90,11 @@ speed() {
     PW_BENCH_PEAK_TFLOPS=989 bash tools/run-on-gpu.sh gpu/gpt_step --bench
   check bench-torch-1.3b-bf16 env PW_BENCH_SIZE=gpt-1.3b PW_BENCH_PRECISION=bf16 \
     PW_BENCH_PEAK_TFLOPS=989 python3 tools/bench_torch.py
+  # The same bf16 step with the vocabulary at 50304, a multiple of 64: whether GPT-2's odd
+  # 50257 keeps the tied head's three products off cuBLAS's Hopper kernels (the profile's
+  # `cutlass_75` products), before the model pads its head for it.
+  check bench-pipewright-bf16-vocab50304 env PW_BENCH_PRECISION=bf16 PW_BENCH_VOCAB=50304 \
+    PW_BENCH_STEPS=3 PW_BENCH_PEAK_TFLOPS=989 bash tools/run-on-gpu.sh gpu/gpt_step --bench
   local step_ms
   step_ms=$(awk '/pipewright_median_ms/ {print $2}' "$out/bench-pipewright-bf16.log")
   check profile-bf16 env PW_BENCH_PRECISION=bf16 PW_BENCH_STEPS=1 PW_CUDA_PROFILE=1 \

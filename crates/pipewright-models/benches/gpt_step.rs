@@ -9,7 +9,7 @@
 //! For a GPU (a build with the `cuda` feature), the same step at other sizes, read from the
 //! environment as `tools/bench_torch.py` reads them: `PW_BENCH_SIZE=gpt2` (GPT-2 124M:
 //! vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024) or `gpt-1.3b` (GPT-3 XL's
-//! shapes: d 2048, 24 layers, 16 heads of 128), `PW_BENCH_BATCH`,
+//! shapes: d 2048, 24 layers, 16 heads of 128), `PW_BENCH_BATCH`, `PW_BENCH_VOCAB`,
 //! `PW_BENCH_DEVICE` (`cpu`, `cuda`, `cuda:N`) and `PW_BENCH_PRECISION` (`f32`, `bf16`,
 //! `f16`). Besides the median it prints tokens/s and the model FLOPs of a step (6 per
 //! parameter and token, plus attention's 12 x layers x d x sequence per token, as PaLM's MFU
@@ -59,6 +59,13 @@ fn main() -> pipewright::Result<()> {
             n_embd: 512,
             dropout: 0.0,
         },
+    };
+    // `PW_BENCH_VOCAB` replaces the vocabulary size: 50304 (a multiple of 64) against GPT-2's
+    // odd 50257 asks whether the head's products leave cuBLAS's fast kernels for want of
+    // 16-byte-aligned rows (tools/gpu-checks.sh speed).
+    let cfg = GptConfig {
+        vocab_size: env_or("PW_BENCH_VOCAB", cfg.vocab_size),
+        ..cfg
     };
     let (batch, seq) = (env_or("PW_BENCH_BATCH", 8usize), cfg.block_size);
     let steps: usize = env_or("PW_BENCH_STEPS", 5);
