@@ -14,12 +14,40 @@ pub const IGNORE_INDEX: i64 = -100;
 const NAME: &str = "pipewright-cross-entropy";
 
 /// Each row's negative log-likelihood of its target (zero where the target is
-/// [`IGNORE_INDEX`]) for CPU f32/f64 `logits` `(rows, classes)`; `targets` are checked to lie
-/// in `0..classes` or be ignored.
+/// [`IGNORE_INDEX`]) for `logits` `(..., classes)`, the leading dimensions taken as rows;
+/// `targets` are checked to lie in `0..classes` or be ignored. Rows at one stride are read
+/// where they are (the logits of a padded head's product, [`super::strided_rows`]); other
+/// layouts are made contiguous first. The gradient is contiguous.
 pub(crate) fn nll_rows(logits: &Tensor, targets: Vec<i64>) -> candle_core::Result<Tensor> {
-    logits.contiguous()?.apply_op1(CrossEntropy {
+    let op = CrossEntropy {
         targets: Arc::new(targets),
-    })
+    };
+    match super::strided_rows(logits.layout()) {
+        Some(_) => logits.apply_op1(op),
+        None => logits.contiguous()?.apply_op1(op),
+    }
+}
+
+/// `(rows, classes, stride)` of `l` ([`super::strided_rows`]), checked against the targets.
+fn geometry(l: &Layout, targets: usize) -> candle_core::Result<(usize, usize, usize)> {
+    let Some((rows, classes, stride)) = super::strided_rows(l) else {
+        candle_core::bail!("{NAME}: logits {:?} are not rows at one stride", l.dims());
+    };
+    if targets != rows {
+        candle_core::bail!("{NAME}: {rows} rows of logits but {targets} targets");
+    }
+    Ok((rows, classes, stride))
+}
+
+/// The logits' elements `l` covers, row `i` from `i * stride`.
+fn rows_of<'a, T: candle_core::WithDType>(
+    s: &'a CpuStorage,
+    l: &Layout,
+) -> candle_core::Result<std::borrow::Cow<'a, [T]>> {
+    match super::strided_span(l) {
+        Some(r) => super::input_range(s, r),
+        None => candle_core::bail!("{NAME}: logits {:?} are not rows at one stride", l.dims()),
+    }
 }
 
 #[derive(Clone)]
@@ -33,7 +61,7 @@ fn lse<T: Real>(row: &[T]) -> T {
     m + sum_exp(row, m).ln()
 }
 
-fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
+fn forward<T: Real>(x: &[T], t: &[i64], classes: usize, stride: usize) -> Vec<T> {
     let rows = t.len();
     let mut out = Out::new(rows);
     let o = out.rows();
@@ -44,7 +72,7 @@ fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
             nll[k] = if t[i] == IGNORE_INDEX {
                 T::zero()
             } else {
-                let row = &x[i * classes..(i + 1) * classes];
+                let row = &x[i * stride..i * stride + classes];
                 lse(row) - row[t[i] as usize]
             };
         }
@@ -53,10 +81,11 @@ fn forward<T: Real>(x: &[T], t: &[i64], classes: usize) -> Vec<T> {
     unsafe { out.into_vec(rows) }
 }
 
-fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize) -> Vec<T> {
-    let mut out = Out::new(x.len());
+fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize, stride: usize) -> Vec<T> {
+    let total = t.len() * classes;
+    let mut out = Out::new(total);
     let o = out.rows();
-    par(t.len(), x.len(), |r| {
+    par(t.len(), total, |r| {
         for i in r {
             // SAFETY: row i is this call's alone.
             let d = unsafe { o.get(i * classes..(i + 1) * classes) };
@@ -64,7 +93,7 @@ fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize) -> Vec<T> {
                 d.fill(T::zero());
                 continue;
             }
-            let row = &x[i * classes..(i + 1) * classes];
+            let row = &x[i * stride..i * stride + classes];
             let m = row_max(row);
             for (dv, &v) in d.iter_mut().zip(row) {
                 *dv = v - m;
@@ -80,7 +109,7 @@ fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize) -> Vec<T> {
         }
     });
     // SAFETY: every row was written.
-    unsafe { out.into_vec(x.len()) }
+    unsafe { out.into_vec(total) }
 }
 
 impl CustomOp1 for CrossEntropy {
@@ -89,13 +118,10 @@ impl CustomOp1 for CrossEntropy {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (rows, classes) = l.shape().dims2()?;
         let t = &self.targets;
-        if t.len() != rows {
-            candle_core::bail!("{NAME}: {rows} rows of logits but {} targets", t.len());
-        }
+        let (rows, classes, stride) = geometry(l, t.len())?;
         dispatch!(NAME, s, |s: T| Ok((
-            storage(forward::<T>(&input(s, l, NAME)?, t, classes)),
+            storage(forward::<T>(&rows_of(s, l)?, t, classes, stride)),
             Shape::from(rows)
         )))
     }
@@ -132,19 +158,14 @@ impl CustomOp2 for CrossEntropyGrad {
         sg: &CpuStorage,
         lg: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (rows, classes) = lx.shape().dims2()?;
-        if self.0.targets.len() != rows {
-            candle_core::bail!(
-                "{NAME}: {rows} rows of logits but {} targets",
-                self.0.targets.len()
-            );
-        }
+        let (_, classes, stride) = geometry(lx, self.0.targets.len())?;
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(backward::<T>(
-                &input(sx, lx, NAME)?,
+                &rows_of(sx, lx)?,
                 &input(sg, lg, NAME)?,
                 &self.0.targets,
-                classes
+                classes,
+                stride
             )),
             lx.shape().clone()
         )))
@@ -182,24 +203,13 @@ mod cuda {
             .clone_htod(if targets.is_empty() { none } else { targets })
     }
 
-    fn rows_cols(l: &Layout, targets: &[i64]) -> Result<(usize, usize)> {
-        let (rows, classes) = l.shape().dims2()?;
-        if targets.len() != rows {
-            candle_core::bail!(
-                "{NAME}: {rows} rows of logits but {} targets",
-                targets.len()
-            );
-        }
-        Ok((rows, classes))
-    }
-
     pub(super) fn forward(
         s: &CudaStorage,
         l: &Layout,
         targets: &[i64],
     ) -> Result<(CudaStorage, Shape)> {
         let dev = s.device();
-        let (rows, classes) = rows_cols(l, targets)?;
+        let (rows, classes, stride) = super::geometry(l, targets.len())?;
         typed!(NAME, s.dtype(), |T| {
             if classes == 0 {
                 // No classes: every target is ignored (validated by the caller), every loss 0.
@@ -210,11 +220,11 @@ mod cuda {
                 ));
             }
             let t = upload(s, targets)?;
-            let x = gpu::view::<T>(s, l, NAME)?;
+            let x = gpu::rows_view::<T>(s, l, NAME)?;
             let mut nll = gpu::alloc::<T>(dev, rows)?;
             let f = gpu::func(dev, &gpu::CROSS_ENTROPY, "ce_fwd", s.dtype())?;
             gpu::launch(&f, gpu::per_row(rows, classes)?, rows, |a| {
-                a.arg(&x).arg(&t).arg(&mut nll).arg(&classes);
+                a.arg(&x).arg(&t).arg(&mut nll).arg(&classes).arg(&stride);
             })?;
             Ok((
                 CudaStorage::wrap_cuda_slice(nll, dev.clone()),
@@ -231,14 +241,22 @@ mod cuda {
         targets: &[i64],
     ) -> Result<(CudaStorage, Shape)> {
         let dev = sx.device();
-        let (rows, classes) = rows_cols(lx, targets)?;
+        let (rows, classes, stride) = super::geometry(lx, targets.len())?;
         let t = upload(sx, targets)?;
         typed!(NAME, sx.dtype(), |T| {
-            let (x, g) = (gpu::view::<T>(sx, lx, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let (x, g) = (
+                gpu::rows_view::<T>(sx, lx, NAME)?,
+                gpu::view::<T>(sg, lg, NAME)?,
+            );
             let mut dx = gpu::alloc::<T>(dev, rows * classes)?;
             let f = gpu::func(dev, &gpu::CROSS_ENTROPY, "ce_bwd", sx.dtype())?;
             gpu::launch(&f, gpu::per_row(rows, classes)?, rows * classes, |a| {
-                a.arg(&x).arg(&g).arg(&t).arg(&mut dx).arg(&classes);
+                a.arg(&x)
+                    .arg(&g)
+                    .arg(&t)
+                    .arg(&mut dx)
+                    .arg(&classes)
+                    .arg(&stride);
             })?;
             Ok((
                 CudaStorage::wrap_cuda_slice(dx, dev.clone()),

@@ -104,6 +104,19 @@ pub(crate) fn view<'a, T: CudaDType>(
     }
 }
 
+/// The elements of `layout` when it is rows at one stride (`super::strided_rows`): row `i`
+/// from `i * stride`.
+pub(crate) fn rows_view<'a, T: CudaDType>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    match super::strided_span(layout) {
+        Some(r) => Ok(storage.as_cuda_slice::<T>()?.slice(r)),
+        None => candle_core::bail!("{op}: expects rows at one stride"),
+    }
+}
+
 /// The device address of `s`'s first element, for libraries that take raw pointers (cuBLAS).
 /// The device runs one stream and tracks no events (`device.rs`), so the address needs no
 /// synchronisation guard.

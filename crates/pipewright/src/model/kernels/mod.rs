@@ -153,16 +153,65 @@ pub(crate) fn input<'a, T: WithDType>(
     layout: &Layout,
     op: &str,
 ) -> candle_core::Result<Cow<'a, [T]>> {
+    match layout.contiguous_offsets() {
+        Some((a, b)) => input_range(storage, a..b),
+        None => candle_core::bail!("{op}: expects a contiguous input"),
+    }
+}
+
+/// [`input`] for the elements `range` of `storage`, whatever layout they belong to.
+pub(crate) fn input_range<T: WithDType>(
+    storage: &CpuStorage,
+    range: Range<usize>,
+) -> candle_core::Result<Cow<'_, [T]>> {
     let wide = |v: Vec<f32>| T::cpu_storage_data(CpuStorage::F32(v)).map(Cow::Owned);
     match storage {
         CpuStorage::F16(_) if T::DTYPE == DType::F32 => {
-            wide(slice::<half::f16>(storage, layout, op)?.to_f32_vec())
+            wide(half::f16::cpu_storage_as_slice(storage)?[range].to_f32_vec())
         }
         CpuStorage::BF16(_) if T::DTYPE == DType::F32 => {
-            wide(slice::<half::bf16>(storage, layout, op)?.to_f32_vec())
+            wide(half::bf16::cpu_storage_as_slice(storage)?[range].to_f32_vec())
         }
-        _ => slice(storage, layout, op).map(Cow::Borrowed),
+        _ => Ok(Cow::Borrowed(&T::cpu_storage_as_slice(storage)?[range])),
     }
+}
+
+/// Rows of contiguous elements at one stride: `(rows, columns, stride)`, the leading
+/// dimensions taken as rows, or `None`. A contiguous layout is one (its stride its columns),
+/// and so is the view of the first columns of a wider tensor: the logits of a head whose
+/// product was padded for alignment (`nn::linear`), which the cross-entropy reads in place.
+pub(crate) fn strided_rows(layout: &Layout) -> Option<(usize, usize, usize)> {
+    let (dims, strides) = (layout.dims(), layout.stride());
+    let (&cols, lead) = dims.split_last()?;
+    if cols > 1 && strides[lead.len()] != 1 {
+        return None;
+    }
+    let rows: usize = lead.iter().product();
+    // The stride between rows: the innermost leading dimension of more than one element's.
+    let mut stride = cols;
+    let mut expect = None;
+    for (&d, &s) in lead.iter().zip(strides).rev().filter(|(&d, _)| d > 1) {
+        match expect {
+            None => stride = s,
+            Some(e) if e != s => return None,
+            Some(_) => {}
+        }
+        expect = Some(s * d);
+    }
+    (stride >= cols || rows <= 1).then_some((rows, cols, stride.max(cols)))
+}
+
+/// The elements `strided_rows(layout)` covers, from the layout's first: row `i` starts at
+/// `i * stride`.
+pub(crate) fn strided_span(layout: &Layout) -> Option<Range<usize>> {
+    let (rows, cols, stride) = strided_rows(layout)?;
+    let start = layout.start_offset();
+    let len = if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * stride + cols
+    };
+    Some(start..start + len)
 }
 
 /// A kernel's f32 output `s` in the low type `dtype` of its inputs (unchanged for f32/f64).

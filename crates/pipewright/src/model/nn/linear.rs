@@ -181,6 +181,13 @@ impl Linear {
             Some(_) => self.weight.as_tensor().detach(),
             None => self.weight.as_tensor().clone(),
         };
+        if defer.is_none() && bias.is_none() && aligns(self.out_features, x) {
+            let y = padded_product(&x2, &weight, self.layout)?;
+            let mut out_dims = dims;
+            let last = out_dims.len() - 1;
+            out_dims[last] = y.dim(1)?;
+            return Ok(y.reshape(out_dims)?.narrow(last, 0, self.out_features)?);
+        }
         let w = match self.layout {
             WeightLayout::OutIn => weight.t()?,
             WeightLayout::InOut => weight,
@@ -267,6 +274,46 @@ impl Linear {
     }
 }
 
+/// Output features are padded to a multiple of this by [`padded_product`].
+const ALIGN_OUT: usize = 64;
+
+/// Whether a product of `out` features for `x` is computed padded ([`padded_product`]): on a
+/// GPU, for at least 1024 outputs whose rows are not a multiple of 16 bytes. GPT-2's
+/// vocabulary of 50257 makes the head's logits such rows, and cuBLAS then leaves its Hopper
+/// tensor-core kernels for old ones (the profile's `cutlass_75` products: 15.4 ms of a 108 ms
+/// step on an H200). nanoGPT pads the vocabulary to 50304, Megatron to a multiple of 128 in
+/// the model and its checkpoints; here only the product is padded.
+fn aligns(out: usize, x: &Tensor) -> bool {
+    !x.device().is_cpu() && out >= 1024 && !(out * x.dtype().size_in_bytes()).is_multiple_of(16)
+}
+
+/// `x (rows, in)` times the weight (`(out, in)` for [`WeightLayout::OutIn`], `(in, out)` for
+/// `InOut`) padded with zeros to a multiple of [`ALIGN_OUT`] outputs: `(rows, padded)`, whose
+/// first `out` columns are `x W^T` and the rest zeros. The caller keeps the view of those
+/// columns: the model, its checkpoints and its logits keep their size, and the padding never
+/// reaches the loss (the cross-entropy reads the view's rows in place). The backward gives the
+/// weight the first `out` rows of the padded weight's gradient.
+pub(crate) fn padded_product(x: &Tensor, weight: &Tensor, layout: WeightLayout) -> Result<Tensor> {
+    let out_dim = match layout {
+        WeightLayout::OutIn => 0,
+        WeightLayout::InOut => 1,
+    };
+    let out = weight.dim(out_dim)?;
+    let pad = out.next_multiple_of(ALIGN_OUT) - out;
+    let w = if pad == 0 {
+        weight.clone()
+    } else {
+        let mut dims = weight.dims().to_vec();
+        dims[out_dim] = pad;
+        let zeros = Tensor::zeros(dims, weight.dtype(), weight.device())?;
+        Tensor::cat(&[weight, &zeros], out_dim)?
+    };
+    Ok(match layout {
+        WeightLayout::OutIn => x.matmul(&w.t()?)?,
+        WeightLayout::InOut => x.matmul(&w)?,
+    })
+}
+
 /// `y + b` on every row: on the CPU and a GPU a fused op whose backward sums the bias gradient
 /// over contiguous rows (on the CPU, the deferred weight-gradient path, whose product stays
 /// separate).
@@ -284,5 +331,83 @@ impl Module for Linear {
             v.push((join(&self.name, "bias"), b.clone()));
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor, Var};
+
+    use super::{padded_product, WeightLayout};
+    use crate::model::kernels::strided_rows;
+    use crate::model::nn::cross_entropy;
+
+    fn ramp(shape: &[usize], k: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| (i as f32 * k).sin() * 2.0).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
+        d.max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// The padded product's view, through the cross-entropy, against the plain product: the
+    /// loss, and the input's and the weight's gradients (both weight layouts; 1e-5 absolute:
+    /// the products sum in other blocks).
+    #[test]
+    fn a_padded_product_trains_as_the_plain_one() {
+        let (b, t, inp, out) = (2, 3, 8, 37);
+        let targets = Tensor::new(&[[0u32, 36, 5], [17, 2, 30]], &Device::Cpu).unwrap();
+        for layout in [WeightLayout::OutIn, WeightLayout::InOut] {
+            let dims = match layout {
+                WeightLayout::OutIn => [out, inp],
+                WeightLayout::InOut => [inp, out],
+            };
+            let x = Var::from_tensor(&ramp(&[b * t, inp], 0.37)).unwrap();
+            let w = Var::from_tensor(&ramp(&dims, 0.11)).unwrap();
+            let plain = match layout {
+                WeightLayout::OutIn => x.matmul(&w.t().unwrap()).unwrap(),
+                WeightLayout::InOut => x.matmul(&w).unwrap(),
+            };
+            let padded = padded_product(&x, &w, layout).unwrap();
+            assert_eq!(padded.dims(), &[b * t, 64]);
+            let view = padded
+                .reshape((b, t, 64))
+                .unwrap()
+                .narrow(2, 0, out)
+                .unwrap();
+            assert_eq!(strided_rows(view.layout()), Some((b * t, out, 64)));
+            assert!(max_diff(&view.reshape((b * t, out)).unwrap(), &plain) < 1e-5);
+            let l_pad = cross_entropy(&view, &targets).unwrap();
+            let l_plain = cross_entropy(&plain.reshape((b, t, out)).unwrap(), &targets).unwrap();
+            assert!(max_diff(&l_pad, &l_plain) < 1e-5);
+            let (g_pad, g_plain) = (l_pad.backward().unwrap(), l_plain.backward().unwrap());
+            for v in [&x, &w] {
+                let (a, p) = (g_pad.get(v).unwrap(), g_plain.get(v).unwrap());
+                assert_eq!(a.dims(), v.dims());
+                assert!(max_diff(a, p) < 1e-5, "{layout:?}: {}", max_diff(a, p));
+            }
+        }
+    }
+
+    #[test]
+    fn rows_at_one_stride_are_recognised() {
+        let t = Tensor::zeros((2, 3, 10), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(strided_rows(t.layout()), Some((6, 10, 10)));
+        let v = t.narrow(2, 0, 7).unwrap();
+        assert_eq!(strided_rows(v.layout()), Some((6, 7, 10)));
+        // Rows of a middle slice: every leading dimension must step by the rows'.
+        assert_eq!(strided_rows(t.narrow(1, 0, 2).unwrap().layout()), None);
+        assert_eq!(strided_rows(t.transpose(0, 1).unwrap().layout()), None);
+        assert_eq!(strided_rows(t.transpose(1, 2).unwrap().layout()), None);
+        let one = Tensor::zeros((1, 1, 5), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(strided_rows(one.layout()), Some((1, 5, 5)));
+        let wide = Tensor::zeros((4, 1), DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(
+            strided_rows(wide.broadcast_as((4, 6)).unwrap().layout()),
+            None
+        );
     }
 }

@@ -27,7 +27,7 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, u
         count += 1;
     }
     if kernels::fused_or_gpu(logits) {
-        let nll = kernels::cross_entropy::nll_rows(&logits.reshape((n, classes))?, t)?;
+        let nll = kernels::cross_entropy::nll_rows(logits, t)?;
         return Ok((nll.sum_all()?, count));
     }
     let kept = |v: i64| v != IGNORE_INDEX;

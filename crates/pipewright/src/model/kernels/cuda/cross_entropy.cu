@@ -2,7 +2,8 @@
 // (kernels/cross_entropy.rs): each thread keeps a running maximum and sum of exponentials
 // (online softmax) over its columns, the block combines them; the loss is
 // max + log(sum) - x[target], zero where the target is ignored (-100). The backward recomputes
-// both from one read and writes g (softmax - one_hot) once.
+// both from one read and writes g (softmax - one_hot) once. Row i of the logits starts at
+// i * ld (ld >= cols: the view of a padded head's product); the gradient's rows are packed.
 #include "common.cuh"
 
 // (max, sum exp(x - max)) of row xr, to every thread.
@@ -22,7 +23,8 @@ template <typename T> __device__ __forceinline__ float2 row_lse(const T* xr, siz
   return make_float2(mx, block_sum(part, scratch));
 }
 
-template <typename T> __device__ void ce_fwd(const T* x, const int64_t* t, T* nll, size_t cols) {
+template <typename T>
+__device__ void ce_fwd(const T* x, const int64_t* t, T* nll, size_t cols, size_t ld) {
   __shared__ float scratch[32];
   const size_t row = blockIdx.x;
   const int64_t k = t[row];
@@ -30,16 +32,16 @@ template <typename T> __device__ void ce_fwd(const T* x, const int64_t* t, T* nl
     if (threadIdx.x == 0) nll[row] = store_f<T>(0.f);
     return;
   }
-  const float2 ms = row_lse(x + row * cols, cols, scratch);
-  if (threadIdx.x == 0) nll[row] = store_f<T>(ms.x + logf(ms.y) - load_f(x[row * cols + k]));
+  const float2 ms = row_lse(x + row * ld, cols, scratch);
+  if (threadIdx.x == 0) nll[row] = store_f<T>(ms.x + logf(ms.y) - load_f(x[row * ld + k]));
 }
 
 template <typename T>
-__device__ void ce_bwd(const T* x, const T* g, const int64_t* t, T* dx, size_t cols) {
+__device__ void ce_bwd(const T* x, const T* g, const int64_t* t, T* dx, size_t cols, size_t ld) {
   __shared__ float scratch[32];
   const size_t row = blockIdx.x;
   const int64_t k = t[row];
-  const T* xr = x + row * cols;
+  const T* xr = x + row * ld;
   T* dr = dx + row * cols;
   if (k == -100) {
     for (size_t j = threadIdx.x; j < cols; j += blockDim.x) dr[j] = store_f<T>(0.f);
@@ -54,11 +56,12 @@ __device__ void ce_bwd(const T* x, const T* g, const int64_t* t, T* dx, size_t c
 }
 
 #define CE(S, T)                                                                                 \
-  extern "C" __global__ void ce_fwd_##S(const T* x, const int64_t* t, T* nll, size_t cols) {     \
-    ce_fwd(x, t, nll, cols);                                                                     \
+  extern "C" __global__ void ce_fwd_##S(const T* x, const int64_t* t, T* nll, size_t cols,      \
+                                        size_t ld) {                                             \
+    ce_fwd(x, t, nll, cols, ld);                                                                 \
   }                                                                                              \
   extern "C" __global__ void ce_bwd_##S(const T* x, const T* g, const int64_t* t, T* dx,         \
-                                        size_t cols) {                                           \
-    ce_bwd(x, g, t, dx, cols);                                                                   \
+                                        size_t cols, size_t ld) {                                \
+    ce_bwd(x, g, t, dx, cols, ld);                                                               \
   }
 EACH_TYPE(CE)
