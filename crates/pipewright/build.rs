@@ -14,6 +14,7 @@ const KERNELS: &[&str] = &[
     "bias",
     "causal_softmax",
     "cross_entropy",
+    "dropout",
     "gelu",
     "layer_norm",
     "reduce",

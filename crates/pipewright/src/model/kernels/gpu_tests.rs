@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
-use super::{attention, bias, cross_entropy, gelu, layer_norm, IGNORE_INDEX};
+use super::{attention, bias, cross_entropy, dropout, gelu, layer_norm, IGNORE_INDEX};
 
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
@@ -214,6 +214,24 @@ fn cross_entropy_matches_the_cpu() {
                 cross_entropy::nll_rows(&v, targets.clone())
             },
         );
+    }
+}
+
+#[test]
+fn dropout_matches_the_cpu() {
+    // The same integers draw the same mask; a part of a split tensor, and no elements at all.
+    for (i, (dims, part)) in [
+        (vec![1001], (0, 0, 1)),
+        (vec![4, 6, 9], (1, 2, 3)),
+        (vec![0, 5], (0, 0, 1)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let x = rand(70 + i as u64, &dims, 2.0);
+        compare(&format!("dropout {dims:?} part {part:?}"), &[x], &|t| {
+            dropout::dropout(&t[0], 0.3, 11 + i as u64, part)
+        });
     }
 }
 

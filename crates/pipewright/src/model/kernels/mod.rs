@@ -18,6 +18,7 @@ pub(crate) mod attention;
 pub(crate) mod attention_blas;
 pub(crate) mod bias;
 pub(crate) mod cross_entropy;
+pub(crate) mod dropout;
 pub(crate) mod exp;
 pub(crate) mod gelu;
 #[cfg(feature = "cuda")]

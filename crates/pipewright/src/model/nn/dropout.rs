@@ -1,11 +1,13 @@
 //! Seeded dropout: the mask is a function of (run seed, step, micro-batch, site name), so the
-//! same forward recomputed later, or run on another rank, draws the same mask.
+//! same forward recomputed later, or run on another rank, draws the same mask. Each element's
+//! draw is computed on its own where the tensor is (`kernels::dropout`: the CPU and a GPU draw
+//! the same mask), and the backward draws it again rather than keeping it.
 
-use candle_core::Tensor;
-use rand::Rng;
+use candle_core::{DType, Device, Tensor};
 
-use crate::model::init::rng_for;
+use crate::model::kernels;
 use crate::model::Cx;
+use crate::runtime::seed::hash_seed;
 use crate::Result;
 
 /// Dropout (PyTorch's `Dropout`): in training, each element is zeroed with probability `p` and the
@@ -49,22 +51,15 @@ impl Dropout {
         if !self.is_active(cx) {
             return Ok(x.clone());
         }
-        let mut whole = x.dims().to_vec();
-        whole[axis] *= count;
-        let key = format!("dropout/{}/{}/{}", self.site, cx.step, cx.micro_batch);
-        let mut rng = rng_for(cx.seed, &key);
-        let scale = 1.0 / (1.0 - self.p);
-        let mask: Vec<f32> = (0..whole.iter().product::<usize>())
-            .map(|_| {
-                if rng.random::<f64>() < self.p {
-                    0.0
-                } else {
-                    scale as f32
-                }
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, whole, &candle_core::Device::Cpu)?
-            .narrow(axis, index * x.dim(axis)?, x.dim(axis)?)?
+        let site = format!("dropout/{}/{}/{}", self.site, cx.step, cx.micro_batch);
+        let key = hash_seed(&[&cx.seed.to_le_bytes(), site.as_bytes()]);
+        let part = (axis, index, count);
+        if kernels::fused_or_gpu(x) {
+            return Ok(kernels::dropout::dropout(x, self.p, key, part)?);
+        }
+        // Other types and devices: the same mask drawn on the CPU, carried over and multiplied.
+        let ones = Tensor::ones(x.dims(), DType::F32, &Device::Cpu)?;
+        let mask = kernels::dropout::dropout(&ones, self.p, key, part)?
             .to_dtype(x.dtype())?
             .to_device(x.device())?;
         Ok((x * mask)?)
