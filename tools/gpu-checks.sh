@@ -6,8 +6,8 @@
 # failure does not stop the rest. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
 # kernels (issue 57):
-#  - every CUDA kernel (GELU, bias add, LayerNorm, cross-entropy, causal attention, the sum of
-#    squares) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
+#  - every CUDA kernel (GELU, bias add, LayerNorm, cross-entropy (also over rows read in place
+#    from wider ones), causal attention, the sum of squares, dropout) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
 #    sizes (the library's tests `kernels::gpu_tests`)
 #  - the HF GPT-2 fixture parity on the GPU, which now runs those kernels
 # correctness:
