@@ -18,6 +18,9 @@ const KERNELS: &[&str] = &[
     "gelu",
     "layer_norm",
     "reduce",
+    "rms_norm",
+    "rotary",
+    "swiglu",
 ];
 
 fn main() {

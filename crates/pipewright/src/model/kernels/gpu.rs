@@ -43,6 +43,9 @@ pub(crate) const DROPOUT: Module = module!("dropout");
 pub(crate) const GELU: Module = module!("gelu");
 pub(crate) const LAYER_NORM: Module = module!("layer_norm");
 pub(crate) const REDUCE: Module = module!("reduce");
+pub(crate) const RMS_NORM: Module = module!("rms_norm");
+pub(crate) const ROTARY: Module = module!("rotary");
+pub(crate) const SWIGLU: Module = module!("swiglu");
 
 /// Whether `t` takes the CUDA kernels: an f32, bf16 or f16 tensor on a CUDA device.
 pub(crate) fn takes(t: &Tensor) -> bool {

@@ -218,6 +218,49 @@ fn cross_entropy_matches_the_cpu() {
 }
 
 #[test]
+fn rms_norm_matches_the_cpu() {
+    for (i, (rows, cols)) in [(7, 33), (5, 2048), (0, 16)].into_iter().enumerate() {
+        let x = rand(80 + i as u64, &[rows, cols], 3.0);
+        let w = rand(90 + i as u64, &[cols], 1.0);
+        compare(&format!("rms norm {rows}x{cols}"), &[x, w], &|t| {
+            super::rms_norm::rms_norm(&t[0], &t[1], 1e-6)
+        });
+    }
+}
+
+#[test]
+fn swiglu_matches_the_cpu() {
+    for (i, n) in [1usize, 1001, 70_000].into_iter().enumerate() {
+        let (g, u) = (
+            rand(100 + i as u64, &[n], 6.0),
+            rand(110 + i as u64, &[n], 2.0),
+        );
+        compare(&format!("swiglu {n}"), &[g, u], &|t| {
+            super::swiglu::swiglu(&t[0], &t[1])
+        });
+    }
+}
+
+#[test]
+fn rotary_matches_the_cpu() {
+    // (batch, heads, time, head dim) from position `start` (decoding after cached tokens).
+    for (i, (dims, start)) in [
+        ([2, 3, 17, 64], 0),
+        ([1, 2, 5, 128], 1000),
+        ([0, 2, 3, 8], 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let x = rand(120 + i as u64, &dims, 2.0);
+        compare(&format!("rotary {dims:?} from {start}"), &[x], &|t| {
+            crate::model::nn::rope(&t[0], start, 10_000.0)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))
+        });
+    }
+}
+
+#[test]
 fn dropout_matches_the_cpu() {
     // The same integers draw the same mask; a part of a split tensor, and no elements at all.
     for (i, (dims, part)) in [

@@ -103,6 +103,17 @@ impl CustomOp2 for RmsNorm {
         )))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::forward([(sx, lx), (sw, lw)], self.eps)
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -143,5 +154,95 @@ impl candle_core::CustomOp3 for RmsNormGrad {
             )),
             Shape::from(n)
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sx: &candle_core::CudaStorage,
+        lx: &Layout,
+        sw: &candle_core::CudaStorage,
+        lw: &Layout,
+        sg: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::backward([(sx, lx), (sw, lw), (sg, lg)], self.eps)
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/rms_norm.cu).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+
+    type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+    /// Rows and columns of `x`, checked against the per-column `w`.
+    fn rows_cols(lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
+        let cols = *lx.dims().last().unwrap_or(&0);
+        if lw.dims() != [cols] || cols == 0 {
+            candle_core::bail!("{NAME}: weight {:?} for rows of {cols}", lw.dims());
+        }
+        Ok((lx.shape().elem_count() / cols, cols))
+    }
+
+    pub(super) fn forward(
+        [(sx, lx), (sw, lw)]: [Input; 2],
+        eps: f64,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, cols) = rows_cols(lx, lw)?;
+        let eps = eps as f32;
+        typed!(NAME, sx.dtype(), |T| {
+            let (x, w) = (gpu::view::<T>(sx, lx, NAME)?, gpu::view::<T>(sw, lw, NAME)?);
+            let mut y = gpu::alloc::<T>(dev, rows * cols)?;
+            let f = gpu::func(dev, &gpu::RMS_NORM, "rms_fwd", sx.dtype())?;
+            gpu::launch(&f, gpu::per_row(rows, cols)?, rows * cols, |a| {
+                a.arg(&x).arg(&w).arg(&mut y).arg(&cols).arg(&eps);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
+
+    /// `[dx | dw]`, as the CPU twin packs them.
+    pub(super) fn backward(
+        [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
+        eps: f64,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = sx.device();
+        let (rows, cols) = rows_cols(lx, lw)?;
+        let n = rows * cols;
+        let eps = eps as f32;
+        let (cfg, blocks, per) = gpu::column_blocks(rows, cols);
+        typed!(NAME, sx.dtype(), |T| {
+            let x = gpu::view::<T>(sx, lx, NAME)?;
+            let (w, g) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
+            let mut out = gpu::alloc::<T>(dev, n + cols)?;
+            let mut stats = gpu::alloc::<f32>(dev, rows)?;
+            let mut partial = gpu::zeros::<f32>(dev, blocks * cols)?;
+            let dx = gpu::func(dev, &gpu::RMS_NORM, "rms_bwd_dx", sx.dtype())?;
+            gpu::launch(&dx, gpu::per_row(rows, cols)?, n, |a| {
+                a.arg(&x).arg(&w).arg(&g).arg(&mut out).arg(&mut stats);
+                a.arg(&cols).arg(&eps);
+            })?;
+            let sums = gpu::func(dev, &gpu::RMS_NORM, "rms_partials", sx.dtype())?;
+            gpu::launch(&sums, cfg, n, |a| {
+                a.arg(&x).arg(&g).arg(&stats).arg(&mut partial);
+                a.arg(&rows).arg(&cols).arg(&per);
+            })?;
+            let mut tail = out.slice_mut(n..n + cols);
+            gpu::finish_sums(dev, sx.dtype(), &partial, &mut tail, cols, blocks)?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from(n + cols),
+            ))
+        })
     }
 }

@@ -11,26 +11,29 @@ use super::{dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-rope";
 
-/// `x` `(batch, heads, t, hd)` rotated by `cos`/`sin` `(t, hd/2)` (row-major f32 tables of
-/// the positions' angles); `sign` -1 rotates back.
+/// The angles of positions `start..start + t`: frequency `i` is `inv[i]`, the angle of
+/// position `p` is `p * inv[i]` in f32, and `cos`/`sin` `(t, hd/2)` hold them row-major (the
+/// CPU reads the tables; a GPU thread computes its pair's angle from `start` and `inv`).
 #[derive(Clone)]
-pub(crate) struct Rope {
+pub(crate) struct Angles {
+    /// The first position (read by the GPU kernel only).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) start: usize,
+    pub(crate) inv: Arc<Vec<f32>>,
     pub(crate) cos: Arc<Vec<f32>>,
     pub(crate) sin: Arc<Vec<f32>>,
+}
+
+/// `x` `(batch, heads, t, hd)` rotated by its positions' [`Angles`]; `sign` -1 rotates back.
+#[derive(Clone)]
+pub(crate) struct Rope {
+    pub(crate) angles: Angles,
     pub(crate) sign: f32,
 }
 
-/// [`Rope`] of a CPU tensor, with its fused backward.
-pub(crate) fn rope(
-    x: &Tensor,
-    cos: Arc<Vec<f32>>,
-    sin: Arc<Vec<f32>>,
-) -> candle_core::Result<Tensor> {
-    x.contiguous()?.apply_op1(Rope {
-        cos,
-        sin,
-        sign: 1.0,
-    })
+/// [`Rope`] of a tensor, with its fused backward.
+pub(crate) fn rope(x: &Tensor, angles: Angles) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op1(Rope { angles, sign: 1.0 })
 }
 
 fn rotate<T: Real>(x: &[T], hd: usize, t: usize, cos: &[f32], sin: &[f32], sign: f32) -> Vec<T> {
@@ -61,32 +64,53 @@ fn rotate<T: Real>(x: &[T], hd: usize, t: usize, cos: &[f32], sin: &[f32], sign:
     unsafe { out.into_vec(n) }
 }
 
+impl Rope {
+    /// `(t, head_dim)` of `l`, checked against the angles.
+    fn geometry(&self, l: &Layout) -> candle_core::Result<(usize, usize)> {
+        let dims = l.shape().dims();
+        let a = &self.angles;
+        match dims {
+            [.., t, hd] if hd % 2 == 0 && *t * hd / 2 == a.cos.len() && hd / 2 == a.inv.len() => {
+                Ok((*t, *hd))
+            }
+            _ => candle_core::bail!(
+                "{NAME}: expects (..., t, head_dim) with an even head_dim matching a table of \
+                 {} angles, got {dims:?}",
+                a.cos.len()
+            ),
+        }
+    }
+}
+
 impl CustomOp1 for Rope {
     fn name(&self) -> &'static str {
         NAME
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let dims = l.shape().dims();
-        let (t, hd) = match dims {
-            [.., t, hd] if hd % 2 == 0 && *t * hd / 2 == self.cos.len() => (*t, *hd),
-            _ => candle_core::bail!(
-                "{NAME}: expects (..., t, head_dim) with an even head_dim matching a table of \
-                 {} angles, got {dims:?}",
-                self.cos.len()
-            ),
-        };
+        let (t, hd) = self.geometry(l)?;
+        let a = &self.angles;
         dispatch!(NAME, s, |s: T| Ok((
             storage(rotate::<T>(
                 &input(s, l, NAME)?,
                 hd,
                 t,
-                &self.cos,
-                &self.sin,
+                &a.cos,
+                &a.sin,
                 self.sign
             )),
             l.shape().clone()
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (t, hd) = self.geometry(l)?;
+        cuda::forward(self, s, l, (t, hd))
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
@@ -95,5 +119,46 @@ impl CustomOp1 for Rope {
             ..self.clone()
         };
         Ok(Some(g.contiguous()?.apply_op1_no_bwd(&back)?))
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/rotary.cu); the frequencies go up with each call
+/// (`head_dim / 2` floats).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::{Rope, NAME};
+    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+
+    pub(super) fn forward(
+        op: &Rope,
+        s: &CudaStorage,
+        l: &Layout,
+        (t, hd): (usize, usize),
+    ) -> Result<(CudaStorage, Shape)> {
+        let (dev, n) = (s.device(), l.shape().elem_count());
+        let (half, pairs) = (hd / 2, n / 2);
+        let (start, sign) = (op.angles.start, op.sign);
+        let none: &[f32] = &[0.0];
+        let inv = dev.clone_htod(if op.angles.inv.is_empty() {
+            none
+        } else {
+            &op.angles.inv[..]
+        })?;
+        typed!(NAME, s.dtype(), |T| {
+            let x = gpu::view::<T>(s, l, NAME)?;
+            let mut y = gpu::alloc::<T>(dev, n)?;
+            let f = gpu::func(dev, &gpu::ROTARY, "rope", s.dtype())?;
+            gpu::launch(&f, gpu::elementwise(pairs), pairs, |b| {
+                b.arg(&x).arg(&mut y).arg(&inv).arg(&pairs).arg(&half);
+                b.arg(&t).arg(&start).arg(&sign);
+            })?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                l.shape().clone(),
+            ))
+        })
     }
 }

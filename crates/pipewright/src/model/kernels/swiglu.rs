@@ -96,6 +96,18 @@ impl CustomOp2 for SwiGlu {
         )))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        same(l1, l2)?;
+        cuda::run("swiglu_fwd", &[(s1, l1), (s2, l2)], l1.shape().clone())
+    }
+
     fn bwd(
         &self,
         g: &Tensor,
@@ -134,5 +146,61 @@ impl CustomOp3 for SwiGluGrad {
             )),
             Shape::from(dims.clone())
         )))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        same(l1, l2)?;
+        same(l1, l3)?;
+        let mut dims = vec![2];
+        dims.extend(l1.shape().dims());
+        cuda::run(
+            "swiglu_bwd",
+            &[(s1, l1), (s2, l2), (s3, l3)],
+            Shape::from(dims),
+        )
+    }
+}
+
+/// The same on a CUDA device (kernels/cuda/swiglu.cu).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::backend::BackendStorage;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use super::NAME;
+    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+
+    /// Kernel `name` over the `n` elements of each input, into `shape` (`n` or `2n` elements).
+    pub(super) fn run(
+        name: &str,
+        inputs: &[(&CudaStorage, &Layout)],
+        shape: Shape,
+    ) -> Result<(CudaStorage, Shape)> {
+        let (s, l) = inputs[0];
+        let (dev, n) = (s.device(), l.shape().elem_count());
+        typed!(NAME, s.dtype(), |T| {
+            let views = inputs
+                .iter()
+                .map(|(s, l)| gpu::view::<T>(s, l, NAME))
+                .collect::<Result<Vec<_>>>()?;
+            let mut out = gpu::alloc::<T>(dev, shape.elem_count())?;
+            let f = gpu::func(dev, &gpu::SWIGLU, name, s.dtype())?;
+            gpu::launch(&f, gpu::elementwise(n), n, |b| {
+                for v in &views {
+                    b.arg(v);
+                }
+                b.arg(&mut out).arg(&n);
+            })?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), shape))
+        })
     }
 }

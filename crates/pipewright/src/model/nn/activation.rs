@@ -14,9 +14,12 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
 }
 
 /// SwiGLU's gate `silu(gate) * up` (Llama's MLP, between its column- and row-parallel
-/// layers): one fused kernel each way on the CPU, composed ops elsewhere.
+/// layers): one fused kernel each way on the CPU and a GPU, composed ops elsewhere.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if kernels::fused(gate) && gate.dtype() == up.dtype() && up.device().is_cpu() {
+    if kernels::fused_or_gpu(gate)
+        && gate.dtype() == up.dtype()
+        && up.device().same_device(gate.device())
+    {
         return Ok(kernels::swiglu::swiglu(gate, up)?);
     }
     Ok((gate.silu()? * up)?)

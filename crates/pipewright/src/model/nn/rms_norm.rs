@@ -7,10 +7,13 @@ use crate::model::init::Init;
 use crate::{model::kernels, Result};
 
 /// `x / sqrt(mean(x^2) + eps) * weight`, as Hugging Face's `LlamaRMSNorm` computes it (the
-/// normalisation in f32 whatever the input's type). On the CPU one fused kernel forward and
-/// one backward; elsewhere composed ops.
+/// normalisation in f32 whatever the input's type). On the CPU and a GPU one fused kernel
+/// forward and one backward (in f32, rounded once); elsewhere composed ops.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    if kernels::fused(x) && weight.dtype() == x.dtype() {
+    if kernels::fused_or_gpu(x)
+        && weight.dtype() == x.dtype()
+        && weight.device().same_device(x.device())
+    {
         return Ok(kernels::rms_norm::rms_norm(x, weight, eps)?);
     }
     let dt = x.dtype();

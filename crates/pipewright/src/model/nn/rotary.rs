@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use candle_core::{Tensor, D};
 
+use crate::model::kernels::rotary::Angles;
 use crate::{invalid, model::kernels, Result};
 
-/// `cos` and `sin` `(t, hd/2)`, row-major, of positions `start..start + t`.
-fn tables(start: usize, t: usize, hd: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+/// The frequencies and the `cos` and `sin` tables `(t, hd/2)`, row-major, of positions
+/// `start..start + t`.
+fn tables(start: usize, t: usize, hd: usize, theta: f64) -> Angles {
     let half = hd / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
@@ -23,12 +25,17 @@ fn tables(start: usize, t: usize, hd: usize, theta: f64) -> (Vec<f32>, Vec<f32>)
             sin.push(a.sin());
         }
     }
-    (cos, sin)
+    Angles {
+        start,
+        inv: Arc::new(inv),
+        cos: Arc::new(cos),
+        sin: Arc::new(sin),
+    }
 }
 
 /// `x` `(batch, heads, t, head_dim)` with rotary embeddings of positions `start..start + t`
-/// (`start` > 0 when decoding after cached tokens). One fused kernel each way on the CPU
-/// (the backward rotates back); composed ops elsewhere (`x cos + rotate_half(x) sin`).
+/// (`start` > 0 when decoding after cached tokens). One fused kernel each way on the CPU and
+/// a GPU (the backward rotates back); composed ops elsewhere (`x cos + rotate_half(x) sin`).
 pub fn rope(x: &Tensor, start: usize, theta: f64) -> Result<Tensor> {
     let (t, hd) = (x.dim(D::Minus2)?, x.dim(D::Minus1)?);
     if hd % 2 != 0 || !(theta > 0.0 && theta.is_finite()) {
@@ -36,15 +43,15 @@ pub fn rope(x: &Tensor, start: usize, theta: f64) -> Result<Tensor> {
             "rotary embeddings need an even head width and a positive base, got {hd} and {theta}"
         ));
     }
-    let (cos, sin) = tables(start, t, hd, theta);
-    if kernels::fused(x) {
-        return Ok(kernels::rotary::rope(x, Arc::new(cos), Arc::new(sin))?);
+    let angles = tables(start, t, hd, theta);
+    if kernels::fused_or_gpu(x) {
+        return Ok(kernels::rotary::rope(x, angles)?);
     }
-    let whole = |v: Vec<f32>| -> Result<Tensor> {
-        let half = Tensor::from_vec(v, (t, hd / 2), x.device())?;
+    let whole = |v: &[f32]| -> Result<Tensor> {
+        let half = Tensor::from_slice(v, (t, hd / 2), x.device())?;
         Ok(Tensor::cat(&[&half, &half], D::Minus1)?.to_dtype(x.dtype())?)
     };
-    let (cos, sin) = (whole(cos)?, whole(sin)?);
+    let (cos, sin) = (whole(&angles.cos)?, whole(&angles.sin)?);
     let (x1, x2) = (
         x.narrow(D::Minus1, 0, hd / 2)?,
         x.narrow(D::Minus1, hd / 2, hd / 2)?,
