@@ -7,7 +7,8 @@
 # device returns at most 8 files).
 # kernels (issue 57):
 #  - every CUDA kernel (GELU, bias add, LayerNorm, cross-entropy (also over rows read in place
-#    from wider ones), causal attention, the sum of squares, dropout) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
+#    from wider ones), causal attention, the sum of squares, dropout, the Llama's RMSNorm,
+#    SwiGLU and rotary positions) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
 #    sizes (the library's tests `kernels::gpu_tests`)
 #  - the HF GPT-2 fixture parity on the GPU, which now runs those kernels
 # correctness:
