@@ -15,6 +15,7 @@ const KERNELS: &[&str] = &[
     "causal_softmax",
     "cross_entropy",
     "dropout",
+    "embedding",
     "gelu",
     "layer_norm",
     "reduce",

@@ -40,6 +40,7 @@ pub(crate) const BIAS: Module = module!("bias");
 pub(crate) const CAUSAL_SOFTMAX: Module = module!("causal_softmax");
 pub(crate) const CROSS_ENTROPY: Module = module!("cross_entropy");
 pub(crate) const DROPOUT: Module = module!("dropout");
+pub(crate) const EMBEDDING: Module = module!("embedding");
 pub(crate) const GELU: Module = module!("gelu");
 pub(crate) const LAYER_NORM: Module = module!("layer_norm");
 pub(crate) const REDUCE: Module = module!("reduce");
@@ -64,6 +65,7 @@ pub(crate) fn func(dev: &CudaDevice, module: &Module, name: &str, dtype: DType) 
         DType::F32 => "f32",
         DType::BF16 => "bf16",
         DType::F16 => "f16",
+        DType::U32 => "u32",
         other => candle_core::bail!("{name}: no CUDA kernel for {other:?}"),
     };
     let f = dev.get_or_load_custom_func(&format!("{name}_{suffix}"), module.name, module.ptx)?;

@@ -261,6 +261,29 @@ fn rotary_matches_the_cpu() {
 }
 
 #[test]
+fn embedding_matches_the_cpu() {
+    // Repeated ids (the backward adds each id's tokens in order), one id never used, and more
+    // tokens than the placing kernel takes (candle's index_add then).
+    for (i, (rows, dim, tokens)) in [(50, 7, 300), (1000, 96, 4099), (64, 5, 17_000)]
+        .into_iter()
+        .enumerate()
+    {
+        let table = rand(130 + i as u64, &[rows, dim], 1.0);
+        let ids: Vec<u32> = (0..tokens)
+            .map(|j| ((j * 7 + j / 3) % (rows - 1)) as u32)
+            .collect();
+        compare(
+            &format!("embedding {rows}x{dim}, {tokens} tokens"),
+            &[table],
+            &|t| {
+                let ids = Tensor::from_slice(&ids, tokens, t[0].device())?;
+                super::embedding::lookup(&t[0], &ids)
+            },
+        );
+    }
+}
+
+#[test]
 fn dropout_matches_the_cpu() {
     // The same integers draw the same mask; a part of a split tensor, and no elements at all.
     for (i, (dims, part)) in [

@@ -19,6 +19,7 @@ pub(crate) mod attention_blas;
 pub(crate) mod bias;
 pub(crate) mod cross_entropy;
 pub(crate) mod dropout;
+pub(crate) mod embedding;
 pub(crate) mod exp;
 pub(crate) mod gelu;
 #[cfg(feature = "cuda")]

@@ -6,7 +6,7 @@ use super::{join, Module};
 use crate::model::deferred::{WeightGradQueue, Work};
 use crate::model::init::Init;
 use crate::model::Cx;
-use crate::{Error, Result};
+use crate::{model::kernels, Error, Result};
 
 /// A `(num, dim)` table indexed by integer ids of any shape.
 #[derive(Clone, Debug)]
@@ -71,6 +71,9 @@ impl Embedding {
         let mut dims = ids.dims().to_vec();
         dims.push(dim);
         let y = match defer {
+            None if kernels::fused_or_gpu(self.weight.as_tensor()) => {
+                kernels::embedding::lookup(self.weight.as_tensor(), &flat)?
+            }
             None => self.weight.index_select(&flat, 0)?,
             Some((q, mb)) => {
                 let y = self.weight.as_tensor().detach().index_select(&flat, 0)?;
