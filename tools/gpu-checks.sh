@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17's checks on a GPU machine (device time is scarce; a device command runs 10 minutes
 # at most): run from the repository root with gpu/ carried (tools/pack-gpu.sh made it), as
-# `bash tools/gpu-checks.sh [kernels] [correctness] [speed] [pipeline] [planner] [features]`
-# (all by default; one call each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
+# `bash tools/gpu-checks.sh [kernels] [correctness] [speed] [profile] [pipeline] [planner] [features]`
+# (all but profile by default; one call each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
 # failure does not stop the rest. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
 # kernels (issue 57):
@@ -22,9 +22,11 @@
 #    $PW_BENCH_BATCH, default 8), f32 and bf16, pipewright and PyTorch eager side by side,
 #    with peak GPU memory and MFU against the H100 SXM's dense peaks (989 TFLOP/s bf16, 67 f32);
 #    and the 1.3B shape (24 layers, d 2048, 16 heads) in bf16, pipewright and PyTorch eager
-#  - the bf16 step again with the vocabulary padded to 50304 (the head's alignment)
+#  - the bf16 step again with a vocabulary of 50304 (its head aligned without padding)
 #  - one bf16 step of pipewright's under Nsight Compute, its kernel time summed by kind
 #    (tools/gpu_kernels.py) against the step's wall time
+# profile (after speed, whose 1.3B step time it reads):
+#  - one bf16 step of the 1.3B shape under Nsight Compute, its kernel time by kind
 # pipeline:
 #  - GPT-2 124M trained by `pipewright train` in bf16 (the text task on README.md's bytes, the
 #    vocabulary padded to 50257, batch 8 of 1024 tokens in 4 micro-batches, 20 steps): one
@@ -91,9 +93,9 @@ speed() {
     PW_BENCH_PEAK_TFLOPS=989 bash tools/run-on-gpu.sh gpu/gpt_step --bench
   check bench-torch-1.3b-bf16 env PW_BENCH_SIZE=gpt-1.3b PW_BENCH_PRECISION=bf16 \
     PW_BENCH_PEAK_TFLOPS=989 python3 tools/bench_torch.py
-  # The same bf16 step with the vocabulary at 50304, a multiple of 64: whether GPT-2's odd
-  # 50257 keeps the tied head's three products off cuBLAS's Hopper kernels (the profile's
-  # `cutlass_75` products), before the model pads its head for it.
+  # The same bf16 step with the vocabulary at 50304, a multiple of 64, against GPT-2's odd
+  # 50257, whose head the model now multiplies padded (nn::linear): the two should take the
+  # same time, and the profile below should show no `cutlass_75` products for the head.
   check bench-pipewright-bf16-vocab50304 env PW_BENCH_PRECISION=bf16 PW_BENCH_VOCAB=50304 \
     PW_BENCH_STEPS=3 PW_BENCH_PEAK_TFLOPS=989 bash tools/run-on-gpu.sh gpu/gpt_step --bench
   local step_ms
@@ -104,6 +106,18 @@ speed() {
     gpu/gpt_step --bench
   python3 tools/gpu_kernels.py "$out/ncu-bf16.csv" ${step_ms:+--step-ms $step_ms} \
     | tee "$out/profile-bf16.txt"
+}
+profile() {
+  # The 1.3B shape's bf16 step under Nsight Compute, its kernel time by kind: where the time
+  # between its MFU and the issue's 35 % goes (the speed group profiles GPT-2 124M only).
+  local step_ms
+  step_ms=$(awk '/pipewright_median_ms/ {print $2}' "$out/bench-pipewright-1.3b-bf16.log" 2>/dev/null)
+  check profile-1.3b-bf16 env PW_BENCH_SIZE=gpt-1.3b PW_BENCH_PRECISION=bf16 PW_BENCH_STEPS=1 \
+    PW_CUDA_PROFILE=1 bash tools/run-on-gpu.sh ncu --profile-from-start off --clock-control none \
+    --metrics gpu__time_duration.sum --csv --print-units base --log-file "$out/ncu-1.3b-bf16.csv" \
+    gpu/gpt_step --bench
+  python3 tools/gpu_kernels.py "$out/ncu-1.3b-bf16.csv" ${step_ms:+--step-ms $step_ms} \
+    | tee "$out/profile-1.3b-bf16.txt"
 }
 pipeline() {
   local gpt2=(--model gpt --task text --data README.md --block-size 1024 --vocab-size 50257
@@ -181,10 +195,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 for group in "${@:-kernels correctness speed pipeline planner features}"; do
   for g in $group; do
     case $g in
-      kernels | correctness | speed | pipeline | planner | features) $g
+      kernels | correctness | speed | profile | pipeline | planner | features) $g
         # The logs so far, so a call cut short at its limit still returns them.
         [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-logs.tgz" -C "$out" . ;;
-      *) echo "usage: tools/gpu-checks.sh [kernels] [correctness] [speed] [pipeline] [planner] [features]" >&2; exit 2 ;;
+      *) echo "usage: tools/gpu-checks.sh [kernels] [correctness] [speed] [profile] [pipeline] [planner] [features]" >&2; exit 2 ;;
     esac
   done
 done
