@@ -283,25 +283,18 @@ mod cuda {
         let (rows, cols) = rows_cols(lx, lw)?;
         let n = rows * cols;
         let eps = eps as f32;
-        let (cfg, blocks, per) = gpu::column_blocks(rows, cols);
         typed!(NAME, sx.dtype(), |T| {
             let x = gpu::view::<T>(sx, lx, NAME)?;
             let (w, g) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
-            let mut out = gpu::alloc::<T>(dev, n + 2 * cols)?;
-            let mut stats = gpu::alloc::<f32>(dev, 2 * rows)?;
-            let mut partial = gpu::zeros::<f32>(dev, blocks * 2 * cols)?;
-            let dx = gpu::func(dev, &gpu::LAYER_NORM, "ln_bwd_dx", sx.dtype())?;
-            gpu::launch(&dx, gpu::per_row(rows, cols)?, n, |a| {
-                a.arg(&x).arg(&w).arg(&g).arg(&mut out).arg(&mut stats);
-                a.arg(&cols).arg(&eps);
-            })?;
-            let sums = gpu::func(dev, &gpu::LAYER_NORM, "ln_partials", sx.dtype())?;
-            gpu::launch(&sums, cfg, n, |a| {
-                a.arg(&x).arg(&g).arg(&stats).arg(&mut partial);
-                a.arg(&rows).arg(&cols).arg(&per);
-            })?;
-            let mut tail = out.slice_mut(n..n + 2 * cols);
-            gpu::finish_sums(dev, sx.dtype(), &partial, &mut tail, 2 * cols, blocks)?;
+            let out = gpu::norm_backward(
+                dev,
+                &gpu::LAYER_NORM,
+                "ln",
+                sx.dtype(),
+                [&x, &w, &g],
+                (rows, cols, eps),
+                (2, 2),
+            )?;
             Ok((
                 CudaStorage::wrap_cuda_slice(out, dev.clone()),
                 Shape::from(n + 2 * cols),

@@ -220,25 +220,18 @@ mod cuda {
         let (rows, cols) = rows_cols(lx, lw)?;
         let n = rows * cols;
         let eps = eps as f32;
-        let (cfg, blocks, per) = gpu::column_blocks(rows, cols);
         typed!(NAME, sx.dtype(), |T| {
             let x = gpu::view::<T>(sx, lx, NAME)?;
             let (w, g) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
-            let mut out = gpu::alloc::<T>(dev, n + cols)?;
-            let mut stats = gpu::alloc::<f32>(dev, rows)?;
-            let mut partial = gpu::zeros::<f32>(dev, blocks * cols)?;
-            let dx = gpu::func(dev, &gpu::RMS_NORM, "rms_bwd_dx", sx.dtype())?;
-            gpu::launch(&dx, gpu::per_row(rows, cols)?, n, |a| {
-                a.arg(&x).arg(&w).arg(&g).arg(&mut out).arg(&mut stats);
-                a.arg(&cols).arg(&eps);
-            })?;
-            let sums = gpu::func(dev, &gpu::RMS_NORM, "rms_partials", sx.dtype())?;
-            gpu::launch(&sums, cfg, n, |a| {
-                a.arg(&x).arg(&g).arg(&stats).arg(&mut partial);
-                a.arg(&rows).arg(&cols).arg(&per);
-            })?;
-            let mut tail = out.slice_mut(n..n + cols);
-            gpu::finish_sums(dev, sx.dtype(), &partial, &mut tail, cols, blocks)?;
+            let out = gpu::norm_backward(
+                dev,
+                &gpu::RMS_NORM,
+                "rms",
+                sx.dtype(),
+                [&x, &w, &g],
+                (rows, cols, eps),
+                (1, 1),
+            )?;
             Ok((
                 CudaStorage::wrap_cuda_slice(out, dev.clone()),
                 Shape::from(n + cols),
