@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
 use super::{attention, bias, cross_entropy, dropout, gelu, layer_norm, IGNORE_INDEX};
+use crate::model::WeightLayout;
 
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
@@ -256,6 +257,25 @@ fn rotary_matches_the_cpu() {
         compare(&format!("rotary {dims:?} from {start}"), &[x], &|t| {
             crate::model::nn::rope(&t[0], start, 10_000.0)
                 .map_err(|e| candle_core::Error::Msg(e.to_string()))
+        });
+    }
+}
+
+#[test]
+fn padded_product_matches_the_cpu() {
+    // A head of 1029 outputs (rows of 2058 bf16 bytes, not 16-byte multiples): padded to 1088
+    // on the GPU, its view of the first 1029 columns, and the gradients through it.
+    for layout in [WeightLayout::OutIn, WeightLayout::InOut] {
+        let (rows, inp, out) = (37, 64, 1029);
+        let dims = match layout {
+            WeightLayout::OutIn => [out, inp],
+            WeightLayout::InOut => [inp, out],
+        };
+        let (x, w) = (rand(140, &[rows, inp], 1.0), rand(141, &dims, 0.2));
+        compare(&format!("padded product {layout:?}"), &[x, w], &|t| {
+            let y = crate::model::nn::linear::padded_product(&t[0], &t[1], layout)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            y.narrow(1, 0, out)
         });
     }
 }
