@@ -700,10 +700,14 @@ impl GradStore {
     }
 
     /// Adds `grad` to the gradient of `tensor`. pipewright's patch (see vendor/README.md): the
-    /// first contribution is stored as it is (made contiguous) and later ones are summed into
-    /// it; candle added every contribution to a tensor of zeros, a fill and a sum over the
-    /// whole gradient for every edge of the graph. `0 + g` is `g` in IEEE arithmetic, so the
-    /// gradients are the same bit for bit.
+    /// first contribution is stored as it is and later ones are summed into it; candle added
+    /// every contribution to a tensor of zeros, a fill and a sum over the whole gradient for
+    /// every edge of the graph. `0 + g` is `g` in IEEE arithmetic, so the gradients are the
+    /// same bit for bit. A contribution that is not the start of a contiguous buffer (a
+    /// transposed product, the part of a packed backward's output after its first) is copied
+    /// into a buffer of its own, as the sum with zeros made it: stored as it is, it would keep
+    /// the whole buffer alive for as long as the gradient lives (a parameter's, until the
+    /// optimizer's step).
     fn accumulate(&mut self, tensor: &Tensor, grad: Tensor) -> Result<()> {
         match self.0.entry(tensor.id()) {
             Entry::Occupied(mut entry) => {
@@ -711,7 +715,8 @@ impl GradStore {
                 entry.insert(sum);
             }
             Entry::Vacant(entry) => {
-                entry.insert(grad.contiguous()?);
+                let own = grad.is_contiguous() && grad.layout().start_offset() == 0;
+                entry.insert(if own { grad } else { grad.force_contiguous()? });
             }
         }
         Ok(())
