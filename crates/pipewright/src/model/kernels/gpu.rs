@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use candle_core::backend::BackendStorage;
 pub(crate) use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, LaunchArgs,
@@ -227,36 +228,45 @@ pub(crate) fn finish_sums<T: DeviceRepr>(
     })
 }
 
-/// A norm's backward over `rows` rows of `cols` (LayerNorm's and RMSNorm's): kernel
-/// `{prefix}_bwd_dx` writes dx into the result's first `rows * cols` elements and `stats` f32
-/// statistics of each row, then `{prefix}_partials` sums `sums` kinds of column partial sums
-/// (the weight's gradient, and the bias's) over row blocks, which [`finish_sums`] adds into the
-/// result's last `sums * cols` elements. Both kernels take their arguments in this order.
-pub(crate) fn norm_backward<T: CudaDType + DeviceRepr>(
-    dev: &CudaDevice,
-    module: &Module,
-    prefix: &str,
-    dtype: DType,
-    [x, w, g]: [&CudaView<'_, T>; 3],
-    (rows, cols, eps): (usize, usize, f32),
+/// A norm's backward (LayerNorm's and RMSNorm's) of `x` `(rows, cols)`, its weight `w` and the
+/// output's gradient `g`: kernel `{prefix}_bwd_dx` writes dx into the result's first
+/// `rows * cols` elements and `stats` f32 statistics of each row, then `{prefix}_partials`
+/// sums `sums` kinds of column partial sums (the weight's gradient, and the bias's) over row
+/// blocks, which [`finish_sums`] adds into the result's last `sums * cols` elements: the CPU
+/// twins' packing. Both kernels take their arguments in this order.
+pub(crate) fn norm_backward(
+    (module, prefix, op): (&Module, &str, &str),
+    [(sx, lx), (sw, lw), (sg, lg)]: [(&CudaStorage, &Layout); 3],
+    (rows, cols, eps): (usize, usize, f64),
     (stats, sums): (usize, usize),
-) -> Result<CudaSlice<T>> {
-    let n = rows * cols;
+) -> Result<(CudaStorage, candle_core::Shape)> {
+    let dev = sx.device();
+    let (n, eps) = (rows * cols, eps as f32);
     let (cfg, blocks, per) = column_blocks(rows, cols);
-    let mut out = alloc::<T>(dev, n + sums * cols)?;
-    let mut row_stats = alloc::<f32>(dev, stats * rows)?;
-    let mut partial = zeros::<f32>(dev, blocks * sums * cols)?;
-    let dx = func(dev, module, &format!("{prefix}_bwd_dx"), dtype)?;
-    launch(&dx, per_row(rows, cols)?, n, |a| {
-        a.arg(x).arg(w).arg(g).arg(&mut out).arg(&mut row_stats);
-        a.arg(&cols).arg(&eps);
-    })?;
-    let partials = func(dev, module, &format!("{prefix}_partials"), dtype)?;
-    launch(&partials, cfg, n, |a| {
-        a.arg(x).arg(g).arg(&row_stats).arg(&mut partial);
-        a.arg(&rows).arg(&cols).arg(&per);
-    })?;
-    let mut tail = out.slice_mut(n..n + sums * cols);
-    finish_sums(dev, dtype, &partial, &mut tail, sums * cols, blocks)?;
-    Ok(out)
+    typed!(op, sx.dtype(), |T| {
+        let (x, w, g) = (
+            view::<T>(sx, lx, op)?,
+            view::<T>(sw, lw, op)?,
+            view::<T>(sg, lg, op)?,
+        );
+        let mut out = alloc::<T>(dev, n + sums * cols)?;
+        let mut row_stats = alloc::<f32>(dev, stats * rows)?;
+        let mut partial = zeros::<f32>(dev, blocks * sums * cols)?;
+        let dx = func(dev, module, &format!("{prefix}_bwd_dx"), sx.dtype())?;
+        launch(&dx, per_row(rows, cols)?, n, |a| {
+            a.arg(&x).arg(&w).arg(&g).arg(&mut out).arg(&mut row_stats);
+            a.arg(&cols).arg(&eps);
+        })?;
+        let partials = func(dev, module, &format!("{prefix}_partials"), sx.dtype())?;
+        launch(&partials, cfg, n, |a| {
+            a.arg(&x).arg(&g).arg(&row_stats).arg(&mut partial);
+            a.arg(&rows).arg(&cols).arg(&per);
+        })?;
+        let mut tail = out.slice_mut(n..n + sums * cols);
+        finish_sums(dev, sx.dtype(), &partial, &mut tail, sums * cols, blocks)?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            candle_core::Shape::from(n + sums * cols),
+        ))
+    })
 }

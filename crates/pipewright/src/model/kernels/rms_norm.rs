@@ -216,26 +216,12 @@ mod cuda {
         [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
-        let dev = sx.device();
         let (rows, cols) = rows_cols(lx, lw)?;
-        let n = rows * cols;
-        let eps = eps as f32;
-        typed!(NAME, sx.dtype(), |T| {
-            let x = gpu::view::<T>(sx, lx, NAME)?;
-            let (w, g) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sg, lg, NAME)?);
-            let out = gpu::norm_backward(
-                dev,
-                &gpu::RMS_NORM,
-                "rms",
-                sx.dtype(),
-                [&x, &w, &g],
-                (rows, cols, eps),
-                (1, 1),
-            )?;
-            Ok((
-                CudaStorage::wrap_cuda_slice(out, dev.clone()),
-                Shape::from(n + cols),
-            ))
-        })
+        gpu::norm_backward(
+            (&gpu::RMS_NORM, "rms", NAME),
+            [(sx, lx), (sw, lw), (sg, lg)],
+            (rows, cols, eps),
+            (1, 1),
+        )
     }
 }

@@ -3,7 +3,7 @@
 //! position. The rotation is orthogonal, so the backward is the same pass by the opposite
 //! angles.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 
@@ -11,29 +11,63 @@ use super::{dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-rope";
 
-/// The angles of positions `start..start + t`: frequency `i` is `inv[i]`, the angle of
-/// position `p` is `p * inv[i]` in f32, and `cos`/`sin` `(t, hd/2)` hold them row-major (the
-/// CPU reads the tables; a GPU thread computes its pair's angle from `start` and `inv`).
-#[derive(Clone)]
+/// The angles of positions `start..start + t`: frequency `i` is `inv[i]` and the angle of
+/// position `p` is `p * inv[i]` in f32. A GPU thread computes its pair's angle from `start`
+/// and `inv`; the CPU reads `cos`/`sin` tables `(t, hd/2)`, made on its first use and kept for
+/// the backward ([`Angles::tables`]).
 pub(crate) struct Angles {
-    /// The first position (read by the GPU kernel only).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) start: usize,
-    pub(crate) inv: Arc<Vec<f32>>,
-    pub(crate) cos: Arc<Vec<f32>>,
-    pub(crate) sin: Arc<Vec<f32>>,
+    start: usize,
+    t: usize,
+    inv: Vec<f32>,
+    tables: OnceLock<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Angles {
+    /// Positions `start..start + t` of heads `hd` wide, frequencies `theta^(-2i/hd)` (in f64,
+    /// rounded to f32, as transformers computes them).
+    pub(crate) fn new(start: usize, t: usize, hd: usize, theta: f64) -> Self {
+        let inv = (0..hd / 2)
+            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
+            .collect();
+        Self {
+            start,
+            t,
+            inv,
+            tables: OnceLock::new(),
+        }
+    }
+
+    /// `cos` and `sin` of every position's angles, row-major `(t, hd/2)`.
+    pub(crate) fn tables(&self) -> (&[f32], &[f32]) {
+        let (cos, sin) = self.tables.get_or_init(|| {
+            let n = self.t * self.inv.len();
+            let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+            for p in self.start..self.start + self.t {
+                for &f in &self.inv {
+                    let a = p as f32 * f;
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                }
+            }
+            (cos, sin)
+        });
+        (cos, sin)
+    }
 }
 
 /// `x` `(batch, heads, t, hd)` rotated by its positions' [`Angles`]; `sign` -1 rotates back.
 #[derive(Clone)]
 pub(crate) struct Rope {
-    pub(crate) angles: Angles,
+    pub(crate) angles: Arc<Angles>,
     pub(crate) sign: f32,
 }
 
 /// [`Rope`] of a tensor, with its fused backward.
 pub(crate) fn rope(x: &Tensor, angles: Angles) -> candle_core::Result<Tensor> {
-    x.contiguous()?.apply_op1(Rope { angles, sign: 1.0 })
+    x.contiguous()?.apply_op1(Rope {
+        angles: Arc::new(angles),
+        sign: 1.0,
+    })
 }
 
 fn rotate<T: Real>(x: &[T], hd: usize, t: usize, cos: &[f32], sin: &[f32], sign: f32) -> Vec<T> {
@@ -70,13 +104,12 @@ impl Rope {
         let dims = l.shape().dims();
         let a = &self.angles;
         match dims {
-            [.., t, hd] if hd % 2 == 0 && *t * hd / 2 == a.cos.len() && hd / 2 == a.inv.len() => {
-                Ok((*t, *hd))
-            }
+            [.., t, hd] if hd % 2 == 0 && *t == a.t && hd / 2 == a.inv.len() => Ok((*t, *hd)),
             _ => candle_core::bail!(
-                "{NAME}: expects (..., t, head_dim) with an even head_dim matching a table of \
-                 {} angles, got {dims:?}",
-                a.cos.len()
+                "{NAME}: expects (..., {}, {}) for the angles of {} positions, got {dims:?}",
+                a.t,
+                2 * a.inv.len(),
+                a.t
             ),
         }
     }
@@ -89,16 +122,9 @@ impl CustomOp1 for Rope {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (t, hd) = self.geometry(l)?;
-        let a = &self.angles;
+        let (cos, sin) = self.angles.tables();
         dispatch!(NAME, s, |s: T| Ok((
-            storage(rotate::<T>(
-                &input(s, l, NAME)?,
-                hd,
-                t,
-                &a.cos,
-                &a.sin,
-                self.sign
-            )),
+            storage(rotate::<T>(&input(s, l, NAME)?, hd, t, cos, sin, self.sign)),
             l.shape().clone()
         )))
     }
@@ -145,7 +171,7 @@ mod cuda {
         let inv = dev.clone_htod(if op.angles.inv.is_empty() {
             none
         } else {
-            &op.angles.inv[..]
+            &op.angles.inv
         })?;
         typed!(NAME, s.dtype(), |T| {
             let x = gpu::view::<T>(s, l, NAME)?;

@@ -3,35 +3,10 @@
 //! pair `(i, i + hd/2)` rotated by `position * frequency`. Angles in f32 as transformers
 //! computes them.
 
-use std::sync::Arc;
-
 use candle_core::{Tensor, D};
 
 use crate::model::kernels::rotary::Angles;
 use crate::{invalid, model::kernels, Result};
-
-/// The frequencies and the `cos` and `sin` tables `(t, hd/2)`, row-major, of positions
-/// `start..start + t`.
-fn tables(start: usize, t: usize, hd: usize, theta: f64) -> Angles {
-    let half = hd / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| (1.0 / theta.powf(2.0 * i as f64 / hd as f64)) as f32)
-        .collect();
-    let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
-    for p in start..start + t {
-        for &f in &inv {
-            let a = p as f32 * f;
-            cos.push(a.cos());
-            sin.push(a.sin());
-        }
-    }
-    Angles {
-        start,
-        inv: Arc::new(inv),
-        cos: Arc::new(cos),
-        sin: Arc::new(sin),
-    }
-}
 
 /// `x` `(batch, heads, t, head_dim)` with rotary embeddings of positions `start..start + t`
 /// (`start` > 0 when decoding after cached tokens). One fused kernel each way on the CPU and
@@ -43,7 +18,7 @@ pub fn rope(x: &Tensor, start: usize, theta: f64) -> Result<Tensor> {
             "rotary embeddings need an even head width and a positive base, got {hd} and {theta}"
         ));
     }
-    let angles = tables(start, t, hd, theta);
+    let angles = Angles::new(start, t, hd, theta);
     if kernels::fused_or_gpu(x) {
         return Ok(kernels::rotary::rope(x, angles)?);
     }
@@ -51,7 +26,8 @@ pub fn rope(x: &Tensor, start: usize, theta: f64) -> Result<Tensor> {
         let half = Tensor::from_slice(v, (t, hd / 2), x.device())?;
         Ok(Tensor::cat(&[&half, &half], D::Minus1)?.to_dtype(x.dtype())?)
     };
-    let (cos, sin) = (whole(&angles.cos)?, whole(&angles.sin)?);
+    let (cos, sin) = angles.tables();
+    let (cos, sin) = (whole(cos)?, whole(sin)?);
     let (x1, x2) = (
         x.narrow(D::Minus1, 0, hd / 2)?,
         x.narrow(D::Minus1, hd / 2, hd / 2)?,
