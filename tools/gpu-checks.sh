@@ -9,7 +9,9 @@
 #  - every CUDA kernel (GELU, bias add, LayerNorm, cross-entropy (also over rows read in place
 #    from wider ones), causal attention, the sum of squares, dropout, the Llama's RMSNorm,
 #    SwiGLU and rotary positions) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
-#    sizes (the library's tests `kernels::gpu_tests`)
+#    sizes (the library's tests `kernels::gpu_tests`); the optimizer phase's one-launch kernels
+#    (AdamW, the casts, the sums of squares over many tensors) against the CPU's per-tensor
+#    ops, bit for bit (`kernels::gpu_tests_step`, which the same filter runs)
 #  - the HF GPT-2 fixture parity on the GPU, which now runs those kernels
 # correctness:
 #  - the HF GPT-2 fixture parity on the GPU (loss 1e-5, gradients 1e-4 relative, as on the CPU)

@@ -12,6 +12,7 @@ const KERNELS: &[&str] = &[
     "adamw",
     "attention",
     "bias",
+    "cast",
     "causal_softmax",
     "cross_entropy",
     "dropout",
@@ -32,10 +33,9 @@ fn main() {
         return;
     }
     let dir = Path::new("src/model/kernels/cuda");
-    println!(
-        "cargo:rerun-if-changed={}",
-        dir.join("common.cuh").display()
-    );
+    for header in ["common.cuh", "table.cuh"] {
+        println!("cargo:rerun-if-changed={}", dir.join(header).display());
+    }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());

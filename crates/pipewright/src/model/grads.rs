@@ -88,10 +88,12 @@ impl Grads {
         Ok(())
     }
 
-    /// Multiplies every gradient by `s`.
+    /// Multiplies every gradient by `s` (on a GPU, f32 gradients in one launch).
     pub fn scale(&mut self, s: f64) -> Result<()> {
-        for g in self.0.values_mut() {
-            *g = (&*g * s)?;
+        let ts: Vec<&Tensor> = self.0.values().collect();
+        let scaled = crate::model::kernels::cast::cast_all(&ts, None, Some(s))?;
+        for (g, t) in self.0.values_mut().zip(scaled) {
+            *g = t;
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 use candle_core::{DType, Var};
 
 use crate::model::grads::Grads;
+use crate::model::kernels::cast::{assign_all, cast_all};
 use crate::{invalid, Error, Result};
 
 /// The type the model computes in.
@@ -152,12 +153,14 @@ pub fn has_overflow(grads: &Grads) -> Result<bool> {
     Ok(crate::model::grads::finite_each(&ts)?.iter().any(|f| !f))
 }
 
-/// Gradients in f32, multiplied by `factor` (the inverse loss scale).
+/// Gradients in f32, multiplied by `factor` (the inverse loss scale); on a GPU one launch
+/// ([`crate::model::kernels::cast::cast_all`]).
 pub fn to_master_grads(grads: &Grads, factor: f64) -> Result<Grads> {
+    let ts: Vec<&candle_core::Tensor> = grads.iter().map(|(_, g)| g).collect();
+    let cast = cast_all(&ts, Some(DType::F32), (factor != 1.0).then_some(factor))?;
     let mut out = Grads::new();
-    for (n, g) in grads.iter() {
-        let g = g.to_dtype(DType::F32)?;
-        out.insert(n.clone(), if factor == 1.0 { g } else { (g * factor)? });
+    for ((n, _), g) in grads.iter().zip(cast) {
+        out.insert(n.clone(), g);
     }
     Ok(out)
 }
@@ -197,13 +200,13 @@ impl MasterWeights {
         &self.master
     }
 
-    /// Casts every master into its model parameter (nothing to do when they are the same).
+    /// Casts every master into its model parameter (nothing to do when they are the same); on
+    /// a GPU one launch.
     pub fn sync(&self) -> Result<()> {
-        for ((_, m), (_, w)) in self.model.iter().zip(&self.master) {
-            if m.as_tensor().id() != w.as_tensor().id() {
-                m.set(&w.as_tensor().to_dtype(m.dtype())?)?;
-            }
-        }
-        Ok(())
+        let pairs: Vec<(&candle_core::Tensor, &Var)> = (self.model.iter().zip(&self.master))
+            .filter(|((_, m), (_, w))| m.as_tensor().id() != w.as_tensor().id())
+            .map(|((_, m), (_, w))| (w.as_tensor(), m))
+            .collect();
+        Ok(assign_all(&pairs)?)
     }
 }

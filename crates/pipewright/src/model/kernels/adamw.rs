@@ -12,8 +12,6 @@ const NAME: &str = "pipewright-adamw";
 /// One step's coefficients, rounded to f32 as candle's `affine` rounds them.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AdamWStep {
-    /// `1 - lr * weight_decay` when this parameter decays.
-    pub decay: Option<f64>,
     pub beta1: f64,
     pub beta2: f64,
     /// `1 / sqrt(1 - beta2^t)`.
@@ -23,7 +21,21 @@ pub(crate) struct AdamWStep {
     pub step_size: f64,
 }
 
-/// Whether [`update`] takes `p`: a contiguous f32 parameter on the CPU or (in the `cuda`
+/// One parameter of an [`update_all`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Param<'a> {
+    /// The parameter, updated in place.
+    pub p: &'a Tensor,
+    /// Its f32 gradient.
+    pub g: &'a Tensor,
+    /// Its moments (none before the first step).
+    pub m: Option<&'a Tensor>,
+    pub v: Option<&'a Tensor>,
+    /// `1 - lr * weight_decay` when this parameter decays.
+    pub decay: Option<f64>,
+}
+
+/// Whether [`update_all`] takes `p`: a contiguous f32 parameter on the CPU or (in the `cuda`
 /// build) a GPU.
 pub(crate) fn applies(p: &Tensor) -> bool {
     (p.device().is_cpu() || (cfg!(feature = "cuda") && p.device().is_cuda()))
@@ -31,23 +43,30 @@ pub(crate) fn applies(p: &Tensor) -> bool {
         && p.is_contiguous()
 }
 
-/// Updates `p` in place from its f32 gradient `g` and moments `m`, `v` (none before the first
-/// step) and returns the new moments.
-pub(crate) fn update(
-    p: &Tensor,
-    g: &Tensor,
-    m: Option<&Tensor>,
-    v: Option<&Tensor>,
+/// Updates each parameter in place from its gradient and moments and returns its new
+/// moments, in order. On a GPU, parameters of one device are one launch.
+pub(crate) fn update_all(
+    ps: &[Param<'_>],
     c: AdamWStep,
-) -> candle_core::Result<(Tensor, Tensor)> {
+) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
     #[cfg(feature = "cuda")]
-    if p.device().is_cuda() {
-        return cuda::update(p, g, m, v, c);
+    if let Some(first) = ps.first().filter(|f| f.p.device().is_cuda()) {
+        if ps
+            .iter()
+            .all(|q| q.p.device().same_device(first.p.device()))
+        {
+            return cuda::update_all(ps, c);
+        }
     }
-    let g = g.contiguous()?;
+    ps.iter().map(|q| update_cpu(q, c)).collect()
+}
+
+fn update_cpu(q: &Param<'_>, c: AdamWStep) -> candle_core::Result<(Tensor, Tensor)> {
+    let p = q.p;
+    let g = q.g.contiguous()?;
     let (m, v) = (
-        m.map(Tensor::contiguous).transpose()?,
-        v.map(Tensor::contiguous).transpose()?,
+        q.m.map(Tensor::contiguous).transpose()?,
+        q.v.map(Tensor::contiguous).transpose()?,
     );
     let n = p.elem_count();
     let (sg, lg) = g.storage_and_layout();
@@ -70,6 +89,7 @@ pub(crate) fn update(
         m: ms,
         v: vs,
         c,
+        decay: q.decay,
         out: std::sync::Mutex::new(None),
     };
     p.inplace_op1(&op)?;
@@ -93,6 +113,7 @@ struct Update<'a> {
     m: Option<&'a [f32]>,
     v: Option<&'a [f32]>,
     c: AdamWStep,
+    decay: Option<f64>,
     out: std::sync::Mutex<Option<(Vec<f32>, Vec<f32>)>>,
 }
 
@@ -116,7 +137,7 @@ impl InplaceOp1 for Update<'_> {
         let f = |x: f64| x as f32;
         let c = self.c;
         let k = Coeffs {
-            decay: c.decay.map(f),
+            decay: self.decay.map(f),
             b1: f(c.beta1),
             c1: f(1.0 - c.beta1),
             b2: f(c.beta2),
@@ -226,22 +247,22 @@ impl Coeffs {
     }
 }
 
-/// The same on a CUDA device (kernels/cuda/adamw.cu): the parameter updated in place, the new
-/// moments written into fresh tensors (the old ones may be held elsewhere, by a checkpoint
-/// being written, say).
+/// The same on a CUDA device (kernels/cuda/adamw.cu), every parameter in one launch: each
+/// updated in place, the new moments written into two fresh buffers (the old ones may be held
+/// elsewhere, by a checkpoint being written, say), each parameter's a view of its part.
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
-    use candle_core::{CudaStorage, DType, InplaceOp1, Layout, Storage, Tensor};
+    use candle_core::{DType, Device, Tensor};
 
-    use super::{AdamWStep, NAME};
-    use crate::model::kernels::gpu::{self, PushKernelArg};
+    use super::{AdamWStep, Param, NAME};
+    use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
+    use crate::model::kernels::gpu_table::Table;
 
     /// adamw.cu's `Coeffs`.
     #[repr(C)]
     #[derive(Clone, Copy)]
     struct Coeffs {
-        decay: f32,
         b1: f32,
         c1: f32,
         b2: f32,
@@ -249,20 +270,21 @@ mod cuda {
         inv: f32,
         eps: f32,
         step: f32,
-        has_decay: i32,
     }
     // SAFETY: plain old data laid out as the kernel's struct.
     unsafe impl DeviceRepr for Coeffs {}
 
-    pub(super) fn update(
-        p: &Tensor,
-        g: &Tensor,
-        m: Option<&Tensor>,
-        v: Option<&Tensor>,
-        c: AdamWStep,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
-        let n = p.elem_count();
-        let check = |what: &str, t: &Tensor| {
+    /// `q`'s gradient and moments, contiguous and checked against its parameter.
+    fn inputs(q: &Param<'_>) -> candle_core::Result<[Option<Tensor>; 3]> {
+        let n = q.p.elem_count();
+        if q.p.dtype() != DType::F32 || !q.p.is_contiguous() {
+            candle_core::bail!(
+                "{NAME}: expects contiguous f32 parameters, got {:?}",
+                q.p.dtype()
+            );
+        }
+        let check = |what: &str, t: Option<&Tensor>| {
+            let Some(t) = t else { return Ok(None) };
             if t.elem_count() != n || t.dtype() != DType::F32 {
                 candle_core::bail!(
                     "{NAME}: {what} is {:?} {:?}, the parameter {n} f32",
@@ -270,28 +292,65 @@ mod cuda {
                     t.dtype()
                 );
             }
-            Ok(())
+            t.contiguous().map(Some)
         };
-        let g = g.contiguous()?;
-        check("the gradient", &g)?;
-        let (m1, v1, m0, v0) = match (m, v) {
-            (Some(m), Some(v)) => {
-                // SAFETY: the kernel writes every element of the new moments before anything
-                // reads them (no zero fill per parameter per step).
-                let (m1, v1) = unsafe { (p.empty_like()?, p.empty_like()?) };
-                (m1, v1, m.contiguous()?, v.contiguous()?)
-            }
-            // Before the first step the moments are zero: the new ones start as the old.
-            _ => {
-                let (m1, v1) = (p.zeros_like()?, p.zeros_like()?);
-                (m1.clone(), v1.clone(), m1, v1)
-            }
+        let fresh = q.m.is_none() || q.v.is_none();
+        Ok([
+            check("the gradient", Some(q.g))?,
+            check("exp_avg", q.m.filter(|_| !fresh))?,
+            check("exp_avg_sq", q.v.filter(|_| !fresh))?,
+        ])
+    }
+
+    pub(super) fn update_all(
+        ps: &[Param<'_>],
+        c: AdamWStep,
+    ) -> candle_core::Result<Vec<(Tensor, Tensor)>> {
+        let Device::Cuda(dev) = ps[0].p.device() else {
+            candle_core::bail!("{NAME}: expects GPU parameters");
         };
-        check("exp_avg", &m0)?;
-        check("exp_avg_sq", &v0)?;
+        let ins: Vec<[Option<Tensor>; 3]> = ps.iter().map(inputs).collect::<Result<_, _>>()?;
+        let total: usize = ps.iter().map(|q| q.p.elem_count()).sum();
+        let size = total.max(1);
+        // Before a parameter's first step its moments are zero: the new ones start as the old.
+        let (m1, v1) = if ins.iter().any(|i| i[1].is_none()) {
+            let z = || Tensor::zeros(size, DType::F32, ps[0].p.device());
+            (z()?, z()?)
+        } else {
+            // SAFETY: the kernel writes every element of the new moments before anything
+            // reads them (no zero fill per step).
+            let e = || unsafe { Tensor::empty(size, DType::F32, ps[0].p.device()) };
+            (e()?, e()?)
+        };
+        let (m1a, v1a) = (tensor_addr(&m1, NAME)?, tensor_addr(&v1, NAME)?);
+        let mut table = Table::new(usize::MAX);
+        let mut out = Vec::with_capacity(ps.len());
+        let mut at = 0;
+        for (q, [g, m, v]) in ps.iter().zip(&ins) {
+            let n = q.p.elem_count();
+            let (m1q, v1q) = (m1a + 4 * at as u64, v1a + 4 * at as u64);
+            let addr = |t: &Option<Tensor>, own: u64| match t {
+                Some(t) => tensor_addr(t, NAME),
+                None => Ok(own),
+            };
+            let p = [
+                tensor_addr(q.p, NAME)?,
+                addr(g, 0)?,
+                addr(m, m1q)?,
+                addr(v, v1q)?,
+                m1q,
+                v1q,
+            ];
+            table.push(p, n, q.decay.unwrap_or(1.0) as f32, q.decay.is_some());
+            let part = |t: &Tensor| t.narrow(0, at, n)?.reshape(q.p.shape());
+            out.push((part(&m1)?, part(&v1)?));
+            at += n;
+        }
+        let Some((items, count, cfg)) = table.upload(dev, NAME)? else {
+            return Ok(out);
+        };
         let f = |x: f64| x as f32;
         let k = Coeffs {
-            decay: f(c.decay.unwrap_or(1.0)),
             b1: f(c.beta1),
             c1: f(1.0 - c.beta1),
             b2: f(c.beta2),
@@ -299,82 +358,11 @@ mod cuda {
             inv: f(c.inv_bc2_sqrt),
             eps: f(c.eps),
             step: f(c.step_size),
-            has_decay: i32::from(c.decay.is_some()),
         };
-        p.inplace_op1(&Update {
-            k,
-            g,
-            m0,
-            v0,
-            m1: m1.clone(),
-            v1: v1.clone(),
+        let kernel = gpu::func(dev, &gpu::ADAMW, "adamw", DType::F32)?;
+        gpu::launch(&kernel, cfg, table.blocks(), |b| {
+            b.arg(&items).arg(&count).arg(&k);
         })?;
-        Ok((m1, v1))
-    }
-
-    struct Update {
-        k: Coeffs,
-        g: Tensor,
-        m0: Tensor,
-        v0: Tensor,
-        m1: Tensor,
-        v1: Tensor,
-    }
-
-    /// The GPU buffer under `t` (contiguous, f32) and its offsets.
-    fn with_slice<R>(
-        t: &Tensor,
-        f: impl FnOnce(&CudaStorage, &Layout) -> candle_core::Result<R>,
-    ) -> candle_core::Result<R> {
-        let (s, l) = t.storage_and_layout();
-        match &*s {
-            Storage::Cuda(s) => f(s, l),
-            _ => candle_core::bail!("{NAME}: expects every tensor on the parameter's GPU"),
-        }
-    }
-
-    impl InplaceOp1 for Update {
-        fn name(&self) -> &'static str {
-            NAME
-        }
-
-        fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> candle_core::Result<()> {
-            candle_core::bail!("{NAME}: the GPU update was given a CPU parameter")
-        }
-
-        fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
-            let (a, b) = l.contiguous_offsets().ok_or_else(|| {
-                candle_core::Error::Msg(format!("{NAME}: parameter not contiguous"))
-            })?;
-            let n = b - a;
-            let dev = s.device.clone();
-            let f = gpu::func(&dev, &gpu::ADAMW, "adamw", DType::F32)?;
-            let mut p = s.as_cuda_slice_mut::<f32>()?.slice_mut(a..b);
-            with_slice(&self.g, |sg, lg| {
-                with_slice(&self.m0, |sm0, lm0| {
-                    with_slice(&self.v0, |sv0, lv0| {
-                        with_slice(&self.m1, |sm1, lm1| {
-                            with_slice(&self.v1, |sv1, lv1| {
-                                let g = gpu::view::<f32>(sg, lg, NAME)?;
-                                let (m0, v0) = (
-                                    gpu::view::<f32>(sm0, lm0, NAME)?,
-                                    gpu::view::<f32>(sv0, lv0, NAME)?,
-                                );
-                                let (m1, v1) = (
-                                    gpu::view::<f32>(sm1, lm1, NAME)?,
-                                    gpu::view::<f32>(sv1, lv1, NAME)?,
-                                );
-                                // The kernel writes m1 and v1 through these views: fresh
-                                // tensors of this call's alone.
-                                gpu::launch(&f, gpu::elementwise(n), n, |b| {
-                                    b.arg(&mut p).arg(&g).arg(&m0).arg(&v0).arg(&m1).arg(&v1);
-                                    b.arg(&n).arg(&self.k);
-                                })
-                            })
-                        })
-                    })
-                })
-            })
-        }
+        Ok(out)
     }
 }

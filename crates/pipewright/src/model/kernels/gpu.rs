@@ -38,6 +38,7 @@ macro_rules! module {
 pub(crate) const ADAMW: Module = module!("adamw");
 pub(crate) const ATTENTION: Module = module!("attention");
 pub(crate) const BIAS: Module = module!("bias");
+pub(crate) const CAST: Module = module!("cast");
 pub(crate) const CAUSAL_SOFTMAX: Module = module!("causal_softmax");
 pub(crate) const CROSS_ENTROPY: Module = module!("cross_entropy");
 pub(crate) const DROPOUT: Module = module!("dropout");
@@ -62,17 +63,23 @@ pub(crate) struct Kernel {
 
 /// Kernel `name` of `module` for elements of `dtype`, loaded on `dev` once.
 pub(crate) fn func(dev: &CudaDevice, module: &Module, name: &str, dtype: DType) -> Result<Kernel> {
-    let suffix = match dtype {
-        DType::F32 => "f32",
-        DType::BF16 => "bf16",
-        DType::F16 => "f16",
-        DType::U32 => "u32",
-        other => candle_core::bail!("{name}: no CUDA kernel for {other:?}"),
-    };
+    let suffix = suffix(name, dtype)?;
     let f = dev.get_or_load_custom_func(&format!("{name}_{suffix}"), module.name, module.ptx)?;
     Ok(Kernel {
         f: f.into_cuda_function(),
         stream: dev.cuda_stream(),
+    })
+}
+
+/// The suffix of a kernel's name for elements of `dtype` (an error naming `op` for the types
+/// no kernel takes).
+pub(crate) fn suffix(op: &str, dtype: DType) -> Result<&'static str> {
+    Ok(match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        DType::U32 => "u32",
+        other => candle_core::bail!("{op}: no CUDA kernel for {other:?}"),
     })
 }
 
@@ -131,6 +138,20 @@ pub(crate) fn addr<T>(dev: &CudaDevice, s: &impl DevicePtr<T>) -> u64 {
     let stream = dev.cuda_stream();
     let (p, _sync) = s.device_ptr(&stream);
     p
+}
+
+/// The device address of the first element of `t`, a contiguous f32, bf16 or f16 tensor on a
+/// GPU (for the kernels that take many tensors through a table, kernels/gpu_table.rs). The
+/// caller keeps `t` alive until the kernel is queued; the device frees memory in stream order.
+pub(crate) fn tensor_addr(t: &Tensor, op: &str) -> Result<u64> {
+    let (s, l) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(s) = &*s else {
+        candle_core::bail!("{op}: expects a GPU tensor, got one on {:?}", t.device());
+    };
+    typed!(op, t.dtype(), |T| Ok(addr(
+        s.device(),
+        &view::<T>(s, l, op)?
+    )))
 }
 
 /// Room for `n` elements, written by a kernel before it is read (one element when `n` is 0:

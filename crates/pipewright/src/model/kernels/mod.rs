@@ -17,6 +17,7 @@ pub(crate) mod attention;
 #[cfg(feature = "cuda")]
 pub(crate) mod attention_blas;
 pub(crate) mod bias;
+pub(crate) mod cast;
 pub(crate) mod cross_entropy;
 pub(crate) mod dropout;
 pub(crate) mod embedding;
@@ -24,8 +25,12 @@ pub(crate) mod exp;
 pub(crate) mod gelu;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu;
+#[cfg(feature = "cuda")]
+pub(crate) mod gpu_table;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests_step;
 pub(crate) mod layer_norm;
 pub(crate) mod linear;
 pub(crate) mod reduce;

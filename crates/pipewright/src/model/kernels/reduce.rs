@@ -9,8 +9,9 @@ use super::{par, slice, Out, Real, BLOCK};
 /// `sum(t^2)` accumulated in f64 for each of `ts` that is a CPU f32/f64 tensor or (in the
 /// `cuda` build) a GPU f32/bf16/f16 one (None for the others). Blocks of elements are summed
 /// separately and then in order, so a result does not depend on the number of threads. The
-/// GPU tensors of one device are summed by one launch each into one buffer, read back once
-/// (a read per tensor stalled the GPU's queue once per parameter, twice a step).
+/// GPU tensors of one device and type are summed by one launch into one buffer, read back
+/// once (a read per tensor stalled the GPU's queue once per parameter, twice a step; a launch
+/// per tensor cost the host more than the GPU's work).
 pub(crate) fn sum_sq_each(ts: &[&Tensor]) -> candle_core::Result<Vec<Option<f64>>> {
     let mut out: Vec<Option<f64>> = vec![None; ts.len()];
     #[cfg(feature = "cuda")]
@@ -77,73 +78,68 @@ fn blocks<T: Real>(x: &[T]) -> f64 {
 /// and added here in block order.
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::{Storage, Tensor};
+    use candle_core::{DType, Tensor};
 
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
+    use crate::model::kernels::gpu_table::Table;
 
-    /// Blocks of the grid (at most): enough to fill the GPU, few enough to add on the host.
+    /// Blocks a tensor is given (at most): enough to fill the GPU, few enough to add on the
+    /// host.
     const BLOCKS: usize = 1024;
 
-    /// The sums of squares of `ts` (GPU tensors of one device, f32/bf16/f16): each tensor's
-    /// blocks write their f64 partials into its stretch of one buffer; one read back.
+    /// The sums of squares of `ts` (GPU tensors of one device, f32/bf16/f16): one launch per
+    /// element type, each tensor's blocks writing their f64 partials into its stretch of one
+    /// buffer; one read back.
     pub(super) fn sum_sq_each(ts: &[&Tensor]) -> candle_core::Result<Vec<f64>> {
         let ts: Vec<Tensor> = ts
             .iter()
             .map(|t| t.contiguous())
             .collect::<Result<_, _>>()?;
-        let blocks: Vec<usize> = ts
-            .iter()
-            .map(|t| match t.elem_count() {
-                0 => 0,
-                n => n.div_ceil(gpu::THREADS as usize * 8).clamp(1, BLOCKS),
-            })
-            .collect();
-        let total: usize = blocks.iter().sum();
-        if total == 0 {
-            return Ok(vec![0.0; ts.len()]);
-        }
-        let dev = match ts.iter().find(|t| t.elem_count() > 0).map(|t| t.device()) {
+        let dev = match ts.first().map(|t| t.device()) {
             Some(candle_core::Device::Cuda(d)) => d.clone(),
             _ => candle_core::bail!("sum_sq: expects GPU tensors"),
         };
+        let mut tables: Vec<(DType, Table)> = Vec::new();
+        let mut spans = Vec::with_capacity(ts.len());
+        for t in &ts {
+            let at = match tables.iter().position(|(d, _)| *d == t.dtype()) {
+                Some(at) => at,
+                None => {
+                    tables.push((t.dtype(), Table::new(BLOCKS)));
+                    tables.len() - 1
+                }
+            };
+            let blocks = tables[at].1.push(
+                [tensor_addr(t, "sum_sq")?, 0, 0, 0, 0, 0],
+                t.elem_count(),
+                0.0,
+                false,
+            );
+            spans.push((at, blocks));
+        }
+        let total: usize = tables.iter().map(|(_, t)| t.blocks()).sum();
+        if total == 0 {
+            return Ok(vec![0.0; ts.len()]);
+        }
         let mut partial = gpu::alloc::<f64>(&dev, total)?;
+        let mut starts = Vec::with_capacity(tables.len());
         let mut at = 0;
-        for (t, &nb) in ts.iter().zip(&blocks) {
-            if nb > 0 {
-                launch(t, &dev, &mut partial.slice_mut(at..at + nb))?;
-            }
-            at += nb;
+        for (dtype, table) in &tables {
+            starts.push(at);
+            let Some((items, count, cfg)) = table.upload(&dev, "sum_sq")? else {
+                continue;
+            };
+            let f = gpu::func(&dev, &gpu::REDUCE, "sum_sq", *dtype)?;
+            let mut out = partial.slice_mut(at..at + table.blocks());
+            gpu::launch(&f, cfg, table.blocks(), |b| {
+                b.arg(&items).arg(&count).arg(&mut out);
+            })?;
+            at += table.blocks();
         }
         let host = dev.clone_dtoh(&partial)?;
-        let mut at = 0;
-        Ok(blocks
-            .iter()
-            .map(|&nb| {
-                at += nb;
-                host[at - nb..at].iter().sum()
-            })
+        Ok(spans
+            .into_iter()
+            .map(|(t, r)| host[starts[t] + r.start..starts[t] + r.end].iter().sum())
             .collect())
-    }
-
-    /// `t`'s partial sums of squares into `partial` (one per block of the launch).
-    fn launch(
-        t: &Tensor,
-        dev: &candle_core::cuda_backend::CudaDevice,
-        partial: &mut candle_core::cuda_backend::cudarc::driver::CudaViewMut<'_, f64>,
-    ) -> candle_core::Result<()> {
-        let n = t.elem_count();
-        let (s, l) = t.storage_and_layout();
-        let Storage::Cuda(s) = &*s else {
-            candle_core::bail!("sum_sq: expects a GPU tensor");
-        };
-        let mut cfg = gpu::elementwise(n);
-        cfg.grid_dim.0 = partial.len() as u32;
-        typed!("sum_sq", t.dtype(), |T| {
-            let x = gpu::view::<T>(s, l, "sum_sq")?;
-            let f = gpu::func(dev, &gpu::REDUCE, "sum_sq", t.dtype())?;
-            gpu::launch(&f, cfg, n, |b| {
-                b.arg(&x).arg(&n).arg(partial);
-            })
-        })
     }
 }

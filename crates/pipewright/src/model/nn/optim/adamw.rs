@@ -63,6 +63,10 @@ pub fn is_embedding(name: &str) -> bool {
         .any(|e| name == *e || name.ends_with(&format!(".{e}")))
 }
 
+/// Parameter elements whose moments one fused update writes at once (256 MiB of each moment
+/// in f32): on a GPU a launch each, and the most new moments held beside the old.
+const MOMENTS_AT_ONCE: usize = 1 << 26;
+
 /// AdamW exactly as `torch.optim.AdamW`: decoupled decay `p *= 1 - lr*wd`, bias-corrected
 /// moments, `eps` added after the square root of the corrected second moment. Moments are
 /// kept in f32 whatever the parameter's type. An f32 parameter on the CPU is updated in place
@@ -128,27 +132,62 @@ impl Optimizer for AdamW {
         let bc1 = 1.0 - beta1.powi(self.step as i32);
         let bc2_sqrt = (1.0 - beta2.powi(self.step as i32)).sqrt();
         let step_size = lr / bc1;
+        let decay_of =
+            |decays: bool| (decays && weight_decay != 0.0).then_some(1.0 - lr * weight_decay);
+        // The parameters the fused update takes, all at once (on a GPU, one launch).
+        let mut fused = Vec::new();
+        let mut composed = Vec::new();
         for ((name, var), &decay) in self.params.iter().zip(&self.decay) {
             let Some(g) = grads.get(name) else { continue };
             let g = g.detach().to_dtype(DType::F32)?;
-            if adamw::applies(var.as_tensor()) {
-                let c = AdamWStep {
-                    decay: (decay && weight_decay != 0.0).then_some(1.0 - lr * weight_decay),
-                    beta1,
-                    beta2,
-                    inv_bc2_sqrt: 1.0 / bc2_sqrt,
-                    eps,
-                    step_size,
-                };
-                let (m, v) =
-                    adamw::update(var.as_tensor(), &g, self.m.get(name), self.v.get(name), c)?;
-                self.m.insert(name.clone(), m);
-                self.v.insert(name.clone(), v);
-                continue;
+            match adamw::applies(var.as_tensor()) {
+                true => fused.push((name, var, g, decay)),
+                false => composed.push((name, var, g, decay)),
             }
+        }
+        let c = AdamWStep {
+            beta1,
+            beta2,
+            inv_bc2_sqrt: 1.0 / bc2_sqrt,
+            eps,
+            step_size,
+        };
+        // In groups of about MOMENTS_AT_ONCE elements, each group's old moments freed as its
+        // new ones replace them: all at once, the old and new moments of the whole model
+        // were held together.
+        let mut rest = fused.as_slice();
+        while !rest.is_empty() {
+            let mut len = 0;
+            let mut held = 0;
+            while len < rest.len()
+                && (len == 0 || held + rest[len].1.elem_count() <= MOMENTS_AT_ONCE)
+            {
+                held += rest[len].1.elem_count();
+                len += 1;
+            }
+            let (group, later) = rest.split_at(len);
+            let params: Vec<adamw::Param> = group
+                .iter()
+                .map(|(name, var, g, decay)| adamw::Param {
+                    p: var.as_tensor(),
+                    g,
+                    m: self.m.get(*name),
+                    v: self.v.get(*name),
+                    decay: decay_of(*decay),
+                })
+                .collect();
+            let moments = adamw::update_all(&params, c)?;
+            drop(params);
+            for ((name, ..), (m, v)) in group.iter().zip(moments) {
+                self.m.insert((*name).clone(), m);
+                self.v.insert((*name).clone(), v);
+            }
+            rest = later;
+        }
+        for (name, var, g, decay) in composed {
             let mut p = var.as_tensor().detach().to_dtype(DType::F32)?;
-            if decay && weight_decay != 0.0 {
-                p = (p * (1.0 - lr * weight_decay))?;
+            if let Some(d) = decay_of(decay) {
+                p = (p * d)?;
             }
             let m = match self.m.get(name) {
                 Some(m) => ((m * beta1)? + (&g * (1.0 - beta1))?)?,
