@@ -30,6 +30,12 @@ pub trait Loss: Send + Sync {
     /// The summed loss of `batch`'s rows given the model output `out` (whose forward context
     /// `cx` says whether it is split over `tp`), and the count it averages over.
     fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)>;
+    /// The model output as [`Loss::sum`] takes it in training: by default in f32
+    /// ([`output_in_f32`]), so that a loss computes in f32 whatever the model computes in; a
+    /// loss that reads f16 and bf16 outputs in f32 itself takes them as they are (no f32 copy).
+    fn input(&self, out: Activation, cx: &mut Cx) -> Result<Activation> {
+        output_in_f32(out, cx)
+    }
 }
 
 /// A loss shared by every rank of a job.
@@ -82,6 +88,13 @@ impl Loss for CrossEntropy {
             )),
             _ => cross_entropy_sum(logits, y),
         }
+    }
+
+    /// The logits as they are: both cross-entropy paths compute in f32 from f16 and bf16
+    /// logits (the fused kernel reads them in place, widened, and rounds their gradient once),
+    /// value for value what casting them first computed.
+    fn input(&self, out: Activation, _cx: &mut Cx) -> Result<Activation> {
+        Ok(out)
     }
 }
 

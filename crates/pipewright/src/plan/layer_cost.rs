@@ -13,7 +13,7 @@ use super::layer_pass::{bytes, fresh, Forwarded, Pass};
 use crate::dist::comm::Group;
 use crate::model::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
-use crate::parallel::loss::{output_in_f32, Loss};
+use crate::parallel::loss::Loss;
 use crate::Result;
 
 /// What one layer costs for one micro-batch.
@@ -81,7 +81,7 @@ fn loss_pass(
 ) -> Result<(f64, f64)> {
     let out = Activation::from_tensors(fresh(y, cx)?, y.is_tuple());
     let t0 = Instant::now();
-    let out = output_in_f32(out, cx)?;
+    let out = loss.input(out, cx)?;
     let (sum, _) = loss.sum(&out, batch, cx, tp)?;
     let mean = (sum / batch.rows()? as f64)?;
     mean.to_dtype(DType::F64)?.to_scalar::<f64>()?;

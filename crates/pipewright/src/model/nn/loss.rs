@@ -6,7 +6,8 @@ use super::activation::log_softmax_last_dim;
 use crate::model::kernels::IGNORE_INDEX;
 use crate::{invalid, model::kernels, Result};
 
-/// Sum of the negative log-likelihoods of the non-ignored targets, and how many there are.
+/// Sum of the negative log-likelihoods of the non-ignored targets, and how many there are; in
+/// f32 for f16 and bf16 logits.
 ///
 /// `logits`: `(..., classes)`; `targets`: the same leading shape, integer class ids or
 /// [`IGNORE_INDEX`]. Divide the sum by the count of the *whole* batch to get PyTorch's mean
@@ -30,6 +31,7 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, u
         let nll = kernels::cross_entropy::nll_rows(logits, t)?;
         return Ok((nll.sum_all()?, count));
     }
+    let logits = &in_f32(logits)?;
     let kept = |v: i64| v != IGNORE_INDEX;
     let safe: Vec<u32> = t
         .iter()
@@ -42,6 +44,14 @@ pub fn cross_entropy_sum(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, u
     let picked = logp.gather(&idx, 1)?.squeeze(1)?;
     let mask = Tensor::from_vec(mask, n, dev)?.to_dtype(logits.dtype())?;
     Ok(((picked * mask)?.sum_all()?.neg()?, count))
+}
+
+/// `logits` in f32 when they are f16 or bf16 (the loss is computed in f32); as they are else.
+pub(crate) fn in_f32(logits: &Tensor) -> Result<Tensor> {
+    Ok(match logits.dtype() {
+        DType::F16 | DType::BF16 => logits.to_dtype(DType::F32)?,
+        _ => logits.clone(),
+    })
 }
 
 /// The size of the class dimension of `logits` and how many rows of classes they hold, checked

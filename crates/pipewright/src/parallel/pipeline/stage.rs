@@ -22,7 +22,7 @@ use crate::model::batch::Batch;
 use crate::model::deferred::WeightGradQueue;
 use crate::model::expert_load::{merge, ExpertLoad};
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
-use crate::parallel::loss::{output_in_f32, SharedLoss};
+use crate::parallel::loss::SharedLoss;
 use crate::{invalid, Result};
 
 /// What a training forward of one stage gives: its output (on the last stage the loss), the
@@ -194,7 +194,7 @@ impl PipelineStage {
         if !last {
             return Ok((out, exports, cuts));
         }
-        let out = output_in_f32(out, &mut cx)?;
+        let out = self.loss.input(out, &mut cx)?;
         let (sum, _) = self.loss.sum(&out, batch, &cx, &self.tp)?;
         Ok(((sum / denominator as f64)?.into(), exports, cuts))
     }

@@ -10,10 +10,11 @@ use super::ops::reduce_from_group;
 use crate::dist::comm::Group;
 use crate::dist::comm::ReduceOp;
 use crate::model::kernels::IGNORE_INDEX;
-use crate::model::nn::loss::class_rows;
+use crate::model::nn::loss::{class_rows, in_f32};
 use crate::{invalid, model::kernels, Result};
 
-/// Sum of the negative log-likelihoods of the non-ignored targets and their count, where
+/// Sum of the negative log-likelihoods of the non-ignored targets and their count (in f32 for
+/// f16 and bf16 logits), where
 /// `logits` `(..., classes / T)` hold this rank's contiguous range of classes (rank `r` holds
 /// classes `r * classes/T ..`). Equal on every rank of the group; the backward gives each rank
 /// the gradient of its own logits.
@@ -22,6 +23,7 @@ pub fn vocab_parallel_cross_entropy_sum(
     targets: &Tensor,
     group: &Group,
 ) -> Result<(Tensor, usize)> {
+    let logits = &in_f32(logits)?;
     let (part, n) = class_rows(logits, targets)?;
     let classes = part * group.size();
     let start = part * group.rank();
