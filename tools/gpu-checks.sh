@@ -7,7 +7,8 @@
 # device returns at most 8 files).
 # kernels (issue 57):
 #  - every CUDA kernel (GELU, bias add, LayerNorm, cross-entropy (also over rows read in place
-#    from wider ones), causal attention, the sum of squares, dropout, the Llama's RMSNorm,
+#    from wider ones), causal attention (bf16 and f16 through the tensor-core flash kernels,
+#    then every type through cuBLAS and the SIMT flash kernels), the sum of squares, dropout, the Llama's RMSNorm,
 #    SwiGLU and rotary positions) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
 #    sizes (the library's tests `kernels::gpu_tests`); the optimizer phase's one-launch kernels
 #    (AdamW, the casts, the sums of squares over many tensors) against the CPU's per-tensor
@@ -24,7 +25,9 @@
 #    $PW_BENCH_BATCH, default 8), f32 and bf16, pipewright and PyTorch eager side by side,
 #    with peak GPU memory and MFU against the H100 SXM's dense peaks (989 TFLOP/s bf16, 67 f32);
 #    and the 1.3B shape (24 layers, d 2048, 16 heads) in bf16, pipewright and PyTorch eager
-#  - the bf16 step again with a vocabulary of 50304 (its head aligned without padding)
+#  - the bf16 step again with a vocabulary of 50304 (its head aligned without padding), and
+#    with PIPEWRIGHT_GPU_ATTENTION=cublas (attention through cuBLAS, not the tensor-core flash
+#    kernels)
 #  - one bf16 step of pipewright's under Nsight Compute, its kernel time summed by kind
 #    (tools/gpu_kernels.py) against the step's wall time
 # profile (after speed, whose 1.3B step time it reads):
@@ -100,6 +103,11 @@ speed() {
   # same time, and the profile below should show no `cutlass_75` products for the head.
   check bench-pipewright-bf16-vocab50304 env PW_BENCH_PRECISION=bf16 PW_BENCH_VOCAB=50304 \
     PW_BENCH_STEPS=3 PW_BENCH_PEAK_TFLOPS=989 bash tools/run-on-gpu.sh gpu/gpt_step --bench
+  # The bf16 step with attention through cuBLAS and row kernels (the path before the
+  # tensor-core flash kernels, kernels/cuda/flash.cu), side by side with the default above.
+  check bench-pipewright-bf16-cublas-attention env PW_BENCH_PRECISION=bf16 PW_BENCH_STEPS=3 \
+    PIPEWRIGHT_GPU_ATTENTION=cublas PW_BENCH_PEAK_TFLOPS=989 \
+    bash tools/run-on-gpu.sh gpu/gpt_step --bench
   local step_ms
   step_ms=$(awk '/pipewright_median_ms/ {print $2}' "$out/bench-pipewright-bf16.log")
   check profile-bf16 env PW_BENCH_PRECISION=bf16 PW_BENCH_STEPS=1 PW_CUDA_PROFILE=1 \

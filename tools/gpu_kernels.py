@@ -17,6 +17,7 @@ import re
 KINDS = [
     ("matmul", r"gemm|gemv|cutlass|xmma|nvjet|cublas|sm90_|sm80_"),
     ("nccl", r"nccl"),
+    ("attention", r"^(fa|attn)_|causal_softmax"),
     ("reduction", r"fast_(sum|max|min|argmax|argmin)|softmax|reduce|rmsnorm|layernorm"),
     ("copy/cast", r"copy|cast|transpose|memcpy"),
     ("indexing", r"^(is|ia|sa|gather|scatter|index)_|index_select|embedding"),

@@ -17,6 +17,7 @@ const KERNELS: &[&str] = &[
     "cross_entropy",
     "dropout",
     "embedding",
+    "flash",
     "gelu",
     "layer_norm",
     "reduce",

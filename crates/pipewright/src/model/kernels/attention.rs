@@ -330,10 +330,10 @@ impl CustomOp3 for AttentionGrad {
     }
 }
 
-/// The same on a CUDA device: through cuBLAS's tensor-core products while a chunk of heads'
-/// scores fits a scratch buffer (kernels/attention_blas.rs), else flash-style
-/// (kernels/cuda/attention.cu): no (time x time) tensor, the backward's row statistics
-/// (log-sum-exp, `dy . y`) in two f32 vectors. Neither keeps anything past the op.
+/// The same on a CUDA device: bf16 and f16 through the tensor-core flash kernels
+/// (kernels/cuda/flash.cu), f32 through cuBLAS's products while a chunk of heads' scores fits a
+/// scratch buffer (kernels/attention_blas.rs), else the SIMT flash kernels
+/// (kernels/cuda/attention.cu). None keeps anything past the op.
 #[cfg(feature = "cuda")]
 #[path = "attention_gpu.rs"]
-mod cuda;
+pub(crate) mod cuda;

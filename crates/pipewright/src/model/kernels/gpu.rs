@@ -43,6 +43,7 @@ pub(crate) const CAUSAL_SOFTMAX: Module = module!("causal_softmax");
 pub(crate) const CROSS_ENTROPY: Module = module!("cross_entropy");
 pub(crate) const DROPOUT: Module = module!("dropout");
 pub(crate) const EMBEDDING: Module = module!("embedding");
+pub(crate) const FLASH: Module = module!("flash");
 pub(crate) const GELU: Module = module!("gelu");
 pub(crate) const LAYER_NORM: Module = module!("layer_norm");
 pub(crate) const REDUCE: Module = module!("reduce");

@@ -337,12 +337,15 @@ fn causal_attention_matches_the_cpu() {
     {
         let qkv = rand(70 + i as u64, &[b, t, 3 * h * hd], 1.5);
         let scale = 1.0 / (hd as f64).sqrt();
-        // Through cuBLAS (the scores fit the scratch), then through the flash kernels.
-        for (path, scratch) in [
-            ("cuBLAS", 256 << 20),
-            ("cuBLAS by head", 300_000),
-            ("flash", 0),
+        // bf16 and f16 through the tensor-core flash kernels (f32 then takes cuBLAS), then
+        // every type through cuBLAS (the scores fit the scratch), then the SIMT flash kernels.
+        for (path, scratch, tensor_cores) in [
+            ("tensor-core flash", 256 << 20, true),
+            ("cuBLAS", 256 << 20, false),
+            ("cuBLAS by head", 300_000, false),
+            ("flash", 0, false),
         ] {
+            super::attention::cuda::TENSOR_CORE_FLASH.store(tensor_cores, Ordering::Relaxed);
             super::attention_blas::SCRATCH_BYTES.store(scratch, Ordering::Relaxed);
             compare(
                 &format!("{path} attention {b}x{t}, {h} heads of {hd}"),
@@ -351,6 +354,7 @@ fn causal_attention_matches_the_cpu() {
             );
         }
         super::attention_blas::SCRATCH_BYTES.store(256 << 20, Ordering::Relaxed);
+        super::attention::cuda::TENSOR_CORE_FLASH.store(true, Ordering::Relaxed);
     }
 }
 
