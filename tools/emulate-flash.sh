@@ -15,5 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 tools/emulate-flash/transform.py crates/pipewright/src/model/kernels/cuda/ "$work"
 cp tools/emulate-flash/shim.h tools/emulate-flash/harness.cpp "$work/"
-g++ -std=c++20 -O2 -I"$include" "$work/harness.cpp" -o "$work/harness" -lpthread
+# The kernels read elements as wider words (as CUDA code does); g++ must not assume they
+# cannot alias.
+g++ -std=c++20 -O2 -fno-strict-aliasing -I"$include" "$work/harness.cpp" -o "$work/harness" -lpthread
 "$work/harness"

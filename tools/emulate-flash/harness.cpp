@@ -2,7 +2,8 @@
 // gradients computed in f64 from the same rounded inputs: each output within 1.6e-2 of the
 // largest reference value, kernels/gpu_tests.rs's bf16 tolerance (P and dS are rounded to the
 // element type for their products). Odd lengths, one past a block of 64 rows, both head
-// dimension buckets (64 with padding columns, 128), bf16 and f16, several heads and batch rows.
+// dimension buckets (64 with padding columns, 128), bf16 and f16, several heads and batch rows,
+// rows read 8 elements at a time and (a head dimension of 20) one at a time.
 #include "common_host.h"
 inline void mma(float* c, const uint32_t* a, const uint32_t* b, bf16) { mma_emu<bf16>(c, a, b); }
 inline void mma(float* c, const uint32_t* a, const uint32_t* b, f16) { mma_emu<f16>(c, a, b); }
@@ -77,6 +78,8 @@ int main() {
   bad += check<bf16, 128>(1, 70, 2, 72, 4);
   bad += check<f16, 64>(2, 1, 2, 40, 5);
   bad += check<bf16, 128>(2, 131, 3, 128, 6);
+  // A head dimension that is no multiple of 8: rows read an element at a time.
+  bad += check<f16, 64>(1, 66, 2, 20, 7);
   printf(bad ? "FAILED\n" : "ok\n");
   return bad;
 }

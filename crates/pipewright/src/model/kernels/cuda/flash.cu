@@ -85,13 +85,35 @@ __device__ __forceinline__ void load_a(const T* src, size_t stride, int r, int c
   }
 }
 
-// `n` rows from `row0` of a head into sh[n][LD] (D columns, zeros past T or hd).
-template <typename T, int D, int LD>
+// Whether a head's rows (`stride` elements apart from `src`) can be read 16 bytes at a time.
+template <typename T> __device__ __forceinline__ bool in_eights(const T* src, size_t stride, const Geo& g) {
+  return reinterpret_cast<uintptr_t>(src) % 16 == 0 && stride % 8 == 0 && g.hd % 8 == 0;
+}
+
+// `n` rows from `row0` of a head into shared memory (D columns, zeros past T or hd): row r,
+// column d at sh[r LD + d], or at sh[d LD + r] when TRANSPOSED. Eight columns at a time when
+// the rows allow it.
+template <typename T, int D, int LD, bool TRANSPOSED = false>
 __device__ __forceinline__ void load_tile(const T* src, size_t stride, int row0, int n, const Geo& g,
                                           T* sh) {
+  if (in_eights(src, stride, g)) {
+    for (int e = threadIdx.x; e < n * D / 8; e += blockDim.x) {
+      const int r = e / (D / 8), d = (e % (D / 8)) * 8, row = row0 + r;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (row < g.T && d < g.hd) v = *reinterpret_cast<const uint4*>(src + (size_t)row * stride + d);
+      if (TRANSPOSED) {
+        const T* x = reinterpret_cast<const T*>(&v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sh[(d + i) * LD + r] = x[i];
+      } else {
+        *reinterpret_cast<uint4*>(sh + r * LD + d) = v;
+      }
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
     const int r = e / D, d = e % D;
-    sh[r * LD + d] = at(src, stride, row0 + r, d, g);
+    sh[TRANSPOSED ? d * LD + r : r * LD + d] = at(src, stride, row0 + r, d, g);
   }
 }
 
@@ -160,11 +182,8 @@ template <typename T, int D> __device__ void fa_fwd(const T* qkv, T* y, Geo g) {
   const int last = min(g.T, (int)(blockIdx.y + 1) * ROWS);
   for (int k0 = 0; k0 < last; k0 += BK) {
     __syncthreads();
-    for (int e = threadIdx.x; e < BK * D; e += blockDim.x) {
-      const int kr = e / D, d = e % D;
-      Ks[kr * LDK + d] = at(base + g.C, rs, k0 + kr, d, g);
-      Vt[d * LDV + kr] = at(base + 2 * g.C, rs, k0 + kr, d, g);
-    }
+    load_tile<T, D, LDK>(base + g.C, rs, k0, BK, g, Ks);
+    load_tile<T, D, LDV, true>(base + 2 * g.C, rs, k0, BK, g, Vt);
     __syncthreads();
     if (k0 > q0 + 15) continue;  // every key after every row of this warp
     float s[BK / 8][4];
