@@ -11,7 +11,9 @@
 
 use candle_core::{Tensor, Var, D};
 use pipewright::model::expert_load::ExpertLoad;
-use pipewright::model::nn::{join, rope, scaled_softmax, swiglu, with_aux_loss, Module, RmsNorm};
+use pipewright::model::nn::{
+    fused_causal_attention, join, rope, scaled_softmax, swiglu, with_aux_loss, Module, RmsNorm,
+};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential, Shard};
 use pipewright::parallel::context_parallel::{ring_attention, Chunks};
 use pipewright::parallel::tensor_parallel::{
@@ -247,6 +249,35 @@ impl LlamaBlock {
             return self.ring_attention(&q, &k, &v, cx);
         }
         let (q, k) = (rope(&q, past, theta)?, rope(&k, past, theta)?);
+        let scale = 1.0 / (hd as f64).sqrt();
+        // Each key/value head serves `rep` query heads in a row.
+        let rep = h / kvh;
+        if cx.kv_cache.is_none() {
+            // One fused op over q | k | v packed by time, the key/value heads repeated: no
+            // (time x time) tensor kept, and flash kernels on a GPU.
+            let by_time = |y: &Tensor, n: usize, rep: usize| -> Result<Tensor> {
+                let y = y.transpose(1, 2)?;
+                Ok(match rep {
+                    1 => y.reshape((b, t, n * hd))?,
+                    _ => (y.unsqueeze(3)?.broadcast_as((b, t, n, rep, hd))?).reshape((
+                        b,
+                        t,
+                        n * rep * hd,
+                    ))?,
+                })
+            };
+            let qkv = Tensor::cat(
+                &[
+                    by_time(&q, h, 1)?,
+                    by_time(&k, kvh, rep)?,
+                    by_time(&v, kvh, rep)?,
+                ],
+                2,
+            )?;
+            if let Some(y) = fused_causal_attention(&qkv, h, scale)? {
+                return self.o.forward(&y, cx);
+            }
+        }
         // Decoding: the cache keeps the key/value heads (not repeated: GQA's saving), and the
         // new queries attend over every cached key too.
         let (k, v) = match &cx.kv_cache {
@@ -254,8 +285,6 @@ impl LlamaBlock {
             None => (k, v),
         };
         let keys = k.dim(2)?;
-        // Each key/value head serves `rep` query heads in a row.
-        let rep = h / kvh;
         let repeat = |y: Tensor| -> Result<Tensor> {
             if rep == 1 {
                 return Ok(y);
@@ -265,7 +294,7 @@ impl LlamaBlock {
                 .reshape((b, h, keys, hd))?)
         };
         let (k, v) = (repeat(k)?, repeat(v)?);
-        let att = scaled_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), true)?;
+        let att = scaled_softmax(&q.matmul(&k.t()?)?, scale, true)?;
         let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, h * hd))?;
         self.o.forward(&y, cx)
     }

@@ -37,6 +37,20 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     scaled_softmax(x, 1.0, false)
 }
 
+/// Causal self-attention of a packed `(batch, time, 3 * heads * head_dim)` q | k | v tensor
+/// (heads contiguous within each third) in one fused op, giving `(batch, time, heads *
+/// head_dim)`: no `(time x time)` tensor is kept for the backward, and on a GPU it runs flash
+/// kernels (tensor cores for bf16 and f16). `None` where no fused kernel takes the tensor
+/// (then compose [`scaled_softmax`] with the products).
+pub fn fused_causal_attention(qkv: &Tensor, heads: usize, scale: f64) -> Result<Option<Tensor>> {
+    if !kernels::attention::takes(qkv, heads) {
+        return Ok(None);
+    }
+    Ok(Some(kernels::attention::causal_attention(
+        qkv, heads, scale,
+    )?))
+}
+
 /// `softmax(scale * x)` over the last dimension, `scale > 0`. `causal`: `x` is
 /// `(..., queries, keys)` attention scores and query `i` sees keys `0..=i + keys - queries`
 /// (the rest get probability zero), as GPT's masked self-attention. On the CPU one fused

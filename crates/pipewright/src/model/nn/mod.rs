@@ -21,7 +21,10 @@ pub use crate::model::grads::{max_rel_diff, sum_sq_share, Grads};
 pub use crate::model::init::Init;
 pub use crate::model::kernels::IGNORE_INDEX;
 pub use crate::model::WeightLayout;
-pub use activation::{causal_mask, gelu, relu, residual, scaled_softmax, softmax_last_dim, swiglu};
+pub use activation::{
+    causal_mask, fused_causal_attention, gelu, relu, residual, scaled_softmax, softmax_last_dim,
+    swiglu,
+};
 pub use aux_loss::with_aux_loss;
 pub use batch_norm::BatchNorm2d;
 pub use conv::Conv2d;

@@ -13,11 +13,11 @@ use candle_core::{Tensor, Var};
 use super::{ParallelDim, ParallelLinear, SequenceParallel};
 use crate::dist::comm::Group;
 use crate::model::init::Init;
-use crate::model::nn::{join, scaled_softmax, Dropout, Linear, Module};
+use crate::model::nn::{fused_causal_attention, join, scaled_softmax, Dropout, Linear, Module};
 use crate::model::Cx;
 use crate::model::Shard;
 use crate::parallel::context_parallel::ring_attention;
-use crate::{model::kernels, Error, Result};
+use crate::{Error, Result};
 
 /// GPT-2 attention: `c_attn` projects to q, k, v (one `(d, 3d)` matrix), heads attend causally,
 /// `c_proj` projects back. Parameter names follow Hugging Face GPT-2.
@@ -116,14 +116,12 @@ impl CausalSelfAttention {
         if self.ring.size() > 1 {
             return self.forward_ring(&qkv, (b, t, h, hd), scale, cx);
         }
-        if kernels::attention::takes(&qkv, h)
-            && !self.attn_dropout.is_active(cx)
-            && cx.kv_cache.is_none()
-        {
+        if !self.attn_dropout.is_active(cx) && cx.kv_cache.is_none() {
             // One fused op from the packed q | k | v to the heads' joined outputs.
-            let y = kernels::attention::causal_attention(&qkv, h, scale)?;
-            let y = self.c_proj.forward(&y, cx)?;
-            return self.sp.dropout(&self.resid_dropout, &y, cx);
+            if let Some(y) = fused_causal_attention(&qkv, h, scale)? {
+                let y = self.c_proj.forward(&y, cx)?;
+                return self.sp.dropout(&self.resid_dropout, &y, cx);
+            }
         }
         let [q, k, v] = split_heads(&qkv, (b, t, h, hd))?;
         // Decoding: the new tokens attend over the cached ones too (the causal softmax lines
