@@ -1,4 +1,4 @@
-// flash.cu's three kernels run on the host (shim.h) against causal attention and its
+// flash.cu's three kernels run on the host (shim.h; tools/emulate-kernels.sh) against causal attention and its
 // gradients computed in f64 from the same rounded inputs: each output within 1.6e-2 of the
 // largest reference value, kernels/gpu_tests.rs's bf16 tolerance (P and dS are rounded to the
 // element type for their products). Odd lengths, one past a block of 64 rows, both head
@@ -8,21 +8,10 @@
 inline void mma(float* c, const uint32_t* a, const uint32_t* b, bf16) { mma_emu<bf16>(c, a, b); }
 inline void mma(float* c, const uint32_t* a, const uint32_t* b, f16) { mma_emu<f16>(c, a, b); }
 #include "flash_host.h"
+#include <cstdio>
 #include <random>
 #include <cstdio>
 #include <functional>
-
-void grid(int gx, int gy, const std::function<void()>& body) {
-  blockDim.x = 128; gridDim.x = gx; gridDim.y = gy;
-  std::barrier<> bb(128); block_bar = &bb;
-  std::vector<std::unique_ptr<std::barrier<>>> wb;
-  for (int w = 0; w < 4; w++) { wb.emplace_back(new std::barrier<>(32)); warps[w].bar = wb.back().get(); }
-  for (int by = 0; by < gy; by++) for (int bx = 0; bx < gx; bx++) {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < 128; t++) ts.emplace_back([&, t] { threadIdx.x = t; blockIdx.x = bx; blockIdx.y = by; body(); });
-    for (auto& t : ts) t.join();
-  }
-}
 
 template <typename T, int D> int check(int B, int TT, int H, int hd, unsigned seed) {
   int C = H * hd; size_t n = (size_t)B * TT * 3 * C;
@@ -33,10 +22,10 @@ template <typename T, int D> int check(int B, int TT, int H, int hd, unsigned se
   float scale = 1.f / std::sqrt((float)hd);
   Geo g{TT, H, hd, C, scale};
   int by = (TT + 63) / 64;
-  grid(B * H, by, [&] { fa_fwd<T, D>(qkv.data(), y.data(), g); });
+  grid(B * H, by, 128, [&] { fa_fwd<T, D>(qkv.data(), y.data(), g); });
   std::vector<float> lse((size_t)B*H*TT), dvec((size_t)B*H*TT);
-  grid(B * H, by, [&] { fa_bwd_q<T, D>(qkv.data(), y.data(), dy.data(), dqkv.data(), lse.data(), dvec.data(), g); });
-  grid(B * H, by, [&] { fa_bwd_kv<T, D>(qkv.data(), dy.data(), dqkv.data(), lse.data(), dvec.data(), g); });
+  grid(B * H, by, 128, [&] { fa_bwd_q<T, D>(qkv.data(), y.data(), dy.data(), dqkv.data(), lse.data(), dvec.data(), g); });
+  grid(B * H, by, 128, [&] { fa_bwd_kv<T, D>(qkv.data(), dy.data(), dqkv.data(), lse.data(), dvec.data(), g); });
   // Reference in double from the rounded inputs.
   auto Q = [&](int b, int t, int h, int d) { return (double)load_f(qkv[((size_t)b*TT + t)*3*C + h*hd + d]); };
   auto K = [&](int b, int t, int h, int d) { return (double)load_f(qkv[((size_t)b*TT + t)*3*C + C + h*hd + d]); };
