@@ -1,6 +1,6 @@
 // The kernels that take many tensors through a table (table.cuh: adamw.cu, cast.cu,
 // reduce.cu) run on the host (shim.h; tools/emulate-kernels.sh) over tables laid out as
-// kernels/gpu_table.rs lays them (an item's blocks: its length over 256 x 8, at least one, at
+// kernels/gpu_table.rs lays them (the casts, the micro-batches' sums, AdamW; an item's blocks: its length over 256 x 8, at least one, at
 // most the cap): every element of every item is written once, by its own item's arithmetic
 // (the casts and AdamW bit for bit against the same IEEE operations here, which
 // kernels/gpu_tests_step.rs holds against the CPU's tensor ops on a GPU), nothing past an
@@ -83,6 +83,27 @@ int check_cast() {
   return bad;
 }
 
+int check_add() {
+  int bad = 0;
+  auto acc = values(7, 5.f), xs = values(8, 3.f);
+  std::vector<std::vector<f16>> g(SIZES.size());
+  std::vector<std::vector<float>> sum(SIZES.size());
+  Table t(SIZE_MAX);
+  for (size_t i = 0; i < SIZES.size(); i++) {
+    for (size_t j = 0; j < SIZES[i]; j++) g[i].push_back(__float2half_rn(xs[i][j]));
+    g[i].push_back(__float2half_rn(0.f));
+    sum[i].assign(SIZES[i] + 1, GUARD);
+    t.push({acc[i].data(), g[i].data(), sum[i].data()}, SIZES[i]);
+  }
+  grid(t.blocks, 1, THREADS, [&] { add_f32_f16(t.items.data(), t.items.size()); });
+  for (size_t i = 0; i < SIZES.size(); i++) {
+    for (size_t j = 0; j < SIZES[i]; j++) bad += sum[i][j] != acc[i][j] + __half2float(g[i][j]);
+    bad += sum[i][SIZES[i]] != GUARD;
+  }
+  printf("add: %d wrong\n", bad);
+  return bad;
+}
+
 int check_adamw() {
   int bad = 0;
   auto p = values(2, 1.f), g = values(3, .5f), m0 = values(4, .1f), v0 = values(5, .01f);
@@ -138,7 +159,7 @@ int check_sum_sq() {
 }
 
 int main() {
-  const int bad = check_cast() + check_adamw() + check_sum_sq();
+  const int bad = check_cast() + check_add() + check_adamw() + check_sum_sq();
   printf(bad ? "FAILED\n" : "ok\n");
   return bad != 0;
 }

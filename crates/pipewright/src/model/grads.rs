@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use candle_core::backprop::GradStore;
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 
 use crate::Result;
 
@@ -70,21 +70,30 @@ impl Grads {
     /// Adds `other` into `self` (gradient accumulation over micro-batches), f16 and bf16
     /// gradients in f32, as PyTorch's f32 parameters accumulate theirs under autocast: summed in
     /// the low type, every micro-batch's partial sum was rounded to 8 bits of mantissa.
+    /// On a GPU the casts are one launch and the additions another
+    /// ([`crate::model::kernels::cast`]), not two launches per parameter per micro-batch.
     pub fn accumulate(&mut self, other: Grads) -> Result<()> {
+        use crate::model::kernels::cast::{add_all, cast_all};
+        let low = |g: &Tensor| matches!(g.dtype(), DType::F16 | DType::BF16);
+        let (mut sums, mut first, mut widen) = (Vec::new(), Vec::new(), Vec::new());
         for (n, g) in other.0 {
-            let g = match g.dtype() {
-                candle_core::DType::F16 | candle_core::DType::BF16 => {
-                    g.to_dtype(candle_core::DType::F32)?
-                }
-                _ => g,
-            };
-            match self.0.get_mut(&n) {
-                Some(acc) => *acc = (&*acc + g)?,
-                None => {
-                    self.0.insert(n, g);
-                }
+            match self.0.remove(&n) {
+                Some(acc) => sums.push((n, acc, g)),
+                None if low(&g) => widen.push((n, g)),
+                None => first.push((n, g)),
             }
         }
+        let accs: Vec<&Tensor> = sums.iter().map(|(_, a, _)| a).collect();
+        let adds: Vec<&Tensor> = sums.iter().map(|(_, _, g)| g).collect();
+        let added = add_all(&accs, &adds)?;
+        let lows: Vec<&Tensor> = widen.iter().map(|(_, g)| g).collect();
+        let widened = cast_all(&lows, Some(DType::F32), None)?;
+        let names = sums
+            .into_iter()
+            .map(|(n, ..)| n)
+            .chain(widen.into_iter().map(|(n, _)| n));
+        self.0.extend(names.zip(added.into_iter().chain(widened)));
+        self.0.extend(first);
         Ok(())
     }
 

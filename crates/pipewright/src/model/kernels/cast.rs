@@ -1,6 +1,6 @@
 //! Many tensors cast to another element type, and scaled, at once: a model's gradients into
 //! f32 (unscaled under loss scaling), clipping's scaling of them, the f32 masters into the
-//! model's parameters. On a GPU the tensors of one device and element type are one launch
+//! model's parameters, and the micro-batches' gradients added up in f32. On a GPU the tensors of one device and element type are one launch
 //! (kernels/cuda/cast.cu through a table, kernels/gpu_table.rs) where a cast and a product per
 //! parameter were two; elsewhere (and for what that launch does not take) they are cast one by
 //! one, which is also the GPU kernel's oracle.
@@ -27,6 +27,24 @@ pub(crate) fn cast_all(
                 Some(f) => c * f,
                 None => Ok(c),
             }
+        })
+        .collect()
+}
+
+/// Each `accs[i] + addends[i]` in f32, the addend widened when it is f16 or bf16 (gradient
+/// accumulation over micro-batches: the f32 sum so far plus the next gradient), value for value
+/// `acc + addend.to_dtype(F32)`. On a GPU, f32 sums and addends of one type on one device are one
+/// launch into one new buffer, each result a view of its part.
+pub(crate) fn add_all(accs: &[&Tensor], addends: &[&Tensor]) -> candle_core::Result<Vec<Tensor>> {
+    #[cfg(feature = "cuda")]
+    if gpu::takes_sums(accs, addends) {
+        return gpu::add(accs, addends);
+    }
+    accs.iter()
+        .zip(addends)
+        .map(|(a, g)| match g.dtype() {
+            DType::F16 | DType::BF16 => *a + g.to_dtype(DType::F32)?,
+            _ => *a + *g,
         })
         .collect()
 }
@@ -78,6 +96,58 @@ mod gpu {
                 && s.device().same_device(src.device())
                 && v.device().same_device(src.device())
         })
+    }
+
+    /// Whether `accs` and `addends` are one launch's ([`super::add_all`]'s conditions).
+    pub(super) fn takes_sums(accs: &[&Tensor], addends: &[&Tensor]) -> bool {
+        let (Some(a0), Some(g0)) = (accs.first(), addends.first()) else {
+            return false;
+        };
+        accs.len() == addends.len()
+            && accs.iter().zip(addends).all(|(a, g)| {
+                gpu::takes(g)
+                    && a.dtype() == DType::F32
+                    && g.dtype() == g0.dtype()
+                    && a.elem_count() == g.elem_count()
+                    && a.device().same_device(a0.device())
+                    && g.device().same_device(a0.device())
+            })
+            && a0.device().is_cuda()
+    }
+
+    pub(super) fn add(accs: &[&Tensor], addends: &[&Tensor]) -> candle_core::Result<Vec<Tensor>> {
+        let contiguous = |ts: &[&Tensor]| -> candle_core::Result<Vec<Tensor>> {
+            ts.iter().map(|t| t.contiguous()).collect()
+        };
+        let (accs, addends) = (contiguous(accs)?, contiguous(addends)?);
+        let dev = device(&accs[0])?;
+        let total: usize = accs.iter().map(Tensor::elem_count).sum();
+        // SAFETY: the kernel writes every element (each sum's part) before anything reads.
+        let flat = unsafe { Tensor::empty(total.max(1), DType::F32, accs[0].device())? };
+        let base = tensor_addr(&flat, NAME)?;
+        let mut table = Table::new(usize::MAX);
+        let mut out = Vec::with_capacity(accs.len());
+        let mut at = 0;
+        for (a, g) in accs.iter().zip(&addends) {
+            let n = a.elem_count();
+            let sum = base + (at * 4) as u64;
+            table.push(
+                [tensor_addr(a, NAME)?, tensor_addr(g, NAME)?, sum, 0, 0, 0],
+                n,
+                0.0,
+                false,
+            );
+            out.push(flat.narrow(0, at, n)?.reshape(a.shape())?);
+            at += n;
+        }
+        let Some((items, count, cfg)) = table.upload(&dev, NAME)? else {
+            return Ok(out);
+        };
+        let f = gpu::func(&dev, &gpu::CAST, "add_f32", addends[0].dtype())?;
+        gpu::launch(&f, cfg, table.blocks(), |b| {
+            b.arg(&items).arg(&count);
+        })?;
+        Ok(out)
     }
 
     fn device(t: &Tensor) -> candle_core::Result<candle_core::CudaDevice> {

@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
 use super::adamw::{self, AdamWStep, Param};
-use super::cast::{assign_all, cast_all};
+use super::cast::{add_all, assign_all, cast_all};
 use super::reduce::sum_sq_each;
 
 fn gpu() -> Option<Device> {
@@ -147,6 +147,41 @@ fn casts_of_many_tensors_match_the_cpu_bit_for_bit() {
         for (i, (x, v)) in xs.iter().zip(&vars).enumerate() {
             let d = differ(&x.to_dtype(to).unwrap(), v.as_tensor());
             assert_eq!(d, 0, "master {i} into {to:?}: {d} differ");
+        }
+    }
+}
+
+/// Gradient accumulation: f32 sums plus bf16, f16 and f32 gradients, one launch each, are
+/// the CPU's `acc + g.to_dtype(F32)` bit for bit.
+#[test]
+fn sums_of_many_gradients_match_the_cpu_bit_for_bit() {
+    let Some(dev) = gpu() else { return };
+    let sizes = [70_001usize, 0, 3, 5000];
+    let accs: Vec<Tensor> = (0..4)
+        .map(|i| rand(600 + i, sizes[i as usize], 4.0))
+        .collect();
+    for low in [DType::BF16, DType::F16, DType::F32] {
+        let gs: Vec<Tensor> = (0..4)
+            .map(|i| rand(610 + i, sizes[i as usize], 2.0).to_dtype(low).unwrap())
+            .collect();
+        let on = |ts: &[Tensor]| -> Vec<Tensor> {
+            ts.iter().map(|t| t.to_device(&dev).unwrap()).collect()
+        };
+        let (accs_gpu, gs_gpu) = (on(&accs), on(&gs));
+        let want = add_all(
+            &accs.iter().collect::<Vec<_>>(),
+            &gs.iter().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let got = add_all(
+            &accs_gpu.iter().collect::<Vec<_>>(),
+            &gs_gpu.iter().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(g.dtype(), DType::F32);
+            let d = differ(w, g);
+            assert_eq!(d, 0, "f32 + {low:?}, tensor {i}: {d} differ");
         }
     }
 }

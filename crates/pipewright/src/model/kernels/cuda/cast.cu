@@ -4,6 +4,9 @@
 // multiplied and rounded to f32 as candle's `affine` rounds (x k + 0), then rounded once to
 // the output type, as the per-tensor casts and products did. An item's buffers: p[0] the
 // source, p[1] the destination (a fresh buffer or a parameter written in place).
+// `add_f32_S`: gradient accumulation over micro-batches, each f32 sum so far plus the next
+// gradient (type S) widened, into a new f32 sum: p[0] the sum, p[1] the gradient, p[2] the new
+// sum (candle's f32 addition, rounded once).
 #include "table.cuh"
 
 template <typename S, typename D> __device__ void cast(const Item* items, int count, float k, int scaled) {
@@ -20,3 +23,14 @@ template <typename S, typename D> __device__ void cast(const Item* items, int co
   }
 #define CAST_FROM(SS, S) CAST_TO(SS, S, f32, float) CAST_TO(SS, S, bf16, bf16) CAST_TO(SS, S, f16, f16)
 EACH_TYPE(CAST_FROM)
+
+template <typename S> __device__ void add_to(const Item* items, int count) {
+  ITEM_LOOP(items, count, it, i) {
+    const float a = reinterpret_cast<const float*>(it.p[0])[i];
+    reinterpret_cast<float*>(it.p[2])[i] = __fadd_rn(a, load_f(reinterpret_cast<const S*>(it.p[1])[i]));
+  }
+}
+
+#define ADD(SS, S)                                                                              \
+  extern "C" __global__ void add_f32_##SS(const Item* items, int count) { add_to<S>(items, count); }
+EACH_TYPE(ADD)
