@@ -12,7 +12,8 @@
 #    SwiGLU and rotary positions) against its CPU twin, forward and backward, f32, bf16 and f16, odd and empty
 #    sizes (the library's tests `kernels::gpu_tests`); the optimizer phase's one-launch kernels
 #    (AdamW, the casts, the sums of squares over many tensors) against the CPU's per-tensor
-#    ops, bit for bit (`kernels::gpu_tests_step`, which the same filter runs)
+#    ops, bit for bit (`kernels::gpu_tests_step`); a batch's host copies (`batch::gpu_tests`):
+#    the library's tests named `gpu_tests`
 #  - the HF GPT-2 fixture parity on the GPU, which now runs those kernels
 # correctness:
 #  - the HF GPT-2 fixture parity on the GPU (loss 1e-5, gradients 1e-4 relative, as on the CPU)
@@ -69,7 +70,7 @@ check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED
   tail -n 4 "$out/$name.log"
 }
 kernels() {
-  check gpu-kernels run gpu/lib_tests kernels::gpu_tests --test-threads 1 --nocapture
+  check gpu-kernels run gpu/lib_tests gpu_tests --test-threads 1 --nocapture
   grep -E "off by|panicked" "$out/gpu-kernels.log" | head -20
   check parity env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
     bash tools/run-on-gpu.sh gpu/gpt_parity --test-threads 1

@@ -13,6 +13,9 @@ use crate::{invalid, Result};
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     tensors: Vec<(String, Tensor)>,
+    /// The host tensors [`Batch::to_device`] moved to a device, by name (see
+    /// [`Batch::require_host_first`]).
+    host: Vec<(String, Tensor)>,
 }
 
 impl Batch {
@@ -48,6 +51,7 @@ impl Batch {
     /// Puts `t` under `name` (replacing a tensor of that name).
     pub fn insert(&mut self, name: impl Into<String>, t: Tensor) {
         let name = name.into();
+        self.host.retain(|(n, _)| *n != name);
         match self.tensors.iter_mut().find(|(n, _)| *n == name) {
             Some(slot) => slot.1 = t,
             None => self.tensors.push((name, t)),
@@ -71,6 +75,16 @@ impl Batch {
                 self.names()
             )
         })
+    }
+
+    /// [`Batch::require`], but the tensor's host copy when [`Batch::to_device`] moved it from
+    /// the host: what a loss reads values from (its targets' classes and count) without waiting
+    /// for the device, where reading the device's copy waited for all the work queued before.
+    pub fn require_host_first(&self, name: &str, who: &str) -> Result<&Tensor> {
+        match self.host.iter().find(|(n, _)| n == name) {
+            Some((_, t)) => Ok(t),
+            None => self.require(name, who),
+        }
     }
 
     /// Checks that the batch holds every one of `names` (see [`Batch::require`]).
@@ -114,12 +128,15 @@ impl Batch {
 
     /// Rows `start .. start + len` of every tensor.
     pub fn narrow(&self, start: usize, len: usize) -> Result<Batch> {
-        let tensors = self
-            .tensors
-            .iter()
-            .map(|(n, t)| Ok((n.clone(), t.narrow(0, start, len)?)))
-            .collect::<Result<_>>()?;
-        Ok(Batch { tensors })
+        let rows = |ts: &[(String, Tensor)]| {
+            ts.iter()
+                .map(|(n, t)| Ok((n.clone(), t.narrow(0, start, len)?)))
+                .collect::<Result<_>>()
+        };
+        Ok(Batch {
+            tensors: rows(&self.tensors)?,
+            host: rows(&self.host)?,
+        })
     }
 
     /// The micro-batches of [`chunk_sizes`]`(rows, chunks)`, every tensor split alike.
@@ -135,14 +152,23 @@ impl Batch {
             .collect()
     }
 
-    /// Every tensor on `device` (no copy for tensors already there).
+    /// Every tensor on `device` (no copy for tensors already there); the host tensors it moves
+    /// are kept as their host copies ([`Batch::require_host_first`]).
     pub fn to_device(&self, device: &Device) -> Result<Batch> {
         let tensors = self
             .tensors
             .iter()
             .map(|(n, t)| Ok((n.clone(), t.to_device(device)?)))
             .collect::<Result<_>>()?;
-        Ok(Batch { tensors })
+        let mut host = self.host.clone();
+        if !device.is_cpu() {
+            let moved = self
+                .tensors
+                .iter()
+                .filter(|(n, t)| t.device().is_cpu() && !self.host.iter().any(|(h, _)| h == n));
+            host.extend(moved.cloned());
+        }
+        Ok(Batch { tensors, host })
     }
 }
 
@@ -183,4 +209,36 @@ pub fn split(t: &Tensor, chunks: usize) -> Result<Vec<Tensor>> {
             Ok(c)
         })
         .collect()
+}
+
+/// The host copies on a GPU (the `cuda` build's library tests; without a GPU they say so and
+/// pass): kept by `to_device`, split with the batch, dropped by a replacement.
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_on_a_gpu_keeps_its_host_tensors_split_alike() {
+        let gpu = match Device::new_cuda(0) {
+            Ok(d) => d,
+            Err(e) => return eprintln!("no GPU here ({e}): host copies not checked"),
+        };
+        let x = Tensor::arange(0u32, 12, &Device::Cpu)
+            .unwrap()
+            .reshape((4, 3))
+            .unwrap();
+        let y = Tensor::arange(0i64, 4, &Device::Cpu).unwrap();
+        let b = Batch::pair(x, y).to_device(&gpu).unwrap();
+        let parts = b.split(2).unwrap();
+        let host = parts[1].require_host_first(Batch::TARGETS, "test").unwrap();
+        assert!(host.device().is_cpu());
+        assert_eq!(host.to_vec1::<i64>().unwrap(), [2, 3]);
+        let on_gpu = parts[1].require(Batch::TARGETS, "test").unwrap();
+        assert!(on_gpu.device().is_cuda());
+        let replaced = parts[1]
+            .clone()
+            .with(Batch::TARGETS, Tensor::new(&[7i64, 8], &gpu).unwrap());
+        let t = replaced.require_host_first(Batch::TARGETS, "test").unwrap();
+        assert!(t.device().is_cuda(), "a replaced tensor has no host copy");
+    }
 }

@@ -72,11 +72,13 @@ impl Loss for CrossEntropy {
     }
 
     fn count(&self, batch: &Batch) -> Result<usize> {
-        count_targets(batch.require(&self.target, "the cross-entropy loss")?)
+        count_targets(batch.require_host_first(&self.target, "the cross-entropy loss")?)
     }
 
+    /// The targets are read on the host (their classes and count; the kernel takes them from
+    /// there): from the batch's host copy when it has one, so no read waits for the device.
     fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)> {
-        let y = batch.require(&self.target, "the cross-entropy loss")?;
+        let y = batch.require_host_first(&self.target, "the cross-entropy loss")?;
         let logits = single(out, "cross-entropy")?;
         match cx.parallel_dim(logits) {
             Some(d) if tp.size() > 1 && (d == -1 || d == logits.rank() as i64 - 1) => {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use candle_core::DType;
+use candle_core::{DType, Tensor};
 
 use super::backward::{Saved, Step};
 use super::io::check_arity;
@@ -47,8 +47,9 @@ pub(super) struct StepState<'a, 's> {
     /// split backward).
     partial: HashMap<(usize, usize), Grads>,
     arity: HashMap<usize, (usize, usize, bool)>,
-    /// The sum of the last stage's micro-batch losses.
-    pub loss: f64,
+    /// The sum of the last stage's micro-batch losses, in f64 where they were computed (read
+    /// once a step: a read per micro-batch waited for the device each time).
+    pub loss: Option<Tensor>,
     sink: Option<&'s mut dyn GradSink>,
     pub held: Held,
 }
@@ -73,7 +74,7 @@ impl<'a, 's> StepState<'a, 's> {
             awaiting_weight: HashMap::new(),
             partial: HashMap::new(),
             arity: HashMap::new(),
-            loss: 0.0,
+            loss: None,
             sink,
             held: Held::default(),
         }
@@ -107,8 +108,11 @@ impl<'a, 's> StepState<'a, 's> {
         )?;
         stage.export_skips(mb, &exports, &mut self.sends)?;
         if k + 1 == stage.stage_count() {
-            let l = out.tensors()[0].to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            self.loss += l;
+            let l = out.tensors()[0].detach().to_dtype(DType::F64)?;
+            self.loss = Some(match self.loss.take() {
+                Some(sum) => (sum + l)?,
+                None => l,
+            });
         } else {
             check_arity(&mut self.arity, k, mb, &out)?;
             let (to, msg) = (stage.rank_of(k + 1), stage.tags.activation(mb, k, false));

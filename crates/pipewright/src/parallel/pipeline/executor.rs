@@ -345,6 +345,10 @@ impl Pipeline {
         }
         self.tied.sum_grads(self.stage.comm.as_ref(), &mut grads)?;
         // Every rank reports the batch loss (only the last stage computed it).
+        let loss = match loss {
+            Some(sum) => sum.to_scalar::<f64>()?,
+            None => 0.0,
+        };
         let l = Tensor::new(&[loss], &Device::Cpu)?;
         let loss = self
             .stage
