@@ -202,18 +202,20 @@ impl Layer for GptEmbed {
             ),
         })?;
         let past = window(t, cx, self.block_size, &self.ring)?;
-        let pos = if self.ring.is_split() {
+        // Made on the host and uploaded, so that the table's check reads no device copy.
+        let pos_host = if self.ring.is_split() {
             // This rank's two chunks of the sequence.
             let [a, z] = self.ring.positions(t);
             let at: Vec<u32> = a.chain(z).map(|p| p as u32).collect();
-            Tensor::new(at.as_slice(), ids.device())?
+            Tensor::new(at.as_slice(), &candle_core::Device::Cpu)?
         } else {
-            Tensor::arange(past as u32, (past + t) as u32, ids.device())?
+            Tensor::arange(past as u32, (past + t) as u32, &candle_core::Device::Cpu)?
         };
+        let pos = pos_host.to_device(ids.device())?;
         let x = self
             .wte
             .forward(&ids, cx)?
-            .broadcast_add(&self.wpe.forward_cx(&pos, cx)?)?;
+            .broadcast_add(&self.wpe.forward_with_host(&pos, &pos_host, cx)?)?;
         let x = self.sp.scatter(&x)?;
         Ok(self.sp.dropout(&self.drop, &x, cx)?.into())
     }

@@ -53,6 +53,8 @@ pub struct Cx {
     stash: HashMap<String, Tensor>,
     /// Activations split over the tensor-parallel group, by tensor (see [`crate::parallel::tensor_parallel::attr`]).
     parallel: HashMap<TensorId, i64>,
+    /// The host copies of device inputs, by tensor (see [`Cx::host_copy`]).
+    host: HashMap<TensorId, Tensor>,
 }
 
 impl Cx {
@@ -72,6 +74,7 @@ impl Cx {
             recomputing: false,
             stash: HashMap::new(),
             parallel: HashMap::new(),
+            host: HashMap::new(),
         }
     }
 
@@ -129,6 +132,18 @@ impl Cx {
             *t = f(t.clone())?;
         }
         Ok(())
+    }
+
+    /// Records `host` as the host copy of the device tensor `t` (a batch input the trainer
+    /// moved to the device; [`crate::model::batch::Batch::require_host_first`]).
+    pub fn set_host_copy(&mut self, t: &Tensor, host: Tensor) {
+        self.host.insert(t.id(), host);
+    }
+
+    /// The host copy of `t`, if the trainer recorded one: a layer that reads its input's values
+    /// (an embedding checking its ids) reads them there without waiting for the device.
+    pub fn host_copy(&self, t: &Tensor) -> Option<&Tensor> {
+        self.host.get(&t.id())
     }
 
     /// Marks `t` as split on `dim` over the tensor-parallel group (`None` clears the mark);

@@ -18,7 +18,8 @@ use crate::model::WeightLayout;
 
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
-fn gpu() -> Option<Device> {
+/// The GPU, or None (saying so) on a machine without one.
+pub(super) fn gpu() -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
         Err(e) => {

@@ -9,17 +9,8 @@ use rand::{Rng, SeedableRng};
 
 use super::adamw::{self, AdamWStep, Param};
 use super::cast::{add_all, assign_all, cast_all};
+use super::gpu_tests::gpu;
 use super::reduce::sum_sq_each;
-
-fn gpu() -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("no GPU here ({e}): the step's kernels are not compared");
-            None
-        }
-    }
-}
 
 fn rand(seed: u64, n: usize, scale: f32) -> Tensor {
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);

@@ -44,22 +44,43 @@ impl Embedding {
     }
 
     /// [`Embedding::forward`], or with its weight gradient deferred to `cx`'s queue.
+    /// The ids are checked on their host copy when `cx` has one ([`Cx::host_copy`]).
     pub fn forward_cx(&self, ids: &Tensor, cx: &Cx) -> Result<Tensor> {
-        match &cx.weight_grads {
-            None => self.forward(ids),
-            Some(q) => self.run(ids, Some((q, cx.micro_batch))),
-        }
+        let defer = cx.weight_grads.as_ref().map(|q| (q, cx.micro_batch));
+        self.run(ids, defer, cx.host_copy(ids))
+    }
+
+    /// [`Embedding::forward_cx`] of `ids` whose values `host` holds on the host (made there
+    /// and uploaded: positions, a shard's local ids), checked there: reading the device's copy
+    /// would wait for all the work queued before it.
+    pub fn forward_with_host(&self, ids: &Tensor, host: &Tensor, cx: &Cx) -> Result<Tensor> {
+        let defer = cx.weight_grads.as_ref().map(|q| (q, cx.micro_batch));
+        self.run(ids, defer, Some(host))
     }
 
     /// Looks ids up; out-of-range ids are an error naming the layer.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.run(ids, None)
+        self.run(ids, None, None)
     }
 
-    fn run(&self, ids: &Tensor, defer: Option<(&WeightGradQueue, usize)>) -> Result<Tensor> {
+    fn run(
+        &self,
+        ids: &Tensor,
+        defer: Option<(&WeightGradQueue, usize)>,
+        host: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (num, dim) = self.weight.dims2()?;
         let flat = ids.flatten_all()?.to_dtype(DType::U32)?;
-        let max = flat.max(0).ok().map(|m| m.to_scalar::<u32>()).transpose()?;
+        // The largest id, read where no read waits for the device if there is such a copy.
+        let checked = match host {
+            Some(h) => h.flatten_all()?.to_dtype(DType::U32)?,
+            None => flat.clone(),
+        };
+        let max = checked
+            .max(0)
+            .ok()
+            .map(|m| m.to_scalar::<u32>())
+            .transpose()?;
         if let Some(max) = max {
             if max as usize >= num {
                 return Err(Error::Layer {
@@ -96,5 +117,45 @@ impl Embedding {
 impl Module for Embedding {
     fn params(&self) -> Vec<(String, Var)> {
         vec![(join(&self.name, "weight"), self.weight.clone())]
+    }
+}
+
+/// The ids' check on their host copy, on a GPU (the `cuda` build's library tests; without a GPU
+/// they say so and pass).
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests {
+    use super::*;
+    use crate::model::Mode;
+    use candle_core::Device;
+
+    #[test]
+    fn ids_are_checked_on_their_host_copy() {
+        let gpu = match Device::new_cuda(0) {
+            Ok(d) => d,
+            Err(e) => return eprintln!("no GPU here ({e}): host copies not checked"),
+        };
+        let table = Tensor::arange(0f32, 10.0, &gpu)
+            .unwrap()
+            .reshape((5, 2))
+            .unwrap();
+        let e = Embedding::from_var("emb", Var::from_tensor(&table).unwrap());
+        let host = Tensor::new(&[4u32, 0, 2], &Device::Cpu).unwrap();
+        let ids = host.to_device(&gpu).unwrap();
+        let mut cx = Cx::new(Mode::Train, 0, 0, 0);
+        cx.set_host_copy(&ids, host.clone());
+        let y = e
+            .forward_cx(&ids, &cx)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap();
+        let rows: Vec<Vec<f32>> = y.to_vec2().unwrap();
+        assert_eq!(rows, [[8.0, 9.0], [0.0, 1.0], [4.0, 5.0]]);
+        // A copy that says an id is out of range is believed: it is the batch the ids came from.
+        let bad = Tensor::new(&[4u32, 9, 2], &Device::Cpu).unwrap();
+        let err = e
+            .forward_with_host(&ids, &bad, &cx)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("id 9 is outside the table of 5"), "{err}");
     }
 }

@@ -184,6 +184,15 @@ impl PipelineStage {
         // The same context as the first forward: same dropout masks; layers with side effects
         // (BatchNorm statistics) see is_recomputing().
         cx.set_recomputing(recomputing);
+        if k == 0 {
+            for name in self.input_names() {
+                if let (Some(t), Ok(host)) = (batch.get(name), batch.require_host_first(name, "")) {
+                    if host.id() != t.id() {
+                        cx.set_host_copy(t, host.clone());
+                    }
+                }
+            }
+        }
         let (out, exports) =
             self.skips
                 .run(stage, (k, last), x, imports, &mut cx, cuts.as_mut())?;

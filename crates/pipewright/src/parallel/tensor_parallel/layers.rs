@@ -355,7 +355,9 @@ impl ParallelEmbedding {
         if self.group.size() == 1 {
             return self.local.forward_cx(ids, cx);
         }
-        let flat: Vec<u32> = ids.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
+        // Read on the host copy when there is one: a read of the device's waits for its queue.
+        let src = cx.host_copy(ids).unwrap_or(ids);
+        let flat: Vec<u32> = src.flatten_all()?.to_dtype(DType::U32)?.to_vec1()?;
         let rows = self.num / self.group.size();
         let mut local = Vec::with_capacity(flat.len());
         let mut mask = Vec::with_capacity(flat.len());
@@ -372,8 +374,9 @@ impl ParallelEmbedding {
             mask.push(if mine { 1f32 } else { 0f32 });
         }
         let dev = ids.device();
-        let local = Tensor::from_vec(local, ids.dims(), dev)?;
-        let y = self.local.forward_cx(&local, cx)?;
+        let local_host = Tensor::from_vec(local, ids.dims(), &candle_core::Device::Cpu)?;
+        let local = local_host.to_device(dev)?;
+        let y = self.local.forward_with_host(&local, &local_host, cx)?;
         let mut mdims = ids.dims().to_vec();
         mdims.push(1);
         let mask = Tensor::from_vec(mask, mdims, dev)?.to_dtype(y.dtype())?;

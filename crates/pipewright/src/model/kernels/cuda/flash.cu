@@ -164,6 +164,31 @@ __device__ __forceinline__ void accumulate(const float (*p)[4], const T* sh, int
 #define FA_ROW(e) ((e) < 2 ? 0 : 8)
 #define FA_COL(j, e) ((j) * 8 + 2 * c + ((e) & 1))
 
+// The online softmax's step over a tile of J x 8 keys from k0: the scores s of rows r, r + 8
+// scaled into base 2 and masked (-inf past the row or T), each row's maximum m raised to the
+// tile's, `shift` the exponent's shift (0 while a row has seen no key) and `corr` the factor
+// the row's earlier sums are rescaled by.
+template <int J>
+__device__ __forceinline__ void online_max(float (*s)[4], int k0, int r, int c, const Geo& g, float sl2,
+                                           float* m, float* shift, float* corr) {
+  float mt[2] = {m[0], m[1]};
+#pragma unroll
+  for (int j = 0; j < J; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int key = k0 + FA_COL(j, e), row = r + FA_ROW(e);
+      s[j][e] = (key <= row && key < g.T) ? s[j][e] * sl2 : -INFINITY;
+      mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
+    }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    mt[i] = quad_max(mt[i]);
+    shift[i] = mt[i] == -INFINITY ? 0.f : mt[i];
+    corr[i] = exp2f(m[i] - shift[i]);
+    m[i] = mt[i];
+  }
+}
+
 template <typename T, int D> __device__ void fa_fwd(const T* qkv, T* y, Geo g) {
   constexpr int BK = 64, LDK = D + 8, LDV = BK + 8;
   __shared__ __align__(16) T Ks[BK * LDK];
@@ -186,31 +211,17 @@ template <typename T, int D> __device__ void fa_fwd(const T* qkv, T* y, Geo g) {
     load_tile<T, D, LDV, true>(base + 2 * g.C, rs, k0, BK, g, Vt);
     __syncthreads();
     if (k0 > q0 + 15) continue;  // every key after every row of this warp
-    float s[BK / 8][4];
+    float s[BK / 8][4], shift[2], corr[2];
     products<T, D, LDK, BK / 8>(qa, Ks, gq, c, s);
-    float mt[2] = {m[0], m[1]};
-#pragma unroll
-    for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = k0 + FA_COL(j, e), row = r + FA_ROW(e);
-        const float v = (key <= row && key < g.T) ? s[j][e] * sl2 : -INFINITY;
-        s[j][e] = v;
-        mt[e >> 1] = fmaxf(mt[e >> 1], v);
-      }
-    float shift[2];
+    online_max<BK / 8>(s, k0, r, c, g, sl2, m, shift, corr);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      mt[i] = quad_max(mt[i]);
-      shift[i] = mt[i] == -INFINITY ? 0.f : mt[i];
-      const float corr = exp2f(m[i] - shift[i]);
-      l[i] *= corr;
+      l[i] *= corr[i];
 #pragma unroll
       for (int n = 0; n < D / 8; n++) {
-        o[n][2 * i] *= corr;
-        o[n][2 * i + 1] *= corr;
+        o[n][2 * i] *= corr[i];
+        o[n][2 * i + 1] *= corr[i];
       }
-      m[i] = mt[i];
     }
 #pragma unroll
     for (int j = 0; j < BK / 8; j++)
@@ -269,25 +280,11 @@ __device__ void fa_bwd_q(const T* qkv, const T* y, const T* dy, T* dqkv, float* 
     load_tile<T, D, LDK>(base + g.C, rs, k0, BK, g, Ks);
     __syncthreads();
     if (k0 > q0 + 15) continue;
-    float s[BK / 8][4];
+    float s[BK / 8][4], shift[2], corr[2];
     products<T, D, LDK, BK / 8>(qa, Ks, gq, c, s);
-    float mt[2] = {m[0], m[1]};
+    online_max<BK / 8>(s, k0, r, c, g, sl2, m, shift, corr);
 #pragma unroll
-    for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = k0 + FA_COL(j, e), row = r + FA_ROW(e);
-        s[j][e] = (key <= row && key < g.T) ? s[j][e] * sl2 : -INFINITY;
-        mt[e >> 1] = fmaxf(mt[e >> 1], s[j][e]);
-      }
-    float shift[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mt[i] = quad_max(mt[i]);
-      shift[i] = mt[i] == -INFINITY ? 0.f : mt[i];
-      l[i] *= exp2f(m[i] - shift[i]);
-      m[i] = mt[i];
-    }
+    for (int i = 0; i < 2; i++) l[i] *= corr[i];
 #pragma unroll
     for (int j = 0; j < BK / 8; j++)
 #pragma unroll
