@@ -71,7 +71,7 @@ impl Grads {
     /// gradients in f32, as PyTorch's f32 parameters accumulate theirs under autocast: summed in
     /// the low type, every micro-batch's partial sum was rounded to 8 bits of mantissa.
     /// On a GPU the casts are one launch and the additions another
-    /// ([`crate::model::kernels::cast`]), not two launches per parameter per micro-batch.
+    /// (`kernels/cast.rs`), not two launches per parameter per micro-batch.
     pub fn accumulate(&mut self, other: Grads) -> Result<()> {
         use crate::model::kernels::cast::{add_all, cast_all};
         let low = |g: &Tensor| matches!(g.dtype(), DType::F16 | DType::BF16);

@@ -154,7 +154,7 @@ pub fn has_overflow(grads: &Grads) -> Result<bool> {
 }
 
 /// Gradients in f32, multiplied by `factor` (the inverse loss scale); on a GPU one launch
-/// ([`crate::model::kernels::cast::cast_all`]).
+/// (`kernels/cast.rs`).
 pub fn to_master_grads(grads: &Grads, factor: f64) -> Result<Grads> {
     let ts: Vec<&candle_core::Tensor> = grads.iter().map(|(_, g)| g).collect();
     let cast = cast_all(&ts, Some(DType::F32), (factor != 1.0).then_some(factor))?;
