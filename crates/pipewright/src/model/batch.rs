@@ -81,10 +81,15 @@ impl Batch {
     /// the host: what a loss reads values from (its targets' classes and count) without waiting
     /// for the device, where reading the device's copy waited for all the work queued before.
     pub fn require_host_first(&self, name: &str, who: &str) -> Result<&Tensor> {
-        match self.host.iter().find(|(n, _)| n == name) {
-            Some((_, t)) => Ok(t),
+        match self.host_copy(name) {
+            Some(t) => Ok(t),
             None => self.require(name, who),
         }
+    }
+
+    /// The host copy of the tensor under `name`, if [`Batch::to_device`] moved it from the host.
+    pub fn host_copy(&self, name: &str) -> Option<&Tensor> {
+        self.host.iter().find_map(|(n, t)| (n == name).then_some(t))
     }
 
     /// Checks that the batch holds every one of `names` (see [`Batch::require`]).
@@ -162,10 +167,8 @@ impl Batch {
             .collect::<Result<_>>()?;
         let mut host = self.host.clone();
         if !device.is_cpu() {
-            let moved = self
-                .tensors
-                .iter()
-                .filter(|(n, t)| t.device().is_cpu() && !self.host.iter().any(|(h, _)| h == n));
+            let moved = (self.tensors.iter())
+                .filter(|(n, t)| t.device().is_cpu() && self.host_copy(n).is_none());
             host.extend(moved.cloned());
         }
         Ok(Batch { tensors, host })

@@ -253,11 +253,11 @@ impl Coeffs {
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
-    use candle_core::{DType, Device, Tensor};
+    use candle_core::{DType, Device, Shape, Tensor};
 
     use super::{AdamWStep, Param, NAME};
     use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
-    use crate::model::kernels::gpu_table::Table;
+    use crate::model::kernels::gpu_table::{parts, Table};
 
     /// adamw.cu's `Coeffs`.
     #[repr(C)]
@@ -310,25 +310,13 @@ mod cuda {
             candle_core::bail!("{NAME}: expects GPU parameters");
         };
         let ins: Vec<[Option<Tensor>; 3]> = ps.iter().map(inputs).collect::<Result<_, _>>()?;
-        let total: usize = ps.iter().map(|q| q.p.elem_count()).sum();
-        let size = total.max(1);
         // Before a parameter's first step its moments are zero: the new ones start as the old.
-        let (m1, v1) = if ins.iter().any(|i| i[1].is_none()) {
-            let z = || Tensor::zeros(size, DType::F32, ps[0].p.device());
-            (z()?, z()?)
-        } else {
-            // SAFETY: the kernel writes every element of the new moments before anything
-            // reads them (no zero fill per step).
-            let e = || unsafe { Tensor::empty(size, DType::F32, ps[0].p.device()) };
-            (e()?, e()?)
-        };
-        let (m1a, v1a) = (tensor_addr(&m1, NAME)?, tensor_addr(&v1, NAME)?);
+        let fresh = ins.iter().any(|i| i[1].is_none());
+        let shapes: Vec<&Shape> = ps.iter().map(|q| q.p.shape()).collect();
+        let m1 = parts(ps[0].p, DType::F32, &shapes, fresh, NAME)?;
+        let v1 = parts(ps[0].p, DType::F32, &shapes, fresh, NAME)?;
         let mut table = Table::new(usize::MAX);
-        let mut out = Vec::with_capacity(ps.len());
-        let mut at = 0;
-        for (q, [g, m, v]) in ps.iter().zip(&ins) {
-            let n = q.p.elem_count();
-            let (m1q, v1q) = (m1a + 4 * at as u64, v1a + 4 * at as u64);
+        for ((q, [g, m, v]), ((m1q, _), (v1q, _))) in ps.iter().zip(&ins).zip(m1.iter().zip(&v1)) {
             let addr = |t: &Option<Tensor>, own: u64| match t {
                 Some(t) => tensor_addr(t, NAME),
                 None => Ok(own),
@@ -336,16 +324,23 @@ mod cuda {
             let p = [
                 tensor_addr(q.p, NAME)?,
                 addr(g, 0)?,
-                addr(m, m1q)?,
-                addr(v, v1q)?,
-                m1q,
-                v1q,
+                addr(m, *m1q)?,
+                addr(v, *v1q)?,
+                *m1q,
+                *v1q,
             ];
-            table.push(p, n, q.decay.unwrap_or(1.0) as f32, q.decay.is_some());
-            let part = |t: &Tensor| t.narrow(0, at, n)?.reshape(q.p.shape());
-            out.push((part(&m1)?, part(&v1)?));
-            at += n;
+            table.push(
+                p,
+                q.p.elem_count(),
+                q.decay.unwrap_or(1.0) as f32,
+                q.decay.is_some(),
+            );
         }
+        let out = m1
+            .into_iter()
+            .zip(v1)
+            .map(|((_, m), (_, v))| (m, v))
+            .collect();
         let Some((items, count, cfg)) = table.upload(dev, NAME)? else {
             return Ok(out);
         };

@@ -39,11 +39,13 @@ pub(crate) static TENSOR_CORE_FLASH: std::sync::LazyLock<std::sync::atomic::Atom
         std::sync::atomic::AtomicBool::new(v != "cublas")
     });
 
-/// The tensor-core kernels' head-dimension bucket (64 or 128) for `g`, if they take it.
-fn tensor_cores(g: &Geometry, dtype: candle_core::DType) -> Option<usize> {
+/// The tensor-core kernels' head-dimension bucket (64 or 128) for heads of `geo`, if they
+/// take them.
+fn tensor_cores(geo: &Geo, dtype: candle_core::DType) -> Option<usize> {
     let on = TENSOR_CORE_FLASH.load(std::sync::atomic::Ordering::Relaxed);
     let low = matches!(dtype, candle_core::DType::BF16 | candle_core::DType::F16);
-    (on && low && g.hd <= GPU_HEAD_DIM).then_some(if g.hd <= 64 { 64 } else { 128 })
+    let hd = geo.hd as usize;
+    (on && low && hd <= GPU_HEAD_DIM).then_some(if hd <= 64 { 64 } else { 128 })
 }
 
 /// Threads of a tensor-core flash block (flash.cu's 4 warps of 16 rows each).
@@ -103,7 +105,7 @@ pub(super) fn forward(a: &Attention, s: &CudaStorage, l: &Layout) -> Result<(Cud
     let (batch, t) = (l.dims()[0], geo.t as usize);
     let c = geo.c as usize;
     let blas_dims = blas_dims(a, l, s.dtype())?;
-    let tc = tensor_cores(&Geometry::of(l, a.heads)?, s.dtype());
+    let tc = tensor_cores(&geo, s.dtype());
     typed!(NAME, s.dtype(), |T| {
         let x = gpu::view::<T>(s, l, NAME)?;
         let mut y = gpu::alloc::<T>(dev, batch * t * c)?;
@@ -146,7 +148,7 @@ pub(super) fn backward(
     let (geo, d, mut cfg, work) = launch_of(a, lx)?;
     let n = lx.shape().elem_count();
     let blas_dims = blas_dims(a, lx, sx.dtype())?;
-    let tc = tensor_cores(&Geometry::of(lx, a.heads)?, sx.dtype());
+    let tc = tensor_cores(&geo, sx.dtype());
     let (prefix, module, d) = match tc {
         Some(d) => {
             cfg.block_dim.0 = TC_THREADS;

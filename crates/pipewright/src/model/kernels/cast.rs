@@ -64,10 +64,10 @@ pub(crate) fn assign_all(pairs: &[(&Tensor, &Var)]) -> candle_core::Result<()> {
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    use candle_core::{DType, Device, Tensor, Var};
+    use candle_core::{DType, Device, Shape, Tensor, Var};
 
     use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
-    use crate::model::kernels::gpu_table::Table;
+    use crate::model::kernels::gpu_table::{parts, Table};
 
     const NAME: &str = "pipewright-cast";
 
@@ -78,7 +78,7 @@ mod gpu {
         let one = ts.iter().all(|t| {
             gpu::takes(t) && t.dtype() == first.dtype() && t.device().same_device(first.device())
         });
-        (one && gpu::takes(first) && (factor.is_none() || to == DType::F32)).then_some(to)
+        (one && (factor.is_none() || to == DType::F32)).then_some(to)
     }
 
     /// Whether `pairs` are one launch's ([`super::assign_all`]'s conditions).
@@ -121,33 +121,20 @@ mod gpu {
         };
         let (accs, addends) = (contiguous(accs)?, contiguous(addends)?);
         let dev = device(&accs[0])?;
-        let total: usize = accs.iter().map(Tensor::elem_count).sum();
-        // SAFETY: the kernel writes every element (each sum's part) before anything reads.
-        let flat = unsafe { Tensor::empty(total.max(1), DType::F32, accs[0].device())? };
-        let base = tensor_addr(&flat, NAME)?;
+        let shapes: Vec<&Shape> = accs.iter().map(Tensor::shape).collect();
+        let sums = parts(&accs[0], DType::F32, &shapes, false, NAME)?;
         let mut table = Table::new(usize::MAX);
-        let mut out = Vec::with_capacity(accs.len());
-        let mut at = 0;
-        for (a, g) in accs.iter().zip(&addends) {
-            let n = a.elem_count();
-            let sum = base + (at * 4) as u64;
-            table.push(
-                [tensor_addr(a, NAME)?, tensor_addr(g, NAME)?, sum, 0, 0, 0],
-                n,
-                0.0,
-                false,
-            );
-            out.push(flat.narrow(0, at, n)?.reshape(a.shape())?);
-            at += n;
+        for ((a, g), (sum, _)) in accs.iter().zip(&addends).zip(&sums) {
+            let p = [tensor_addr(a, NAME)?, tensor_addr(g, NAME)?, *sum, 0, 0, 0];
+            table.push(p, a.elem_count(), 0.0, false);
         }
-        let Some((items, count, cfg)) = table.upload(&dev, NAME)? else {
-            return Ok(out);
-        };
-        let f = gpu::func(&dev, &gpu::CAST, "add_f32", addends[0].dtype())?;
-        gpu::launch(&f, cfg, table.blocks(), |b| {
-            b.arg(&items).arg(&count);
-        })?;
-        Ok(out)
+        if let Some((items, count, cfg)) = table.upload(&dev, NAME)? {
+            let f = gpu::func(&dev, &gpu::CAST, "add_f32", addends[0].dtype())?;
+            gpu::launch(&f, cfg, table.blocks(), |b| {
+                b.arg(&items).arg(&count);
+            })?;
+        }
+        Ok(sums.into_iter().map(|(_, v)| v).collect())
     }
 
     fn device(t: &Tensor) -> candle_core::Result<candle_core::CudaDevice> {
@@ -189,22 +176,19 @@ mod gpu {
             .map(|t| t.contiguous())
             .collect::<Result<_, _>>()?;
         let dev = device(&ts[0])?;
-        let total: usize = ts.iter().map(Tensor::elem_count).sum();
-        // SAFETY: the kernel writes every element (each tensor's part) before anything reads.
-        let flat = unsafe { Tensor::empty(total.max(1), to, ts[0].device())? };
-        let base = tensor_addr(&flat, NAME)?;
+        let shapes: Vec<&Shape> = ts.iter().map(Tensor::shape).collect();
+        let out = parts(&ts[0], to, &shapes, false, NAME)?;
         let mut table = Table::new(usize::MAX);
-        let mut out = Vec::with_capacity(ts.len());
-        let mut at = 0;
-        for t in &ts {
-            let n = t.elem_count();
-            let dst = base + (at * to.size_in_bytes()) as u64;
-            table.push([tensor_addr(t, NAME)?, dst, 0, 0, 0, 0], n, 0.0, false);
-            out.push(flat.narrow(0, at, n)?.reshape(t.shape())?);
-            at += n;
+        for (t, (dst, _)) in ts.iter().zip(&out) {
+            table.push(
+                [tensor_addr(t, NAME)?, *dst, 0, 0, 0, 0],
+                t.elem_count(),
+                0.0,
+                false,
+            );
         }
         launch(&dev, &table, (from, to), factor)?;
-        Ok(out)
+        Ok(out.into_iter().map(|(_, v)| v).collect())
     }
 
     pub(super) fn assign(pairs: &[(&Tensor, &Var)]) -> candle_core::Result<()> {

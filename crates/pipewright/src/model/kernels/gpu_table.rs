@@ -7,9 +7,9 @@
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::Result;
+use candle_core::{DType, Result, Shape, Tensor};
 
-use super::gpu::THREADS;
+use super::gpu::{tensor_addr, THREADS};
 
 /// table.cuh's `Item`.
 #[repr(C)]
@@ -105,6 +105,37 @@ impl Table {
             cfg,
         )))
     }
+}
+
+/// The outputs of a table kernel: one new buffer of `dtype` on `like`'s device cut into a part
+/// of each of `shapes`, in order, each part's device address and its view. The kernel writes
+/// every part before anything reads it, unless `zeroed` asks for zeros to start from; the
+/// buffer lives as long as any of its views.
+pub(crate) fn parts(
+    like: &Tensor,
+    dtype: DType,
+    shapes: &[&Shape],
+    zeroed: bool,
+    op: &str,
+) -> Result<Vec<(u64, Tensor)>> {
+    let total = shapes.iter().map(|s| s.elem_count()).sum::<usize>().max(1);
+    let flat = match zeroed {
+        true => Tensor::zeros(total, dtype, like.device())?,
+        // SAFETY: the caller's kernel writes every part before anything reads it.
+        false => unsafe { Tensor::empty(total, dtype, like.device())? },
+    };
+    let base = tensor_addr(&flat, op)?;
+    let mut at = 0;
+    shapes
+        .iter()
+        .map(|shape| {
+            let n = shape.elem_count();
+            let addr = base + (at * dtype.size_in_bytes()) as u64;
+            let view = flat.narrow(0, at, n)?.reshape(*shape)?;
+            at += n;
+            Ok((addr, view))
+        })
+        .collect()
 }
 
 #[cfg(test)]

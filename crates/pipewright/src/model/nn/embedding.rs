@@ -46,16 +46,20 @@ impl Embedding {
     /// [`Embedding::forward`], or with its weight gradient deferred to `cx`'s queue.
     /// The ids are checked on their host copy when `cx` has one ([`Cx::host_copy`]).
     pub fn forward_cx(&self, ids: &Tensor, cx: &Cx) -> Result<Tensor> {
-        let defer = cx.weight_grads.as_ref().map(|q| (q, cx.micro_batch));
-        self.run(ids, defer, cx.host_copy(ids))
+        self.run_cx(ids, cx.host_copy(ids), cx)
     }
 
     /// [`Embedding::forward_cx`] of `ids` whose values `host` holds on the host (made there
     /// and uploaded: positions, a shard's local ids), checked there: reading the device's copy
     /// would wait for all the work queued before it.
     pub fn forward_with_host(&self, ids: &Tensor, host: &Tensor, cx: &Cx) -> Result<Tensor> {
+        self.run_cx(ids, Some(host), cx)
+    }
+
+    /// Looks `ids` up in `cx`, its weight gradient deferred to `cx`'s queue if it has one.
+    fn run_cx(&self, ids: &Tensor, host: Option<&Tensor>, cx: &Cx) -> Result<Tensor> {
         let defer = cx.weight_grads.as_ref().map(|q| (q, cx.micro_batch));
-        self.run(ids, defer, Some(host))
+        self.run(ids, defer, host)
     }
 
     /// Looks ids up; out-of-range ids are an error naming the layer.

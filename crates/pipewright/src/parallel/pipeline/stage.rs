@@ -186,10 +186,8 @@ impl PipelineStage {
         cx.set_recomputing(recomputing);
         if k == 0 {
             for name in self.input_names() {
-                if let (Some(t), Ok(host)) = (batch.get(name), batch.require_host_first(name, "")) {
-                    if host.id() != t.id() {
-                        cx.set_host_copy(t, host.clone());
-                    }
+                if let (Some(t), Some(host)) = (batch.get(name), batch.host_copy(name)) {
+                    cx.set_host_copy(t, host.clone());
                 }
             }
         }

@@ -67,6 +67,23 @@ pub fn is_embedding(name: &str) -> bool {
 /// in f32): on a GPU a launch each, and the most new moments held beside the old.
 const MOMENTS_AT_ONCE: usize = 1 << 26;
 
+/// Consecutive ranges of `sizes`, each summing to at most `cap` (a larger size alone).
+fn groups(sizes: &[usize], cap: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut held = 0;
+    for (i, &n) in sizes.iter().enumerate() {
+        match out.last_mut() {
+            Some(r) if held + n <= cap => r.end = i + 1,
+            _ => {
+                out.push(i..i + 1);
+                held = 0;
+            }
+        }
+        held += n;
+    }
+    out
+}
+
 /// AdamW exactly as `torch.optim.AdamW`: decoupled decay `p *= 1 - lr*wd`, bias-corrected
 /// moments, `eps` added after the square root of the corrected second moment. Moments are
 /// kept in f32 whatever the parameter's type. An f32 parameter on the CPU is updated in place
@@ -155,17 +172,9 @@ impl Optimizer for AdamW {
         // In groups of about MOMENTS_AT_ONCE elements, each group's old moments freed as its
         // new ones replace them: all at once, the old and new moments of the whole model
         // were held together.
-        let mut rest = fused.as_slice();
-        while !rest.is_empty() {
-            let mut len = 0;
-            let mut held = 0;
-            while len < rest.len()
-                && (len == 0 || held + rest[len].1.elem_count() <= MOMENTS_AT_ONCE)
-            {
-                held += rest[len].1.elem_count();
-                len += 1;
-            }
-            let (group, later) = rest.split_at(len);
+        let sizes: Vec<usize> = fused.iter().map(|(_, var, ..)| var.elem_count()).collect();
+        for range in groups(&sizes, MOMENTS_AT_ONCE) {
+            let group = &fused[range];
             let params: Vec<adamw::Param> = group
                 .iter()
                 .map(|(name, var, g, decay)| adamw::Param {
@@ -182,7 +191,6 @@ impl Optimizer for AdamW {
                 self.m.insert((*name).clone(), m);
                 self.v.insert((*name).clone(), v);
             }
-            rest = later;
         }
         for (name, var, g, decay) in composed {
             let mut p = var.as_tensor().detach().to_dtype(DType::F32)?;
