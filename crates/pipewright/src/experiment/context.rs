@@ -170,7 +170,8 @@ impl Context {
     /// [`Context::set_trainer`], which looks there for `latest`). The directory belongs to this
     /// run while it lasts (the first rank holds its lock, as it holds the run directory's): a
     /// second run saving there would prune the first's checkpoints and move its `latest`. A
-    /// directory inside another run's directory is refused.
+    /// directory inside another run's directory is refused, and so is one that another run
+    /// saved into before, or that holds other files ([`super::owner`]).
     pub fn set_checkpoint_dir(&mut self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io("cannot create checkpoint directory", dir, e))?;
@@ -188,6 +189,10 @@ impl Context {
         }
         if self.is_master() {
             self.checkpoint_lock = Some(super::RunLock::acquire(dir)?);
+            let me = super::owner::claim_run_dir(&self.dir)?;
+            let goes_on = self.params.string("checkpoint")?.is_some()
+                || crate::dist::Env::from_env().restart > 0;
+            super::owner::claim_checkpoint_dir(dir, &me, goes_on)?;
         }
         self.checkpoint_dir = dir.to_path_buf();
         Ok(())

@@ -9,6 +9,7 @@ pub mod context;
 pub mod image;
 pub mod loader;
 pub mod lock;
+pub mod owner;
 pub mod params;
 pub mod recorder;
 pub mod report;

@@ -292,6 +292,9 @@ where
             ));
         }
         let fresh = std::fs::read_dir(&dir).map_or(true, |mut d| d.next().is_none());
+        if let Some(name) = &self.run_dir {
+            super::owner::check_run_dir(&dir, &format!("--{}", name.replace('_', "-")))?;
+        }
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io("cannot create run directory", &dir, e))?;
         let lock = RunLock::acquire(&dir)?;
@@ -300,6 +303,7 @@ where
         } else {
             super::RunDir::create(&dir)?
         };
+        super::owner::claim_run_dir(&dir)?;
         run.write_json("parameters.json", &params.to_json())?;
         Ok((dir, lock, fresh))
     }
@@ -311,8 +315,12 @@ where
 /// checkpoint) is kept for the user to read.
 fn discard_if_untrained(dir: &Path) {
     let only_parameters = std::fs::read_dir(dir).is_ok_and(|d| {
-        d.flatten()
-            .all(|e| matches!(e.file_name().to_str(), Some("parameters.json" | ".lock")))
+        d.flatten().all(|e| {
+            matches!(
+                e.file_name().to_str(),
+                Some("parameters.json" | super::lock::LOCK_FILE | super::owner::OWNER_FILE)
+            )
+        })
     });
     if only_parameters {
         let _ = std::fs::remove_dir_all(dir);

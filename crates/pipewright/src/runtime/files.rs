@@ -41,8 +41,9 @@ pub fn ensure_new(path: &Path, flag: &str) -> Result<()> {
 /// Fails unless `path` is free for a command that writes `what` (one file): it does not
 /// exist, or it is a file of that kind, which `ours` recognises by its text (what an earlier
 /// run of the command wrote, which a rerun replaces). Anything else, a run's scalars, a
-/// checkpoint's part, a directory, is refused with the fix before any work is done. `flag`
-/// names where the path came from (`--out`).
+/// checkpoint's part, a directory, is refused with the fix before any work is done; a file of
+/// its kind that is replaced is said on stderr. `flag` names where the path came from
+/// (`--out`).
 pub fn ensure_replaceable(
     path: &Path,
     flag: &str,
@@ -59,6 +60,11 @@ pub fn ensure_replaceable(
         .then(|| std::fs::read_to_string(path).ok())
         .flatten();
     if text.as_deref().is_some_and(ours) {
+        // Said, so that a rerun's replacing an earlier output is never a surprise.
+        eprintln!(
+            "note: {flag} `{}` replaces {what} written there before",
+            path.display()
+        );
         return Ok(());
     }
     Err(invalid!(
