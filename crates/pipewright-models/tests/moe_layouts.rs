@@ -22,7 +22,7 @@ use pipewright::parallel::zero::Zero;
 use pipewright::{Batch, Build, Result};
 use pipewright_models::moe::{MoeConfig, MoeNames};
 use pipewright_models::parity::{
-    worst_difference, RankResult, SerialResult, CONTEXT_PARALLEL_TOLERANCE,
+    watch, worst_difference, RankResult, SerialResult, CONTEXT_PARALLEL_TOLERANCE,
 };
 use pipewright_models::tasks::Adder;
 use pipewright_models::{llama, LlamaConfig, Task, TaskShape};
@@ -82,11 +82,13 @@ fn serial(task: &Adder) -> Result<SerialResult> {
 
 fn serial_with_loads(task: &Adder) -> Result<(SerialResult, Loads)> {
     let mut t = serial_trainer(config(task))?;
-    let mut steps = Vec::new();
-    let mut loads = Vec::new();
+    let (mut steps, mut grads, mut loads) = (Vec::new(), Vec::new(), Vec::new());
     for s in 0..STEPS {
         let (x, y) = task.batch(s, GLOBAL)?;
-        let r = t.step(&Batch::pair(x, y))?;
+        let batch = Batch::pair(x, y);
+        let (_, g, _) = t.loss_and_grads(&batch)?;
+        grads.push(g.iter().map(|(n, g)| (n.clone(), g.clone())).collect());
+        let r = t.step(&batch)?;
         steps.push((r.loss, r.grad_norm));
         loads.push(t.expert_loads());
     }
@@ -96,7 +98,14 @@ fn serial_with_loads(task: &Adder) -> Result<(SerialResult, Loads)> {
         .into_iter()
         .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
         .collect::<Result<_>>()?;
-    Ok((SerialResult { steps, params }, loads))
+    Ok((
+        SerialResult {
+            steps,
+            grads,
+            params,
+        },
+        loads,
+    ))
 }
 
 /// Fails unless `got` routed each step's tokens as `want` did, with its auxiliary losses.
@@ -141,6 +150,8 @@ fn resumed(
     let mut v = Varuna::new(&llama(config(task))?, world, opts)?;
     assert_eq!(v.zero(), if layout.dp > 1 { zero } else { Zero::Off });
     v.set_optimizer(adamw)?;
+    let log = watch(&mut v, None);
+    let first_step = steps.start as usize;
     if let Some(p) = resume {
         assert_eq!(v.load_checkpoint(p)?.step, steps.start);
     }
@@ -168,11 +179,7 @@ fn resumed(
         let own: Vec<&String> = v.pipeline().params().iter().map(|(n, _)| n).collect();
         params.retain(|(n, _)| own.contains(&n));
     }
-    let r = RankResult {
-        steps: out,
-        params,
-        shards: v.pipeline().shards().into_iter().collect(),
-    };
+    let r = RankResult::of(&v, out, params, &log, first_step)?;
     Ok((r, loads))
 }
 
@@ -272,10 +279,10 @@ fn a_checkpoint_saved_at_ep_2_under_zero_1_resumes_at_ep_1_and_at_ep_4_under_zer
         })
         .unwrap();
         for (r, ((a, _), (b, _))) in first.iter().zip(&second).enumerate() {
+            // The resumed half's gradients (its pieces are of its own ZeRO stage).
             let whole = RankResult {
                 steps: a.steps.iter().chain(&b.steps).copied().collect(),
-                params: b.params.clone(),
-                shards: b.shards.clone(),
+                ..b.clone()
             };
             let worst = worst_difference(&whole, &want).unwrap();
             assert!(worst < 1e-5, "ep 2 -> {ep}, rank {r}: off by {worst:e}");

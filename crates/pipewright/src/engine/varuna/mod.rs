@@ -47,6 +47,7 @@ use crate::plan::{Part, PartClock, StepParts};
 use crate::{invalid, Result};
 
 type GradHook = Box<dyn FnMut(&mut Grads) + Send>;
+type SummedHook = Box<dyn FnMut(&Grads) + Send>;
 
 /// One rank of a pp x tp x dp training job.
 pub struct Varuna {
@@ -69,6 +70,7 @@ pub struct Varuna {
     opts: VarunaOptions,
     scaler: Option<LossScaler>,
     grad_hook: Option<GradHook>,
+    summed_hook: Option<SummedHook>,
     /// Seconds of pipeline actions and of whole steps, for the bubble fraction.
     busy: f64,
     wall: f64,
@@ -163,6 +165,7 @@ impl Varuna {
             opts,
             scaler,
             grad_hook: None,
+            summed_hook: None,
             busy: 0.0,
             wall: 0.0,
             parts: Vec::new(),
@@ -212,6 +215,14 @@ impl Varuna {
     /// change them (tests inject an overflow with it).
     pub fn set_grad_hook(&mut self, hook: impl FnMut(&mut Grads) + Send + 'static) {
         self.grad_hook = Some(Box::new(hook));
+    }
+
+    /// Called every step that updates with this rank's gradients as the optimizer steps
+    /// from them, before clipping: summed over the replicas, f32 and unscaled, whole or (under
+    /// ZeRO) this rank's pieces ([`Varuna::zero_pieces`]). Parity tests compare each with
+    /// the serial gradient's part.
+    pub fn set_summed_grad_hook(&mut self, hook: impl FnMut(&Grads) + Send + 'static) {
+        self.summed_hook = Some(Box::new(hook));
     }
 
     /// Keeps every executed pipeline action for [`Varuna::take_trace`] (a Chrome trace).
@@ -338,13 +349,17 @@ impl Varuna {
         } else {
             self.pipeline.grad_norm(&grads)?
         };
-        if let Some(max) = self.opts.spec.clip {
-            scale_to_norm(&mut grads, norm, max)?;
-        }
+        // ZeRO-1 cuts before clipping scales (the same bits: clipping scales each element).
         if let Some(z) = self.weights.sharded() {
             if z.stage() == Zero::OptimizerState {
                 grads = z.cut_grads(&grads)?;
             }
+        }
+        if let Some(hook) = self.summed_hook.as_mut() {
+            hook(&grads);
+        }
+        if let Some(max) = self.opts.spec.clip {
+            scale_to_norm(&mut grads, norm, max)?;
         }
         self.optimizer
             .as_mut()

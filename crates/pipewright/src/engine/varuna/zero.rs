@@ -117,6 +117,16 @@ impl Varuna {
         }
     }
 
+    /// Under ZeRO, the pieces of this rank's parameters whose masters and gradients its
+    /// optimizer holds (each a run of the flattened parameter's elements); empty without
+    /// ZeRO, where it holds them whole.
+    pub fn zero_pieces(&self) -> Vec<crate::parallel::zero::Piece> {
+        self.weights
+            .sharded()
+            .map(|z| z.plan_pieces())
+            .unwrap_or_default()
+    }
+
     /// The model's parameters, whole, in the compute type, by name: the values its layers
     /// compute with (collective over the data-parallel replicas under ZeRO-3, whose layers
     /// hold them only while they compute: they are gathered), with every expert of this

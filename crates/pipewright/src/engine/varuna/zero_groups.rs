@@ -65,6 +65,13 @@ impl ZeroGroups {
         self.each().flat_map(|z| z.pieces().to_vec()).collect()
     }
 
+    /// Where this member's pieces lie in their parameters, both groups'.
+    pub fn plan_pieces(&self) -> Vec<crate::parallel::zero::Piece> {
+        self.each()
+            .flat_map(|z| z.plan().pieces().to_vec())
+            .collect()
+    }
+
     /// This member's pieces of whole (summed) gradients (ZeRO-1).
     pub fn cut_grads(&self, whole: &Grads) -> Result<Grads> {
         let mut out = Grads::new();
