@@ -127,6 +127,19 @@ pub fn run(c: DataCommand) -> Result<()> {
 }
 
 fn windows(a: &WindowsArgs) -> Result<()> {
+    // A listing is held whole before it is written: past 16 Mi windows (about 150 MB of CSV)
+    // it is refused before anything is allocated.
+    const MAX_WINDOWS: u64 = 1 << 24;
+    let windows = a.steps.saturating_mul(a.batch_size as u64);
+    if windows > MAX_WINDOWS {
+        return Err(invalid!(
+            "--steps {} x --batch-size {} lists {windows} windows, more than the {MAX_WINDOWS} \
+             one listing holds: list fewer steps (a step's windows do not depend on the steps \
+             listed before it)",
+            a.steps,
+            a.batch_size
+        ));
+    }
     pipewright::runtime::files::ensure_new(&a.out, "--out")?;
     let data = pipewright::data::TokenDataset::open(&a.data, None)?;
     let mut csv = String::from("step,windows\n");

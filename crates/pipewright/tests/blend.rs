@@ -121,7 +121,19 @@ fn a_blend_draws_by_weight_and_each_dataset_keeps_its_epochs() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("different tokenizers"), "{e}");
-    let e = Blend::open(&[(0.0, web), (1.0, code)]).err().unwrap();
+    let e = Blend::open(&[(0.0, web.clone()), (1.0, code.clone())])
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("positive weight"), "{e}");
+    // Weights whose sum overflows are shares all the same (they summed to infinity, and
+    // every share was 0); one too small beside another to be read from is refused.
+    let huge = Blend::open(&[(1e308, web.clone()), (1e308, code.clone())]).unwrap();
+    let shares: Vec<f64> = huge.sources().map(|(w, _)| w).collect();
+    assert_eq!(shares, [0.5, 0.5]);
+    let e = Blend::open(&[(1e300, web), (1e-300, code)]).err().unwrap();
+    assert!(
+        e.to_string().contains("too small beside the largest"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

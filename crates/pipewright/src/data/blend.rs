@@ -40,10 +40,20 @@ impl Blend {
                 d.display()
             ));
         }
-        let sum: f64 = parts.iter().map(|(w, _)| w).sum();
+        // Scaled by the largest first: weights near f64's range (1e308 each) would sum to
+        // infinity and every share to 0.
+        let max = parts.iter().map(|(w, _)| *w).fold(0.0, f64::max);
+        let sum: f64 = parts.iter().map(|(w, _)| w / max).sum();
+        if let Some((w, d)) = parts.iter().find(|(w, _)| w / max / sum == 0.0) {
+            return Err(invalid!(
+                "the weight of `{}` ({w}) is too small beside the largest ({max}) for any row \
+                 to be read from it: give weights within a factor of 1e300 of each other",
+                d.display()
+            ));
+        }
         let sources = parts
             .iter()
-            .map(|(w, d)| Ok((w / sum, TokenDataset::open(d, None)?)))
+            .map(|(w, d)| Ok((w / max / sum, TokenDataset::open(d, None)?)))
             .collect::<Result<Vec<_>>>()?;
         let first = &sources[0].1;
         for (_, s) in &sources[1..] {

@@ -255,8 +255,9 @@ impl ArgsGroup {
 }
 
 /// The command line of an experiment named `name` with `params` (and `group`'s flags):
-/// `--help` lists each with its default under "Parameters"; `--params-file FILE` too. A flag given twice takes
-/// its last value (a file's values come first).
+/// `--help` lists each with its default under "Parameters"; `--params-file FILE` too. A flag
+/// given on the command line takes the place of a file's value; given twice on the command
+/// line, its last value is taken, and that is said ([`parse`]).
 pub fn command(name: &str, about: &str, params: &[Param], group: Option<ArgsGroup>) -> Command {
     // The experiment's parameters under one heading; a group's flags bring their own.
     let mut cmd = Command::new(name.to_string())
@@ -311,6 +312,7 @@ where
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
     let cmd = command(name, about, params, group);
     let mut matches = get_matches(&cmd, &args)?;
+    say_repeated(&cmd, &args);
     if let Some(file) = matches.get_one::<String>("params_file").cloned() {
         let program = &args[..args.len().min(1)];
         let defaults = values(&cmd, params, group, &get_matches(&cmd, program)?)?;
@@ -321,6 +323,32 @@ where
             .map_err(|e| invalid!("with the values of {file}: {e}"))?;
     }
     values(&cmd, params, group, &matches)
+}
+
+/// Says on stderr which single-valued flags `args` gives more than once: the last value is
+/// taken (as a script that appends a flag to a command expects), and the others were dropped.
+fn say_repeated(cmd: &Command, args: &[std::ffi::OsString]) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for a in args.iter().skip(1).filter_map(|a| a.to_str()) {
+        let Some(long) = a.strip_prefix("--") else {
+            continue;
+        };
+        let long = long.split('=').next().unwrap_or(long);
+        let single = cmd.get_arguments().find(|arg| {
+            arg.get_long() == Some(long)
+                || arg.get_all_aliases().is_some_and(|al| al.contains(&long))
+        });
+        if let Some(arg) =
+            single.filter(|arg| matches!(arg.get_action(), ArgAction::Set | ArgAction::SetTrue))
+        {
+            *seen
+                .entry(format!("--{}", arg.get_long().unwrap_or(long)))
+                .or_default() += 1;
+        }
+    }
+    for (flag, n) in seen.into_iter().filter(|(_, n)| *n > 1) {
+        eprintln!("note: {flag} is given {n} times: its last value is taken");
+    }
 }
 
 /// `cmd`'s matches of `args`; `--help` as [`Error::Help`].

@@ -76,6 +76,7 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
             "a sweep needs a program to run and max_parallel of at least 1"
         ));
     }
+    check_grid(&s.grid)?;
     // A second sweep into the same directory would overwrite the first's table and runs.
     crate::runtime::files::ensure_new(&s.out, "the sweep directory")?;
     std::fs::create_dir_all(&s.out).map_err(|e| Error::io("cannot create", &s.out, e))?;
@@ -113,6 +114,35 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
         super::report::write_report(&dirs, &s.out.join("report.html"))?;
     }
     Ok(runs)
+}
+
+/// Fails unless every run of `grid` is its own: a parameter named twice (`steps=1,2` and
+/// `steps=3`: every run would train with the last flag's value while the table listed the
+/// first's), a value given twice, or two values whose run directories' names are the same
+/// (one run's log and directory would be the other's).
+fn check_grid(grid: &[(String, Vec<String>)]) -> Result<()> {
+    let mut names = std::collections::BTreeSet::new();
+    for (name, values) in grid {
+        if !names.insert(name.as_str()) {
+            return Err(invalid!(
+                "the sweep names the parameter `{name}` twice: give all its values once \
+                 (`{name}=A,B,C`)"
+            ));
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        for v in values {
+            let dir = run_name(&[(name.clone(), v.clone())]);
+            if let Some(first) = seen.insert(dir.clone(), v) {
+                let why = if first == v {
+                    format!("gives `{name}` the value `{v}` twice")
+                } else {
+                    format!("gives `{name}` the values `{first}` and `{v}`, whose runs would share the directory `{dir}`")
+                };
+                return Err(invalid!("the sweep {why}: give each value once"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The name of a run's directory and log: `k=v,k=v`, with every character a path would read
@@ -190,6 +220,22 @@ fn write_csv(path: &Path, grid: &[(String, Vec<String>)], runs: &[SweepRun]) -> 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_grid_whose_runs_are_not_each_their_own_is_refused() {
+        let g = |v: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
+            v.iter()
+                .map(|(n, vs)| (n.to_string(), vs.iter().map(|s| s.to_string()).collect()))
+                .collect()
+        };
+        let err = |v: &[(&str, &[&str])]| super::check_grid(&g(v)).unwrap_err().to_string();
+        assert!(err(&[("lr", &["1e-3", "1e-3"])]).contains("value `1e-3` twice"));
+        let e = err(&[("steps", &["1", "2"]), ("steps", &["3"])]);
+        assert!(e.contains("`steps` twice"), "{e}");
+        let e = err(&[("data", &["a/b", "a b"])]);
+        assert!(e.contains("share the directory `data=a_b`"), "{e}");
+        super::check_grid(&g(&[("lr", &["1e-3", "3e-3"]), ("steps", &["1"])])).unwrap();
+    }
+
     #[test]
     fn a_value_that_is_a_path_names_a_file_of_the_sweep() {
         let params = [("data".to_string(), "texts/a b.md".to_string())];

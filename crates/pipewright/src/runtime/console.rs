@@ -30,3 +30,25 @@ macro_rules! say {
         $crate::runtime::console::say_fmt(format_args!($($t)*))
     };
 }
+
+/// `text` as an error message quotes it: whole when short, else its first 40 characters and
+/// how long it was, so that a huge input (a 3 GB token of a schedule file) never becomes a
+/// huge message.
+pub fn excerpt(text: &str) -> std::borrow::Cow<'_, str> {
+    const KEEP: usize = 40;
+    match text.char_indices().nth(KEEP) {
+        None => text.into(),
+        Some((end, _)) => format!("{}... ({} bytes)", &text[..end], text.len()).into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_excerpt_keeps_short_text_and_cuts_long_text() {
+        assert_eq!(super::excerpt("1F3"), "1F3");
+        let long = "é".repeat(1000);
+        let e = super::excerpt(&long);
+        assert_eq!(e, format!("{}... (2000 bytes)", "é".repeat(40)));
+    }
+}

@@ -5,8 +5,8 @@
 //!
 //! Every rank calls `fit` with the same [`Cadence`]. Per step, in this order: the batch
 //! ([`Hooks::batch`]), the step, an evaluation when the cadence says so
-//! ([`Hooks::evaluate`]), [`Hooks::after_step`], a checkpoint when the cadence says so or when
-//! any rank was asked to stop ([`Hooks::checkpoint`]; background unless stopping), then the
+//! ([`Hooks::evaluate`]), [`Hooks::after_step`], a checkpoint when the cadence says so (every
+//! `checkpoint_every` steps and at the last step) or when any rank was asked to stop ([`Hooks::checkpoint`]; background unless stopping), then the
 //! heartbeat `pipewright launch` watches ([`crate::dist::heartbeat`]). A run whose trainer was
 //! restored from a checkpoint goes on from the step it had taken.
 
@@ -158,7 +158,10 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
         if let Some(m) = metric {
             report.metric = m;
         }
-        let saving = cadence.checkpoint_every > 0 && steps.is_multiple_of(cadence.checkpoint_every);
+        // A run that checkpoints also saves its last step, so that what it ends with is what
+        // `ckpt export` and a resume find (`--steps 25 --checkpoint-every 10` saves 25 too).
+        let saving = cadence.checkpoint_every > 0
+            && (steps.is_multiple_of(cadence.checkpoint_every) || last);
         let stop = cx.trainer()?.any_rank(hooks.stop_requested())?;
         if saving || stop {
             hooks.checkpoint(cx, steps, cadence.async_checkpoint && !stop)?;
@@ -171,5 +174,14 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
     }
     cx.trainer()?.finish_checkpoint()?;
     report.seconds = start.elapsed().as_secs_f64();
+    // A run whose last step's loss is not a number did not train, whatever it skipped on the
+    // way (an f16 run skips overflowing steps, and may reach its last step before its loss
+    // scaler gives up): it fails, after its rows and checkpoint are written.
+    if report.steps > report.first && !report.last_loss.is_finite() {
+        return Err(crate::Error::NonFiniteLoss {
+            step: report.steps,
+            loss: report.last_loss,
+        });
+    }
     Ok(report)
 }

@@ -101,7 +101,10 @@ impl std::str::FromStr for Action {
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         let bad = || {
-            invalid!("`{s}` is not an action: write stage, letter, micro-batch, as `1F3` or `0W2`")
+            invalid!(
+                "`{}` is not an action: write stage, letter, micro-batch, as `1F3` or `0W2`",
+                crate::runtime::console::excerpt(s)
+            )
         };
         let at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
         let (stage, rest) = s.split_at(at);

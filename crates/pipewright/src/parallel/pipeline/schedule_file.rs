@@ -55,6 +55,19 @@ impl Schedule {
     /// Reads a schedule written by [`Schedule::save`] (or by hand, or by PyTorch's
     /// `_dump_csv`) from `path`.
     pub fn load(path: &Path) -> Result<Self> {
+        // A schedule of a thousand ranks and micro-batches is a few megabytes: a larger file
+        // is not a schedule, and read whole it could take the process's memory.
+        const MAX_BYTES: u64 = 64 << 20;
+        let len = std::fs::metadata(path)
+            .map_err(|e| invalid!("cannot read the schedule {}: {e}", path.display()))?
+            .len();
+        if len > MAX_BYTES {
+            return Err(invalid!(
+                "{} is {len} bytes: a schedule file is one line of actions per rank (a few \
+                 megabytes at most); give the file `pipewright schedule --save` writes",
+                path.display()
+            ));
+        }
         let text = std::fs::read_to_string(path)
             .map_err(|e| invalid!("cannot read the schedule {}: {e}", path.display()))?;
         Self::from_csv(&text).map_err(|e| invalid!("{}: {e}", path.display()))

@@ -106,6 +106,9 @@ fn backoff(attempts: &[Attempt], stop: &AtomicBool) {
     }
 }
 
+/// The most ranks one host of `--hosts` or a host file may run.
+pub const MAX_SLOTS_PER_HOST: usize = 1024;
+
 impl Slots {
     /// The ranks of the next attempt: at least one, at most a layout's
     /// [`MAX_WORLD`](crate::dist::topology::MAX_WORLD), and on this machine ([`Slots::PerNode`]) as
@@ -130,8 +133,18 @@ impl Slots {
 
     fn listed(&self) -> Result<usize> {
         let parse = |spec: &str, n: Option<&str>| -> Result<usize> {
-            n.map_or(Ok(1), |v| v.trim().parse::<usize>())
-                .map_err(|_| invalid!("cannot read the slots of `{spec}`"))
+            let n = n
+                .map_or(Ok(1), |v| v.trim().parse::<usize>())
+                .map_err(|_| invalid!("cannot read the slots of `{spec}`"))?;
+            // A machine runs a rank per accelerator or core: a hundred thousand processes on
+            // one host would be started before anything failed.
+            if n > MAX_SLOTS_PER_HOST {
+                return Err(invalid!(
+                    "`{spec}` gives one host {n} ranks: at most {MAX_SLOTS_PER_HOST} a host (a \
+                     rank per accelerator or core); list more hosts instead"
+                ));
+            }
+            Ok(n)
         };
         match self {
             Slots::PerNode(n) => Ok(*n),
