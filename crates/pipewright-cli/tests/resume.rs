@@ -320,3 +320,24 @@ fn a_resume_keeps_checkpointing_as_the_run_did() {
     let params = std::fs::read_to_string(out.join("parameters.json")).unwrap();
     assert!(params.contains("\"checkpoint_every\": 2"), "{params}");
 }
+
+#[test]
+fn a_resume_goes_on_as_the_run_that_saved_it() {
+    let out = tmp("same-run");
+    run(&out, "4", &[]);
+    for (flag, value) in [("--seed", "5"), ("--batch-size", "16")] {
+        refused(
+            &out,
+            &["--steps", "6", "--resume", "latest", flag, value],
+            &format!("the checkpoint's run trained with {flag}"),
+        );
+    }
+    assert_eq!(losses(&out).len(), 4, "a refused resume writes no row");
+    // A new learning rate is taken, and said.
+    let said = run(&out, "6", &["--resume", "latest", "--lr", "1e-4"]);
+    assert!(
+        said.contains("the learning rate changes on resuming"),
+        "{said}"
+    );
+    assert_eq!(losses(&out).len(), 6);
+}

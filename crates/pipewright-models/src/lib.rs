@@ -15,6 +15,7 @@ mod linear;
 pub mod llama;
 pub mod moe;
 pub mod parity;
+mod resume;
 pub mod run;
 pub mod spec;
 pub mod stored;

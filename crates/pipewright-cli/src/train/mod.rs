@@ -115,7 +115,9 @@ fn inherit_checkpointing(params: &mut Params) -> Result<()> {
 
 /// Fails when the run cannot go on from the checkpoint `ck`: a resume asked for by hand with
 /// no steps left (it would end at once and rewrite the run's scalars and summary with
-/// nothing), or token shards of another tokenizer than the checkpoint's run trained on.
+/// nothing), another data set, batch size or seed than the checkpoint's run's
+/// ([`RunSpec::resumes`], which also says a changed learning rate), or token shards of
+/// another tokenizer.
 fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<()> {
     let r = pipewright::engine::checkpoint::Reader::open(ck)?;
     let (at, steps) = (r.manifest().step, spec.train.cadence.steps);
@@ -130,6 +132,11 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
     let Ok(stored) = RunSpec::from_meta(&r.manifest().meta) else {
         return Ok(());
     };
+    for note in spec.resumes(&stored)? {
+        if pipewright::dist::Env::from_env().rank == 0 {
+            eprintln!("note: {note}");
+        }
+    }
     if let (
         TaskSpec::Tokens {
             tokenizer_sha256: now,
