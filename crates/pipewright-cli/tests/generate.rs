@@ -141,3 +141,32 @@ fn a_corpus_checkpoint_generates_text() {
     ]);
     assert!(!o.status.success() && text(&o).contains("--prompt needs --tokenizer"));
 }
+
+#[test]
+fn weights_that_are_not_numbers_are_refused_not_decoded_as_zeros() {
+    let dir = tmp("nan-weights");
+    std::fs::create_dir_all(&dir).unwrap();
+    let from = fixtures().join("hf-gpt2");
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(from.join(f), dir.join(f)).unwrap();
+    }
+    let cpu = candle_core::Device::Cpu;
+    let mut w = candle_core::safetensors::load(from.join("model.safetensors"), &cpu).unwrap();
+    let bias = &w["transformer.ln_f.bias"];
+    let nan = candle_core::Tensor::full(f32::NAN, bias.dims(), &cpu).unwrap();
+    w.insert("transformer.ln_f.bias".into(), nan);
+    candle_core::safetensors::save(&w, dir.join("model.safetensors")).unwrap();
+    let d = dir.to_str().unwrap();
+    let o = run(&[
+        "generate",
+        "--init-from",
+        d,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "4",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("not finite"), "{}", text(&o));
+    assert!(!text(&o).contains("ids 0,0"), "{}", text(&o));
+}

@@ -290,7 +290,7 @@ impl ModelSpec for CnnConfig {
                 .filter(|c| c >> stage.min(63) == self.width && c.checked_mul(9).is_some())
                 .ok_or_else(|| {
                     invalid!(
-                        "the CNN's channels double {stage} times from {}: past what fits a                          number; use fewer blocks or more blocks per stage",
+                        "the CNN's channels double {stage} times from {}: past what fits a number; use fewer blocks or more blocks per stage",
                         self.width
                     )
                 })?;

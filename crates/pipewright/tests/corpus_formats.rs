@@ -194,7 +194,27 @@ fn broken_files_are_clear_errors_that_leave_nothing() {
     let lines = json_lines(&docs);
     let truncated = |b: Vec<u8>| b[..b.len() * 2 / 3].to_vec();
     parquet(&d.join("ok.parquet"), &docs);
+    // A row whose text is null, as a JSON line's: an error, not a row dropped unsaid.
+    let schema = Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, true)]));
+    let rows = StringArray::from(vec![Some(docs[0].as_str()), None]);
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(rows)]).unwrap();
+    let f = std::fs::File::create(d.join("null.parquet")).unwrap();
+    let mut w = ArrowWriter::try_new(f, schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
     let cases: Vec<(&str, Vec<u8>, &str, &str)> = vec![
+        (
+            "null.parquet",
+            Vec::new(),
+            "text",
+            "row 2: the text column holds null, not text",
+        ),
+        (
+            "null.jsonl",
+            b"{\"text\": null}\n".to_vec(),
+            "text",
+            "holds null, not text",
+        ),
         (
             "bad.jsonl",
             b"{\"text\": \"a\"}\n{\"text\": \n".to_vec(),
@@ -316,5 +336,18 @@ fn held_out_documents_named_apart_are_the_valid_split_whole() {
     };
     let e = prepare(&tok, &train, &d.join("s2"), &both, &mut |_, _, _| {}).unwrap_err();
     assert!(e.to_string().contains("give one"), "{e}");
+    // A held-out file that is also a training file (named another way) holds out nothing.
+    let same = PrepareOptions {
+        valid: Some(Corpus::new(vec![d
+            .join(".")
+            .join(train.files[3].file_name().unwrap())])),
+        ..opts.clone()
+    };
+    let e = prepare(&tok, &train, &d.join("s3"), &same, &mut |_, _, _| {}).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("both a training file and a held-out one"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -218,10 +218,12 @@ pub fn train_loop(
     let (l, t) = (run.spec.train.layout, &run.spec.train);
     let mut layout = String::new();
     if l.pp > 1 {
-        layout += &format!(
-            ", pipeline pp={} {} virtual={}",
-            l.pp, t.schedule, t.virtual_stages
-        );
+        // A schedule file replaces --schedule: its name is the file's, never the default's.
+        let schedule = match &a.schedule_file {
+            Some(f) if t.custom_schedule.is_some() => format!("schedule {}", f.display()),
+            _ => format!("{} virtual={}", t.schedule, t.virtual_stages),
+        };
+        layout += &format!(", pipeline pp={} {schedule}", l.pp);
     }
     if l.tp > 1 {
         layout += &format!(", tensor-parallel tp={}", l.tp);
@@ -231,6 +233,15 @@ pub fn train_loop(
     }
     if l.cp > 1 {
         layout += &format!(", context-parallel cp={}", l.cp);
+    }
+    if l.dp > 1 {
+        layout += &format!(", data-parallel dp={}", l.dp);
+        if t.zero != pipewright::parallel::zero::Zero::Off {
+            layout += &format!(" ZeRO-{}", t.zero.number());
+        }
+    }
+    if l.ep > 1 {
+        layout += &format!(", expert-parallel ep={}", l.ep);
     }
     if let Some(dir) = dir {
         pipewright::say!(

@@ -149,7 +149,12 @@ pub struct TrainArgs {
     /// Pipeline schedule: gpipe, 1f1b, interleaved, zb1 (zero-bubble H1), zbv (zero-bubble
     /// V: two stages per rank, the first and last on rank 0) or dualpipev (DeepSeek's, at
     /// least 2 x pp chunks).
-    #[arg(help_heading = "Parallelism", long, default_value = "1f1b")]
+    #[arg(
+        help_heading = "Parallelism",
+        long,
+        default_value = "1f1b",
+        conflicts_with = "schedule_file"
+    )]
     pub schedule: String,
     /// Run this schedule, written as data (one rank's actions per line, `0F0,0F1,0B0,...`, as
     /// `pipewright schedule --save` writes it, or a PyTorch dump), in place of --schedule;

@@ -41,6 +41,8 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
         ("--vocab-size", a.vocab_size.is_some()),
         ("--n-kv-head", a.n_kv_head.is_some()),
         ("--mlp-hidden", a.mlp_hidden.is_some()),
+        // The rotary base is the weights' as much as a size is: they were trained with it.
+        ("--rope-theta", a.rope_theta != d.rope_theta),
     ];
     let given: Vec<&str> = sizes.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
     if !given.is_empty() {
@@ -50,7 +52,15 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
             given.join(", ")
         ));
     }
-    let model = crate::hf::config_from_dir(dir)?;
+    let mut model = crate::hf::config_from_dir(dir)?;
+    // Dropout is the fine-tuning's to choose, not the weights': a given --dropout replaces
+    // the directory's (it was recorded and then ignored).
+    if let ModelConfig::Gpt { gpt, .. } = &mut model {
+        if a.dropout != d.dropout {
+            gpt.dropout = a.dropout;
+        }
+    }
+    check_layers(dir, &model)?;
     let (kind, vocab_size, block) = match &model {
         ModelConfig::Gpt { gpt, .. } => (ModelKind::Gpt, gpt.vocab_size, gpt.block_size),
         ModelConfig::Llama { llama, .. } => (ModelKind::Llama, llama.vocab_size, llama.block_size),
@@ -86,6 +96,43 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
     }
     super::moe::check_pretrained(a, dir, &model)?;
     Ok(model)
+}
+
+/// Fails unless the weights of `dir` hold as many blocks as its `config.json` says `model`
+/// has: with fewer layers in the config, the blocks past them would be left unread and a
+/// truncated model trained unsaid (fewer in the weights fail when a block is read).
+fn check_layers(dir: &std::path::Path, model: &ModelConfig) -> Result<()> {
+    let n_layer = match model {
+        ModelConfig::Gpt { gpt, .. } => gpt.n_layer,
+        ModelConfig::Llama { llama, .. } => llama.n_layer,
+        ModelConfig::Cnn { .. } => return Ok(()),
+    };
+    // `transformer.h.N.` (GPT-2) or `model.layers.N.` (the Llama's family).
+    let block = |name: &str| -> Option<usize> {
+        let mut parts = name.split('.');
+        while let Some(p) = parts.next() {
+            if p == "h" || p == "layers" {
+                return parts.next()?.parse().ok();
+            }
+        }
+        None
+    };
+    let weights = pipewright::engine::checkpoint::HfWeights::open(dir)?;
+    let held = weights
+        .shapes()
+        .keys()
+        .filter_map(|n| block(n))
+        .max()
+        .map_or(0, |m| m + 1);
+    if held > n_layer {
+        return Err(invalid!(
+            "`{}` holds weights of {held} blocks but its config.json says {n_layer}: the blocks \
+             past {n_layer} would be left out. Fix num_hidden_layers (n_layer) in config.json, \
+             or drop the extra blocks' tensors to train a truncated model on purpose",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Fails on a size flag given for a model or task the run does not use (it would be
@@ -137,6 +184,14 @@ fn check_flags_apply(a: &TrainArgs) -> Result<()> {
             ]),
         ),
     };
+    // The CNN's convolutions and batch norms take the images in f32 (candle's conv2d needs
+    // one type for input and kernel): a low type failed inside the first convolution.
+    if matches!(a.model, ModelKind::Cnn) && a.precision != "f32" {
+        return Err(invalid!(
+            "--model cnn trains in f32 only: drop --precision {}",
+            a.precision
+        ));
+    }
     if !other.is_empty() {
         return Err(invalid!(
             "this run trains --model {model}, which does not use {}: drop them, or choose the \

@@ -28,6 +28,23 @@ pub(super) fn mixture(a: &TrainArgs, hidden: usize) -> Option<MoeConfig> {
 /// Fails on a mixture flag without `--n-experts`, or on a layout the mixture cannot take
 /// (`d`: the flags' defaults).
 pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
+    if a.init_from.is_some() {
+        // A pretrained model's mixture is the directory's, whatever the flags say.
+        let shape = [
+            ("--top-k", a.top_k != d.top_k),
+            ("--moe-every", a.moe_every != d.moe_every),
+            ("--shared-experts", a.shared_experts != d.shared_experts),
+            ("--moe-hidden", a.moe_hidden.is_some()),
+        ];
+        let given: Vec<&str> = shape.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
+        if !given.is_empty() {
+            return Err(invalid!(
+                "--init-from takes the mixture's shape (experts, top-k, which blocks, shared \
+                 experts, widths) from the directory's config.json: drop {}",
+                given.join(", ")
+            ));
+        }
+    }
     let needs: [(bool, &str); 4] = [
         (
             a.n_experts.is_none()
@@ -138,6 +155,16 @@ mod tests {
         let mut a = defaults();
         a.ep = 2;
         assert!(check("hf-mixtral", &a).is_ok());
+        // The mixture's shape flags are the directory's: refused with --init-from, by name
+        // (they asked for --n-experts, which was then refused too).
+        let mut b = defaults();
+        (b.model, b.top_k) = (ModelKind::Llama, 1);
+        b.init_from = Some(fixtures.join("hf-mixtral"));
+        let e = super::check(&b, &defaults()).unwrap_err().to_string();
+        assert!(
+            e.contains("from the directory's config.json: drop --top-k"),
+            "{e}"
+        );
         a.n_experts = Some(8);
         let e = check("hf-mixtral", &a).unwrap_err();
         assert!(

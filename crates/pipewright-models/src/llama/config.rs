@@ -118,7 +118,23 @@ impl LlamaConfig {
         if !(c.norm_eps > 0.0 && c.rope_theta > 0.0) {
             return Err(invalid!("norm_eps and rope_theta must be positive"));
         }
-        c.moe.as_ref().map_or(Ok(()), MoeConfig::validate)
+        if let Some(m) = &c.moe {
+            m.validate()?;
+            // Block k (from 1) is a mixture when k is a multiple of `every`: past the last
+            // block, none is, and the run would train a dense model unsaid.
+            if m.every > c.n_layer {
+                return Err(invalid!(
+                    "--moe-every {} with {} blocks (--n-layer) makes no block a mixture of \
+                     experts (every {}th block is one): give --moe-every {} or less, or more \
+                     layers",
+                    m.every,
+                    c.n_layer,
+                    m.every,
+                    c.n_layer
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Parameters of the whole model: the embedding and the head, per block the attention

@@ -297,7 +297,7 @@ fn parquet_reader(path: &Path, field: &str) -> Result<ParquetRecordBatchReader> 
         .map_err(not)
 }
 
-/// The next row's text of a Parquet file (null rows left out).
+/// The next row's text of a Parquet file (a null row is an error, as a JSON line's null).
 fn next_row(
     reader: &mut ParquetRecordBatchReader,
     batch: &mut Option<(RecordBatch, usize)>,
@@ -307,12 +307,17 @@ fn next_row(
     loop {
         if let Some((b, next)) = batch.as_mut() {
             let column = b.column(0);
-            while *next < b.num_rows() {
+            if *next < b.num_rows() {
                 let i = *next;
                 *next += 1;
                 *row += 1;
+                // As a JSON line whose field holds null: an error, never a row dropped unsaid.
                 if column.is_null(i) {
-                    continue;
+                    return Err(invalid!(
+                        "`{}`, row {row}: the text column holds null, not text: drop such rows \
+                         from the file, or give the column that holds the text with --text-field",
+                        path.display()
+                    ));
                 }
                 let text = string_at(column.as_ref(), i).ok_or_else(|| {
                     invalid!("`{}`: the text column is not strings", path.display())

@@ -264,6 +264,19 @@ pub fn prepare(
              together: give one"
         ));
     }
+    if let Some(v) = &opts.valid {
+        // A held-out file that is also trained on holds out nothing: the evaluation would
+        // measure the training set.
+        let real = |p: &PathBuf| p.canonicalize().unwrap_or_else(|_| p.clone());
+        let trained: std::collections::HashSet<PathBuf> = corpus.files.iter().map(real).collect();
+        if let Some(both) = v.files.iter().find(|f| trained.contains(&real(f))) {
+            return Err(invalid!(
+                "`{}` is both a training file and a held-out one (--valid): hold out files \
+                 that are not in the corpus, or a share of it (--held-out)",
+                both.display()
+            ));
+        }
+    }
     let vocab = tok.vocab_size();
     let dtype = opts.dtype.unwrap_or(TokenDtype::for_vocab(vocab));
     if dtype == TokenDtype::U16 && vocab > 1 << 16 {

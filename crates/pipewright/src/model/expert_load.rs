@@ -12,10 +12,18 @@ pub struct ExpertLoad {
     pub layer: String,
     /// Token slots each expert took (a token counts once for each of its top-k experts).
     pub tokens: Vec<f64>,
-    /// The load-balancing loss, before its coefficient, summed over the passes.
+    /// The load-balancing loss, before its coefficient, summed over the passes (NaN in a step
+    /// that diverged: JSON writes it as null, which reads back as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     pub aux: f64,
     /// Passes (micro-batches) summed.
     pub passes: f64,
+}
+
+/// An f64 that JSON wrote as null (serde_json writes NaN and infinities so) read as NaN: the
+/// loads of a diverged step reach every rank, whose own check then says the loss is NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 impl ExpertLoad {
@@ -131,5 +139,13 @@ mod tests {
         let mut l = all[0].clone();
         l.set_flat(&[1.0, 7.0, 0.25, 3.0]);
         assert_eq!(l.flat(), vec![1.0, 7.0, 0.25, 3.0]);
+    }
+
+    #[test]
+    fn a_diverged_steps_loads_cross_json() {
+        let l = super::ExpertLoad::pass("model.layers.0", &[3, 1], f64::NAN);
+        let text = serde_json::to_string(&l).unwrap();
+        let back: super::ExpertLoad = serde_json::from_str(&text).unwrap();
+        assert!(back.aux.is_nan() && back.tokens == l.tokens);
     }
 }

@@ -47,7 +47,7 @@ impl KvCache {
         let s = self.state();
         match s.capacity {
             Some(cap) if s.past + tokens > cap => Err(crate::invalid!(
-                "the key/value cache holds {} of its {cap} tokens (the model's block_size): {tokens}                  more do not fit; clear it and run the last {cap} tokens again",
+                "the key/value cache holds {} of its {cap} tokens (the model's block_size): {tokens} more do not fit; clear it and run the last {cap} tokens again",
                 s.past
             )),
             _ => Ok(()),

@@ -12,7 +12,7 @@ use rand::Rng;
 use super::Varuna;
 use crate::model::batch::Batch;
 use crate::model::KvCache;
-use crate::{invalid, Result};
+use crate::{invalid, Error, Result};
 
 /// How [`Varuna::generate`] draws tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -133,6 +133,14 @@ impl Varuna {
             };
             let logits = self.predict_tokens(fresh, cache.as_ref())?;
             let last: Vec<f32> = logits.i((0, fresh.len() - 1))?.to_vec1()?;
+            if last.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
+                return Err(Error::State(format!(
+                    "the model's logits after {} tokens are not finite (NaN or infinity): its \
+                     weights are, or overflow; check the checkpoint or the weights given to \
+                     --init-from (a run that diverged saves such weights)",
+                    ids.len()
+                )));
+            }
             let id = pick(&last, s, &mut rng);
             ids.push(id);
             each(id);

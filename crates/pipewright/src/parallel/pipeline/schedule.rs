@@ -353,7 +353,7 @@ impl Schedule {
         };
         if s.ranks != p || s.micro_batches != m {
             return Err(invalid!(
-                "the given schedule has {} ranks and {} micro-batches, the pipeline {p} ranks                  (pp) and {m} micro-batches per replica (chunks): write or load one for this                  pipeline",
+                "the given schedule has {} ranks and {} micro-batches, the pipeline {p} ranks (pp) and {m} micro-batches per replica (chunks): write or load one for this pipeline",
                 s.ranks,
                 s.micro_batches
             ));
