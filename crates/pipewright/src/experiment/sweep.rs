@@ -3,10 +3,13 @@
 //! most `max_parallel` at once; a failed run is recorded and the others go on. The summary
 //! (each run's parameters, final loss and metric from its `summary.json` when it writes one,
 //! seconds and status) is written as `sweep.csv` beside the runs, and their report page
-//! (`report.html`, every run overlaid) too.
+//! (`report.html`, every run overlaid) too. Ctrl-C or SIGTERM asks the running runs to save
+//! and stop (SIGTERM to each), starts no other, and the table says which were interrupted and
+//! which never started. A grid whose runs would not each be their own is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -87,12 +90,18 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
     let queue = Mutex::new(todo.into_iter());
     let done = Mutex::new(Vec::new());
     let t0 = Instant::now();
+    // Ctrl-C or SIGTERM: the running runs are asked to save and stop, no new one starts, and
+    // the table still says what each did.
+    let stop = crate::dist::preemption_flag()?;
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
                 let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let Some((i, params)) = next else { break };
-                let run = run_one(s, params, t0);
+                let run = run_one(s, params, t0, &stop);
                 done.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push((i, run));
@@ -100,6 +109,9 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
         }
     });
     let mut runs = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    for (i, params) in queue.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        runs.push((i, not_started(s, params)));
+    }
     runs.sort_by_key(|(i, _)| *i);
     let runs: Vec<SweepRun> = runs.into_iter().map(|(_, r)| r).collect();
     write_csv(&s.out.join("sweep.csv"), &s.grid, &runs)?;
@@ -162,7 +174,43 @@ fn run_name(params: &[(String, String)]) -> String {
         .collect()
 }
 
-fn run_one(s: &Sweep, params: Vec<(String, String)>, t0: Instant) -> SweepRun {
+/// A run the sweep did not start: it was interrupted before.
+fn not_started(s: &Sweep, params: Vec<(String, String)>) -> SweepRun {
+    let name = run_name(&params);
+    SweepRun {
+        dir: s.out.join(&name),
+        name,
+        params,
+        final_loss: None,
+        metric: None,
+        seconds: 0.0,
+        started: 0.0,
+        failure: Some("not started: the sweep was interrupted".into()),
+    }
+}
+
+/// Waits for `child`; once `stop` is set, asks it to save and stop (SIGTERM, which a run takes
+/// as a preemption notice: a second SIGINT after the terminal's would end it unsaved). Its
+/// exit status, and whether it was asked.
+fn wait_or_stop(
+    mut child: std::process::Child,
+    stop: &AtomicBool,
+) -> std::io::Result<(std::process::ExitStatus, bool)> {
+    let mut asked = false;
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok((st, asked));
+        }
+        if stop.load(Ordering::Relaxed) && !asked {
+            // SAFETY: signalling a child this process started and has not reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            asked = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn run_one(s: &Sweep, params: Vec<(String, String)>, t0: Instant, stop: &AtomicBool) -> SweepRun {
     let name = run_name(&params);
     let dir = s.out.join(&name);
     let started = t0.elapsed().as_secs_f64();
@@ -176,10 +224,18 @@ fn run_one(s: &Sweep, params: Vec<(String, String)>, t0: Instant) -> SweepRun {
     cmd.arg(&s.out_flag).arg(&dir).stdin(Stdio::null());
     let failure = match std::fs::File::create(&log).and_then(|f| Ok((f.try_clone()?, f))) {
         Err(e) => Some(format!("cannot write {}: {e}", log.display())),
-        Ok((out, err)) => match cmd.stdout(out).stderr(err).status() {
+        Ok((out, err)) => match cmd.stdout(out).stderr(err).spawn() {
             Err(e) => Some(format!("did not start: {e}")),
-            Ok(st) if st.success() => None,
-            Ok(st) => Some(format!("{st}; see {}", log.display())),
+            Ok(child) => match wait_or_stop(child, stop) {
+                Err(e) => Some(format!("cannot wait for it: {e}")),
+                // A run that saved and stopped early did not run its course.
+                Ok((st, true)) => Some(format!(
+                    "interrupted ({st}): stopped before its end; see {}",
+                    log.display()
+                )),
+                Ok((st, false)) if st.success() => None,
+                Ok((st, false)) => Some(format!("{st}; see {}", log.display())),
+            },
         },
     };
     let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
