@@ -56,12 +56,15 @@ impl ModelConfig {
     /// vocabulary (`Sampling::greedy`; set the other fields for sampling); an error for the
     /// CNN, which makes no text.
     pub fn sampling(&self, max_new_tokens: usize) -> Result<Sampling> {
-        let (block, vocab) = match self {
-            ModelConfig::Gpt { gpt, vocab } => (gpt.block_size, *vocab),
-            ModelConfig::Llama { llama, vocab } => (llama.block_size, *vocab),
+        let (block, vocab, rotary) = match self {
+            ModelConfig::Gpt { gpt, vocab } => (gpt.block_size, *vocab, false),
+            ModelConfig::Llama { llama, vocab } => (llama.block_size, *vocab, true),
             ModelConfig::Cnn { .. } => return Err(invalid!("the CNN does not generate text")),
         };
-        Ok(Sampling::greedy(max_new_tokens, block, vocab))
+        Ok(Sampling {
+            extends: rotary,
+            ..Sampling::greedy(max_new_tokens, block, vocab)
+        })
     }
 }
 

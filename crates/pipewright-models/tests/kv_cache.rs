@@ -91,10 +91,21 @@ fn generation_is_the_same_with_and_without_the_cache() {
     for name in ["hf-gpt2", "hf-llama"] {
         for layout in layouts() {
             let (cached, uncached, sampled) = with_model(name, layout, |v, model| {
-                // Past the window: the last `block_size` tokens run again whole.
-                let block = model.sampling(0)?.block_size;
-                let mut s = model.sampling(block + 6)?;
+                // To the last learned position (GPT-2), past the block size (the Llama's
+                // rotary positions go on, as transformers' do).
                 let prompt = [1, 2, 3, 4, 5];
+                let s = model.sampling(0)?;
+                let new = match s.extends {
+                    true => s.block_size + 6,
+                    false => s.block_size - prompt.len(),
+                };
+                let mut s = model.sampling(new)?;
+                if !s.extends {
+                    let mut past = s;
+                    past.max_new_tokens += 1;
+                    let e = v.generate(&prompt, &past).unwrap_err().to_string();
+                    assert!(e.contains("learned positions"), "{e}");
+                }
                 let cached = v.generate(&prompt, &s)?;
                 s.use_cache = false;
                 let uncached = v.generate(&prompt, &s)?;

@@ -92,8 +92,9 @@ fn parallel(
     })
 }
 
-/// The token embedding (vocabulary-parallel); it refuses sequences past the window, which the
-/// rotary positions of the blocks after it cannot know.
+/// The token embedding (vocabulary-parallel). Training refuses sequences past the window (the
+/// model's block size); inference goes on past it, as transformers' Llama does: rotary
+/// positions are computed for any position.
 struct Embed {
     table: ParallelEmbedding,
     block_size: usize,
@@ -108,7 +109,9 @@ impl Layer for Embed {
 
     fn forward(&self, x: Activation, cx: &mut Cx) -> Result<Activation> {
         let ids = x.into_tensor("embed")?;
-        window(ids.dim(D::Minus1)?, cx, self.block_size, &self.ring)?;
+        if cx.is_training() {
+            window(ids.dim(D::Minus1)?, cx, self.block_size, &self.ring)?;
+        }
         Ok(self.sp.scatter(&self.table.forward(&ids, cx)?)?.into())
     }
 

@@ -25,8 +25,12 @@ pub struct Sampling {
     pub top_k: Option<usize>,
     /// Seeds the draws.
     pub seed: u64,
-    /// The longest context the model takes (older tokens are left out).
+    /// The model's positions (its block size).
     pub block_size: usize,
+    /// Whether the model's positions go on past `block_size` (rotary embeddings, the Llama
+    /// family: generation continues as transformers' does); learned positions (GPT-2's) end
+    /// there, and a generation that would pass them is refused.
+    pub extends: bool,
     /// Ids that may be drawn (`0..vocab`: a vocabulary padded for tensor parallelism has ids
     /// no data holds).
     pub vocab: usize,
@@ -36,7 +40,8 @@ pub struct Sampling {
 }
 
 impl Sampling {
-    /// Greedy decoding of `max_new_tokens` tokens.
+    /// Greedy decoding of `max_new_tokens` tokens by a model of `block_size` learned
+    /// positions (set [`Sampling::extends`] for rotary ones).
     pub fn greedy(max_new_tokens: usize, block_size: usize, vocab: usize) -> Self {
         Self {
             max_new_tokens,
@@ -44,6 +49,7 @@ impl Sampling {
             top_k: None,
             seed: 0,
             block_size,
+            extends: false,
             vocab,
             use_cache: true,
         }
@@ -92,8 +98,10 @@ impl Varuna {
     }
 
     /// [`Varuna::generate`] handing each token to `each` as soon as it is drawn (a command
-    /// streams them): a long generation shows its progress, and keeps only the model's window
-    /// of context, however many tokens it draws.
+    /// streams them): a long generation shows its progress. A model of learned positions
+    /// generates up to its block size (past it is refused, as transformers' GPT-2 fails); one
+    /// of rotary positions goes on past it with the whole context, as transformers' Llama
+    /// does, as far as memory holds its cache.
     pub fn generate_each(
         &self,
         prompt: &[u32],
@@ -116,9 +124,28 @@ impl Varuna {
                 s.vocab
             ));
         }
+        let total = prompt.len().saturating_add(s.max_new_tokens);
+        if !s.extends && total > s.block_size {
+            return Err(invalid!(
+                "the prompt's {} tokens and {} new ones pass the model's {} learned positions: \
+                 ask for at most {} new tokens, or shorten the prompt",
+                prompt.len(),
+                s.max_new_tokens,
+                s.block_size,
+                s.block_size.saturating_sub(prompt.len())
+            ));
+        }
         let mut rng = crate::model::init::rng_for(s.seed, "generate");
-        let window = s.block_size.max(1);
-        let cache = s.use_cache.then(|| KvCache::with_capacity(window));
+        // Rotary positions go on: the whole context is kept (a cache of every token).
+        let window = if s.extends {
+            usize::MAX
+        } else {
+            s.block_size.max(1)
+        };
+        let cache = s.use_cache.then(|| match s.extends {
+            true => KvCache::new(),
+            false => KvCache::with_capacity(window),
+        });
         let mut ids = prompt.to_vec();
         for _ in 0..s.max_new_tokens {
             let fresh = match &cache {
@@ -132,6 +159,18 @@ impl Varuna {
                 }
             };
             let logits = self.predict_tokens(fresh, cache.as_ref())?;
+            if let Some(c) = cache
+                .as_ref()
+                .filter(|c| s.extends && c.past() == fresh.len())
+            {
+                // Once the prompt is cached, its size per token says what the whole will hold.
+                let per_token = c.bytes() as f64 / c.past().max(1) as f64;
+                crate::runtime::memory::check_fits(
+                    per_token * total as f64,
+                    &format!("a key/value cache of {total} tokens"),
+                    "ask for fewer new tokens, or generate without the cache (--no-kv-cache)",
+                )?;
+            }
             let last: Vec<f32> = logits.i((0, fresh.len() - 1))?.to_vec1()?;
             if last.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
                 return Err(Error::State(format!(
@@ -144,7 +183,7 @@ impl Varuna {
             let id = pick(&last, s, &mut rng);
             ids.push(id);
             each(id);
-            if ids.len() >= 2 * window {
+            if ids.len() >= window.saturating_mul(2) {
                 // Only the last window's tokens are ever read again.
                 ids.drain(..ids.len() - window);
             }
