@@ -315,6 +315,12 @@ fn a_pipelined_run_writes_the_serial_runs_losses() {
         std::fs::read_to_string(out.join("scalars.csv")).unwrap()
     };
     let a = run(&serial, &[]);
+    // The one-rank run is the engine under test: the separate serial trainer is the oracle.
+    let oracle = common::serial_losses(&serial);
+    for (got, want) in a.lines().skip(1).zip(&oracle) {
+        let got: f64 = got.split(',').nth(1).unwrap().parse().unwrap();
+        assert!(((got - want) / want).abs() < 1e-6, "{got} vs {want}");
+    }
     for extra in [
         &["--schedule", "gpipe"][..],
         &["--schedule", "1f1b"],
@@ -378,12 +384,24 @@ fn every_layout_writes_the_serial_runs_losses() {
         let summary: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
                 .unwrap();
-        let _ = std::fs::remove_dir_all(out);
         let losses = csv
             .lines()
             .skip(1)
             .map(|l| l.split(',').nth(1).unwrap().parse::<f64>().unwrap())
             .collect::<Vec<_>>();
+        // The oracle of an f32 run: the separate serial trainer on the run the directory
+        // records (low precision is held to f32 below, as a run in it can be).
+        if !extra.contains(&"--precision") {
+            let oracle = common::serial_losses(&out);
+            assert_eq!(losses.len(), oracle.len(), "{extra:?}");
+            for (a, b) in losses.iter().zip(&oracle) {
+                assert!(
+                    ((a - b) / b).abs() < 1e-5,
+                    "{extra:?}: {losses:?} vs the serial trainer's {oracle:?}"
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(out);
         (losses, summary)
     };
     let (serial, _) = run("tp-serial", &[]);

@@ -387,3 +387,36 @@ pub fn worst_gradient(got: &RankResult, want: &SerialResult) -> Result<(f64, Str
     }
     Ok(worst)
 }
+
+/// The losses of `spec`'s run trained by the separate serial trainer (which shares none of
+/// the parallel step's code): the same model, seed, task batches, micro-batches, optimizer,
+/// learning rate and clipping, whatever layout the spec gives. The oracle `pipewright train`'s
+/// runs are held to (`tools/mpi_parity.sh`, the command's tests), where a run at one rank would
+/// be the engine under test.
+pub fn serial_losses(spec: &crate::RunSpec) -> Result<Vec<f64>> {
+    use pipewright::trainer::model_spec::ModelSpec;
+    let t = &spec.train;
+    let task = spec.task.build(t.seed)?;
+    let stage = spec.model.build()?.build(&Build::cpu(t.seed))?;
+    let tied = spec.model.tied();
+    let opt = t.optimizer(stage.params(), &tied)?;
+    let mut trainer = SerialTrainer::new(
+        stage,
+        opt,
+        TrainOptions {
+            seed: t.seed,
+            micro_batches: t.global_batch / t.micro_batch,
+            clip: t.clip,
+            lr: t.lr,
+            tied,
+            deferred_batch_norm: t.deferred_batch_norm,
+            loss: std::sync::Arc::new(CrossEntropy::default()),
+        },
+    )?;
+    (0..t.cadence.steps)
+        .map(|s| {
+            let (x, y) = task.batch(s, t.global_batch)?;
+            Ok(trainer.step(&Batch::pair(x, y))?.loss)
+        })
+        .collect()
+}

@@ -118,3 +118,13 @@ pub fn corpus(dir: &std::path::Path, vocab: usize) -> (PathBuf, PathBuf) {
     assert!(text(&o).contains("held-out tokens"), "{}", text(&o));
     (tok, shards)
 }
+
+/// The losses the separate serial trainer takes over the run in `out`
+/// ([`pipewright_models::parity::serial_losses`] of the run its `params.json` records): the
+/// oracle the command's runs are held to (a run at one rank is the engine under test).
+pub fn serial_losses(out: &std::path::Path) -> Vec<f64> {
+    let params: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("params.json")).unwrap()).unwrap();
+    let spec: pipewright_models::RunSpec = serde_json::from_value(params["spec"].clone()).unwrap();
+    pipewright_models::parity::serial_losses(&spec).unwrap()
+}
