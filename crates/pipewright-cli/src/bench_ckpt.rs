@@ -21,9 +21,10 @@ pub struct CkptBenchArgs {
     /// GPT layers (d 768, 12 heads, vocabulary 16384: 12 layers make about 110M parameters).
     #[arg(long, default_value_t = 12)]
     pub n_layer: usize,
-    /// The directory to write in (the disk measured): the benchmark makes a fresh
-    /// subdirectory there and removes only that.
-    #[arg(long, default_value = "target")]
+    /// The directory to write in (the disk measured; by default the current one, which
+    /// exists wherever the command runs): the benchmark makes a fresh subdirectory there and
+    /// removes only that.
+    #[arg(long, default_value = ".")]
     pub dir: PathBuf,
     /// Training steps run while a background save writes.
     #[arg(long, default_value_t = 2)]

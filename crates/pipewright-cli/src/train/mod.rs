@@ -132,11 +132,6 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
     let Ok(stored) = RunSpec::from_meta(&r.manifest().meta) else {
         return Ok(());
     };
-    for note in spec.resumes(&stored)? {
-        if pipewright::dist::Env::from_env().rank == 0 {
-            eprintln!("note: {note}");
-        }
-    }
     if let (
         TaskSpec::Tokens {
             tokenizer_sha256: now,
@@ -158,6 +153,39 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
             ));
         }
     }
+    // After the tokenizer's check, which says more about shards of another tokenizer.
+    for note in spec.resumes(&stored)? {
+        if pipewright::dist::Env::from_env().rank == 0 {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok(())
+}
+
+/// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model
+/// stage, as summary.json records it (the balance itself counts segments between cut points
+/// where the model has them, said beside).
+fn say_balance(spec: &RunSpec, resolved: &Option<Balance>) -> Result<()> {
+    let by = match spec.train.balance {
+        Some(Balance::Time) => "time",
+        Some(Balance::Size) => "size",
+        _ => return Ok(()),
+    };
+    let Some(Balance::Layers(b)) = resolved else {
+        return Ok(());
+    };
+    let model = pipewright::trainer::model_spec::ModelSpec::build(&spec.model)?;
+    let ranges = pipewright::parallel::pipeline::partition::partition(&model, b.len(), Some(b))?;
+    let layers: Vec<String> = ranges.iter().map(|r| r.len().to_string()).collect();
+    let units: Vec<String> = b.iter().map(|n| n.to_string()).collect();
+    let segments = match model.cut_points().is_empty() {
+        true => String::new(),
+        false => format!(" ({} segments between cut points)", units.join(",")),
+    };
+    pipewright::say!(
+        "balance by {by}: {} layers per model stage{segments}",
+        layers.join(",")
+    );
     Ok(())
 }
 
@@ -261,19 +289,8 @@ impl Setup {
             );
             spec.train = trainer.spec().clone();
         }
-        let by = match spec.train.balance {
-            Some(Balance::Time) => Some("time"),
-            Some(Balance::Size) => Some("size"),
-            _ => None,
-        };
-        if let (Some(by), Some(Balance::Layers(b)), 0) =
-            (by, &trainer.options().spec.balance, env.rank)
-        {
-            let list: Vec<String> = b.iter().map(|n| n.to_string()).collect();
-            pipewright::say!(
-                "balance by {by}: {} (layers or segments per stage)",
-                list.join(",")
-            );
+        if env.rank == 0 {
+            say_balance(&spec, &trainer.options().spec.balance)?;
         }
         let layout = spec.train.layout;
         if spec.train.zero != pipewright::parallel::zero::Zero::Off

@@ -171,8 +171,12 @@ impl RunRecord {
         let launch = read("launch.json", "");
         let logged = read_logged(dir);
         if parameters.is_none() && logged.is_empty() {
+            let scalars = match dir.join("scalars.csv").exists() {
+                true => "its scalars.csv holds no whole row of step,loss,lr,metric",
+                false => "no scalars.csv",
+            };
             return Err(crate::invalid!(
-                "{} is not a run: it has no parameters.json or scalars.csv (give a directory \
+                "{} is not a run: it has no parameters.json and {scalars} (give a directory \
                  that `pipewright train --out` wrote)",
                 dir.display()
             ));

@@ -18,7 +18,10 @@ pub fn uniform_balance(units: usize, stages: usize) -> Result<Vec<usize>> {
     }
     if stages > units {
         return Err(invalid!(
-            "{stages} stages cannot each get one of {units} units: use at most {units} stages"
+            "{stages} stages cannot each get one of {units} units (the model's layers, or \
+             its segments between cut points): a pipeline has pp x virtual stages (2 a rank \
+             under zbv and dualpipev); use at most {units} stages: fewer pipeline ranks or \
+             virtual stages, or a deeper model"
         ));
     }
     Ok((0..stages)
