@@ -22,7 +22,8 @@ pub enum DataCommand {
 
 #[derive(Args)]
 pub struct WindowsArgs {
-    /// The shard directory, as `train --data`.
+    /// The shard directory, or a blend `0.7:A,0.3:B`, as `train --data` (a blend's rows are
+    /// listed as SOURCE:WINDOW, SOURCE counted from 0 in the blend's order).
     #[arg(long)]
     pub data: PathBuf,
     /// Tokens per window, as `train --block-size`.
@@ -141,12 +142,34 @@ fn windows(a: &WindowsArgs) -> Result<()> {
         ));
     }
     pipewright::runtime::files::ensure_new(&a.out, "--out")?;
-    let data = pipewright::data::TokenDataset::open(&a.data, None)?;
+    // A blend (`0.7:A,0.3:B`, as train's --data) lists each row as SOURCE:WINDOW.
+    enum Data {
+        One(Box<pipewright::data::TokenDataset>),
+        Blend(pipewright::data::Blend),
+    }
+    let blend = pipewright_models::flags::blend_of(&a.data)?;
+    let data = match blend.is_empty() {
+        true => Data::One(Box::new(pipewright::data::TokenDataset::open(
+            &a.data, None,
+        )?)),
+        false => Data::Blend(pipewright::data::Blend::open(&blend)?),
+    };
+    let (rows, block, seed) = (a.batch_size, a.block_size, a.seed);
     let mut csv = String::from("step,windows\n");
     for step in 0..a.steps {
-        let rows = data.rows(step, a.batch_size, a.block_size, a.seed)?;
-        let rows: Vec<String> = rows.iter().map(u64::to_string).collect();
-        csv.push_str(&format!("{},{}\n", step + 1, rows.join(" ")));
+        let listed: Vec<String> = match &data {
+            Data::One(d) => d
+                .rows(step, rows, block, seed)?
+                .iter()
+                .map(u64::to_string)
+                .collect(),
+            Data::Blend(b) => b
+                .rows(step, rows, block, seed)?
+                .iter()
+                .map(|(s, w)| format!("{s}:{w}"))
+                .collect(),
+        };
+        csv.push_str(&format!("{},{}\n", step + 1, listed.join(" ")));
     }
     pipewright::runtime::files::write_atomic(&a.out, csv.as_bytes())?;
     pipewright::say!(

@@ -57,8 +57,8 @@ pub struct PlanArgs {
     #[arg(long, requires = "measure")]
     pub measured: bool,
     /// Predict only these layouts instead of searching, each written as
-    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1` (`cp=2`, `sp=1` too; repeat
-    /// the flag for more).
+    /// `pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never,zero=1` (`cp=2`, `ep=2`, `sp=1`
+    /// too; spaces between the parts as the table prints a layout; repeat the flag for more).
     #[arg(long)]
     pub candidate: Vec<String>,
 }

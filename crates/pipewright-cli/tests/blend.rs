@@ -119,3 +119,42 @@ fn a_blend_trains_on_any_layout_and_resumes_on_the_same_rows() {
     assert!(text(&o).contains("different tokenizers"), "{}", text(&o));
     assert!(!none.exists());
 }
+
+#[test]
+fn data_windows_lists_a_blends_rows_by_source() {
+    let dir = tmp("blend-windows");
+    let (_, shards) = corpus(&dir, 300);
+    let s = shards.to_str().unwrap();
+    let list = |data: &str, name: &str, rows: &str| -> Vec<String> {
+        let out = dir.join(name);
+        let o = run(&[
+            "data",
+            "windows",
+            "--data",
+            data,
+            "--block-size",
+            "16",
+            "--batch-size",
+            rows,
+            "--steps",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let csv = std::fs::read_to_string(out).unwrap();
+        let row = csv.lines().nth(1).unwrap().split_once(',').unwrap().1;
+        row.split(' ').map(String::from).collect()
+    };
+    // Equal weights alternate the sources, the first first; source 0's rows are the
+    // dataset's own rows, in order.
+    let blend = list(&format!("1:{s},1:{s}"), "blend.csv", "4");
+    let alone = list(s, "alone.csv", "2");
+    let sources: Vec<&str> = blend.iter().map(|r| r.split(':').next().unwrap()).collect();
+    assert_eq!(sources, ["0", "1", "0", "1"], "{blend:?}");
+    assert_eq!(
+        [blend[0].as_str(), blend[2].as_str()],
+        [format!("0:{}", alone[0]), format!("0:{}", alone[1])],
+        "{blend:?} against {alone:?}"
+    );
+}

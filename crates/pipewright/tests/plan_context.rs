@@ -240,4 +240,9 @@ fn candidates_the_model_cannot_take_are_refused() {
     assert!(e.contains("needs tp > 1"), "{e}");
     let e = parse_candidate("sp=maybe", 2).unwrap_err().to_string();
     assert!(e.contains("sp in candidate"), "{e}");
+    // A layout as the plan's table prints it (spaces, expert parallelism) is taken back.
+    let c = parse_candidate("pp=2 tp=1 dp=4 ep=2", 8).unwrap();
+    assert_eq!((c.layout.pp, c.layout.dp, c.layout.ep), (2, 4, 2));
+    let e = parse_candidate("dp=4,ep=3", 8).unwrap_err().to_string();
+    assert!(e.contains("--ep 3 must divide"), "{e}");
 }

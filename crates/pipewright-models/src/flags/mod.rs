@@ -15,4 +15,4 @@ pub use args::{
     finite, positive, positive_u64, DecayKind, LrScheduleKind, ModelKind, OptimizerKind, TaskKind,
     TrainArgs,
 };
-pub use spec::task_spec;
+pub use spec::{blend_of, task_spec};

@@ -59,8 +59,9 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
 }
 
 /// The datasets of a blend written `0.7:DIR_A,0.3:DIR_B` (each part a weight, a colon and a
-/// shard directory); empty for a single directory.
-fn blend_of(data: &Path) -> Result<Vec<(f64, PathBuf)>> {
+/// shard directory); empty for a single directory. How `--data` reads a blend, wherever it
+/// is given (`train`, `data windows`).
+pub fn blend_of(data: &Path) -> Result<Vec<(f64, PathBuf)>> {
     let text = data.to_string_lossy();
     let parts: Vec<Option<(f64, PathBuf)>> = text
         .split(',')

@@ -114,6 +114,21 @@ impl Blend {
         out
     }
 
+    /// (source, window index in the source's training split) of each of the `rows` rows of
+    /// global batch `step`: what [`Blend::batch`] reads, and `data windows` lists.
+    pub fn rows(
+        &self,
+        step: u64,
+        rows: usize,
+        block: usize,
+        seed: u64,
+    ) -> Result<Vec<(usize, u64)>> {
+        self.assign(step * rows as u64, rows)
+            .into_iter()
+            .map(|(s, k)| Ok((s, self.sources[s].1.row_window(k, block, seed, s)?)))
+            .collect()
+    }
+
     /// The training batch of `step`, `rows` windows of `block` ids drawn by weight (see the
     /// module's text): inputs `(rows, block)` u32, targets `(rows, block)` i64.
     pub fn batch(
@@ -124,13 +139,9 @@ impl Blend {
         seed: u64,
     ) -> Result<(Tensor, Tensor)> {
         let windows = self
-            .assign(step * rows as u64, rows)
+            .rows(step, rows, block, seed)?
             .into_iter()
-            .map(|(s, k)| {
-                let data = &self.sources[s].1;
-                let w = data.row_window(k, block, seed, s)?;
-                data.window(Split::Train, w, block)
-            })
+            .map(|(s, w)| self.sources[s].1.window(Split::Train, w, block))
             .collect::<Result<Vec<_>>>()?;
         pair_tensors(&windows, block)
     }

@@ -116,6 +116,13 @@ impl Env {
     }
 }
 
+/// The folder of a run directory where `pipewright launch` keeps its ranks' heartbeats (made
+/// before the first rank starts).
+pub const HEARTBEAT_DIR: &str = ".heartbeat";
+
+/// The launcher's record of its attempts, in the run directory.
+pub const LAUNCH_RECORD: &str = "launch.json";
+
 /// Reports that this rank finished `step` to a launcher watching for hung ranks: writes the
 /// step to `$PIPEWRIGHT_HEARTBEAT_DIR/rank-<RANK>` (nothing when the variable is unset).
 pub fn heartbeat(step: u64) -> Result<()> {

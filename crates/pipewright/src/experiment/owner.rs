@@ -60,7 +60,9 @@ fn new_id() -> String {
     format!("{nanos:x}-{:x}", std::process::id())
 }
 
-/// Whether `dir` holds nothing but what claiming it writes (the lock, the owner file).
+/// Whether `dir` holds nothing but what claiming it writes (the lock, the owner file) or what
+/// `pipewright launch` writes there before the run's first rank starts (its heartbeats, its
+/// record of attempts).
 fn empty_but_ours(dir: &Path) -> Result<bool> {
     let entries = match std::fs::read_dir(dir) {
         Ok(d) => d,
@@ -70,7 +72,13 @@ fn empty_but_ours(dir: &Path) -> Result<bool> {
     Ok(entries.flatten().all(|e| {
         matches!(
             e.file_name().to_str(),
-            Some(OWNER_FILE | super::lock::LOCK_FILE)
+            Some(n) if [
+                OWNER_FILE,
+                super::lock::LOCK_FILE,
+                crate::dist::HEARTBEAT_DIR,
+                crate::dist::LAUNCH_RECORD,
+            ]
+            .contains(&n)
         )
     }))
 }
@@ -140,4 +148,53 @@ pub fn claim_checkpoint_dir(dir: &Path, me: &Owner, goes_on: bool) -> Result<()>
         ));
     }
     me.write(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pw-owner-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn what_the_launcher_makes_first_leaves_a_directory_new() {
+        let d = tmp("launched");
+        std::fs::create_dir_all(d.join(crate::dist::HEARTBEAT_DIR)).unwrap();
+        check_run_dir(&d, "--out").unwrap();
+        std::fs::write(d.join("notes.txt"), "mine").unwrap();
+        let e = check_run_dir(&d, "--out").unwrap_err().to_string();
+        assert!(e.contains("is not a pipewright run directory"), "{e}");
+        // A path that is no directory is left for making it to refuse.
+        check_run_dir(&d.join("notes.txt"), "--out").unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_directory_is_its_owners_alone() {
+        let (run, other) = (tmp("run"), tmp("other"));
+        let (me, them) = (claim_run_dir(&run).unwrap(), claim_run_dir(&other).unwrap());
+        assert_ne!(me.run, them.run);
+        assert_eq!(
+            claim_run_dir(&run).unwrap(),
+            me,
+            "read back, not made again"
+        );
+        let ck = tmp("ck");
+        claim_checkpoint_dir(&ck, &me, false).unwrap();
+        claim_checkpoint_dir(&ck, &me, true).unwrap();
+        let e = claim_checkpoint_dir(&ck, &them, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds the checkpoints of another run"), "{e}");
+        let full = tmp("full");
+        std::fs::write(full.join("data.bin"), "x").unwrap();
+        let e = claim_checkpoint_dir(&full, &me, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds no checkpoints of this run"), "{e}");
+    }
 }

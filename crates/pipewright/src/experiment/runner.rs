@@ -249,15 +249,33 @@ where
         params: &Params,
         comm: &dyn crate::dist::comm::Communicator,
     ) -> Result<(PathBuf, Option<RunLock>)> {
-        let (mine, lock) = if comm.rank() == 0 {
-            let (dir, lock, _) = self.make_dir(params)?;
-            (dir.to_string_lossy().into_owned(), Some(lock))
+        // Rank 0's failure is every rank's: the others would wait for the name forever.
+        const FAILED: u32 = u32::MAX;
+        let (mine, lock, failed) = if comm.rank() == 0 {
+            match self.make_dir(params) {
+                Ok((dir, lock, _)) => (dir.to_string_lossy().into_owned(), Some(lock), None),
+                Err(e) => (String::new(), None, Some(e)),
+            }
         } else {
-            (String::new(), None)
+            (String::new(), None, None)
         };
         let bytes = mine.into_bytes();
-        let len = candle_core::Tensor::new(&[bytes.len() as u32], &candle_core::Device::Cpu)?;
-        let len = comm.broadcast(&len, 0)?.to_vec1::<u32>()?[0] as usize;
+        let said = if failed.is_some() {
+            FAILED
+        } else {
+            bytes.len() as u32
+        };
+        let len = candle_core::Tensor::new(&[said], &candle_core::Device::Cpu)?;
+        let len = comm.broadcast(&len, 0)?.to_vec1::<u32>()?[0];
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if len == FAILED {
+            return Err(invalid!(
+                "rank 0 could not make the run directory (its error is in its output)"
+            ));
+        }
+        let len = len as usize;
         let mut buf = bytes;
         buf.resize(len, 0);
         let t = candle_core::Tensor::from_vec(buf, len, &candle_core::Device::Cpu)?;

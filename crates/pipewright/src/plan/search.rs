@@ -180,7 +180,13 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
         zero: Zero::Off,
         sequence_parallel: false,
     };
-    for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
+    // Commas or spaces between the parts: the plan's own table writes a layout with spaces
+    // (`pp=2 tp=1 dp=4 ep=2`), and it is given back as it is printed.
+    let mut ep = 1;
+    for part in spec
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|p| !p.trim().is_empty())
+    {
         let (k, v) = part.trim().split_once('=').ok_or_else(|| {
             invalid!("`{part}` in candidate `{spec}` is not key=value (pp=2,tp=1,dp=2,mbs=8,schedule=1f1b,recompute=never)")
         })?;
@@ -195,6 +201,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             "tp" => c.layout.tp = n()?,
             "dp" => c.layout.dp = n()?,
             "cp" => c.layout.cp = n()?,
+            "ep" => ep = n()?,
             "sp" => {
                 c.sequence_parallel = match v {
                     "1" | "on" | "true" => true,
@@ -209,11 +216,12 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             "zero" => c.zero = v.parse()?,
             _ => {
                 return Err(invalid!(
-                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, cp, dp, mbs, schedule, virtual, recompute, zero, sp"
+                    "unknown key `{k}` in candidate `{spec}`: use pp, tp, cp, dp, ep, mbs, schedule, virtual, recompute, zero, sp"
                 ))
             }
         }
     }
+    c.layout = c.layout.with_ep(ep)?;
     let dp = c.layout.dp;
     if !global_batch.is_multiple_of(dp) {
         return Err(invalid!(

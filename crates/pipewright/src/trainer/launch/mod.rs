@@ -200,7 +200,7 @@ impl Launch {
         let signals = Signals::watch()?;
         for attempt in 0..=self.max_restarts {
             let world = self.slots.count()?;
-            let beats = self.run_dir.join(".heartbeat");
+            let beats = self.run_dir.join(crate::dist::HEARTBEAT_DIR);
             let _ = std::fs::remove_dir_all(&beats);
             std::fs::create_dir_all(&beats).map_err(|e| Error::io("cannot create", &beats, e))?;
             let mut cmd = self.mpirun(world, attempt, &beats, &port);
@@ -321,7 +321,7 @@ fn record(dir: &Path, attempts: &[Attempt]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
     let text = serde_json::to_string_pretty(&serde_json::json!({ "attempts": attempts }))
         .map_err(|e| invalid!("{e}"))?;
-    crate::runtime::files::write_atomic(&dir.join("launch.json"), text.as_bytes())
+    crate::runtime::files::write_atomic(&dir.join(crate::dist::LAUNCH_RECORD), text.as_bytes())
 }
 
 /// What a launched rank runs first (`pipewright rank-env -- PROGRAM ARGS`): sets torchrun's
