@@ -119,6 +119,7 @@ const UNUSED_BY_PROFILE: &[&str] = &[
     "tp",
     "dp",
     "cp",
+    "ep",
     "sequence_parallel",
     "schedule",
     "schedule_file",

@@ -228,4 +228,52 @@ fn runs_that_cannot_train_say_so() {
     let mut cnn: Vec<String> = cnn.into_iter().map(String::from).collect();
     cnn.push(dir.join("cnn").to_str().unwrap().into());
     check(cnn, "--model cnn trains in f32 only");
+    // profile times layers, not a layout: --ep is refused by name (it asked for a divisor of
+    // --dp, which profile does not take).
+    let out = dir.join("p.json").to_str().unwrap().to_string();
+    let profile = [
+        "profile",
+        "--model",
+        "llama",
+        "--n-experts",
+        "4",
+        "--ep",
+        "2",
+        "--out",
+    ];
+    let mut profile: Vec<String> = profile.into_iter().map(String::from).collect();
+    profile.push(out);
+    check(profile, "drop --ep");
+}
+
+#[test]
+fn a_mixture_no_hugging_face_format_holds_is_advised_safetensors() {
+    let dir = tmp("hostile-export");
+    let out = dir.join("moe");
+    let a = tiny(
+        &dir,
+        "moe",
+        &[
+            "--model",
+            "llama",
+            "--n-experts",
+            "4",
+            "--shared-experts",
+            "1",
+            "--steps",
+            "2",
+            "--checkpoint-every",
+            "2",
+        ],
+    );
+    let o = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", text(&o));
+    let ck = out.join("checkpoints");
+    for format in ["hf-qwen3-moe", "hf-mixtral"] {
+        let to = dir.join(format);
+        let args = ["ckpt", "export", ck.to_str().unwrap(), "--format", format, "--out"];
+        let mut args: Vec<String> = args.into_iter().map(String::from).collect();
+        args.push(to.to_str().unwrap().into());
+        check(args, "safetensors");
+    }
 }
