@@ -271,7 +271,14 @@ fn a_mixture_no_hugging_face_format_holds_is_advised_safetensors() {
     let ck = out.join("checkpoints");
     for format in ["hf-qwen3-moe", "hf-mixtral"] {
         let to = dir.join(format);
-        let args = ["ckpt", "export", ck.to_str().unwrap(), "--format", format, "--out"];
+        let args = [
+            "ckpt",
+            "export",
+            ck.to_str().unwrap(),
+            "--format",
+            format,
+            "--out",
+        ];
         let mut args: Vec<String> = args.into_iter().map(String::from).collect();
         args.push(to.to_str().unwrap().into());
         check(args, "safetensors");

@@ -162,6 +162,24 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
     Ok(())
 }
 
+/// Says on stderr how `trainer` morphed `spec`'s layout for a restart's world (the planner's
+/// reason, on the machines of `hardware`); whether it did.
+fn say_morph(trainer: &Trainer, spec: &RunSpec, hardware: &str) -> bool {
+    let Some(m) = trainer.morphed() else {
+        return false;
+    };
+    let why = match m.step_s {
+        Some(_) => format!("{} on {hardware}", m.why),
+        None => m.why.clone(),
+    };
+    let (from, to) = (spec.train.layout, m.layout);
+    eprintln!(
+        "pipewright train: morphing from {from} to {to} for a world of {} ({why})",
+        to.world()
+    );
+    true
+}
+
 /// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model
 /// stage, as summary.json records it (the balance itself counts segments between cut points
 /// where the model has them, said beside).
@@ -246,6 +264,11 @@ impl Setup {
         });
         let target = Context::resume_target(a.resume.as_deref(), &checkpoints)?;
         let (mut spec, task) = a.spec()?;
+        // What params.json and TensorBoard record of the flags names the schedule that runs: a
+        // schedule file's, not --schedule's default (which the file replaces).
+        if let Some(f) = &a.schedule_file {
+            a.schedule = format!("file {}", f.display());
+        }
         if let Some(ck) = &target {
             check_resume(&a, &spec, ck)?;
         }
@@ -277,16 +300,7 @@ impl Setup {
             )
         };
         let trainer = Trainer::from_env(run)?;
-        if let Some(m) = trainer.morphed() {
-            let why = match m.step_s {
-                Some(_) => format!("{} on {}", m.why, a.hardware),
-                None => m.why.clone(),
-            };
-            let (from, to) = (spec.train.layout, m.layout);
-            eprintln!(
-                "pipewright train: morphing from {from} to {to} for a world of {} ({why})",
-                to.world()
-            );
+        if say_morph(&trainer, &spec, &a.hardware) {
             spec.train = trainer.spec().clone();
         }
         if env.rank == 0 {

@@ -71,15 +71,52 @@ fn transient(c: &LayerCost, rows: f64) -> Option<Transient> {
     })
 }
 
-/// The least-squares lines of `field` of layer `i` over `runs` (one per size).
+/// The least-squares lines of `field` of layer `i` over `runs` (one per size). A timing far
+/// off the line (a busy spell of the machine) is said on stderr: planned from, one such point
+/// made predictions 16-30 times too slow.
 fn fit(sizes: &[usize], runs: &[Vec<LayerCost>], i: usize, field: fn(&LayerCost) -> f64) -> Fit {
     let points: Vec<(f64, f64)> = sizes
         .iter()
         .zip(runs)
         .map(|(&rows, r)| (rows as f64, field(&r[i])))
         .collect();
-    Fit::through(&points)
+    let line = Fit::through(&points);
+    if let Some((ratio, rows)) = off_line(&points) {
+        let name = runs.first().map_or("?", |r| r[i].name.as_str());
+        eprintln!(
+            "note: profile: layer `{name}` timed {ratio:.1}x off the line through its other \
+             sizes at {rows} rows: the machine was busy while it measured; profile again on a \
+             quiet machine before planning from it"
+        );
+    }
+    line
 }
+
+/// The point of `points` (rows, seconds) farthest off the line through the others, as
+/// (ratio, rows), when it is more than [`NOISY`] times off and there are points enough to
+/// tell (three or more). Points under 10 microseconds are left out: such a layer is too cheap
+/// to time either way.
+fn off_line(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    if points.len() < 3 {
+        return None;
+    }
+    let worst = (0..points.len())
+        .filter(|&j| points[j].1 >= 1e-5)
+        .map(|j| {
+            let others: Vec<(f64, f64)> = (0..points.len())
+                .filter(|&k| k != j)
+                .map(|k| points[k])
+                .collect();
+            let (rows, t) = points[j];
+            let on = Fit::through(&others).at(rows as usize).max(1e-9);
+            ((t / on).max(on / t.max(1e-9)), rows)
+        })
+        .fold((1.0, 0.0), |w, x| if x.0 > w.0 { x } else { w });
+    (worst.0 > NOISY).then_some(worst)
+}
+
+/// How far (as a ratio) a timing may lie off its layer's line before it is said to be noise.
+const NOISY: f64 = 3.0;
 
 /// The share of layer `i`'s forward and backward time over `runs` (one per size) that its
 /// thread computed, where the CPU clock was read: the rest it waited in its collectives.
@@ -307,4 +344,22 @@ pub fn measure(
         crowded_efficiency: crowded,
         action_overhead,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::off_line;
+
+    #[test]
+    fn a_timing_far_off_its_layers_line_is_found() {
+        let clean: Vec<(f64, f64)> = [1.0, 2.0, 4.0, 8.0]
+            .iter()
+            .map(|&r| (r, 1e-3 + 2e-4 * r))
+            .collect();
+        assert_eq!(off_line(&clean), None);
+        let mut busy = clean.clone();
+        busy[1].1 *= 30.0;
+        let (ratio, rows) = off_line(&busy).unwrap();
+        assert!(ratio > 3.0 && rows == 2.0, "{ratio} at {rows}");
+    }
 }
