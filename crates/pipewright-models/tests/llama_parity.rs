@@ -188,6 +188,11 @@ fn serial() -> SerialResult {
 /// of 2, with sequence parallelism when `sp`: losses, norms, each step's gradients, the
 /// parameters.
 fn parallel(layout: Layout, sp: bool) -> Vec<RankResult> {
+    perturbed(layout, sp, None)
+}
+
+/// [`parallel`] with the deliberate error `perturb` (see `ParityRun::perturb`).
+fn perturbed(layout: Layout, sp: bool, perturb: Option<(String, f64)>) -> Vec<RankResult> {
     let model = llama(config(&fixture())).unwrap();
     let opts = VarunaOptions::of(TrainSpec {
         seed: 3,
@@ -199,7 +204,7 @@ fn parallel(layout: Layout, sp: bool) -> Vec<RankResult> {
     local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
         v.set_optimizer(|p| Update::Sgd.make(p))?;
-        let log = watch(&mut v, None);
+        let log = watch(&mut v, perturb.clone());
         let loader =
             DistributedLoader::new(make, GLOBAL, v.coords().dp_rank, layout.dp, Device::Cpu)?;
         let steps = (0..STEPS)
@@ -251,5 +256,20 @@ fn every_layout_trains_as_the_serial_trainer() {
                  {g:e} at {at})"
             );
         }
+    }
+}
+
+#[test]
+fn a_one_percent_error_in_the_final_norms_gradient_is_caught_on_every_family() {
+    let want = serial();
+    for (pp, tp, cp, dp) in [(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)] {
+        let layout = Layout::new(pp, tp, dp).unwrap().with_cp(cp).unwrap();
+        let error = Some(("model.norm.weight".to_string(), 1.01));
+        let caught: Vec<(f64, String)> = perturbed(layout, false, error)
+            .iter()
+            .map(|got| worst_gradient(got, &want).unwrap())
+            .filter(|(d, at)| *d > 1e-3 && at.contains("model.norm.weight"))
+            .collect();
+        assert!(!caught.is_empty(), "{layout}: the error went unseen");
     }
 }
