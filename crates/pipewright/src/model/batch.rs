@@ -214,17 +214,16 @@ pub fn split(t: &Tensor, chunks: usize) -> Result<Vec<Tensor>> {
         .collect()
 }
 
-/// The host copies on a GPU (the `cuda` build's library tests; without a GPU they say so and
-/// pass): kept by `to_device`, split with the batch, dropped by a replacement.
+/// The host copies on a GPU (the `cuda` build's library tests; without a GPU they fail
+/// unless told to skip): kept by `to_device`, split with the batch, dropped by a replacement.
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests {
     use super::*;
 
     #[test]
     fn a_batch_on_a_gpu_keeps_its_host_tensors_split_alike() {
-        let gpu = match Device::new_cuda(0) {
-            Ok(d) => d,
-            Err(e) => return eprintln!("no GPU here ({e}): host copies not checked"),
+        let Some(gpu) = crate::runtime::device::test_gpu() else {
+            return;
         };
         let x = Tensor::arange(0u32, 12, &Device::Cpu)
             .unwrap()

@@ -168,6 +168,24 @@ fn gpu(name: &str, index: Option<usize>, ordinal: usize) -> Result<Device> {
     Ok(d)
 }
 
+/// The GPU the `cuda` build's tests run on. A GPU test that finds none fails (it used to
+/// pass having compared nothing), unless `PIPEWRIGHT_SKIP_GPU_TESTS=1` says to skip it: then
+/// it says so and the test returns.
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) fn test_gpu() -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("PIPEWRIGHT_SKIP_GPU_TESTS").is_ok_and(|v| v == "1") => {
+            eprintln!("no GPU here ({e}): skipped (PIPEWRIGHT_SKIP_GPU_TESTS=1)");
+            None
+        }
+        Err(e) => panic!(
+            "no GPU here ({e}): a GPU test cannot pass without one; run it on a GPU machine \
+             (tools/gpu-checks.sh kernels), or set PIPEWRIGHT_SKIP_GPU_TESTS=1 to skip it"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{device, gpu_peak_bytes, in_host_memory};

@@ -1,7 +1,8 @@
 //! The CUDA kernels against their CPU twins (the same ops' `cpu_fwd`), forward and backward,
 //! in f32, bf16 and f16, odd sizes included, and empty ones in f32. Run on a GPU machine: the `cuda` build's
 //! library tests, `kernels::gpu_tests` (tools/gpu-checks.sh `kernels`); on a machine without a
-//! GPU they say so and pass, since CI has none.
+//! GPU they fail, unless `PIPEWRIGHT_SKIP_GPU_TESTS=1` says to skip them (CI only lints the
+//! `cuda` build).
 //!
 //! Tolerances, largest difference over the largest reference value: f32 1e-5 (the kernels add
 //! in other orders than the CPU's); bf16 and f16 four of the type's rounding steps (both sides
@@ -18,15 +19,10 @@ use crate::model::WeightLayout;
 
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
-/// The GPU, or None (saying so) on a machine without one.
+/// The GPU ([`crate::runtime::device::test_gpu`]: without one a test fails, unless told to
+/// skip).
 pub(super) fn gpu() -> Option<Device> {
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("no GPU here ({e}): the CUDA kernels are not compared");
-            None
-        }
-    }
+    crate::runtime::device::test_gpu()
 }
 
 fn rand(seed: u64, shape: &[usize], scale: f32) -> Tensor {
