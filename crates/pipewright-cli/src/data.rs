@@ -128,49 +128,18 @@ pub fn run(c: DataCommand) -> Result<()> {
 }
 
 fn windows(a: &WindowsArgs) -> Result<()> {
-    // A listing is held whole before it is written: past 16 Mi windows (about 150 MB of CSV)
-    // it is refused before anything is allocated.
-    const MAX_WINDOWS: u64 = 1 << 24;
-    let windows = a.steps.saturating_mul(a.batch_size as u64);
-    if windows > MAX_WINDOWS {
-        return Err(invalid!(
-            "--steps {} x --batch-size {} lists {windows} windows, more than the {MAX_WINDOWS} \
-             one listing holds: list fewer steps (a step's windows do not depend on the steps \
-             listed before it)",
-            a.steps,
-            a.batch_size
-        ));
-    }
-    pipewright::runtime::files::ensure_new(&a.out, "--out")?;
-    // A blend (`0.7:A,0.3:B`, as train's --data) lists each row as SOURCE:WINDOW.
-    enum Data {
-        One(Box<pipewright::data::TokenDataset>),
-        Blend(pipewright::data::Blend),
-    }
+    // A blend (`0.7:A,0.3:B`, as train's --data) lists each row as SOURCE:WINDOW; one
+    // directory is a blend of one, which reads what it reads alone.
     let blend = pipewright_models::flags::blend_of(&a.data)?;
-    let data = match blend.is_empty() {
-        true => Data::One(Box::new(pipewright::data::TokenDataset::open(
-            &a.data, None,
-        )?)),
-        false => Data::Blend(pipewright::data::Blend::open(&blend)?),
+    let sources = !blend.is_empty();
+    let parts = if sources {
+        blend
+    } else {
+        vec![(1.0, a.data.clone())]
     };
-    let (rows, block, seed) = (a.batch_size, a.block_size, a.seed);
-    let mut csv = String::from("step,windows\n");
-    for step in 0..a.steps {
-        let listed: Vec<String> = match &data {
-            Data::One(d) => d
-                .rows(step, rows, block, seed)?
-                .iter()
-                .map(u64::to_string)
-                .collect(),
-            Data::Blend(b) => b
-                .rows(step, rows, block, seed)?
-                .iter()
-                .map(|(s, w)| format!("{s}:{w}"))
-                .collect(),
-        };
-        csv.push_str(&format!("{},{}\n", step + 1, listed.join(" ")));
-    }
+    pipewright::runtime::files::ensure_new(&a.out, "--out")?;
+    let run = (a.steps, a.batch_size, a.block_size, a.seed);
+    let csv = pipewright::data::blend::windows_csv(&parts, run, sources)?;
     pipewright::runtime::files::write_atomic(&a.out, csv.as_bytes())?;
     pipewright::say!(
         "wrote {}: {} steps of {} windows of {} ids from `{}` (seed {})",

@@ -45,14 +45,7 @@ pub struct ProfileArgs {
 }
 
 pub fn run(p: ProfileArgs) -> Result<()> {
-    // A layer profile holds every expert (the planner splits them over ep), so an expert
-    // split is no profile's: said here, not as a layout's "divisor of dp" (profile has none).
-    if p.train.ep != 1 {
-        return Err(invalid!(
-            "profile times the model's layers with all their experts, whatever the layout: \
-             drop --ep (`plan` searches expert parallelism from the profile)"
-        ));
-    }
+    p.train.check_profiled()?;
     // The file is replaceable before anything is measured (only a file of its kind is).
     let (default, what) = match p.gemm {
         true => ("hardware.json", "a hardware description"),

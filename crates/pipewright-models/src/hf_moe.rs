@@ -98,24 +98,37 @@ pub(crate) fn qwen3_moe(
     })
 }
 
-/// Makes `c` (a `LlamaForCausalLM`'s `config.json` for `cfg`) the config of the model whose
-/// names the mixture `m` takes: a `MixtralForCausalLM` or a `Qwen3MoeForCausalLM`; an error
-/// for a mixture neither describes.
+/// The Hugging Face model that describes the mixture `m` of the Llama `cfg`: Mixtral's (a
+/// mixture in every block, renormalised top k, no per-head norms) or Qwen3-MoE's (per-head
+/// query/key norms), by the names the mixture takes; none with shared experts.
+pub(crate) fn hf_form(cfg: &LlamaConfig, m: &MoeConfig) -> Option<MoeNames> {
+    match m.names {
+        _ if m.shared > 0 => None,
+        MoeNames::Mixtral
+            if m.every == 1 && m.norm_topk && !cfg.qk_norm && cfg.head_dim.is_none() =>
+        {
+            Some(MoeNames::Mixtral)
+        }
+        MoeNames::Qwen3Moe if cfg.qk_norm => Some(MoeNames::Qwen3Moe),
+        _ => None,
+    }
+}
+
+/// Makes `c` (a `LlamaForCausalLM`'s `config.json` for `cfg`) the config of the model that
+/// describes the mixture `m` ([`hf_form`]): a `MixtralForCausalLM` or a
+/// `Qwen3MoeForCausalLM`; an error for a mixture neither describes.
 pub(crate) fn write_config(
     c: &mut serde_json::Value,
     cfg: &LlamaConfig,
     m: &MoeConfig,
 ) -> Result<()> {
-    let none = || {
+    let form = hf_form(cfg, m).ok_or_else(|| {
         invalid!(
             "this mixture of experts has no Hugging Face form (Mixtral: a mixture in every block, \
              renormalised top k; Qwen3-MoE: per-head query/key norms; neither with shared \
              experts): export it as safetensors"
         )
-    };
-    if m.shared > 0 {
-        return Err(none());
-    }
+    })?;
     let o = c.as_object_mut().expect("an object");
     for k in ["attention_bias", "mlp_bias", "head_dim"] {
         o.remove(k);
@@ -123,10 +136,8 @@ pub(crate) fn write_config(
     o.insert("num_experts_per_tok".into(), m.top_k.into());
     o.insert("router_aux_loss_coef".into(), m.aux_coef.into());
     o.insert("sliding_window".into(), serde_json::Value::Null);
-    match m.names {
-        MoeNames::Mixtral
-            if m.every == 1 && m.norm_topk && !cfg.qk_norm && cfg.head_dim.is_none() =>
-        {
+    match form {
+        MoeNames::Mixtral => {
             o.insert(
                 "architectures".into(),
                 serde_json::json!(["MixtralForCausalLM"]),
@@ -136,7 +147,7 @@ pub(crate) fn write_config(
             o.insert("num_local_experts".into(), m.n_experts.into());
             o.insert("router_jitter_noise".into(), 0.0.into());
         }
-        MoeNames::Qwen3Moe if cfg.qk_norm => {
+        MoeNames::Qwen3Moe => {
             o.insert(
                 "architectures".into(),
                 serde_json::json!(["Qwen3MoeForCausalLM"]),
@@ -152,7 +163,6 @@ pub(crate) fn write_config(
             o.insert("decoder_sparse_step".into(), m.every.into());
             o.insert("mlp_only_layers".into(), serde_json::json!([]));
         }
-        _ => return Err(none()),
     }
     Ok(())
 }

@@ -204,19 +204,9 @@ impl ParityRun {
         let task = Adder::new(self.digits, 0)?;
         let stage = gpt(self.gpt)?.build(&Build::cpu(self.seed))?;
         let opt = self.update.make(stage.params())?;
-        let mut t = SerialTrainer::new(
-            stage,
-            opt,
-            TrainOptions {
-                seed: self.seed,
-                micro_batches: self.global_batch / self.micro_batch,
-                clip: Some(self.clip),
-                lr: LrSchedule::Constant { lr: self.lr },
-                tied: tied(),
-                deferred_batch_norm: false,
-                loss: std::sync::Arc::new(CrossEntropy::default()),
-            },
-        )?;
+        let opts = self.options(Layout::serial());
+        let options = TrainOptions::of(&opts.spec, tied(), opts.loss);
+        let mut t = SerialTrainer::new(stage, opt, options)?;
         let (mut steps, mut grads) = (Vec::new(), Vec::new());
         for s in 0..self.steps {
             let (x, y) = task.batch(s, self.global_batch)?;
@@ -400,19 +390,8 @@ pub fn serial_losses(spec: &crate::RunSpec) -> Result<Vec<f64>> {
     let stage = spec.model.build()?.build(&Build::cpu(t.seed))?;
     let tied = spec.model.tied();
     let opt = t.optimizer(stage.params(), &tied)?;
-    let mut trainer = SerialTrainer::new(
-        stage,
-        opt,
-        TrainOptions {
-            seed: t.seed,
-            micro_batches: t.global_batch / t.micro_batch,
-            clip: t.clip,
-            lr: t.lr,
-            tied,
-            deferred_batch_norm: t.deferred_batch_norm,
-            loss: std::sync::Arc::new(CrossEntropy::default()),
-        },
-    )?;
+    let options = TrainOptions::of(t, tied, std::sync::Arc::new(CrossEntropy::default()));
+    let mut trainer = SerialTrainer::new(stage, opt, options)?;
     (0..t.cadence.steps)
         .map(|s| {
             let (x, y) = task.batch(s, t.global_batch)?;

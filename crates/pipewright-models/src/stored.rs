@@ -136,10 +136,12 @@ pub fn export_hf(r: &Reader, arch: HfArch, out: &Path) -> Result<usize> {
         ModelConfig::Llama { llama, .. } => llama.moe.map(|m| m.names),
         _ => None,
     };
-    // Shared experts, or mixtures in some blocks only, are in neither Mixtral's form nor
-    // Qwen3-MoE's: no Hugging Face format is advised for them (both would refuse).
+    // A mixture neither Mixtral's form nor Qwen3-MoE's describes (shared experts, say) is
+    // advised no Hugging Face format: each would refuse it.
     let no_hf_form = match &spec.model {
-        ModelConfig::Llama { llama, .. } => llama.moe.is_some_and(|m| m.shared > 0 || m.every != 1),
+        ModelConfig::Llama { llama, .. } => llama
+            .moe
+            .is_some_and(|m| crate::hf_moe::hf_form(llama, &m).is_none()),
         _ => false,
     };
     let fits = match arch {
@@ -151,8 +153,8 @@ pub fn export_hf(r: &Reader, arch: HfArch, out: &Path) -> Result<usize> {
     if !fits {
         let holds = match spec.model {
             ModelConfig::Llama { .. } if no_hf_form => {
-                "a mixture of experts with shared experts or mixtures in some blocks only, which \
-                 no Hugging Face format holds: export it with --format safetensors"
+                "a mixture of experts no Hugging Face format holds (shared experts, or mixtures \
+                 that are neither Mixtral's nor Qwen3-MoE's): export it with --format safetensors"
             }
             ModelConfig::Gpt { .. } => "a GPT-2: export it with --format hf-gpt2",
             ModelConfig::Llama { .. } if names == Some(MoeNames::Qwen3Moe) => {

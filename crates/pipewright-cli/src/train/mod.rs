@@ -162,24 +162,6 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
     Ok(())
 }
 
-/// Says on stderr how `trainer` morphed `spec`'s layout for a restart's world (the planner's
-/// reason, on the machines of `hardware`); whether it did.
-fn say_morph(trainer: &Trainer, spec: &RunSpec, hardware: &str) -> bool {
-    let Some(m) = trainer.morphed() else {
-        return false;
-    };
-    let why = match m.step_s {
-        Some(_) => format!("{} on {hardware}", m.why),
-        None => m.why.clone(),
-    };
-    let (from, to) = (spec.train.layout, m.layout);
-    eprintln!(
-        "pipewright train: morphing from {from} to {to} for a world of {} ({why})",
-        to.world()
-    );
-    true
-}
-
 /// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model
 /// stage, as summary.json records it (the balance itself counts segments between cut points
 /// where the model has them, said beside).
@@ -193,17 +175,8 @@ fn say_balance(spec: &RunSpec, resolved: &Option<Balance>) -> Result<()> {
         return Ok(());
     };
     let model = pipewright::trainer::model_spec::ModelSpec::build(&spec.model)?;
-    let ranges = pipewright::parallel::pipeline::partition::partition(&model, b.len(), Some(b))?;
-    let layers: Vec<String> = ranges.iter().map(|r| r.len().to_string()).collect();
-    let units: Vec<String> = b.iter().map(|n| n.to_string()).collect();
-    let segments = match model.cut_points().is_empty() {
-        true => String::new(),
-        false => format!(" ({} segments between cut points)", units.join(",")),
-    };
-    pipewright::say!(
-        "balance by {by}: {} layers per model stage{segments}",
-        layers.join(",")
-    );
+    let said = pipewright::parallel::pipeline::partition::describe_balance(&model, b)?;
+    pipewright::say!("balance by {by}: {said}");
     Ok(())
 }
 
@@ -300,7 +273,9 @@ impl Setup {
             )
         };
         let trainer = Trainer::from_env(run)?;
-        if say_morph(&trainer, &spec, &a.hardware) {
+        if let Some(m) = trainer.morphed() {
+            let line = m.describe(spec.train.layout, &a.hardware);
+            eprintln!("pipewright train: {line}");
             spec.train = trainer.spec().clone();
         }
         if env.rank == 0 {

@@ -215,34 +215,10 @@ pub fn train_loop(
         TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
         TaskShape::Images { .. } => (a.batch_size, "samples"),
     };
-    let (l, t) = (run.spec.train.layout, &run.spec.train);
-    let mut layout = String::new();
-    if l.pp > 1 {
-        // A schedule file replaces --schedule: its name is the file's, never the default's.
-        let schedule = match &a.schedule_file {
-            Some(f) if t.custom_schedule.is_some() => format!("schedule {}", f.display()),
-            _ => format!("{} virtual={}", t.schedule, t.virtual_stages),
-        };
-        layout += &format!(", pipeline pp={} {schedule}", l.pp);
-    }
-    if l.tp > 1 {
-        layout += &format!(", tensor-parallel tp={}", l.tp);
-        if t.sequence_parallel {
-            layout += " with sequence parallelism";
-        }
-    }
-    if l.cp > 1 {
-        layout += &format!(", context-parallel cp={}", l.cp);
-    }
-    if l.dp > 1 {
-        layout += &format!(", data-parallel dp={}", l.dp);
-        if t.zero != pipewright::parallel::zero::Zero::Off {
-            layout += &format!(" ZeRO-{}", t.zero.number());
-        }
-    }
-    if l.ep > 1 {
-        layout += &format!(", expert-parallel ep={}", l.ep);
-    }
+    let layout = run
+        .spec
+        .train
+        .describe_parallelism(a.schedule_file.as_deref());
     if let Some(dir) = dir {
         pipewright::say!(
             "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in micro-batches of {}{layout} -> {}",

@@ -183,6 +183,19 @@ impl TrainArgs {
         })
     }
 
+    /// Fails on flags that `profile` cannot take: it times the model's layers with all their
+    /// experts, whatever the layout, so `--ep` is refused by name (a layout's check asked for
+    /// a divisor of `--dp`, which `profile` does not take).
+    pub fn check_profiled(&self) -> Result<()> {
+        if self.ep != 1 {
+            return Err(invalid!(
+                "profile times the model's layers with all their experts, whatever the layout: \
+                 drop --ep (`plan` searches expert parallelism from the profile)"
+            ));
+        }
+        Ok(())
+    }
+
     /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
     /// `--chunks` micro-batches each.
     pub fn micro_batch(&self) -> Result<usize> {

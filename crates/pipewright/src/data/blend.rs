@@ -146,3 +146,38 @@ impl Blend {
         pair_tensors(&windows, block)
     }
 }
+
+/// The CSV `pipewright data windows` writes for the datasets `parts` (weight, directory): a
+/// row per step of `steps` (counted from 1, as `scalars.csv` counts) and its `rows` rows'
+/// window indices, each `SOURCE:WINDOW` when `sources` (a blend) else the window alone (one
+/// dataset is a blend of one, which reads what it reads alone). Past 16 Mi windows (about 150
+/// MB of text, held whole) it is refused before the datasets are opened.
+pub fn windows_csv(
+    parts: &[(f64, PathBuf)],
+    (steps, rows, block, seed): (u64, usize, usize, u64),
+    sources: bool,
+) -> Result<String> {
+    const MAX_WINDOWS: u64 = 1 << 24;
+    let windows = steps.saturating_mul(rows as u64);
+    if windows > MAX_WINDOWS {
+        return Err(invalid!(
+            "--steps {steps} x --batch-size {rows} lists {windows} windows, more than the \
+             {MAX_WINDOWS} one listing holds: list fewer steps (a step's windows do not depend \
+             on the steps listed before it)"
+        ));
+    }
+    let data = Blend::open(parts)?;
+    let mut csv = String::from("step,windows\n");
+    for step in 0..steps {
+        let listed: Vec<String> = data
+            .rows(step, rows, block, seed)?
+            .iter()
+            .map(|(s, w)| match sources {
+                true => format!("{s}:{w}"),
+                false => w.to_string(),
+            })
+            .collect();
+        csv.push_str(&format!("{},{}\n", step + 1, listed.join(" ")));
+    }
+    Ok(csv)
+}

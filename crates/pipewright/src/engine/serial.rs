@@ -44,6 +44,27 @@ pub struct TrainOptions {
     pub loss: SharedLoss,
 }
 
+impl TrainOptions {
+    /// The serial trainer's options for the run `spec` describes (whatever its layout): its
+    /// seed, every micro-batch of the global batch, clipping, learning rate and deferred batch
+    /// norm, with the tied pairs `tied` and the objective `loss`.
+    pub fn of(
+        spec: &crate::engine::spec::TrainSpec,
+        tied: Vec<(String, String)>,
+        loss: SharedLoss,
+    ) -> Self {
+        Self {
+            seed: spec.seed,
+            micro_batches: spec.global_batch / spec.micro_batch.max(1),
+            clip: spec.clip,
+            lr: spec.lr,
+            tied,
+            deferred_batch_norm: spec.deferred_batch_norm,
+            loss,
+        }
+    }
+}
+
 /// What one optimizer step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepReport {

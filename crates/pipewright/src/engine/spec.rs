@@ -150,6 +150,39 @@ impl TrainSpec {
         Ok(s)
     }
 
+    /// How the run is split, as a console line's tail (empty for one rank): `, pipeline pp=2
+    /// 1f1b virtual=1, tensor-parallel tp=2 with sequence parallelism, data-parallel dp=2
+    /// ZeRO-2, ...`; a given schedule is named by `schedule_file`, where it was read from.
+    pub fn describe_parallelism(&self, schedule_file: Option<&std::path::Path>) -> String {
+        let (l, mut out) = (self.layout, String::new());
+        if l.pp > 1 {
+            let schedule = match schedule_file {
+                Some(f) if self.custom_schedule.is_some() => format!("schedule {}", f.display()),
+                _ => format!("{} virtual={}", self.schedule, self.virtual_stages),
+            };
+            out += &format!(", pipeline pp={} {schedule}", l.pp);
+        }
+        if l.tp > 1 {
+            out += &format!(", tensor-parallel tp={}", l.tp);
+            if self.sequence_parallel {
+                out += " with sequence parallelism";
+            }
+        }
+        if l.cp > 1 {
+            out += &format!(", context-parallel cp={}", l.cp);
+        }
+        if l.dp > 1 {
+            out += &format!(", data-parallel dp={}", l.dp);
+            if self.zero != Zero::Off {
+                out += &format!(" ZeRO-{}", self.zero.number());
+            }
+        }
+        if l.ep > 1 {
+            out += &format!(", expert-parallel ep={}", l.ep);
+        }
+        out
+    }
+
     /// Fails on a spec that cannot run whatever the model: a batch that does not split into
     /// the replicas' micro-batches, a negative clip, a cadence without periods.
     pub fn validate(&self) -> Result<()> {

@@ -190,9 +190,7 @@ impl Context {
         if self.is_master() {
             self.checkpoint_lock = Some(super::RunLock::acquire(dir)?);
             let me = super::owner::claim_run_dir(&self.dir)?;
-            let goes_on = self.params.string("checkpoint")?.is_some()
-                || crate::dist::Env::from_env().restart > 0;
-            super::owner::claim_checkpoint_dir(dir, &me, goes_on)?;
+            super::owner::claim_checkpoint_dir(dir, &me, self.params.goes_on()?)?;
         }
         self.checkpoint_dir = dir.to_path_buf();
         Ok(())

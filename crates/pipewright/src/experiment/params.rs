@@ -204,6 +204,13 @@ impl Params {
         Ok(self.value(name)?.as_str().map(str::to_string))
     }
 
+    /// Whether the run these parameters start goes on from a checkpoint: `checkpoint` given
+    /// (a resume), or a launcher's restarted attempt. Such a run reopens its run directory and
+    /// its checkpoint directory instead of making them.
+    pub fn goes_on(&self) -> Result<bool> {
+        Ok(self.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0)
+    }
+
     /// Changes a declared parameter's value (a resumed run taking what its run directory
     /// recorded for a flag the command line left at its default).
     pub fn set(&mut self, name: &str, value: Value) -> Result<()> {

@@ -299,8 +299,7 @@ where
             Some(d) => PathBuf::from(d),
             None => self.stamped_dir(params)?,
         };
-        let goes_on =
-            params.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0;
+        let goes_on = params.goes_on()?;
         if let Some((inside, what)) = crate::runtime::files::inside_other(&dir, false) {
             return Err(invalid!(
                 "the run directory `{}` is inside `{}`, {what}: give the run a directory of its \

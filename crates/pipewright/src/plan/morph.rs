@@ -62,6 +62,22 @@ pub struct Morph {
     pub why: String,
 }
 
+impl Morph {
+    /// The log's line for a morph from `from` (the planner's reasons name the machines of
+    /// `hardware` when it chose): `morphing from pp=2 tp=2 dp=1 to ... for a world of 2 (...)`.
+    pub fn describe(&self, from: Layout, hardware: &str) -> String {
+        let why = match self.step_s {
+            Some(_) => format!("{} on {hardware}", self.why),
+            None => self.why.clone(),
+        };
+        format!(
+            "morphing from {from} to {} for a world of {} ({why})",
+            self.layout,
+            self.layout.world()
+        )
+    }
+}
+
 /// Every layout of `req.world` that `model` and the run's batch, micro-batch and schedule
 /// fit, nearest to `req.from` first.
 pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {

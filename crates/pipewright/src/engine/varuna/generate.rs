@@ -136,33 +136,19 @@ impl Varuna {
             ));
         }
         let mut rng = crate::model::init::rng_for(s.seed, "generate");
-        // Rotary positions go on: the whole context is kept (a cache of every token).
-        let window = if s.extends {
-            usize::MAX
-        } else {
-            s.block_size.max(1)
-        };
-        let cache = s.use_cache.then(|| match s.extends {
-            true => KvCache::new(),
-            false => KvCache::with_capacity(window),
-        });
+        // The whole context fits the positions (learned ones were checked above; rotary ones go
+        // on): nothing is ever cropped.
+        let cache = s.use_cache.then(KvCache::new);
         let mut ids = prompt.to_vec();
-        for _ in 0..s.max_new_tokens {
+        for drawn in 0..s.max_new_tokens {
+            // The prompt first; then, with a cache, the last token drawn follows the cached
+            // ones, and without one the whole context runs again.
             let fresh = match &cache {
-                // The last token drawn follows the cached ones.
-                Some(c) if c.past() > 0 && c.past() < window => &ids[ids.len() - 1..],
-                _ => {
-                    if let Some(c) = &cache {
-                        c.clear();
-                    }
-                    &ids[ids.len().saturating_sub(window)..]
-                }
+                Some(c) if c.past() > 0 => &ids[ids.len() - 1..],
+                _ => &ids[..],
             };
             let logits = self.predict_tokens(fresh, cache.as_ref())?;
-            if let Some(c) = cache
-                .as_ref()
-                .filter(|c| s.extends && c.past() == fresh.len())
-            {
+            if let Some(c) = cache.as_ref().filter(|c| c.past() == fresh.len()) {
                 // Once the prompt is cached, its size per token says what the whole will hold.
                 let per_token = c.bytes() as f64 / c.past().max(1) as f64;
                 crate::runtime::memory::check_fits(
@@ -177,16 +163,16 @@ impl Varuna {
                     "the model's logits after {} tokens are not finite (NaN or infinity): its \
                      weights are, or overflow; check the checkpoint or the weights given to \
                      --init-from (a run that diverged saves such weights)",
-                    ids.len()
+                    prompt.len() + drawn
                 )));
             }
             let id = pick(&last, s, &mut rng);
-            ids.push(id);
             each(id);
-            if ids.len() >= window.saturating_mul(2) {
-                // Only the last window's tokens are ever read again.
-                ids.drain(..ids.len() - window);
+            if cache.is_some() {
+                // The cache holds the rest: only the last token is read again.
+                ids.clear();
             }
+            ids.push(id);
         }
         Ok(())
     }

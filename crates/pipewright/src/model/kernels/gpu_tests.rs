@@ -19,11 +19,8 @@ use crate::model::WeightLayout;
 
 type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
-/// The GPU ([`crate::runtime::device::test_gpu`]: without one a test fails, unless told to
-/// skip).
-pub(super) fn gpu() -> Option<Device> {
-    crate::runtime::device::test_gpu()
-}
+/// The GPU (without one a test fails, unless told to skip).
+pub(super) use crate::runtime::device::test_gpu as gpu;
 
 fn rand(seed: u64, shape: &[usize], scale: f32) -> Tensor {
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);

@@ -29,6 +29,23 @@ pub fn uniform_balance(units: usize, stages: usize) -> Result<Vec<usize>> {
         .collect())
 }
 
+/// `balance` (units per stage) as a run says it: layers per model stage (what a summary
+/// records), with the segments between cut points beside where the model has them
+/// (`2,3 layers per model stage (2,2 segments between cut points)`).
+pub fn describe_balance(model: &Sequential, balance: &[usize]) -> Result<String> {
+    let list =
+        |v: &mut dyn Iterator<Item = usize>| v.map(|n| n.to_string()).collect::<Vec<_>>().join(",");
+    let ranges = partition(model, balance.len(), Some(balance))?;
+    let layers = list(&mut ranges.iter().map(|r| r.len()));
+    Ok(match model.cut_points().is_empty() {
+        true => format!("{layers} layers per model stage"),
+        false => format!(
+            "{layers} layers per model stage ({} segments between cut points)",
+            list(&mut balance.iter().copied())
+        ),
+    })
+}
+
 /// The boundaries of the units a balance counts: every layer boundary, or only the cut points
 /// (with 0 and the model's length at the ends).
 pub fn unit_bounds(model: &Sequential) -> Vec<usize> {
