@@ -3,7 +3,9 @@ GPT2LMHeadModel (eager attention, gelu_new, tied head) with the sizes of
 crates/pipewright-models/benches/gpt_step.rs, cross-entropy, AdamW. Prints the median.
 
 The same environment as the Rust bench picks other runs: PW_BENCH_SIZE=gpt2 (GPT-2 124M:
-vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024), PW_BENCH_BATCH,
+vocabulary 50257, d 768, 12 layers, 12 heads, sequence 1024), gpt-1.3b, llama-1b
+(transformers' LlamaForCausalLM) and moe-small (MixtralForCausalLM) as the Rust bench
+has them, PW_BENCH_BATCH,
 PW_BENCH_DEVICE (cpu, cuda, cuda:N) and PW_BENCH_PRECISION (f32; bf16 and f16 under
 torch.autocast, the weights and AdamW in f32 as pipewright keeps its master copy). It also
 prints tokens/s, the model FLOPs of a step (PaLM's count, as the Rust bench), MFU when
@@ -30,6 +32,10 @@ elif size == "gpt2-medium":  # PyTorch only: GPT-2 350M, for the planner's GPU r
     vocab, seq, d, layers, heads = 50257, 1024, 1024, 24, 16
 elif size == "gpt-1.3b":  # GPT-3 XL's shapes (heads of 128) at 1024 tokens
     vocab, seq, d, layers, heads = 50257, 1024, 2048, 24, 16
+elif size == "llama-1b":  # Llama 3.2 1B's shapes (grouped-query attention, untied head)
+    vocab, seq, d, layers, heads = 128256, 2048, 2048, 16, 32
+elif size == "moe-small":  # a small Mixtral: 8 experts of 3584, top 2
+    vocab, seq, d, layers, heads = 32000, 1024, 1024, 8, 16
 else:
     vocab, seq, d, layers, heads = 4096, 256, 512, 4, 8
 batch = int(os.environ.get("PW_BENCH_BATCH", "8"))
@@ -37,12 +43,33 @@ device = torch.device(os.environ.get("PW_BENCH_DEVICE", "cpu"))
 precision = os.environ.get("PW_BENCH_PRECISION", "f32")
 compiled = os.environ.get("PW_BENCH_TORCH", "eager") == "compiled"
 low = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}[precision]
-cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=d, n_layer=layers, n_head=heads,
-                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
-                 activation_function="gelu_new",
-                 attn_implementation="sdpa" if compiled else "eager",
-                 bos_token_id=0, eos_token_id=0)
-model = GPT2LMHeadModel(cfg).to(device)
+attn = "sdpa" if compiled else "eager"
+# Parameters a token does not multiply (PaLM's count, as the Rust bench's): the input
+# embedding's table of an untied model, the experts its router leaves.
+idle = 0
+if size == "llama-1b":
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=8192,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=8,
+                      max_position_embeddings=seq, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      tie_word_embeddings=False, attn_implementation=attn)
+    model = LlamaForCausalLM(cfg).to(device)
+    idle = vocab * d
+elif size == "moe-small":
+    from transformers import MixtralConfig, MixtralForCausalLM
+    cfg = MixtralConfig(vocab_size=vocab, hidden_size=d, intermediate_size=3584,
+                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=4,
+                        num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=seq,
+                        rms_norm_eps=1e-5, tie_word_embeddings=False, output_router_logits=False,
+                        attn_implementation=attn)
+    model = MixtralForCausalLM(cfg).to(device)
+    idle = vocab * d + layers * (8 - 2) * 3 * d * 3584
+else:
+    cfg = GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=d, n_layer=layers, n_head=heads,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+                     activation_function="gelu_new", attn_implementation=attn,
+                     bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).to(device)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=(compiled and device.type == "cuda") or None)
 forward = torch.compile(model) if compiled else model
 scaler = torch.amp.GradScaler(device.type, enabled=low is torch.float16)
@@ -81,7 +108,7 @@ print("torch times_ms", [round(t, 1) for t in times])
 print(f"torch_median_ms {median:.1f}")
 params = sum(p.numel() for p in model.parameters())
 tokens = batch * seq
-flops = tokens * (6 * params + 12 * layers * d * seq)
+flops = tokens * (6 * (params - idle) + 12 * layers * d * seq)
 line = f"torch_tokens_per_s {tokens / (median / 1e3):.0f} model_tflop_per_step {flops / 1e12:.3f}"
 if "PW_BENCH_PEAK_TFLOPS" in os.environ:
     line += f" mfu {flops / (median / 1e3) / (float(os.environ['PW_BENCH_PEAK_TFLOPS']) * 1e12):.3f}"

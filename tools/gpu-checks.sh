@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17's checks on a GPU machine (device time is scarce; a device command runs 10 minutes
 # at most): run from the repository root with gpu/ carried (tools/pack-gpu.sh made it), as
-# `bash tools/gpu-checks.sh [kernels] [correctness] [speed] [profile] [pipeline] [planner] [features]`
+# `bash tools/gpu-checks.sh [kernels] [correctness] [speed] [models] [profile] [pipeline] [planner] [features]`
 # (all but profile by default; one call each fits the limit). Each check logs to gpu/out/NAME.log and a line per check says ok or FAILED; a
 # failure does not stop the rest, and the script then ends non-zero naming every failed check. The logs go back as one archive, $OUT/gpu-logs.tgz (the
 # device returns at most 8 files).
@@ -14,9 +14,10 @@
 #    (AdamW, the casts, the sums of squares over many tensors) against the CPU's per-tensor
 #    ops, bit for bit (`kernels::gpu_tests_step`); a batch's host copies (`batch::gpu_tests`):
 #    the library's tests named `gpu_tests`
-#  - the HF GPT-2 fixture parity on the GPU, which now runs those kernels
+#  - the HF GPT-2, Llama and MoE fixture parities on the GPU, which now run those kernels
 # correctness:
-#  - the HF GPT-2 fixture parity on the GPU (loss 1e-5, gradients 1e-4 relative, as on the CPU)
+#  - the HF GPT-2, Llama, Mixtral and Qwen3-MoE fixture parities on the GPU (logits and loss
+#    1e-5, gradients 1e-4 relative, as on the CPU; the MoE ones at every expert-parallel layout)
 #  - the NCCL communicator's conformance suite on one rank, with CPU tensors and GPU tensors
 #  - the README main job with --device cuda (2 pipeline stages x 2 tensor-parallel shards as
 #    threads sharing the GPU), which must reach the README's held-out accuracy; then a short
@@ -31,6 +32,10 @@
 #    kernels)
 #  - one bf16 step of pipewright's under Nsight Compute, its kernel time summed by kind
 #    (tools/gpu_kernels.py) against the step's wall time
+# models (issue 77's new rows): a Llama 1B-class shape (16 layers, d 2048, 32 heads, 8 key/value
+# heads, SwiGLU 8192, vocabulary 128256, batch 4 of 2048 tokens) and a small Mixtral (8 layers,
+# d 1024, 8 experts of 3584, top 2, batch 8 of 1024) in bf16, pipewright and PyTorch eager
+# (transformers' LlamaForCausalLM and MixtralForCausalLM) side by side
 # profile (after speed, whose 1.3B step time it reads):
 #  - one bf16 step of the 1.3B shape under Nsight Compute, its kernel time by kind
 # pipeline:
@@ -63,7 +68,7 @@ cd "$(dirname "$0")/.."
 out=gpu/out
 mkdir -p "$out"
 for f in gpu/*.xz; do [ -x "${f%.xz}" ] || { xz -dkf "$f" && chmod +x "${f%.xz}"; }; done
-[ -d gpu/mpi ] || { mkdir gpu/mpi && tar -C gpu/mpi -xJf gpu/mpi.txz; }
+[ -d gpu/mpi ] || [ ! -f gpu/mpi.txz ] || { mkdir gpu/mpi && tar -C gpu/mpi -xJf gpu/mpi.txz; }
 run() { bash tools/run-on-gpu.sh "$@"; }
 failed=()
 passed=0
@@ -74,8 +79,11 @@ verdict() { # NAME OK WHY: counts the check and says ok or FAILED with why
     echo "$1: FAILED${3:+ ($3)}"; failed+=("$1")
   fi
 }
-check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED
+ran=" "
+check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED (once a call)
   local name=$1 code; shift
+  case $ran in *" $name "*) return 0 ;; esac
+  ran="$ran$name "
   "$@" > "$out/$name.log" 2>&1
   code=$?
   verdict "$name" "$code" "$([ "$code" -ne 0 ] && echo "exit $code")"
@@ -84,12 +92,16 @@ check() { # NAME COMMAND...: runs it, logs to $out/NAME.log, says ok or FAILED
 kernels() {
   check gpu-kernels run gpu/lib_tests gpu_tests --test-threads 1 --nocapture
   grep -E "off by|panicked" "$out/gpu-kernels.log" | head -20
-  check parity env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
-    bash tools/run-on-gpu.sh gpu/gpt_parity --test-threads 1
+  hf_parities
+}
+hf_parities() { # the HF GPT-2, Llama and MoE (Mixtral, Qwen3-MoE) parities on the GPU
+  for t in gpt_parity llama_parity hf_moe; do
+    check "$t" env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
+      bash tools/run-on-gpu.sh "gpu/$t" --test-threads 1
+  done
 }
 correctness() {
-  check parity env PW_TEST_DEVICE=cuda CARGO_MANIFEST_DIR="$PWD/crates/pipewright-models" \
-    bash tools/run-on-gpu.sh gpu/gpt_parity --test-threads 1
+  hf_parities
   check nccl env PW_TEST_DEVICE=cuda bash tools/run-on-gpu.sh gpu/nccl_probe --nocapture
   rm -rf runs/adder-gpu runs/adder-nccl
   check adder run gpu/pipewright train --model gpt --task adder --pp 2 --tp 2 --chunks 4 \
@@ -129,6 +141,19 @@ speed() {
     gpu/gpt_step --bench
   python3 tools/gpu_kernels.py "$out/ncu-bf16.csv" ${step_ms:+--step-ms $step_ms} \
     | tee "$out/profile-bf16.txt"
+}
+models() {
+  # The Llama 1B-class shape (grouped-query attention, batch 4 of 2048 tokens) and a small
+  # Mixtral (8 experts, top 2, batch 8 of 1024) in bf16, pipewright and PyTorch eager side by side.
+  local size batch
+  for size in llama-1b moe-small; do
+    batch=$([ $size = llama-1b ] && echo 4 || echo 8)
+    check "bench-pipewright-$size-bf16" env PW_BENCH_SIZE=$size PW_BENCH_BATCH=$batch \
+      PW_BENCH_DEVICE=cuda PW_BENCH_PRECISION=bf16 PW_BENCH_PEAK_TFLOPS=989 \
+      bash tools/run-on-gpu.sh gpu/gpt_step --bench
+    check "bench-torch-$size-bf16" env PW_BENCH_SIZE=$size PW_BENCH_BATCH=$batch \
+      PW_BENCH_DEVICE=cuda PW_BENCH_PRECISION=bf16 PW_BENCH_PEAK_TFLOPS=989 python3 tools/bench_torch.py
+  done
 }
 profile() {
   # The 1.3B shape's bf16 step under Nsight Compute, its kernel time by kind: where the time
@@ -218,13 +243,13 @@ features() {
     --block-size 64 --n-embd 64 --batch-size 16 --pp 2 --dp 2 --chunks 2 --steps 30 --eval-every 1000
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for group in "${@:-kernels correctness speed pipeline planner features}"; do
+for group in "${@:-kernels correctness speed models pipeline planner features}"; do
   for g in $group; do
     case $g in
-      kernels | correctness | speed | profile | pipeline | planner | features) $g
+      kernels | correctness | speed | models | profile | pipeline | planner | features) $g
         # The logs so far, so a call cut short at its limit still returns them.
         [ -n "${OUT:-}" ] && tar czf "$OUT/gpu-logs.tgz" -C "$out" . ;;
-      *) echo "usage: tools/gpu-checks.sh [kernels] [correctness] [speed] [profile] [pipeline] [planner] [features]" >&2; exit 2 ;;
+      *) echo "usage: tools/gpu-checks.sh [kernels] [correctness] [speed] [models] [profile] [pipeline] [planner] [features]" >&2; exit 2 ;;
     esac
   done
 done

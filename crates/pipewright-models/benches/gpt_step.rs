@@ -12,8 +12,9 @@
 //! shapes: d 2048, 24 layers, 16 heads of 128), `PW_BENCH_BATCH`, `PW_BENCH_VOCAB`,
 //! `PW_BENCH_DEVICE` (`cpu`, `cuda`, `cuda:N`) and `PW_BENCH_PRECISION` (`f32`, `bf16`,
 //! `f16`). Besides the median it prints tokens/s and the model FLOPs of a step (6 per
-//! parameter and token, plus attention's 12 x layers x d x sequence per token, as PaLM's MFU
-//! counts them), which `PW_BENCH_PEAK_TFLOPS` turns into MFU. On a GPU it also prints the
+//! multiplied parameter and token (not the embedding's table, nor the experts a token's router
+//! leaves), plus attention's 12 x layers x width x sequence per token, as PaLM's MFU counts
+//! them), which `PW_BENCH_PEAK_TFLOPS` turns into MFU. On a GPU it also prints the
 //! peak GPU memory of the timed steps (the CUDA memory pool's high-water mark, as
 //! `torch.cuda.max_memory_allocated` reads PyTorch's), and `PW_CUDA_PROFILE=1` brackets the
 //! timed steps with `cuProfilerStart`/`Stop` for `ncu --profile-from-start off`
@@ -28,8 +29,10 @@ use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::model::precision::Precision;
+use pipewright::model::Sequential;
 use pipewright::Batch;
-use pipewright_models::{gpt, GptConfig, TIED};
+use pipewright_models::moe::{MoeConfig, MoeNames};
+use pipewright_models::{gpt, llama, GptConfig, LlamaConfig, TIED};
 use rand::{Rng, SeedableRng};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -39,35 +42,103 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-fn main() -> pipewright::Result<()> {
-    let wide = |n_layer, n_head, n_embd| GptConfig {
-        vocab_size: 50257,
-        block_size: 1024,
-        n_layer,
-        n_head,
-        n_embd,
-        dropout: 0.0,
-    };
-    let cfg = match std::env::var("PW_BENCH_SIZE").as_deref() {
-        Ok("gpt2") => wide(12, 12, 768),
-        Ok("gpt-1.3b") => wide(24, 16, 2048),
-        _ => GptConfig {
-            vocab_size: 4096,
-            block_size: 256,
-            n_layer: 4,
-            n_head: 8,
-            n_embd: 512,
+/// The benched model: its layers, tied pairs, vocabulary and sequence, and what the model
+/// FLOPs of a step count (PaLM's: 6 per multiplied parameter and token, plus attention's 12 x
+/// layers x width x sequence per token).
+struct Bench {
+    model: Sequential,
+    tied: Vec<(String, String)>,
+    vocab: usize,
+    seq: usize,
+    layers: usize,
+    /// Attention's width: heads x head dimension.
+    width: usize,
+    /// Parameters a token does not multiply: the embedding's second copy (a tied head) or its
+    /// table (an untied one), and the experts a token's router does not choose.
+    idle: usize,
+}
+
+/// The model `PW_BENCH_SIZE` names (the module's header), with `PW_BENCH_VOCAB` replacing its
+/// vocabulary: 50304 (a multiple of 64) against GPT-2's odd 50257 asks whether the head's
+/// products leave cuBLAS's fast kernels for want of 16-byte-aligned rows.
+fn bench_model() -> pipewright::Result<Bench> {
+    let gpt_of = |n_layer, n_head, n_embd, vocab: usize, seq| -> pipewright::Result<Bench> {
+        let vocab = env_or("PW_BENCH_VOCAB", vocab);
+        let cfg = GptConfig {
+            vocab_size: vocab,
+            block_size: seq,
+            n_layer,
+            n_head,
+            n_embd,
             dropout: 0.0,
-        },
+        };
+        Ok(Bench {
+            model: gpt(cfg)?,
+            tied: vec![(TIED.0.into(), TIED.1.into())],
+            vocab,
+            seq,
+            layers: n_layer,
+            width: cfg.n_embd,
+            idle: vocab * cfg.n_embd,
+        })
     };
-    // `PW_BENCH_VOCAB` replaces the vocabulary size: 50304 (a multiple of 64) against GPT-2's
-    // odd 50257 asks whether the head's products leave cuBLAS's fast kernels for want of
-    // 16-byte-aligned rows (tools/gpu-checks.sh speed).
-    let cfg = GptConfig {
-        vocab_size: env_or("PW_BENCH_VOCAB", cfg.vocab_size),
-        ..cfg
+    let llama_of = |mut cfg: LlamaConfig| -> pipewright::Result<Bench> {
+        cfg.vocab_size = env_or("PW_BENCH_VOCAB", cfg.vocab_size);
+        let head = cfg.head_dim.unwrap_or(cfg.dim / cfg.n_head);
+        let unchosen = cfg.moe.map_or(0, |m| {
+            cfg.n_layer * (m.n_experts - m.top_k) * 3 * cfg.dim * m.hidden
+        });
+        Ok(Bench {
+            model: llama(cfg)?,
+            tied: vec![],
+            vocab: cfg.vocab_size,
+            seq: cfg.block_size,
+            layers: cfg.n_layer,
+            width: cfg.n_head * head,
+            idle: cfg.vocab_size * cfg.dim + unchosen,
+        })
     };
-    let (batch, seq) = (env_or("PW_BENCH_BATCH", 8usize), cfg.block_size);
+    match std::env::var("PW_BENCH_SIZE").as_deref() {
+        Ok("gpt2") => gpt_of(12, 12, 768, 50257, 1024),
+        Ok("gpt-1.3b") => gpt_of(24, 16, 2048, 50257, 1024),
+        // A Llama 3.2 1B-class shape with grouped-query attention (its head untied).
+        Ok("llama-1b") => llama_of(LlamaConfig {
+            n_kv_head: 8,
+            hidden: 8192,
+            rope_theta: 500_000.0,
+            ..LlamaConfig::new(128_256, 2048, 16, 32, 2048)
+        }),
+        // A small Mixtral: 8 experts, 2 a token, in every block; no load-balancing term (as
+        // transformers' loss without router logits).
+        Ok("moe-small") => llama_of(LlamaConfig {
+            n_kv_head: 4,
+            moe: Some(MoeConfig {
+                n_experts: 8,
+                top_k: 2,
+                hidden: 3584,
+                shared: 0,
+                norm_topk: true,
+                aux_coef: 0.0,
+                names: MoeNames::Mixtral,
+                every: 1,
+            }),
+            ..LlamaConfig::new(32_000, 1024, 8, 16, 1024)
+        }),
+        _ => gpt_of(4, 8, 512, 4096, 256),
+    }
+}
+
+fn main() -> pipewright::Result<()> {
+    let Bench {
+        model,
+        tied,
+        vocab,
+        seq,
+        layers,
+        width,
+        idle,
+    } = bench_model()?;
+    let batch = env_or("PW_BENCH_BATCH", 8usize);
     let steps: usize = env_or("PW_BENCH_STEPS", 5);
     let device = pipewright::runtime::device::device(
         &std::env::var("PW_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into()),
@@ -77,7 +148,7 @@ fn main() -> pipewright::Result<()> {
         .unwrap_or_else(|_| "f32".into())
         .parse()?;
     let opts = VarunaOptions {
-        shared_weights: vec![(TIED.0.into(), TIED.1.into())],
+        shared_weights: tied,
         device,
         ..VarunaOptions::of(TrainSpec {
             lr: LrSchedule::Constant { lr: 1e-4 },
@@ -85,10 +156,9 @@ fn main() -> pipewright::Result<()> {
             ..TrainSpec::new(Layout::new(1, 1, 1)?, batch, batch, 1)
         })
     };
-    let model = gpt(cfg)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let ids: Vec<u32> = (0..batch * (seq + 1))
-        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
+        .map(|_| rng.random_range(0..vocab as u32))
         .collect();
     let all = Tensor::from_vec(ids, (batch, seq + 1), &Device::Cpu)?;
     let x = all.narrow(1, 0, seq)?.contiguous()?;
@@ -129,11 +199,8 @@ fn main() -> pipewright::Result<()> {
     if let Some(b) = gpu_peak {
         println!("pipewright_peak_memory_bytes {b}");
     }
-    // The head is tied to the embedding: one matrix, counted once (as PyTorch's parameters()
-    // counts it), while the step holds a copy per end.
-    let counted = (n_params - cfg.vocab_size * cfg.n_embd) as f64;
     let tokens = (batch * seq) as f64;
-    let flops = tokens * (6.0 * counted + 12.0 * (cfg.n_layer * cfg.n_embd * seq) as f64);
+    let flops = tokens * (6.0 * (n_params - idle) as f64 + 12.0 * (layers * width * seq) as f64);
     let per_s = tokens / (median / 1e3);
     print!(
         "pipewright_tokens_per_s {per_s:.0} model_tflop_per_step {:.3}",

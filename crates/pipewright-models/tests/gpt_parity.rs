@@ -102,6 +102,5 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
 
 /// The device the test computes on.
 fn device() -> Device {
-    let name = std::env::var("PW_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
-    pipewright::runtime::device::device(&name, 0).unwrap()
+    pipewright::runtime::device::test_device().unwrap()
 }

@@ -5,7 +5,8 @@
 //! split over ranks (and over tensor-parallel ranks), each rank reading its own experts, and
 //! computes transformers' logits and loss within 1e-5 and every gradient (routers included)
 //! within 1e-4; exported back it holds
-//! the same tensors, bit for bit, and the same config.
+//! the same tensors, bit for bit, and the same config. The layouts compute on `PW_TEST_DEVICE`
+//! (`cpu` unless set; `cuda` in `tools/gpu-checks.sh`, ranks as threads sharing the GPU).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,7 +29,9 @@ use pipewright_models::{hf, ModelConfig};
 const LR: f64 = 1000.0;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    // Where cargo runs it, or (a test binary carried to a GPU machine) where the runner says.
+    let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or(env!("CARGO_MANIFEST_DIR").into());
+    Path::new(&dir).join("tests/fixtures")
 }
 
 fn sgd(params: Vec<(String, candle_core::Var)>) -> pipewright::Result<Box<dyn Optimizer>> {
@@ -64,8 +67,9 @@ fn compute(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path)
     let ids = f["input_ids"].to_dtype(DType::U32).unwrap();
     let batch = Batch::pair(ids, f["targets"].clone());
     let rows = batch.rows().unwrap();
-    let opts = VarunaOptions::new(layout, rows, rows / layout.dp)
+    let mut opts = VarunaOptions::new(layout, rows, rows / layout.dp)
         .with_spec(|s| s.lr = LrSchedule::Constant { lr: LR });
+    opts.device = pipewright::runtime::device::test_device().unwrap();
     local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
         v.set_optimizer(sgd)?;
@@ -86,11 +90,12 @@ fn compute(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path)
             .collect();
         for (n, after) in v.parameters()? {
             if layout.tp == 1 || own.contains(&n) {
-                grads.insert(n.clone(), ((&before[&n] - after)? / LR)?);
+                let g = ((&before[&n] - after)? / LR)?;
+                grads.insert(n.clone(), g.to_device(&Device::Cpu)?);
             }
         }
         Ok(Computed {
-            logits: e.output,
+            logits: e.output.map(|o| o.to_device(&Device::Cpu)).transpose()?,
             loss: e.loss,
             step_loss,
             grads,

@@ -2,7 +2,8 @@
 //! llama`: grouped-query attention, rotary, SwiGLU, RMSNorm, untied head): the same parameter
 //! names and shapes, the same logits and loss, the same gradient for every parameter; and
 //! every pp x tp x cp x dp layout trains as the separate serial trainer does (losses, norms,
-//! every gradient of every step, the parameters).
+//! every gradient of every step, the parameters). The comparison with Hugging Face computes on
+//! `PW_TEST_DEVICE` (`cpu` unless set; `cuda` in `tools/gpu-checks.sh`).
 
 use std::collections::HashMap;
 
@@ -62,7 +63,9 @@ fn logits_loss_and_every_gradient_match_hf_llama() {
     let f = fixture();
     let cfg = config(&f);
     for chunks in [1, 3] {
-        let stage = llama(cfg).unwrap().build(&Build::cpu(0)).unwrap();
+        let dev = pipewright::runtime::device::test_device().unwrap();
+        let init = pipewright::model::nn::Init::new(dev.clone(), DType::F32, 0);
+        let stage = llama(cfg).unwrap().build(&Build::new(init)).unwrap();
         let params = stage.params();
         let theirs = f.keys().filter(|k| k.starts_with("param.")).count();
         assert_eq!(
@@ -75,7 +78,7 @@ fn logits_loss_and_every_gradient_match_hf_llama() {
                 .get(&format!("param.{n}"))
                 .unwrap_or_else(|| panic!("HF Llama has no `{n}`"));
             assert_eq!(v.dims(), want.dims(), "`{n}` shape");
-            v.set(want).unwrap();
+            v.set(&want.to_device(&dev).unwrap()).unwrap();
         }
         let opt = Box::new(Sgd::new(params, SgdConfig::default()).unwrap());
         let t = SerialTrainer::new(
@@ -92,7 +95,7 @@ fn logits_loss_and_every_gradient_match_hf_llama() {
             },
         )
         .unwrap();
-        let b = batch(&f);
+        let b = batch(&f).to_device(&dev).unwrap();
         let logits = t.predict(&b).unwrap();
         let e = rel_diff(&logits, &f["logits"]);
         assert!(e < 1e-5, "logits relative error {e:e}");

@@ -12,18 +12,17 @@ use pipewright::dist::comm::{conformance, local};
 #[test]
 fn nccl_is_a_clear_error_without_cuda_or_passes_the_suite_with_it() {
     let available = probe();
-    let device = std::env::var("PW_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
     let outcome = local::run(1, |cpu| {
         Ok(match NcclComm::new(Box::new(cpu), 0) {
             Ok(nccl) => {
                 let on_host = conformance::run_all(&nccl)?;
-                let dev = pipewright::runtime::device::device(&device, 0)?;
+                let dev = pipewright::runtime::device::test_device()?;
                 let on_device = if dev.is_cpu() {
                     0
                 } else {
                     conformance::run_all_on(&nccl, &dev)?
                 };
-                println!("{on_host} passed with CPU tensors, {on_device} on {device}");
+                println!("{on_host} passed with CPU tensors, {on_device} on {dev:?}");
                 Ok(on_host + on_device)
             }
             Err(e) => Err(e.to_string()),

@@ -168,6 +168,14 @@ fn gpu(name: &str, index: Option<usize>, ordinal: usize) -> Result<Device> {
     Ok(d)
 }
 
+/// The device an integration test computes on: `PW_TEST_DEVICE` (`cpu` unless set; `cuda` on a
+/// GPU machine, where `tools/gpu-checks.sh` runs the HF parities on the GPU with a `cuda`
+/// build). A name this build cannot open is an error that says what to do.
+pub fn test_device() -> Result<Device> {
+    let name = std::env::var("PW_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    device(&name, 0)
+}
+
 /// The GPU the `cuda` build's tests run on. A GPU test that finds none fails (it used to
 /// pass having compared nothing), unless `PIPEWRIGHT_SKIP_GPU_TESTS=1` says to skip it: then
 /// it says so and the test returns.

@@ -20,10 +20,12 @@ fn rand(seed: u64, n: usize, scale: f32) -> Tensor {
     Tensor::from_vec(v, n, &Device::Cpu).unwrap()
 }
 
-/// How many of `a`'s and `b`'s values (any type, as f32 bits) differ.
+/// How many of `a`'s and `b`'s values (any type, as f32 bits) differ. Each is read on the
+/// host first: candle's cast of an empty GPU tensor launches an empty grid, an error.
 fn differ(a: &Tensor, b: &Tensor) -> usize {
     let bits = |t: &Tensor| -> Vec<u32> {
-        let v: Vec<f32> = (t.to_dtype(DType::F32).unwrap())
+        let host = t.to_device(&Device::Cpu).unwrap();
+        let v: Vec<f32> = (host.to_dtype(DType::F32).unwrap())
             .flatten_all()
             .unwrap()
             .to_vec1()

@@ -4,7 +4,9 @@
 // depend on the order), emb_scan turns the counts into each id's first place, emb_place puts
 // token j at its id's first place plus the number of earlier tokens with its id (their order
 // kept), and emb_sum gives each row a block that adds its tokens' rows in that order and writes
-// the row (zeros for ids no token has).
+// the row (zeros for ids no token has). Past the placing kernel's size the tokens come in chunks:
+// emb_sum_on adds a chunk's tokens to the f32 sums of the chunks before, and emb_round rounds
+// the sums once at the end, so the sums are the same, in the same order.
 #include "common.cuh"
 
 template <typename T>
@@ -65,15 +67,18 @@ extern "C" __global__ void emb_place_u32(const uint32_t* ids, const uint32_t* st
   if (j < n) order[start[id] + rank] = (uint32_t)j;
 }
 
-template <typename T>
+// Each row's sum of its tokens, in their order, from `from` (f32: 0, or the sums of earlier
+// tokens when they come in chunks), written to dw (T) or back into the f32 sums.
+template <typename T, typename O>
 __device__ void emb_sum(const T* g, const uint32_t* start, const uint32_t* count,
-                        const uint32_t* order, T* dw, size_t rows, size_t dim) {
+                        const uint32_t* order, const float* from, O* dw, size_t rows,
+                        size_t dim) {
   for (size_t v = blockIdx.x; v < rows; v += gridDim.x) {
     const uint32_t s = start[v], c = count[v];
     for (size_t col = threadIdx.x; col < dim; col += blockDim.x) {
-      float acc = 0.f;
+      float acc = from ? from[v * dim + col] : 0.f;
       for (uint32_t k = 0; k < c; k++) acc += load_f(g[(size_t)order[s + k] * dim + col]);
-      dw[v * dim + col] = store_f<T>(acc);
+      dw[v * dim + col] = store_f<O>(acc);
     }
   }
 }
@@ -86,6 +91,14 @@ __device__ void emb_sum(const T* g, const uint32_t* start, const uint32_t* count
   extern "C" __global__ void emb_sum_##S(const T* g, const uint32_t* start,                      \
                                          const uint32_t* count, const uint32_t* order, T* dw,    \
                                          size_t rows, size_t dim) {                              \
-    emb_sum(g, start, count, order, dw, rows, dim);                                              \
+    emb_sum<T, T>(g, start, count, order, nullptr, dw, rows, dim);                               \
+  }                                                                                              \
+  extern "C" __global__ void emb_sum_on_##S(const T* g, const uint32_t* start,                   \
+                                            const uint32_t* count, const uint32_t* order,        \
+                                            float* acc, size_t rows, size_t dim) {               \
+    emb_sum<T, float>(g, start, count, order, acc, acc, rows, dim);                              \
+  }                                                                                              \
+  extern "C" __global__ void emb_round_##S(const float* acc, T* dw, size_t n) {                  \
+    GRID_STRIDE(i, n) dw[i] = store_f<T>(acc[i]);                                                \
   }
 EACH_TYPE(EMB)
