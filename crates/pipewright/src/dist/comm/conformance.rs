@@ -88,8 +88,9 @@ pub fn run_all_on(comm: &dyn Communicator, device: &Device) -> Result<usize> {
         shapes,
     };
     type Part = fn(&mut Count) -> Result<()>;
-    let parts: [(&str, Part); 7] = [
+    let parts: [(&str, Part); 8] = [
         ("all_reduce", all_reduce),
+        ("non-blocking", non_blocking),
         ("order of addition", order_of_addition),
         ("gather, scatter and broadcast", gather_scatter_broadcast),
         ("all_to_all", all_to_all),
@@ -161,6 +162,57 @@ fn all_reduce(c: &mut Count) -> Result<()> {
                         .all(|(a, b)| (a - b).abs() <= tol * b.abs());
                 c.check(ok, || format!("{}: {g:?}, want {want:?}", what()));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Non-blocking all-reduces and reduce-scatters of three dtypes, six in flight at once with a
+/// blocking all-reduce run between their starts and their waits, waited on in reverse order:
+/// each gives what its blocking twin gives.
+fn non_blocking(c: &mut Count) -> Result<()> {
+    let world = c.comm.size();
+    let n = 6 * world;
+    let mut started = Vec::new();
+    for (k, dt) in [DType::F32, DType::BF16, DType::I64]
+        .into_iter()
+        .enumerate()
+    {
+        let t = c.tensor(&values(c.rank, 10 + k, n), &[n], dt)?;
+        for scattered in [false, true] {
+            let h = match scattered {
+                false => c.comm.iall_reduce(&t, ReduceOp::Sum)?,
+                true => c.comm.ireduce_scatter(&t, ReduceOp::Sum)?,
+            };
+            started.push((k, dt, scattered, h));
+        }
+    }
+    let mid = c.tensor(&[c.rank as f64], &[1], DType::F32)?;
+    let mid = as_f64(&c.comm.all_reduce(&mid, ReduceOp::Sum)?)?;
+    let want = (0..world).sum::<usize>() as f64;
+    c.check(mid == [want], || {
+        format!("all_reduce between non-blocking ones: {mid:?}, want {want}")
+    });
+    for (k, dt, scattered, h) in started.into_iter().rev() {
+        let sums: Vec<f64> = (0..n)
+            .map(|i| (0..world).map(|r| values(r, 10 + k, n)[i]).sum())
+            .collect();
+        let part = n / world;
+        let want = match scattered {
+            false => sums,
+            true => sums[c.rank * part..(c.rank + 1) * part].to_vec(),
+        };
+        let what = if scattered {
+            "ireduce_scatter"
+        } else {
+            "iall_reduce"
+        };
+        match h.wait() {
+            Ok(t) => {
+                let ok = t.dtype() == dt && c.here(&t) && as_f64(&t)? == want;
+                c.check(ok, || format!("{what} {dt:?}: {t}, want {want:?}"));
+            }
+            Err(e) => c.check(false, || format!("{what} {dt:?}: {e}")),
         }
     }
     Ok(())

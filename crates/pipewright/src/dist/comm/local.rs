@@ -18,7 +18,7 @@
 //! reductions are bit-identical on every member and to every other backend's.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,7 @@ use super::{
 use crate::runtime::seed::hash_seed;
 use crate::{Error, Result};
 
+mod collective;
 mod spawn;
 use spawn::default_timeout;
 pub use spawn::{run, run_with_timeout};
@@ -204,49 +205,11 @@ impl LocalComm {
     /// inputs (threads may sit on different GPUs).
     fn collective(
         &self,
-        name: &str,
+        name: &'static str,
         inputs: Vec<Tensor>,
         combine: impl FnOnce(Vec<Vec<Tensor>>) -> std::result::Result<Vec<Vec<Tensor>>, String>,
     ) -> Result<Vec<Tensor>> {
-        // Collective messages live above the user tag range.
-        let tag = MAX_TAG + self.seq.fetch_add(1, Ordering::SeqCst);
-        let root = self.members[0];
-        let me = self.me();
-        let here = inputs.first().map(|t| t.device().clone());
-        let inputs = inputs
-            .iter()
-            .map(Self::outgoing)
-            .collect::<Result<Vec<_>>>()?;
-        let reply = if self.rank != 0 {
-            self.world
-                .post((self.group, me, root, tag), Msg::Tensors(inputs));
-            self.world.take((self.group, root, me, tag), me, name)?
-        } else {
-            let mut all = vec![inputs];
-            for &m in &self.members[1..] {
-                all.push(self.world.take((self.group, m, root, tag), me, name)?);
-            }
-            let mut replies = match combine(all) {
-                Ok(replies) => replies,
-                Err(why) => {
-                    for &m in &self.members[1..] {
-                        self.world
-                            .post((self.group, root, m, tag), Msg::Failed(why.clone()));
-                    }
-                    return Err(Error::Comm(why));
-                }
-            };
-            for (r, &m) in self.members.iter().enumerate().skip(1) {
-                let reply = std::mem::take(&mut replies[r]);
-                self.world
-                    .post((self.group, root, m, tag), Msg::Tensors(reply));
-            }
-            std::mem::take(&mut replies[0])
-        };
-        Ok(reply
-            .iter()
-            .map(|t| t.to_device(here.as_ref().unwrap_or(t.device())))
-            .collect::<candle_core::Result<_>>()?)
+        self.start(name, inputs)?.finish(combine)
     }
 }
 
@@ -260,6 +223,40 @@ fn own(t: Tensor) -> Result<Tensor> {
 
 fn first(ts: Vec<Vec<Tensor>>) -> Vec<Tensor> {
     ts.into_iter().map(|mut v| v.remove(0)).collect()
+}
+
+/// Member `rank`'s part of the reduce-scatter `started` (of `n` members): the collective
+/// checks the inputs, then each member reduces its own part only.
+fn reduce_own_part(
+    started: collective::Started,
+    n: usize,
+    rank: usize,
+    op: ReduceOp,
+) -> Result<Tensor> {
+    let all = started.finish(|all| {
+        let ts = first(all);
+        check_same("reduce_scatter", &ts, 0)?;
+        let rows =
+            ts[0].dims().first().copied().ok_or_else(|| {
+                "reduce_scatter: a 0-d tensor has no dim 0 to scatter".to_string()
+            })?;
+        if rows % n != 0 {
+            return Err(format!(
+                "reduce_scatter: dim 0 of {} does not split into {n} equal parts",
+                describe(&ts[0])
+            ));
+        }
+        reducible(&ts[0], op).map_err(|e| format!("reduce_scatter: {e}"))?;
+        Ok(vec![ts; n])
+    })?;
+    let part = all[0].dim(0)? / n;
+    let mine = all
+        .iter()
+        .map(|t| t.narrow(0, rank * part, part))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    ordered::combine(&mine, op)?
+        .contiguous()
+        .map_err(Into::into)
 }
 
 impl Communicator for LocalComm {
@@ -313,16 +310,23 @@ impl Communicator for LocalComm {
     }
 
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
+        self.iall_reduce(t, op)?.wait()
+    }
+
+    fn iall_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
         let n = self.size();
-        let all = self.collective("all_reduce", vec![t.clone()], |all| {
-            let ts = first(all);
-            check_same("all_reduce", &ts, 0)?;
-            reducible(&ts[0], op).map_err(|e| format!("all_reduce: {e}"))?;
-            Ok(vec![ts; n])
-        })?;
-        // Each rank reduces into memory of its own (counted to it, as a rank of another
-        // process would hold its own result), the same bits on every rank.
-        ordered::combine(&all, op)
+        let started = self.start("all_reduce", vec![t.clone()])?;
+        Ok(Pending::new(move || {
+            let all = started.finish(|all| {
+                let ts = first(all);
+                check_same("all_reduce", &ts, 0)?;
+                reducible(&ts[0], op).map_err(|e| format!("all_reduce: {e}"))?;
+                Ok(vec![ts; n])
+            })?;
+            // Each rank reduces into memory of its own (counted to it, as a rank of another
+            // process would hold its own result), the same bits on every rank.
+            ordered::combine(&all, op)
+        }))
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
@@ -342,31 +346,13 @@ impl Communicator for LocalComm {
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {
-        let n = self.size();
-        let all = self.collective("reduce_scatter", vec![t.clone()], |all| {
-            let ts = first(all);
-            check_same("reduce_scatter", &ts, 0)?;
-            let rows = ts[0].dims().first().copied().ok_or_else(|| {
-                "reduce_scatter: a 0-d tensor has no dim 0 to scatter".to_string()
-            })?;
-            if rows % n != 0 {
-                return Err(format!(
-                    "reduce_scatter: dim 0 of {} does not split into {n} equal parts",
-                    describe(&ts[0])
-                ));
-            }
-            reducible(&ts[0], op).map_err(|e| format!("reduce_scatter: {e}"))?;
-            Ok(vec![ts; n])
-        })?;
-        // Each rank reduces its own part only.
-        let part = all[0].dim(0)? / n;
-        let mine = all
-            .iter()
-            .map(|t| t.narrow(0, self.rank * part, part))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        ordered::combine(&mine, op)?
-            .contiguous()
-            .map_err(Into::into)
+        self.ireduce_scatter(t, op)?.wait()
+    }
+
+    fn ireduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
+        let (n, rank) = (self.size(), self.rank);
+        let started = self.start("reduce_scatter", vec![t.clone()])?;
+        Ok(Pending::new(move || reduce_own_part(started, n, rank, op)))
     }
 
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {

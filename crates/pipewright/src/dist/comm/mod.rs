@@ -20,6 +20,7 @@ pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod ordered;
+pub mod progress;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 
@@ -49,10 +50,16 @@ pub const MAX_TAG: u64 = 1 << 20;
 /// A request in flight: [`Pending::wait`] finishes it.
 pub struct Pending<T>(Box<dyn FnOnce() -> Result<T> + Send>);
 
-impl<T> Pending<T> {
-    /// Runs `f` on a thread of its own; [`Pending::wait`] gives its result.
+impl<T: Send + 'static> Pending<T> {
+    /// A request that [`Pending::wait`] finishes by calling `f` (which waits for whatever the
+    /// engine started: a thread, a mailbox, a progress thread's reply).
     pub fn new(f: impl FnOnce() -> Result<T> + Send + 'static) -> Self {
         Self(Box::new(f))
+    }
+
+    /// A request already complete with `r` (an engine that finished it when it was started).
+    pub fn ready(r: Result<T>) -> Self {
+        Self::new(move || r)
     }
 
     /// Blocks until the operation is complete.
@@ -86,6 +93,16 @@ pub trait Communicator: Send + Sync {
 
     /// Every member gets the reduction of every member's `t` (same shape and dtype everywhere).
     fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+    /// Starts [`Communicator::all_reduce`] and returns at once, so the reduction travels while
+    /// the caller computes (gradient sums during the backward). The same bits as the blocking
+    /// call. Members start their collectives, blocking or not, in the same order; they may wait
+    /// on several in flight in any order. By default it completes before it returns (an engine
+    /// with no way to progress in the background: overlap then hides nothing, but is correct);
+    /// the local backend posts and reduces at the wait, MPI runs it on a progress thread
+    /// ([`progress::Progress`]).
+    fn iall_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
+        Ok(Pending::ready(self.all_reduce(t, op)))
+    }
     /// Member `root` gets the reduction of every member's `t` (the others get `None`), the
     /// same bits [`Communicator::all_reduce`] gives: it is computed as that, and kept by the
     /// root alone.
@@ -104,6 +121,11 @@ pub trait Communicator: Send + Sync {
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>>;
     /// Reduces, then member `r` keeps part `r` of `size` equal parts along dim 0.
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
+    /// Starts [`Communicator::reduce_scatter`] (ZeRO-2's gradient shards during the
+    /// backward), as [`Communicator::iall_reduce`] starts an all-reduce.
+    fn ireduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
+        Ok(Pending::ready(self.reduce_scatter(t, op)))
+    }
     /// Every member gets `root`'s tensor; the others pass a tensor of the same shape and dtype.
     fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor>;
     /// Member `r` gets part `r` of every member's `parts`, in rank order (torch's

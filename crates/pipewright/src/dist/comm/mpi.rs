@@ -15,7 +15,7 @@
 //! not wait.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Tensor};
 use mpi::datatype::{Equivalence, Partition, PartitionMut};
@@ -27,6 +27,7 @@ use mpi::traits::{
 };
 use mpi::Threading;
 
+use super::progress::Progress;
 use super::wire::{
     header, parse_header, reduce_plan, tensor_from_bytes, to_host, with_bytes, Buf, HEADER,
 };
@@ -78,6 +79,9 @@ pub struct MpiComm {
     inner: Arc<Inner>,
     rank: usize,
     size: usize,
+    /// The thread the non-blocking collectives run on, on a communicator of their own (made
+    /// by the first one, a collective every member reaches at the same point).
+    progress: OnceLock<Progress>,
 }
 
 /// MPI writes every element of a fresh vector (no zeroing first: at 16-64 MiB zeroing the
@@ -136,7 +140,39 @@ impl MpiComm {
             inner: Arc::new(Inner(comm)),
             rank,
             size,
+            progress: OnceLock::new(),
         }
+    }
+
+    /// This rank's handle once more, for a thread of its own (a send or receive in flight).
+    fn alias(&self) -> MpiComm {
+        MpiComm {
+            inner: self.inner.clone(),
+            rank: self.rank,
+            size: self.size,
+            progress: OnceLock::new(),
+        }
+    }
+
+    /// The communication thread, started by the first non-blocking collective.
+    fn progress(&self) -> Result<&Progress> {
+        if let Some(p) = self.progress.get() {
+            return Ok(p);
+        }
+        let own = self.split(&(0..self.size).collect::<Vec<_>>())?;
+        let _ = self.progress.set(Progress::new(own)?);
+        Ok(self.progress.get().expect("set just above"))
+    }
+
+    /// `t` reduced by `start` on the communication thread, from and back to its device.
+    fn on_progress(
+        &self,
+        t: &Tensor,
+        start: impl FnOnce(&Progress, &Tensor) -> Result<Pending<Tensor>>,
+    ) -> Result<Pending<Tensor>> {
+        let here = t.device().clone();
+        let h = start(self.progress()?, &to_host(t, "mpi")?)?;
+        Ok(Pending::new(move || Ok(h.wait()?.to_device(&here)?)))
     }
 
     fn comm(&self) -> &SimpleCommunicator {
@@ -287,11 +323,7 @@ impl Communicator for MpiComm {
 
     fn isend(&self, t: &Tensor, dst: usize, tag: u64) -> Result<Pending<()>> {
         self.peer(dst, "isend", Some(tag))?;
-        let me = MpiComm {
-            inner: self.inner.clone(),
-            rank: self.rank,
-            size: self.size,
-        };
+        let me = self.alias();
         let t = t.clone();
         let h = std::thread::spawn(move || me.send(&t, dst, tag));
         Ok(Pending::new(move || {
@@ -302,11 +334,7 @@ impl Communicator for MpiComm {
 
     fn irecv(&self, src: usize, tag: u64) -> Result<Pending<Tensor>> {
         self.peer(src, "irecv", Some(tag))?;
-        let me = MpiComm {
-            inner: self.inner.clone(),
-            rank: self.rank,
-            size: self.size,
-        };
+        let me = self.alias();
         let h = std::thread::spawn(move || me.recv(src, tag));
         Ok(Pending::new(move || {
             h.join()
@@ -318,6 +346,14 @@ impl Communicator for MpiComm {
         Ok(self
             .reduce(&to_host(t, "mpi")?, op, false)?
             .to_device(t.device())?)
+    }
+
+    fn iall_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
+        self.on_progress(t, |p, t| p.all_reduce(t, op))
+    }
+
+    fn ireduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
+        self.on_progress(t, |p, t| p.reduce_scatter(t, op))
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
