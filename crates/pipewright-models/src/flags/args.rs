@@ -177,6 +177,11 @@ pub struct TrainArgs {
     /// weights when it computes). Nothing to shard with --dp 1.
     #[arg(help_heading = "Parallelism", long, default_value = "0")]
     pub zero: String,
+    /// Sum the data-parallel gradients after the schedule ends instead of during the
+    /// backward (where each bucket's sum starts once its gradients are final): the same
+    /// bits, for comparison and debugging.
+    #[arg(help_heading = "Parallelism", long)]
+    pub no_overlap: bool,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
     /// micro-batches (as whole-batch statistics would).
     #[arg(help_heading = "Parallelism", long)]

@@ -172,6 +172,7 @@ impl TrainArgs {
             clip: (self.clip > 0.0).then_some(self.clip),
             zero: self.zero.parse::<Zero>()?,
             sequence_parallel: self.sequence_parallel,
+            overlap: !self.no_overlap,
             seed: self.seed,
             cadence: Cadence {
                 steps: self.steps,

@@ -91,6 +91,12 @@ pub struct TrainSpec {
     /// [`crate::parallel::tensor_parallel`]); runs recorded before it had none.
     #[serde(default)]
     pub sequence_parallel: bool,
+    /// Data-parallel gradient sums start during the backward, as each layer's gradients are
+    /// final (PyTorch DDP's default); `false` (`--no-overlap`) sums after the schedule ends,
+    /// for comparison and debugging. The same bits either way. Runs recorded before it
+    /// overlapped nothing.
+    #[serde(default)]
+    pub overlap: bool,
     /// Seeds initialisation, dropout, the data and everything random.
     pub seed: u64,
     /// How long the run trains and when it evaluates, logs and saves.
@@ -117,9 +123,17 @@ impl TrainSpec {
             clip: None,
             zero: Zero::Off,
             sequence_parallel: false,
+            overlap: true,
             seed: 0,
             cadence: Cadence::steps(steps),
         }
+    }
+
+    /// Whether the data-parallel gradient sums start during the backward: overlap on, more
+    /// than one replica, and gradients whole (ZeRO-2 and 3 reduce-scatter each micro-batch's
+    /// as the pipeline completes them already).
+    pub fn overlaps_grad_sums(&self) -> bool {
+        self.overlap && self.layout.dp > 1 && !self.zero.shards_grads()
     }
 
     /// Ranks the run needs.

@@ -98,6 +98,7 @@ impl ActionTrace {
                 recompute: Recompute::Never,
                 deferred_batch_norm: false,
                 detect_anomaly: false,
+                cut_last: false,
             };
             let mut p = Pipeline::new(model, build, Box::new(c), opts, loss.clone())?;
             let (whole, first) = (model.build(build)?, batch.split(chunks)?.swap_remove(0));

@@ -11,6 +11,7 @@ use crate::model::expert_load::{sort_by_layer, ExpertLoad};
 use crate::model::nn::Grads;
 use crate::model::precision::to_master_grads;
 use crate::parallel::data_parallel::all_reduce_grads;
+use crate::parallel::overlap::OverlappedSums;
 use crate::parallel::pipeline::GradSink;
 use crate::plan::{Part, PartClock};
 use crate::{invalid, Batch, Error, Result};
@@ -35,7 +36,21 @@ impl Varuna {
                 let c = Replicas::of(self.dp.as_ref(), self.expert_dp.as_deref());
                 z.sink(c, scale, &experts)
             });
-        let sink = sharded.as_mut().map(|s| s as &mut dyn GradSink);
+        // Without ZeRO's sharding, the sums over the replicas start during the backward
+        // (unless a hook must see the gradients before they are summed).
+        let micro_batches = self.pipeline.schedule().micro_batches;
+        let overlap = self.opts.spec.overlaps_grad_sums();
+        let mut overlapped =
+            (overlap && sharded.is_none() && self.grad_hook.is_none()).then(|| {
+                let experts = self.expert_dp.as_deref().map(|c| (c, experts.as_slice()));
+                let sizes = (scale, micro_batches, self.opts.bucket_bytes);
+                OverlappedSums::new(self.dp.as_ref(), experts, &self.opts.shared_weights, sizes)
+            });
+        let sink = match (sharded.as_mut(), overlapped.as_mut()) {
+            (Some(s), _) => Some(s as &mut dyn GradSink),
+            (None, Some(o)) => Some(o as &mut dyn GradSink),
+            (None, None) => None,
+        };
         let (loss, produced) = self
             .pipeline
             .loss_and_grads_into(batch, total, scale, sink)?;
@@ -48,17 +63,19 @@ impl Varuna {
         if let Some(t) = self.trace.as_mut() {
             t.extend(events);
         }
-        let mut grads = match sharded {
-            Some(s) => s.finish(&produced)?,
+        let summed = sharded.is_some() || overlapped.is_some();
+        let mut grads = match (sharded, overlapped) {
+            (Some(s), _) => s.finish(&produced)?,
+            (None, Some(o)) => o.finish(&produced)?,
             // f32 and unscaled in one pass (the scale is a power of two: exact).
-            None => to_master_grads(&produced, 1.0 / scale)?,
+            (None, None) => to_master_grads(&produced, 1.0 / scale)?,
         };
         // Freed as the sum replaces them, bucket by bucket, not held through the step.
         drop(produced);
         if let Some(hook) = self.grad_hook.as_mut() {
             hook(&mut grads);
         }
-        if !self.zero().shards_grads() {
+        if !summed {
             self.sum_over_replicas(&mut grads)?;
         }
         clock.lap(Part::Gradients);

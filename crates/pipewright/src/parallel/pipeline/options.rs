@@ -28,4 +28,8 @@ pub struct PipelineOptions {
     pub deferred_batch_norm: bool,
     /// Check every layer's output for NaN and inf (see `VarunaOptions::detect_anomaly`).
     pub detect_anomaly: bool,
+    /// Cut the last micro-batch's forward into one graph per layer, so that its backward gives
+    /// each layer's gradients as soon as they are final and their sums over the replicas start
+    /// while the layers before still compute ([`crate::parallel::overlap`]).
+    pub cut_last: bool,
 }

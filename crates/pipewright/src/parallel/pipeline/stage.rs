@@ -163,7 +163,9 @@ impl PipelineStage {
     /// Runs model stage `k` in training mode; on the last stage the output becomes the
     /// micro-batch's loss over `denominator`; auxiliary losses weigh `loss_scale` over the
     /// global batch's micro-batches. When the stage releases its parameters between
-    /// uses (ZeRO-3) the forward is cut into one graph per layer, and the cuts come back too.
+    /// uses (ZeRO-3), or for the last micro-batch when its gradient sums overlap its backward
+    /// ([`PipelineOptions::cut_last`](super::PipelineOptions::cut_last)), the forward is cut
+    /// into one graph per layer, and the cuts come back too.
     pub(super) fn train_forward(
         &self,
         (k, mb): (usize, usize),
@@ -175,7 +177,8 @@ impl PipelineStage {
     ) -> Result<Forward> {
         let last = k + 1 == self.stage_count();
         let stage = self.own_stage(k)?;
-        let mut cuts = stage.releases_params().then(Cuts::default);
+        let last_mb = self.opts.cut_last && mb + 1 == self.opts.micro_batches;
+        let mut cuts = (stage.releases_params() || last_mb).then(Cuts::default);
         let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
         cx.defer_batch_stats = self.opts.deferred_batch_norm;
         cx.detect_anomaly = self.opts.detect_anomaly;

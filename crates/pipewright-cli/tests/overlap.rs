@@ -1,0 +1,43 @@
+//! `--no-overlap`: the data-parallel gradient sums after the schedule instead of during the
+//! backward give the same losses, to the last digit written, and the run's record says which.
+
+mod common;
+
+use common::{losses, text, tmp, train, TINY};
+
+#[test]
+fn no_overlap_trains_to_the_same_losses_and_is_recorded() {
+    let mut runs = Vec::new();
+    for (name, flag) in [("on", None), ("off", Some("--no-overlap"))] {
+        let out = tmp(&format!("overlap-{name}"));
+        let mut a = vec![
+            "--task",
+            "adder",
+            "--steps",
+            "6",
+            "--dp",
+            "2",
+            "--pp",
+            "2",
+            "--chunks",
+            "2",
+            "--log-every",
+            "1",
+            "--out",
+        ];
+        a.push(out.to_str().unwrap());
+        a.extend_from_slice(TINY);
+        a.extend(flag);
+        let o = train(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        let params = std::fs::read_to_string(out.join("params.json")).unwrap();
+        assert_eq!(
+            params.contains("\"overlap\": false"),
+            flag.is_some(),
+            "{params}"
+        );
+        runs.push(losses(&out));
+    }
+    assert_eq!(runs[0].len(), 6);
+    assert_eq!(runs[0], runs[1], "losses with and without overlap");
+}

@@ -1,0 +1,106 @@
+//! Gradient sums started during the backward (the default) give the bits of the sums after the
+//! step (`--no-overlap`): the same losses, gradient norms, summed gradients and parameters, bit
+//! for bit, at data-parallel layouts with pipeline and tensor parallelism, tied weights, more
+//! than one micro-batch a replica, small buckets (many in flight at once), in f32 and bf16,
+//! and with ZeRO-1 (whose gradients are whole too).
+
+use candle_core::Tensor;
+use pipewright::dist::comm::local;
+use pipewright::dist::topology::Layout;
+use pipewright::engine::varuna::VarunaOptions;
+use pipewright::model::precision::Precision;
+use pipewright::parallel::zero::Zero;
+use pipewright_models::parity::{ParityRun, RankResult};
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Every rank's result of `run` at `layout` with overlap on or off.
+fn ranks(
+    run: &ParityRun,
+    layout: Layout,
+    tweak: fn(&mut VarunaOptions),
+    on: bool,
+) -> Vec<RankResult> {
+    let mut opts = run.options(layout);
+    tweak(&mut opts);
+    opts.spec.overlap = on;
+    assert_eq!(opts.spec.overlaps_grad_sums(), on);
+    local::run(layout.world(), |comm| {
+        run.rank(Box::new(comm), opts.clone())
+    })
+    .unwrap()
+}
+
+fn same(what: &str, on: &[RankResult], off: &[RankResult]) {
+    for (r, (a, b)) in on.iter().zip(off).enumerate() {
+        let steps = |x: &RankResult| -> Vec<(u64, u64, bool)> {
+            (x.steps.iter())
+                .map(|(l, n, o)| (l.to_bits(), n.to_bits(), *o))
+                .collect()
+        };
+        assert_eq!(
+            steps(a),
+            steps(b),
+            "{what}, rank {r}: losses or norms differ"
+        );
+        for ((n, x), (m, y)) in a.params.iter().zip(&b.params) {
+            assert_eq!(n, m);
+            assert!(
+                bits(x) == bits(y),
+                "{what}, rank {r}: parameter {n} differs"
+            );
+        }
+        for (s, (ga, gb)) in a.grads.iter().zip(&b.grads).enumerate() {
+            for ((n, x), (_, y)) in ga.iter().zip(gb) {
+                assert!(
+                    bits(x) == bits(y),
+                    "{what}, rank {r}: step {s}'s gradient of {n} differs"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sums_during_the_backward_give_the_bits_of_sums_after_the_step() {
+    let run = ParityRun {
+        steps: 3,
+        ..ParityRun::default()
+    };
+    fn plain(_: &mut VarunaOptions) {}
+    // 16 KiB buckets: a dozen in flight at once.
+    fn small_buckets(o: &mut VarunaOptions) {
+        o.bucket_bytes = 16 << 10;
+    }
+    fn bf16(o: &mut VarunaOptions) {
+        o.spec.precision = Precision::Bf16;
+        o.bucket_bytes = 16 << 10;
+    }
+    fn zero1(o: &mut VarunaOptions) {
+        o.spec.zero = Zero::OptimizerState;
+    }
+    type Case = (&'static str, (usize, usize, usize), fn(&mut VarunaOptions));
+    let cases: [Case; 6] = [
+        ("dp 2", (1, 1, 2), plain),
+        ("dp 2, small buckets", (1, 1, 2), small_buckets),
+        ("pp 2 x dp 2, small buckets", (2, 1, 2), small_buckets),
+        ("tp 2 x dp 2", (1, 2, 2), plain),
+        ("pp 2 x dp 2, bf16", (2, 1, 2), bf16),
+        ("dp 2, ZeRO-1", (1, 1, 2), zero1),
+    ];
+    for (what, (pp, tp, dp), tweak) in cases {
+        let layout = Layout::new(pp, tp, dp).unwrap();
+        let on = ranks(&run, layout, tweak, true);
+        let off = ranks(&run, layout, tweak, false);
+        same(what, &on, &off);
+    }
+}

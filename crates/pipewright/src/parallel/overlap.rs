@@ -1,0 +1,231 @@
+//! Gradient sums during the backward (PyTorch DDP's default, Megatron-LM's
+//! `--overlap-grad-reduce`): [`OverlappedSums`] takes each micro-batch's gradients from the
+//! pipeline as they are produced ([`GradSink`]), keeps their running sums, and once a
+//! parameter's gradient is final (every micro-batch of the step has given it) puts it in the
+//! current bucket; a bucket of `bucket_bytes` starts its sum over the replicas at once
+//! ([`Communicator::iall_reduce`]), while the backward goes on. The last micro-batch's forward is
+//! cut into one graph per layer ([`PipelineOptions::cut_last`]), so its backward gives the
+//! layers' gradients one layer at a time, last layer first: the buckets fill in the order the
+//! backward finishes them. [`OverlappedSums::finish`] starts what is left, sums the tied
+//! weights (summed between their stages after the pipeline, so final only then) and waits.
+//!
+//! The same bits as summing after the step ([`all_reduce_grads`]): each gradient is made f32
+//! and unscaled by the same operation, and each element is summed over the replicas in rank
+//! order whatever bucket it travels in.
+//!
+//! [`PipelineOptions::cut_last`]: crate::parallel::pipeline::PipelineOptions::cut_last
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use candle_core::Tensor;
+
+use crate::dist::comm::{Communicator, Pending, ReduceOp};
+use crate::model::grads::Grads;
+use crate::model::precision::to_master_grads;
+use crate::parallel::data_parallel::all_reduce_grads;
+use crate::parallel::pipeline::GradSink;
+use crate::Result;
+
+/// A bucket's sum in flight: its gradients' names and shapes, in the order flattened.
+struct InFlight {
+    names: Vec<(String, Vec<usize>)>,
+    sum: Pending<Tensor>,
+}
+
+/// Final gradients waiting for their bucket to fill, over one group of replicas.
+struct Filling<'a> {
+    comm: &'a dyn Communicator,
+    grads: Grads,
+    bytes: usize,
+}
+
+/// The gradient sums of one step, started as the gradients become final.
+pub struct OverlappedSums<'a> {
+    dense: Filling<'a>,
+    /// The experts' gradients, summed over the ranks holding the same experts.
+    experts: Option<(Filling<'a>, &'a [String])>,
+    tied: &'a [(String, String)],
+    scale: f64,
+    micro_batches: usize,
+    bucket_bytes: usize,
+    /// Running sums of the gradients not yet final, and how many micro-batches gave each.
+    sums: Grads,
+    given: HashMap<String, usize>,
+    in_flight: Vec<InFlight>,
+}
+
+impl<'a> OverlappedSums<'a> {
+    /// The sums over `dense` (and the experts', named by `experts`, over theirs) of a step of
+    /// `micro_batches` micro-batches computed at loss scale `scale`; `tied` pairs are left to
+    /// the pipeline.
+    pub fn new(
+        dense: &'a dyn Communicator,
+        experts: Option<(&'a dyn Communicator, &'a [String])>,
+        tied: &'a [(String, String)],
+        (scale, micro_batches, bucket_bytes): (f64, usize, usize),
+    ) -> Self {
+        let filling = |comm| Filling {
+            comm,
+            grads: Grads::new(),
+            bytes: 0,
+        };
+        Self {
+            dense: filling(dense),
+            experts: experts.map(|(c, names)| (filling(c), names)),
+            tied,
+            scale,
+            micro_batches,
+            bucket_bytes,
+            sums: Grads::new(),
+            given: HashMap::new(),
+            in_flight: Vec::new(),
+        }
+    }
+
+    /// Puts the final gradient of `name` in its group's bucket; starts the bucket once full.
+    fn ready(&mut self, name: String, g: Tensor) -> Result<()> {
+        let bytes = g.elem_count() * 4;
+        let fill = match self.experts.as_mut() {
+            Some((f, names)) if names.contains(&name) => f,
+            _ => &mut self.dense,
+        };
+        fill.grads.insert(name, g);
+        fill.bytes += bytes;
+        if fill.bytes >= self.bucket_bytes {
+            let started = start(fill, self.scale)?;
+            self.in_flight.extend(started);
+        }
+        Ok(())
+    }
+
+    /// Starts what is left, sums `after` (the tied weights' gradients the pipeline summed
+    /// between stages) and waits for every sum: the step's gradients, f32, unscaled, summed
+    /// over the replicas.
+    pub fn finish(mut self, after: &Grads) -> Result<Grads> {
+        // Any gradient not given by every micro-batch (none in a well-formed step) is summed
+        // as it stands, as the sums after the step would.
+        let left: Vec<(String, Tensor)> = (self.sums.iter())
+            .map(|(n, g)| (n.clone(), g.clone()))
+            .collect();
+        for (n, g) in left {
+            self.ready(n, g)?;
+        }
+        let mut flights = start(&mut self.dense, self.scale)?
+            .into_iter()
+            .collect::<Vec<_>>();
+        if let Some((f, _)) = self.experts.as_mut() {
+            flights.extend(start(f, self.scale)?);
+        }
+        self.in_flight.extend(flights);
+        let mut out = to_master_grads(after, 1.0 / self.scale)?;
+        all_reduce_grads(&mut out, self.dense.comm, self.bucket_bytes)?;
+        for f in self.in_flight {
+            let sum = f.sum.wait()?;
+            let mut at = 0;
+            for (n, dims) in f.names {
+                let len: usize = dims.iter().product();
+                out.insert(n, sum.narrow(0, at, len)?.reshape(dims.as_slice())?);
+                at += len;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Starts the sum of the bucket `fill` holds (made f32 and unscaled by `1 / scale`), if any.
+fn start(fill: &mut Filling, scale: f64) -> Result<Option<InFlight>> {
+    let grads = std::mem::take(&mut fill.grads);
+    fill.bytes = 0;
+    if grads.is_empty() {
+        return Ok(None);
+    }
+    let master = to_master_grads(&grads, 1.0 / scale)?;
+    let names: Vec<(String, Vec<usize>)> = master
+        .iter()
+        .map(|(n, g)| (n.clone(), g.dims().to_vec()))
+        .collect();
+    let flat = master
+        .iter()
+        .map(|(_, g)| g.flatten_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let sum = fill
+        .comm
+        .iall_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
+    Ok(Some(InFlight { names, sum }))
+}
+
+impl GradSink for OverlappedSums<'_> {
+    fn take(&mut self, _k: usize, _layers: Range<usize>, grads: Grads) -> Result<Grads> {
+        let is_tied = |n: &str| self.tied.iter().any(|(a, b)| a == n || b == n);
+        let (mut mine, mut later) = (Grads::new(), Grads::new());
+        for (n, g) in grads.iter() {
+            match is_tied(n) {
+                true => later.insert(n.clone(), g.clone()),
+                false => mine.insert(n.clone(), g.clone()),
+            }
+        }
+        let names: Vec<String> = mine.iter().map(|(n, _)| n.clone()).collect();
+        // The same running sums as the pipeline keeps without a sink.
+        self.sums.accumulate(mine)?;
+        for n in names {
+            let given = self.given.entry(n.clone()).or_default();
+            *given += 1;
+            if *given == self.micro_batches {
+                let g = self.sums.remove(&n).expect("accumulated just above");
+                self.ready(n, g)?;
+            }
+        }
+        Ok(later)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::*;
+    use crate::dist::comm::local;
+
+    fn grads(v: f32) -> Grads {
+        let mut g = Grads::new();
+        for (n, len) in [("a", 3), ("b", 5000), ("t", 2)] {
+            g.insert(n, Tensor::full(v, len, &Device::Cpu).unwrap());
+        }
+        g
+    }
+
+    /// A gradient's sum starts when its last micro-batch gives it, before the step ends; the
+    /// tied one waits for the pipeline; the result is the sum over micro-batches and replicas,
+    /// unscaled.
+    #[test]
+    fn sums_start_when_the_last_micro_batch_gives_the_gradients() {
+        let per_rank = local::run(2, |c| {
+            let tied = [("t".to_string(), "u".to_string())];
+            let mut s = OverlappedSums::new(&c, None, &tied, (4.0, 2, 64));
+            let later = s.take(0, 0..1, grads(1.0))?;
+            assert!(s.in_flight.is_empty(), "nothing is final after one of two");
+            assert_eq!(
+                later.len(),
+                1,
+                "the tied gradient goes back to the pipeline"
+            );
+            s.take(0, 0..1, grads(3.0))?;
+            // `a` and `b` (20012 bytes) filled a bucket, whose sum is in flight.
+            assert_eq!(s.in_flight.len(), 1);
+            let mut after = Grads::new();
+            after.insert("t", Tensor::full(8f32, 2, &Device::Cpu)?);
+            let out = s.finish(&after)?;
+            let read = |n: &str| -> Vec<f32> {
+                let t = out.get(n).unwrap().to_dtype(DType::F32).unwrap();
+                t.to_vec1().unwrap()
+            };
+            // (1 + 3) / 4 on each of 2 replicas; the tied 8 / 4 on each.
+            assert_eq!(read("a"), vec![2.0; 3]);
+            assert!(read("b").iter().all(|x| *x == 2.0));
+            assert_eq!(read("t"), vec![4.0; 2]);
+            Ok(())
+        });
+        per_rank.unwrap();
+    }
+}
