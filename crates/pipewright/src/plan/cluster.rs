@@ -15,8 +15,10 @@ pub struct Runtime {
     /// Bytes per element of the data-parallel gradient sums (pipewright sums f32 buckets: 4).
     pub grad_reduce_bytes: f64,
     /// Whether the gradient sums start during the step's last backward, bucket by bucket, so
-    /// only what outlasts it is exposed (PyTorch DDP's and Megatron's `--overlap-grad-reduce`);
-    /// pipewright sums after the schedule ends.
+    /// only what outlasts it is exposed (PyTorch DDP's and Megatron's `--overlap-grad-reduce`).
+    /// pipewright starts its sums during the last backward too, but only Open MPI's
+    /// communication thread moves them meanwhile (threads and NCCL sum when waited on), so its
+    /// runtime is costed without.
     pub overlap_grad_reduce: bool,
     /// Whether a stage sends its output to the next split over its tp ranks, each sending
     /// `1/tp` and the receivers all-gathering it over the node's links (Megatron-LM's

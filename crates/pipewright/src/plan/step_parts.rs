@@ -6,7 +6,9 @@
 //! - **pipeline**: the schedule over the replica's micro-batches (forwards, backwards, sends;
 //!   ZeRO-2/3's per-micro-batch collectives), bubble included;
 //! - **gradients**: the produced gradients made f32 masters' gradients and summed over the
-//!   replicas (the data-parallel all-reduce, or ZeRO's reduce-scatter finishing);
+//!   replicas (the data-parallel all-reduce, or ZeRO's reduce-scatter finishing); with the sums
+//!   started during the backward ([`crate::parallel::overlap`]), what of them is left after the
+//!   pipeline: the communication the step exposes;
 //! - **scalars**: the step's scalar all-reduces (the counted targets and the loss over the
 //!   replicas, the overflow flag over the world). These are where a rank waits for the
 //!   slowest rank of the world, so on the ranks that finish first they hold that wait;
@@ -29,7 +31,8 @@ use super::layer_cost::median;
 pub struct StepParts {
     /// The pipeline schedule, bubble included.
     pub pipeline_s: f64,
-    /// The gradients made f32 and summed over the replicas.
+    /// The gradients made f32 and summed over the replicas (with overlap, the wait for what
+    /// was still in flight after the pipeline: the exposed communication).
     pub gradients_s: f64,
     /// The scalar all-reduces, with their waits for the slowest rank.
     pub scalars_s: f64,

@@ -17,6 +17,8 @@ mod group;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "mpi")]
+mod mpi_raw;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod ordered;

@@ -18,15 +18,14 @@ use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Tensor};
-use mpi::datatype::{Equivalence, Partition, PartitionMut};
-use mpi::ffi;
-use mpi::raw::AsRaw;
+use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{
     Communicator as _, CommunicatorCollectives, Destination, Group as _, Root, Source,
 };
 use mpi::Threading;
 
+use super::mpi_raw::{count_i32, recv_new, settle};
 use super::progress::Progress;
 use super::wire::{
     header, parse_header, reduce_plan, tensor_from_bytes, to_host, with_bytes, Buf, HEADER,
@@ -82,55 +81,9 @@ pub struct MpiComm {
     /// The thread the non-blocking collectives run on, on a communicator of their own (made
     /// by the first one, a collective every member reaches at the same point).
     progress: OnceLock<Progress>,
-}
-
-/// MPI writes every element of a fresh vector (no zeroing first: at 16-64 MiB zeroing the
-/// receive buffer costs as much as the transfer). `fill` gets the vector's spare capacity as a
-/// raw pointer and must return the number of elements MPI reported written; the vector takes
-/// them only if that is all of them.
-fn filled_by_mpi<T: Copy>(n: usize, fill: impl FnOnce(*mut T) -> Result<usize>) -> Result<Vec<T>> {
-    let mut v: Vec<T> = Vec::with_capacity(n);
-    let written = fill(v.as_mut_ptr())?;
-    if written != n {
-        return Err(Error::Comm(format!("MPI wrote {written} of {n} elements")));
-    }
-    // SAFETY: MPI initialised all n elements of the capacity (checked just above).
-    unsafe { v.set_len(n) };
-    Ok(v)
-}
-
-fn count_i32(n: usize) -> Result<i32> {
-    i32::try_from(n)
-        .map_err(|_| Error::Comm(format!("a message of {n} elements is too large for MPI")))
-}
-
-/// Receives exactly `n` elements of `T` from `src` into a fresh vector.
-fn recv_new<T: Copy>(comm: &SimpleCommunicator, n: usize, src: i32, tag: i32) -> Result<Vec<T>> {
-    let bytes = count_i32(n * std::mem::size_of::<T>())?;
-    let byte = u8::equivalent_datatype();
-    filled_by_mpi(n, |ptr: *mut T| {
-        let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
-        let mut got: i32 = 0;
-        // SAFETY: `ptr` has room for n elements (`bytes` bytes); MPI fills `status`.
-        unsafe {
-            ffi::MPI_Recv(
-                ptr.cast(),
-                bytes,
-                byte.as_raw(),
-                src,
-                tag,
-                comm.as_raw(),
-                status.as_mut_ptr(),
-            );
-            ffi::MPI_Get_count(status.as_ptr(), byte.as_raw(), &mut got);
-        }
-        if got != bytes {
-            return Err(Error::Comm(format!(
-                "recv from rank {src} got {got} bytes where its header announced {bytes}"
-            )));
-        }
-        Ok(n)
-    })
+    /// Whether the reductions' data movements wait by testing and sleeping ([`settle`]): the
+    /// communication thread's communicator, whose waits must leave the cores to the rank.
+    polite: bool,
 }
 
 impl MpiComm {
@@ -141,6 +94,7 @@ impl MpiComm {
             rank,
             size,
             progress: OnceLock::new(),
+            polite: false,
         }
     }
 
@@ -151,6 +105,7 @@ impl MpiComm {
             rank: self.rank,
             size: self.size,
             progress: OnceLock::new(),
+            polite: false,
         }
     }
 
@@ -159,8 +114,9 @@ impl MpiComm {
         if let Some(p) = self.progress.get() {
             return Ok(p);
         }
-        let own = self.split(&(0..self.size).collect::<Vec<_>>())?;
-        let _ = self.progress.set(Progress::new(own)?);
+        let mut own = self.split_mpi(&(0..self.size).collect::<Vec<_>>())?;
+        own.polite = true;
+        let _ = self.progress.set(Progress::new(Box::new(own))?);
         Ok(self.progress.get().expect("set just above"))
     }
 
@@ -224,7 +180,15 @@ impl MpiComm {
         with_bytes(flat, |b| {
             let send = Partition::new(b, &send_counts[..], &send_displs[..]);
             let mut recv = PartitionMut::new(buf.bytes_mut(), &recv_counts[..], &recv_displs[..]);
-            self.comm().all_to_all_varcount_into(&send, &mut recv);
+            match self.polite {
+                true => mpi::request::scope(|sc| {
+                    settle(
+                        self.comm()
+                            .immediate_all_to_all_varcount_into(sc, &send, &mut recv),
+                    )
+                }),
+                false => self.comm().all_to_all_varcount_into(&send, &mut recv),
+            }
         })?;
         let all = buf.into_tensor(&[size, mine])?;
         (0..size).map(|r| Ok(all.get(r)?)).collect()
@@ -241,7 +205,15 @@ impl MpiComm {
         let mut buf = Buf::for_receive(dt, lens.iter().sum())?;
         with_bytes(part, |mine| {
             let mut all = PartitionMut::new(buf.bytes_mut(), &counts[..], &displs[..]);
-            self.comm().all_gather_varcount_into(mine, &mut all);
+            match self.polite {
+                true => mpi::request::scope(|sc| {
+                    settle(
+                        self.comm()
+                            .immediate_all_gather_varcount_into(sc, mine, &mut all),
+                    )
+                }),
+                false => self.comm().all_gather_varcount_into(mine, &mut all),
+            }
         })?;
         buf.into_tensor(&[lens.iter().sum()])
     }
@@ -445,6 +417,13 @@ impl Communicator for MpiComm {
     }
 
     fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>> {
+        Ok(Box::new(self.split_mpi(members)?))
+    }
+}
+
+impl MpiComm {
+    /// [`Communicator::split`], as an MPI communicator.
+    fn split_mpi(&self, members: &[usize]) -> Result<MpiComm> {
         let mut seen = vec![false; self.size];
         for &m in members {
             if m >= self.size || std::mem::replace(&mut seen[m], true) {
@@ -466,6 +445,6 @@ impl Communicator for MpiComm {
             .comm()
             .split_by_subgroup(&group)
             .ok_or_else(|| Error::Comm("split: MPI gave no communicator to a member".into()))?;
-        Ok(Box::new(MpiComm::new(sub)))
+        Ok(MpiComm::new(sub))
     }
 }
