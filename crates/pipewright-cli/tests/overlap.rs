@@ -1,5 +1,6 @@
 //! `--no-overlap`: the data-parallel gradient sums after the schedule instead of during the
-//! backward give the same losses, to the last digit written, and the run's record says which.
+//! backward give the same losses, to the last digit written, and the run's record says which;
+//! so do buckets of 10 KiB (`--bucket-mb`), and a bucket of no bytes is refused.
 
 mod common;
 
@@ -8,7 +9,12 @@ use common::{losses, text, tmp, train, TINY};
 #[test]
 fn no_overlap_trains_to_the_same_losses_and_is_recorded() {
     let mut runs = Vec::new();
-    for (name, flag) in [("on", None), ("off", Some("--no-overlap"))] {
+    let runs_of: [(&str, &[&str]); 3] = [
+        ("on", &[]),
+        ("off", &["--no-overlap"]),
+        ("small-buckets", &["--bucket-mb", "0.01"]),
+    ];
+    for (name, flags) in runs_of {
         let out = tmp(&format!("overlap-{name}"));
         let mut a = vec![
             "--task",
@@ -27,17 +33,19 @@ fn no_overlap_trains_to_the_same_losses_and_is_recorded() {
         ];
         a.push(out.to_str().unwrap());
         a.extend_from_slice(TINY);
-        a.extend(flag);
+        a.extend_from_slice(flags);
         let o = train(&a);
         assert!(o.status.success(), "{}", text(&o));
         let params = std::fs::read_to_string(out.join("params.json")).unwrap();
         assert_eq!(
             params.contains("\"overlap\": false"),
-            flag.is_some(),
+            name == "off",
             "{params}"
         );
         runs.push(losses(&out));
     }
     assert_eq!(runs[0].len(), 6);
     assert_eq!(runs[0], runs[1], "losses with and without overlap");
+    assert_eq!(runs[0], runs[2], "losses with 10 KiB buckets");
+    common::refused(&["train", "--bucket-mb", "0"], "--bucket-mb");
 }

@@ -79,11 +79,11 @@ fn sums_during_the_backward_give_the_bits_of_sums_after_the_step() {
     fn plain(_: &mut VarunaOptions) {}
     // 16 KiB buckets: a dozen in flight at once.
     fn small_buckets(o: &mut VarunaOptions) {
-        o.bucket_bytes = 16 << 10;
+        o.spec.bucket_bytes = 16 << 10;
     }
     fn bf16(o: &mut VarunaOptions) {
         o.spec.precision = Precision::Bf16;
-        o.bucket_bytes = 16 << 10;
+        o.spec.bucket_bytes = 16 << 10;
     }
     fn zero1(o: &mut VarunaOptions) {
         o.spec.zero = Zero::OptimizerState;

@@ -34,10 +34,10 @@ fn every_zero_stage_trains_as_serial() {
     for zero in [Zero::OptimizerState, Zero::Gradients, Zero::Parameters] {
         for (pp, tp, dp) in [(1, 1, 2), (2, 1, 2), (1, 2, 2), (1, 1, 4), (2, 2, 2)] {
             let layout = Layout::new(pp, tp, dp).unwrap();
-            let opts = VarunaOptions {
-                bucket_bytes: 4096,
-                ..run.options(layout).with_spec(|s| s.zero = zero)
-            };
+            let opts = run.options(layout).with_spec(|s| {
+                s.zero = zero;
+                s.bucket_bytes = 4096;
+            });
             for (rank, got) in parallel(&run, opts).iter().enumerate() {
                 let worst = worst_difference(got, &want).unwrap();
                 assert!(
@@ -85,15 +85,13 @@ fn zero_two_and_three_keep_working_under_every_schedule_and_recomputation() {
             Recompute::ExceptLast,
         ),
     ] {
-        let opts = VarunaOptions {
-            bucket_bytes: 4096,
-            ..run.options(layout).with_spec(|s| {
-                s.zero = zero;
-                s.schedule = schedule;
-                s.virtual_stages = virtual_stages;
-                s.recompute = recompute;
-            })
-        };
+        let opts = run.options(layout).with_spec(|s| {
+            s.zero = zero;
+            s.schedule = schedule;
+            s.virtual_stages = virtual_stages;
+            s.recompute = recompute;
+            s.bucket_bytes = 4096;
+        });
         for (rank, got) in parallel(&run, opts).iter().enumerate() {
             let worst = worst_difference(got, &want).unwrap();
             assert!(
@@ -196,11 +194,10 @@ fn held(v: &candle_core::Var) -> usize {
 }
 
 fn zero_options(l: (usize, usize, usize), zero: Zero, precision: Precision) -> VarunaOptions {
-    VarunaOptions {
-        bucket_bytes: 4096,
-        ..resume::options(Layout::new(l.0, l.1, l.2).unwrap(), precision)
-            .with_spec(|s| s.zero = zero)
-    }
+    resume::options(Layout::new(l.0, l.1, l.2).unwrap(), precision).with_spec(|s| {
+        s.zero = zero;
+        s.bucket_bytes = 4096;
+    })
 }
 
 #[test]

@@ -182,6 +182,10 @@ pub struct TrainArgs {
     /// bits, for comparison and debugging.
     #[arg(help_heading = "Parallelism", long)]
     pub no_overlap: bool,
+    /// MiB per bucket of the data-parallel gradient sums and of ZeRO's shards (PyTorch DDP's
+    /// bucket_cap_mb): smaller buckets start their sums sooner in the backward.
+    #[arg(help_heading = "Parallelism", long, default_value_t = 25.0, value_parser = positive_mb)]
+    pub bucket_mb: f64,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
     /// micro-batches (as whole-batch statistics would).
     #[arg(help_heading = "Parallelism", long)]
@@ -360,6 +364,17 @@ pub fn finite(s: &str) -> std::result::Result<f64, String> {
         .map_err(|_| format!("must be a number, got `{s}`"))?;
     if !v.is_finite() {
         return Err(format!("must be a finite number, got `{s}`"));
+    }
+    Ok(v)
+}
+
+/// Parses `--bucket-mb`: a finite number of MiB above zero and at most 1 TiB.
+pub fn positive_mb(s: &str) -> std::result::Result<f64, String> {
+    let v = finite(s)?;
+    if v <= 0.0 || v > (1u64 << 20) as f64 {
+        return Err(format!(
+            "must be a number of MiB above 0 and at most 1048576, got `{s}`"
+        ));
     }
     Ok(v)
 }

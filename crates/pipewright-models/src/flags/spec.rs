@@ -173,6 +173,7 @@ impl TrainArgs {
             zero: self.zero.parse::<Zero>()?,
             sequence_parallel: self.sequence_parallel,
             overlap: !self.no_overlap,
+            bucket_bytes: (self.bucket_mb * (1 << 20) as f64).round().max(1.0) as usize,
             seed: self.seed,
             cadence: Cadence {
                 steps: self.steps,

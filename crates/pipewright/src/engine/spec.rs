@@ -14,6 +14,7 @@ use crate::model::batch::Batch;
 use crate::model::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
 use crate::model::precision::Precision;
 use crate::model::{Build, Sequential};
+use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use crate::parallel::pipeline::Recompute;
 use crate::parallel::zero::Zero;
@@ -97,10 +98,20 @@ pub struct TrainSpec {
     /// overlapped nothing.
     #[serde(default)]
     pub overlap: bool,
+    /// Bytes per bucket of the gradient sums over the replicas and of ZeRO's shards (PyTorch
+    /// DDP's `bucket_cap_mb`, 25 MiB; `train --bucket-mb`): smaller buckets start their sums
+    /// sooner in the backward, larger ones make fewer collectives. The same bits at any size.
+    #[serde(default = "default_bucket_bytes")]
+    pub bucket_bytes: usize,
     /// Seeds initialisation, dropout, the data and everything random.
     pub seed: u64,
     /// How long the run trains and when it evaluates, logs and saves.
     pub cadence: Cadence,
+}
+
+/// DDP's 25 MiB, for runs recorded before the bucket was theirs to set.
+fn default_bucket_bytes() -> usize {
+    DEFAULT_BUCKET_BYTES
 }
 
 impl TrainSpec {
@@ -124,6 +135,7 @@ impl TrainSpec {
             zero: Zero::Off,
             sequence_parallel: false,
             overlap: true,
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
             seed: 0,
             cadence: Cadence::steps(steps),
         }

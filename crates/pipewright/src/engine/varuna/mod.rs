@@ -140,7 +140,7 @@ impl Varuna {
         let weights = zero::weights(
             opts.spec.zero,
             &mut pipeline,
-            (&opts.shared_weights, opts.bucket_bytes),
+            (&opts.shared_weights, opts.spec.bucket_bytes),
             replicas,
             expert_dp.is_some(),
             masters,

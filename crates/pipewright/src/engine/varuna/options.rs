@@ -9,7 +9,6 @@ use crate::engine::spec::{Balance, TrainSpec};
 use crate::model::batch::Batch;
 use crate::model::precision::LossScaler;
 use crate::model::Sequential;
-use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::parallel::loss::{CrossEntropy, SharedLoss};
 use crate::parallel::pipeline::partition::partition;
 use crate::parallel::pipeline::PipelineOptions;
@@ -43,8 +42,6 @@ pub struct VarunaOptions {
     pub detect_anomaly: bool,
     /// Used with f16 only.
     pub loss_scaler: LossScaler,
-    /// Bytes per gradient bucket summed over replicas (and per ZeRO bucket).
-    pub bucket_bytes: usize,
     /// The objective, computed on the last stage (Varuna's model returns its loss; here the
     /// loss is given apart, see [`crate::parallel::loss`]). Cross-entropy against
     /// [`Batch::TARGETS`] by default.
@@ -56,7 +53,7 @@ pub struct VarunaOptions {
 
 impl VarunaOptions {
     /// The step of `spec`: no tied weights, the layout's placement, PyTorch's loss scaler,
-    /// DDP's 25 MiB buckets, cross-entropy, the CPU.
+    /// cross-entropy, the CPU.
     pub fn of(spec: TrainSpec) -> Self {
         Self {
             spec,
@@ -65,7 +62,6 @@ impl VarunaOptions {
             batch_fn: None,
             detect_anomaly: false,
             loss_scaler: LossScaler::new(),
-            bucket_bytes: DEFAULT_BUCKET_BYTES,
             loss: Arc::new(CrossEntropy::default()),
             device: Device::Cpu,
         }

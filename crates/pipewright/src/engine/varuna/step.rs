@@ -43,7 +43,7 @@ impl Varuna {
         let mut overlapped =
             (overlap && sharded.is_none() && self.grad_hook.is_none()).then(|| {
                 let experts = self.expert_dp.as_deref().map(|c| (c, experts.as_slice()));
-                let sizes = (scale, micro_batches, self.opts.bucket_bytes);
+                let sizes = (scale, micro_batches, self.opts.spec.bucket_bytes);
                 OverlappedSums::new(self.dp.as_ref(), experts, &self.opts.shared_weights, sizes)
             });
         let sink = match (sharded.as_mut(), overlapped.as_mut()) {
@@ -85,7 +85,7 @@ impl Varuna {
     /// Sums `grads` over the replicas: the experts' over the ranks holding the same experts
     /// (under expert parallelism), everything else over every replica.
     fn sum_over_replicas(&self, grads: &mut Grads) -> Result<()> {
-        let bucket = self.opts.bucket_bytes;
+        let bucket = self.opts.spec.bucket_bytes;
         let Some(expert_dp) = self.expert_dp.as_deref() else {
             return all_reduce_grads(grads, self.dp.as_ref(), bucket).map(drop);
         };
