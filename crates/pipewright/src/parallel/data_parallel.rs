@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::dist::comm::{Communicator, ReduceOp};
+use crate::dist::comm::{Communicator, Pending, ReduceOp};
 use crate::model::batch::Batch;
 use crate::model::grads::Grads;
 use crate::{invalid, Result};
@@ -38,27 +38,50 @@ pub fn all_reduce_grads(
         .map(|r| &names[r])
         .collect();
     for bucket in &buckets {
-        let flat = bucket
+        let parts = bucket
             .iter()
-            .map(|(n, _)| {
-                Ok(grads
-                    .get(n)
-                    .expect("listed")
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let sum = comm.all_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
-        let mut at = 0;
-        for (n, dims) in bucket.iter() {
-            let len: usize = dims.iter().product();
-            let g = sum.narrow(0, at, len)?.reshape(dims.as_slice())?;
-            let dt = grads.get(n).expect("listed").dtype();
-            grads.insert(n.clone(), g.to_dtype(dt)?);
-            at += len;
-        }
+            .map(|(n, _)| (n.clone(), grads.get(n).expect("listed").clone()))
+            .collect::<Vec<_>>();
+        BucketSum::start(&parts, comm)?.finish_into(grads)?;
     }
     Ok(buckets.len())
+}
+
+/// One bucket's sum over the replicas in flight: its gradients flattened into one f32 buffer
+/// in order, the sum started ([`Communicator::iall_reduce`]); [`BucketSum::finish_into`] waits
+/// and puts each sum back, in its gradient's type and shape. The one bucket of the sums after
+/// the step ([`all_reduce_grads`]) and during the backward ([`super::overlap`]).
+pub(crate) struct BucketSum {
+    /// Each gradient's name, shape and type, in the order flattened.
+    parts: Vec<(String, Vec<usize>, DType)>,
+    sum: Pending<Tensor>,
+}
+
+impl BucketSum {
+    /// Starts the sum of `grads` over `comm`.
+    pub(crate) fn start(grads: &[(String, Tensor)], comm: &dyn Communicator) -> Result<Self> {
+        let parts = (grads.iter())
+            .map(|(n, g)| (n.clone(), g.dims().to_vec(), g.dtype()))
+            .collect();
+        let flat = (grads.iter())
+            .map(|(_, g)| Ok(g.to_dtype(DType::F32)?.flatten_all()?))
+            .collect::<Result<Vec<_>>>()?;
+        let sum = comm.iall_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
+        Ok(Self { parts, sum })
+    }
+
+    /// Waits for the sum and puts each gradient's part of it into `out`.
+    pub(crate) fn finish_into(self, out: &mut Grads) -> Result<()> {
+        let sum = self.sum.wait()?;
+        let mut at = 0;
+        for (n, dims, dt) in self.parts {
+            let len: usize = dims.iter().product();
+            let g = sum.narrow(0, at, len)?.reshape(dims.as_slice())?;
+            out.insert(n, g.to_dtype(dt)?);
+            at += len;
+        }
+        Ok(())
+    }
 }
 
 /// Consecutive runs of tensors of `sizes` elements (in order) filling buckets of about

@@ -20,18 +20,12 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
-use crate::dist::comm::{Communicator, Pending, ReduceOp};
+use crate::dist::comm::Communicator;
 use crate::model::grads::Grads;
 use crate::model::precision::to_master_grads;
-use crate::parallel::data_parallel::all_reduce_grads;
+use crate::parallel::data_parallel::{all_reduce_grads, BucketSum};
 use crate::parallel::pipeline::GradSink;
 use crate::Result;
-
-/// A bucket's sum in flight: its gradients' names and shapes, in the order flattened.
-struct InFlight {
-    names: Vec<(String, Vec<usize>)>,
-    sum: Pending<Tensor>,
-}
 
 /// Final gradients waiting for their bucket to fill, over one group of replicas.
 struct Filling<'a> {
@@ -52,7 +46,7 @@ pub struct OverlappedSums<'a> {
     /// Running sums of the gradients not yet final, and how many micro-batches gave each.
     sums: Grads,
     given: HashMap<String, usize>,
-    in_flight: Vec<InFlight>,
+    in_flight: Vec<BucketSum>,
 }
 
 impl<'a> OverlappedSums<'a> {
@@ -121,38 +115,24 @@ impl<'a> OverlappedSums<'a> {
         let mut out = to_master_grads(after, 1.0 / self.scale)?;
         all_reduce_grads(&mut out, self.dense.comm, self.bucket_bytes)?;
         for f in self.in_flight {
-            let sum = f.sum.wait()?;
-            let mut at = 0;
-            for (n, dims) in f.names {
-                let len: usize = dims.iter().product();
-                out.insert(n, sum.narrow(0, at, len)?.reshape(dims.as_slice())?);
-                at += len;
-            }
+            f.finish_into(&mut out)?;
         }
         Ok(out)
     }
 }
 
 /// Starts the sum of the bucket `fill` holds (made f32 and unscaled by `1 / scale`), if any.
-fn start(fill: &mut Filling, scale: f64) -> Result<Option<InFlight>> {
+fn start(fill: &mut Filling, scale: f64) -> Result<Option<BucketSum>> {
     let grads = std::mem::take(&mut fill.grads);
     fill.bytes = 0;
     if grads.is_empty() {
         return Ok(None);
     }
     let master = to_master_grads(&grads, 1.0 / scale)?;
-    let names: Vec<(String, Vec<usize>)> = master
-        .iter()
-        .map(|(n, g)| (n.clone(), g.dims().to_vec()))
+    let parts: Vec<(String, Tensor)> = (master.iter())
+        .map(|(n, g)| (n.clone(), g.clone()))
         .collect();
-    let flat = master
-        .iter()
-        .map(|(_, g)| g.flatten_all())
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let sum = fill
-        .comm
-        .iall_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
-    Ok(Some(InFlight { names, sum }))
+    BucketSum::start(&parts, fill.comm).map(Some)
 }
 
 impl GradSink for OverlappedSums<'_> {

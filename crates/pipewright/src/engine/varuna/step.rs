@@ -39,13 +39,13 @@ impl Varuna {
         // Without ZeRO's sharding, the sums over the replicas start during the backward
         // (unless a hook must see the gradients before they are summed).
         let micro_batches = self.pipeline.schedule().micro_batches;
-        let overlap = self.opts.spec.overlaps_grad_sums();
-        let mut overlapped =
-            (overlap && sharded.is_none() && self.grad_hook.is_none()).then(|| {
-                let experts = self.expert_dp.as_deref().map(|c| (c, experts.as_slice()));
-                let sizes = (scale, micro_batches, self.opts.spec.bucket_bytes);
-                OverlappedSums::new(self.dp.as_ref(), experts, &self.opts.shared_weights, sizes)
-            });
+        // (ZeRO-2/3, whose sink reduce-scatters, never overlap: `overlaps_grad_sums` says so.)
+        let overlap = self.opts.spec.overlaps_grad_sums() && self.grad_hook.is_none();
+        let mut overlapped = overlap.then(|| {
+            let experts = self.expert_dp.as_deref().map(|c| (c, experts.as_slice()));
+            let sizes = (scale, micro_batches, self.opts.spec.bucket_bytes);
+            OverlappedSums::new(self.dp.as_ref(), experts, &self.opts.shared_weights, sizes)
+        });
         let sink = match (sharded.as_mut(), overlapped.as_mut()) {
             (Some(s), _) => Some(s as &mut dyn GradSink),
             (None, Some(o)) => Some(o as &mut dyn GradSink),
