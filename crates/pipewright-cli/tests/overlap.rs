@@ -1,6 +1,8 @@
 //! `--no-overlap`: the data-parallel gradient sums after the schedule instead of during the
 //! backward give the same losses, to the last digit written, and the run's record says which;
-//! so do buckets of 10 KiB (`--bucket-mb`), and a bucket of no bytes is refused.
+//! so do buckets of 10 KiB (`--bucket-mb`), and a bucket of no bytes is refused. Under ZeRO-3,
+//! layers gathered ahead (`--zero-live-layers`, default 2) and gathered when needed (1) give the
+//! same losses too, and no live layer is refused.
 
 mod common;
 
@@ -9,10 +11,15 @@ use common::{losses, text, tmp, train, TINY};
 #[test]
 fn no_overlap_trains_to_the_same_losses_and_is_recorded() {
     let mut runs = Vec::new();
-    let runs_of: [(&str, &[&str]); 3] = [
+    let runs_of: [(&str, &[&str]); 5] = [
         ("on", &[]),
         ("off", &["--no-overlap"]),
         ("small-buckets", &["--bucket-mb", "0.01"]),
+        ("zero3", &["--zero", "3"]),
+        (
+            "zero3-one-live",
+            &["--zero", "3", "--zero-live-layers", "1"],
+        ),
     ];
     for (name, flags) in runs_of {
         let out = tmp(&format!("overlap-{name}"));
@@ -42,10 +49,17 @@ fn no_overlap_trains_to_the_same_losses_and_is_recorded() {
             name == "off",
             "{params}"
         );
+        let one_live = params.contains("\"zero_live_layers\": 1");
+        assert_eq!(one_live, name == "zero3-one-live", "{params}");
         runs.push(losses(&out));
     }
     assert_eq!(runs[0].len(), 6);
     assert_eq!(runs[0], runs[1], "losses with and without overlap");
     assert_eq!(runs[0], runs[2], "losses with 10 KiB buckets");
+    assert_eq!(
+        runs[3], runs[4],
+        "ZeRO-3's losses with and without gathers ahead"
+    );
     common::refused(&["train", "--bucket-mb", "0"], "--bucket-mb");
+    common::refused(&["train", "--zero-live-layers", "0"], "--zero-live-layers");
 }

@@ -2,13 +2,15 @@
 //! step (`--no-overlap`): the same losses, gradient norms, summed gradients and parameters, bit
 //! for bit, at data-parallel layouts with pipeline and tensor parallelism, tied weights, more
 //! than one micro-batch a replica, small buckets (many in flight at once), in f32 and bf16,
-//! and with ZeRO-1 (whose gradients are whole too).
+//! and with ZeRO-1 (whose gradients are whole too); and ZeRO-2's and ZeRO-3's reduce-scatters
+//! kept in flight give the bits of waiting for each at once.
 
 use candle_core::Tensor;
 use pipewright::dist::comm::local;
 use pipewright::dist::topology::Layout;
 use pipewright::engine::varuna::VarunaOptions;
 use pipewright::model::precision::Precision;
+use pipewright::parallel::pipeline::ScheduleKind;
 use pipewright::parallel::zero::Zero;
 use pipewright_models::parity::{ParityRun, RankResult};
 
@@ -33,7 +35,7 @@ fn ranks(
     let mut opts = run.options(layout);
     tweak(&mut opts);
     opts.spec.overlap = on;
-    assert_eq!(opts.spec.overlaps_grad_sums(), on);
+    assert_eq!(opts.spec.cuts_last_forward(), on);
     local::run(layout.world(), |comm| {
         run.rank(Box::new(comm), opts.clone())
     })
@@ -88,19 +90,70 @@ fn sums_during_the_backward_give_the_bits_of_sums_after_the_step() {
     fn zero1(o: &mut VarunaOptions) {
         o.spec.zero = Zero::OptimizerState;
     }
+    fn zero2(o: &mut VarunaOptions) {
+        o.spec.zero = Zero::Gradients;
+        o.spec.bucket_bytes = 16 << 10;
+    }
+    fn zero3(o: &mut VarunaOptions) {
+        o.spec.zero = Zero::Parameters;
+        o.spec.bucket_bytes = 16 << 10;
+    }
+    fn zero2_bf16(o: &mut VarunaOptions) {
+        zero2(o);
+        o.spec.precision = Precision::Bf16;
+    }
     type Case = (&'static str, (usize, usize, usize), fn(&mut VarunaOptions));
-    let cases: [Case; 6] = [
+    let cases: [Case; 10] = [
         ("dp 2", (1, 1, 2), plain),
         ("dp 2, small buckets", (1, 1, 2), small_buckets),
         ("pp 2 x dp 2, small buckets", (2, 1, 2), small_buckets),
         ("tp 2 x dp 2", (1, 2, 2), plain),
         ("pp 2 x dp 2, bf16", (2, 1, 2), bf16),
         ("dp 2, ZeRO-1", (1, 1, 2), zero1),
+        ("dp 2, ZeRO-2", (1, 1, 2), zero2),
+        ("pp 2 x dp 2, ZeRO-2, bf16", (2, 1, 2), zero2_bf16),
+        ("dp 2, ZeRO-3", (1, 1, 2), zero3),
+        ("tp 2 x dp 2, ZeRO-3", (1, 2, 2), zero3),
     ];
     for (what, (pp, tp, dp), tweak) in cases {
         let layout = Layout::new(pp, tp, dp).unwrap();
         let on = ranks(&run, layout, tweak, true);
         let off = ranks(&run, layout, tweak, false);
         same(what, &on, &off);
+    }
+}
+
+/// ZeRO-3's gathers ahead (`zero_live_layers` above 1) give the bits of gathering each layer
+/// when it computes, plain and with two model stages a pipeline rank (where the guessed next
+/// layer is sometimes another stage's, and is dropped).
+#[test]
+fn zero3_layers_gathered_ahead_give_the_bits_of_gathering_when_needed() {
+    let run = ParityRun {
+        steps: 3,
+        ..ParityRun::default()
+    };
+    for (what, (pp, tp, dp), virtual_stages) in [
+        ("dp 2", (1, 1, 2), 1),
+        ("pp 2 x dp 2, two stages a rank", (2, 1, 2), 2),
+    ] {
+        let layout = Layout::new(pp, tp, dp).unwrap();
+        let at = |live: usize| {
+            let mut opts = run.options(layout);
+            opts.spec.zero = Zero::Parameters;
+            opts.spec.bucket_bytes = 16 << 10;
+            if virtual_stages > 1 {
+                opts.spec.schedule = ScheduleKind::Interleaved;
+                opts.spec.virtual_stages = virtual_stages;
+            }
+            opts.spec.zero_live_layers = live;
+            local::run(layout.world(), |comm| {
+                run.rank(Box::new(comm), opts.clone())
+            })
+            .unwrap()
+        };
+        let once = at(1);
+        for live in [2, 3] {
+            same(&format!("{what}, {live} live layers"), &at(live), &once);
+        }
     }
 }

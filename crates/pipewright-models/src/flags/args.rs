@@ -186,6 +186,11 @@ pub struct TrainArgs {
     /// bucket_cap_mb): smaller buckets start their sums sooner in the backward.
     #[arg(help_heading = "Parallelism", long, default_value_t = 25.0, value_parser = positive_mb)]
     pub bucket_mb: f64,
+    /// Under --zero 3, layers held gathered at a time at most, the one computing included
+    /// (DeepSpeed's stage3_max_live_parameters, by layer): above 1 the next layers' gathers
+    /// travel while one computes (FSDP's prefetch); 1 gathers each layer when it is needed.
+    #[arg(help_heading = "Parallelism", long, default_value_t = 2, value_parser = positive)]
+    pub zero_live_layers: usize,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
     /// micro-batches (as whole-batch statistics would).
     #[arg(help_heading = "Parallelism", long)]

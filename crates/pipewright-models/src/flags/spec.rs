@@ -174,6 +174,7 @@ impl TrainArgs {
             sequence_parallel: self.sequence_parallel,
             overlap: !self.no_overlap,
             bucket_bytes: (self.bucket_mb * (1 << 20) as f64).round().max(1.0) as usize,
+            zero_live_layers: self.zero_live_layers,
             seed: self.seed,
             cadence: Cadence {
                 steps: self.steps,

@@ -93,9 +93,10 @@ pub struct TrainSpec {
     #[serde(default)]
     pub sequence_parallel: bool,
     /// Data-parallel gradient sums start during the backward, as each layer's gradients are
-    /// final (PyTorch DDP's default); `false` (`--no-overlap`) sums after the schedule ends,
-    /// for comparison and debugging. The same bits either way. Runs recorded before it
-    /// overlapped nothing.
+    /// final (PyTorch DDP's default), and ZeRO-2/3's reduce-scatters travel while the pipeline
+    /// goes on; `false` (`--no-overlap`) sums after the schedule ends and waits for each
+    /// reduce-scatter at once, for comparison and debugging. The same bits either way. Runs
+    /// recorded before it overlapped nothing.
     #[serde(default)]
     pub overlap: bool,
     /// Bytes per bucket of the gradient sums over the replicas and of ZeRO's shards (PyTorch
@@ -103,6 +104,12 @@ pub struct TrainSpec {
     /// sooner in the backward, larger ones make fewer collectives. The same bits at any size.
     #[serde(default = "default_bucket_bytes")]
     pub bucket_bytes: usize,
+    /// ZeRO-3's gathered layers at most at a time, the one computing included (`train
+    /// --zero-live-layers`, DeepSpeed's `stage3_max_live_parameters` by layer): above 1, the
+    /// next layers' gathers start while one computes (FSDP's prefetch); 1 gathers each layer
+    /// when it is needed. The same bits at any bound.
+    #[serde(default = "default_live_layers")]
+    pub zero_live_layers: usize,
     /// Seeds initialisation, dropout, the data and everything random.
     pub seed: u64,
     /// How long the run trains and when it evaluates, logs and saves.
@@ -112,6 +119,11 @@ pub struct TrainSpec {
 /// DDP's 25 MiB, for runs recorded before the bucket was theirs to set.
 fn default_bucket_bytes() -> usize {
     DEFAULT_BUCKET_BYTES
+}
+
+/// Two gathered layers: the one computing and the next (runs recorded before prefetch held one).
+fn default_live_layers() -> usize {
+    2
 }
 
 impl TrainSpec {
@@ -136,6 +148,7 @@ impl TrainSpec {
             sequence_parallel: false,
             overlap: true,
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            zero_live_layers: default_live_layers(),
             seed: 0,
             cadence: Cadence::steps(steps),
         }
@@ -146,6 +159,13 @@ impl TrainSpec {
     /// as the pipeline completes them already).
     pub fn overlaps_grad_sums(&self) -> bool {
         self.overlap && self.layout.dp > 1 && !self.zero.shards_grads()
+    }
+
+    /// Whether the last micro-batch's forward is cut into one graph per layer, so that its
+    /// backward gives each layer's gradients as they are final: overlap on with more than one
+    /// replica (ZeRO-3 cuts every micro-batch's anyway).
+    pub fn cuts_last_forward(&self) -> bool {
+        self.overlap && self.layout.dp > 1
     }
 
     /// Ranks the run needs.

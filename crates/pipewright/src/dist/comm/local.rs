@@ -330,19 +330,25 @@ impl Communicator for LocalComm {
     }
 
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
-        let n = self.size();
-        let all = self.collective("all_gather", vec![t.clone()], |all| {
-            let ts = first(all);
-            let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
-            check_same_dtype(&parts)?;
-            Ok(vec![ts; n])
-        })?;
-        // Its own part is its input; the others', copies of its own.
-        let mine = self.rank;
-        all.into_iter()
-            .enumerate()
-            .map(|(r, t)| if r == mine { Ok(t) } else { own(t) })
-            .collect()
+        self.iall_gather(t)?.wait()
+    }
+
+    fn iall_gather(&self, t: &Tensor) -> Result<Pending<Vec<Tensor>>> {
+        let (n, mine) = (self.size(), self.rank);
+        let started = self.start("all_gather", vec![t.clone()])?;
+        Ok(Pending::new(move || {
+            let all = started.finish(|all| {
+                let ts = first(all);
+                let parts: Vec<_> = ts.iter().map(|t| (t.dims().to_vec(), t.dtype())).collect();
+                check_same_dtype(&parts)?;
+                Ok(vec![ts; n])
+            })?;
+            // Its own part is its input; the others', copies of its own.
+            all.into_iter()
+                .enumerate()
+                .map(|(r, t)| if r == mine { Ok(t) } else { own(t) })
+                .collect()
+        }))
     }
 
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor> {

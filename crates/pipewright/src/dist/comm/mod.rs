@@ -121,6 +121,11 @@ pub trait Communicator: Send + Sync {
     }
     /// Every member gets every member's tensor, in rank order (shapes may differ).
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>>;
+    /// Starts [`Communicator::all_gather`] (ZeRO-3's next layer fetched while this one
+    /// computes), as [`Communicator::iall_reduce`] starts an all-reduce.
+    fn iall_gather(&self, t: &Tensor) -> Result<Pending<Vec<Tensor>>> {
+        Ok(Pending::ready(self.all_gather(t)))
+    }
     /// Reduces, then member `r` keeps part `r` of `size` equal parts along dim 0.
     fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Tensor>;
     /// Starts [`Communicator::reduce_scatter`] (ZeRO-2's gradient shards during the

@@ -328,6 +328,18 @@ impl Communicator for MpiComm {
         self.on_progress(t, |p, t| p.reduce_scatter(t, op))
     }
 
+    fn iall_gather(&self, t: &Tensor) -> Result<Pending<Vec<Tensor>>> {
+        let (here, t) = (t.device().clone(), to_host(t, "mpi")?);
+        let h = self.progress()?.all_gather(&t)?;
+        Ok(Pending::new(move || {
+            let parts = h.wait()?;
+            Ok(parts
+                .iter()
+                .map(|p| p.to_device(&here))
+                .collect::<candle_core::Result<_>>()?)
+        }))
+    }
+
     fn all_gather(&self, t: &Tensor) -> Result<Vec<Tensor>> {
         let (here, t) = (t.device(), &to_host(t, "mpi")?);
         let parts = self.headers(t)?;

@@ -1,5 +1,5 @@
-//! A rank's communication thread: collectives started with [`Communicator::iall_reduce`] or
-//! [`Communicator::ireduce_scatter`] run there, one after another in the order they were
+//! A rank's communication thread: collectives started with [`Communicator::iall_reduce`],
+//! [`Communicator::ireduce_scatter`] or [`Communicator::iall_gather`] run there, one after another in the order they were
 //! started, on a communicator of their own (a split of the same members, so they never
 //! interleave with the blocking collectives the rank's own thread runs meanwhile), while the
 //! rank computes. The engine of an engine that has no non-blocking collectives it can use:
@@ -75,6 +75,12 @@ impl Progress {
     pub fn reduce_scatter(&self, t: &Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
         let t = t.clone();
         self.start(move |c| c.reduce_scatter(&t, op))
+    }
+
+    /// [`Communicator::all_gather`] of `t` on the thread.
+    pub fn all_gather(&self, t: &Tensor) -> Result<Pending<Vec<Tensor>>> {
+        let t = t.clone();
+        self.start(move |c| c.all_gather(&t))
     }
 }
 

@@ -140,7 +140,11 @@ impl Varuna {
         let weights = zero::weights(
             opts.spec.zero,
             &mut pipeline,
-            (&opts.shared_weights, opts.spec.bucket_bytes),
+            (
+                &opts.shared_weights,
+                opts.spec.bucket_bytes,
+                opts.spec.zero_live_layers,
+            ),
             replicas,
             expert_dp.is_some(),
             masters,

@@ -127,7 +127,7 @@ impl VarunaOptions {
             recompute: s.recompute,
             deferred_batch_norm: s.deferred_batch_norm,
             detect_anomaly: self.detect_anomaly,
-            cut_last: s.overlaps_grad_sums(),
+            cut_last: s.cuts_last_forward(),
         })
     }
 

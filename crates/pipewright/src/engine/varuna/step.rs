@@ -29,12 +29,13 @@ impl Varuna {
     ) -> Result<(f64, Grads)> {
         // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
         let experts = self.pipeline.experts().to_vec();
+        let in_flight = self.opts.spec.overlap;
         let mut sharded = (self.zero().shards_grads())
             .then(|| self.weights.sharded())
             .flatten()
             .map(|z| {
                 let c = Replicas::of(self.dp.as_ref(), self.expert_dp.as_deref());
-                z.sink(c, scale, &experts)
+                z.sink(c, (scale, in_flight), &experts)
             });
         // Without ZeRO's sharding, the sums over the replicas start during the backward
         // (unless a hook must see the gradients before they are summed).

@@ -27,12 +27,12 @@ pub(super) enum Weights {
 /// buckets of their own (their gradients are complete together; under ZeRO-3 each layer's,
 /// which the layer gathers when it computes), tied weights apart (they are summed between
 /// stages after the pipeline), the experts (`split_experts`: under expert parallelism) sharded
-/// over the ranks holding them, the whole masters dropped once cut; else `masters` whole
-/// (without ZeRO or with one replica).
+/// over the ranks holding them, the whole masters dropped once cut, ZeRO-3 holding at most
+/// `live` gathered layers; else `masters` whole (without ZeRO or with one replica).
 pub(super) fn weights(
     zero: Zero,
     pipeline: &mut Pipeline,
-    (tied, bucket_bytes): (&[(String, String)], usize),
+    (tied, bucket_bytes, live): (&[(String, String)], usize, usize),
     c: Replicas<'_>,
     split_experts: bool,
     masters: MasterWeights,
@@ -52,7 +52,12 @@ pub(super) fn weights(
             let g = usize::from(split_experts && experts.contains(&n));
             let group = if zero == Zero::Parameters { layer } else { k };
             let tag = if is_tied(&n) { AFTER_PIPELINE } else { group };
-            specs[g].push((n.clone(), v.dims().to_vec(), tag));
+            specs[g].push(ParamSpec {
+                name: n.clone(),
+                dims: v.dims().to_vec(),
+                group: tag,
+                layer,
+            });
             model[g].push((n.clone(), v.clone()));
             split[g].push((n, v));
         }
@@ -80,7 +85,8 @@ pub(super) fn weights(
         // A communicator of its own: layers gather inside the schedule, between the step's
         // other collectives over the replicas.
         let all: Vec<usize> = (0..comm.size()).collect();
-        let gather = LayerGather::new(plan, comm.split(&all)?, z.pieces().to_vec(), layers)?;
+        let pieces = z.pieces().to_vec();
+        let gather = LayerGather::new(plan, comm.split(&all)?, pieces, (layers, live))?;
         let gather = Arc::new(gather);
         Ok::<_, crate::Error>((z.with_gather(gather.clone()), Some(gather)))
     };

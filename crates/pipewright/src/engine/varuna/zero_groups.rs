@@ -134,16 +134,22 @@ impl ZeroGroups {
         Ok(Some(out))
     }
 
-    /// ZeRO-2/3's sink of one step's gradients (loss scale `scale`; by layer under ZeRO-3):
-    /// the experts' reduce-scattered over their group, the rest over every replica.
-    pub fn sink<'a>(&'a self, c: Replicas<'a>, scale: f64, experts: &'a [String]) -> Sink<'a> {
-        let by_layer = self.stage() == Zero::Parameters;
+    /// ZeRO-2/3's sink of one step's gradients (loss scale `scale`; by layer under ZeRO-3;
+    /// reduce-scatters kept in flight with `overlap`): the experts' reduce-scattered over
+    /// their group, the rest over every replica.
+    pub fn sink<'a>(
+        &'a self,
+        c: Replicas<'a>,
+        (scale, overlap): (f64, bool),
+        experts: &'a [String],
+    ) -> Sink<'a> {
+        let how = (self.stage() == Zero::Parameters, overlap);
         Sink {
-            dense: ShardedGrads::new(self.dense.plan(), c.dense, scale, by_layer),
+            dense: ShardedGrads::new(self.dense.plan(), c.dense, scale, how),
             experts: self
                 .experts
                 .as_ref()
-                .map(|z| ShardedGrads::new(z.plan(), c.experts, scale, by_layer)),
+                .map(|z| ShardedGrads::new(z.plan(), c.experts, scale, how)),
             names: experts,
         }
     }

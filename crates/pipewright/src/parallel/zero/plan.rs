@@ -14,17 +14,28 @@
 //!   rules keyed by rank (weight decay on matrices only) treat it as its parameter.
 //! - Everything a plan moves is f32 (gradients, master weights, optimizer moments).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::dist::comm::{Communicator, ReduceOp};
+use crate::dist::comm::{Communicator, Pending, ReduceOp};
 use crate::parallel::data_parallel::buckets;
 use crate::{invalid, Result};
 
-/// A parameter's name, shape and group tag, as a plan is made from.
-pub type ParamSpec = (String, Vec<usize>, usize);
+/// A parameter as a plan is made from it.
+#[derive(Clone, Debug)]
+pub struct ParamSpec {
+    /// The parameter's global name.
+    pub name: String,
+    /// Its shape.
+    pub dims: Vec<usize>,
+    /// Its group tag: buckets never span two groups.
+    pub group: usize,
+    /// The layer (global index) whose backward gives its gradient: a bucket's gradients are
+    /// complete once each of its layers has given them ([`ShardPlan::bucket_layers`]).
+    pub layer: usize,
+}
 
 /// The buckets and this member's pieces of a rank's parameters (see the module's conventions).
 #[derive(Clone, Debug)]
@@ -41,6 +52,8 @@ pub struct ShardPlan {
 #[derive(Clone, Debug)]
 struct Bucket {
     tag: usize,
+    /// The layers its parameters belong to.
+    layers: BTreeSet<usize>,
     /// (name, shape, first element in the bucket).
     params: Vec<(String, Vec<usize>, usize)>,
     /// Elements before padding.
@@ -108,32 +121,42 @@ impl ShardPlan {
         let mut out = Self {
             buckets: Vec::new(),
             pieces: Vec::new(),
-            tags: params.iter().map(|p| (p.0.clone(), p.2)).collect(),
+            tags: params.iter().map(|p| (p.name.clone(), p.group)).collect(),
             rank,
             size,
             device,
         };
         let mut start = 0;
         while start < params.len() {
-            let tag = params[start].2;
-            let end = start + params[start..].iter().take_while(|p| p.2 == tag).count();
+            let tag = params[start].group;
+            let end = start
+                + params[start..]
+                    .iter()
+                    .take_while(|p| p.group == tag)
+                    .count();
             let run = &params[start..end];
-            let sizes: Vec<usize> = run.iter().map(|p| p.1.iter().product()).collect();
+            let sizes: Vec<usize> = run.iter().map(|p| p.dims.iter().product()).collect();
             for r in buckets(&sizes, bucket_bytes) {
                 let mut at = 0;
                 let mut entries = Vec::new();
-                for (p, n) in run[r.clone()].iter().zip(&sizes[r]) {
-                    entries.push((p.0.clone(), p.1.clone(), at));
+                for (p, n) in run[r.clone()].iter().zip(&sizes[r.clone()]) {
+                    entries.push((p.name.clone(), p.dims.clone(), at));
                     at += n;
                 }
-                out.push_bucket(tag, entries, at);
+                let layers = run[r].iter().map(|p| p.layer).collect();
+                out.push_bucket((tag, layers), entries, at);
             }
             start = end;
         }
         Ok(out)
     }
 
-    fn push_bucket(&mut self, tag: usize, params: Vec<(String, Vec<usize>, usize)>, len: usize) {
+    fn push_bucket(
+        &mut self,
+        (tag, layers): (usize, BTreeSet<usize>),
+        params: Vec<(String, Vec<usize>, usize)>,
+        len: usize,
+    ) {
         let shard = len.div_ceil(self.size);
         let mine = self.rank * shard..(self.rank + 1) * shard;
         let bucket = self.buckets.len();
@@ -152,6 +175,7 @@ impl ShardPlan {
         }
         self.buckets.push(Bucket {
             tag,
+            layers,
             params,
             len,
             shard,
@@ -179,6 +203,16 @@ impl ShardPlan {
         (0..self.buckets.len())
             .filter(|b| self.buckets[*b].tag == tag)
             .collect()
+    }
+
+    /// The layers whose parameters bucket `b` holds.
+    pub fn bucket_layers(&self, b: usize) -> &BTreeSet<usize> {
+        &self.buckets[b].layers
+    }
+
+    /// Whether bucket `b` holds parameter `name`.
+    pub fn bucket_holds(&self, b: usize, name: &str) -> bool {
+        self.buckets[b].params.iter().any(|p| p.0 == name)
     }
 
     /// The number of buckets.
@@ -209,13 +243,14 @@ impl ShardPlan {
     }
 
     /// Bucket `b` of the whole tensors `get` gives, flat in f32 and padded (a name without a
-    /// tensor reads as zeros), reduced over the group: this member's shard of the sum.
+    /// tensor reads as zeros), reduced over the group: this member's shard of the sum, in
+    /// flight ([`Communicator::ireduce_scatter`]).
     pub fn reduce_scatter(
         &self,
         b: usize,
         comm: &dyn Communicator,
         get: impl Fn(&str) -> Option<Tensor>,
-    ) -> Result<Tensor> {
+    ) -> Result<Pending<Tensor>> {
         let bucket = &self.buckets[b];
         let mut flat = Vec::new();
         for (name, dims, _) in &bucket.params {
@@ -229,7 +264,7 @@ impl ShardPlan {
         if pad > 0 {
             flat.push(Tensor::zeros(pad, DType::F32, &self.device)?);
         }
-        comm.reduce_scatter(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)
+        comm.ireduce_scatter(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)
     }
 
     /// The pieces of bucket `b` in this member's `shard` of it.
@@ -308,6 +343,17 @@ impl ShardPlan {
         comm: &dyn Communicator,
         pieces: &BTreeMap<String, Tensor>,
     ) -> Result<Tensor> {
+        self.start_gather_bucket(b, comm, pieces)?.wait()
+    }
+
+    /// [`ShardPlan::gather_bucket`] started: the shards travel while the caller computes
+    /// ([`Communicator::iall_gather`]); the pieces are read now.
+    pub fn start_gather_bucket(
+        &self,
+        b: usize,
+        comm: &dyn Communicator,
+        pieces: &BTreeMap<String, Tensor>,
+    ) -> Result<Pending<Tensor>> {
         let bucket = &self.buckets[b];
         let mut shard = Vec::new();
         let mut filled = 0;
@@ -325,12 +371,14 @@ impl ShardPlan {
                 &self.device,
             )?);
         }
-        let parts = comm.all_gather(&Tensor::cat(&shard, 0)?)?;
-        let parts: Vec<Tensor> = parts
-            .into_iter()
-            .map(|t| t.to_device(&self.device))
-            .collect::<candle_core::Result<_>>()?;
-        Ok(Tensor::cat(&parts, 0)?)
+        let parts = comm.iall_gather(&Tensor::cat(&shard, 0)?)?;
+        let device = self.device.clone();
+        Ok(Pending::new(move || {
+            let parts: Vec<Tensor> = (parts.wait()?.into_iter())
+                .map(|t| t.to_device(&device))
+                .collect::<candle_core::Result<_>>()?;
+            Ok(Tensor::cat(&parts, 0)?)
+        }))
     }
 
     /// The buckets that hold any of `names`, in order.

@@ -103,8 +103,12 @@ impl ZeroShards {
 
     /// Gives every member's updated pieces to the model's weights (collective over the
     /// group: the all-gather after each optimizer step). Under ZeRO-3 there is nothing to
-    /// give: each layer gathers its weights from the pieces when it computes.
+    /// give: each layer gathers its weights from the pieces when it computes, and what was
+    /// gathered ahead of the step is dropped ([`LayerGather::forget`]).
     pub fn publish(&self, comm: &dyn Communicator) -> Result<()> {
+        if let Some(g) = &self.gather {
+            return g.forget();
+        }
         if self.stage == Zero::Parameters {
             return Ok(());
         }
@@ -200,6 +204,9 @@ impl ZeroShards {
         for ((n, piece), (name, var)) in cut.iter().zip(&self.pieces) {
             debug_assert_eq!(n, name);
             var.set(piece)?;
+        }
+        if let Some(g) = &self.gather {
+            return g.forget();
         }
         if self.stage == Zero::Parameters {
             return Ok(());

@@ -6,6 +6,10 @@
 
 use candle_core::{DType, Device, Tensor};
 
+mod non_blocking;
+
+use non_blocking::non_blocking;
+
 use super::{Communicator, ReduceOp};
 use crate::dist::topology::{Axis, Layout, Topology};
 use crate::{Error, Result};
@@ -23,18 +27,18 @@ pub fn values(rank: usize, salt: usize, n: usize) -> Vec<f64> {
 }
 
 /// Values read back on the host (the comparison is no test of the device's casts).
-fn as_f64(t: &Tensor) -> Result<Vec<f64>> {
+pub(super) fn as_f64(t: &Tensor) -> Result<Vec<f64>> {
     Ok(t.to_device(&Device::Cpu)?
         .to_dtype(DType::F64)?
         .flatten_all()?
         .to_vec1::<f64>()?)
 }
 
-struct Count<'a> {
-    rank: usize,
+pub(super) struct Count<'a> {
+    pub(super) rank: usize,
     passed: usize,
     failed: Vec<String>,
-    comm: &'a dyn Communicator,
+    pub(super) comm: &'a dyn Communicator,
     device: &'a Device,
     /// The shapes tested: [`SHAPES`], less the empty ones where the device cannot hold an
     /// empty tensor (candle's CUDA storage allocates no zero-byte buffers).
@@ -42,7 +46,7 @@ struct Count<'a> {
 }
 
 impl Count<'_> {
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+    pub(super) fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
         if ok {
             self.passed += 1;
         } else {
@@ -51,14 +55,14 @@ impl Count<'_> {
     }
 
     /// `v` as a tensor of `shape` and `dt` on the device under test.
-    fn tensor(&self, v: &[f64], shape: &[usize], dt: DType) -> Result<Tensor> {
+    pub(super) fn tensor(&self, v: &[f64], shape: &[usize], dt: DType) -> Result<Tensor> {
         Ok(Tensor::from_vec(v.to_vec(), shape, &Device::Cpu)?
             .to_dtype(dt)?
             .to_device(self.device)?)
     }
 
     /// Whether a collective's result is on the device under test.
-    fn here(&self, t: &Tensor) -> bool {
+    pub(super) fn here(&self, t: &Tensor) -> bool {
         t.device().same_device(self.device)
     }
 }
@@ -162,57 +166,6 @@ fn all_reduce(c: &mut Count) -> Result<()> {
                         .all(|(a, b)| (a - b).abs() <= tol * b.abs());
                 c.check(ok, || format!("{}: {g:?}, want {want:?}", what()));
             }
-        }
-    }
-    Ok(())
-}
-
-/// Non-blocking all-reduces and reduce-scatters of three dtypes, six in flight at once with a
-/// blocking all-reduce run between their starts and their waits, waited on in reverse order:
-/// each gives what its blocking twin gives.
-fn non_blocking(c: &mut Count) -> Result<()> {
-    let world = c.comm.size();
-    let n = 6 * world;
-    let mut started = Vec::new();
-    for (k, dt) in [DType::F32, DType::BF16, DType::I64]
-        .into_iter()
-        .enumerate()
-    {
-        let t = c.tensor(&values(c.rank, 10 + k, n), &[n], dt)?;
-        for scattered in [false, true] {
-            let h = match scattered {
-                false => c.comm.iall_reduce(&t, ReduceOp::Sum)?,
-                true => c.comm.ireduce_scatter(&t, ReduceOp::Sum)?,
-            };
-            started.push((k, dt, scattered, h));
-        }
-    }
-    let mid = c.tensor(&[c.rank as f64], &[1], DType::F32)?;
-    let mid = as_f64(&c.comm.all_reduce(&mid, ReduceOp::Sum)?)?;
-    let want = (0..world).sum::<usize>() as f64;
-    c.check(mid == [want], || {
-        format!("all_reduce between non-blocking ones: {mid:?}, want {want}")
-    });
-    for (k, dt, scattered, h) in started.into_iter().rev() {
-        let sums: Vec<f64> = (0..n)
-            .map(|i| (0..world).map(|r| values(r, 10 + k, n)[i]).sum())
-            .collect();
-        let part = n / world;
-        let want = match scattered {
-            false => sums,
-            true => sums[c.rank * part..(c.rank + 1) * part].to_vec(),
-        };
-        let what = if scattered {
-            "ireduce_scatter"
-        } else {
-            "iall_reduce"
-        };
-        match h.wait() {
-            Ok(t) => {
-                let ok = t.dtype() == dt && c.here(&t) && as_f64(&t)? == want;
-                c.check(ok, || format!("{what} {dt:?}: {t}, want {want:?}"));
-            }
-            Err(e) => c.check(false, || format!("{what} {dt:?}: {e}")),
         }
     }
     Ok(())
