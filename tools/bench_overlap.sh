@@ -12,9 +12,9 @@
 #                                       4096) at blocks of 256 and 64 tokens, overlap on and
 #                                       --no-overlap alternating, $PW_ROUNDS rounds (default 3)
 #
-# Prints per run and then per case the median step time and rank 0's exposed gradient sums
-# (summary.json's median_step_parts.gradients_s: what of the sums was left after the pipeline)
-# and the ratios overlap / --no-overlap. PW_BIN names the binary (default: built here with
+# Prints per run and then per case the median step time and rank 0's exposed communication
+# (summary.json's exposed_comm_per_rank: the median step's time waited on the gradient sums,
+# ZeRO's reduce-scatters and gathers) and the ratios overlap / --no-overlap. PW_BIN names the binary (default: built here with
 # --features mpi); PW_BLOCKS the blocks; PW_TRAIN extra train flags (--zero 2, say).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,8 +70,8 @@ run() { # NAME BLOCK FLAGS...: one training run across the two machines
   python3 - "$out/$name/summary.json" "$name" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]}: step {s['median_step_seconds'] * 1e3:.0f} ms, exposed gradient sums "
-      f"{s['median_step_parts']['gradients_s'] * 1e3:.0f} ms")
+print(f"{sys.argv[2]}: step {s['median_step_seconds'] * 1e3:.0f} ms, exposed communication "
+      f"{s['exposed_comm_per_rank'][0] * 1e3:.0f} ms")
 PY
 }
 for block in ${PW_BLOCKS:-256 64}; do
@@ -90,7 +90,7 @@ for block in sys.argv[2:]:
         vals = []
         for f in glob.glob(f"{out}/block{block}-{mode}-*/summary.json"):
             s = json.load(open(f))
-            vals.append(s["median_step_seconds"] if key == "step" else s["median_step_parts"]["gradients_s"])
+            vals.append(s["median_step_seconds"] if key == "step" else s["exposed_comm_per_rank"][0])
         return statistics.median(vals) * 1e3
     on, off = med("on", "step"), med("off", "step")
     eon, eoff = med("on", "exposed"), med("off", "exposed")

@@ -6,7 +6,14 @@
 # stripped and xz-compressed (about 7 MB each instead of 56: the device's working tree, carried
 # paths included, may hold 64 MiB); and this machine's Open MPI runtime (gpu/mpi.txz,
 # tools/pack-mpi.sh), since the GPU machine has none. Carry `gpu` with the device call.
+#
+#   tools/pack-gpu.sh            build and pack
+#   tools/pack-gpu.sh --fast     build and pack uncompressed (CI: that everything builds, and the
+#                                Open MPI pack tools/mpi_packed_check.sh runs; xz -6 takes about
+#                                35 s a binary here, four minutes in all)
 set -euo pipefail
+fast=false
+[ "${1:-}" = --fast ] && fast=true
 cd "$(dirname "$0")/.."
 rm -rf gpu && mkdir gpu
 pack() { # NAME TARGET CARGO-ARGS...: builds, then strips and compresses TARGET's executable as gpu/NAME
@@ -19,7 +26,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
         print(m["executable"])' "$target" | tail -1)
   strip -o "gpu/$name" "$exe"
-  xz -T0 -6 "gpu/$name"
+  $fast || xz -T0 -6 "gpu/$name"
 }
 pack pipewright pipewright build --release -p pipewright-cli --features cuda
 pack pipewright-mpi pipewright build --release -p pipewright-cli --features cuda,mpi

@@ -2,7 +2,8 @@
 //! backward give the same losses, to the last digit written, and the run's record says which;
 //! so do buckets of 10 KiB (`--bucket-mb`), and a bucket of no bytes is refused. Under ZeRO-3,
 //! layers gathered ahead (`--zero-live-layers`, default 2) and gathered when needed (1) give the
-//! same losses too, and no live layer is refused.
+//! same losses too, and no live layer is refused. summary.json has each rank's exposed
+//! communication.
 
 mod common;
 
@@ -48,6 +49,15 @@ fn no_overlap_trains_to_the_same_losses_and_is_recorded() {
             params.contains("\"overlap\": false"),
             name == "off",
             "{params}"
+        );
+        // Each of the 4 ranks' exposed communication, the replicas' sums waited on.
+        let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+        let summary: serde_json::Value = serde_json::from_str(&summary).unwrap();
+        let exposed = summary["exposed_comm_per_rank"].as_array().unwrap();
+        assert_eq!(exposed.len(), 4, "{summary}");
+        assert!(
+            exposed.iter().all(|e| e.as_f64().unwrap() > 0.0),
+            "{summary}"
         );
         let one_live = params.contains("\"zero_live_layers\": 1");
         assert_eq!(one_live, name == "zero3-one-live", "{params}");

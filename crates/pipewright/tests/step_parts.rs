@@ -1,5 +1,6 @@
 //! A step's time part by part: the parts `Varuna::step` times hold the time spent in them (a
-//! gradient hook and an optimizer that sleep a known time land in their parts), and the
+//! gradient hook and an optimizer that sleep a known time land in their parts, the waits on the
+//! replicas' gradient sums are counted as exposed communication and the hook's are not), and the
 //! estimate's parts of rank 0 sum to its step and follow its simulation.
 
 mod common;
@@ -84,6 +85,10 @@ fn a_known_delay_lands_in_its_part_of_the_step() {
             assert!(p.gradients_s >= HOOK.as_secs_f64(), "{at}");
             assert!(p.update_s >= UPDATE.as_secs_f64(), "{at}");
             assert!(p.pipeline_s > 0.0 && p.scalars_s > 0.0, "{at}");
+            // With a hook the replicas' sums run after it, in the gradients part: the time
+            // waited on them lies there, the hook's sleep not counted.
+            let sums = p.gradients_s - HOOK.as_secs_f64();
+            assert!(p.exposed_comm_s > 0.0 && p.exposed_comm_s <= sums, "{at}");
             // The parts are laps of one clock inside the call: never more than the call.
             assert!(p.total() <= *whole, "{at}: the call took {whole}");
         }

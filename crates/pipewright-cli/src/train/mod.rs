@@ -365,10 +365,12 @@ impl Setup {
         )?;
         let v = cx.trainer()?;
         let bubbles = v.bubble_per_stage()?;
+        let exposed = v.exposed_comm_per_rank()?;
         if let (Some(dir), Some(done)) = (dir, done) {
             let balance: Vec<usize> = v.pipeline().ranges().iter().map(|r| r.len()).collect();
             let parts = StepParts::median_of(v.step_parts());
-            write_summary(self, &dir, done, &v.describe()?, &bubbles, &balance, parts)?;
+            let measured = (bubbles.as_slice(), exposed.as_slice());
+            write_summary(self, &dir, done, &v.describe()?, measured, &balance, parts)?;
         }
         if traced {
             let mine = v.take_trace();

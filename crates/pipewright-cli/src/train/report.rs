@@ -57,6 +57,9 @@ pub struct Summary {
     layout: String,
     ranks: Vec<String>,
     bubble_per_stage: Vec<f64>,
+    /// Each rank's median time waited on data-parallel communication per step, in seconds
+    /// (`StepParts::exposed_comm_s`): the communication its steps exposed.
+    exposed_comm_per_rank: Vec<f64>,
     /// Rank 0's step, part by part: each part's median over the steps that updated.
     median_step_parts: StepParts,
     /// Layers per model stage.
@@ -284,19 +287,21 @@ pub fn train_loop(
         layout: String::new(),
         ranks: Vec::new(),
         bubble_per_stage: Vec::new(),
+        exposed_comm_per_rank: Vec::new(),
         median_step_parts: StepParts::default(),
         balance: Vec::new(),
     }))
 }
 
 /// Writes `summary.json` and prints the one-screen summary: the result, rank 0's step part
-/// by part, the layout, which rank holds what, and each stage's measured bubble.
+/// by part, the layout, which rank holds what, each stage's measured bubble and each rank's
+/// exposed communication.
 pub fn write_summary(
     run: &Setup,
     dir: &RunDir,
     mut summary: Summary,
     ranks: &[String],
-    bubbles: &[f64],
+    (bubbles, exposed): (&[f64], &[f64]),
     balance: &[usize],
     parts: StepParts,
 ) -> Result<()> {
@@ -306,6 +311,7 @@ pub fn write_summary(
     summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();
+    summary.exposed_comm_per_rank = exposed.to_vec();
     dir.write_json("summary.json", &summary)?;
     pipewright::say!("──────── summary ────────");
     pipewright::say!("run directory   {}", dir.path().display());
@@ -368,6 +374,15 @@ pub fn write_summary(
         pipewright::say!(
             "bubble          {} (share of all steps' time each pipeline rank waited)",
             b.join(", ")
+        );
+    }
+    if exposed.iter().any(|e| *e > 0.0) {
+        let e: Vec<String> = (exposed.iter().enumerate())
+            .map(|(r, e)| format!("rank {r} {:.1} ms", e * 1e3))
+            .collect();
+        pipewright::say!(
+            "exposed comm    {} (median step's wait on data-parallel communication)",
+            e.join(", ")
         );
     }
     Ok(())

@@ -177,9 +177,10 @@ pub struct TrainArgs {
     /// weights when it computes). Nothing to shard with --dp 1.
     #[arg(help_heading = "Parallelism", long, default_value = "0")]
     pub zero: String,
-    /// Sum the data-parallel gradients after the schedule ends instead of during the
-    /// backward (where each bucket's sum starts once its gradients are final): the same
-    /// bits, for comparison and debugging.
+    /// Sum the data-parallel gradients after the schedule ends instead of during the backward
+    /// (where each bucket's sum starts once its gradients are final), wait for each ZeRO
+    /// reduce-scatter at once and gather each ZeRO-3 layer when it is needed: the same bits,
+    /// for comparison and debugging.
     #[arg(help_heading = "Parallelism", long)]
     pub no_overlap: bool,
     /// MiB per bucket of the data-parallel gradient sums and of ZeRO's shards (PyTorch DDP's
@@ -188,7 +189,8 @@ pub struct TrainArgs {
     pub bucket_mb: f64,
     /// Under --zero 3, layers held gathered at a time at most, the one computing included
     /// (DeepSpeed's stage3_max_live_parameters, by layer): above 1 the next layers' gathers
-    /// travel while one computes (FSDP's prefetch); 1 gathers each layer when it is needed.
+    /// travel while one computes (FSDP's prefetch); 1 (or --no-overlap) gathers each layer
+    /// when it is needed.
     #[arg(help_heading = "Parallelism", long, default_value_t = 2, value_parser = positive)]
     pub zero_live_layers: usize,
     /// Deferred batch norm: BatchNorm running statistics move once per batch, over all

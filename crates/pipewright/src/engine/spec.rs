@@ -107,7 +107,7 @@ pub struct TrainSpec {
     /// ZeRO-3's gathered layers at most at a time, the one computing included (`train
     /// --zero-live-layers`, DeepSpeed's `stage3_max_live_parameters` by layer): above 1, the
     /// next layers' gathers start while one computes (FSDP's prefetch); 1 gathers each layer
-    /// when it is needed. The same bits at any bound.
+    /// when it is needed, as does overlap off. The same bits at any bound.
     #[serde(default = "default_live_layers")]
     pub zero_live_layers: usize,
     /// Seeds initialisation, dropout, the data and everything random.
@@ -166,6 +166,16 @@ impl TrainSpec {
     /// replica (ZeRO-3 cuts every micro-batch's anyway).
     pub fn cuts_last_forward(&self) -> bool {
         self.overlap && self.layout.dp > 1
+    }
+
+    /// ZeRO-3's gathered layers at most at a time: [`TrainSpec::zero_live_layers`], or 1
+    /// (each layer gathered when it is needed) with overlap off.
+    pub fn live_layers(&self) -> usize {
+        if self.overlap {
+            self.zero_live_layers
+        } else {
+            1
+        }
     }
 
     /// Ranks the run needs.

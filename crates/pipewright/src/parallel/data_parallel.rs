@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::dist::comm::{Communicator, Pending, ReduceOp};
+use crate::dist::comm::{waited, Communicator, Pending, ReduceOp};
 use crate::model::batch::Batch;
 use crate::model::grads::Grads;
 use crate::{invalid, Result};
@@ -66,13 +66,14 @@ impl BucketSum {
         let flat = (grads.iter())
             .map(|(_, g)| Ok(g.to_dtype(DType::F32)?.flatten_all()?))
             .collect::<Result<Vec<_>>>()?;
-        let sum = comm.iall_reduce(&Tensor::cat(&flat, 0)?, ReduceOp::Sum)?;
+        let flat = Tensor::cat(&flat, 0)?;
+        let sum = waited::waiting(|| comm.iall_reduce(&flat, ReduceOp::Sum))?;
         Ok(Self { parts, sum })
     }
 
     /// Waits for the sum and puts each gradient's part of it into `out`.
     pub(crate) fn finish_into(self, out: &mut Grads) -> Result<()> {
-        let sum = self.sum.wait()?;
+        let sum = waited::waiting(|| self.sum.wait())?;
         let mut at = 0;
         for (n, dims, dt) in self.parts {
             let len: usize = dims.iter().product();

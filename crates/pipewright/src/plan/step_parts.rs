@@ -17,7 +17,10 @@
 //!   publication (ZeRO's all-gather), buffers following replica 0.
 //!
 //! A rank's step time is its parts' sum and the time `step` spends before the first part
-//! (checking and cutting the batch: microseconds).
+//! (checking and cutting the batch: microseconds). Beside the parts, the step's **exposed
+//! communication** ([`StepParts::exposed_comm_s`]): of the pipeline and gradients parts, the
+//! time the rank waited on data-parallel communication (gradient sums, ZeRO's reduce-scatters
+//! and gathers), which overlap hides and `--no-overlap` shows whole.
 
 use std::fmt;
 use std::time::Instant;
@@ -38,6 +41,12 @@ pub struct StepParts {
     pub scalars_s: f64,
     /// Norm, clipping, optimizer and the weights' publication.
     pub update_s: f64,
+    /// Of the pipeline and gradients parts, the time waited on data-parallel communication
+    /// (the gradient sums, ZeRO's reduce-scatters and gathers: starts and waits,
+    /// [`crate::dist::comm::waited`]): the communication the step exposes. Not a part of its
+    /// own (the parts' total leaves it out); zero in runs recorded before it was measured.
+    #[serde(default)]
+    pub exposed_comm_s: f64,
 }
 
 /// One part of a step, for [`PartClock::lap`].
@@ -62,7 +71,8 @@ impl StepParts {
     /// Rank 0's parts of a predicted step of `step_s` seconds, as rank 0 times them: its own
     /// gradient sum and update, the step's scalar all-reduces with the wait in the overflow
     /// flag's for the slowest rank's gradient sum (`slowest_gradients_s`), and the pipeline
-    /// the rest (where rank 0 waits, in its next schedule, for a longer update elsewhere).
+    /// the rest (where rank 0 waits, in its next schedule, for a longer update elsewhere); its
+    /// exposed communication the gradients part (what of the sums the step waits for).
     pub fn of_rank_zero(
         step_s: f64,
         gradients_s: f64,
@@ -76,6 +86,7 @@ impl StepParts {
             gradients_s,
             scalars_s,
             update_s,
+            exposed_comm_s: gradients_s,
         }
     }
 
@@ -91,6 +102,7 @@ impl StepParts {
             gradients_s: of(|p| p.gradients_s),
             scalars_s: of(|p| p.scalars_s),
             update_s: of(|p| p.update_s),
+            exposed_comm_s: of(|p| p.exposed_comm_s),
         }
     }
 

@@ -23,6 +23,7 @@ mod mpi_raw;
 pub mod nccl;
 pub mod ordered;
 pub mod progress;
+pub mod waited;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 pub mod wire;
 

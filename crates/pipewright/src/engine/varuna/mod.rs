@@ -32,7 +32,7 @@ pub use generate::Sampling;
 pub use options::{BatchFn, Evaluation, StepOutcome, VarunaOptions};
 
 use crate::dist::comm::Group;
-use crate::dist::comm::{axis_group, Communicator, ReduceOp};
+use crate::dist::comm::{axis_group, waited, Communicator, ReduceOp};
 use crate::dist::topology::{Axis, Coords, Topology};
 use crate::model::batch::Batch;
 use crate::model::expert_load::ExpertLoad;
@@ -143,7 +143,7 @@ impl Varuna {
             (
                 &opts.shared_weights,
                 opts.spec.bucket_bytes,
-                opts.spec.zero_live_layers,
+                opts.spec.live_layers(),
             ),
             replicas,
             expert_dp.is_some(),
@@ -304,6 +304,8 @@ impl Varuna {
         }
         let batch = self.local_batch(batch)?;
         let mut clock = PartClock::start();
+        // This step's waits on data-parallel communication from now on.
+        waited::take();
         let step = self.pipeline.steps_taken();
         let mine = self.opts.loss.count(&batch)?;
         let total = self.sum_dp_i64(mine as i64)? as usize;
@@ -383,7 +385,9 @@ impl Varuna {
         }
         outcome.grad_norm = norm;
         clock.lap(Part::Update);
-        self.parts.push(clock.parts());
+        let mut parts = clock.parts();
+        parts.exposed_comm_s = waited::take();
+        self.parts.push(parts);
         Ok(outcome)
     }
 
@@ -469,6 +473,16 @@ impl Varuna {
             .zip(&n)
             .map(|(s, n)| s / (*n).max(1) as f64)
             .collect())
+    }
+
+    /// Each rank's median time waited on data-parallel communication per step, in world rank
+    /// order ([`StepParts::exposed_comm_s`]; collective over the world).
+    pub fn exposed_comm_per_rank(&self) -> Result<Vec<f64>> {
+        let mine = StepParts::median_of(&self.parts).exposed_comm_s;
+        let all = self
+            .world
+            .all_gather(&Tensor::new(&[mine], &Device::Cpu)?)?;
+        all.iter().map(|t| Ok(t.to_vec1::<f64>()?[0])).collect()
     }
 
     fn sum_dp_i64(&self, v: i64) -> Result<i64> {

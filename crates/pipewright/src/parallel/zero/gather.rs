@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use candle_core::{Tensor, Var};
 
 use super::plan::ShardPlan;
-use crate::dist::comm::{Communicator, Pending};
+use crate::dist::comm::{waited, Communicator, Pending};
 use crate::model::LayerParams;
 use crate::runtime::storage::{refill, release};
 use crate::{invalid, Result};
@@ -108,7 +108,8 @@ impl LayerGather {
         let names: Vec<String> = self.vars(layer)?.iter().map(|(n, _)| n.clone()).collect();
         (self.plan.buckets_holding(&names).into_iter())
             .map(|b| {
-                let h = (self.plan).start_gather_bucket(b, self.comm.as_ref(), &self.pieces)?;
+                let comm = self.comm.as_ref();
+                let h = waited::waiting(|| self.plan.start_gather_bucket(b, comm, &self.pieces))?;
                 Ok((b, h))
             })
             .collect()
@@ -119,7 +120,7 @@ impl LayerGather {
         let vars = self.vars(layer)?;
         let mut out = Vec::new();
         for (b, h) in started {
-            let whole = h.wait()?;
+            let whole = waited::waiting(|| h.wait())?;
             for (name, t) in self.plan.params_of_bucket(b, &whole)? {
                 if let Some((_, var)) = vars.iter().find(|(n, _)| *n == name) {
                     out.push((name, t.to_dtype(var.dtype())?));
@@ -167,7 +168,7 @@ impl LayerGather {
         for (_, gathers) in started {
             gathers
                 .into_iter()
-                .try_for_each(|(_, h)| h.wait().map(drop))?;
+                .try_for_each(|(_, h)| waited::waiting(|| h.wait()).map(drop))?;
         }
         Ok(())
     }
@@ -188,7 +189,7 @@ impl LayerGather {
             } else {
                 gathers
                     .into_iter()
-                    .try_for_each(|(_, h)| h.wait().map(drop))?;
+                    .try_for_each(|(_, h)| waited::waiting(|| h.wait()).map(drop))?;
             }
         }
         let mine = match mine {

@@ -20,7 +20,7 @@ use std::ops::Range;
 use candle_core::Tensor;
 
 use super::plan::ShardPlan;
-use crate::dist::comm::{Communicator, Pending};
+use crate::dist::comm::{waited, Communicator, Pending};
 use crate::model::grads::Grads;
 use crate::model::precision::to_master_grads;
 use crate::parallel::pipeline::GradSink;
@@ -112,9 +112,8 @@ impl<'a> ShardedGrads<'a> {
         while self.flights.len() >= IN_FLIGHT {
             self.settle_oldest()?;
         }
-        let shard = self
-            .plan
-            .reduce_scatter(b, self.comm, |n| held.get(n).cloned())?;
+        let get = |n: &str| held.get(n).cloned();
+        let shard = waited::waiting(|| self.plan.reduce_scatter(b, self.comm, get))?;
         self.flights.push_back((b, shard));
         if !self.overlap {
             self.settle_oldest()?;
@@ -127,7 +126,7 @@ impl<'a> ShardedGrads<'a> {
         let Some((b, shard)) = self.flights.pop_front() else {
             return Ok(());
         };
-        let shard = shard.wait()?;
+        let shard = waited::waiting(|| shard.wait())?;
         self.sums[b] = Some(match self.sums[b].take() {
             Some(s) => (s + shard)?,
             None => shard,
