@@ -7,7 +7,7 @@ mod report;
 use std::sync::Arc;
 
 use pipewright::experiment::{Context, Experiment, Params, RunDir};
-use pipewright::parallel::pipeline::{chrome_trace, TraceEvent};
+use pipewright::parallel::pipeline::{chrome_trace, CommEvent, TraceEvent};
 use pipewright::plan::StepParts;
 use pipewright::trainer::Balance;
 use pipewright::trainer::{Data, Place, Run, Trainer};
@@ -42,7 +42,7 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
         }
         let mut traces = traces.into_inner().unwrap_or_default();
         // The ranks finish in any order: each lane is its stage's (the trace's tid).
-        traces.sort_by_key(|t| t.first().map(|e| e.action.stage()));
+        traces.sort_by_key(|t| t.0.first().map(|e| e.action.stage()));
         write_trace(&setup.a, &traces)?;
         let dir: Option<std::path::PathBuf> = run_dir.into_inner().unwrap_or_default();
         if let (true, Some(dir)) = (setup.a.report, dir) {
@@ -180,9 +180,13 @@ fn say_balance(spec: &RunSpec, resolved: &Option<Balance>) -> Result<()> {
     Ok(())
 }
 
-fn write_trace(a: &TrainArgs, traces: &[Vec<TraceEvent>]) -> Result<()> {
+/// Each traced rank's actions and the data-parallel communication beside them.
+type RankTrace = (Vec<TraceEvent>, Vec<CommEvent>);
+
+fn write_trace(a: &TrainArgs, traces: &[RankTrace]) -> Result<()> {
     if let Some(path) = &a.trace {
-        std::fs::write(path, chrome_trace(traces))
+        let (actions, comm): (Vec<_>, Vec<_>) = traces.iter().cloned().unzip();
+        std::fs::write(path, chrome_trace(&actions, &comm))
             .map_err(|e| Error::io("cannot write trace", path, e))?;
         pipewright::say!(
             "trace           {} (open in https://ui.perfetto.dev)",
@@ -318,7 +322,7 @@ impl Setup {
     fn rank(
         &self,
         cx: &mut Context,
-        traces: &std::sync::Mutex<Vec<Vec<TraceEvent>>>,
+        traces: &std::sync::Mutex<Vec<RankTrace>>,
         run_dir: &std::sync::Mutex<Option<std::path::PathBuf>>,
     ) -> Result<()> {
         let a = &self.a;
@@ -373,7 +377,7 @@ impl Setup {
             write_summary(self, &dir, done, &v.describe()?, measured, &balance, parts)?;
         }
         if traced {
-            let mine = v.take_trace();
+            let mine = (v.take_trace(), v.take_comm_trace());
             traces
                 .lock()
                 .map_err(|_| invalid!("a rank panicked"))?

@@ -197,7 +197,9 @@ pub struct TrainArgs {
     /// micro-batches (as whole-batch statistics would).
     #[arg(help_heading = "Parallelism", long)]
     pub deferred_batch_norm: bool,
-    /// Write a Chrome trace of the pipeline's actions (open it in Perfetto).
+    /// Write a Chrome trace of the pipeline's actions, with each stage's data-parallel
+    /// communication (gradient sums, ZeRO's reduce-scatters and gathers) on a track beside it
+    /// (open it in Perfetto).
     #[arg(help_heading = "Output", long)]
     pub trace: Option<PathBuf>,
     /// At the end, write the run's page, report.html in the run directory (what `pipewright

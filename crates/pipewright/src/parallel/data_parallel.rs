@@ -55,6 +55,7 @@ pub(crate) struct BucketSum {
     /// Each gradient's name, shape and type, in the order flattened.
     parts: Vec<(String, Vec<usize>, DType)>,
     sum: Pending<Tensor>,
+    started: std::time::Instant,
 }
 
 impl BucketSum {
@@ -67,13 +68,23 @@ impl BucketSum {
             .map(|(_, g)| Ok(g.to_dtype(DType::F32)?.flatten_all()?))
             .collect::<Result<Vec<_>>>()?;
         let flat = Tensor::cat(&flat, 0)?;
+        let started = std::time::Instant::now();
         let sum = waited::waiting(|| comm.iall_reduce(&flat, ReduceOp::Sum))?;
-        Ok(Self { parts, sum })
+        Ok(Self {
+            parts,
+            sum,
+            started,
+        })
     }
 
     /// Waits for the sum and puts each gradient's part of it into `out`.
     pub(crate) fn finish_into(self, out: &mut Grads) -> Result<()> {
-        let sum = waited::waiting(|| self.sum.wait())?;
+        let sum = waited::finish(self.sum, self.started, || {
+            let bytes: usize = (self.parts.iter())
+                .map(|(_, d, _)| d.iter().product::<usize>() * 4)
+                .sum();
+            format!("all-reduce {:.1} KiB", bytes as f64 / 1024.0)
+        })?;
         let mut at = 0;
         for (n, dims, dt) in self.parts {
             let len: usize = dims.iter().product();

@@ -20,6 +20,7 @@ mod checkpoint;
 mod context_parallel;
 mod describe;
 mod generate;
+mod measured;
 mod options;
 mod step;
 mod zero;
@@ -41,7 +42,7 @@ use crate::model::init::Init;
 use crate::model::nn::optim::{scale_to_norm, Optimizer};
 use crate::model::precision::{has_overflow, LossScaler, MasterWeights, Precision};
 use crate::model::{Build, Sequential};
-use crate::parallel::pipeline::{Pipeline, TraceEvent};
+use crate::parallel::pipeline::{CommEvent, Pipeline, TraceEvent};
 use crate::parallel::zero::Zero;
 use crate::plan::{Part, PartClock, StepParts};
 use crate::{invalid, Result};
@@ -78,6 +79,8 @@ pub struct Varuna {
     parts: Vec<StepParts>,
     /// Executed pipeline actions, kept when [`Varuna::keep_trace`] asked for them.
     trace: Option<Vec<TraceEvent>>,
+    /// The data-parallel communication beside them, kept likewise.
+    comm_trace: Vec<CommEvent>,
     /// A checkpoint whose files are being written in the background.
     pending: Option<crate::engine::checkpoint::Pending>,
     /// The most rows [`Varuna::predict`] runs at once ([`Varuna::set_eval_rows`]).
@@ -174,6 +177,7 @@ impl Varuna {
             wall: 0.0,
             parts: Vec::new(),
             trace: None,
+            comm_trace: Vec::new(),
             pending: None,
             eval_rows: None,
             mixtures,
@@ -227,16 +231,6 @@ impl Varuna {
     /// the serial gradient's part.
     pub fn set_summed_grad_hook(&mut self, hook: impl FnMut(&Grads) + Send + 'static) {
         self.summed_hook = Some(Box::new(hook));
-    }
-
-    /// Keeps every executed pipeline action for [`Varuna::take_trace`] (a Chrome trace).
-    pub fn keep_trace(&mut self) {
-        self.trace.get_or_insert_with(Vec::new);
-    }
-
-    /// The actions kept so far.
-    pub fn take_trace(&mut self) -> Vec<TraceEvent> {
-        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The job's placement of ranks.
@@ -307,6 +301,7 @@ impl Varuna {
         // This step's waits on data-parallel communication from now on.
         waited::take();
         let step = self.pipeline.steps_taken();
+        self.trace_comm(step, false);
         let mine = self.opts.loss.count(&batch)?;
         let total = self.sum_dp_i64(mine as i64)? as usize;
         clock.lap(Part::Scalars);
@@ -388,13 +383,8 @@ impl Varuna {
         let mut parts = clock.parts();
         parts.exposed_comm_s = waited::take();
         self.parts.push(parts);
+        self.trace_comm(step, true);
         Ok(outcome)
-    }
-
-    /// Where each step that updated the weights spent its time on this rank, part by part
-    /// (steps skipped for an overflow left out).
-    pub fn step_parts(&self) -> &[StepParts] {
-        &self.parts
     }
 
     /// Varuna's `evaluate`: the evaluation-mode mean loss of `batch` (as given, one pass, no
@@ -439,50 +429,6 @@ impl Varuna {
             1 => Ok(out.remove(0)),
             _ => Ok(Tensor::cat(&out, 0)?),
         }
-    }
-
-    /// Fraction of step time this rank spent not computing (between actions, or inside one
-    /// waiting for a neighbour's tensor), over the steps so far.
-    pub fn bubble_fraction(&self) -> f64 {
-        if self.wall > 0.0 {
-            (1.0 - self.busy / self.wall).max(0.0)
-        } else {
-            0.0
-        }
-    }
-
-    /// [`Varuna::bubble_fraction`] per pipeline rank (the stage coordinate: a rank of a V or
-    /// interleaved schedule holds several model stages), averaged over the ranks that share it
-    /// (collective over the world).
-    pub fn bubble_per_stage(&self) -> Result<Vec<f64>> {
-        let me = Tensor::new(
-            &[self.coords.stage as f64, self.bubble_fraction()],
-            &Device::Cpu,
-        )?;
-        let all = self.world.all_gather(&me)?;
-        let pp = self.topo.layout().pp;
-        let (mut sum, mut n) = (vec![0.0; pp], vec![0usize; pp]);
-        for t in all {
-            let v = t.to_vec1::<f64>()?;
-            let s = v[0] as usize;
-            sum[s] += v[1];
-            n[s] += 1;
-        }
-        Ok(sum
-            .iter()
-            .zip(&n)
-            .map(|(s, n)| s / (*n).max(1) as f64)
-            .collect())
-    }
-
-    /// Each rank's median time waited on data-parallel communication per step, in world rank
-    /// order ([`StepParts::exposed_comm_s`]; collective over the world).
-    pub fn exposed_comm_per_rank(&self) -> Result<Vec<f64>> {
-        let mine = StepParts::median_of(&self.parts).exposed_comm_s;
-        let all = self
-            .world
-            .all_gather(&Tensor::new(&[mine], &Device::Cpu)?)?;
-        all.iter().map(|t| Ok(t.to_vec1::<f64>()?[0])).collect()
     }
 
     fn sum_dp_i64(&self, v: i64) -> Result<i64> {

@@ -262,6 +262,11 @@ impl Pipeline {
         self.trace.get_or_insert_with(Vec::new);
     }
 
+    /// Microseconds from the pipeline's making to `t`: the clock of its trace.
+    pub fn trace_us(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.epoch).as_secs_f64() * 1e6
+    }
+
     /// The actions recorded so far.
     pub fn take_trace(&mut self) -> Vec<TraceEvent> {
         self.trace.as_mut().map(std::mem::take).unwrap_or_default()

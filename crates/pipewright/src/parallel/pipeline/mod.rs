@@ -38,5 +38,5 @@ pub use simulate::Sharing;
 pub use sink::GradSink;
 pub use stage::PipelineStage;
 pub use timeline::{Costs, Simulation, Span};
-pub use trace::{chrome_trace, read_chrome_trace, TraceEvent};
+pub use trace::{chrome_trace, read_chrome_trace, CommEvent, TraceEvent};
 pub use trace_replay::{replay_chrome_trace, TraceReplay};

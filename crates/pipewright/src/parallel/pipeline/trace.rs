@@ -27,11 +27,33 @@ pub struct TraceEvent {
     pub cpu_us: Option<f64>,
 }
 
+/// One piece of data-parallel communication a rank ran beside its actions (a gradient bucket's
+/// sum, a ZeRO reduce-scatter or gather), for a Chrome trace: from its start to the return of
+/// the wait that completed it ([`crate::dist::comm::waited::Span`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CommEvent {
+    /// The optimizer step it belongs to.
+    pub step: u64,
+    /// What it moved.
+    pub what: String,
+    /// Microseconds since the pipeline was made.
+    pub start_us: f64,
+    /// Microseconds from its start to the end of its wait.
+    pub dur_us: f64,
+    /// Microseconds of it the rank waited (the rest it computed, or did other work).
+    pub wait_us: f64,
+}
+
+/// The track of stage `stage`'s communication, beside its actions' track `stage`.
+const COMM_TRACK: usize = 1000;
+
 /// A Chrome trace (Perfetto, chrome://tracing): one track per pipeline stage, one event per
 /// action named as it prints (`1F3`: stage, letter, micro-batch), `R+` before it when recomputed,
 /// with its step, micro-batch, stage, the microseconds of it spent waiting (`wait_us`) and the
-/// CPU its thread ran (`cpu_us`).
-pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
+/// CPU its thread ran (`cpu_us`); under each stage's track (`stage 0 comm`) its
+/// data-parallel communication (`comm`, by stage, may be empty), so that the sums show beside
+/// the backward that they overlap.
+pub fn chrome_trace(per_stage: &[Vec<TraceEvent>], comm: &[Vec<CommEvent>]) -> String {
     let mut events = Vec::new();
     for (stage, evs) in per_stage.iter().enumerate() {
         events.push(serde_json::json!({
@@ -49,6 +71,20 @@ pub fn chrome_trace(per_stage: &[Vec<TraceEvent>]) -> String {
                 "ts": e.start_us, "dur": e.dur_us,
                 "args": {"step": e.step, "micro_batch": e.action.mb(), "stage": e.action.stage(),
                          "wait_us": e.wait_us, "cpu_us": e.cpu_us}
+            }));
+        }
+    }
+    for (stage, evs) in comm.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
+        let tid = COMM_TRACK + stage;
+        events.push(serde_json::json!({
+            "name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+            "args": {"name": format!("stage {stage} comm")}
+        }));
+        for e in evs {
+            events.push(serde_json::json!({
+                "name": e.what, "cat": "comm", "ph": "X", "pid": 0, "tid": tid,
+                "ts": e.start_us, "dur": e.dur_us,
+                "args": {"step": e.step, "stage": stage, "wait_us": e.wait_us}
             }));
         }
     }
@@ -171,10 +207,20 @@ mod tests {
         let f = Action::Forward { mb: 1, stage: 1 };
         let b = Action::Backward { mb: 1, stage: 1 };
         let w = Action::BackwardWeight { mb: 0, stage: 0 };
-        let trace = chrome_trace(&[
-            vec![ev(0, f, 0.0, 5.0, false), ev(1, f, 100.0, 10.0, false)],
-            vec![ev(1, b, 120.0, 30.0, true), ev(1, w, 150.0, 5.0, false)],
-        ]);
+        let sum = CommEvent {
+            step: 1,
+            what: "all-reduce 1024.0 KiB".into(),
+            start_us: 130.0,
+            dur_us: 40.0,
+            wait_us: 10.0,
+        };
+        let trace = chrome_trace(
+            &[
+                vec![ev(0, f, 0.0, 5.0, false), ev(1, f, 100.0, 10.0, false)],
+                vec![ev(1, b, 120.0, 30.0, true), ev(1, w, 150.0, 5.0, false)],
+            ],
+            &[vec![], vec![sum]],
+        );
         let sim = read_chrome_trace(&trace, None).unwrap();
         let got: Vec<Vec<(Action, f64, f64)>> = sim
             .spans
@@ -204,9 +250,21 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .filter(|e| e["ph"] == "X")
+            .filter(|e| e["ph"] == "X" && e["cat"] != "comm")
             .map(|e| (e["args"]["wait_us"].as_f64(), e["args"]["cpu_us"].as_f64()))
             .collect();
         assert_eq!(args, vec![(Some(0.0), Some(1.5)); 4]);
+        // The sum is on stage 1's communication track, read back as no action.
+        let comm: Vec<_> = (doc["traceEvents"].as_array().unwrap().iter())
+            .filter(|e| e["cat"] == "comm")
+            .map(|e| {
+                (
+                    e["tid"].as_u64(),
+                    e["ts"].as_f64(),
+                    e["args"]["wait_us"].as_f64(),
+                )
+            })
+            .collect();
+        assert_eq!(comm, vec![(Some(1001), Some(130.0), Some(10.0))]);
     }
 }

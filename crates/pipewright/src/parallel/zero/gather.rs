@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use candle_core::{Tensor, Var};
 
@@ -50,8 +51,8 @@ struct Ahead {
     started: VecDeque<(usize, Vec<Gathering>)>,
 }
 
-/// One bucket of a layer in flight: its index and its whole value to come.
-type Gathering = (usize, Pending<Tensor>);
+/// One bucket of a layer in flight: its index, its whole value to come, when it started.
+type Gathering = (usize, Pending<Tensor>, Instant);
 
 impl LayerGather {
     /// Over `comm` (the data-parallel group, a communicator this alone uses), with `plan`'s
@@ -108,9 +109,9 @@ impl LayerGather {
         let names: Vec<String> = self.vars(layer)?.iter().map(|(n, _)| n.clone()).collect();
         (self.plan.buckets_holding(&names).into_iter())
             .map(|b| {
-                let comm = self.comm.as_ref();
+                let (comm, started) = (self.comm.as_ref(), Instant::now());
                 let h = waited::waiting(|| self.plan.start_gather_bucket(b, comm, &self.pieces))?;
-                Ok((b, h))
+                Ok((b, h, started))
             })
             .collect()
     }
@@ -119,8 +120,8 @@ impl LayerGather {
     fn finish(&self, layer: usize, started: Vec<Gathering>) -> Result<Vec<(String, Tensor)>> {
         let vars = self.vars(layer)?;
         let mut out = Vec::new();
-        for (b, h) in started {
-            let whole = waited::waiting(|| h.wait())?;
+        for (b, h, at) in started {
+            let whole = waited::finish(h, at, || format!("gather layer {layer}"))?;
             for (name, t) in self.plan.params_of_bucket(b, &whole)? {
                 if let Some((_, var)) = vars.iter().find(|(n, _)| *n == name) {
                     out.push((name, t.to_dtype(var.dtype())?));
@@ -168,7 +169,7 @@ impl LayerGather {
         for (_, gathers) in started {
             gathers
                 .into_iter()
-                .try_for_each(|(_, h)| waited::waiting(|| h.wait()).map(drop))?;
+                .try_for_each(|(_, h, _)| waited::waiting(|| h.wait()).map(drop))?;
         }
         Ok(())
     }
@@ -189,7 +190,7 @@ impl LayerGather {
             } else {
                 gathers
                     .into_iter()
-                    .try_for_each(|(_, h)| waited::waiting(|| h.wait()).map(drop))?;
+                    .try_for_each(|(_, h, _)| waited::waiting(|| h.wait()).map(drop))?;
             }
         }
         let mine = match mine {

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Range;
+use std::time::Instant;
 
 use candle_core::Tensor;
 
@@ -49,7 +50,7 @@ pub struct ShardedGrads<'a> {
     /// that gave them.
     filling: BTreeMap<usize, (Grads, BTreeSet<usize>)>,
     /// Reduce-scatters in flight, oldest first: (bucket, this member's shard of the sum).
-    flights: VecDeque<(usize, Pending<Tensor>)>,
+    flights: VecDeque<(usize, Pending<Tensor>, Instant)>,
 }
 
 impl<'a> ShardedGrads<'a> {
@@ -113,8 +114,9 @@ impl<'a> ShardedGrads<'a> {
             self.settle_oldest()?;
         }
         let get = |n: &str| held.get(n).cloned();
+        let started = Instant::now();
         let shard = waited::waiting(|| self.plan.reduce_scatter(b, self.comm, get))?;
-        self.flights.push_back((b, shard));
+        self.flights.push_back((b, shard, started));
         if !self.overlap {
             self.settle_oldest()?;
         }
@@ -123,10 +125,10 @@ impl<'a> ShardedGrads<'a> {
 
     /// Waits for the oldest reduce-scatter and adds its shard to its bucket's sum.
     fn settle_oldest(&mut self) -> Result<()> {
-        let Some((b, shard)) = self.flights.pop_front() else {
+        let Some((b, shard, started)) = self.flights.pop_front() else {
             return Ok(());
         };
-        let shard = waited::waiting(|| shard.wait())?;
+        let shard = waited::finish(shard, started, || format!("reduce-scatter bucket {b}"))?;
         self.sums[b] = Some(match self.sums[b].take() {
             Some(s) => (s + shard)?,
             None => shard,
