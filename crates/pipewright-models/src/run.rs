@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use pipewright::engine::varuna::Sampling;
 use pipewright::experiment::report::Prediction;
 use pipewright::model::precision::Precision;
-use pipewright::plan::{estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, Profile};
+use pipewright::plan::{
+    estimate, Candidate, Cluster, Hardware, ModelShapes, Morph, Profile, Runtime,
+};
 use pipewright::trainer::model_spec::ModelSpec;
 use pipewright::trainer::TrainSpec;
 use pipewright::{invalid, Error, Result, Sequential};
@@ -239,15 +241,22 @@ impl RunSpec {
     }
 
     /// The planner's prediction for this run's own layout on `hw` (`ranks_per_node` ranks a
-    /// node), from the model's shapes: what a run's report draws beside what it measured.
-    pub fn predict(&self, hw: &Hardware, ranks_per_node: usize) -> Result<Prediction> {
+    /// node), from the model's shapes, its sums costed overlapped when the run overlaps them
+    /// over an engine that moves them in the background (`background`, Open MPI's; see
+    /// [`Runtime::pipewright`]): what a run's report draws beside what it measured.
+    pub fn predict(
+        &self,
+        hw: &Hardware,
+        ranks_per_node: usize,
+        background: bool,
+    ) -> Result<Prediction> {
         let profile = self.shapes_profile(hw)?;
         let t = &self.train;
         let world = t.world();
         let cluster = Cluster {
             hardware: hw,
             ranks_per_node: ranks_per_node.clamp(1, world.max(1)),
-            runtime: Default::default(),
+            runtime: Runtime::pipewright(t.overlap, background),
         };
         let cand = Candidate {
             layout: t.layout,

@@ -16,9 +16,9 @@ pub struct Runtime {
     pub grad_reduce_bytes: f64,
     /// Whether the gradient sums start during the step's last backward, bucket by bucket, so
     /// only what outlasts it is exposed (PyTorch DDP's and Megatron's `--overlap-grad-reduce`).
-    /// pipewright starts its sums during the last backward too, but only Open MPI's
-    /// communication thread moves them meanwhile (threads and NCCL sum when waited on), so its
-    /// runtime is costed without.
+    /// pipewright starts its sums during the last backward too (unless `--no-overlap`), but
+    /// only Open MPI's communication thread moves them meanwhile (threads and NCCL sum when
+    /// waited on): [`Runtime::pipewright`] says which.
     pub overlap_grad_reduce: bool,
     /// Whether a stage sends its output to the next split over its tp ranks, each sending
     /// `1/tp` and the receivers all-gathering it over the node's links (Megatron-LM's
@@ -30,8 +30,23 @@ pub struct Runtime {
     pub even_blocks: bool,
 }
 
+impl Runtime {
+    /// pipewright's runtime for a run with overlap `overlap` ([`crate::engine::spec::TrainSpec::overlap`])
+    /// over an engine that moves started collectives in the background (`background`: Open
+    /// MPI's communication thread) or not (threads, NCCL): the sums are costed overlapped
+    /// only with both. ZeRO-2's reduce-scatters and ZeRO-3's gathers stay costed in the
+    /// schedule, not overlapped.
+    pub fn pipewright(overlap: bool, background: bool) -> Self {
+        Self {
+            overlap_grad_reduce: overlap && background,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Runtime {
-    /// pipewright's runtime.
+    /// pipewright's runtime as `plan` assumes it: the sums after the schedule (an engine
+    /// without background progress, or `--no-overlap`).
     fn default() -> Self {
         Self {
             grad_reduce_bytes: 4.0,
