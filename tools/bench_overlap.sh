@@ -55,6 +55,15 @@ exec ip netns exec $b /bin/sh -c "\$*"
 EOF
 chmod +x "$out/agent"
 printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' >"$out/hosts"
+# The planner's machines for the runs' own predictions: this machine's description with the
+# shaped link between the two "nodes" (1 Gbit/s, tbf's latency bound).
+python3 - "$out/hardware.json" <<'PY'
+import json, sys
+hw = json.load(open("crates/pipewright/hardware/cpu-2core.json"))
+hw["name"] = "cpu-2core, two nodes joined by a veth pair shaped to 1 Gbit/s (tools/bench_overlap.sh)"
+hw["inter_node"] = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1.25e8}
+json.dump(hw, open(sys.argv[1], "w"))
+PY
 mpi=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --hostfile "$out/hosts"
   --mca plm_rsh_agent "$out/agent" --mca rtc ^hwloc --mca btl tcp,self
   --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
@@ -65,13 +74,15 @@ run() { # NAME BLOCK FLAGS...: one training run across the two machines
   ip netns exec $a "${mpi[@]}" "$(realpath "$bin")" train --model gpt --task text \
     --data "$PWD/README.md" --vocab-size 4096 --block-size "$block" --n-layer 4 --n-head 8 \
     --n-embd 512 --batch-size 16 --chunks 1 --dp 2 --backend mpi --steps "${PW_STEPS:-6}" \
-    --eval-every 1000 --log-every 1000 --out "$out/$name" ${PW_TRAIN:-} "$@" \
+    --eval-every 1000 --log-every 1000 --hardware "$out/hardware.json" --out "$out/$name" \
+    ${PW_TRAIN:-} "$@" \
     >"$out/$name.log" 2>&1 || { echo "bench_overlap: $name failed:"; tail -20 "$out/$name.log"; exit 1; }
   python3 - "$out/$name/summary.json" "$name" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]}: step {s['median_step_seconds'] * 1e3:.0f} ms, exposed communication "
-      f"{s['exposed_comm_per_rank'][0] * 1e3:.0f} ms")
+p = json.load(open(sys.argv[1].replace("summary.json", "prediction.json")))
+print(f"{sys.argv[2]}: step {s['median_step_seconds'] * 1e3:.0f} ms (predicted {p['step_s'] * 1e3:.0f}), "
+      f"exposed communication {s['exposed_comm_per_rank'][0] * 1e3:.0f} ms")
 PY
 }
 for block in ${PW_BLOCKS:-256 64}; do
@@ -83,16 +94,21 @@ done
 python3 - "$out" ${PW_BLOCKS:-256 64} <<'PY'
 import glob, json, statistics, sys
 out = sys.argv[1]
-print("| block | overlap step ms | --no-overlap step ms | step ratio | overlap exposed ms | --no-overlap exposed ms | exposed ratio |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| block | overlap step ms | --no-overlap step ms | step ratio | overlap exposed ms | --no-overlap exposed ms | exposed ratio | predicted overlap / --no-overlap ms |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for block in sys.argv[2:]:
     def med(mode, key):
         vals = []
         for f in glob.glob(f"{out}/block{block}-{mode}-*/summary.json"):
             s = json.load(open(f))
-            vals.append(s["median_step_seconds"] if key == "step" else s["exposed_comm_per_rank"][0])
+            if key == "predicted":
+                s = json.load(open(f.replace("summary.json", "prediction.json")))
+                vals.append(s["step_s"])
+            else:
+                vals.append(s["median_step_seconds"] if key == "step" else s["exposed_comm_per_rank"][0])
         return statistics.median(vals) * 1e3
     on, off = med("on", "step"), med("off", "step")
     eon, eoff = med("on", "exposed"), med("off", "exposed")
-    print(f"| {block} | {on:.0f} | {off:.0f} | {on / off:.2f} | {eon:.0f} | {eoff:.0f} | {eon / eoff:.2f} |")
+    pon, poff = med("on", "predicted"), med("off", "predicted")
+    print(f"| {block} | {on:.0f} | {off:.0f} | {on / off:.2f} | {eon:.0f} | {eoff:.0f} | {eon / eoff:.2f} | {pon:.0f} / {poff:.0f} |")
 PY
