@@ -3,7 +3,9 @@
 //! pipeline as they are produced ([`GradSink`]), keeps their running sums, and once a
 //! parameter's gradient is final (every micro-batch of the step has given it) puts it in the
 //! current bucket; a bucket of `bucket_bytes` starts its sum over the replicas at once
-//! ([`Communicator::iall_reduce`]), while the backward goes on. The last micro-batch's forward is
+//! ([`Communicator::iall_reduce`]), while the backward goes on. The step's first bucket is
+//! [`FIRST_BUCKET_BYTES`] at most (DDP's `_DEFAULT_FIRST_BUCKET_BYTES`), so the sums start
+//! with the last layer's gradients instead of waiting for a full bucket of layers. The last micro-batch's forward is
 //! cut into one graph per layer ([`PipelineOptions::cut_last`]), so its backward gives the
 //! layers' gradients one layer at a time, last layer first: the buckets fill in the order the
 //! backward finishes them. [`OverlappedSums::finish`] starts what is left, sums the tied
@@ -27,11 +29,16 @@ use crate::parallel::data_parallel::{all_reduce_grads, BucketSum};
 use crate::parallel::pipeline::GradSink;
 use crate::Result;
 
+/// The most bytes of the step's first bucket: PyTorch DDP's 1 MiB.
+pub const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
 /// Final gradients waiting for their bucket to fill, over one group of replicas.
 struct Filling<'a> {
     comm: &'a dyn Communicator,
     grads: Grads,
     bytes: usize,
+    /// Whether a bucket of the step has started (the first is smaller).
+    started: bool,
 }
 
 /// The gradient sums of one step, started as the gradients become final.
@@ -63,6 +70,7 @@ impl<'a> OverlappedSums<'a> {
             comm,
             grads: Grads::new(),
             bytes: 0,
+            started: false,
         };
         Self {
             dense: filling(dense),
@@ -86,7 +94,11 @@ impl<'a> OverlappedSums<'a> {
         };
         fill.grads.insert(name, g);
         fill.bytes += bytes;
-        if fill.bytes >= self.bucket_bytes {
+        let full = match fill.started {
+            true => self.bucket_bytes,
+            false => self.bucket_bytes.min(FIRST_BUCKET_BYTES),
+        };
+        if fill.bytes >= full {
             let started = start(fill, self.scale)?;
             self.in_flight.extend(started);
         }
@@ -125,6 +137,7 @@ impl<'a> OverlappedSums<'a> {
 fn start(fill: &mut Filling, scale: f64) -> Result<Option<BucketSum>> {
     let grads = std::mem::take(&mut fill.grads);
     fill.bytes = 0;
+    fill.started = true;
     if grads.is_empty() {
         return Ok(None);
     }
@@ -207,5 +220,31 @@ mod tests {
             Ok(())
         });
         per_rank.unwrap();
+    }
+
+    /// The step's first bucket starts once it holds [`FIRST_BUCKET_BYTES`], the next ones at
+    /// `bucket_bytes` (DDP's rule); each sum is the replicas' whatever its bucket.
+    #[test]
+    fn the_first_bucket_is_small() {
+        local::run(2, |c| {
+            let mut s = OverlappedSums::new(&c, None, &[], (1.0, 1, 8 << 20));
+            let one = |n: &str, v: f32| {
+                let mut g = Grads::new();
+                g.insert(n, Tensor::full(v, 300_000, &Device::Cpu).unwrap());
+                g
+            };
+            s.take(0, 2..3, one("c", 1.0))?;
+            assert_eq!(s.in_flight.len(), 1, "1.2 MB fills the first bucket");
+            s.take(0, 1..2, one("b", 2.0))?;
+            s.take(0, 0..1, one("a", 3.0))?;
+            assert_eq!(s.in_flight.len(), 1, "2.4 MB do not fill an 8 MiB one");
+            let out = s.finish(&Grads::new())?;
+            for (n, want) in [("a", 6.0), ("b", 4.0), ("c", 2.0)] {
+                let v: Vec<f32> = out.get(n).unwrap().to_vec1()?;
+                assert!(v.iter().all(|x| *x == want), "{n}");
+            }
+            Ok(())
+        })
+        .unwrap();
     }
 }
