@@ -55,19 +55,25 @@ exec ip netns exec $b /bin/sh -c "\$*"
 EOF
 chmod +x "$out/agent"
 printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' >"$out/hosts"
-# The planner's machines for the runs' own predictions: this machine's description with the
-# shaped link between the two "nodes" (1 Gbit/s, tbf's latency bound).
-python3 - "$out/hardware.json" <<'PY'
-import json, sys
-hw = json.load(open("crates/pipewright/hardware/cpu-2core.json"))
-hw["name"] = "cpu-2core, two nodes joined by a veth pair shaped to 1 Gbit/s (tools/bench_overlap.sh)"
-hw["inter_node"] = {"latency_s": 1e-4, "bandwidth_bytes_per_s": 1.25e8}
-json.dump(hw, open(sys.argv[1], "w"))
-PY
 mpi=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --hostfile "$out/hosts"
   --mca plm_rsh_agent "$out/agent" --mca rtc ^hwloc --mca btl tcp,self
   --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24
   --mca mpi_yield_when_idle 1 -x RAYON_NUM_THREADS=1)
+# The planner's machines for the runs' own predictions: this machine's description with the
+# link between the two "nodes" as pipewright's all-reduce measures it there (`bench comm`'s
+# fit of latency + bytes / bandwidth at 2 ranks, the shaped link's MPI goodput).
+ip netns exec $a "${mpi[@]}" "$(realpath "$bin")" bench comm --backend mpi --sizes 0.01,16 \
+  --iters 3 --out "$out/link.json" >"$out/link.log" 2>&1 ||
+  { echo "bench_overlap: bench comm failed:"; tail -20 "$out/link.log"; exit 1; }
+python3 - "$out/link.json" "$out/hardware.json" <<'PY'
+import json, sys
+link = json.load(open(sys.argv[1]))["all_reduce"]
+hw = json.load(open("crates/pipewright/hardware/cpu-2core.json"))
+hw["name"] = "cpu-2core, two nodes joined by a veth pair shaped to 1 Gbit/s (tools/bench_overlap.sh)"
+hw["inter_node"] = {"latency_s": link["latency_s"], "bandwidth_bytes_per_s": link["bandwidth_bytes_per_s"]}
+json.dump(hw, open(sys.argv[2], "w"))
+print(f"the link: {link['latency_s'] * 1e6:.0f} us + bytes / {link['bandwidth_bytes_per_s'] / 1e6:.0f} MB/s (all-reduce at 2 ranks)")
+PY
 run() { # NAME BLOCK FLAGS...: one training run across the two machines
   local name=$1 block=$2
   shift 2
