@@ -157,7 +157,8 @@ fn the_predicted_parts_sum_to_the_step_and_follow_the_schedule() {
 /// pipewright's runtime costs its sums overlapped with the last backward only when the run
 /// overlaps over an engine that moves them in the background (Open MPI's thread): then what
 /// is exposed is at most the sums after the schedule, less the backward they hide behind,
-/// and the step shrinks by what was hidden.
+/// and the step shrinks by what was hidden; ZeRO-2's reduce-scatters hide behind every
+/// micro-batch's backward.
 #[test]
 fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
     let hw = Hardware::load("cpu-2core").unwrap();
@@ -166,21 +167,30 @@ fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
     let p = common::profile(4, 5e-3, 1e-2, 10_000_000, 100.0);
     let mut cand = common::candidate(1, 4, 8, ScheduleKind::OneFOneB, Recompute::Never);
     cand.layout = Layout::new(1, 1, 2).unwrap();
-    let costed = |runtime: Runtime| {
+    let costed = |runtime: Runtime, cand: &pipewright::plan::Candidate| {
         let mut cluster = Cluster::new(&hw, 2, Some(2)).unwrap();
         cluster.runtime = runtime;
-        estimate(&p, &cluster, &cand).unwrap().0
+        estimate(&p, &cluster, cand).unwrap().0
     };
-    let after = costed(Runtime::default());
+    let after = costed(Runtime::default(), &cand);
     for (overlap, background) in [(false, true), (true, false)] {
-        let e = costed(Runtime::pipewright(overlap, background));
+        let e = costed(Runtime::pipewright(overlap, background), &cand);
         assert_eq!(e.step_s, after.step_s, "{overlap} {background}");
     }
-    let during = costed(Runtime::pipewright(true, true));
+    let during = costed(Runtime::pipewright(true, true), &cand);
     let hidden = after.parts.gradients_s - during.parts.gradients_s;
     assert!(hidden > 0.0, "{:?} against {:?}", during.parts, after.parts);
     // At most the last micro-batch's backward (8 rows through 4 layers) hides the sums.
     assert!(hidden <= 8.0 * 4.0 * 1e-2 * (1.0 + 1e-9), "{hidden}");
     assert!((after.step_s - during.step_s - hidden).abs() < 1e-9 * after.step_s);
     assert_eq!(during.parts.exposed_comm_s, during.parts.gradients_s);
+    // ZeRO-2: the 4 micro-batches' reduce-scatters hide behind their backwards, the weights'
+    // all-gather after the update does not.
+    cand.zero = Zero::Gradients;
+    let after = costed(Runtime::default(), &cand);
+    let during = costed(Runtime::pipewright(true, true), &cand);
+    let hidden = after.parts.gradients_s - during.parts.gradients_s;
+    assert!(hidden > 0.0, "{:?} against {:?}", during.parts, after.parts);
+    assert!(hidden <= 4.0 * 8.0 * 4.0 * 1e-2 * (1.0 + 1e-9), "{hidden}");
+    assert!((after.step_s - during.step_s - hidden).abs() < 1e-9 * after.step_s);
 }

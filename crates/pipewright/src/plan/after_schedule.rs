@@ -65,6 +65,30 @@ pub(super) struct After {
 }
 
 impl RankUpdate<'_> {
+    /// What of a rank's data-parallel communication `grads` (seconds, as costed after the
+    /// schedule) is exposed when the runtime overlaps it
+    /// ([`super::cluster::Runtime::overlap_grad_reduce`]), the rank's stages taking `backward`
+    /// seconds a micro-batch over `bytes` of gradients: the sums, bucket by bucket behind the
+    /// last backward, all but what outlasts it; ZeRO-2's reduce-scatters behind every
+    /// micro-batch's backward, the last bucket's still exposed (the weights' all-gather after
+    /// the update stays whole). ZeRO-1's gather and ZeRO-3's gathers are not overlapped.
+    fn exposed(&self, grads: f64, backward: f64, bytes: f64) -> f64 {
+        let (dp, link) = (self.replicas, self.dp_link);
+        let bucket = bytes.min(DEFAULT_BUCKET_BYTES as f64);
+        match self.zero {
+            _ if !self.cluster.runtime.overlap_grad_reduce || dp <= 1 => grads,
+            Zero::Off => (grads - backward).max(link.all_reduce(dp, bucket)),
+            Zero::Gradients => {
+                let gather = link.all_gather(dp, bytes);
+                let scatters = grads - gather;
+                let hidden = self.micro_batches as f64 * backward;
+                let last = bucket.min(bytes / self.virtual_stages as f64);
+                (scatters - hidden).max(link.all_gather(dp, last)) + gather
+            }
+            _ => grads,
+        }
+    }
+
     /// Every rank updates at once, after the step's scalar all-reduces: ranks that share cores
     /// share them while they update (`crowded`), and one with little to update (pp 4's
     /// embedding stage) leaves its share to the others (measured, pp 4: the two blocks'
@@ -118,14 +142,8 @@ impl RankUpdate<'_> {
                 Zero::Parameters => 3.0 * (m * v) as f64 * dp_link.all_gather(dp, bytes / v as f64),
             };
             let optimizer = updates[r];
-            // Overlapped with the last backward, bucket by bucket: what outlasts it is exposed.
-            let grads = if self.cluster.runtime.overlap_grad_reduce && self.zero == Zero::Off {
-                let last = mine.iter().map(|c| c.backward).sum::<f64>();
-                let bucket = bytes.min(DEFAULT_BUCKET_BYTES as f64);
-                (grads - last).max(dp_link.all_reduce(dp, bucket))
-            } else {
-                grads
-            };
+            let backward = mine.iter().map(|c| c.backward).sum::<f64>();
+            let grads = self.exposed(grads, backward, bytes);
             if grads + optimizer > a.after {
                 a.after = grads + optimizer;
                 a.after_comm = grads;

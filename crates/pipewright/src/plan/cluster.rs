@@ -33,9 +33,9 @@ pub struct Runtime {
 impl Runtime {
     /// pipewright's runtime for a run with overlap `overlap` ([`crate::engine::spec::TrainSpec::overlap`])
     /// over an engine that moves started collectives in the background (`background`: Open
-    /// MPI's communication thread) or not (threads, NCCL): the sums are costed overlapped
-    /// only with both. ZeRO-2's reduce-scatters and ZeRO-3's gathers stay costed in the
-    /// schedule, not overlapped.
+    /// MPI's communication thread) or not (threads, NCCL): the sums (and ZeRO-2's
+    /// reduce-scatters) are costed overlapped only with both. ZeRO-3's gathers stay costed
+    /// whole.
     pub fn pipewright(overlap: bool, background: bool) -> Self {
         Self {
             overlap_grad_reduce: overlap && background,
