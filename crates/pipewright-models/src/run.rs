@@ -242,13 +242,13 @@ impl RunSpec {
 
     /// The planner's prediction for this run's own layout on `hw` (`ranks_per_node` ranks a
     /// node), from the model's shapes, its sums costed overlapped when the run overlaps them
-    /// over an engine that moves them in the background (`background`, Open MPI's; see
-    /// [`Runtime::pipewright`]): what a run's report draws beside what it measured.
+    /// over a `backend` that moves them in the background (see [`Runtime::pipewright`]): what
+    /// a run's report draws beside what it measured.
     pub fn predict(
         &self,
         hw: &Hardware,
         ranks_per_node: usize,
-        background: bool,
+        backend: pipewright::dist::comm::Backend,
     ) -> Result<Prediction> {
         let profile = self.shapes_profile(hw)?;
         let t = &self.train;
@@ -256,7 +256,7 @@ impl RunSpec {
         let cluster = Cluster {
             hardware: hw,
             ranks_per_node: ranks_per_node.clamp(1, world.max(1)),
-            runtime: Runtime::pipewright(t.overlap, background),
+            runtime: Runtime::pipewright(t.overlap, backend.progresses_in_background()),
         };
         let cand = Candidate {
             layout: t.layout,

@@ -343,8 +343,7 @@ impl Setup {
             *run_dir.lock().map_err(|_| invalid!("a rank panicked"))? = Some(d.path().into());
             // The planner's prediction for this layout from the model's shapes, for the
             // report (a layout the planner refuses has none, and the report says so).
-            let background = a.backend == pipewright::dist::comm::Backend::Mpi;
-            if let Ok(p) = self.spec.predict(&self.hw, self.here, background) {
+            if let Ok(p) = self.spec.predict(&self.hw, self.here, a.backend) {
                 p.save(d.path())?;
             }
             if start > 0 {

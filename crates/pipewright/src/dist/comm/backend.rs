@@ -17,6 +17,16 @@ pub enum Backend {
     Nccl,
 }
 
+impl Backend {
+    /// Whether collectives started with [`super::Communicator::iall_reduce`] and its kin move
+    /// while the rank computes: Open MPI's communication thread does; threads complete them
+    /// when waited on, NCCL when started. What the planner costs as overlapped
+    /// ([`crate::plan::Runtime::pipewright`]).
+    pub fn progresses_in_background(self) -> bool {
+        self == Backend::Mpi
+    }
+}
+
 impl std::str::FromStr for Backend {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

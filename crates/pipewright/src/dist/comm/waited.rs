@@ -63,7 +63,7 @@ pub fn finish<T: Send + 'static>(
     let r = p.wait();
     let end = Instant::now();
     let waited = (end - t0).as_secs_f64();
-    WAITED.with(|w| w.set(w.get() + waited));
+    count(waited);
     SPANS.with(|s| {
         if let Some(spans) = s.borrow_mut().as_mut() {
             let what = what();
@@ -82,8 +82,12 @@ pub fn finish<T: Send + 'static>(
 pub fn waiting<T>(f: impl FnOnce() -> T) -> T {
     let t0 = Instant::now();
     let r = f();
-    WAITED.with(|w| w.set(w.get() + t0.elapsed().as_secs_f64()));
+    count(t0.elapsed().as_secs_f64());
     r
+}
+
+fn count(seconds: f64) {
+    WAITED.with(|w| w.set(w.get() + seconds));
 }
 
 /// Seconds this thread waited since the previous call (or its start).

@@ -166,12 +166,7 @@ impl LayerGather {
     pub fn forget(&self) -> Result<()> {
         let mut ahead = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
         let started = std::mem::take(&mut *ahead).started;
-        for (_, gathers) in started {
-            gathers
-                .into_iter()
-                .try_for_each(|(_, h, _)| waited::waiting(|| h.wait()).map(drop))?;
-        }
-        Ok(())
+        started.into_iter().try_for_each(|(_, g)| drop_gathers(g))
     }
 
     /// Layer `layer`'s gathers, started ahead or now, with the next layers' started after
@@ -188,9 +183,7 @@ impl LayerGather {
             } else if next.contains(&l) {
                 kept.push_back((l, gathers));
             } else {
-                gathers
-                    .into_iter()
-                    .try_for_each(|(_, h, _)| waited::waiting(|| h.wait()).map(drop))?;
+                drop_gathers(gathers)?;
             }
         }
         let mine = match mine {
@@ -205,6 +198,11 @@ impl LayerGather {
         ahead.started = kept;
         Ok(mine)
     }
+}
+
+/// Waits for `gathers` (the collectives complete on every replica) and drops what they give.
+fn drop_gathers(gathers: Vec<Gathering>) -> Result<()> {
+    (gathers.into_iter()).try_for_each(|(_, h, _)| waited::waiting(|| h.wait()).map(drop))
 }
 
 impl LayerParams for LayerGather {
