@@ -256,7 +256,11 @@ impl RunSpec {
         let cluster = Cluster {
             hardware: hw,
             ranks_per_node: ranks_per_node.clamp(1, world.max(1)),
-            runtime: Runtime::pipewright(t.overlap, backend.progresses_in_background()),
+            runtime: Runtime::pipewright(
+                t.overlap,
+                backend.progresses_in_background(),
+                t.bucket_bytes,
+            ),
         };
         let cand = Candidate {
             layout: t.layout,

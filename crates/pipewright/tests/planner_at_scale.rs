@@ -117,6 +117,7 @@ fn predict_parts(r: &Row, hw: &Hardware) -> (f64, f64, String, String) {
         overlap_grad_reduce: false,
         scatter_gather: true,
         even_blocks: true,
+        ..Runtime::default()
     };
     let (e, _) = estimate(&profile, &cluster, &cand).unwrap();
     let tflops = megatron_flops(r) / e.step_s / r.gpus as f64 / 1e12;

@@ -19,7 +19,7 @@ use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};
 use pipewright::model::nn::Grads;
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::{DistributedLoader, DEFAULT_BUCKET_BYTES};
 use pipewright::parallel::loss::Mse;
 use pipewright::parallel::pipeline::schedule::ScheduleKind;
 use pipewright::parallel::pipeline::Recompute;
@@ -174,10 +174,13 @@ fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
     };
     let after = costed(Runtime::default(), &cand);
     for (overlap, background) in [(false, true), (true, false)] {
-        let e = costed(Runtime::pipewright(overlap, background), &cand);
+        let e = costed(
+            Runtime::pipewright(overlap, background, DEFAULT_BUCKET_BYTES),
+            &cand,
+        );
         assert_eq!(e.step_s, after.step_s, "{overlap} {background}");
     }
-    let during = costed(Runtime::pipewright(true, true), &cand);
+    let during = costed(Runtime::pipewright(true, true, DEFAULT_BUCKET_BYTES), &cand);
     let hidden = after.parts.gradients_s - during.parts.gradients_s;
     assert!(hidden > 0.0, "{:?} against {:?}", during.parts, after.parts);
     // At most the last micro-batch's backward (8 rows through 4 layers) hides the sums.
@@ -188,9 +191,44 @@ fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
     // all-gather after the update does not.
     cand.zero = Zero::Gradients;
     let after = costed(Runtime::default(), &cand);
-    let during = costed(Runtime::pipewright(true, true), &cand);
+    let during = costed(Runtime::pipewright(true, true, DEFAULT_BUCKET_BYTES), &cand);
     let hidden = after.parts.gradients_s - during.parts.gradients_s;
     assert!(hidden > 0.0, "{:?} against {:?}", during.parts, after.parts);
     assert!(hidden <= 4.0 * 8.0 * 4.0 * 1e-2 * (1.0 + 1e-9), "{hidden}");
     assert!((after.step_s - during.step_s - hidden).abs() < 1e-9 * after.step_s);
+}
+
+/// The overlapped sums leave bucket by bucket as the last backward finishes the layers, last
+/// first, the link carrying one bucket at a time: with one layer a bucket, a link slower than
+/// a layer's backward leaves exposed the four sums less the backward after the first layer's
+/// (`4 s - 3 b`); a faster one only the first layer's sum, which leaves as the backward ends;
+/// a bucket larger than the model leaves the step's small first bucket early, the rest at
+/// the end.
+#[test]
+fn the_overlapped_sums_leave_bucket_by_bucket() {
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let mut cand = common::candidate(1, 1, 8, ScheduleKind::OneFOneB, Recompute::Never);
+    cand.layout = Layout::new(1, 1, 2).unwrap();
+    // 4 layers of 10 M parameters (40 MB of gradients each): buckets of one layer.
+    for (per_row, bucket) in [(1e-3, 40_000_000), (1e-1, 40_000_000), (1e-1, 1 << 30)] {
+        let p = common::profile(4, 1e-3, per_row, 10_000_000, 100.0);
+        let mut cluster = Cluster::new(&hw, 2, Some(2)).unwrap();
+        cluster.runtime = Runtime::pipewright(true, true, bucket);
+        let (e, sim) = estimate(&p, &cluster, &cand).unwrap();
+        let last = sim.spans[0].last().unwrap();
+        let layer = (last.end - last.start) / 4.0;
+        let s = |bytes: f64| hw.inter_node.all_reduce(2, bytes);
+        let want = match bucket {
+            // The step's first bucket (1 MiB at most: the last layer's 40 MB fill it) leaves
+            // at once, the other three layers' at the end.
+            b if b > 160_000_000 => (s(40e6) - 3.0 * layer).max(0.0) + s(120e6),
+            _ if s(40e6) > layer => 4.0 * s(40e6) - 3.0 * layer,
+            _ => s(40e6),
+        };
+        let got = e.parts.gradients_s;
+        assert!(
+            (got - want).abs() < 1e-9,
+            "{per_row} {bucket}: {got} against {want}"
+        );
+    }
 }

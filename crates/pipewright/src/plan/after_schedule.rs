@@ -8,6 +8,7 @@ use super::hardware::Link;
 use super::profile::Profile;
 use super::rank_memory::{rank_live_bytes, state_bytes_per_param, StageBytes};
 use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
+use crate::parallel::overlap::FIRST_BUCKET_BYTES;
 use crate::parallel::pipeline::schedule::Schedule;
 use crate::parallel::pipeline::timeline;
 use crate::parallel::pipeline::{Recompute, Sharing};
@@ -48,6 +49,10 @@ pub(super) struct RankUpdate<'a> {
     /// The ranks that sum gradients and share ZeRO's pieces (the ring's too).
     pub replicas: usize,
     pub dp_link: &'a Link,
+    /// Units of the profile each stage holds, in stage order ...
+    pub balance: &'a [usize],
+    /// ... and the rows of a micro-batch.
+    pub rows: usize,
 }
 
 /// What [`RankUpdate::after`] finds.
@@ -67,17 +72,18 @@ pub(super) struct After {
 impl RankUpdate<'_> {
     /// What of a rank's data-parallel communication `grads` (seconds, as costed after the
     /// schedule) is exposed when the runtime overlaps it
-    /// ([`super::cluster::Runtime::overlap_grad_reduce`]), the rank's stages taking `backward`
-    /// seconds a micro-batch over `bytes` of gradients: the sums, bucket by bucket behind the
-    /// last backward, all but what outlasts it; ZeRO-2's reduce-scatters behind every
-    /// micro-batch's backward, the last bucket's still exposed (the weights' all-gather after
-    /// the update stays whole). ZeRO-1's gather and ZeRO-3's gathers are not overlapped.
-    fn exposed(&self, grads: f64, backward: f64, bytes: f64) -> f64 {
+    /// ([`super::cluster::Runtime::overlap_grad_reduce`]), the rank's `stages` taking
+    /// `backward` seconds a micro-batch over `bytes` of gradients: the sums as the buckets
+    /// leave during the last backward ([`RankUpdate::sums_exposed`]); ZeRO-2's reduce-scatters
+    /// behind every micro-batch's backward, the last bucket's still exposed (the weights'
+    /// all-gather after the update stays whole). ZeRO-1's gather and ZeRO-3's gathers are not
+    /// overlapped.
+    fn exposed(&self, grads: f64, stages: &[usize], backward: f64, bytes: f64) -> f64 {
         let (dp, link) = (self.replicas, self.dp_link);
         let bucket = bytes.min(DEFAULT_BUCKET_BYTES as f64);
         match self.zero {
             _ if !self.cluster.runtime.overlap_grad_reduce || dp <= 1 => grads,
-            Zero::Off => (grads - backward).max(link.all_reduce(dp, bucket)),
+            Zero::Off => self.sums_exposed(stages),
             Zero::Gradients => {
                 let gather = link.all_gather(dp, bytes);
                 let scatters = grads - gather;
@@ -87,6 +93,48 @@ impl RankUpdate<'_> {
             }
             _ => grads,
         }
+    }
+
+    /// The sums' time past the end of the last micro-batch's backward over the rank's
+    /// `stages`, as the runtime sends them (`parallel::overlap`): the backward finishes the
+    /// layers last first, each taking its share of its stage's backward (by the profile's
+    /// layer times) with its share of the stage's gradient bytes (by its parameters); a
+    /// bucket leaves once it holds the runtime's bucket bytes (the step's first at most
+    /// [`FIRST_BUCKET_BYTES`]), the link carrying one at a time; what is left leaves when the
+    /// backward ends (the first layer's gradients, the tied embedding's among them).
+    fn sums_exposed(&self, stages: &[usize]) -> f64 {
+        let (dp, link) = (self.replicas, self.dp_link);
+        let full = self.cluster.runtime.bucket_bytes;
+        let (mut now, mut free, mut filled, mut first) = (0.0, 0.0_f64, 0.0, true);
+        for &k in stages.iter().rev() {
+            let start: usize = self.balance[..k].iter().sum();
+            let layers = self.profile.unit_layers(start..start + self.balance[k]);
+            let layer = |i: usize| &self.profile.layers[i];
+            let time: f64 = layers
+                .clone()
+                .map(|i| layer(i).backward.at(self.rows))
+                .sum();
+            let params: f64 = layers.clone().map(|i| layer(i).params as f64).sum();
+            let c = &self.costs[k];
+            let bytes = c.params * self.cluster.runtime.grad_reduce_bytes;
+            for i in layers.rev() {
+                now += c.backward * layer(i).backward.at(self.rows) / time.max(f64::MIN_POSITIVE);
+                filled += bytes * layer(i).params as f64 / params.max(1.0);
+                let cap = if first {
+                    full.min(FIRST_BUCKET_BYTES as f64)
+                } else {
+                    full
+                };
+                if filled >= cap {
+                    free = free.max(now) + link.all_reduce(dp, filled);
+                    (filled, first) = (0.0, false);
+                }
+            }
+        }
+        if filled > 0.0 {
+            free = free.max(now) + link.all_reduce(dp, filled);
+        }
+        (free - now).max(0.0)
     }
 
     /// Every rank updates at once, after the step's scalar all-reduces: ranks that share cores
@@ -143,7 +191,7 @@ impl RankUpdate<'_> {
             };
             let optimizer = updates[r];
             let backward = mine.iter().map(|c| c.backward).sum::<f64>();
-            let grads = self.exposed(grads, backward, bytes);
+            let grads = self.exposed(grads, &stages, backward, bytes);
             if grads + optimizer > a.after {
                 a.after = grads + optimizer;
                 a.after_comm = grads;

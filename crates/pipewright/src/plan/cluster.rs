@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::hardware::{Hardware, Link};
 use super::profile::Profile;
+use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::parallel::pipeline::Sharing;
 use crate::Result;
 
@@ -20,6 +21,9 @@ pub struct Runtime {
     /// only Open MPI's communication thread moves them meanwhile (threads and NCCL sum when
     /// waited on): [`Runtime::pipewright`] says which.
     pub overlap_grad_reduce: bool,
+    /// Bytes of a gradient bucket when the sums overlap (pipewright's `--bucket-mb`, DDP's
+    /// `bucket_cap_mb`): each leaves once full, so the sums start no sooner.
+    pub bucket_bytes: f64,
     /// Whether a stage sends its output to the next split over its tp ranks, each sending
     /// `1/tp` and the receivers all-gathering it over the node's links (Megatron-LM's
     /// scatter/gather); pipewright's tp ranks each send the whole.
@@ -34,11 +38,13 @@ impl Runtime {
     /// pipewright's runtime for a run with overlap `overlap` ([`crate::engine::spec::TrainSpec::overlap`])
     /// over an engine that moves started collectives in the background (`background`: Open
     /// MPI's communication thread) or not (threads, NCCL): the sums (and ZeRO-2's
-    /// reduce-scatters) are costed overlapped only with both. ZeRO-3's gathers stay costed
-    /// whole.
-    pub fn pipewright(overlap: bool, background: bool) -> Self {
+    /// reduce-scatters) are costed overlapped only with both, the sums in buckets of
+    /// `bucket_bytes` ([`crate::engine::spec::TrainSpec::bucket_bytes`]). ZeRO-3's gathers
+    /// stay costed whole.
+    pub fn pipewright(overlap: bool, background: bool, bucket_bytes: usize) -> Self {
         Self {
             overlap_grad_reduce: overlap && background,
+            bucket_bytes: bucket_bytes as f64,
             ..Self::default()
         }
     }
@@ -51,6 +57,7 @@ impl Default for Runtime {
         Self {
             grad_reduce_bytes: 4.0,
             overlap_grad_reduce: false,
+            bucket_bytes: DEFAULT_BUCKET_BYTES as f64,
             scatter_gather: false,
             even_blocks: false,
         }

@@ -400,14 +400,11 @@ pub fn estimate(
         virtual_stages: v,
         replicas,
         dp_link: &dp_link,
+        balance: &balance,
+        rows,
     };
-    let After {
-        after,
-        after_comm,
-        first,
-        slowest_grads,
-        peak_bytes,
-    } = ranks.after(crowded)?;
+    let a: After = ranks.after(crowded)?;
+    let (after, after_comm, first) = (a.after, a.after_comm, a.first);
     let parts = busiest_parts(&schedule, &costs, m, &recomputes);
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
     // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
@@ -421,7 +418,7 @@ pub fn estimate(
     let norm = pp_link.scalar_all_reduce(pp) + cluster.link(tp).scalar_all_reduce(tp);
     let step_s = sim.makespan + after + scalars + norm;
     let step_parts =
-        StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, slowest_grads);
+        StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, a.slowest_grads);
     let (after, after_comm) = (after + scalars + norm, after_comm + scalars + norm);
     let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
     let samples = (rows * m * cand.layout.dp) as f64;
@@ -435,7 +432,7 @@ pub fn estimate(
             balance,
             step_s,
             bubble: sim.bubble,
-            peak_bytes,
+            peak_bytes: a.peak_bytes,
             breakdown,
             parts: step_parts,
             mfu,
