@@ -10,8 +10,8 @@ use std::process::Command;
 
 use clap::Args;
 use pipewright::plan::{
-    format_bytes, parse_bytes, parse_candidate, rank, search, Cluster, Estimate, Hardware, Link,
-    Profile, Request, StepParts,
+    format_bytes, parse_bytes, parse_candidate, rank_pinned, search, Cluster, Estimate, Hardware,
+    Link, Profile, Request, StepParts,
 };
 use pipewright::ModelSpec;
 use pipewright::{invalid, Error, Result};
@@ -100,16 +100,15 @@ pub fn run(p: PlanArgs) -> Result<()> {
     let cluster = Cluster::new(&hw, p.world, p.nodes)?;
     let nodes = p.world / cluster.ranks_per_node;
     let profile = profile(&p, &hw)?;
-    let pins = p
-        .candidate
-        .iter()
-        .map(|s| parse_candidate(s, p.train.batch_size))
-        .collect::<Result<Vec<_>>>()?;
     let req = Request {
         world: p.world,
         memory_bytes: memory as f64,
         global_batch: p.train.batch_size,
-        top: if pins.is_empty() { p.top } else { pins.len() },
+        top: if p.candidate.is_empty() {
+            p.top
+        } else {
+            p.candidate.len()
+        },
     };
     if p.profile.is_some() && profile.threads != cluster.threads_per_rank() {
         eprintln!(
@@ -121,11 +120,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
             cluster.threads_per_rank()
         );
     }
-    let best = if pins.is_empty() {
-        search(&profile, &cluster, &req)?
-    } else {
-        rank(&profile, &cluster, &req, pins)?
-    };
+    let (best, refused) = ranked(&p, &profile, &cluster, &req)?;
     pipewright::say!(
         "plan for {} ranks on {nodes} node(s) of {}, {} per device; profile: {}",
         p.world,
@@ -181,10 +176,55 @@ pub fn run(p: PlanArgs) -> Result<()> {
             format!("{:.1} MiB", e.max_peak_bytes() / (1u64 << 20) as f64)
         );
     }
+    for (what, why) in &refused {
+        pipewright::say!("refused {what}: {why}");
+    }
     if p.measure {
         measure(&p, &hw, &best)?;
     }
     Ok(())
+}
+
+/// Each refused `--candidate` (as given, or its layout) with why it cannot run.
+type Refusals = Vec<(String, String)>;
+
+/// The fastest candidates (every layout searched, or the `--candidate`s), and each
+/// `--candidate` that cannot run, as given, with why: it is listed beside the others instead
+/// of ending the plan.
+fn ranked(
+    p: &PlanArgs,
+    profile: &Profile,
+    cluster: &Cluster,
+    req: &Request,
+) -> Result<(Vec<Estimate>, Refusals)> {
+    if p.candidate.is_empty() {
+        return Ok((search(profile, cluster, req)?, Vec::new()));
+    }
+    let mut refused = Vec::new();
+    let mut pins = Vec::new();
+    for spec in &p.candidate {
+        match parse_candidate(spec, p.train.batch_size) {
+            Ok(c) => pins.push(c),
+            Err(e) => refused.push((spec.clone(), e.to_string())),
+        }
+    }
+    if pins.is_empty() {
+        let whys: Vec<&str> = refused.iter().map(|(_, w)| w.as_str()).collect();
+        return Err(invalid!("no candidate can run: {}", whys.join("; ")));
+    }
+    let (best, more) = rank_pinned(profile, cluster, req, pins)?;
+    refused.extend(more.into_iter().map(|r| {
+        let c = &r.candidate;
+        let what = format!(
+            "{} mbs {} {} v{}",
+            layout_text(c),
+            c.micro_batch,
+            c.schedule,
+            c.virtual_stages
+        );
+        (what, r.why)
+    }));
+    Ok((best, refused))
 }
 
 /// The candidate's layout, `sp` after it with sequence parallelism.

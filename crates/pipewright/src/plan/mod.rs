@@ -63,7 +63,7 @@ pub use profile::{
     ActionOverhead, AttentionShape, ExpertShape, Fit, LayerProfile, Profile, SplitCost, Timing,
     Transient,
 };
-pub use search::{layouts, parse_candidate, rank, search, Request};
+pub use search::{layouts, parse_candidate, rank, rank_pinned, search, Refused, Request};
 pub use shaped::{ModelShapes, ShapedLayer};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, TpSplit};
 pub use step_parts::{Part, PartClock, StepParts};

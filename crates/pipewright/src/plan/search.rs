@@ -258,57 +258,87 @@ pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec
     rank(profile, cluster, req, candidates(req, profile))
 }
 
-/// [`search`] among the given candidates only (each checked against the world and model).
+/// A candidate the planner cannot cost, and why: a layout of another world, more stages
+/// than the model has units, an interleaved schedule whose micro-batches pp does not divide.
+#[derive(Clone, Debug)]
+pub struct Refused {
+    /// The candidate as given.
+    pub candidate: Candidate,
+    /// Why it cannot run.
+    pub why: String,
+}
+
+/// [`search`] among the given candidates only (each checked against the world and model); an
+/// error names the first that cannot run ([`rank_pinned`] lists them and ranks the others).
 pub fn rank(
     profile: &Profile,
     cluster: &Cluster,
     req: &Request,
     all: Vec<Candidate>,
 ) -> Result<Vec<Estimate>> {
+    let (best, refused) = rank_pinned(profile, cluster, req, all)?;
+    match refused.into_iter().next() {
+        Some(r) => Err(invalid!("{}", r.why)),
+        None => Ok(best),
+    }
+}
+
+/// Why `c` cannot be planned for `req` and `profile`, if it cannot.
+fn check(c: &Candidate, req: &Request, profile: &Profile) -> Result<()> {
+    let Layout { pp, tp, cp, .. } = c.layout;
+    if c.layout.world() != req.world {
+        return Err(invalid!(
+            "{} is not a layout of {} ranks",
+            c.layout,
+            req.world
+        ));
+    }
+    let per_rank = c.schedule.stages_per_rank(c.virtual_stages);
+    if pp * per_rank > profile.units() {
+        return Err(invalid!(
+            "{} with {} chunks per stage needs more than the model's {} units",
+            c.layout,
+            per_rank,
+            profile.units()
+        ));
+    }
+    if cp > 1 && !profile.sequence().is_some_and(|s| s.is_multiple_of(2 * cp)) {
+        return Err(invalid!(
+            "{}: cp {cp} needs a model that attends over sequences of a multiple of 2 x cp = \
+             {} tokens (this profile's: {:?}; a measured profile does not record its \
+             attention: plan cp from the model's shapes)",
+            c.layout,
+            2 * cp,
+            profile.sequence()
+        ));
+    }
+    if c.sequence_parallel && tp == 1 {
+        return Err(invalid!(
+            "{}: sequence parallelism splits over the tensor-parallel ranks: it needs tp > 1",
+            c.layout
+        ));
+    }
+    if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {
+        return Err(invalid!(
+            "tp {tp} does not divide {d}: the model splits over tensor-parallel sizes that \
+             divide each of {:?} (its heads, vocabulary, ...; [1]: it does not split)",
+            profile.tp_divides
+        ));
+    }
+    Ok(())
+}
+
+/// Each of `all` costed on its own: the `req.top` fastest that fit in `req.memory_bytes`
+/// (as [`search`] ranks them), and those that cannot run, each with why (`plan --candidate`
+/// lists them beside the others). An error when none can run, or none fits.
+pub fn rank_pinned(
+    profile: &Profile,
+    cluster: &Cluster,
+    req: &Request,
+    all: Vec<Candidate>,
+) -> Result<(Vec<Estimate>, Vec<Refused>)> {
     if req.world == 0 || req.global_batch == 0 || req.top == 0 {
         return Err(invalid!("world, global batch and top must be positive"));
-    }
-    for c in &all {
-        let Layout { pp, tp, cp, .. } = c.layout;
-        if c.layout.world() != req.world {
-            return Err(invalid!(
-                "{} is not a layout of {} ranks",
-                c.layout,
-                req.world
-            ));
-        }
-        let per_rank = c.schedule.stages_per_rank(c.virtual_stages);
-        if pp * per_rank > profile.units() {
-            return Err(invalid!(
-                "{} with {} chunks per stage needs more than the model's {} units",
-                c.layout,
-                per_rank,
-                profile.units()
-            ));
-        }
-        if cp > 1 && !profile.sequence().is_some_and(|s| s.is_multiple_of(2 * cp)) {
-            return Err(invalid!(
-                "{}: cp {cp} needs a model that attends over sequences of a multiple of 2 x cp = \
-                 {} tokens (this profile's: {:?}; a measured profile does not record its \
-                 attention: plan cp from the model's shapes)",
-                c.layout,
-                2 * cp,
-                profile.sequence()
-            ));
-        }
-        if c.sequence_parallel && tp == 1 {
-            return Err(invalid!(
-                "{}: sequence parallelism splits over the tensor-parallel ranks: it needs tp > 1",
-                c.layout
-            ));
-        }
-        if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {
-            return Err(invalid!(
-                "tp {tp} does not divide {d}: the model splits over tensor-parallel sizes that \
-                 divide each of {:?} (its heads, vocabulary, ...; [1]: it does not split)",
-                profile.tp_divides
-            ));
-        }
     }
     if all.is_empty() {
         return Err(invalid!(
@@ -321,10 +351,36 @@ pub fn rank(
             req.global_batch
         ));
     }
+    let mut refused = Vec::new();
+    let costed = all.into_iter().filter_map(|c| {
+        match check(&c, req, profile).and_then(|()| estimate(profile, cluster, &c)) {
+            Ok((e, _)) => Some(e),
+            Err(e) => {
+                let why = e.to_string();
+                refused.push(Refused { candidate: c, why });
+                None
+            }
+        }
+    });
+    match fastest_fitting(costed, req)? {
+        Some(best) => Ok((best, refused)),
+        None => {
+            let whys: Vec<String> = refused.iter().map(|r| r.why.clone()).collect();
+            Err(invalid!("no candidate can run: {}", whys.join("; ")))
+        }
+    }
+}
+
+/// The `req.top` fastest of `costed` that fit in `req.memory_bytes` (ties: the smaller
+/// peak); none when nothing was costed, an error naming the smallest cap that works when
+/// none fits.
+fn fastest_fitting(
+    costed: impl Iterator<Item = Estimate>,
+    req: &Request,
+) -> Result<Option<Vec<Estimate>>> {
     let mut fits: Vec<Estimate> = Vec::new();
     let mut smallest: Option<Estimate> = None;
-    for c in &all {
-        let (e, _) = estimate(profile, cluster, c)?;
+    for e in costed {
         if e.max_peak_bytes() <= req.memory_bytes {
             fits.push(e);
         } else if smallest
@@ -335,7 +391,9 @@ pub fn rank(
         }
     }
     if fits.is_empty() {
-        let s = smallest.expect("some candidate was estimated");
+        let Some(s) = smallest else {
+            return Ok(None);
+        };
         return Err(invalid!(
             "no layout fits in {} per device: the smallest cap that works is {} ({} bytes: {} \
              micro-batch {} {} recompute {} zero {})",
@@ -355,5 +413,5 @@ pub fn rank(
             .then(a.max_peak_bytes().total_cmp(&b.max_peak_bytes()))
     });
     fits.truncate(req.top);
-    Ok(fits)
+    Ok(Some(fits))
 }
