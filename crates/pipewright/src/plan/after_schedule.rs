@@ -9,8 +9,7 @@ use super::profile::Profile;
 use super::rank_memory::{rank_live_bytes, state_bytes_per_param, StageBytes};
 use crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES;
 use crate::parallel::overlap::FIRST_BUCKET_BYTES;
-use crate::parallel::pipeline::schedule::Schedule;
-use crate::parallel::pipeline::timeline;
+use crate::parallel::pipeline::timeline::Held;
 use crate::parallel::pipeline::{Recompute, Sharing};
 use crate::parallel::zero::Zero;
 use crate::Result;
@@ -40,7 +39,13 @@ pub(super) struct StageCost {
 pub(super) struct RankUpdate<'a> {
     pub cluster: &'a Cluster<'a>,
     pub profile: &'a Profile,
-    pub schedule: &'a Schedule,
+    /// Whether the schedule splits its backwards (zero-bubble: the weight passes queue).
+    pub splits_backward: bool,
+    /// Each rank's model stages ...
+    pub rank_stages: &'a [Vec<usize>],
+    /// ... and what it holds as its actions start, where its memory can peak (of
+    /// [`crate::parallel::pipeline::timeline::held`], those no other exceeds).
+    pub held: &'a [Vec<Held>],
     pub costs: &'a [StageCost],
     pub zero: Zero,
     pub recompute: Recompute,
@@ -144,13 +149,12 @@ impl RankUpdate<'_> {
     /// charged 0.77).
     pub fn after(&self, crowded: Sharing) -> Result<After> {
         let (m, v, dp) = (self.micro_batches, self.virtual_stages, self.replicas);
-        let pp = self.schedule.ranks;
+        let pp = self.rank_stages.len();
         let dp_link = self.dp_link;
-        let held_at = timeline::held(self.schedule);
         let shards = if self.zero == Zero::Off { 1 } else { dp };
         let rank_params: Vec<f64> = (0..pp)
             .map(|r| {
-                let stages = self.schedule.stages_of(r);
+                let stages = &self.rank_stages[r];
                 stages.iter().map(|k| self.costs[*k].params).sum()
             })
             .collect();
@@ -166,8 +170,8 @@ impl RankUpdate<'_> {
             slowest_grads: 0.0,
             peak_bytes: Vec::with_capacity(pp),
         };
-        for (r, held) in held_at.iter().enumerate() {
-            let stages = self.schedule.stages_of(r);
+        for (r, held) in self.held.iter().enumerate() {
+            let stages = &self.rank_stages[r];
             let mine: Vec<&StageCost> = stages.iter().map(|k| &self.costs[*k]).collect();
             let params = rank_params[r];
             let bytes = params * self.cluster.runtime.grad_reduce_bytes;
@@ -191,7 +195,7 @@ impl RankUpdate<'_> {
             };
             let optimizer = updates[r];
             let backward = mine.iter().map(|c| c.backward).sum::<f64>();
-            let grads = self.exposed(grads, &stages, backward, bytes);
+            let grads = self.exposed(grads, stages, backward, bytes);
             if grads + optimizer > a.after {
                 a.after = grads + optimizer;
                 a.after_comm = grads;
@@ -203,7 +207,7 @@ impl RankUpdate<'_> {
             let bytes: Vec<&StageBytes> = mine.iter().map(|c| &c.bytes).collect();
             let state = state_bytes_per_param(self.zero, dp, m * v == 1);
             let zero3 = self.zero == Zero::Parameters && dp > 1;
-            let split = self.schedule.splits_backward();
+            let split = self.splits_backward;
             let live = rank_live_bytes(&bytes, params, state, held, self.recompute, split, zero3);
             a.peak_bytes
                 .push(self.cluster.hardware.runtime_bytes() as f64 + live);
@@ -212,20 +216,22 @@ impl RankUpdate<'_> {
     }
 }
 
-/// The busiest pipeline rank's work over the schedule, split as its stages' costs are
-/// (compute, memory, communication; recomputed forwards counted as forwards).
+/// The busiest pipeline rank's work over the schedule (each rank's model stages
+/// `rank_stages`), split as its stages' costs are (compute, memory, communication;
+/// recomputed forwards counted as forwards).
 pub(super) fn busiest_parts(
-    schedule: &Schedule,
+    rank_stages: &[Vec<usize>],
     costs: &[StageCost],
     m: usize,
     recomputes: &dyn Fn(usize) -> bool,
 ) -> [f64; 3] {
-    (0..schedule.ranks)
-        .map(|r| {
+    let again = (0..m).filter(|&mb| recomputes(mb)).count() as f64;
+    (rank_stages.iter())
+        .map(|stages| {
             let mut p = [0.0; 3];
-            for k in schedule.stages_of(r) {
+            for &k in stages {
                 let c = &costs[k];
-                let again = (0..m).filter(|&mb| recomputes(mb)).count() as f64 * c.forward;
+                let again = again * c.forward;
                 let scale = (m as f64 * (c.forward + c.backward) + again)
                     / (c.compute + c.memory + c.comm).max(f64::MIN_POSITIVE);
                 p[0] += c.compute * scale;

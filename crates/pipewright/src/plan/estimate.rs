@@ -5,62 +5,28 @@
 //! (parameters with their gradients and optimizer state, the activations and stage inputs of
 //! the micro-batches in flight under the recompute mode, and one backward's gradients).
 
-use std::fmt;
+use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::balance::{balance_cost, even_blocks};
-use super::balance_ranks::balance_v;
 use super::bound::{Bound, Breakdown};
 use super::cluster::Cluster;
-use super::context_parallel as cp_cost;
-use super::profile::{Fit, Profile};
-use super::shapes::ShapeCost;
+use super::memo::{Memo, ReplayKey, Replayed, Staged, StagesKey};
+use super::profile::Profile;
+use super::stage_cost::balanced_stages;
 use crate::dist::topology::Layout;
-use crate::parallel::pipeline::schedule::{Action, Schedule, ScheduleKind};
+use crate::parallel::pipeline::schedule::{Action, Schedule};
 use crate::parallel::pipeline::timeline::Simulation;
-use crate::parallel::pipeline::{Recompute, Sharing};
-use crate::parallel::zero::Zero;
+use crate::parallel::pipeline::Sharing;
 use crate::Result;
 
 use super::after_schedule::{busiest_parts, After, RankUpdate, StageCost};
-use super::rank_memory::StageBytes;
+pub use super::candidate::Candidate;
 pub use super::rank_memory::{
     state_bytes_per_param, BACKWARD_EXTRA_SHARE, FIRST_BACKWARD_BYTES_PER_PARAM, RANK_BYTES,
     STATE_BYTES_PER_PARAM, ZERO3_LAYER_COPIES,
 };
 use super::step_parts::StepParts;
-
-/// One point of the search: a layout and how its batch is cut and scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Candidate {
-    /// The pp x tp x dp layout.
-    pub layout: Layout,
-    /// Rows of one micro-batch.
-    pub micro_batch: usize,
-    /// Micro-batches per data-parallel replica (`chunks`).
-    pub micro_batches: usize,
-    /// The pipeline schedule.
-    #[serde(serialize_with = "display")]
-    pub schedule: ScheduleKind,
-    /// Model stages per pipeline rank (interleaved).
-    pub virtual_stages: usize,
-    /// The recompute mode.
-    #[serde(serialize_with = "display")]
-    pub recompute: Recompute,
-    /// What the data-parallel replicas shard.
-    #[serde(serialize_with = "display")]
-    pub zero: Zero,
-    /// Megatron's sequence parallelism (with tp > 1).
-    pub sequence_parallel: bool,
-}
-
-fn display<T: fmt::Display, S: serde::Serializer>(
-    v: &T,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    s.collect_str(v)
-}
 
 /// A predicted step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -96,197 +62,6 @@ impl Estimate {
     pub fn bound(&self) -> Bound {
         self.breakdown.bound()
     }
-}
-
-/// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured
-/// layer), costed once per distinct layer: a model's blocks are alike.
-fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<Option<ShapeCost>> {
-    let Layout { tp, cp, .. } = cand.layout;
-    let sp = cand.sequence_parallel && tp > 1;
-    let curve = c.hardware.gemm(p.dtype_bytes == 2);
-    let mut out: Vec<Option<ShapeCost>> = Vec::with_capacity(p.layers.len());
-    for (i, l) in p.layers.iter().enumerate() {
-        let alike = i > 0 && {
-            let prev = &p.layers[i - 1];
-            prev.shapes == l.shapes && prev.attention == l.attention && prev.tp_split == l.tp_split
-        };
-        let k = if alike {
-            out[i - 1]
-        } else {
-            l.shapes.as_ref().map(|shapes| {
-                shapes.cost(
-                    l.attention.as_ref(),
-                    &curve,
-                    c.hardware.memory_bandwidth_bytes_per_s,
-                    rows,
-                    if l.tp_split { tp } else { 1 },
-                    cp,
-                    sp,
-                )
-            })
-        };
-        out.push(k);
-    }
-    out
-}
-
-/// The costs of model stage layers `layers` for one micro-batch of `rows` under `cand`'s tp,
-/// cp and sequence parallelism (see [`super::context_parallel`]); `shaped` holds each layer's cost by
-/// shape ([`shape_costs`]).
-fn stage_cost(
-    p: &Profile,
-    c: &Cluster,
-    cand: &Candidate,
-    rows: usize,
-    units: std::ops::Range<usize>,
-    shaped: &[Option<ShapeCost>],
-) -> StageCost {
-    let Layout { tp, cp, ep, .. } = cand.layout;
-    let sp = cand.sequence_parallel && tp > 1;
-    let layers = p.unit_layers(units);
-    let tp_link = c.link(tp);
-    let ring_link = c.link(tp * cp);
-    // An expert group: ep neighbouring replicas, tp * cp ranks apart.
-    let ep_link = c.link(tp * cp * ep);
-    // This rank's share of every token-wise cost, and of what crosses a cut.
-    let share = cp_cost::share(cp);
-    let cut = share / if sp { tp as f64 } else { 1.0 };
-    let threads = c.thread_ratio(p.threads);
-    let slow = threads * share;
-    let mut s = StageCost {
-        compute: 0.0,
-        memory: 0.0,
-        comm: 0.0,
-        forward: 0.0,
-        backward: 0.0,
-        backward_input: 0.0,
-        backward_weight: 0.0,
-        params: 0.0,
-        bytes: StageBytes::new(if layers.start == 0 {
-            0.0
-        } else {
-            p.layers[layers.start - 1].output_bytes_per_sample * rows as f64 * cut
-        }),
-        output: p.layers[layers.end - 1].output_bytes_per_sample * rows as f64 * cut,
-        busy: match tp {
-            1 => [1.0; 2],
-            _ => p.busy_share(tp, rows, layers.clone()).unwrap_or([1.0; 2]),
-        },
-    };
-    for (l, shape) in p.layers[layers.clone()].iter().zip(&shaped[layers]) {
-        let r = rows as f64;
-        let t = if l.tp_split { tp as f64 } else { 1.0 };
-        let before = s.params;
-        // Sequence parallelism's reduce-scatter and all-gather move an all-reduce's bytes.
-        let comm = if l.tp_split && tp > 1 {
-            tp_link.all_reduce(tp, l.tp_all_reduce_bytes_per_sample * r * share)
-        } else {
-            0.0
-        };
-        // A shard measured at this tp size (a measured profile's), else the layer's own costs.
-        let measured = l
-            .split
-            .iter()
-            .find(|m| m.tp == tp)
-            .filter(|_| shape.is_none());
-        if let Some(m) = measured {
-            // Measured at this tp size: the shard's own times, its collectives included.
-            s.forward += m.forward.at(rows) * slow;
-            s.backward += m.backward.at(rows) * slow;
-            s.backward_input += m.backward_input.at(rows) * slow;
-            s.backward_weight += m.backward_weight.at(rows) * slow;
-            s.params += m.params as f64;
-            s.compute += (m.forward.at(rows) + m.backward.at(rows)) * slow;
-        } else {
-            // Forward, full backward, its input and weight parts, and of forward and backward
-            // the seconds at the ceiling and bound by memory: from the shapes (costed at this
-            // tp, cp and micro-batch on the device's curve) or the fitted times.
-            let (f, b, i, w, compute, memory) = match shape {
-                Some(k) => {
-                    let (i, w) = (k.backward_input * threads, k.backward_weight * threads);
-                    let f = k.forward * threads;
-                    (f, i + w, i, w, k.compute * threads, k.memory * threads)
-                }
-                None => {
-                    let b = l.backward.at(rows);
-                    let part = |f: Option<Fit>| f.map_or(b / 2.0, |f| f.at(rows)) / t * slow;
-                    let (f, b) = (l.forward.at(rows) / t * slow, b / t * slow);
-                    let (i, w) = (part(l.backward_input), part(l.backward_weight));
-                    (f, b, i, w, f + b, 0.0)
-                }
-            };
-            s.forward += f + comm;
-            s.backward += b + comm;
-            s.backward_input += i + comm;
-            s.backward_weight += w;
-            s.compute += compute;
-            s.memory += memory;
-            s.comm += 2.0 * comm;
-            s.params += l.params as f64 / t;
-        }
-        if let Some(x) = &l.experts {
-            // This rank holds 1/ep of the experts, and exchanges its tokens' rows with the
-            // group's ranks in the forward and again in the backward.
-            s.params -= x.params / t * (1.0 - 1.0 / ep as f64);
-            let a2a = 2.0 * ep_link.all_to_all(ep, x.all_to_all * r * share / 2.0);
-            s.forward += a2a;
-            s.backward += a2a;
-            s.backward_input += a2a;
-            s.comm += 2.0 * a2a;
-        }
-        s.bytes.largest = s.bytes.largest.max(s.params - before);
-        if let Some(a) = &l.attention {
-            let (f, b) = cp_cost::ring_seconds(a, rows, tp, cp, ring_link);
-            s.forward += f;
-            s.backward += b;
-            s.backward_input += b;
-            s.comm += f + b;
-            s.bytes.working =
-                s.bytes
-                    .working
-                    .max(cp_cost::working_bytes(a, rows, tp, cp, p.dtype_bytes));
-        }
-        let measured = l.split.iter().find(|m| m.tp == tp);
-        s.bytes.add(l, measured, tp, sp, r * share);
-    }
-    s
-}
-
-/// The model's units balanced over `stages` model stages by their time (a V's by its ranks'
-/// summed time; or in even blocks, as the runtime asks), with each stage's costs for a
-/// micro-batch of `rows`.
-fn balanced_stages(
-    profile: &Profile,
-    cluster: &Cluster,
-    cand: &Candidate,
-    rows: usize,
-    stages: usize,
-) -> Result<(Vec<usize>, Vec<StageCost>)> {
-    let units = profile.units();
-    let shaped = shape_costs(profile, cluster, cand, rows);
-    let unit_time: Vec<f64> = (0..units)
-        .map(|u| {
-            let s = stage_cost(profile, cluster, cand, rows, u..u + 1, &shaped);
-            s.forward + s.backward
-        })
-        .collect();
-    let balance = if cluster.runtime.even_blocks {
-        even_blocks(units, stages)?
-    } else if cand.schedule.is_v() {
-        balance_v(&unit_time, stages / 2)?
-    } else {
-        balance_cost(&unit_time, stages)?
-    };
-    let mut start = 0;
-    let costs: Vec<StageCost> = balance
-        .iter()
-        .map(|&n| {
-            let c = stage_cost(profile, cluster, cand, rows, start..start + n, &shaped);
-            start += n;
-            c
-        })
-        .collect();
-    Ok((balance, costs))
 }
 
 /// How the ranks sharing the cores progress: the crowded sharing of `pp` stages, and what the
@@ -330,21 +105,168 @@ pub fn estimate(
     cluster: &Cluster,
     cand: &Candidate,
 ) -> Result<(Estimate, Simulation)> {
+    let mut memo = Memo::default();
+    let (e, replayed) = estimate_with(profile, cluster, cand, &mut memo)?;
+    drop(memo);
+    let sim = Rc::try_unwrap(replayed).map_or_else(|r| r.sim.clone(), |r| r.sim);
+    Ok((e, sim))
+}
+
+/// A floor under `cand`'s predicted step, from its stages alone (no replay), the larger of
+/// two: the pipeline ranks' actions over all micro-batches spread evenly over the ranks (no
+/// rank computes less than the average), and for each stage, after the first micro-batch's
+/// forwards through the stages before it, its own actions, or its forwards and input passes
+/// and then the last micro-batch's input passes back through the stages before it (chains no
+/// schedule shortens; a split backward's weight passes may run beside that tail). Actions take
+/// at least their costs, so the step is at least this; a search skips the replay of a
+/// candidate whose floor is above its slowest kept.
+pub(super) fn step_floor(
+    profile: &Profile,
+    cluster: &Cluster,
+    cand: &Candidate,
+    memo: &mut Memo,
+) -> Result<f64> {
+    let pp = cand.layout.pp;
+    let v = cand.schedule.stages_per_rank(cand.virtual_stages);
+    let (m, rows) = (cand.micro_batches, cand.micro_batch);
+    let staged = memo.staged(StagesKey::of(cand, pp * v), || {
+        let (balance, costs) = balanced_stages(profile, cluster, cand, rows, pp * v)?;
+        Ok(Staged { balance, costs })
+    })?;
+    let again = (0..m).filter(|&mb| !cand.recompute.keeps(mb, m)).count() as f64;
+    let (mut total, mut chain, mut forwards, mut inputs) = (0.0, 0.0_f64, 0.0, 0.0);
+    let m = m as f64;
+    for c in &staged.costs {
+        // The input gradients' pass, whole or split (zero-bubble: the weights' can wait).
+        let input = c.backward.min(c.backward_input);
+        let own = m * (c.forward + c.backward.min(c.backward_input + c.backward_weight));
+        total += own + again * c.forward;
+        let through = m * (c.forward + input) + again * c.forward + inputs;
+        chain = chain.max(forwards + (own + again * c.forward).max(through));
+        forwards += c.forward;
+        inputs += input;
+    }
+    Ok((total / pp as f64).max(chain))
+}
+
+/// [`estimate`], with what consecutive candidates of a search share kept in `memo`
+/// ([`super::memo`]).
+pub(super) fn estimate_with(
+    profile: &Profile,
+    cluster: &Cluster,
+    cand: &Candidate,
+    memo: &mut Memo,
+) -> Result<(Estimate, Rc<Replayed>)> {
     let Layout { pp, tp, .. } = cand.layout;
     // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
     let replicas = cand.layout.replicas();
     let v = cand.schedule.stages_per_rank(cand.virtual_stages);
     let (m, rows) = (cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
-    let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
+    let stages_key = StagesKey::of(cand, stages);
+    let staged = memo.staged(stages_key, || {
+        let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
+        Ok(Staged { balance, costs })
+    })?;
+    let (balance, costs) = (&staged.balance, &staged.costs);
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
     // Each backward after a stage's first micro-batch adds its weight gradients into the
-    // step's running sum (ZeRO-2/3: into this replica's pieces), timed by a measured profile.
+    // step's running sum (ZeRO-2/3: into this replica's pieces).
     let pieces = if cand.zero.shards_grads() {
         replicas
     } else {
         1
     };
+    let (crowded, _) = sharing(profile, cluster, pp, tp, rows);
+    let key = ReplayKey {
+        stages: stages_key,
+        pp,
+        replicas,
+        schedule: cand.schedule,
+        micro_batches: m,
+        virtual_stages: v,
+        recompute: cand.recompute,
+        // Only a measured accumulation times the pieces.
+        pieces: if profile.accumulate.is_some() {
+            pieces
+        } else {
+            1
+        },
+    };
+    let replayed = memo.replayed(key, || replay(profile, cluster, cand, costs, pieces))?;
+    let pp_link = cluster.link(pp * tp * replicas);
+    let sim = &replayed.sim;
+    let hw = cluster.hardware;
+    let dp_link = cluster.link(tp * replicas);
+    let ranks = RankUpdate {
+        cluster,
+        profile,
+        splits_backward: replayed.splits_backward,
+        rank_stages: &replayed.stages,
+        held: &replayed.held,
+        costs,
+        zero: cand.zero,
+        recompute: cand.recompute,
+        micro_batches: m,
+        virtual_stages: v,
+        replicas,
+        dp_link: &dp_link,
+        balance,
+        rows,
+    };
+    let a: After = ranks.after(crowded)?;
+    let (after, after_comm, first) = (a.after, a.after_comm, a.first);
+    let parts = busiest_parts(&replayed.stages, costs, m, &recomputes);
+    // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
+    // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
+    // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
+    // replicas' pieces under ZeRO-2/3). Latency, one after another.
+    let world = cand.layout.world();
+    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(replicas)
+        + cluster.link(world).scalar_all_reduce(world)
+        + pp_link.scalar_all_reduce(pp);
+    // The norm's, timed as part of the update.
+    let norm = pp_link.scalar_all_reduce(pp) + cluster.link(tp).scalar_all_reduce(tp);
+    let step_s = sim.makespan + after + scalars + norm;
+    let step_parts =
+        StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, a.slowest_grads);
+    let (after, after_comm) = (after + scalars + norm, after_comm + scalars + norm);
+    let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
+    let samples = (rows * m * cand.layout.dp) as f64;
+    let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
+    let mfu = profile
+        .flops_per_sample()
+        .map(|f| 3.0 * f * samples / step_s / peak);
+    Ok((
+        Estimate {
+            candidate: *cand,
+            balance: balance.clone(),
+            step_s,
+            bubble: sim.bubble,
+            peak_bytes: a.peak_bytes,
+            breakdown,
+            parts: step_parts,
+            mfu,
+        },
+        replayed.clone(),
+    ))
+}
+
+/// `cand`'s schedule replayed with its stages' `costs` (each backward after a stage's first
+/// micro-batch adding its gradients into `pieces` pieces, timed by a measured profile), and
+/// what each rank holds as each action starts.
+fn replay(
+    profile: &Profile,
+    cluster: &Cluster,
+    cand: &Candidate,
+    costs: &[StageCost],
+    pieces: usize,
+) -> Result<Replayed> {
+    let Layout { pp, tp, .. } = cand.layout;
+    let replicas = cand.layout.replicas();
+    let v = cand.schedule.stages_per_rank(cand.virtual_stages);
+    let (m, rows) = (cand.micro_batches, cand.micro_batch);
+    let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
     let sums: Vec<f64> = costs
         .iter()
         .map(|c| {
@@ -379,7 +301,7 @@ pub fn estimate(
             pp_link.p2p(out)
         }
     };
-    let (crowded, sharing) = sharing(profile, cluster, pp, tp, rows);
+    let (_, sharing) = sharing(profile, cluster, pp, tp, rows);
     // Each action computes its stage's measured share of its pass's time.
     let busy = |k: usize, a: &Action| match a {
         Action::Forward { .. } => costs[k].busy[0],
@@ -387,56 +309,5 @@ pub fn estimate(
     };
     let schedule = Schedule::new(cand.schedule, pp, m, v)?;
     let sim = schedule.simulate_with(&cost, &transfer, sharing, &busy)?;
-    let hw = cluster.hardware;
-    let dp_link = cluster.link(tp * replicas);
-    let ranks = RankUpdate {
-        cluster,
-        profile,
-        schedule: &schedule,
-        costs: &costs,
-        zero: cand.zero,
-        recompute: cand.recompute,
-        micro_batches: m,
-        virtual_stages: v,
-        replicas,
-        dp_link: &dp_link,
-        balance: &balance,
-        rows,
-    };
-    let a: After = ranks.after(crowded)?;
-    let (after, after_comm, first) = (a.after, a.after_comm, a.first);
-    let parts = busiest_parts(&schedule, &costs, m, &recomputes);
-    // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
-    // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
-    // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
-    // replicas' pieces under ZeRO-2/3). Latency, one after another.
-    let world = cand.layout.world();
-    let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(replicas)
-        + cluster.link(world).scalar_all_reduce(world)
-        + pp_link.scalar_all_reduce(pp);
-    // The norm's, timed as part of the update.
-    let norm = pp_link.scalar_all_reduce(pp) + cluster.link(tp).scalar_all_reduce(tp);
-    let step_s = sim.makespan + after + scalars + norm;
-    let step_parts =
-        StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, a.slowest_grads);
-    let (after, after_comm) = (after + scalars + norm, after_comm + scalars + norm);
-    let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
-    let samples = (rows * m * cand.layout.dp) as f64;
-    let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
-    let mfu = profile
-        .flops_per_sample()
-        .map(|f| 3.0 * f * samples / step_s / peak);
-    Ok((
-        Estimate {
-            candidate: *cand,
-            balance,
-            step_s,
-            bubble: sim.bubble,
-            peak_bytes: a.peak_bytes,
-            breakdown,
-            parts: step_parts,
-            mfu,
-        },
-        sim,
-    ))
+    Ok(Replayed::new(&schedule, sim))
 }

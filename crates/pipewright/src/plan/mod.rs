@@ -26,6 +26,7 @@ pub mod attention_rate;
 pub mod balance;
 mod balance_ranks;
 pub mod bound;
+mod candidate;
 pub mod cluster;
 pub mod comm_bench;
 pub mod context_parallel;
@@ -36,13 +37,16 @@ pub mod hardware;
 pub mod layer_cost;
 mod layer_pass;
 pub mod measure;
+mod memo;
 pub mod morph;
 pub mod optimizer_cost;
 pub mod profile;
 pub mod rank_memory;
+pub mod ranking;
 pub mod search;
 pub mod shaped;
 pub mod shapes;
+mod stage_cost;
 pub mod step_parts;
 pub mod transformer;
 
@@ -63,7 +67,8 @@ pub use profile::{
     ActionOverhead, AttentionShape, ExpertShape, Fit, LayerProfile, Profile, SplitCost, Timing,
     Transient,
 };
-pub use search::{layouts, parse_candidate, rank, rank_pinned, search, Refused, Request};
+pub use ranking::{rank, rank_pinned, Refused, Request};
+pub use search::{layouts, parse_candidate, search};
 pub use shaped::{ModelShapes, ShapedLayer};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, TpSplit};
 pub use step_parts::{Part, PartClock, StepParts};

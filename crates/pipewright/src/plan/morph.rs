@@ -5,10 +5,11 @@
 //! taken; without one, the layout nearest the old one (the same tp, then the same pp, then the
 //! nearest sizes). Any [`Sequential`] morphs: a user's model as well as the GPT.
 
+use super::candidate::Candidate;
 use super::cluster::Cluster;
-use super::estimate::Candidate;
 use super::profile::Profile;
-use super::search::{layouts, rank, Request};
+use super::ranking::{rank, Request};
+use super::search::layouts;
 use crate::dist::topology::Layout;
 use crate::model::Sequential;
 use crate::parallel::pipeline::partition::partition;

@@ -5,28 +5,17 @@
 //! [`estimate`](fn@super::estimate::estimate), kept when each rank fits in the memory cap, and
 //! ranked by step time.
 
+use super::candidate::Candidate;
 use super::cluster::Cluster;
-use super::estimate::{estimate, Candidate, Estimate};
-use super::hardware::format_bytes;
+use super::estimate::Estimate;
 use super::profile::Profile;
+use super::ranking::rank;
+pub use super::ranking::Request;
 use crate::dist::topology::Layout;
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
 use crate::parallel::zero::Zero;
 use crate::{invalid, Result};
-
-/// What to plan for.
-#[derive(Clone, Debug)]
-pub struct Request {
-    /// Ranks (devices) of the job.
-    pub world: usize,
-    /// Memory each rank may use, in bytes.
-    pub memory_bytes: f64,
-    /// Rows of every step over all data-parallel replicas.
-    pub global_batch: usize,
-    /// The best `top` candidates are returned.
-    pub top: usize,
-}
 
 fn divisors(n: usize) -> impl Iterator<Item = usize> {
     (1..=n).filter(move |d| n.is_multiple_of(*d))
@@ -258,160 +247,51 @@ pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec
     rank(profile, cluster, req, candidates(req, profile))
 }
 
-/// A candidate the planner cannot cost, and why: a layout of another world, more stages
-/// than the model has units, an interleaved schedule whose micro-batches pp does not divide.
-#[derive(Clone, Debug)]
-pub struct Refused {
-    /// The candidate as given.
-    pub candidate: Candidate,
-    /// Why it cannot run.
-    pub why: String,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::estimate::{estimate, step_floor};
+    use crate::plan::memo::Memo;
+    use crate::plan::{AttentionKernel, Cluster, Hardware, Transformer};
 
-/// [`search`] among the given candidates only (each checked against the world and model); an
-/// error names the first that cannot run ([`rank_pinned`] lists them and ranks the others).
-pub fn rank(
-    profile: &Profile,
-    cluster: &Cluster,
-    req: &Request,
-    all: Vec<Candidate>,
-) -> Result<Vec<Estimate>> {
-    let (best, refused) = rank_pinned(profile, cluster, req, all)?;
-    match refused.into_iter().next() {
-        Some(r) => Err(invalid!("{}", r.why)),
-        None => Ok(best),
-    }
-}
-
-/// Why `c` cannot be planned for `req` and `profile`, if it cannot.
-fn check(c: &Candidate, req: &Request, profile: &Profile) -> Result<()> {
-    let Layout { pp, tp, cp, .. } = c.layout;
-    if c.layout.world() != req.world {
-        return Err(invalid!(
-            "{} is not a layout of {} ranks",
-            c.layout,
-            req.world
-        ));
-    }
-    let per_rank = c.schedule.stages_per_rank(c.virtual_stages);
-    if pp * per_rank > profile.units() {
-        return Err(invalid!(
-            "{} with {} chunks per stage needs more than the model's {} units",
-            c.layout,
-            per_rank,
-            profile.units()
-        ));
-    }
-    if cp > 1 && !profile.sequence().is_some_and(|s| s.is_multiple_of(2 * cp)) {
-        return Err(invalid!(
-            "{}: cp {cp} needs a model that attends over sequences of a multiple of 2 x cp = \
-             {} tokens (this profile's: {:?}; a measured profile does not record its \
-             attention: plan cp from the model's shapes)",
-            c.layout,
-            2 * cp,
-            profile.sequence()
-        ));
-    }
-    if c.sequence_parallel && tp == 1 {
-        return Err(invalid!(
-            "{}: sequence parallelism splits over the tensor-parallel ranks: it needs tp > 1",
-            c.layout
-        ));
-    }
-    if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {
-        return Err(invalid!(
-            "tp {tp} does not divide {d}: the model splits over tensor-parallel sizes that \
-             divide each of {:?} (its heads, vocabulary, ...; [1]: it does not split)",
-            profile.tp_divides
-        ));
-    }
-    Ok(())
-}
-
-/// Each of `all` costed on its own: the `req.top` fastest that fit in `req.memory_bytes`
-/// (as [`search`] ranks them), and those that cannot run, each with why (`plan --candidate`
-/// lists them beside the others). An error when none can run, or none fits.
-pub fn rank_pinned(
-    profile: &Profile,
-    cluster: &Cluster,
-    req: &Request,
-    all: Vec<Candidate>,
-) -> Result<(Vec<Estimate>, Vec<Refused>)> {
-    if req.world == 0 || req.global_batch == 0 || req.top == 0 {
-        return Err(invalid!("world, global batch and top must be positive"));
-    }
-    if all.is_empty() {
-        return Err(invalid!(
-            "a world of {} cannot be split for this model: pp must divide it and be at most the \
-             model's {} units, tp must divide what is left and each of {:?}, and dp must divide \
-             the global batch {}; choose another world size or global batch",
-            req.world,
-            profile.units(),
-            profile.tp_divides,
-            req.global_batch
-        ));
-    }
-    let mut refused = Vec::new();
-    let costed = all.into_iter().filter_map(|c| {
-        match check(&c, req, profile).and_then(|()| estimate(profile, cluster, &c)) {
-            Ok((e, _)) => Some(e),
-            Err(e) => {
-                let why = e.to_string();
-                refused.push(Refused { candidate: c, why });
-                None
+    /// The floor a search skips replays by is under every candidate's predicted step: on 64
+    /// A100s (every layout, schedule, recompute and ZeRO stage of a 1.7B GPT) and on this
+    /// machine's two cores shared by 4 ranks (the crowded replay).
+    #[test]
+    fn the_floor_is_under_every_step() {
+        let model = |n_layer, d_model, n_head, seq| Transformer {
+            n_layer,
+            d_model,
+            n_head,
+            vocab: 4096,
+            seq,
+            attention: AttentionKernel::Fused,
+        };
+        for (hw, world, nodes, m) in [
+            ("a100-node", 64, None, model(24, 2304, 24, 2048)),
+            ("cpu-2core", 4, Some(1), model(4, 128, 4, 64)),
+        ] {
+            let hw = Hardware::load(hw).unwrap();
+            let profile = m.profile(&hw, 4).unwrap();
+            let cluster = Cluster::new(&hw, world, nodes).unwrap();
+            let req = Request {
+                world,
+                memory_bytes: 1e15,
+                global_batch: 64,
+                top: 1,
+            };
+            let all = candidates(&req, &profile);
+            assert!(all.len() > 50, "{}", all.len());
+            let mut memo = Memo::default();
+            for c in &all {
+                let floor = step_floor(&profile, &cluster, c, &mut memo).unwrap();
+                let (e, _) = estimate(&profile, &cluster, c).unwrap();
+                assert!(
+                    floor > 0.0 && floor <= e.step_s * (1.0 + 1e-12),
+                    "{c:?}: {floor} > {}",
+                    e.step_s
+                );
             }
         }
-    });
-    match fastest_fitting(costed, req)? {
-        Some(best) => Ok((best, refused)),
-        None => {
-            let whys: Vec<String> = refused.iter().map(|r| r.why.clone()).collect();
-            Err(invalid!("no candidate can run: {}", whys.join("; ")))
-        }
     }
-}
-
-/// The `req.top` fastest of `costed` that fit in `req.memory_bytes` (ties: the smaller
-/// peak); none when nothing was costed, an error naming the smallest cap that works when
-/// none fits.
-fn fastest_fitting(
-    costed: impl Iterator<Item = Estimate>,
-    req: &Request,
-) -> Result<Option<Vec<Estimate>>> {
-    let mut fits: Vec<Estimate> = Vec::new();
-    let mut smallest: Option<Estimate> = None;
-    for e in costed {
-        if e.max_peak_bytes() <= req.memory_bytes {
-            fits.push(e);
-        } else if smallest
-            .as_ref()
-            .is_none_or(|s| e.max_peak_bytes() < s.max_peak_bytes())
-        {
-            smallest = Some(e);
-        }
-    }
-    if fits.is_empty() {
-        let Some(s) = smallest else {
-            return Ok(None);
-        };
-        return Err(invalid!(
-            "no layout fits in {} per device: the smallest cap that works is {} ({} bytes: {} \
-             micro-batch {} {} recompute {} zero {})",
-            format_bytes(req.memory_bytes),
-            format_bytes(s.max_peak_bytes()),
-            s.max_peak_bytes().ceil(),
-            s.candidate.layout,
-            s.candidate.micro_batch,
-            s.candidate.schedule,
-            s.candidate.recompute,
-            s.candidate.zero
-        ));
-    }
-    fits.sort_by(|a, b| {
-        a.step_s
-            .total_cmp(&b.step_s)
-            .then(a.max_peak_bytes().total_cmp(&b.max_peak_bytes()))
-    });
-    fits.truncate(req.top);
-    Ok(Some(fits))
 }

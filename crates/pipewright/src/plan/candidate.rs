@@ -1,0 +1,41 @@
+//! One point of the planner's search: a layout and how its batch is cut and scheduled.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::dist::topology::Layout;
+use crate::parallel::pipeline::schedule::ScheduleKind;
+use crate::parallel::pipeline::Recompute;
+use crate::parallel::zero::Zero;
+
+/// One point of the search: a layout and how its batch is cut and scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    /// The pp x tp x dp layout.
+    pub layout: Layout,
+    /// Rows of one micro-batch.
+    pub micro_batch: usize,
+    /// Micro-batches per data-parallel replica (`chunks`).
+    pub micro_batches: usize,
+    /// The pipeline schedule.
+    #[serde(serialize_with = "display")]
+    pub schedule: ScheduleKind,
+    /// Model stages per pipeline rank (interleaved).
+    pub virtual_stages: usize,
+    /// The recompute mode.
+    #[serde(serialize_with = "display")]
+    pub recompute: Recompute,
+    /// What the data-parallel replicas shard.
+    #[serde(serialize_with = "display")]
+    pub zero: Zero,
+    /// Megatron's sequence parallelism (with tp > 1).
+    pub sequence_parallel: bool,
+}
+
+fn display<T: fmt::Display, S: serde::Serializer>(
+    v: &T,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
