@@ -46,6 +46,11 @@ pub struct PlanArgs {
     /// Train each printed layout here for --steps steps (threads) and add what it took.
     #[arg(long)]
     pub measure: bool,
+    /// Print where the first layout's step goes: the schedule's compute, memory-bound work
+    /// and collectives by kind, the bubble, and after it the data-parallel communication
+    /// exposed and hidden, the scalars and the optimizer (pin a layout with --candidate).
+    #[arg(long)]
+    pub explain: bool,
     /// With --measure: train each layout this many times, the layouts in turn, and print the
     /// medians (a busy machine's spells then fall on every layout alike).
     #[arg(long, default_value_t = 1, value_parser = crate::train::positive)]
@@ -178,6 +183,15 @@ pub fn run(p: PlanArgs) -> Result<()> {
     }
     for (what, why) in &refused {
         pipewright::say!("refused {what}: {why}");
+    }
+    if p.explain {
+        let e = &best[0];
+        pipewright::say!(
+            "where the step of {} (rank 1, {}) goes:\n{}",
+            layout_text(&e.candidate),
+            seconds(e.step_s),
+            e.explained
+        );
     }
     if p.measure {
         measure(&p, &hw, &best)?;

@@ -175,3 +175,63 @@ fn bad_input_and_limits_are_clear_errors() {
     assert!(t.contains("rank ") && t.contains("the run diverged"), "{t}");
     assert!(!t.contains("communication failed"), "{t}");
 }
+
+fn plan_cmd(args: &[&str]) -> std::process::Output {
+    common::pipewright()
+        .arg("plan")
+        .args(args)
+        .output()
+        .expect("runs the binary")
+}
+
+/// A `--candidate` that cannot run is listed as refused, with why, beside the others'
+/// predictions: the plan goes on (the interleaved schedule with one micro-batch a replica at
+/// pp 2, a dp that does not divide the batch); the one that can run is predicted as it is
+/// alone.
+#[test]
+fn a_candidate_that_cannot_run_is_refused_beside_the_others() {
+    let good = "pp=2,dp=2,mbs=8";
+    let alone = plan_cmd(&["--world", "4", "--candidate", good]);
+    assert!(
+        alone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&alone.stderr)
+    );
+    let o = plan_cmd(&[
+        "--world",
+        "4",
+        "--candidate",
+        "pp=2,dp=2,mbs=32,schedule=interleaved,virtual=2",
+        "--candidate",
+        good,
+        "--candidate",
+        "pp=2,dp=3",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let row = |s: &str| -> String {
+        let line = s
+            .lines()
+            .find(|l| l.starts_with("1 "))
+            .expect("a ranked row");
+        line.to_string()
+    };
+    assert_eq!(row(&out), row(&String::from_utf8_lossy(&alone.stdout)));
+    assert!(!out.lines().any(|l| l.starts_with("2 ")), "{out}");
+    assert!(
+        out.contains("refused pp=2 tp=1 dp=2 mbs 32 interleaved v2: ")
+            && out.contains("must be a multiple of pp 2"),
+        "{out}"
+    );
+    assert!(
+        out.contains("refused pp=2,dp=3: ") && out.contains("does not divide the global batch"),
+        "{out}"
+    );
+    // Only refused candidates: an error that says why each was.
+    let o = plan_cmd(&["--world", "4", "--candidate", "pp=2,dp=3"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        !o.status.success() && err.contains("no candidate can run"),
+        "{err}"
+    );
+}

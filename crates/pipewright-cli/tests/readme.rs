@@ -267,6 +267,12 @@ fn check_plan(args: &[String], stdout: &str) {
             .product();
         assert_eq!(axes, world, "{row}");
     }
+    if args.iter().any(|a| a == "--explain") {
+        assert!(
+            stdout.contains("where the step of ") && stdout.contains("hidden behind the backward"),
+            "{stdout}"
+        );
+    }
     if args.iter().any(|a| a == "--measure") {
         let measured = stdout
             .lines()

@@ -232,3 +232,33 @@ fn the_overlapped_sums_leave_bucket_by_bucket() {
         );
     }
 }
+
+/// `plan --explain`'s parts: the schedule's (compute, memory-bound, collectives by kind,
+/// bubble) add up to the replayed schedule, and with one pipeline rank the schedule, the
+/// exposed sums, the scalars and the update add up to the step; what hides behind the
+/// backward is the sums costed whole less the exposed.
+#[test]
+fn the_explained_parts_add_up_to_the_step() {
+    let hw = Hardware::load("cpu-2core").unwrap();
+    let p = common::profile(4, 5e-3, 1e-2, 10_000_000, 100.0);
+    let mut cand = common::candidate(1, 1, 8, ScheduleKind::OneFOneB, Recompute::Never);
+    cand.layout = Layout::new(1, 1, 2).unwrap();
+    for overlap in [false, true] {
+        let mut cluster = Cluster::new(&hw, 2, Some(2)).unwrap();
+        cluster.runtime = Runtime::pipewright(overlap, true, 40_000_000);
+        let (e, sim) = estimate(&p, &cluster, &cand).unwrap();
+        let x = e.explained;
+        let schedule =
+            x.compute_s + x.memory_s + x.tp_comm_s + x.ring_comm_s + x.all_to_all_s + x.bubble_s;
+        assert!((schedule - sim.makespan).abs() < 1e-12, "{x:?}");
+        let step = schedule + x.dp_exposed_s + x.scalars_s + x.update_s;
+        assert!(
+            (step - e.step_s).abs() < 1e-12 * e.step_s,
+            "{x:?} {}",
+            e.step_s
+        );
+        assert_eq!(x.dp_exposed_s, e.parts.gradients_s);
+        let hidden = x.dp_comm_s - x.dp_exposed_s;
+        assert_eq!(hidden > 0.0, overlap, "{x:?}");
+    }
+}

@@ -29,10 +29,20 @@ pub(super) struct StageCost {
     /// communicating (tp collectives, the ring).
     pub compute: f64,
     pub memory: f64,
-    pub comm: f64,
+    /// The communication (see [`StageCost::comm`]) by kind: tensor-parallel collectives (sequence parallelism's
+    /// included), context parallelism's ring, expert parallelism's all-to-alls.
+    pub comm_by: [f64; 3],
     /// The share of its forward's and of its backward's time it computes, as measured at its
     /// tp size (1 where unmeasured: computing throughout).
     pub busy: [f64; 2],
+}
+
+impl StageCost {
+    /// Seconds communicating in its forward and backward (tp collectives, the ring, the
+    /// all-to-alls).
+    pub fn comm(&self) -> f64 {
+        self.comm_by.iter().sum()
+    }
 }
 
 /// The pipeline ranks of a candidate after the schedule.
@@ -66,8 +76,10 @@ pub(super) struct After {
     pub after: f64,
     /// ... and its communication.
     pub after_comm: f64,
-    /// Pipeline rank 0's gradient sum and update.
+    /// Pipeline rank 0's gradient sum and update ...
     pub first: (f64, f64),
+    /// ... and its data-parallel communication costed whole (before what hides).
+    pub first_whole: f64,
     /// The longest gradient sum of any rank.
     pub slowest_grads: f64,
     /// Each pipeline rank's peak bytes.
@@ -167,6 +179,7 @@ impl RankUpdate<'_> {
             after: 0.0,
             after_comm: 0.0,
             first: (0.0, 0.0),
+            first_whole: 0.0,
             slowest_grads: 0.0,
             peak_bytes: Vec::with_capacity(pp),
         };
@@ -195,13 +208,14 @@ impl RankUpdate<'_> {
             };
             let optimizer = updates[r];
             let backward = mine.iter().map(|c| c.backward).sum::<f64>();
+            let whole = grads;
             let grads = self.exposed(grads, stages, backward, bytes);
             if grads + optimizer > a.after {
                 a.after = grads + optimizer;
                 a.after_comm = grads;
             }
             if r == 0 {
-                a.first = (grads, optimizer);
+                (a.first, a.first_whole) = ((grads, optimizer), whole);
             }
             a.slowest_grads = a.slowest_grads.max(grads);
             let bytes: Vec<&StageBytes> = mine.iter().map(|c| &c.bytes).collect();
@@ -217,30 +231,32 @@ impl RankUpdate<'_> {
 }
 
 /// The busiest pipeline rank's work over the schedule (each rank's model stages
-/// `rank_stages`), split as its stages' costs are (compute, memory, communication;
-/// recomputed forwards counted as forwards).
+/// `rank_stages`), split as its stages' costs are (compute, memory, then communication by
+/// kind: tensor-parallel, ring, all-to-all; recomputed forwards counted as forwards).
 pub(super) fn busiest_parts(
     rank_stages: &[Vec<usize>],
     costs: &[StageCost],
     m: usize,
     recomputes: &dyn Fn(usize) -> bool,
-) -> [f64; 3] {
+) -> [f64; 5] {
     let again = (0..m).filter(|&mb| recomputes(mb)).count() as f64;
     (rank_stages.iter())
         .map(|stages| {
-            let mut p = [0.0; 3];
+            let mut p = [0.0; 5];
             for &k in stages {
                 let c = &costs[k];
                 let again = again * c.forward;
                 let scale = (m as f64 * (c.forward + c.backward) + again)
-                    / (c.compute + c.memory + c.comm).max(f64::MIN_POSITIVE);
+                    / (c.compute + c.memory + c.comm()).max(f64::MIN_POSITIVE);
                 p[0] += c.compute * scale;
                 p[1] += c.memory * scale;
-                p[2] += c.comm * scale;
+                for (i, kind) in c.comm_by.iter().enumerate() {
+                    p[2 + i] += kind * scale;
+                }
             }
             p
         })
-        .fold([0.0; 3], |a, p| {
+        .fold([0.0; 5], |a, p| {
             if p.iter().sum::<f64>() > a.iter().sum() {
                 p
             } else {

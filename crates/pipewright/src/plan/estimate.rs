@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::bound::{Bound, Breakdown};
+use super::bound::{Bound, Breakdown, Explanation};
 use super::cluster::Cluster;
 use super::memo::{Memo, ReplayKey, Replayed, Staged, StagesKey};
 use super::profile::Profile;
@@ -46,6 +46,8 @@ pub struct Estimate {
     /// The step's parts as [`crate::engine::varuna::Varuna::step`] times them on rank 0 (they sum to
     /// `step_s`; another stage's longer update is waited for in rank 0's next schedule).
     pub parts: StepParts,
+    /// Where the step goes, part by part (`plan --explain`).
+    pub explained: Explanation,
     /// Model FLOPs utilisation: the model's forward and backward FLOPs (no recomputation) per
     /// step over the step time and every rank's peak, when the profile knows its FLOPs (a
     /// model planned from its shapes).
@@ -217,6 +219,7 @@ pub(super) fn estimate_with(
     let a: After = ranks.after(crowded)?;
     let (after, after_comm, first) = (a.after, a.after_comm, a.first);
     let parts = busiest_parts(&replayed.stages, costs, m, &recomputes);
+    let comm = parts[2] + parts[3] + parts[4];
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
     // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
     // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
@@ -231,7 +234,20 @@ pub(super) fn estimate_with(
     let step_parts =
         StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, a.slowest_grads);
     let (after, after_comm) = (after + scalars + norm, after_comm + scalars + norm);
-    let breakdown = Breakdown::of(parts, sim.makespan, sim.bubble, after, after_comm);
+    let breakdown = Breakdown::of(
+        [parts[0], parts[1], comm],
+        sim.makespan,
+        sim.bubble,
+        after,
+        after_comm,
+    );
+    let explained = Explanation::of(
+        parts,
+        (sim.makespan, sim.bubble),
+        (a.first_whole, first.0),
+        scalars,
+        first.1 + norm,
+    );
     let samples = (rows * m * cand.layout.dp) as f64;
     let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
     let mfu = profile
@@ -246,6 +262,7 @@ pub(super) fn estimate_with(
             peak_bytes: a.peak_bytes,
             breakdown,
             parts: step_parts,
+            explained,
             mfu,
         },
         replayed.clone(),

@@ -53,7 +53,7 @@ pub mod transformer;
 pub use attention_rate::{time_fused_attention, AttentionRate, AttentionTiming};
 pub use balance::{balance_cost, stage_costs};
 pub use balance_ranks::{balance_placed, balance_v};
-pub use bound::{Bound, Breakdown};
+pub use bound::{Bound, Breakdown, Explanation};
 pub use cluster::{Cluster, Runtime};
 pub use crowding::crowded_efficiency;
 pub use estimate::{estimate, Candidate, Estimate};

@@ -73,7 +73,7 @@ fn stage_cost(
     let mut s = StageCost {
         compute: 0.0,
         memory: 0.0,
-        comm: 0.0,
+        comm_by: [0.0; 3],
         forward: 0.0,
         backward: 0.0,
         backward_input: 0.0,
@@ -138,7 +138,7 @@ fn stage_cost(
             s.backward_weight += w;
             s.compute += compute;
             s.memory += memory;
-            s.comm += 2.0 * comm;
+            s.comm_by[0] += 2.0 * comm;
             s.params += l.params as f64 / t;
         }
         if let Some(x) = &l.experts {
@@ -149,7 +149,7 @@ fn stage_cost(
             s.forward += a2a;
             s.backward += a2a;
             s.backward_input += a2a;
-            s.comm += 2.0 * a2a;
+            s.comm_by[2] += 2.0 * a2a;
         }
         s.bytes.largest = s.bytes.largest.max(s.params - before);
         if let Some(a) = &l.attention {
@@ -157,7 +157,7 @@ fn stage_cost(
             s.forward += f;
             s.backward += b;
             s.backward_input += b;
-            s.comm += f + b;
+            s.comm_by[1] += f + b;
             s.bytes.working =
                 s.bytes
                     .working
