@@ -37,7 +37,8 @@ pub struct PlanArgs {
     /// in place of the hardware file's.
     #[arg(long)]
     pub link: Option<PathBuf>,
-    /// Nodes the ranks are spread over (default: as many as the devices need).
+    /// Nodes the ranks are spread over (default: as many as the devices need; with --measure,
+    /// one: the measured runs' ranks share this machine).
     #[arg(long, value_parser = crate::train::positive)]
     pub nodes: Option<usize>,
     /// How many of the best layouts to print.
@@ -102,7 +103,8 @@ pub fn run(p: PlanArgs) -> Result<()> {
         Some(m) => parse_bytes(m)?,
         None => hw.memory_bytes(),
     };
-    let cluster = Cluster::new(&hw, p.world, p.nodes)?;
+    // Measured runs train here: their ranks share this machine's cores.
+    let cluster = Cluster::new(&hw, p.world, p.nodes.or(p.measure.then_some(1)))?;
     let nodes = p.world / cluster.ranks_per_node;
     let profile = profile(&p, &hw)?;
     let req = Request {

@@ -23,6 +23,7 @@ fn hardware_with(bandwidth: f64) -> Hardware {
         name: "test".into(),
         devices_per_node: 8,
         cores_per_device: 1,
+        one_thread_share: None,
         memory: "80GiB".into(),
         peak_flops_f32: 1e13,
         peak_flops_half: 1e13,

@@ -142,11 +142,13 @@ impl<'a> Cluster<'a> {
         alone * self.thread_ratio(threads)
     }
 
-    /// How much slower than the profile a rank computes alone: the profile's threads over
-    /// the rank's (as if time scaled linearly with threads, which it does not quite: profile
-    /// with the rank's thread count).
+    /// How much slower than the profile a rank computes alone: the rate of the profile's
+    /// threads over the rank's ([`Hardware::thread_rate`]: linear in threads unless the
+    /// hardware measured one thread's share; profile with the rank's thread count to need
+    /// neither).
     pub(crate) fn thread_ratio(&self, profile_threads: usize) -> f64 {
-        profile_threads as f64 / self.threads_per_rank() as f64
+        let hw = self.hardware;
+        hw.thread_rate(profile_threads) / hw.thread_rate(self.threads_per_rank())
     }
 
     /// The link of a group whose members lie within `span` consecutive ranks.

@@ -142,6 +142,12 @@ pub struct Hardware {
     /// for a GPU, whose ranks each have their own).
     #[serde(default = "one")]
     pub cores_per_device: usize,
+    /// The share of the device's product rate one thread reaches alone, where measured
+    /// (`profile --gemm` under `RAYON_NUM_THREADS=1` over the same with every core); the
+    /// rate of `t` threads is taken on the line from one thread's to all cores'
+    /// ([`Hardware::thread_rate`]). Absent: a thread's share is one core's (linear).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_thread_share: Option<f64>,
     /// Memory of one device, with a unit (`80GiB`).
     pub memory: String,
     /// Peak FLOP/s of one device in f32, and in bf16/f16.
@@ -180,6 +186,20 @@ const PRESETS: [(&str, &str); 4] = [
 ];
 
 impl Hardware {
+    /// The product rate of `threads` threads on one device, in cores' worth: `threads` where
+    /// rates are linear in threads, else on the line from one thread's measured share
+    /// ([`Hardware::one_thread_share`]) to every core's.
+    pub fn thread_rate(&self, threads: usize) -> f64 {
+        let (t, cores) = (threads.max(1) as f64, self.cores_per_device as f64);
+        match self.one_thread_share {
+            Some(one) if self.cores_per_device > 1 => {
+                let t = t.min(cores);
+                cores * (one + (1.0 - one) * (t - 1.0) / (cores - 1.0))
+            }
+            _ => t,
+        }
+    }
+
     /// A built-in description by name (`h100-node`, `h200-node`, `a100-node`, `cpu-2core`) or
     /// a JSON file.
     pub fn load(name_or_path: &str) -> Result<Self> {
@@ -215,6 +235,15 @@ impl Hardware {
         }
         if self.cores_per_device == 0 {
             return Err(bad("cores_per_device"));
+        }
+        if self
+            .one_thread_share
+            .is_some_and(|s| !(s > 0.0 && s <= 1.0))
+        {
+            return Err(invalid!(
+                "hardware file {what}: one_thread_share is one thread's share of every core's \
+                 rate: a number in (0, 1]"
+            ));
         }
         for (field, v) in [
             ("peak_flops_f32", self.peak_flops_f32),
@@ -351,4 +380,30 @@ fn check_link(l: &Link, what: &str, field: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Hardware;
+
+    /// A thread's rate: one core's where nothing was measured; on the line from one thread's
+    /// measured share to every core's where it was (cpu-2core: 0.81 of both cores).
+    #[test]
+    fn threads_compute_at_their_measured_share() {
+        let mut hw = Hardware::load("cpu-2core").unwrap();
+        assert_eq!(hw.one_thread_share, Some(0.81));
+        assert!((hw.thread_rate(1) - 1.62).abs() < 1e-12);
+        assert_eq!(hw.thread_rate(2), 2.0);
+        assert_eq!(hw.thread_rate(8), 2.0, "no more than the cores");
+        hw.cores_per_device = 4;
+        assert!((hw.thread_rate(3) - 4.0 * (0.81 + 0.19 * 2.0 / 3.0)).abs() < 1e-12);
+        hw.one_thread_share = None;
+        assert_eq!(hw.thread_rate(3), 3.0);
+        hw.one_thread_share = Some(1.5);
+        assert!(hw
+            .check("x")
+            .unwrap_err()
+            .to_string()
+            .contains("one_thread_share"));
+    }
 }

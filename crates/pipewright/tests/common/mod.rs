@@ -19,6 +19,7 @@ pub fn hardware(latency_s: f64) -> Hardware {
         name: "test".into(),
         devices_per_node: 8,
         cores_per_device: 1,
+        one_thread_share: None,
         memory: "1GiB".into(),
         peak_flops_f32: 1e12,
         peak_flops_half: 1e12,
