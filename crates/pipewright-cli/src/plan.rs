@@ -10,8 +10,8 @@ use std::process::Command;
 
 use clap::Args;
 use pipewright::plan::{
-    format_bytes, parse_bytes, parse_candidate, rank_pinned, search, Cluster, Estimate, Hardware,
-    Link, Profile, Request, StepParts,
+    format_bytes, parse_bytes, rank_specs, search, Cluster, Estimate, Hardware, Link, Profile,
+    Request, StepParts,
 };
 use pipewright::ModelSpec;
 use pipewright::{invalid, Error, Result};
@@ -127,7 +127,10 @@ pub fn run(p: PlanArgs) -> Result<()> {
             cluster.threads_per_rank()
         );
     }
-    let (best, refused) = ranked(&p, &profile, &cluster, &req)?;
+    let (best, refused) = match p.candidate.is_empty() {
+        true => (search(&profile, &cluster, &req)?, Vec::new()),
+        false => rank_specs(&profile, &cluster, &req, &p.candidate)?,
+    };
     pipewright::say!(
         "plan for {} ranks on {nodes} node(s) of {}, {} per device; profile: {}",
         p.world,
@@ -183,8 +186,8 @@ pub fn run(p: PlanArgs) -> Result<()> {
             format!("{:.1} MiB", e.max_peak_bytes() / (1u64 << 20) as f64)
         );
     }
-    for (what, why) in &refused {
-        pipewright::say!("refused {what}: {why}");
+    for r in &refused {
+        pipewright::say!("refused {}: {}", r.what, r.why);
     }
     if p.explain {
         let e = &best[0];
@@ -199,48 +202,6 @@ pub fn run(p: PlanArgs) -> Result<()> {
         measure(&p, &hw, &best)?;
     }
     Ok(())
-}
-
-/// Each refused `--candidate` (as given, or its layout) with why it cannot run.
-type Refusals = Vec<(String, String)>;
-
-/// The fastest candidates (every layout searched, or the `--candidate`s), and each
-/// `--candidate` that cannot run, as given, with why: it is listed beside the others instead
-/// of ending the plan.
-fn ranked(
-    p: &PlanArgs,
-    profile: &Profile,
-    cluster: &Cluster,
-    req: &Request,
-) -> Result<(Vec<Estimate>, Refusals)> {
-    if p.candidate.is_empty() {
-        return Ok((search(profile, cluster, req)?, Vec::new()));
-    }
-    let mut refused = Vec::new();
-    let mut pins = Vec::new();
-    for spec in &p.candidate {
-        match parse_candidate(spec, p.train.batch_size) {
-            Ok(c) => pins.push(c),
-            Err(e) => refused.push((spec.clone(), e.to_string())),
-        }
-    }
-    if pins.is_empty() {
-        let whys: Vec<&str> = refused.iter().map(|(_, w)| w.as_str()).collect();
-        return Err(invalid!("no candidate can run: {}", whys.join("; ")));
-    }
-    let (best, more) = rank_pinned(profile, cluster, req, pins)?;
-    refused.extend(more.into_iter().map(|r| {
-        let c = &r.candidate;
-        let what = format!(
-            "{} mbs {} {} v{}",
-            layout_text(c),
-            c.micro_batch,
-            c.schedule,
-            c.virtual_stages
-        );
-        (what, r.why)
-    }));
-    Ok((best, refused))
 }
 
 /// The candidate's layout, `sp` after it with sequence parallelism.

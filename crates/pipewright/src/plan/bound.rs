@@ -46,23 +46,16 @@ impl fmt::Display for Bound {
 }
 
 impl Breakdown {
-    /// The step of a schedule replayed in `makespan` seconds with an idle share `bubble`, its
-    /// busiest rank's work split as `parts` (compute, memory, communication, in any unit),
-    /// then `after_s` seconds after the schedule, `after_comm_s` of them communicating (the
-    /// gradient sums) and the rest the optimizer's memory-bound step.
-    pub fn of(
-        parts: [f64; 3],
-        makespan: f64,
-        bubble: f64,
-        after_s: f64,
-        after_comm_s: f64,
-    ) -> Self {
-        let busy = makespan * (1.0 - bubble) / parts.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+    /// The step whose schedule `explained` splits, then `after_s` seconds after the schedule,
+    /// `after_comm_s` of them communicating (the gradient sums) and the rest the optimizer's
+    /// memory-bound step.
+    pub fn of(explained: &Explanation, after_s: f64, after_comm_s: f64) -> Self {
+        let x = explained;
         Self {
-            compute_s: parts[0] * busy,
-            memory_s: parts[1] * busy + (after_s - after_comm_s),
-            communication_s: parts[2] * busy + after_comm_s,
-            bubble_s: makespan * bubble,
+            compute_s: x.compute_s,
+            memory_s: x.memory_s + (after_s - after_comm_s),
+            communication_s: x.tp_comm_s + x.ring_comm_s + x.all_to_all_s + after_comm_s,
+            bubble_s: x.bubble_s,
         }
     }
 

@@ -39,3 +39,16 @@ fn display<T: fmt::Display, S: serde::Serializer>(
 ) -> std::result::Result<S::Ok, S::Error> {
     s.collect_str(v)
 }
+
+impl fmt::Display for Candidate {
+    /// `pp=2 tp=1 dp=2 mbs 32 interleaved v2` (`sp` after the layout with sequence
+    /// parallelism): how a plan names a candidate it cannot run.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sp = if self.sequence_parallel { " sp" } else { "" };
+        write!(
+            f,
+            "{}{sp} mbs {} {} v{}",
+            self.layout, self.micro_batch, self.schedule, self.virtual_stages
+        )
+    }
+}

@@ -130,11 +130,8 @@ pub(super) fn step_floor(
 ) -> Result<f64> {
     let pp = cand.layout.pp;
     let v = cand.schedule.stages_per_rank(cand.virtual_stages);
-    let (m, rows) = (cand.micro_batches, cand.micro_batch);
-    let staged = memo.staged(StagesKey::of(cand, pp * v), || {
-        let (balance, costs) = balanced_stages(profile, cluster, cand, rows, pp * v)?;
-        Ok(Staged { balance, costs })
-    })?;
+    let m = cand.micro_batches;
+    let staged = staged(profile, cluster, cand, pp * v, memo)?;
     let again = (0..m).filter(|&mb| !cand.recompute.keeps(mb, m)).count() as f64;
     let (mut total, mut chain, mut forwards, mut inputs) = (0.0, 0.0_f64, 0.0, 0.0);
     let m = m as f64;
@@ -151,6 +148,21 @@ pub(super) fn step_floor(
     Ok((total / pp as f64).max(chain))
 }
 
+/// `cand`'s units balanced over `stages` model stages with each stage's costs, kept in `memo`.
+fn staged(
+    profile: &Profile,
+    cluster: &Cluster,
+    cand: &Candidate,
+    stages: usize,
+    memo: &mut Memo,
+) -> Result<Rc<Staged>> {
+    memo.staged(StagesKey::of(cand, stages), || {
+        let rows = cand.micro_batch;
+        let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
+        Ok(Staged { balance, costs })
+    })
+}
+
 /// [`estimate`], with what consecutive candidates of a search share kept in `memo`
 /// ([`super::memo`]).
 pub(super) fn estimate_with(
@@ -165,11 +177,7 @@ pub(super) fn estimate_with(
     let v = cand.schedule.stages_per_rank(cand.virtual_stages);
     let (m, rows) = (cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
-    let stages_key = StagesKey::of(cand, stages);
-    let staged = memo.staged(stages_key, || {
-        let (balance, costs) = balanced_stages(profile, cluster, cand, rows, stages)?;
-        Ok(Staged { balance, costs })
-    })?;
+    let staged = staged(profile, cluster, cand, stages, memo)?;
     let (balance, costs) = (&staged.balance, &staged.costs);
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
     // Each backward after a stage's first micro-batch adds its weight gradients into the
@@ -181,7 +189,7 @@ pub(super) fn estimate_with(
     };
     let (crowded, _) = sharing(profile, cluster, pp, tp, rows);
     let key = ReplayKey {
-        stages: stages_key,
+        stages: StagesKey::of(cand, stages),
         pp,
         replicas,
         schedule: cand.schedule,
@@ -219,7 +227,6 @@ pub(super) fn estimate_with(
     let a: After = ranks.after(crowded)?;
     let (after, after_comm, first) = (a.after, a.after_comm, a.first);
     let parts = busiest_parts(&replayed.stages, costs, m, &recomputes);
-    let comm = parts[2] + parts[3] + parts[4];
     // The step's scalar all-reduces: the counted targets and the loss over the replicas, the
     // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
     // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
@@ -234,13 +241,6 @@ pub(super) fn estimate_with(
     let step_parts =
         StepParts::of_rank_zero(step_s, first.0, first.1 + norm, scalars, a.slowest_grads);
     let (after, after_comm) = (after + scalars + norm, after_comm + scalars + norm);
-    let breakdown = Breakdown::of(
-        [parts[0], parts[1], comm],
-        sim.makespan,
-        sim.bubble,
-        after,
-        after_comm,
-    );
     let explained = Explanation::of(
         parts,
         (sim.makespan, sim.bubble),
@@ -248,6 +248,7 @@ pub(super) fn estimate_with(
         scalars,
         first.1 + norm,
     );
+    let breakdown = Breakdown::of(&explained, after, after_comm);
     let samples = (rows * m * cand.layout.dp) as f64;
     let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
     let mfu = profile

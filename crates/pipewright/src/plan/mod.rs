@@ -68,7 +68,7 @@ pub use profile::{
     Transient,
 };
 pub use ranking::{rank, rank_pinned, Refused, Request};
-pub use search::{layouts, parse_candidate, search};
+pub use search::{layouts, parse_candidate, rank_specs, search};
 pub use shaped::{ModelShapes, ShapedLayer};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, TpSplit};
 pub use step_parts::{Part, PartClock, StepParts};

@@ -31,8 +31,8 @@ pub struct Request {
 /// than the model has units, an interleaved schedule whose micro-batches pp does not divide.
 #[derive(Clone, Debug)]
 pub struct Refused {
-    /// The candidate as given.
-    pub candidate: Candidate,
+    /// The candidate as given (its spec), or as it prints.
+    pub what: String,
     /// Why it cannot run.
     pub why: String,
 }
@@ -206,7 +206,7 @@ impl Tally {
                 Ok(Some((e, _))) => t.add(e, req),
                 Ok(None) => {}
                 Err(e) => t.refused.push(Refused {
-                    candidate: *c,
+                    what: c.to_string(),
                     why: e.to_string(),
                 }),
             }

@@ -9,8 +9,8 @@ use super::candidate::Candidate;
 use super::cluster::Cluster;
 use super::estimate::Estimate;
 use super::profile::Profile;
-use super::ranking::rank;
 pub use super::ranking::Request;
+use super::ranking::{rank, rank_pinned, Refused};
 use crate::dist::topology::Layout;
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
@@ -229,6 +229,35 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
     }
     c.micro_batches = rows / c.micro_batch;
     Ok(c)
+}
+
+/// The candidates written as `specs` ([`parse_candidate`]) ranked as [`rank_pinned`] ranks
+/// them: one that does not parse against the batch, or cannot run, is refused with why
+/// (`plan --candidate` lists it beside the others); only refusals is an error naming each.
+pub fn rank_specs(
+    profile: &Profile,
+    cluster: &Cluster,
+    req: &Request,
+    specs: &[String],
+) -> Result<(Vec<Estimate>, Vec<Refused>)> {
+    let mut refused = Vec::new();
+    let mut pins = Vec::new();
+    for spec in specs {
+        match parse_candidate(spec, req.global_batch) {
+            Ok(c) => pins.push(c),
+            Err(e) => refused.push(Refused {
+                what: spec.clone(),
+                why: e.to_string(),
+            }),
+        }
+    }
+    if pins.is_empty() {
+        let whys: Vec<String> = refused.into_iter().map(|r| r.why).collect();
+        return Err(invalid!("no candidate can run: {}", whys.join("; ")));
+    }
+    let (best, more) = rank_pinned(profile, cluster, req, pins)?;
+    refused.extend(more);
+    Ok((best, refused))
 }
 
 /// The `req.top` fastest candidates that fit in `req.memory_bytes`, fastest first (ties: the
