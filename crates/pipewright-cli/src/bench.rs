@@ -3,7 +3,7 @@
 //! ([`pipewright::plan::comm_bench`]).
 
 use clap::{Args, Subcommand};
-use pipewright::dist::comm::Backend;
+use pipewright::distributed::comm::Backend;
 use pipewright::plan::comm_bench::{fit_link, measure, Row};
 use pipewright::{invalid, Result};
 
@@ -100,7 +100,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         Backend::Local => {
             let (sizes, iters) = (a.sizes.clone(), a.iters);
             let mut out =
-                pipewright::dist::comm::local::run(a.world, |c| measure(&c, &sizes, iters))?;
+                pipewright::distributed::comm::local::run(a.world, |c| measure(&c, &sizes, iters))?;
             let rows = out.swap_remove(0);
             print("local", a.world, &rows, None);
             write_link(&a, &rows, a.world)
@@ -139,8 +139,8 @@ fn mpi_bench(_: &CommArgs) -> Result<()> {
 
 #[cfg(feature = "mpi")]
 fn mpi_bench(a: &CommArgs) -> Result<()> {
-    use pipewright::dist::comm::Communicator;
-    let (_mpi, world) = pipewright::dist::comm::mpi::Mpi::init()?;
+    use pipewright::distributed::comm::Communicator;
+    let (_mpi, world) = pipewright::distributed::comm::mpi::Mpi::init()?;
     let (ours, raw) = pipewright::plan::comm_bench::measure_beside_mpi(&world, &a.sizes, a.iters)?;
     if world.is_master() {
         print("mpi", world.size(), &ours, Some(&raw));

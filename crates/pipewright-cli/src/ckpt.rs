@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::{self, Reader};
 use pipewright::{runtime::files, Result};
 use pipewright_models::stored::{self, HfArch};

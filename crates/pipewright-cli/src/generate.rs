@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use pipewright::data::Tokenizer;
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::Reader;
 use pipewright::engine::varuna::{Sampling, Varuna, VarunaOptions};
 use pipewright::model::nn::optim::OptimizerConfig;
@@ -135,7 +135,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let from_checkpoint = a.checkpoint.is_some();
     let mut out = local::run(layout.world(), |comm| {
-        let first = pipewright::dist::comm::Communicator::rank(&comm) == 0;
+        let first = pipewright::distributed::comm::Communicator::rank(&comm) == 0;
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;
         v.set_optimizer(|ps| OptimizerConfig::default().build(ps, &[]))?;
         if from_checkpoint {

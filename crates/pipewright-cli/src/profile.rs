@@ -62,7 +62,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
     check_fits(&p)?;
     // The pools as `train` sizes them for as many ranks as copies run at once (an unset
     // RAYON_NUM_THREADS left candle's products 20-30 % slower here than train's explicit one).
-    pipewright::dist::comm::size_thread_pools(p.concurrent);
+    pipewright::distributed::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
     let (config, _, task) = a.model_and_task()?;
     let model = config.build()?;
@@ -138,7 +138,7 @@ fn check_fits(p: &ProfileArgs) -> Result<()> {
 
 /// `profile --gemm`: the products timed, the curve fitted and printed, the file written.
 fn gemm(p: &ProfileArgs) -> Result<()> {
-    pipewright::dist::comm::size_thread_pools(p.concurrent);
+    pipewright::distributed::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
     let precision: pipewright::model::precision::Precision = a.precision.parse()?;
     let dtype = precision.dtype();

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::parallel::pipeline::timeline::{svg_panels, svg_panels_wide};
 use pipewright::parallel::pipeline::{read_chrome_trace, replay_chrome_trace};

@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pipewright::dist::comm::{local, size_thread_pools};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::{local, size_thread_pools};
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig};

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::experiment::{Context, Experiment, LinePlot, Param, Recorder};
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig};
 use pipewright::trainer::{Cadence, Hooks, Losses, Place, Run, StepDone, TrainSpec, Trainer};

@@ -8,9 +8,9 @@
 //! it is below 1e-5 (with CP > 1, [`CONTEXT_PARALLEL_TOLERANCE`]); any failure aborts the job.
 
 use candle_core::{Device, Tensor};
-use pipewright::dist::comm::mpi::Mpi;
-use pipewright::dist::comm::{Communicator, ReduceOp};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::mpi::Mpi;
+use pipewright::distributed::comm::{Communicator, ReduceOp};
+use pipewright::distributed::topology::Layout;
 use pipewright::parallel::zero::Zero;
 use pipewright_models::parity::{worst_difference, ParityRun, CONTEXT_PARALLEL_TOLERANCE};
 

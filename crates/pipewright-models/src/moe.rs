@@ -24,7 +24,7 @@
 //! `mlp.experts.{e}.gate_proj`, `up_proj`, `down_proj`; DeepSeek's `mlp.shared_experts.*`.
 
 use candle_core::{DType, Tensor, Var};
-use pipewright::dist::comm::{Group, ReduceOp};
+use pipewright::distributed::comm::{Group, ReduceOp};
 use pipewright::model::nn::{join, softmax_last_dim, swiglu, Linear, Module};
 use pipewright::model::{Cx, Shard};
 use pipewright::parallel::expert_parallel::{local_experts, Dispatch};

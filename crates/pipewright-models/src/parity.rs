@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use candle_core::{Device, Tensor, Var};
-use pipewright::dist::comm::Communicator;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::Communicator;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};

@@ -248,7 +248,7 @@ impl RunSpec {
         &self,
         hw: &Hardware,
         ranks_per_node: usize,
-        backend: pipewright::dist::comm::Backend,
+        backend: pipewright::distributed::comm::Backend,
     ) -> Result<Prediction> {
         let profile = self.shapes_profile(hw)?;
         let t = &self.train;

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::{CheckpointOptions, Reader};
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};

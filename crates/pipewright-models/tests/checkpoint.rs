@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::{self, CheckpointOptions};
 use pipewright::engine::varuna::Varuna;
 use pipewright::model::precision::Precision;

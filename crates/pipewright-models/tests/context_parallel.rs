@@ -3,8 +3,8 @@
 //! gradient norms of 5 clipped AdamW steps and the final parameters agree within 1e-5, as for
 //! every other layout (with a ring: see [`CONTEXT_PARALLEL_TOLERANCE`]).
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::varuna::VarunaOptions;
 use pipewright_models::parity::{
     worst_difference, ParityRun, RankResult, CONTEXT_PARALLEL_TOLERANCE,

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::varuna::Varuna;
 use pipewright::model::nn::max_rel_diff;

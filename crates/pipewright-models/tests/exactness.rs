@@ -5,8 +5,8 @@
 //! model's 10k) fails the comparison. Parameters after clipped AdamW and one global norm
 //! (what the layout tests compared before) barely react to such an error.
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::varuna::VarunaOptions;
 use pipewright::parallel::zero::Zero;
 use pipewright_models::parity::{

@@ -12,8 +12,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::{self, Manifest, Reader};
 use pipewright::engine::varuna::{TrainState, Varuna, VarunaOptions};
 use pipewright::experiment::params::{parse, standard};

@@ -8,8 +8,8 @@
 
 use std::path::Path;
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::Reader;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::OptimizerConfig;
@@ -61,7 +61,7 @@ fn load(dir: &Path, layout: Layout) -> Vec<(u64, u64)> {
     let sync = std::sync::Barrier::new(layout.world());
     local::run(layout.world(), |comm| {
         let rank = {
-            use pipewright::dist::comm::Communicator;
+            use pipewright::distributed::comm::Communicator;
             comm.rank()
         };
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;

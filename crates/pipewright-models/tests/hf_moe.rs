@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::{HfWeights, Reader, TensorPart};
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;

@@ -4,8 +4,8 @@
 //! makes every rank skip the step (with and without ZeRO).
 
 use candle_core::Var;
-use pipewright::dist::comm::{local, Communicator};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::{local, Communicator};
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::spec::Balance;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{Device, Var};
-use pipewright::dist::comm::{local, Communicator};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::{local, Communicator};
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::CheckpointOptions;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::spec::TrainSpec;

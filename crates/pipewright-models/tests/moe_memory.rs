@@ -1,7 +1,7 @@
 //! Expert parallelism divides a mixture's expert weights: counted by the allocator, the bytes
 //! a rank holds for a mixture of 8 experts are the router's and 8/ep experts', at ep 1, 2, 4.
 
-use pipewright::dist::comm::{local, Communicator, Group};
+use pipewright::distributed::comm::{local, Communicator, Group};
 use pipewright::runtime::memory::{self, CountingAlloc};
 use pipewright::Build;
 use pipewright_models::moe::{MoeConfig, MoeMlp, MoeNames};

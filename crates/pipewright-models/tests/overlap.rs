@@ -6,8 +6,8 @@
 //! kept in flight give the bits of waiting for each at once.
 
 use candle_core::Tensor;
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::varuna::VarunaOptions;
 use pipewright::model::precision::Precision;
 use pipewright::parallel::pipeline::ScheduleKind;

@@ -6,8 +6,8 @@ mod common;
 
 use candle_core::Tensor;
 use common::*;
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::spec::Balance;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};

@@ -157,8 +157,8 @@ fn a_skip_connection_jumps_over_whole_stages() {
 
 #[test]
 fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
-    use pipewright::dist::comm::local;
-    use pipewright::dist::topology::Layout;
+    use pipewright::distributed::comm::local;
+    use pipewright::distributed::topology::Layout;
     use pipewright::engine::varuna::Varuna;
     use pipewright::parallel::data_parallel::DistributedLoader;
     use pipewright::parallel::zero::Zero;

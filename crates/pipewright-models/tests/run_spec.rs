@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::plan::Hardware;
 use pipewright::trainer::{Balance, TrainSpec};

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use pipewright::dist::comm::{local, Communicator, Pending, ReduceOp};
+use pipewright::distributed::comm::{local, Communicator, Pending, ReduceOp};
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};

@@ -7,8 +7,8 @@
 //! its half stages). Run with `--nocapture` for the table BENCHMARKS.md quotes.
 
 use candle_core::{Device, Tensor};
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::spec::{Balance, TrainSpec};
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, Optimizer};

@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
 use pipewright::parallel::pipeline::Recompute;
 use pipewright::parallel::zero::Zero;

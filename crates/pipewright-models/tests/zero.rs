@@ -6,8 +6,8 @@
 //! of the model's weights between uses); a ZeRO run resumes bit for bit at its layout, and its
 //! checkpoint resumes under any other stage and dp (and a plain run's under ZeRO) within 1e-5.
 
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig};
 use pipewright::model::precision::Precision;

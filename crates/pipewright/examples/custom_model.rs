@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};

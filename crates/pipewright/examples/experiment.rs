@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::experiment::{Context, Dataset, Experiment, Param, Recorder, SmartDataLoader};
 use pipewright::model::init::rng_for;
 use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};

@@ -4,8 +4,8 @@
 //! wait in a collective: `tools/mpi_peer_death.sh` checks the job then ends, naming rank R.
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::dist::comm::mpi::Mpi;
-use pipewright::dist::comm::{conformance, Communicator, ReduceOp};
+use pipewright::distributed::comm::mpi::Mpi;
+use pipewright::distributed::comm::{conformance, Communicator, ReduceOp};
 
 fn main() {
     let (_mpi, world) = match Mpi::init() {

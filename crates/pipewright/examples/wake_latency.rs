@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::dist::comm::{local, Communicator};
+use pipewright::distributed::comm::{local, Communicator};
 use pipewright::Result;
 
 /// Messages each of ranks 0 and 1 receives.
@@ -59,7 +59,7 @@ fn delays(busy: bool) -> Result<Vec<f64>> {
 }
 
 fn main() -> Result<()> {
-    pipewright::dist::comm::size_thread_pools(4);
+    pipewright::distributed::comm::size_thread_pools(4);
     // Warm the pools and the allocator once, untimed.
     let _ = Tensor::zeros(1, DType::F32, &Device::Cpu)?;
     for busy in [false, true, false, true] {

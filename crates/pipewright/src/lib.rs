@@ -5,11 +5,11 @@
 //! - [`runtime`]: the process and its machine: [`runtime::device`] (a [`candle_core::Device`] by
 //!   name), [`runtime::memory`] (allocator-counted bytes per rank), files a command may write,
 //!   sizes in bytes, printing, seeds.
-//! - [`dist`]: who this process is (torchrun, `mpirun`, Slurm or nothing) and [`dist::init()`];
-//!   [`dist::comm`], the [`dist::comm::Communicator`] trait (send/recv, all_reduce, all_gather,
-//!   reduce_scatter, broadcast, barrier, sub-groups) and its backends; [`dist::topology`],
-//!   [`dist::topology::Layout`] `{pp, tp, cp, dp}` and [`dist::topology::Topology`] (Varuna's
-//!   `stage_to_rank_map`).
+//! - [`distributed`]: who this process is (torchrun, `mpirun`, Slurm or nothing) and
+//!   [`distributed::init()`]; [`distributed::comm`], the [`distributed::comm::Communicator`]
+//!   trait (send/recv, all_reduce, all_gather, reduce_scatter, broadcast, barrier, sub-groups)
+//!   and its backends; [`distributed::topology`], [`distributed::topology::Layout`]
+//!   `{pp, tp, cp, dp}` and [`distributed::topology::Topology`] (Varuna's `stage_to_rank_map`).
 //! - [`model`]: [`Layer`], [`LayerSpec`], [`Sequential`] (layer specs with cut points), [`Build`],
 //!   [`Stage`], [`Activation`], [`Cx`]; [`model::batch`] ([`Batch`], named tensors split into
 //!   micro-batches), [`model::nn`] (local differentiable layers and optimizers),
@@ -41,7 +41,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod data;
-pub mod dist;
+pub mod distributed;
 pub mod engine;
 pub mod error;
 pub mod experiment;

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::parallel::pipeline::schedule::ScheduleKind;
 use pipewright::parallel::pipeline::Recompute;
 use pipewright::parallel::zero::Zero;

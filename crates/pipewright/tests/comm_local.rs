@@ -3,9 +3,9 @@
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::dist::comm::local::{run, run_with_timeout};
-use pipewright::dist::comm::progress::Progress;
-use pipewright::dist::comm::{conformance, Communicator, Pending, ReduceOp};
+use pipewright::distributed::comm::local::{run, run_with_timeout};
+use pipewright::distributed::comm::progress::Progress;
+use pipewright::distributed::comm::{conformance, Communicator, Pending, ReduceOp};
 
 #[test]
 fn conformance_suite_for_worlds_of_1_to_8() {

@@ -14,8 +14,8 @@ use custom_model::{
     batch, model, restart_and_morph, serial_trainer, spec, train_parallel, train_serial,
     CHUNK_SIZE, GLOBAL_BATCH,
 };
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::spec::{Balance, TrainSpec};
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig};

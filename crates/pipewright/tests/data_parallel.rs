@@ -2,7 +2,7 @@
 //! collectives, and the distributed loader gives each replica its own rows, deterministically.
 
 use candle_core::{Device, Tensor};
-use pipewright::dist::comm::{local, Communicator};
+use pipewright::distributed::comm::{local, Communicator};
 use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::Grads;
 use pipewright::parallel::data_parallel::{

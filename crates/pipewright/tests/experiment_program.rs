@@ -396,7 +396,7 @@ impl pipewright::experiment::Stateful for Placed {
 fn the_context_moves_what_is_registered_and_answers_for_its_rank() {
     let dir = tmp("context");
     let params = experiment().parse(args(&[])).unwrap();
-    let comm = Box::new(pipewright::dist::comm::local::LocalComm::single());
+    let comm = Box::new(pipewright::distributed::comm::local::LocalComm::single());
     let mut cx = pipewright::experiment::Context::new(params, &dir, comm).unwrap();
     cx.register("placed", Placed(None)).unwrap();
     cx.cpu().unwrap();

@@ -4,7 +4,7 @@
 //! from another is its own. (One test: the counters are the process's, and tests run at once.)
 
 use candle_core::{DType, Device, Tensor};
-use pipewright::dist::comm::local;
+use pipewright::distributed::comm::local;
 use pipewright::runtime::memory::{self, CountingAlloc};
 
 #[global_allocator]
@@ -22,7 +22,7 @@ fn ranks_are_charged_what_their_threads_allocate() {
     assert!(memory::installed());
     // Each of three ranks holds (rank + 1) MiB of f32 zeros, then two more MiB for a moment.
     let held = local::run(3, |c| {
-        use pipewright::dist::comm::Communicator;
+        use pipewright::distributed::comm::Communicator;
         let r = c.rank() as u64;
         let before = memory::rank_peak_bytes(c.rank()).unwrap();
         let t = Tensor::zeros(((r + 1) as usize * 256, 1024), DType::F32, &Device::Cpu)?;
@@ -98,7 +98,7 @@ fn ranks_are_charged_what_their_threads_allocate() {
 /// collective's mailbox goes once its message is taken (an emptied one left behind grew the
 /// world's map by an entry per message, about 70 bytes each).
 fn collectives_leave_nothing_behind() {
-    use pipewright::dist::comm::{Communicator, ReduceOp};
+    use pipewright::distributed::comm::{Communicator, ReduceOp};
     let grew = local::run(2, |c| {
         let one = Tensor::new(1f32, &Device::Cpu)?;
         let live = || memory::live_bytes().unwrap() as i64;
@@ -125,7 +125,7 @@ fn collectives_leave_nothing_behind() {
 /// the receiver, and the sender's charge ends with its own tensor. (Shared, it stayed charged
 /// to the sender, or to the rank that reduced, for as long as any rank held it.)
 fn received_tensors_are_the_receivers() {
-    use pipewright::dist::comm::{Communicator, ReduceOp};
+    use pipewright::distributed::comm::{Communicator, ReduceOp};
     let grew = local::run(2, |c| {
         let mib = || Tensor::ones((256, 1024), DType::F32, &Device::Cpu);
         let live = || memory::thread_live_bytes().unwrap() as i64;

@@ -6,8 +6,8 @@
 //! take the device path).
 #![cfg(feature = "nccl")]
 
-use pipewright::dist::comm::nccl::{probe, NcclComm};
-use pipewright::dist::comm::{conformance, local};
+use pipewright::distributed::comm::nccl::{probe, NcclComm};
+use pipewright::distributed::comm::{conformance, local};
 
 #[test]
 fn nccl_is_a_clear_error_without_cuda_or_passes_the_suite_with_it() {

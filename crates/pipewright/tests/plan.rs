@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Shape, Tensor, Var};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::parallel::pipeline::schedule::ScheduleKind;

@@ -4,7 +4,7 @@
 //! differently) and f32.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::dist::comm::local;
+use pipewright::distributed::comm::local;
 use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{max_rel_diff, scaled_softmax};
 use pipewright::parallel::context_parallel::{ring_attention, Chunks};

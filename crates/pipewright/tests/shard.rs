@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::dist::comm::local;
+use pipewright::distributed::comm::local;
 use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{
     cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayout, IGNORE_INDEX,
@@ -374,8 +374,8 @@ fn ddp_ignores_exactly_the_sharded_parameters() {
 
 #[test]
 fn a_group_larger_than_the_world_is_a_clear_error() {
-    use pipewright::dist::comm::axis_group;
-    use pipewright::dist::topology::{Axis, Layout, Topology};
+    use pipewright::distributed::comm::axis_group;
+    use pipewright::distributed::topology::{Axis, Layout, Topology};
     let errs = local::run(2, |comm| {
         let topo = Topology::new(Layout::new(1, 4, 1)?);
         Ok(axis_group(&comm, &topo, Axis::Tensor)

@@ -2,7 +2,7 @@
 //! the efficiency crowded cores keep, and tensor-parallel stages that compute while another
 //! stage's ranks wait in their collectives.
 
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::parallel::pipeline::schedule::{Action, Schedule, ScheduleKind};
 use pipewright::parallel::pipeline::{Recompute, Sharing};
 use pipewright::plan::{estimate, Cluster, Fit, Hardware, Profile, SplitCost};

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Var};
 use custom_model::{batch, model, CHUNK_SIZE, GLOBAL_BATCH};
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};

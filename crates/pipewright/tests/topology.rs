@@ -1,6 +1,6 @@
 //! Layout arithmetic and Varuna's stage_to_rank_map.
 
-use pipewright::dist::topology::{Axis, Coords, Layout, Topology};
+use pipewright::distributed::topology::{Axis, Coords, Layout, Topology};
 
 #[test]
 fn tensor_rank_varies_fastest_then_data_then_pipeline() {

@@ -36,8 +36,8 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
     let run_dir = std::sync::Mutex::new(None);
     experiment(|cx| setup.rank(cx, &traces, &run_dir)).run(&params)?;
     // Under MPI each process holds its own ranks' traces: rank 0's is written.
-    if pipewright::dist::Env::from_env().rank == 0 {
-        if setup.a.trace.is_some() && pipewright::dist::Env::under_mpi() {
+    if pipewright::distributed::Env::from_env().rank == 0 {
+        if setup.a.trace.is_some() && pipewright::distributed::Env::under_mpi() {
             eprintln!("note: under MPI the trace holds rank 0's actions only");
         }
         let mut traces = traces.into_inner().unwrap_or_default();
@@ -104,7 +104,7 @@ fn inherit_checkpointing(params: &mut Params) -> Result<()> {
             keep = format!(", keeping the newest {k}");
         }
     }
-    if pipewright::dist::Env::from_env().rank == 0 {
+    if pipewright::distributed::Env::from_env().rank == 0 {
         eprintln!(
             "note: checkpointing every {every} steps{keep}, as the run did (its parameters.json); \
              --checkpoint-every changes it"
@@ -155,7 +155,7 @@ fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<(
     }
     // After the tokenizer's check, which says more about shards of another tokenizer.
     for note in spec.resumes(&stored)? {
-        if pipewright::dist::Env::from_env().rank == 0 {
+        if pipewright::distributed::Env::from_env().rank == 0 {
             eprintln!("note: {note}");
         }
     }
@@ -222,7 +222,7 @@ impl Setup {
         if params.flag("cuda")? {
             a.device = "cuda".into();
         }
-        let env = pipewright::dist::Env::from_env();
+        let env = pipewright::distributed::Env::from_env();
         // Where a resumed or restarted run finds its checkpoints and scalars.
         let goes_on = a.resume.is_some() || env.restart > 0;
         if goes_on && a.out.is_none() {
@@ -252,7 +252,7 @@ impl Setup {
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
         let hw = pipewright::plan::Hardware::load(&a.hardware)?;
         // Under mpirun each process holds its own ranks; as threads this one holds them all.
-        let here = if pipewright::dist::Env::under_mpi() {
+        let here = if pipewright::distributed::Env::under_mpi() {
             env.local_world_size
         } else {
             spec.train.world()

@@ -105,7 +105,7 @@ impl Hooks for TrainHooks<'_> {
                     &a.device, 0,
                 )?)?
             };
-            if counted && !pipewright::dist::Env::under_mpi() {
+            if counted && !pipewright::distributed::Env::under_mpi() {
                 self.rank_allocated_peaks =
                     (0..a.world()).filter_map(memory::rank_peak_bytes).collect();
             }

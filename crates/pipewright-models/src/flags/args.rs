@@ -118,7 +118,7 @@ pub struct TrainArgs {
     /// (nccl, with --device cuda; ranks as threads, or processes under mpirun). Under mpirun
     /// or `pipewright launch` local means mpi.
     #[arg(help_heading = "Parallelism", long, default_value = "local")]
-    pub backend: pipewright::dist::comm::Backend,
+    pub backend: pipewright::distributed::comm::Backend,
     /// Pipeline stages (ranks as threads of this process).
     #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,

@@ -252,7 +252,7 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
              --checkpoint-every",
         ),
         (
-            a.backend == pipewright::dist::comm::Backend::Mpi && a.world() == 1,
+            a.backend == pipewright::distributed::comm::Backend::Mpi && a.world() == 1,
             "--backend mpi talks between ranks, and this layout has one: drop --backend mpi, or \
              give the layout more ranks (--pp, --tp, --dp, --cp)",
         ),

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
 use pipewright::model::precision::Precision;
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};

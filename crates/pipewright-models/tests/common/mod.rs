@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use candle_core::Tensor;
-use pipewright::dist::comm::local;
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::local;
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Tensor, Var};
-use pipewright::dist::comm::{local, Communicator};
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::comm::{local, Communicator};
+use pipewright::distributed::topology::Layout;
 use pipewright::engine::checkpoint::CheckpointOptions;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, Optimizer};

@@ -14,7 +14,7 @@ use candle_core::{DType, Tensor, Var};
 
 use std::path::{Path, PathBuf};
 
-use crate::dist::comm::ReduceOp;
+use crate::distributed::comm::ReduceOp;
 use crate::engine::checkpoint::{self, CheckpointOptions, Header, Owned, Reader};
 use crate::model::batch::Batch;
 use crate::model::expert_load::{merge, sort_by_layer, ExpertLoad};
@@ -98,7 +98,7 @@ impl SerialTrainer {
     pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
         opts.lr.validate()?;
         // One rank with the machine's cores, unless the user or a launcher said otherwise.
-        crate::dist::comm::size_thread_pools(1);
+        crate::distributed::comm::size_thread_pools(1);
         if opts.micro_batches == 0 {
             return Err(invalid!("chunks must be at least 1"));
         }
@@ -258,7 +258,7 @@ impl SerialTrainer {
         };
         let tp = self.model.tp();
         let header = Header {
-            layout: crate::dist::topology::Layout::new(1, tp.size(), 1)?,
+            layout: crate::distributed::topology::Layout::new(1, tp.size(), 1)?,
             precision: "f32".into(),
             world: tp.size(),
             step: self.step,

@@ -9,7 +9,7 @@
 use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::model::batch::Batch;
 use crate::model::nn::optim::{LrSchedule, Optimizer, OptimizerConfig};
 use crate::model::precision::Precision;

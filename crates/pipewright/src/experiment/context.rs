@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::loader::{Dataset, SmartDataLoader};
 use super::params::Params;
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::engine::checkpoint::CheckpointOptions;
 use crate::engine::varuna::Varuna;
 use crate::{invalid, Error, Result};
@@ -221,7 +221,7 @@ impl Context {
                     ))
                 })?,
             Some(p) => return crate::engine::checkpoint::resolve(Path::new(p)).map(Some),
-            None if crate::dist::Env::from_env().restart > 0 => {
+            None if crate::distributed::Env::from_env().restart > 0 => {
                 match crate::engine::checkpoint::newest_intact(checkpoint_dir)? {
                     Some(i) => i,
                     None => return Ok(None),
@@ -367,7 +367,7 @@ impl Context {
 /// thread resolves the same target) and from the first rank only.
 fn report_skipped(intact: &crate::engine::checkpoint::Intact) {
     static SAID: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-    if intact.skipped.is_empty() || crate::dist::Env::from_env().rank != 0 {
+    if intact.skipped.is_empty() || crate::distributed::Env::from_env().rank != 0 {
         return;
     }
     let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());

@@ -35,7 +35,7 @@ fn alive(held: &str) -> bool {
     let (Some(pid), Some(h)) = (it.next().and_then(|p| p.parse::<u32>().ok()), it.next()) else {
         return false;
     };
-    if crate::dist::Env::from_env().restart > 0 {
+    if crate::distributed::Env::from_env().restart > 0 {
         return false;
     }
     if h != host() {

@@ -75,8 +75,8 @@ fn empty_but_ours(dir: &Path) -> Result<bool> {
             Some(n) if [
                 OWNER_FILE,
                 super::lock::LOCK_FILE,
-                crate::dist::HEARTBEAT_DIR,
-                crate::dist::LAUNCH_RECORD,
+                crate::distributed::HEARTBEAT_DIR,
+                crate::distributed::LAUNCH_RECORD,
             ]
             .contains(&n)
         )
@@ -164,7 +164,7 @@ mod tests {
     #[test]
     fn what_the_launcher_makes_first_leaves_a_directory_new() {
         let d = tmp("launched");
-        std::fs::create_dir_all(d.join(crate::dist::HEARTBEAT_DIR)).unwrap();
+        std::fs::create_dir_all(d.join(crate::distributed::HEARTBEAT_DIR)).unwrap();
         check_run_dir(&d, "--out").unwrap();
         std::fs::write(d.join("notes.txt"), "mine").unwrap();
         let e = check_run_dir(&d, "--out").unwrap_err().to_string();

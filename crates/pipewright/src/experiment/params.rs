@@ -208,7 +208,7 @@ impl Params {
     /// (a resume), or a launcher's restarted attempt. Such a run reopens its run directory and
     /// its checkpoint directory instead of making them.
     pub fn goes_on(&self) -> Result<bool> {
-        Ok(self.string("checkpoint")?.is_some() || crate::dist::Env::from_env().restart > 0)
+        Ok(self.string("checkpoint")?.is_some() || crate::distributed::Env::from_env().restart > 0)
     }
 
     /// Changes a declared parameter's value (a resumed run taking what its run directory

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::context::Context;
 use super::lock::RunLock;
 use super::params::{self, ArgsGroup, Param, Params};
-use crate::dist::comm::local;
+use crate::distributed::comm::local;
 use crate::{invalid, Error, Result};
 
 /// An experiment: a name, its parameters and its body.
@@ -191,12 +191,12 @@ where
             }
             result
         };
-        let env = crate::dist::Env::from_env();
-        if env.world_size > 1 || crate::dist::Env::under_mpi() {
+        let env = crate::distributed::Env::from_env();
+        if env.world_size > 1 || crate::distributed::Env::under_mpi() {
             // One rank of a launched job: its world is the job's; its directory the one the
             // relaunching process made, or rank 0's.
-            crate::dist::comm::size_thread_pools(env.local_world_size);
-            let world = crate::dist::init()?;
+            crate::distributed::comm::size_thread_pools(env.local_world_size);
+            let world = crate::distributed::init()?;
             // Rank 0 holds the directory's lock (the relaunching process holds it for its
             // ranks).
             let (dir, _lock) = match std::env::var_os(RUN_DIR) {
@@ -210,7 +210,7 @@ where
             if let (Err(e), true) = (&result, env.world_size > 1) {
                 // The others would wait for this rank forever: end the job.
                 eprintln!("error: rank {}: {e}", env.rank);
-                crate::dist::comm::mpi::Mpi::abort(1);
+                crate::distributed::comm::mpi::Mpi::abort(1);
             }
             result?;
             return Ok(dir);
@@ -247,7 +247,7 @@ where
     fn agree_dir(
         &self,
         params: &Params,
-        comm: &dyn crate::dist::comm::Communicator,
+        comm: &dyn crate::distributed::comm::Communicator,
     ) -> Result<(PathBuf, Option<RunLock>)> {
         // Rank 0's failure is every rank's: the others would wait for the name forever.
         const FAILED: u32 = u32::MAX;
@@ -376,7 +376,7 @@ fn relaunch(ranks: usize, params: &Params, dir: &Path, subcommand: &[String]) ->
         ));
     }
     let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
-    let status = crate::dist::mpirun(ranks)
+    let status = crate::distributed::mpirun(ranks)
         .env(RUN_DIR, dir)
         .args(["-x", RUN_DIR])
         .arg(exe)

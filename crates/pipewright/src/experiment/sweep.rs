@@ -92,7 +92,7 @@ pub fn run_parameter_sweep(s: &Sweep) -> Result<Vec<SweepRun>> {
     let t0 = Instant::now();
     // Ctrl-C or SIGTERM: the running runs are asked to save and stop, no new one starts, and
     // the table still says what each did.
-    let stop = crate::dist::preemption_flag()?;
+    let stop = crate::distributed::preemption_flag()?;
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {

@@ -1,7 +1,7 @@
 //! [`Build`]: what a layer builder gets (the initialiser, the tensor-parallel group, the
 //! context-parallel ring, the expert-parallel group and whether sequence parallelism is on).
 
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::init::Init;
 
 /// What a layer builder gets: where and how to create parameters ([`Init`], also reachable

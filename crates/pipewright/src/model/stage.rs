@@ -7,7 +7,7 @@ use std::sync::Arc;
 use candle_core::Var;
 
 use super::{Activation, Cx, Layer, Shard};
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::Result;
 
 /// Where the parameters of a stage's layers live between uses (ZeRO-3, [`crate::parallel::zero`]): each

@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::dist::comm::{waited, Communicator, Pending, ReduceOp};
+use crate::distributed::comm::{waited, Communicator, Pending, ReduceOp};
 use crate::model::batch::Batch;
 use crate::model::grads::Grads;
 use crate::{invalid, Result};

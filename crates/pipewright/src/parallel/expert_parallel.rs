@@ -1,4 +1,4 @@
-//! Expert parallelism: the `ep` ranks of an expert group ([`crate::dist::topology::Axis::Expert`])
+//! Expert parallelism: the `ep` ranks of an expert group ([`crate::distributed::topology::Axis::Expert`])
 //! each hold `1/ep` of a mixture's experts (rank `r` experts `r*E/ep ..`) and send each other
 //! the tokens routed to them, as torchtitan's and Megatron's token dispatchers do:
 //!
@@ -17,7 +17,7 @@
 //! loop over the experts and runs no collective.
 //!
 //! The experts' gradients are then summed over the ranks holding the same experts
-//! ([`crate::dist::topology::Axis::ExpertReplica`]), everything else over the replicas
+//! ([`crate::distributed::topology::Axis::ExpertReplica`]), everything else over the replicas
 //! ([`crate::model::Layer::experts`] names which parameters are experts).
 
 use std::ops::Range;
@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 
-use crate::dist::comm::{precomputed, Communicator, Group};
+use crate::distributed::comm::{precomputed, Communicator, Group};
 use crate::{invalid, Result};
 
 /// Nanoseconds every rank of this process spent in expert exchanges.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::batch::Batch;
 use crate::model::nn::{count_targets, cross_entropy_sum};
 use crate::model::{Activation, Cx};

@@ -22,7 +22,7 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::model::grads::Grads;
 use crate::model::precision::to_master_grads;
 use crate::parallel::data_parallel::{all_reduce_grads, BucketSum};
@@ -178,7 +178,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
 
     use super::*;
-    use crate::dist::comm::local;
+    use crate::distributed::comm::local;
 
     fn grads(v: f32) -> Grads {
         let mut g = Grads::new();

@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use super::layer_cost::{median, profile_stage};
 use super::profile::{ActionOverhead, Fit};
-use crate::dist::comm::local;
+use crate::distributed::comm::local;
 use crate::model::batch::Batch;
 use crate::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use crate::model::{Build, Sequential};

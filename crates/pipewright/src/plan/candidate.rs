@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
 use crate::parallel::zero::Zero;

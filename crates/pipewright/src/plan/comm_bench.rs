@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 
 use super::hardware::Link;
 use super::layer_cost::median;
-use crate::dist::comm::{Communicator, ReduceOp};
+use crate::distributed::comm::{Communicator, ReduceOp};
 use crate::{invalid, Result};
 
 /// One measured row: seconds per operation.
@@ -143,7 +143,7 @@ pub fn fit_link(rows: &[Row], world: usize) -> Result<Link> {
 /// rows and raw MPI's (every rank calls it).
 #[cfg(feature = "mpi")]
 pub fn measure_beside_mpi(
-    world: &crate::dist::comm::mpi::MpiComm,
+    world: &crate::distributed::comm::mpi::MpiComm,
     sizes: &[f64],
     iters: usize,
 ) -> Result<(Vec<Row>, Vec<Row>)> {

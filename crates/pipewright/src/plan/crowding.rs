@@ -31,7 +31,7 @@
 use std::time::Instant;
 
 use super::layer_cost::{median, profile_stage, sweep};
-use crate::dist::comm::{local, Communicator};
+use crate::distributed::comm::{local, Communicator};
 use crate::model::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential};
 use crate::parallel::loss::Loss;

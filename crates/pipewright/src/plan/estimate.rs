@@ -14,7 +14,7 @@ use super::cluster::Cluster;
 use super::memo::{Memo, ReplayKey, Replayed, Staged, StagesKey};
 use super::profile::Profile;
 use super::stage_cost::balanced_stages;
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::parallel::pipeline::schedule::{Action, Schedule};
 use crate::parallel::pipeline::timeline::Simulation;
 use crate::parallel::pipeline::Sharing;

@@ -10,7 +10,7 @@ use candle_core::DType;
 use serde::Serialize;
 
 use super::layer_pass::{bytes, fresh, Forwarded, Pass};
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::batch::Batch;
 use crate::model::{Activation, Build, Cx, Mode, Sequential, Stage};
 use crate::parallel::loss::Loss;

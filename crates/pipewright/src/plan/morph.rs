@@ -10,7 +10,7 @@ use super::cluster::Cluster;
 use super::profile::Profile;
 use super::ranking::{rank, Request};
 use super::search::layouts;
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::model::Sequential;
 use crate::parallel::pipeline::partition::partition;
 use crate::parallel::pipeline::schedule::{Schedule, ScheduleKind};

@@ -11,7 +11,7 @@ use super::estimate::{estimate_with, step_floor, Estimate};
 use super::hardware::format_bytes;
 use super::memo::Memo;
 use super::profile::Profile;
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::{invalid, Result};
 
 /// What to plan for.

@@ -11,7 +11,7 @@ use super::estimate::Estimate;
 use super::profile::Profile;
 pub use super::ranking::Request;
 use super::ranking::{rank, rank_pinned, Refused};
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
 use crate::parallel::zero::Zero;
@@ -266,11 +266,11 @@ pub fn rank_specs(
 pub fn search(profile: &Profile, cluster: &Cluster, req: &Request) -> Result<Vec<Estimate>> {
     // The candidates are enumerated by the world's divisors: a world past any layout's would
     // take as long to factor as to refuse.
-    if req.world > crate::dist::topology::MAX_WORLD {
+    if req.world > crate::distributed::topology::MAX_WORLD {
         return Err(invalid!(
             "a world of {} ranks is more than the {} a layout may have",
             req.world,
-            crate::dist::topology::MAX_WORLD
+            crate::distributed::topology::MAX_WORLD
         ));
     }
     rank(profile, cluster, req, candidates(req, profile))

@@ -12,7 +12,7 @@ use super::context_parallel as cp_cost;
 use super::profile::{Fit, Profile};
 use super::rank_memory::StageBytes;
 use super::shapes::ShapeCost;
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::Result;
 
 /// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured

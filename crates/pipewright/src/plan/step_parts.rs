@@ -43,7 +43,7 @@ pub struct StepParts {
     pub update_s: f64,
     /// Of the pipeline and gradients parts, the time waited on data-parallel communication
     /// (the gradient sums, ZeRO's reduce-scatters and gathers: starts and waits,
-    /// [`crate::dist::comm::waited`]): the communication the step exposes. Not a part of its
+    /// [`crate::distributed::comm::waited`]): the communication the step exposes. Not a part of its
     /// own (the parts' total leaves it out); zero in runs recorded before it was measured.
     #[serde(default)]
     pub exposed_comm_s: f64,

@@ -7,7 +7,7 @@
 //! ([`Hooks::batch`]), the step, an evaluation when the cadence says so
 //! ([`Hooks::evaluate`]), [`Hooks::after_step`], a checkpoint when the cadence says so (every
 //! `checkpoint_every` steps and at the last step) or when any rank was asked to stop ([`Hooks::checkpoint`]; background unless stopping), then the
-//! heartbeat `pipewright launch` watches ([`crate::dist::heartbeat`]). A run whose trainer was
+//! heartbeat `pipewright launch` watches ([`crate::distributed::heartbeat`]). A run whose trainer was
 //! restored from a checkpoint goes on from the step it had taken.
 
 use std::time::Instant;
@@ -80,7 +80,7 @@ pub trait Hooks {
     }
 
     /// Whether this rank was asked to stop (a preemption notice, see
-    /// [`crate::dist::preemption_flag`]); every rank then saves the step and returns.
+    /// [`crate::distributed::preemption_flag`]); every rank then saves the step and returns.
     fn stop_requested(&self) -> bool {
         false
     }
@@ -166,7 +166,7 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
         if saving || stop {
             hooks.checkpoint(cx, steps, cadence.async_checkpoint && !stop)?;
         }
-        crate::dist::heartbeat(steps)?;
+        crate::distributed::heartbeat(steps)?;
         if stop {
             report.stopped = true;
             break;

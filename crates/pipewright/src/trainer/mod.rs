@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::dist::comm::Backend;
+use crate::distributed::comm::Backend;
 use crate::engine::varuna::VarunaOptions;
 use crate::model::batch::Batch;
 use crate::model::Sequential;
@@ -218,7 +218,7 @@ impl Trainer {
         crate::runtime::device::device(&run.place.device, 0)?;
         Ok(Self {
             timed: matches!(run.spec.balance, Some(Balance::Time)),
-            stop: crate::dist::preemption_flag()?,
+            stop: crate::distributed::preemption_flag()?,
             run,
             model,
             tied,
@@ -231,7 +231,7 @@ impl Trainer {
     /// (`PIPEWRIGHT_RESTART`) runs in the world it was given, morphing when that is another
     /// size; a first attempt in the spec's own layout.
     pub fn from_env(run: Run) -> Result<Self> {
-        let env = crate::dist::Env::from_env();
+        let env = crate::distributed::Env::from_env();
         Self::new(run, (env.restart > 0).then_some(env.world_size))
     }
 
@@ -271,7 +271,7 @@ impl Trainer {
 /// the `cuda` build or a GPU.
 fn check_backend(place: &Place, world: usize) -> Result<()> {
     match place.backend {
-        Backend::Mpi if world > 1 && !crate::dist::Env::under_mpi() => Err(invalid!(
+        Backend::Mpi if world > 1 && !crate::distributed::Env::under_mpi() => Err(invalid!(
             "--backend mpi runs one process per rank: start it under `mpirun -np {world}`, or pass \
              --distributed to have pipewright start them (a build with `--features mpi`)"
         )),

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 use super::fit::{fit, FitReport, Hooks, StepDone};
 use super::record::Recorded;
 use super::Trainer;
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::engine::spec::Balance;
 use crate::engine::varuna::{Varuna, VarunaOptions};
 use crate::experiment::params::standard;
@@ -48,8 +48,8 @@ impl Trainer {
                 self.run.spec.layout
             ));
         }
-        let env = crate::dist::Env::from_env();
-        let local_rank = if crate::dist::Env::under_mpi() {
+        let env = crate::distributed::Env::from_env();
+        let local_rank = if crate::distributed::Env::under_mpi() {
             env.local_rank
         } else {
             cx.get_rank()
@@ -100,10 +100,12 @@ impl Trainer {
     fn world(&self, cx: &Context, device: &Device) -> Result<Box<dyn Communicator>> {
         let world = cx.world()?;
         #[cfg(feature = "cuda")]
-        if let (crate::dist::comm::Backend::Nccl, candle_core::DeviceLocation::Cuda { gpu_id }) =
-            (self.run.place.backend, device.location())
+        if let (
+            crate::distributed::comm::Backend::Nccl,
+            candle_core::DeviceLocation::Cuda { gpu_id },
+        ) = (self.run.place.backend, device.location())
         {
-            return Ok(Box::new(crate::dist::comm::nccl::NcclComm::new(
+            return Ok(Box::new(crate::distributed::comm::nccl::NcclComm::new(
                 world, gpu_id,
             )?));
         }
@@ -157,11 +159,11 @@ impl Trainer {
             recorded.finish()?;
             Ok((report, h))
         };
-        if crate::dist::Env::under_mpi() {
-            let (comm, _guard) = crate::dist::init()?.into_parts();
+        if crate::distributed::Env::under_mpi() {
+            let (comm, _guard) = crate::distributed::init()?.into_parts();
             return Ok(vec![rank(comm)?]);
         }
-        crate::dist::comm::local::run(self.run.spec.world(), |c| rank(Box::new(c)))
+        crate::distributed::comm::local::run(self.run.spec.world(), |c| rank(Box::new(c)))
     }
 }
 

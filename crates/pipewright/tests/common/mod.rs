@@ -3,7 +3,7 @@
 // Each test binary uses some of it.
 #![allow(dead_code)]
 
-use pipewright::dist::topology::Layout;
+use pipewright::distributed::topology::Layout;
 use pipewright::parallel::pipeline::schedule::ScheduleKind;
 use pipewright::parallel::pipeline::Recompute;
 use pipewright::plan::{Candidate, Fit, Hardware, LayerProfile, Link, Profile};

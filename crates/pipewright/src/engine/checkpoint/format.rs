@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::dist::topology::Layout;
+use crate::distributed::topology::Layout;
 use crate::{Error, Result};
 
 /// The version of the format this build writes and reads.

@@ -34,7 +34,7 @@ pub use load::Reader;
 pub use save::{step_dir, Header, Held, Snapshot, TensorPart, Written};
 pub use state::{Owned, Restored};
 
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::{Error, Result};
 
 /// How to save.

@@ -16,8 +16,8 @@ use super::format::{
     f32_data, fingerprint, write_safetensors, Blob, EntryKind, Manifest, Part, TensorEntry,
     FORMAT_VERSION,
 };
-use crate::dist::comm::Communicator;
-use crate::dist::topology::Layout;
+use crate::distributed::comm::Communicator;
+use crate::distributed::topology::Layout;
 use crate::{Error, Result};
 
 /// How a tensor of a snapshot is split: part `index` of `count` along `axis` in `stride`

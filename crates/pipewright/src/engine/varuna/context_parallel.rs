@@ -5,7 +5,7 @@
 use candle_core::{Device, Tensor};
 
 use super::Varuna;
-use crate::dist::comm::ReduceOp;
+use crate::distributed::comm::ReduceOp;
 use crate::model::batch::Batch;
 use crate::parallel::context_parallel::Chunks;
 use crate::{invalid, Result};

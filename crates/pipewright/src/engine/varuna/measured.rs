@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use super::Varuna;
-use crate::dist::comm::waited;
+use crate::distributed::comm::waited;
 use crate::parallel::pipeline::{CommEvent, TraceEvent};
 use crate::plan::StepParts;
 use crate::Result;

@@ -32,9 +32,9 @@ pub use checkpoint::TrainState;
 pub use generate::Sampling;
 pub use options::{BatchFn, Evaluation, StepOutcome, VarunaOptions};
 
-use crate::dist::comm::Group;
-use crate::dist::comm::{axis_group, waited, Communicator, ReduceOp};
-use crate::dist::topology::{Axis, Coords, Topology};
+use crate::distributed::comm::Group;
+use crate::distributed::comm::{axis_group, waited, Communicator, ReduceOp};
+use crate::distributed::topology::{Axis, Coords, Topology};
 use crate::model::batch::Batch;
 use crate::model::expert_load::ExpertLoad;
 use crate::model::grads::Grads;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Tensor};
 
-use crate::dist::topology::{Layout, Topology};
+use crate::distributed::topology::{Layout, Topology};
 use crate::engine::spec::{Balance, TrainSpec};
 use crate::model::batch::Batch;
 use crate::model::precision::LossScaler;
@@ -29,7 +29,7 @@ pub struct VarunaOptions {
     pub spec: TrainSpec,
     /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...), with
     /// `spec.layout.tp` consecutive ranks per shard group; the layout's order (tp fastest,
-    /// see [`crate::dist::topology`]) when `None`. Its layout must be the spec's.
+    /// see [`crate::distributed::topology`]) when `None`. Its layout must be the spec's.
     pub stage_to_rank_map: Option<String>,
     /// Parameter pairs kept equal (Varuna's `shared_weights`).
     pub shared_weights: Vec<(String, String)>,

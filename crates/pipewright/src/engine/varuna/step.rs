@@ -6,7 +6,7 @@ use candle_core::{Device, Tensor};
 
 use super::zero_groups::Replicas;
 use super::{StepOutcome, Varuna};
-use crate::dist::comm::ReduceOp;
+use crate::distributed::comm::ReduceOp;
 use crate::model::expert_load::{sort_by_layer, ExpertLoad};
 use crate::model::nn::Grads;
 use crate::model::precision::to_master_grads;

@@ -8,7 +8,7 @@ use candle_core::{DType, Tensor, Var};
 
 use super::zero_groups::{BothGather, Replicas, ZeroGroups};
 use super::Varuna;
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::model::precision::MasterWeights;
 use crate::parallel::expert_parallel::gather_named;
 use crate::parallel::pipeline::Pipeline;

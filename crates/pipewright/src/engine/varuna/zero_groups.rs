@@ -1,5 +1,5 @@
 //! ZeRO beside expert parallelism: the experts' parameters are held by fewer ranks than the
-//! rest (the ranks holding the same experts, [`crate::dist::topology::Axis::ExpertReplica`]),
+//! rest (the ranks holding the same experts, [`crate::distributed::topology::Axis::ExpertReplica`]),
 //! so they are sharded over that group and everything else over every replica, as DeepSpeed
 //! shards its expert and non-expert parameter groups apart. [`ZeroGroups`] is the two
 //! [`ZeroShards`] (one when there is no expert parallelism) behind one face, each moving over
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use candle_core::{Tensor, Var};
 
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::model::grads::Grads;
 use crate::model::nn::optim::StateDict;
 use crate::model::LayerParams;

@@ -19,7 +19,7 @@ pub fn with_aux_loss(x: &Tensor, aux: &Tensor, weight: f64) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let value = x.detach();
-    crate::dist::comm::precomputed2([x, aux], value, "aux_loss", move |args, _, grad| {
+    crate::distributed::comm::precomputed2([x, aux], value, "aux_loss", move |args, _, grad| {
         Ok(vec![
             grad.clone(),
             args[1].ones_like()?.affine(weight, 0.0)?,

@@ -22,7 +22,7 @@ use candle_core::{DType, Tensor, D};
 
 use super::ring::pass_on;
 use super::Chunks;
-use crate::dist::comm::{precomputed3, Group};
+use crate::distributed::comm::{precomputed3, Group};
 use crate::model::nn::causal_mask;
 use crate::{invalid, Result};
 

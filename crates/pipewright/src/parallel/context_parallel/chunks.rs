@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::{invalid, Result};
 
 /// Rank `rank` of a context-parallel ring of `size` ranks.

@@ -13,7 +13,7 @@
 //! Everything outside attention is per token, so a layer other than attention and the
 //! embeddings (which need positions) runs unchanged on its rank's slice. The ranks of a ring
 //! hold the same weights: they sum their gradients with the data-parallel ranks
-//! ([`crate::dist::topology::Axis::Replica`]).
+//! ([`crate::distributed::topology::Axis::Replica`]).
 
 pub mod attention;
 pub mod chunks;

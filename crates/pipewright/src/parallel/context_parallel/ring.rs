@@ -7,7 +7,7 @@
 
 use candle_core::Tensor;
 
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::Result;
 
 /// Sends `t` one place on around the ring and returns what came from one place back (in a

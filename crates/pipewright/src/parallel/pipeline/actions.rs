@@ -14,7 +14,7 @@ use super::schedule::Action;
 use super::sink::GradSink;
 use super::stage::PipelineStage;
 use super::transfer::send_activation;
-use crate::dist::comm::Pending;
+use crate::distributed::comm::Pending;
 use crate::model::batch::Batch;
 use crate::model::nn::Grads;
 use crate::{invalid, Result};

@@ -10,7 +10,7 @@ use candle_core::{Tensor, Var};
 use super::segments::{Cuts, Leaves};
 use super::stage::PipelineStage;
 use super::transfer::{inject_gradients, send_gradients, Tags};
-use crate::dist::comm::Pending;
+use crate::distributed::comm::Pending;
 use crate::model::batch::Batch;
 use crate::model::grads::Grads;
 use crate::model::Activation;

@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::stage::PipelineStage;
 use super::transfer::{recv_activation, send_activation};
-use crate::dist::comm::{Pending, ReduceOp};
+use crate::distributed::comm::{Pending, ReduceOp};
 use crate::model::batch::Batch;
 use crate::model::{Activation, Cx, KvCache};
 use crate::parallel::loss::output_in_f32;

@@ -10,7 +10,7 @@ use candle_core::{Tensor, Var};
 
 use super::stage::PipelineStage;
 use super::transfer::{recv_activation, Received, Tags};
-use crate::dist::comm::Pending;
+use crate::distributed::comm::Pending;
 use crate::model::batch::Batch;
 use crate::model::Activation;
 use crate::{invalid, Result};

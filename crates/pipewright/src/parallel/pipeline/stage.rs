@@ -17,7 +17,7 @@ use super::schedule::{Action, Schedule};
 use super::segments::Cuts;
 use super::skip::Skips;
 use super::transfer::Tags;
-use crate::dist::comm::{Communicator, Group};
+use crate::distributed::comm::{Communicator, Group};
 use crate::model::batch::Batch;
 use crate::model::deferred::WeightGradQueue;
 use crate::model::expert_load::{merge, ExpertLoad};

@@ -8,7 +8,7 @@
 
 use candle_core::{Device, Tensor, Var};
 
-use crate::dist::comm::{Communicator, MAX_TAG};
+use crate::distributed::comm::{Communicator, MAX_TAG};
 use crate::model::grads::Grads;
 use crate::{invalid, Result};
 

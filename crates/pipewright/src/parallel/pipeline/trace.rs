@@ -29,7 +29,7 @@ pub struct TraceEvent {
 
 /// One piece of data-parallel communication a rank ran beside its actions (a gradient bucket's
 /// sum, a ZeRO reduce-scatter or gather), for a Chrome trace: from its start to the return of
-/// the wait that completed it ([`crate::dist::comm::waited::Span`]).
+/// the wait that completed it ([`crate::distributed::comm::waited::Span`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CommEvent {
     /// The optimizer step it belongs to.

@@ -9,7 +9,7 @@
 
 use candle_core::{Device, Tensor, Var};
 
-use crate::dist::comm::{Communicator, Pending, MAX_TAG};
+use crate::distributed::comm::{Communicator, Pending, MAX_TAG};
 use crate::model::Activation;
 use crate::{invalid, Result};
 

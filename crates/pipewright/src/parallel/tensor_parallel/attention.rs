@@ -11,7 +11,7 @@
 use candle_core::{Tensor, Var};
 
 use super::{ParallelDim, ParallelLinear, SequenceParallel};
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::init::Init;
 use crate::model::nn::{fused_causal_attention, join, scaled_softmax, Dropout, Linear, Module};
 use crate::model::Cx;

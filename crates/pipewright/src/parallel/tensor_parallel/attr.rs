@@ -12,7 +12,7 @@
 //! [`crate::Layer::shards`].
 
 use super::{normalize_dim, part_len};
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::{Cx, Shard, WeightLayout};
 use crate::{invalid, Result};
 use candle_core::Tensor;

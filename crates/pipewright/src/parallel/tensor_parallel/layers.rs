@@ -12,7 +12,7 @@ use super::ops::{
     scatter_to_group,
 };
 use super::part;
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::init::Init;
 use crate::model::nn::{join, Embedding, Linear, Module};
 use crate::model::WeightLayout;

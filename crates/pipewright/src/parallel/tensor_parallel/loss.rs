@@ -7,8 +7,8 @@
 use candle_core::{DType, Tensor, D};
 
 use super::ops::reduce_from_group;
-use crate::dist::comm::Group;
-use crate::dist::comm::ReduceOp;
+use crate::distributed::comm::Group;
+use crate::distributed::comm::ReduceOp;
 use crate::model::kernels::IGNORE_INDEX;
 use crate::model::nn::loss::{class_rows, in_f32};
 use crate::{invalid, model::kernels, Result};

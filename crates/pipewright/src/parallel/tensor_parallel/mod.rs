@@ -32,7 +32,7 @@ use candle_core::Tensor;
 
 use crate::{invalid, Result};
 
-pub use crate::dist::comm::Group;
+pub use crate::distributed::comm::Group;
 pub use crate::model::Shard;
 pub use attention::CausalSelfAttention;
 pub use attr::{get_parallel_dim, register_parallel_attribute, register_parallel_dim};

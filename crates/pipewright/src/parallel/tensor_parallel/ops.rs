@@ -22,9 +22,9 @@
 use candle_core::Tensor;
 
 use super::{assemble, part};
-use crate::dist::comm::precomputed;
-use crate::dist::comm::Group;
-use crate::dist::comm::ReduceOp;
+use crate::distributed::comm::precomputed;
+use crate::distributed::comm::Group;
+use crate::distributed::comm::ReduceOp;
 use crate::Result;
 
 #[derive(Clone, Copy, Debug)]

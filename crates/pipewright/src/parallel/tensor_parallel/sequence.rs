@@ -13,7 +13,7 @@
 use candle_core::Tensor;
 
 use super::ops::{copy_to_group, gather_sequence, scatter_to_group};
-use crate::dist::comm::Group;
+use crate::distributed::comm::Group;
 use crate::model::nn::Dropout;
 use crate::model::{Build, Cx};
 use crate::{invalid, Result};

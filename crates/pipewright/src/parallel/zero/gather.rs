@@ -22,7 +22,7 @@ use std::time::Instant;
 use candle_core::{Tensor, Var};
 
 use super::plan::ShardPlan;
-use crate::dist::comm::{waited, Communicator, Pending};
+use crate::distributed::comm::{waited, Communicator, Pending};
 use crate::model::LayerParams;
 use crate::runtime::storage::{refill, release};
 use crate::{invalid, Result};
@@ -231,7 +231,7 @@ mod tests {
     use candle_core::{DType, Device};
 
     use super::*;
-    use crate::dist::comm::local;
+    use crate::distributed::comm::local;
     use crate::parallel::zero::ParamSpec;
 
     fn started(g: &LayerGather) -> Vec<usize> {

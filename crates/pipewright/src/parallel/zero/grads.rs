@@ -21,7 +21,7 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::plan::ShardPlan;
-use crate::dist::comm::{waited, Communicator, Pending};
+use crate::distributed::comm::{waited, Communicator, Pending};
 use crate::model::grads::Grads;
 use crate::model::precision::to_master_grads;
 use crate::parallel::pipeline::GradSink;
@@ -197,7 +197,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor};
 
     use super::*;
-    use crate::dist::comm::local;
+    use crate::distributed::comm::local;
     use crate::parallel::zero::ParamSpec;
 
     fn spec(name: &str, len: usize, layer: usize) -> ParamSpec {

@@ -19,7 +19,7 @@ use std::ops::Range;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::dist::comm::{Communicator, Pending, ReduceOp};
+use crate::distributed::comm::{Communicator, Pending, ReduceOp};
 use crate::parallel::data_parallel::buckets;
 use crate::{invalid, Result};
 

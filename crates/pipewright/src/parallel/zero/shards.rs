@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use super::gather::LayerGather;
 use super::plan::ShardPlan;
 use super::Zero;
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::model::grads::Grads;
 use crate::model::nn::optim::StateDict;
 use crate::{invalid, Result};

@@ -10,7 +10,7 @@
 //! next attempt its new world: the program morphs). SIGTERM (an eviction notice) and Ctrl-C
 //! reach the ranks as SIGUSR1, which mpirun forwards: each saves at the end of its step and
 //! stops, and the launch ends; a second Ctrl-C ends the attempt at once (saves are atomic:
-//! nothing is torn). A rank whose heartbeat ([`crate::dist::heartbeat`]) is older than the
+//! nothing is torn). A rank whose heartbeat ([`crate::distributed::heartbeat`]) is older than the
 //! timeout ends its attempt as hung. Attempts that fail at once back off (1 s, doubling to
 //! 60 s).
 
@@ -111,14 +111,14 @@ pub const MAX_SLOTS_PER_HOST: usize = 1024;
 
 impl Slots {
     /// The ranks of the next attempt: at least one, at most a layout's
-    /// [`MAX_WORLD`](crate::dist::topology::MAX_WORLD), and on this machine ([`Slots::PerNode`]) as
+    /// [`MAX_WORLD`](crate::distributed::topology::MAX_WORLD), and on this machine ([`Slots::PerNode`]) as
     /// many as its memory holds (64 MiB a rank at the least).
     pub fn count(&self) -> Result<usize> {
         let n = self.listed()?;
-        if n == 0 || n > crate::dist::topology::MAX_WORLD {
+        if n == 0 || n > crate::distributed::topology::MAX_WORLD {
             return Err(invalid!(
                 "{n} ranks: a launch needs at least one and at most {}",
-                crate::dist::topology::MAX_WORLD
+                crate::distributed::topology::MAX_WORLD
             ));
         }
         if let Slots::PerNode(_) = self {
@@ -200,7 +200,7 @@ impl Launch {
         let signals = Signals::watch()?;
         for attempt in 0..=self.max_restarts {
             let world = self.slots.count()?;
-            let beats = self.run_dir.join(crate::dist::HEARTBEAT_DIR);
+            let beats = self.run_dir.join(crate::distributed::HEARTBEAT_DIR);
             let _ = std::fs::remove_dir_all(&beats);
             std::fs::create_dir_all(&beats).map_err(|e| Error::io("cannot create", &beats, e))?;
             let mut cmd = self.mpirun(world, attempt, &beats, &port);
@@ -272,7 +272,7 @@ impl Launch {
     /// directory `beats` and the rendezvous `port`, in a process group of its own (so that a
     /// hung attempt can be ended whole).
     fn mpirun(&self, world: usize, attempt: u32, beats: &Path, port: &str) -> Command {
-        let mut cmd = crate::dist::mpirun(world);
+        let mut cmd = crate::distributed::mpirun(world);
         cmd.env("PIPEWRIGHT_RESTART", attempt.to_string())
             .env("PIPEWRIGHT_HEARTBEAT_DIR", beats)
             .env("MASTER_ADDR", "127.0.0.1")
@@ -321,13 +321,16 @@ fn record(dir: &Path, attempts: &[Attempt]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("cannot create", dir, e))?;
     let text = serde_json::to_string_pretty(&serde_json::json!({ "attempts": attempts }))
         .map_err(|e| invalid!("{e}"))?;
-    crate::runtime::files::write_atomic(&dir.join(crate::dist::LAUNCH_RECORD), text.as_bytes())
+    crate::runtime::files::write_atomic(
+        &dir.join(crate::distributed::LAUNCH_RECORD),
+        text.as_bytes(),
+    )
 }
 
 /// What a launched rank runs first (`pipewright rank-env -- PROGRAM ARGS`): sets torchrun's
 /// variables from Open MPI's and becomes `program` (returns only if it cannot).
 pub fn exec_rank(program: &[String]) -> Result<()> {
-    let env = crate::dist::Env::from_env();
+    let env = crate::distributed::Env::from_env();
     let Some((prog, args)) = program.split_first() else {
         return Err(invalid!("rank-env needs a program to run"));
     };

@@ -14,7 +14,7 @@
 pub mod comm;
 pub mod topology;
 
-use crate::dist::comm::Communicator;
+use crate::distributed::comm::Communicator;
 use crate::Result;
 
 /// This process's place in the job.
@@ -163,7 +163,7 @@ pub struct World {
 /// Keeps MPI initialised while it lives (MPI is finalised when it drops).
 pub struct Guard {
     #[cfg(feature = "mpi")]
-    _mpi: Option<crate::dist::comm::mpi::Mpi>,
+    _mpi: Option<crate::distributed::comm::mpi::Mpi>,
 }
 
 impl World {
@@ -197,7 +197,7 @@ pub fn init() -> Result<World> {
     if Env::under_mpi() {
         #[cfg(feature = "mpi")]
         {
-            let (mpi, comm) = crate::dist::comm::mpi::Mpi::init()?;
+            let (mpi, comm) = crate::distributed::comm::mpi::Mpi::init()?;
             return Ok(World {
                 comm: Box::new(comm),
                 guard: Guard { _mpi: Some(mpi) },
@@ -210,7 +210,7 @@ pub fn init() -> Result<World> {
         ));
     }
     Ok(World {
-        comm: Box::new(crate::dist::comm::local::LocalComm::single()),
+        comm: Box::new(crate::distributed::comm::local::LocalComm::single()),
         guard: Guard {
             #[cfg(feature = "mpi")]
             _mpi: None,

@@ -10,13 +10,13 @@ use cudarc::driver::CudaSlice;
 use cudarc::nccl::safe::{group_end, group_start};
 
 use super::{gpu, Inner, NcclComm};
-use crate::dist::comm::all_to_all;
-use crate::dist::comm::wire::{tensor_from_bytes, with_bytes};
+use crate::distributed::comm::all_to_all;
+use crate::distributed::comm::wire::{tensor_from_bytes, with_bytes};
 use crate::Result;
 
 impl NcclComm {
     /// Member `r` gets part `r` of every member's `parts` (see
-    /// [`crate::dist::comm::Communicator::all_to_all`]).
+    /// [`crate::distributed::comm::Communicator::all_to_all`]).
     pub(super) fn exchange(&self, parts: &[Tensor]) -> Result<Vec<Tensor>> {
         let inner: &Inner = &self.0;
         let plan = all_to_all::agree(inner.cpu.as_ref(), parts)?;

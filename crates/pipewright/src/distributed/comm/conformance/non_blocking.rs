@@ -4,7 +4,7 @@
 use candle_core::DType;
 
 use super::{as_f64, values, Count};
-use crate::dist::comm::ReduceOp;
+use crate::distributed::comm::ReduceOp;
 use crate::Result;
 
 /// Non-blocking all-reduces and reduce-scatters of three dtypes and an all-gather, seven in

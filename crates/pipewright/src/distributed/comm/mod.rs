@@ -33,7 +33,7 @@ pub use group::Group;
 
 use candle_core::Tensor;
 
-use crate::dist::topology::{Axis, Topology};
+use crate::distributed::topology::{Axis, Topology};
 use crate::Result;
 
 /// How a reduction combines the members' tensors.

@@ -46,7 +46,7 @@ const RANK_BYTES: f64 = 8.0 * 1024.0 * 1024.0;
 
 /// Runs `f` on `world` ranks (threads) and returns their results in rank order; the first
 /// rank failure (error or panic) is the error of the whole run. candle's pools are sized for
-/// the ranks sharing the cores first ([`crate::dist::comm::size_thread_pools`], unless
+/// the ranks sharing the cores first ([`crate::distributed::comm::size_thread_pools`], unless
 /// `RAYON_NUM_THREADS` is set).
 pub fn run<T, F>(world: usize, f: F) -> Result<Vec<T>>
 where
@@ -72,7 +72,7 @@ where
         &format!("a world of {world} ranks as threads of one process"),
         "use fewer ranks, or run them as processes on more machines (--backend mpi)",
     )?;
-    crate::dist::comm::size_thread_pools(world);
+    crate::distributed::comm::size_thread_pools(world);
     let shared = Arc::new(World {
         size: world,
         state: Mutex::new(State::default()),

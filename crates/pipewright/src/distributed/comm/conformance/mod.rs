@@ -11,7 +11,7 @@ mod non_blocking;
 use non_blocking::non_blocking;
 
 use super::{Communicator, ReduceOp};
-use crate::dist::topology::{Axis, Layout, Topology};
+use crate::distributed::topology::{Axis, Layout, Topology};
 use crate::{Error, Result};
 
 /// Every dtype a backend must carry.
