@@ -202,7 +202,7 @@ fn states() {
         let mp = dir.join("manifest.json");
         let mut m: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&mp).unwrap()).unwrap();
-        m["files"]["state.json"] = checkpoint::format::sha256(bytes).into();
+        m["files"]["state.json"] = pipewright::runtime::digest::sha256(bytes).into();
         std::fs::write(&mp, m.to_string()).unwrap();
         read_all(&dir);
     });

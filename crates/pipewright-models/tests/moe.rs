@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::Cx;
+use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::Build;
 use pipewright_models::moe::{top_k, MoeConfig, MoeMlp, MoeNames};
 

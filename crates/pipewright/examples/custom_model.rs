@@ -20,7 +20,6 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};
 use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
@@ -30,6 +29,7 @@ use pipewright::plan::{
     measure, rank, Cluster, Hardware, LayerShapes, ModelShapes, Morph, Request, ShapedLayer, Sizes,
     TpSplit,
 };
+use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::trainer::model_spec::Custom;
 use pipewright::trainer::TrainSpec;
 use pipewright::trainer::{Run, Trainer};

@@ -3,11 +3,11 @@
 
 use candle_core::{Device, Tensor};
 use pipewright::distributed::comm::{local, Communicator};
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::Grads;
 use pipewright::parallel::data_parallel::{
     all_reduce_grads, shard_batch, DistributedLoader, DEFAULT_BUCKET_BYTES,
 };
+use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::Batch;
 
 fn grads(rank: usize) -> Grads {

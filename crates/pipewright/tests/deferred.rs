@@ -6,9 +6,9 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::model::deferred::WeightGradQueue;
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{Conv2d, Embedding, Init, Linear, Module};
 use pipewright::model::{Cx, Mode};
+use pipewright::runtime::seed::{normal_vec, rng_for};
 
 fn randn(key: &str, shape: &[usize]) -> Tensor {
     let v = normal_vec(&mut rng_for(5, key), shape.iter().product(), 0.0, 1.0);

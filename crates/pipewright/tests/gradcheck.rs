@@ -5,13 +5,13 @@
 //! compared with the gradient from candle's backward.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{
     cross_entropy, gelu, relu, residual, softmax_last_dim, BatchNorm2d, Conv2d, Dropout, Embedding,
     Init, LayerNorm, Linear, Module,
 };
 use pipewright::model::{Cx, Mode};
 use pipewright::parallel::tensor_parallel::{CausalSelfAttention, Group};
+use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::Result;
 use rand::Rng;
 

@@ -5,7 +5,8 @@
 use candle_core::{DType, Device, Tensor, Var, D};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use pipewright::model::nn::{causal_mask, cross_entropy_sum, gelu, scaled_softmax};
-use pipewright::model::{grads::Grads, init::*, nn::LayerNorm, nn::Module};
+use pipewright::model::{grads::Grads, init::Init, nn::LayerNorm, nn::Module};
+use pipewright::runtime::seed::{normal_vec, rng_for};
 
 fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
     let n = shape.iter().product();

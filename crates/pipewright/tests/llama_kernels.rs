@@ -4,8 +4,8 @@
 //! cache) equal those of the same positions in a longer sequence.
 
 use candle_core::{Device, Tensor, Var, D};
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{max_rel_diff, rope, swiglu};
+use pipewright::runtime::seed::{normal_vec, rng_for};
 
 fn randn(key: &str, shape: &[usize]) -> Tensor {
     let n = shape.iter().product();

@@ -3,8 +3,8 @@
 //! gave, including logits read in place from a wider, padded product, and an ignored target.
 
 use candle_core::{DType, Device, Tensor, Var};
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{cross_entropy_sum, IGNORE_INDEX};
+use pipewright::runtime::seed::{normal_vec, rng_for};
 
 /// The summed loss and the gradient of `logits` (a view of `wide`'s first `classes` columns
 /// when `wide` is wider), with the logits cast to f32 first or not.

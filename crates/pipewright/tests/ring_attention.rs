@@ -5,10 +5,10 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::distributed::comm::local;
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{max_rel_diff, scaled_softmax};
 use pipewright::parallel::context_parallel::{ring_attention, Chunks};
 use pipewright::parallel::tensor_parallel::Group;
+use pipewright::runtime::seed::{normal_vec, rng_for};
 
 fn randn(key: &str, shape: &[usize], dtype: DType) -> Tensor {
     let n = shape.iter().product();

@@ -3,8 +3,9 @@
 //! in `gradcheck.rs`).
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use pipewright::model::init::{normal_vec, rng_for, Init};
+use pipewright::model::init::Init;
 use pipewright::model::nn::Module;
+use pipewright::runtime::seed::{normal_vec, rng_for};
 
 fn randn(key: &str, shape: &[usize], std: f64) -> Tensor {
     let n = shape.iter().product();

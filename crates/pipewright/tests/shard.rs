@@ -6,7 +6,6 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::distributed::comm::local;
-use pipewright::model::init::{normal_vec, rng_for};
 use pipewright::model::nn::{
     cross_entropy_sum, max_rel_diff, Linear, Module, WeightLayout, IGNORE_INDEX,
 };
@@ -16,6 +15,7 @@ use pipewright::parallel::tensor_parallel::{
     register_parallel_attribute, register_parallel_dim, slice, vocab_parallel_cross_entropy_sum,
     Group, ParallelDim, ParallelEmbedding, ParallelLinear, Shard,
 };
+use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::{Build, Result};
 
 const SEED: u64 = 11;

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use candle_core::Tensor;
-use pipewright::model::init::rng_for;
+use pipewright::runtime::seed::rng_for;
 use pipewright::{invalid, Result};
 use rand::Rng;
 

@@ -3,7 +3,7 @@
 //! image is a function of (seed, split, index). The metric is accuracy on 512 held-out images.
 
 use candle_core::{Device, Tensor};
-use pipewright::model::init::{normal_vec, rng_for};
+use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::{invalid, Result};
 use rand::Rng;
 

@@ -3,8 +3,8 @@
 //! out; the metric is exact-match accuracy of greedily decoded sorted sequences on them.
 
 use candle_core::Tensor;
-use pipewright::model::init::rng_for;
 use pipewright::runtime::seed::hash_seed;
+use pipewright::runtime::seed::rng_for;
 use pipewright::{invalid, Result};
 use rand::Rng;
 

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use pipewright::model::init::rng_for;
 use pipewright::model::nn::cross_entropy;
+use pipewright::runtime::seed::rng_for;
 use pipewright::{invalid, Error, Result};
 use rand::Rng;
 

@@ -218,7 +218,7 @@ impl TokenDataset {
             0 => format!("tokens/epoch/{epoch}"),
             s => format!("tokens/{s}/epoch/{epoch}"),
         };
-        order.shuffle(&mut crate::model::init::rng_for(seed, &stream));
+        order.shuffle(&mut crate::runtime::seed::rng_for(seed, &stream));
         let order = Arc::new(order);
         *held = Some(((epoch, block, seed, source), order.clone()));
         order

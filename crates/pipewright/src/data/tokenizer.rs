@@ -97,7 +97,7 @@ impl Tokenizer {
             .map_or(0, |m| m as usize + 1);
         Ok(Self {
             inner,
-            sha256: crate::engine::checkpoint::format::sha256(&bytes),
+            sha256: crate::runtime::digest::sha256(&bytes),
             path: path.to_path_buf(),
             ids,
         })

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
 use crate::model::batch::Batch;
-use crate::model::init::rng_for;
+use crate::runtime::seed::rng_for;
 use crate::{invalid, Result};
 
 /// A data set: samples by index (PyTorch's map-style `Dataset`).

@@ -6,31 +6,10 @@
 //! gives those layers: initialisation never depends on how a model is split.
 
 use candle_core::{DType, Device, Tensor, Var};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
-use crate::runtime::seed::hash_seed;
+use crate::runtime::seed::{normal_vec, rng_for};
 use crate::Result;
-
-/// A seeded random stream for `(seed, key)`.
-pub fn rng_for(seed: u64, key: &str) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(hash_seed(&[&seed.to_le_bytes(), key.as_bytes()]))
-}
-
-/// Standard normal samples by Box-Muller (no extra dependency, identical on every platform).
-pub fn normal_vec(rng: &mut impl Rng, n: usize, mean: f64, std: f64) -> Vec<f64> {
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
-        let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]
-        let u2: f64 = rng.random::<f64>();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let t = 2.0 * std::f64::consts::PI * u2;
-        out.push(mean + std * r * t.cos());
-        out.push(mean + std * r * t.sin());
-    }
-    out.truncate(n);
-    out
-}
 
 /// Where and how layers create their parameters.
 #[derive(Clone, Debug)]

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::distributed::topology::Layout;
+use crate::runtime::digest::{hex, sha256};
 use crate::{Error, Result};
 
 /// The version of the format this build writes and reads.
@@ -185,16 +186,6 @@ pub fn fingerprint(params: &[(String, Vec<usize>)]) -> String {
         h.update(format!("{n} {s:?} F32\n").as_bytes());
     }
     hex(&h.finalize())
-}
-
-/// Lower-case hexadecimal.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// SHA-256 of `bytes`, in hex.
-pub fn sha256(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
 }
 
 // Files hold little-endian f32; this build writes and reads its own f32 memory as is.

@@ -7,11 +7,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 
-use super::format::{
-    f32_data, read_part, sha256, write_safetensors_with, EntryKind, Manifest, Part,
-};
+use super::format::{f32_data, read_part, write_safetensors_with, EntryKind, Manifest, Part};
 use super::save::TensorPart;
 use crate::parallel::tensor_parallel::{assemble, part};
+use crate::runtime::digest::sha256;
 use crate::{Error, Result};
 
 /// An open checkpoint directory.

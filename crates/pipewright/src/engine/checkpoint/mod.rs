@@ -162,7 +162,7 @@ pub fn verify(path: &Path) -> Result<Verified> {
             format::file_sha256(&p)
         } else {
             std::fs::read(&p)
-                .map(|b| format::sha256(&b))
+                .map(|b| crate::runtime::digest::sha256(&b))
                 .map_err(|e| Error::io("cannot read", &p, e))
         };
         if found.as_ref().ok() != Some(sum) {

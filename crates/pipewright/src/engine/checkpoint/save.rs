@@ -268,7 +268,7 @@ fn publish(root: &Path, header: &Header, all: &[Vec<u8>]) -> Result<PathBuf> {
     let state = serde_json::to_vec_pretty(&header.state)
         .map_err(|e| Error::State(format!("checkpoint: {e}")))?;
     write_synced(&tmp.join("state.json"), &state)?;
-    files.insert("state.json".into(), super::format::sha256(&state));
+    files.insert("state.json".into(), crate::runtime::digest::sha256(&state));
     let params: Vec<(String, Vec<usize>)> = params.into_iter().collect();
     let manifest = Manifest {
         format_version: FORMAT_VERSION,

@@ -135,7 +135,7 @@ impl Varuna {
                 s.block_size.saturating_sub(prompt.len())
             ));
         }
-        let mut rng = crate::model::init::rng_for(s.seed, "generate");
+        let mut rng = crate::runtime::seed::rng_for(s.seed, "generate");
         // The whole context fits the positions (learned ones were checked above; rotary ones go
         // on): nothing is ever cropped.
         let cache = s.use_cache.then(KvCache::new);
