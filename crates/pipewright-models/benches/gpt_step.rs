@@ -86,7 +86,7 @@ fn bench_model() -> pipewright::Result<Bench> {
         cfg.vocab_size = env_or("PW_BENCH_VOCAB", cfg.vocab_size);
         let head = cfg.head_dim.unwrap_or(cfg.dim / cfg.n_head);
         let unchosen = cfg.moe.map_or(0, |m| {
-            cfg.n_layer * (m.n_experts - m.top_k) * 3 * cfg.dim * m.hidden
+            cfg.n_layer * (m.n_experts - m.top_k) * 3 * cfg.dim * m.moe_hidden
         });
         Ok(Bench {
             model: llama(cfg)?,
@@ -115,12 +115,12 @@ fn bench_model() -> pipewright::Result<Bench> {
             moe: Some(MoeConfig {
                 n_experts: 8,
                 top_k: 2,
-                hidden: 3584,
-                shared: 0,
+                moe_hidden: 3584,
+                shared_experts: 0,
                 norm_topk: true,
-                aux_coef: 0.0,
+                aux_loss_coef: 0.0,
                 names: MoeNames::Mixtral,
-                every: 1,
+                moe_every: 1,
             }),
             ..LlamaConfig::new(32_000, 1024, 8, 16, 1024)
         }),

@@ -36,12 +36,12 @@ fn main() -> pipewright::Result<()> {
         moe: Some(MoeConfig {
             n_experts: 8,
             top_k: 2,
-            hidden: 512,
-            shared: 0,
+            moe_hidden: 512,
+            shared_experts: 0,
             norm_topk: true,
-            aux_coef: 0.02,
+            aux_loss_coef: 0.02,
             names: MoeNames::Mixtral,
-            every: 1,
+            moe_every: 1,
         }),
         ..LlamaConfig::new(4096, 256, 4, 8, 256)
     };

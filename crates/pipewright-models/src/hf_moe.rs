@@ -50,12 +50,12 @@ pub(crate) fn mixtral(
         moe: Some(MoeConfig {
             n_experts: int(c, path, "num_local_experts")?,
             top_k: int(c, path, "num_experts_per_tok")?,
-            hidden: llama.hidden,
-            shared: 0,
+            moe_hidden: llama.hidden,
+            shared_experts: 0,
             norm_topk: true,
-            aux_coef: c["router_aux_loss_coef"].as_f64().unwrap_or(0.02),
+            aux_loss_coef: c["router_aux_loss_coef"].as_f64().unwrap_or(0.02),
             names: MoeNames::Mixtral,
-            every: 1,
+            moe_every: 1,
         }),
         ..llama
     })
@@ -87,12 +87,12 @@ pub(crate) fn qwen3_moe(
             n_experts: int(c, path, "num_experts")
                 .or_else(|_| int(c, path, "num_local_experts"))?,
             top_k: int(c, path, "num_experts_per_tok")?,
-            hidden: int(c, path, "moe_intermediate_size")?,
-            shared: 0,
+            moe_hidden: int(c, path, "moe_intermediate_size")?,
+            shared_experts: 0,
             norm_topk: c["norm_topk_prob"].as_bool().unwrap_or(false),
-            aux_coef: c["router_aux_loss_coef"].as_f64().unwrap_or(0.001),
+            aux_loss_coef: c["router_aux_loss_coef"].as_f64().unwrap_or(0.001),
             names: MoeNames::Qwen3Moe,
-            every: c["decoder_sparse_step"].as_u64().unwrap_or(1) as usize,
+            moe_every: c["decoder_sparse_step"].as_u64().unwrap_or(1) as usize,
         }),
         ..llama
     })
@@ -103,9 +103,9 @@ pub(crate) fn qwen3_moe(
 /// query/key norms), by the names the mixture takes; none with shared experts.
 pub(crate) fn hf_form(cfg: &LlamaConfig, m: &MoeConfig) -> Option<MoeNames> {
     match m.names {
-        _ if m.shared > 0 => None,
+        _ if m.shared_experts > 0 => None,
         MoeNames::Mixtral
-            if m.every == 1 && m.norm_topk && !cfg.qk_norm && cfg.head_dim.is_none() =>
+            if m.moe_every == 1 && m.norm_topk && !cfg.qk_norm && cfg.head_dim.is_none() =>
         {
             Some(MoeNames::Mixtral)
         }
@@ -134,7 +134,7 @@ pub(crate) fn write_config(
         o.remove(k);
     }
     o.insert("num_experts_per_tok".into(), m.top_k.into());
-    o.insert("router_aux_loss_coef".into(), m.aux_coef.into());
+    o.insert("router_aux_loss_coef".into(), m.aux_loss_coef.into());
     o.insert("sliding_window".into(), serde_json::Value::Null);
     match form {
         MoeNames::Mixtral => {
@@ -143,7 +143,7 @@ pub(crate) fn write_config(
                 serde_json::json!(["MixtralForCausalLM"]),
             );
             o.insert("model_type".into(), "mixtral".into());
-            o.insert("intermediate_size".into(), m.hidden.into());
+            o.insert("intermediate_size".into(), m.moe_hidden.into());
             o.insert("num_local_experts".into(), m.n_experts.into());
             o.insert("router_jitter_noise".into(), 0.0.into());
         }
@@ -156,11 +156,11 @@ pub(crate) fn write_config(
             o.insert("head_dim".into(), cfg.head_dim().into());
             o.insert("attention_bias".into(), false.into());
             o.insert("use_sliding_window".into(), false.into());
-            o.insert("moe_intermediate_size".into(), m.hidden.into());
+            o.insert("moe_intermediate_size".into(), m.moe_hidden.into());
             o.insert("num_experts".into(), m.n_experts.into());
             o.insert("num_local_experts".into(), m.n_experts.into());
             o.insert("norm_topk_prob".into(), m.norm_topk.into());
-            o.insert("decoder_sparse_step".into(), m.every.into());
+            o.insert("decoder_sparse_step".into(), m.moe_every.into());
             o.insert("mlp_only_layers".into(), serde_json::json!([]));
         }
     }

@@ -51,19 +51,25 @@ pub struct MoeConfig {
     pub n_experts: usize,
     /// Experts per token (`num_experts_per_tok`).
     pub top_k: usize,
-    /// One expert's MLP width (`intermediate_size`, `moe_intermediate_size`).
-    pub hidden: usize,
-    /// Shared experts every token goes through (DeepSeek's `n_shared_experts`; 0: none).
-    pub shared: usize,
+    /// One expert's MLP width (`--moe-hidden`; `intermediate_size`, `moe_intermediate_size`).
+    #[serde(alias = "hidden")]
+    pub moe_hidden: usize,
+    /// Shared experts every token goes through (`--shared-experts`; DeepSeek's
+    /// `n_shared_experts`; 0: none).
+    #[serde(alias = "shared")]
+    pub shared_experts: usize,
     /// The top k weights renormalised to sum to 1 (`norm_topk_prob`; Mixtral always).
     pub norm_topk: bool,
-    /// The load-balancing loss's weight in the training loss (`router_aux_loss_coef`).
-    pub aux_coef: f64,
+    /// The load-balancing loss's weight in the training loss (`--aux-loss-coef`;
+    /// `router_aux_loss_coef`).
+    #[serde(alias = "aux_coef")]
+    pub aux_loss_coef: f64,
     /// Whose parameter names.
     pub names: MoeNames,
     /// Block `i` (from 0) is a mixture when `(i + 1) % every == 0`, the others dense
-    /// (Qwen's `decoder_sparse_step`; 1: every block).
-    pub every: usize,
+    /// (`--moe-every`; Qwen's `decoder_sparse_step`; 1: every block).
+    #[serde(alias = "every")]
+    pub moe_every: usize,
 }
 
 impl MoeConfig {
@@ -76,15 +82,15 @@ impl MoeConfig {
                 self.n_experts
             ));
         }
-        if self.every == 0 {
+        if self.moe_every == 0 {
             return Err(invalid!("--moe-every must be at least 1 (1: every block)"));
         }
-        if self.hidden == 0 || !self.aux_coef.is_finite() || self.aux_coef < 0.0 {
+        if self.moe_hidden == 0 || !self.aux_loss_coef.is_finite() || self.aux_loss_coef < 0.0 {
             return Err(invalid!(
                 "an expert needs a positive width (got {}) and the auxiliary loss a \
                  non-negative coefficient (got {})",
-                self.hidden,
-                self.aux_coef
+                self.moe_hidden,
+                self.aux_loss_coef
             ));
         }
         Ok(())
@@ -92,14 +98,14 @@ impl MoeConfig {
 
     /// Whether block `layer` (from 0) is a mixture.
     pub fn at(&self, layer: usize) -> bool {
-        (layer + 1).is_multiple_of(self.every)
+        (layer + 1).is_multiple_of(self.moe_every)
     }
 
     /// The parameters of one mixture in a model `dim` wide: the router, the experts and the
     /// shared experts.
     pub fn param_count(&self, dim: usize) -> u64 {
-        let (d, h) = (dim as f64, self.hidden as f64);
-        let experts = (self.n_experts + self.shared) as f64 * 3.0 * d * h;
+        let (d, h) = (dim as f64, self.moe_hidden as f64);
+        let experts = (self.n_experts + self.shared_experts) as f64 * 3.0 * d * h;
         (d * self.n_experts as f64 + experts).min(u64::MAX as f64) as u64
     }
 
@@ -202,13 +208,13 @@ impl MoeMlp {
         cfg.validate()?;
         let (router, _) = cfg.names(block, 0);
         let experts = local_experts(cfg.n_experts, init.ep.rank(), init.ep.size())?
-            .map(|e| Expert::new(init, &cfg.names(block, e).1, dim, cfg.hidden))
+            .map(|e| Expert::new(init, &cfg.names(block, e).1, dim, cfg.moe_hidden))
             .collect::<Result<_>>()?;
-        let shared = (cfg.shared > 0)
+        let shared = (cfg.shared_experts > 0)
             .then(|| {
                 let at = |s: &str| join(block, &format!("mlp.shared_experts.{s}"));
                 let names = [at("gate_proj"), at("up_proj"), at("down_proj")];
-                Expert::new(init, &names, dim, cfg.shared * cfg.hidden)
+                Expert::new(init, &names, dim, cfg.shared_experts * cfg.moe_hidden)
             })
             .transpose()?;
         Ok(Self {
@@ -300,7 +306,7 @@ impl MoeMlp {
 
     /// The load-balancing loss's coefficient.
     pub fn aux_coef(&self) -> f64 {
-        self.cfg.aux_coef
+        self.cfg.aux_loss_coef
     }
 
     /// The names of this rank's experts' parameters (the router and shared experts are on

@@ -72,7 +72,7 @@ impl ModelSpec for LlamaConfig {
     fn tp_divides(&self) -> Vec<usize> {
         let mut d = vec![self.n_head, self.n_kv_head, self.hidden, self.vocab_size];
         // Each expert splits as an MLP does.
-        d.extend(self.moe.map(|m| m.hidden));
+        d.extend(self.moe.map(|m| m.moe_hidden));
         d
     }
 
@@ -203,7 +203,7 @@ impl LlamaConfig {
         };
         let (d, h) = (self.dim as f64, self.hidden as f64);
         let s = self.block_size as f64;
-        let wide = (m.top_k + m.shared) * m.hidden;
+        let wide = (m.top_k + m.shared_experts) * m.moe_hidden;
         let whole = |i, o| Linear::new(i, o, TpSplit::None);
         // Each expert splits over tp as an MLP does; the router is whole.
         let (col, row) = (
@@ -235,11 +235,11 @@ impl LlamaConfig {
                 u.deferred += (2.0 * wide as f64 - 2.0 * h) * s;
                 // Attention's output, then each expert's (and the shared experts') output
                 // all-reduced over tp.
-                let reduces = 1 + m.top_k + usize::from(m.shared > 0);
+                let reduces = 1 + m.top_k + usize::from(m.shared_experts > 0);
                 u.tp_all_reduce = reduces as f64 * s * d;
                 u.experts = Some(ExpertShape {
                     count: m.n_experts,
-                    params: (m.n_experts * 3 * self.dim * m.hidden) as f64,
+                    params: (m.n_experts * 3 * self.dim * m.moe_hidden) as f64,
                     // Each token's rows to its top-k experts and back.
                     all_to_all: 2.0 * m.top_k as f64 * s * d,
                 });

@@ -59,9 +59,10 @@ fn compute(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path)
         panic!("a Mixtral reads as a Llama with mixtures")
     };
     // transformers' loss here has no auxiliary term.
-    llama.moe = llama
-        .moe
-        .map(|m| pipewright_models::moe::MoeConfig { aux_coef: 0.0, ..m });
+    llama.moe = llama.moe.map(|m| pipewright_models::moe::MoeConfig {
+        aux_loss_coef: 0.0,
+        ..m
+    });
     let model = ModelConfig::Llama { llama, vocab };
     let seq = model.build().unwrap();
     let ids = f["input_ids"].to_dtype(DType::U32).unwrap();

@@ -19,12 +19,12 @@ fn cfg(shared: usize, norm_topk: bool, names: MoeNames) -> MoeConfig {
     MoeConfig {
         n_experts: 4,
         top_k: 2,
-        hidden: 6,
-        shared,
+        moe_hidden: 6,
+        shared_experts: shared,
         norm_topk,
-        aux_coef: 0.01,
+        aux_loss_coef: 0.01,
         names,
-        every: 1,
+        moe_every: 1,
     }
 }
 
@@ -102,7 +102,7 @@ fn oracle(x: &Tensor, c: &MoeConfig, p: &HashMap<String, Var>, block: &str) -> (
             let out = expert(&xi, p, [&names[0], &names[1], &names[2]]);
             y = (y + out.broadcast_mul(&wj).unwrap()).unwrap();
         }
-        if c.shared > 0 {
+        if c.shared_experts > 0 {
             let at = |s: &str| format!("{block}.mlp.shared_experts.{s}.weight");
             let names = [at("gate_proj"), at("up_proj"), at("down_proj")];
             y = (y + expert(&xi, p, [&names[0], &names[1], &names[2]])).unwrap();
@@ -150,7 +150,7 @@ fn the_mixture_matches_the_token_by_token_oracle_with_every_gradient() {
                 .unwrap()
                 .sum_all()
                 .unwrap()
-                + aux.affine(c.aux_coef, 0.0).unwrap())
+                + aux.affine(c.aux_loss_coef, 0.0).unwrap())
             .unwrap()
         };
         let g1 = loss(&out, &got.aux).backward().unwrap();
@@ -204,7 +204,7 @@ fn sizes_no_mixture_can_have_are_refused() {
     let e = MoeMlp::new(&Build::cpu(0), "b", DIM, c).err().unwrap();
     assert!(e.to_string().contains("--top-k 5 of --n-experts 4"), "{e}");
     c.top_k = 2;
-    c.hidden = 0;
+    c.moe_hidden = 0;
     assert!(MoeMlp::new(&Build::cpu(0), "b", DIM, c).is_err());
 }
 
@@ -222,12 +222,12 @@ fn the_mixture_matches_hugging_face_mixtral_and_qwen3_moe_blocks() {
         let c = MoeConfig {
             n_experts: 4,
             top_k: 2,
-            hidden: 12,
-            shared: 0,
+            moe_hidden: 12,
+            shared_experts: 0,
             norm_topk,
-            aux_coef: coef,
+            aux_loss_coef: coef,
             names,
-            every: 1,
+            moe_every: 1,
         };
         let moe = MoeMlp::new(&Build::cpu(0), "model.layers.0", 16, c).unwrap();
         let params = moe.params();

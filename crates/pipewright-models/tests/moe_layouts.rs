@@ -42,12 +42,12 @@ fn config(task: &Adder) -> LlamaConfig {
         moe: Some(MoeConfig {
             n_experts: 4,
             top_k: 2,
-            hidden: 12,
-            shared: 1,
+            moe_hidden: 12,
+            shared_experts: 1,
             norm_topk: true,
-            aux_coef: 0.5,
+            aux_loss_coef: 0.5,
             names: MoeNames::Mixtral,
-            every: 1,
+            moe_every: 1,
         }),
         ..LlamaConfig::new(vocab, seq_len, 2, 4, 16)
     }
@@ -300,7 +300,10 @@ fn the_load_balancing_loss_trains_the_routers() {
     let with = serial(&task).unwrap();
     let cfg = config(&task);
     let without_cfg = LlamaConfig {
-        moe: cfg.moe.map(|m| MoeConfig { aux_coef: 0.0, ..m }),
+        moe: cfg.moe.map(|m| MoeConfig {
+            aux_loss_coef: 0.0,
+            ..m
+        }),
         ..cfg
     };
     let mut t = serial_trainer(without_cfg).unwrap();
@@ -379,7 +382,10 @@ fn the_shapes_count_every_expert() {
     let task = Adder::new(2, 0).unwrap();
     for every in [1, 2] {
         let mut cfg = config(&task);
-        cfg.moe = cfg.moe.map(|m| MoeConfig { every, ..m });
+        cfg.moe = cfg.moe.map(|m| MoeConfig {
+            moe_every: every,
+            ..m
+        });
         let built: usize = llama(cfg)
             .unwrap()
             .build(&Build::cpu(0))

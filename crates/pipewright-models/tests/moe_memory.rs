@@ -19,12 +19,12 @@ fn a_ranks_expert_bytes_fall_as_one_over_ep() {
     let cfg = MoeConfig {
         n_experts: EXPERTS,
         top_k: 2,
-        hidden: HIDDEN,
-        shared: 0,
+        moe_hidden: HIDDEN,
+        shared_experts: 0,
         norm_topk: true,
-        aux_coef: 0.01,
+        aux_loss_coef: 0.01,
         names: MoeNames::Mixtral,
-        every: 1,
+        moe_every: 1,
     };
     let expert = 3 * DIM * HIDDEN * 4;
     let router = DIM * EXPERTS * 4;

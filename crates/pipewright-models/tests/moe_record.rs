@@ -26,12 +26,12 @@ fn config() -> LlamaConfig {
         moe: Some(MoeConfig {
             n_experts: 4,
             top_k: 2,
-            hidden: 12,
-            shared: 0,
+            moe_hidden: 12,
+            shared_experts: 0,
             norm_topk: true,
-            aux_coef: 0.01,
+            aux_loss_coef: 0.01,
             names: MoeNames::Mixtral,
-            every: 1,
+            moe_every: 1,
         }),
         ..LlamaConfig::new(10, 6, 2, 4, 16)
     }

@@ -171,3 +171,40 @@ fn every_model_morphs_through_the_planner() {
     assert_eq!(near.train.layout, Layout::new(2, 1, 1).unwrap());
     assert_eq!(m.step_s, None);
 }
+
+/// A mixture's fields carry their flags' names (`--moe-hidden`, `--shared-experts`,
+/// `--aux-loss-coef`, `--moe-every`); a `params.json` or checkpoint meta written before the
+/// rename (`hidden`, `shared`, `aux_coef`, `every`) still reads back to the same run.
+#[test]
+fn a_mixture_written_with_the_old_field_names_still_loads() {
+    use pipewright_models::moe::{MoeConfig, MoeNames};
+    let mut spec = gpt_spec(Layout::new(1, 1, 1).unwrap());
+    spec.model = ModelConfig::Llama {
+        llama: LlamaConfig {
+            moe: Some(MoeConfig {
+                n_experts: 4,
+                top_k: 2,
+                moe_hidden: 12,
+                shared_experts: 1,
+                norm_topk: true,
+                aux_loss_coef: 0.25,
+                names: MoeNames::Mixtral,
+                moe_every: 2,
+            }),
+            ..LlamaConfig::new(10, 6, 2, 4, 16)
+        },
+        vocab: 10,
+    };
+    let new = serde_json::to_string(&spec).unwrap();
+    for key in ["moe_hidden", "shared_experts", "aux_loss_coef", "moe_every"] {
+        assert!(new.contains(&format!("\"{key}\":")), "{key} in {new}");
+    }
+    let old = new
+        .replace("\"moe_hidden\":", "\"hidden\":")
+        .replace("\"shared_experts\":", "\"shared\":")
+        .replace("\"aux_loss_coef\":", "\"aux_coef\":")
+        .replace("\"moe_every\":", "\"every\":");
+    assert!(!old.contains("moe_every"), "{old}");
+    let back: RunSpec = serde_json::from_str(&old).unwrap();
+    assert_eq!(back, spec);
+}

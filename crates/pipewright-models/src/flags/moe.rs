@@ -16,12 +16,12 @@ pub(super) fn mixture(a: &TrainArgs, hidden: usize) -> Option<MoeConfig> {
     a.n_experts.map(|n_experts| MoeConfig {
         n_experts,
         top_k: a.top_k,
-        hidden: a.moe_hidden.unwrap_or(hidden),
-        shared: a.shared_experts,
+        moe_hidden: a.moe_hidden.unwrap_or(hidden),
+        shared_experts: a.shared_experts,
         norm_topk: true,
-        aux_coef: a.aux_loss_coef,
+        aux_loss_coef: a.aux_loss_coef,
         names: MoeNames::Mixtral,
-        every: a.moe_every,
+        moe_every: a.moe_every,
     })
 }
 
@@ -123,8 +123,14 @@ mod tests {
             panic!("a Llama")
         };
         let m = llama.moe.unwrap();
-        assert_eq!((m.n_experts, m.top_k, m.every, m.shared), (4, 1, 2, 1));
-        assert_eq!((m.hidden, m.at(0), m.at(1)), (llama.hidden, false, true));
+        assert_eq!(
+            (m.n_experts, m.top_k, m.moe_every, m.shared_experts),
+            (4, 1, 2, 1)
+        );
+        assert_eq!(
+            (m.moe_hidden, m.at(0), m.at(1)),
+            (llama.hidden, false, true)
+        );
         let refused = |a: &TrainArgs, says: &str| {
             let e = a.model_and_task().err().unwrap().to_string();
             assert!(e.contains(says), "{e}");

@@ -122,14 +122,14 @@ impl LlamaConfig {
             m.validate()?;
             // Block k (from 1) is a mixture when k is a multiple of `every`: past the last
             // block, none is, and the run would train a dense model unsaid.
-            if m.every > c.n_layer {
+            if m.moe_every > c.n_layer {
                 return Err(invalid!(
                     "--moe-every {} with {} blocks (--n-layer) makes no block a mixture of \
                      experts (every {}th block is one): give --moe-every {} or less, or more \
                      layers",
-                    m.every,
+                    m.moe_every,
                     c.n_layer,
-                    m.every,
+                    m.moe_every,
                     c.n_layer
                 ));
             }
