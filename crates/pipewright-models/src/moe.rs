@@ -238,11 +238,12 @@ impl MoeMlp {
         let xs = x.reshape(((), dim))?;
         let n = xs.dim(0)?;
         let probs = softmax_last_dim(&self.router.forward(&xs)?.to_dtype(DType::F32)?)?;
-        let (e, k) = (self.cfg.n_experts, self.cfg.top_k);
-        let chosen = top_k(&probs.flatten_all()?.to_vec1::<f32>()?, e, k);
-        let idx: Vec<u32> = chosen.iter().flatten().map(|c| *c as u32).collect();
-        let idx = Tensor::from_vec(idx, (n, k), x.device())?;
+        let e = self.cfg.n_experts;
+        let idx = top_k(&probs, self.cfg.top_k)?;
         let mut w = probs.gather(&idx, 1)?;
+        // The host groups the tokens by expert (the exchange's counts are the host's): it reads
+        // the chosen indices, `k` per token, not the `e` probabilities.
+        let chosen = idx.to_vec2::<u32>()?;
         if self.cfg.norm_topk {
             w = w.broadcast_div(&w.sum_keepdim(1)?)?;
         }
@@ -337,30 +338,26 @@ impl MoeMlp {
     }
 }
 
-/// Each token's `k` experts of `e` by probability (`probs` row-major `(tokens, e)`), highest
-/// first, ties to the lower index.
-pub fn top_k(probs: &[f32], e: usize, k: usize) -> Vec<Vec<usize>> {
-    probs
-        .chunks(e)
-        .map(|row| {
-            let mut order: Vec<usize> = (0..e).collect();
-            // Stable: equal probabilities keep the lower index first.
-            order.sort_by(|a, b| row[*b].total_cmp(&row[*a]));
-            order.truncate(k);
-            order
-        })
-        .collect()
+/// Each token's `k` experts by probability (`probs`: `(tokens, experts)`), highest first, as
+/// a `(tokens, k)` u32 tensor on `probs`' device: sorted there, nothing read back. Ties go to
+/// the lower index on the CPU (a stable sort); a GPU's sort may break an exact tie either way.
+pub fn top_k(probs: &Tensor, k: usize) -> Result<Tensor> {
+    Ok(probs
+        .contiguous()?
+        .arg_sort_last_dim(false)?
+        .narrow(1, 0, k)?
+        .contiguous()?)
 }
 
 /// For each expert, the tokens routed to it and their slots (`token * k + j`) in the flat
 /// `(tokens, k)` weights, in token order.
-fn by_expert(chosen: &[Vec<usize>], e: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
+fn by_expert(chosen: &[Vec<u32>], e: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
     let mut out = vec![(Vec::new(), Vec::new()); e];
     let k = chosen.first().map_or(0, Vec::len);
     for (i, row) in chosen.iter().enumerate() {
         for (j, c) in row.iter().enumerate() {
-            out[*c].0.push(i as u32);
-            out[*c].1.push((i * k + j) as u32);
+            out[*c as usize].0.push(i as u32);
+            out[*c as usize].1.push((i * k + j) as u32);
         }
     }
     out

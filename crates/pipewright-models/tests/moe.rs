@@ -172,10 +172,14 @@ fn the_mixture_matches_the_token_by_token_oracle_with_every_gradient() {
 #[test]
 fn ties_go_to_the_lower_expert() {
     // Equal probabilities everywhere: every token takes experts 0 and 1.
-    let probs = vec![0.25f32; 3 * 4];
-    assert_eq!(top_k(&probs, 4, 2), vec![vec![0, 1]; 3]);
-    // 2 and 3 tie above the rest: 2 first.
-    assert_eq!(top_k(&[0.1, 0.2, 0.35, 0.35], 4, 2), vec![vec![2, 3]]);
+    let chosen = |p: Vec<f32>, rows: usize| {
+        let t = Tensor::from_vec(p, (rows, 4), &Device::Cpu).unwrap();
+        top_k(&t, 2).unwrap().to_vec2::<u32>().unwrap()
+    };
+    assert_eq!(chosen(vec![0.25f32; 3 * 4], 3), vec![vec![0, 1]; 3]);
+    // 2 and 3 tie above the rest: 2 first; the highest first.
+    assert_eq!(chosen(vec![0.1, 0.2, 0.35, 0.35], 1), vec![vec![2, 3]]);
+    assert_eq!(chosen(vec![0.1, 0.5, 0.15, 0.25], 1), vec![vec![1, 3]]);
     // Through the layer: a router of zeros routes every token to experts 0 and 1.
     let c = cfg(0, true, MoeNames::Mixtral);
     let moe = MoeMlp::new(&Build::cpu(7), "b", DIM, c).unwrap();
