@@ -1,30 +1,13 @@
-//! With the `cuda` feature, compiles pipewright's CUDA kernels (`src/model/kernels/cuda/*.cu`) to
-//! PTX in OUT_DIR, which `kernels::gpu` embeds and candle's CUDA device loads at run time; and
-//! compiles each once more to machine code only to check that no kernel spills registers to
-//! local memory (the build fails if one does: a spill in these loops costs more than the
-//! kernel's arithmetic). nvcc is `$NVCC`, else `nvcc` on the path (tools/build-cuda.sh sets
+//! With the `cuda` feature, compiles pipewright's CUDA kernels (every `src/model/kernels/cuda/*.cu`:
+//! the folder is the one list of kernels) to PTX in OUT_DIR, and writes `modules.rs` there, a
+//! `Module` constant per file (`flash.cu` -> `FLASH`), which `kernels::gpu` includes to embed the
+//! PTX that candle's CUDA device loads at run time; and compiles each once more to machine code
+//! only to check that no kernel spills registers to local memory (the build fails if one does:
+//! a spill in these loops costs more than the kernel's arithmetic). nvcc is `$NVCC`, else `nvcc` on the path (tools/build-cuda.sh sets
 //! it); the target is `sm_$CUDA_COMPUTE_CAP` (default 90, the H100 and H200).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-const KERNELS: &[&str] = &[
-    "adamw",
-    "attention",
-    "bias",
-    "cast",
-    "causal_softmax",
-    "cross_entropy",
-    "dropout",
-    "embedding",
-    "flash",
-    "gelu",
-    "layer_norm",
-    "reduce",
-    "rms_norm",
-    "rotary",
-    "swiglu",
-];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -34,6 +17,8 @@ fn main() {
         return;
     }
     let dir = Path::new("src/model/kernels/cuda");
+    // A kernel added or removed changes the folder.
+    println!("cargo:rerun-if-changed={}", dir.display());
     for header in ["common.cuh", "table.cuh"] {
         println!("cargo:rerun-if-changed={}", dir.join(header).display());
     }
@@ -41,7 +26,9 @@ fn main() {
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let arch = format!("-arch=sm_{cap}");
-    for name in KERNELS {
+    let kernels = kernel_names(dir);
+    write_modules(&out, &kernels);
+    for name in &kernels {
         let src = dir.join(format!("{name}.cu"));
         println!("cargo:rerun-if-changed={}", src.display());
         let ptx = out.join(format!("{name}.ptx"));
@@ -65,6 +52,39 @@ fn main() {
             );
         }
     }
+}
+
+/// The kernels: the stem of every `.cu` file in `dir`, sorted.
+fn kernel_names(dir: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list the kernels in {}: {e}", dir.display()));
+    let mut names: Vec<String> = entries
+        .map(|e| e.expect("a readable folder entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .map(|p| {
+            p.file_stem()
+                .expect("a .cu file has a stem")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Writes `modules.rs` into `out`: one `Module` constant per kernel, named by its file in
+/// capitals, embedding its PTX.
+fn write_modules(out: &Path, kernels: &[String]) {
+    let consts: String = kernels
+        .iter()
+        .map(|k| {
+            format!(
+                "/// `{k}.cu`'s kernels.\npub(crate) const {}: Module = Module {{ name: \"pipewright-{k}\", ptx: include_str!(concat!(env!(\"OUT_DIR\"), \"/{k}.ptx\")) }};\n",
+                k.to_uppercase()
+            )
+        })
+        .collect();
+    std::fs::write(out.join("modules.rs"), consts).expect("OUT_DIR is writable");
 }
 
 /// Runs `cmd`, failing the build with its output if it fails; returns its stderr.

@@ -5,7 +5,7 @@
 //! weights), the pipeline (partitions, schedules as data, one rank's executor), and the loss,
 //! which reduces over whichever of these groups hold parts of the output.
 //!
-//! It builds on [`crate::model`] (layers) and [`crate::dist`] (communicators, the layout);
+//! It builds on [`crate::model`] (layers) and [`crate::distributed`] (communicators, the layout);
 //! the engine ([`crate::engine`]) composes these axes into one training step.
 
 pub mod context_parallel;

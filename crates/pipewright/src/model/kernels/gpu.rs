@@ -26,30 +26,19 @@ pub(crate) struct Module {
     ptx: &'static str,
 }
 
-macro_rules! module {
-    ($file:literal) => {
-        Module {
-            name: concat!("pipewright-", $file),
-            ptx: include_str!(concat!(env!("OUT_DIR"), "/", $file, ".ptx")),
-        }
-    };
-}
+// One `Module` per `kernels/cuda/*.cu` file (`ADAMW`, `FLASH`, ...), written by `build.rs`
+// from the folder: adding a kernel is adding its file.
+include!(concat!(env!("OUT_DIR"), "/modules.rs"));
 
-pub(crate) const ADAMW: Module = module!("adamw");
-pub(crate) const ATTENTION: Module = module!("attention");
-pub(crate) const BIAS: Module = module!("bias");
-pub(crate) const CAST: Module = module!("cast");
-pub(crate) const CAUSAL_SOFTMAX: Module = module!("causal_softmax");
-pub(crate) const CROSS_ENTROPY: Module = module!("cross_entropy");
-pub(crate) const DROPOUT: Module = module!("dropout");
-pub(crate) const EMBEDDING: Module = module!("embedding");
-pub(crate) const FLASH: Module = module!("flash");
-pub(crate) const GELU: Module = module!("gelu");
-pub(crate) const LAYER_NORM: Module = module!("layer_norm");
-pub(crate) const REDUCE: Module = module!("reduce");
-pub(crate) const RMS_NORM: Module = module!("rms_norm");
-pub(crate) const ROTARY: Module = module!("rotary");
-pub(crate) const SWIGLU: Module = module!("swiglu");
+/// Rows and columns of a row kernel's input `lx`, checked against its per-column weight `lw`
+/// (a norm's scale): an error naming `op` when they disagree or the rows are empty.
+pub(crate) fn rows_cols(op: &str, lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
+    let cols = *lx.dims().last().unwrap_or(&0);
+    if lw.dims() != [cols] || cols == 0 {
+        candle_core::bail!("{op}: weight {:?} for rows of {cols}", lw.dims());
+    }
+    Ok((lx.shape().elem_count() / cols, cols))
+}
 
 /// Whether `t` takes the CUDA kernels: an f32, bf16 or f16 tensor on a CUDA device.
 pub(crate) fn takes(t: &Tensor) -> bool {

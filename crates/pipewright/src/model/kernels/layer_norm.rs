@@ -240,21 +240,12 @@ mod cuda {
 
     type Input<'a> = (&'a CudaStorage, &'a Layout);
 
-    /// Rows and columns of `x`, checked against the per-column `w`.
-    fn rows_cols(lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
-        let cols = *lx.dims().last().unwrap_or(&0);
-        if lw.dims() != [cols] {
-            candle_core::bail!("{NAME}: weight {:?} for rows of {cols}", lw.dims());
-        }
-        Ok((lx.shape().elem_count() / cols.max(1), cols))
-    }
-
     pub(super) fn forward(
         [(sx, lx), (sw, lw), (sb, lb)]: [Input; 3],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = sx.device();
-        let (rows, cols) = rows_cols(lx, lw)?;
+        let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
         if lb.dims() != [cols] {
             candle_core::bail!("{NAME}: bias {:?} for rows of {cols}", lb.dims());
         }
@@ -279,7 +270,7 @@ mod cuda {
         [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
-        let (rows, cols) = rows_cols(lx, lw)?;
+        let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
         gpu::norm_backward(
             (&gpu::LAYER_NORM, "ln", NAME),
             [(sx, lx), (sw, lw), (sg, lg)],

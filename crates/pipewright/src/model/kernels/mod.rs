@@ -1,16 +1,25 @@
-//! Fused CPU kernels: each operation one pass over its rows forward and one pass backward,
-//! parallel over rows on candle's CPU pool (the pool its element-wise ops use).
+//! Fused kernels: each operation one pass over its rows forward and one pass backward, one
+//! candle custom op per operation whose backward is itself one fused op.
 //!
 //! candle composes GELU, LayerNorm, softmax and cross-entropy from a dozen element-wise ops
 //! each, forward and backward, every one allocating and walking a whole tensor, and every
 //! graph node costs its backward a zero-filled gradient and an addition; on the benchmark GPT
-//! that was more of a training step than the matrix products. Here each of GELU, LayerNorm,
-//! softmax, causal attention, cross-entropy, the linear layer and the bias add (and the
-//! Llama's RMSNorm, SwiGLU gate and rotary embedding) is one candle custom op whose backward
-//! is itself one fused op; AdamW and gradient norms are one pass each.
-//! They run for f32 (and f64, for the finite-difference tests) on the CPU, and for f16 and
-//! bf16 by widening to f32 and rounding each result once; other devices take the composed
-//! ops, which compute the same function (and are the oracle of `tests/kernels.rs`).
+//! that was more of a training step than the matrix products. Here GELU, LayerNorm, softmax,
+//! causal attention, cross-entropy, the linear layer, the bias add, the embedding lookup and
+//! dropout (and the Llama's RMSNorm, SwiGLU gate and rotary embedding) are fused ops; AdamW,
+//! casts and gradient norms take many tensors in one pass.
+//!
+//! Where each runs:
+//! - **CPU** (`cpu_fwd`): parallel over rows on candle's CPU pool (the pool its element-wise
+//!   ops use), for f32 (and f64, for the finite-difference tests), and for f16 and bf16 by
+//!   widening to f32 and rounding each result once ([`Real`], `exp.rs`'s vectorised `exp`).
+//! - **CUDA** (`cuda_fwd`, the `cuda` feature): the same op launches its kernel from `cuda/`
+//!   (one `.cu` file per op family, the folder the one list `build.rs` compiles and `gpu.rs`
+//!   embeds); attention through cuBLAS (`attention_blas.rs`) or the flash kernel; the
+//!   many-tensor launches through `gpu_table.rs`. The CPU op is each GPU kernel's oracle
+//!   (`gpu_tests.rs`, run on a GPU machine).
+//! - **Other devices** take the composed candle ops, which compute the same function (and are
+//!   the oracle of `tests/kernels.rs`).
 
 pub(crate) mod adamw;
 pub(crate) mod attention;

@@ -181,21 +181,12 @@ mod cuda {
 
     type Input<'a> = (&'a CudaStorage, &'a Layout);
 
-    /// Rows and columns of `x`, checked against the per-column `w`.
-    fn rows_cols(lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
-        let cols = *lx.dims().last().unwrap_or(&0);
-        if lw.dims() != [cols] || cols == 0 {
-            candle_core::bail!("{NAME}: weight {:?} for rows of {cols}", lw.dims());
-        }
-        Ok((lx.shape().elem_count() / cols, cols))
-    }
-
     pub(super) fn forward(
         [(sx, lx), (sw, lw)]: [Input; 2],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = sx.device();
-        let (rows, cols) = rows_cols(lx, lw)?;
+        let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
         let eps = eps as f32;
         typed!(NAME, sx.dtype(), |T| {
             let (x, w) = (gpu::view::<T>(sx, lx, NAME)?, gpu::view::<T>(sw, lw, NAME)?);
@@ -216,7 +207,7 @@ mod cuda {
         [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
-        let (rows, cols) = rows_cols(lx, lw)?;
+        let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
         gpu::norm_backward(
             (&gpu::RMS_NORM, "rms", NAME),
             [(sx, lx), (sw, lw), (sg, lg)],
