@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs some of pipewright's CUDA kernels (crates/pipewright/src/model/kernels/cuda/) on this
+# Runs some of pipewright's CUDA kernels (crates/pipewright/src/kernels/cuda/) on this
 # machine's CPU, no GPU needed: tools/emulate-kernels/transform.py rewrites them as host C++,
 # shim.h emulates the GPU's threads, barriers, shuffles and mma.sync, and
 #  - flash.cpp checks the tensor-core flash attention kernels (forward and both backward
@@ -16,7 +16,7 @@ env_dir=${PIPEWRIGHT_CUDA_ENV:-$HOME/.cache/pipewright-cuda-env}
 include=$("$env_dir/bin/python" -c 'import nvidia; print(list(nvidia.__path__)[0])')/cu13/include
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 tools/emulate-kernels/transform.py crates/pipewright/src/model/kernels/cuda "$work" \
+python3 tools/emulate-kernels/transform.py crates/pipewright/src/kernels/cuda "$work" \
   flash adamw cast reduce
 cp tools/emulate-kernels/*.h tools/emulate-kernels/*.cpp "$work/"
 for harness in flash table; do

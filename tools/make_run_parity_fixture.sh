@@ -16,8 +16,8 @@ out=crates/pipewright-cli/tests/fixtures/run_parity
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rm -rf "$out" && mkdir -p "$out"
-$P data tokenizer --vocab-size 320 --out "$tmp/tok.json" crates/pipewright/src/model/kernels/cuda
-$P data prepare --tokenizer "$tmp/tok.json" --out "$out/shards" crates/pipewright/src/model/kernels/cuda
+$P data tokenizer --vocab-size 320 --out "$tmp/tok.json" crates/pipewright/src/kernels/cuda
+$P data prepare --tokenizer "$tmp/tok.json" --out "$out/shards" crates/pipewright/src/kernels/cuda
 "$PY" - "$out" <<'PY'
 import sys, torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM

@@ -1,4 +1,4 @@
-//! With the `cuda` feature, compiles pipewright's CUDA kernels (every `src/model/kernels/cuda/*.cu`:
+//! With the `cuda` feature, compiles pipewright's CUDA kernels (every `src/kernels/cuda/*.cu`:
 //! the folder is the one list of kernels) to PTX in OUT_DIR, and writes `modules.rs` there, a
 //! `Module` constant per file (`flash.cu` -> `FLASH`), which `kernels::gpu` includes to embed the
 //! PTX that candle's CUDA device loads at run time; and compiles each once more to machine code
@@ -16,7 +16,7 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let dir = Path::new("src/model/kernels/cuda");
+    let dir = Path::new("src/kernels/cuda");
     // A kernel added or removed changes the folder.
     println!("cargo:rerun-if-changed={}", dir.display());
     for header in ["common.cuh", "table.cuh"] {

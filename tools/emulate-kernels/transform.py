@@ -1,4 +1,4 @@
-# Rewrites CUDA kernel files (crates/pipewright/src/model/kernels/cuda/NAME.cu and common.cuh)
+# Rewrites CUDA kernel files (crates/pipewright/src/kernels/cuda/NAME.cu and common.cuh)
 # as host C++ for tools/emulate-kernels.sh: shared memory becomes static arrays (blocks run
 # one after another), __syncthreads a barrier of the block's threads, shuffles an exchange
 # through the warp's buffer, entry points plain functions of the same names; mma.sync is

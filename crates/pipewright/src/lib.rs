@@ -14,7 +14,8 @@
 //!   [`Stage`], [`Activation`], [`Cx`]; [`model::batch`] ([`Batch`], named tensors split into
 //!   micro-batches), [`model::nn`] (local differentiable layers and optimizers),
 //!   [`model::init`] (name-keyed seeded init), [`model::grads`], [`model::precision`]
-//!   (bf16/f16 with f32 masters, dynamic loss scaling), and the fused CPU/CUDA kernels.
+//!   (bf16/f16 with f32 masters, dynamic loss scaling); the layers run on `kernels` (crate
+//!   private, below `model`): fused ops with their own backward, on the CPU and in CUDA.
 //! - [`parallel`]: one axis per module: [`parallel::tensor_parallel`] (TorchShard: `slice`,
 //!   parallel layers, vocabulary-parallel cross-entropy, `collect_state_dict` /
 //!   `relocate_state_dict`), [`parallel::context_parallel`] (causal ring attention),
@@ -45,6 +46,7 @@ pub mod distributed;
 pub mod engine;
 pub mod error;
 pub mod experiment;
+pub(crate) mod kernels;
 pub mod model;
 pub mod parallel;
 pub mod plan;

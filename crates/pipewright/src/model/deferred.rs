@@ -98,7 +98,7 @@ impl Work {
                 };
                 let g = grad.matmul(&rhs.t()?)?;
                 Some(match gelu {
-                    true => crate::model::kernels::gelu::input_grad(input, &g)?,
+                    true => crate::kernels::gelu::input_grad(input, &g)?,
                     false => g,
                 })
             }
@@ -164,7 +164,7 @@ impl CustomOp3 for Tap {
             false => None,
         };
         let bias_grad = match self.weight {
-            Some(_) => Some(crate::model::kernels::bias::column_sum(grad)?.reshape(third.shape())?),
+            Some(_) => Some(crate::kernels::bias::column_sum(grad)?.reshape(third.shape())?),
             None => None,
         };
         let mut q = self.queue.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -244,7 +244,7 @@ impl WeightGradQueue {
                 // As candle's matmul backward: rhs_grad = lhs^T grad (then the transpose's).
                 Work::Matmul { layout, gelu } => {
                     let lhs = match gelu {
-                        true => crate::model::kernels::gelu::gelu(&e.input)?,
+                        true => crate::kernels::gelu::gelu(&e.input)?,
                         false => e.input.clone(),
                     };
                     let gw = lhs.t()?.matmul(&e.grad)?;

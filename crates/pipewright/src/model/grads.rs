@@ -73,7 +73,7 @@ impl Grads {
     /// On a GPU the casts are one launch and the additions another
     /// (`kernels/cast.rs`), not two launches per parameter per micro-batch.
     pub fn accumulate(&mut self, other: Grads) -> Result<()> {
-        use crate::model::kernels::cast::{add_all, cast_all};
+        use crate::kernels::cast::{add_all, cast_all};
         let low = |g: &Tensor| matches!(g.dtype(), DType::F16 | DType::BF16);
         let (mut sums, mut first, mut widen) = (Vec::new(), Vec::new(), Vec::new());
         for (n, g) in other.0 {
@@ -100,7 +100,7 @@ impl Grads {
     /// Multiplies every gradient by `s` (on a GPU, f32 gradients in one launch).
     pub fn scale(&mut self, s: f64) -> Result<()> {
         let ts: Vec<&Tensor> = self.0.values().collect();
-        let scaled = crate::model::kernels::cast::cast_all(&ts, None, Some(s))?;
+        let scaled = crate::kernels::cast::cast_all(&ts, None, Some(s))?;
         for (g, t) in self.0.values_mut().zip(scaled) {
             *g = t;
         }
@@ -128,7 +128,7 @@ pub fn all_finite(t: &Tensor) -> Result<bool> {
 /// is, the GPU's tensors read back at once; elsewhere `0 * x`, which is 0 for a finite value
 /// and NaN for the others, summed.
 pub fn finite_each(ts: &[&Tensor]) -> Result<Vec<bool>> {
-    let sums = crate::model::kernels::reduce::sum_sq_each(ts)?;
+    let sums = crate::kernels::reduce::sum_sq_each(ts)?;
     ts.iter()
         .zip(sums)
         .map(
@@ -178,7 +178,7 @@ pub fn sum_sq_share(
 /// The sum of squares of each of `ts`, in f64: one pass each where a kernel takes the tensor
 /// (the GPU's read back at once), else composed.
 fn sums_sq(ts: &[&Tensor]) -> Result<Vec<f64>> {
-    let fast = crate::model::kernels::reduce::sum_sq_each(ts)?;
+    let fast = crate::kernels::reduce::sum_sq_each(ts)?;
     fast.into_iter()
         .zip(ts)
         .map(|(s, t)| match s {

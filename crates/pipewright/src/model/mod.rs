@@ -12,7 +12,6 @@
 pub mod batch;
 pub mod grads;
 pub mod init;
-pub(crate) mod kernels;
 pub mod nn;
 pub mod precision;
 

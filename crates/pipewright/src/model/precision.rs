@@ -9,8 +9,8 @@
 
 use candle_core::{DType, Var};
 
+use crate::kernels::cast::{assign_all, cast_all};
 use crate::model::grads::Grads;
-use crate::model::kernels::cast::{assign_all, cast_all};
 use crate::{invalid, Error, Result};
 
 /// The type the model computes in.

@@ -174,8 +174,7 @@ pub fn time_fused_attention(
         let scale = 1.0 / (head_dim as f64).sqrt();
         let run = || -> Result<(f64, f64)> {
             let start = Instant::now();
-            let y =
-                crate::model::kernels::attention::causal_attention(qkv.as_tensor(), heads, scale)?;
+            let y = crate::kernels::attention::causal_attention(qkv.as_tensor(), heads, scale)?;
             let forward = start.elapsed().as_secs_f64();
             let loss = y.sum_all()?;
             let start = Instant::now();

@@ -2,7 +2,7 @@
 
 use candle_core::{Tensor, D};
 
-use crate::{model::kernels, Result};
+use crate::{kernels, Result};
 
 /// GELU, tanh approximation (GPT-2's `gelu_new`); fused forward and backward on the CPU and
 /// (in the `cuda` build) on a GPU.

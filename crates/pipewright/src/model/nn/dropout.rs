@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::kernels;
+use crate::kernels;
 use crate::model::Cx;
 use crate::runtime::seed::hash_seed;
 use crate::Result;

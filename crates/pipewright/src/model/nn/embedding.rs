@@ -6,7 +6,7 @@ use super::{join, Module};
 use crate::model::deferred::{WeightGradQueue, Work};
 use crate::model::init::Init;
 use crate::model::Cx;
-use crate::{model::kernels, Error, Result};
+use crate::{kernels, Error, Result};
 
 /// A `(num, dim)` table indexed by integer ids of any shape.
 #[derive(Clone, Debug)]

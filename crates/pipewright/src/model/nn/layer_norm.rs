@@ -4,7 +4,7 @@ use candle_core::{Tensor, Var, D};
 
 use super::{join, Module};
 use crate::model::init::Init;
-use crate::{model::kernels, Result};
+use crate::{kernels, Result};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias`, biased variance, as `torch.nn.LayerNorm`.
 /// On the CPU and (in the `cuda` build) a GPU one fused kernel forward and one backward;

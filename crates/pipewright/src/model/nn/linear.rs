@@ -7,7 +7,7 @@ use crate::model::deferred::{WeightGradQueue, Work};
 use crate::model::init::Init;
 use crate::model::Cx;
 use crate::model::WeightLayout;
-use crate::{model::kernels, Error, Result};
+use crate::{kernels, Error, Result};
 
 /// `y = x W^T + b` over the last dimension; any leading dimensions.
 #[derive(Clone, Debug)]
@@ -339,7 +339,7 @@ mod tests {
     use candle_core::{DType, Device, Tensor, Var};
 
     use super::{padded_product, WeightLayout};
-    use crate::model::kernels::strided_rows;
+    use crate::kernels::strided_rows;
     use crate::model::nn::cross_entropy;
 
     fn ramp(shape: &[usize], k: f32) -> Tensor {

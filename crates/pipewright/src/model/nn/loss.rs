@@ -3,8 +3,8 @@
 use candle_core::{DType, Tensor};
 
 use super::activation::log_softmax_last_dim;
-use crate::model::kernels::IGNORE_INDEX;
-use crate::{invalid, model::kernels, Result};
+use crate::kernels::IGNORE_INDEX;
+use crate::{invalid, kernels, Result};
 
 /// Sum of the negative log-likelihoods of the non-ignored targets, and how many there are; in
 /// f32 for f16 and bf16 logits.

@@ -9,6 +9,8 @@ pub mod batch_norm;
 pub mod conv;
 pub mod dropout;
 pub mod embedding;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 pub mod layer_norm;
 pub mod linear;
 pub mod loss;
@@ -16,10 +18,10 @@ pub mod optim;
 pub mod rms_norm;
 pub mod rotary;
 
+pub use crate::kernels::IGNORE_INDEX;
 pub use crate::model::deferred;
 pub use crate::model::grads::{max_rel_diff, sum_sq_share, Grads};
 pub use crate::model::init::Init;
-pub use crate::model::kernels::IGNORE_INDEX;
 pub use crate::model::WeightLayout;
 pub use activation::{
     causal_mask, fused_causal_attention, gelu, relu, residual, scaled_softmax, softmax_last_dim,

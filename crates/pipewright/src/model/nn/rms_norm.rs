@@ -4,7 +4,7 @@ use candle_core::{DType, Tensor, Var, D};
 
 use super::{join, Module};
 use crate::model::init::Init;
-use crate::{model::kernels, Result};
+use crate::{kernels, Result};
 
 /// `x / sqrt(mean(x^2) + eps) * weight`, as Hugging Face's `LlamaRMSNorm` computes it (the
 /// normalisation in f32 whatever the input's type). On the CPU and a GPU one fused kernel

@@ -5,8 +5,8 @@
 
 use candle_core::{Tensor, D};
 
-use crate::model::kernels::rotary::Angles;
-use crate::{invalid, model::kernels, Result};
+use crate::kernels::rotary::Angles;
+use crate::{invalid, kernels, Result};
 
 /// `x` `(batch, heads, t, head_dim)` with rotary embeddings of positions `start..start + t`
 /// (`start` > 0 when decoding after cached tokens). One fused kernel each way on the CPU and

@@ -9,9 +9,9 @@ use candle_core::{DType, Tensor, D};
 use super::ops::reduce_from_group;
 use crate::distributed::comm::Group;
 use crate::distributed::comm::ReduceOp;
-use crate::model::kernels::IGNORE_INDEX;
+use crate::kernels::IGNORE_INDEX;
 use crate::model::nn::loss::{class_rows, in_f32};
-use crate::{invalid, model::kernels, Result};
+use crate::{invalid, kernels, Result};
 
 /// Sum of the negative log-likelihoods of the non-ignored targets and their count (in f32 for
 /// f16 and bf16 logits), where

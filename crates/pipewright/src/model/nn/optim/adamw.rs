@@ -3,8 +3,8 @@ use std::collections::HashMap;
 use candle_core::{DType, Tensor, Var};
 
 use super::{decays, only_entries, read_step, state_entry, step_tensor, Optimizer, StateDict};
+use crate::kernels::adamw::{self, AdamWStep};
 use crate::model::grads::Grads;
-use crate::model::kernels::adamw::{self, AdamWStep};
 use crate::{invalid, Result};
 
 /// AdamW hyper-parameters (PyTorch defaults).

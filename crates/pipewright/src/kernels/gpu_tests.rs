@@ -15,14 +15,13 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 
 use super::{attention, bias, cross_entropy, dropout, gelu, layer_norm, IGNORE_INDEX};
-use crate::model::WeightLayout;
 
-type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
+pub(crate) type Op<'a> = &'a dyn Fn(&[Tensor]) -> candle_core::Result<Tensor>;
 
 /// The GPU (without one a test fails, unless told to skip).
 pub(super) use crate::runtime::device::test_gpu as gpu;
 
-fn rand(seed: u64, shape: &[usize], scale: f32) -> Tensor {
+pub(crate) fn rand(seed: u64, shape: &[usize], scale: f32) -> Tensor {
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let n = shape.iter().product();
     let v: Vec<f32> = (0..n)
@@ -91,7 +90,7 @@ fn tolerance(dtype: DType) -> f32 {
 /// Runs `op` on the CPU and the GPU in every type and compares every output. Empty inputs
 /// in f32 alone: candle's own casts cannot run on an empty GPU tensor (a launch of no blocks
 /// is an error), and the harness would cast.
-fn compare(what: &str, inputs: &[Tensor], op: Op) {
+pub(crate) fn compare(what: &str, inputs: &[Tensor], op: Op) {
     let Some(dev) = gpu() else { return };
     let empty = inputs.iter().any(|t| t.elem_count() == 0);
     let dtypes: &[DType] = if empty {
@@ -232,44 +231,6 @@ fn swiglu_matches_the_cpu() {
         );
         compare(&format!("swiglu {n}"), &[g, u], &|t| {
             super::swiglu::swiglu(&t[0], &t[1])
-        });
-    }
-}
-
-#[test]
-fn rotary_matches_the_cpu() {
-    // (batch, heads, time, head dim) from position `start` (decoding after cached tokens).
-    for (i, (dims, start)) in [
-        ([2, 3, 17, 64], 0),
-        ([1, 2, 5, 128], 1000),
-        ([0, 2, 3, 8], 0),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let x = rand(120 + i as u64, &dims, 2.0);
-        compare(&format!("rotary {dims:?} from {start}"), &[x], &|t| {
-            crate::model::nn::rope(&t[0], start, 10_000.0)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))
-        });
-    }
-}
-
-#[test]
-fn padded_product_matches_the_cpu() {
-    // A head of 1029 outputs (rows of 2058 bf16 bytes, not 16-byte multiples): padded to 1088
-    // on the GPU, its view of the first 1029 columns, and the gradients through it.
-    for layout in [WeightLayout::OutIn, WeightLayout::InOut] {
-        let (rows, inp, out) = (37, 64, 1029);
-        let dims = match layout {
-            WeightLayout::OutIn => [out, inp],
-            WeightLayout::InOut => [inp, out],
-        };
-        let (x, w) = (rand(140, &[rows, inp], 1.0), rand(141, &dims, 0.2));
-        compare(&format!("padded product {layout:?}"), &[x, w], &|t| {
-            let y = crate::model::nn::linear::padded_product(&t[0], &t[1], layout)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-            y.narrow(1, 0, out)
         });
     }
 }

@@ -177,7 +177,7 @@ mod cuda {
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
 
     type Input<'a> = (&'a CudaStorage, &'a Layout);
 

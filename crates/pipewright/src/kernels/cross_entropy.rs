@@ -207,7 +207,7 @@ mod cuda {
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
 
     /// The targets on the GPU (one unread element when there are none: no empty buffers).
     fn upload(

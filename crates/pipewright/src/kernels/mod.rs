@@ -37,7 +37,7 @@ pub(crate) mod gpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod gpu_table;
 #[cfg(all(test, feature = "cuda"))]
-mod gpu_tests;
+pub(crate) mod gpu_tests;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests_step;
 pub(crate) mod layer_norm;
@@ -340,7 +340,7 @@ macro_rules! dispatch {
                 let $v: &CpuStorage = $s;
                 let low = candle_core::backend::BackendStorage::dtype($s);
                 let r: candle_core::Result<(CpuStorage, candle_core::Shape)> = $body;
-                r.map(|(s, shape)| ($crate::model::kernels::narrow_to(s, low), shape))
+                r.map(|(s, shape)| ($crate::kernels::narrow_to(s, low), shape))
             }
             candle_core::CpuStorage::F32(_) => {
                 type T = f32;

@@ -11,8 +11,8 @@ use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
 use candle_core::{CudaStorage, Layout, Result, Shape};
 
 use super::{Attention, Geometry, GPU_HEAD_DIM, NAME};
-use crate::model::kernels::attention_blas as blas;
-use crate::model::kernels::gpu::{self, addr, typed, PushKernelArg};
+use crate::kernels::attention_blas as blas;
+use crate::kernels::gpu::{self, addr, typed, PushKernelArg};
 
 /// attention.cu's `Geo`.
 #[repr(C)]

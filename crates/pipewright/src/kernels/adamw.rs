@@ -256,8 +256,8 @@ mod cuda {
     use candle_core::{DType, Device, Shape, Tensor};
 
     use super::{AdamWStep, Param, NAME};
-    use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
-    use crate::model::kernels::gpu_table::{parts, Table};
+    use crate::kernels::gpu::{self, tensor_addr, PushKernelArg};
+    use crate::kernels::gpu_table::{parts, Table};
 
     /// adamw.cu's `Coeffs`.
     #[repr(C)]

@@ -66,8 +66,8 @@ pub(crate) fn assign_all(pairs: &[(&Tensor, &Var)]) -> candle_core::Result<()> {
 mod gpu {
     use candle_core::{DType, Device, Shape, Tensor, Var};
 
-    use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
-    use crate::model::kernels::gpu_table::{parts, Table};
+    use crate::kernels::gpu::{self, tensor_addr, PushKernelArg};
+    use crate::kernels::gpu_table::{parts, Table};
 
     const NAME: &str = "pipewright-cast";
 

@@ -166,7 +166,7 @@ mod cuda {
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
 
     pub(super) fn forward(s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
         let (dev, n) = (s.device(), l.shape().elem_count());

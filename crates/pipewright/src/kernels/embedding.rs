@@ -169,7 +169,7 @@ mod cuda {
     use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
 
     pub(super) fn forward(
         sw: &CudaStorage,

@@ -153,7 +153,7 @@ mod cuda {
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
 
     pub(super) fn bias_add(
         sy: &CudaStorage,

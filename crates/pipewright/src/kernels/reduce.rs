@@ -80,8 +80,8 @@ fn blocks<T: Real>(x: &[T]) -> f64 {
 mod cuda {
     use candle_core::{DType, Tensor};
 
-    use crate::model::kernels::gpu::{self, tensor_addr, PushKernelArg};
-    use crate::model::kernels::gpu_table::Table;
+    use crate::kernels::gpu::{self, tensor_addr, PushKernelArg};
+    use crate::kernels::gpu_table::Table;
 
     /// Blocks a tensor is given (at most): enough to fill the GPU, few enough to add on the
     /// host.

@@ -156,7 +156,7 @@ mod cuda {
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::{Rope, NAME};
-    use crate::model::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu::{self, typed, PushKernelArg};
 
     pub(super) fn forward(
         op: &Rope,
