@@ -7,6 +7,7 @@
 //! `Experiment::args::<TrainArgs>()` and reads them with `Params::args`.
 
 mod args;
+mod checks;
 mod model;
 mod moe;
 mod spec;

@@ -17,10 +17,9 @@
 //! member all of them; each member reduces them in rank order ([`super::ordered`]), so
 //! reductions are bit-identical on every member and to every other backend's.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use candle_core::Tensor;
 
@@ -33,112 +32,10 @@ use crate::{Error, Result};
 
 mod collective;
 mod spawn;
+mod world;
 use spawn::default_timeout;
 pub use spawn::{run, run_with_timeout};
-
-/// (group id, sender world rank, receiver world rank, tag)
-type Key = (u64, usize, usize, u64);
-
-enum Msg {
-    Tensors(Vec<Tensor>),
-    /// A collective failed at its root; every member reports the same error.
-    Failed(String),
-}
-
-#[derive(Default)]
-struct State {
-    boxes: HashMap<Key, VecDeque<Msg>>,
-    /// The first rank failure: (rank, message).
-    failed: Option<(usize, String)>,
-}
-
-struct World {
-    size: usize,
-    state: Mutex<State>,
-    /// One per world rank, signalled when a message for that rank arrives (or any rank
-    /// fails): a message wakes only its receiver. One for the whole world woke every waiting
-    /// rank on every message, and with more ranks than cores those wake-ups took time slices
-    /// from the ranks computing.
-    cvs: Vec<Condvar>,
-    timeout: Duration,
-    /// How long a receive polls its mailbox before it sleeps on its condition variable.
-    spin: Duration,
-}
-
-impl World {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A rank that panicked while holding the lock cannot leave the mailboxes inconsistent
-        // (every update is a single push or pop), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn post(&self, key: Key, msg: Msg) {
-        self.lock().boxes.entry(key).or_default().push_back(msg);
-        self.cvs[key.2].notify_all();
-    }
-
-    fn fail(&self, rank: usize, why: String) {
-        let mut s = self.lock();
-        if s.failed.is_none() {
-            s.failed = Some((rank, why));
-        }
-        drop(s);
-        for cv in &self.cvs {
-            cv.notify_all();
-        }
-    }
-
-    /// Waits for the next message under `key`.
-    fn take(&self, key: Key, me: usize, what: &str) -> Result<Vec<Tensor>> {
-        let start = Instant::now();
-        let mut s = self.lock();
-        loop {
-            if let Some(q) = s.boxes.get_mut(&key) {
-                if let Some(m) = q.pop_front() {
-                    // A collective's key is used once: an emptied box left behind grew the
-                    // map by one entry per message, step after step (4 KB a step a rank here).
-                    if q.is_empty() {
-                        s.boxes.remove(&key);
-                    }
-                    return match m {
-                        Msg::Tensors(t) => Ok(t),
-                        Msg::Failed(why) => Err(Error::Comm(why)),
-                    };
-                }
-            }
-            if let Some((r, why)) = &s.failed {
-                if *r != me {
-                    return Err(Error::Comm(format!(
-                        "rank {me}: {what} from rank {} abandoned because rank {r} failed: {why}",
-                        key.1
-                    )));
-                }
-            }
-            let waited = start.elapsed();
-            if waited >= self.timeout {
-                return Err(Error::Comm(format!(
-                    "rank {me}: {what} from rank {} timed out after {:.0?}: is rank {} running and \
-                     sending it (same tag, same order of collectives)?",
-                    key.1, waited, key.1
-                )));
-            }
-            if waited < self.spin {
-                // Poll: let the sender take the lock, look again.
-                drop(s);
-                for _ in 0..64 {
-                    std::hint::spin_loop();
-                }
-                s = self.lock();
-                continue;
-            }
-            let slice = (self.timeout - waited).min(Duration::from_millis(200));
-            s = self.cvs[key.2]
-                .wait_timeout(s, slice)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-}
+use world::{Msg, State, World};
 
 /// One rank's view of a group of threads.
 pub struct LocalComm {

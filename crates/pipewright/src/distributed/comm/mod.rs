@@ -19,6 +19,8 @@ pub mod local;
 pub mod mpi;
 #[cfg(feature = "mpi")]
 mod mpi_raw;
+#[cfg(feature = "mpi")]
+mod mpi_split;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod ordered;

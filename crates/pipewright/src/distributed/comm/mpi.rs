@@ -20,9 +20,7 @@ use std::sync::{Arc, OnceLock};
 use candle_core::{DType, Tensor};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{
-    Communicator as _, CommunicatorCollectives, Destination, Group as _, Root, Source,
-};
+use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 use mpi::Threading;
 
 use super::mpi_raw::{count_i32, recv_new, settle};
@@ -87,7 +85,7 @@ pub struct MpiComm {
 }
 
 impl MpiComm {
-    fn new(comm: SimpleCommunicator) -> Self {
+    pub(super) fn new(comm: SimpleCommunicator) -> Self {
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         Self {
             inner: Arc::new(Inner(comm)),
@@ -131,7 +129,7 @@ impl MpiComm {
         Ok(Pending::new(move || Ok(h.wait()?.to_device(&here)?)))
     }
 
-    fn comm(&self) -> &SimpleCommunicator {
+    pub(super) fn comm(&self) -> &SimpleCommunicator {
         &self.inner.0
     }
 
@@ -430,33 +428,5 @@ impl Communicator for MpiComm {
 
     fn split(&self, members: &[usize]) -> Result<Box<dyn Communicator>> {
         Ok(Box::new(self.split_mpi(members)?))
-    }
-}
-
-impl MpiComm {
-    /// [`Communicator::split`], as an MPI communicator.
-    fn split_mpi(&self, members: &[usize]) -> Result<MpiComm> {
-        let mut seen = vec![false; self.size];
-        for &m in members {
-            if m >= self.size || std::mem::replace(&mut seen[m], true) {
-                return Err(Error::Comm(format!(
-                    "split: members {members:?} must be distinct ranks below {}",
-                    self.size
-                )));
-            }
-        }
-        if !members.contains(&self.rank) {
-            return Err(Error::Comm(format!(
-                "split: rank {} is not among the members {members:?}",
-                self.rank
-            )));
-        }
-        let ranks: Vec<i32> = members.iter().map(|&m| m as i32).collect();
-        let group = self.comm().group().include(&ranks);
-        let sub = self
-            .comm()
-            .split_by_subgroup(&group)
-            .ok_or_else(|| Error::Comm("split: MPI gave no communicator to a member".into()))?;
-        Ok(MpiComm::new(sub))
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use super::schedule::{Action, Schedule};
-use super::simulate::Sharing;
+use super::sharing::Sharing;
 use super::timeline::Simulation;
 use super::trace::step_events;
 use crate::Result;
