@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::engine::checkpoint::CheckpointOptions;
-use pipewright::experiment::{peak_memory_bytes, Context, Recorder, RunDir};
+use pipewright::experiment::{peak_memory_bytes, Context, Recorder, RunDir, Summary};
 use pipewright::plan::StepParts;
 use pipewright::runtime::memory;
 use pipewright::trainer::{Hooks, Recorded, StepDone};
@@ -28,42 +28,6 @@ pub struct Params<'a> {
     tied: Vec<(String, String)>,
     /// The run as the library describes it (what checkpoints record too).
     spec: &'a RunSpec,
-}
-
-/// `summary.json`: the result, the layout and where the time went.
-#[derive(Serialize)]
-pub struct Summary {
-    steps: u64,
-    final_loss: f64,
-    metric_name: &'static str,
-    metric: f64,
-    seconds: f64,
-    /// The median of the steps' own times (evaluation and checkpoints left out).
-    median_step_seconds: f64,
-    /// Tokens or samples trained per second of the steps themselves: evaluations and
-    /// checkpoints are left out (with `--eval-every 1` they made the rate look slow).
-    items_per_second: f64,
-    items: &'static str,
-    peak_memory_bytes: Option<u64>,
-    /// The process's peak before its first evaluation: training's own (the task's greedy
-    /// decoding can hold more).
-    training_peak_memory_bytes: Option<u64>,
-    /// The most bytes held at once before the first evaluation as the allocator counts them
-    /// ([`pipewright::runtime::memory`]: without what glibc keeps back after a free) ...
-    training_peak_allocated_bytes: Option<u64>,
-    /// ... and each rank's, for ranks running as threads of this process (empty under
-    /// mpirun, where each process is one rank and the line above is its own).
-    rank_training_peak_allocated_bytes: Vec<u64>,
-    layout: String,
-    ranks: Vec<String>,
-    bubble_per_stage: Vec<f64>,
-    /// Each rank's median time waited on data-parallel communication per step, in seconds
-    /// (`StepParts::exposed_comm_s`): the communication its steps exposed.
-    exposed_comm_per_rank: Vec<f64>,
-    /// Rank 0's step, part by part: each part's median over the steps that updated.
-    median_step_parts: StepParts,
-    /// Layers per model stage.
-    balance: Vec<usize>,
 }
 
 /// What `pipewright train` does around [`fit`]'s steps: the task's batches and metric, the
@@ -284,18 +248,13 @@ pub fn train_loop(
         training_peak_memory_bytes: hooks.training_peak,
         training_peak_allocated_bytes: hooks.allocated_peak,
         rank_training_peak_allocated_bytes: hooks.rank_allocated_peaks,
-        layout: String::new(),
-        ranks: Vec::new(),
-        bubble_per_stage: Vec::new(),
-        exposed_comm_per_rank: Vec::new(),
-        median_step_parts: StepParts::default(),
-        balance: Vec::new(),
+        ..Summary::default()
     }))
 }
 
-/// Writes `summary.json` and prints the one-screen summary: the result, rank 0's step part
-/// by part, the layout, which rank holds what, each stage's measured bubble and each rank's
-/// exposed communication.
+/// Writes `summary.json` and prints the one-screen summary ([`Summary`]'s): the result, rank
+/// 0's step part by part, the layout, which rank holds what, each stage's measured bubble and
+/// each rank's exposed communication.
 pub fn write_summary(
     run: &Setup,
     dir: &RunDir,
@@ -306,84 +265,16 @@ pub fn write_summary(
     parts: StepParts,
 ) -> Result<()> {
     summary.median_step_parts = parts;
-    let a = &run.a;
-    summary.layout = format!("{} {}", run.spec.train.layout, a.precision);
+    summary.layout = format!("{} {}", run.spec.train.layout, run.a.precision);
     summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();
     summary.exposed_comm_per_rank = exposed.to_vec();
+    summary.device = run.a.device.clone();
+    summary.in_host_memory = pipewright::runtime::device::in_host_memory(&run.a.device);
     dir.write_json("summary.json", &summary)?;
     pipewright::say!("──────── summary ────────");
     pipewright::say!("run directory   {}", dir.path().display());
-    pipewright::say!("steps           {}", summary.steps);
-    pipewright::say!("final loss      {:.6}", summary.final_loss);
-    pipewright::say!("{:<15} {:.4}", summary.metric_name, summary.metric);
-    pipewright::say!("time            {:.1} s", summary.seconds);
-    pipewright::say!(
-        "step time       {:.1} ms (median)",
-        summary.median_step_seconds * 1e3
-    );
-    pipewright::say!("step parts      {parts} (rank 0, each part's median)");
-    pipewright::say!(
-        "throughput      {:.0} {}/s",
-        summary.items_per_second,
-        summary.items
-    );
-    if let Some(p) = summary.peak_memory_bytes {
-        pipewright::say!("peak memory     {:.1} MiB", p as f64 / (1024.0 * 1024.0));
-    }
-    if let Some(p) = summary.training_peak_memory_bytes {
-        pipewright::say!(
-            "training peak   {:.1} MiB (before the first evaluation)",
-            p as f64 / (1024.0 * 1024.0)
-        );
-    }
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    let on_gpu = !pipewright::runtime::device::in_host_memory(&a.device);
-    match (summary.training_peak_allocated_bytes, on_gpu) {
-        (Some(p), true) => pipewright::say!(
-            "allocated peak  {:.1} MiB on rank 0's GPU (its memory pool's high-water mark, \
-             before the first evaluation)",
-            mib(p)
-        ),
-        (Some(p), false) => {
-            let ranks = &summary.rank_training_peak_allocated_bytes;
-            let most = ranks.iter().max().map_or(String::new(), |r| {
-                format!(", the most of one rank {:.1} MiB", mib(*r))
-            });
-            pipewright::say!(
-                "allocated peak  {:.1} MiB{most} (live bytes, before the first evaluation)",
-                mib(p)
-            );
-        }
-        (None, true) => pipewright::say!("allocated peak  not counted on {}", a.device),
-        (None, false) => {}
-    }
-    pipewright::say!("layout          {}", summary.layout);
-    let b: Vec<String> = balance.iter().map(|n| n.to_string()).collect();
-    pipewright::say!("balance         {} (layers per model stage)", b.join(","));
-    if ranks.len() > 1 {
-        for r in ranks {
-            pipewright::say!("  {r}");
-        }
-        let b: Vec<String> = bubbles
-            .iter()
-            .enumerate()
-            .map(|(s, b)| format!("rank {s} {:.0}%", b * 100.0))
-            .collect();
-        pipewright::say!(
-            "bubble          {} (share of all steps' time each pipeline rank waited)",
-            b.join(", ")
-        );
-    }
-    if exposed.iter().any(|e| *e > 0.0) {
-        let e: Vec<String> = (exposed.iter().enumerate())
-            .map(|(r, e)| format!("rank {r} {:.1} ms", e * 1e3))
-            .collect();
-        pipewright::say!(
-            "exposed comm    {} (median step's wait on data-parallel communication)",
-            e.join(", ")
-        );
-    }
+    pipewright::say!("{}", summary.to_string().trim_end());
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod recorder;
 pub mod report;
 pub mod run_dir;
 pub mod runner;
+pub mod summary;
 pub mod sweep;
 pub mod tfevents;
 
@@ -27,6 +28,7 @@ pub use recorder::Recorder;
 pub use report::{write_report, RunRecord};
 pub use run_dir::RunDir;
 pub use runner::Experiment;
+pub use summary::Summary;
 pub use sweep::{run_parameter_sweep, Sweep, SweepRun};
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
