@@ -10,8 +10,8 @@ use std::process::Command;
 
 use clap::Args;
 use pipewright::plan::{
-    format_bytes, parse_bytes, rank_specs, search, Cluster, Estimate, Hardware, Link, Profile,
-    Request, StepParts,
+    format_bytes, format_flops, format_seconds, parse_bytes, rank_specs, search, Cluster, Estimate,
+    Hardware, Link, Profile, Ranking, Request, StepParts,
 };
 use pipewright::ModelSpec;
 use pipewright::{invalid, Error, Result};
@@ -145,97 +145,18 @@ pub fn run(p: PlanArgs) -> Result<()> {
         format_flops(hw.peak_flops(half)),
         if half { "bf16/f16" } else { "f32" }
     );
-    pipewright::say!(
-        "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>6} {:<7} {:>11} {:>7} {:>11}",
-        "rank",
-        "layout",
-        "mbs",
-        "chunks",
-        "schedule",
-        "recomp",
-        "zero",
-        "balance",
-        "mfu",
-        "bound",
-        "step",
-        "bubble",
-        "peak/rank"
-    );
-    for (i, e) in best.iter().enumerate() {
-        let c = &e.candidate;
-        let schedule = if c.virtual_stages > 1 {
-            format!("{} v{}", c.schedule, c.virtual_stages)
-        } else {
-            c.schedule.to_string()
-        };
-        pipewright::say!(
-            "{:<4} {:<23} {:>5} {:>6} {:<12} {:<7} {:>4} {:<12} {:>6} {:<7} {:>11} {:>6.1}% {:>11}",
-            i + 1,
-            layout_text(c),
-            c.micro_batch,
-            c.micro_batches,
-            schedule,
-            c.recompute.to_string(),
-            c.zero.to_string(),
-            balance_text(&e.balance),
-            e.mfu.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
-            e.bound().to_string(),
-            seconds(e.step_s),
-            e.bubble * 100.0,
-            // MiB, not the nearest tenth of a GiB: a prediction to set beside a measurement.
-            format!("{:.1} MiB", e.max_peak_bytes() / (1u64 << 20) as f64)
-        );
-    }
-    for r in &refused {
-        pipewright::say!("refused {}: {}", r.what, r.why);
-    }
-    if p.explain {
-        let e = &best[0];
-        pipewright::say!(
-            "where the step of {} (rank 1, {}) goes:\n{}",
-            layout_text(&e.candidate),
-            seconds(e.step_s),
-            e.explained
-        );
+    let ranking = Ranking {
+        best: &best,
+        refused: &refused,
+    };
+    pipewright::say!("{ranking}");
+    if let (true, Some(explained)) = (p.explain, ranking.explain()) {
+        pipewright::say!("{explained}");
     }
     if p.measure {
         measure(&p, &hw, &best)?;
     }
     Ok(())
-}
-
-/// The candidate's layout, `sp` after it with sequence parallelism.
-fn layout_text(c: &pipewright::plan::Candidate) -> String {
-    if c.sequence_parallel {
-        format!("{} sp", c.layout)
-    } else {
-        c.layout.to_string()
-    }
-}
-
-fn balance_text(b: &[usize]) -> String {
-    let s = b.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-    if s.len() > 12 {
-        format!("{} stages", b.len())
-    } else {
-        s
-    }
-}
-
-fn format_flops(f: f64) -> String {
-    if f >= 1e12 {
-        format!("{:.0} T", f / 1e12)
-    } else {
-        format!("{:.0} G", f / 1e9)
-    }
-}
-
-fn seconds(s: f64) -> String {
-    if s >= 1.0 {
-        format!("{s:.2} s")
-    } else {
-        format!("{:.1} ms", s * 1e3)
-    }
 }
 
 /// What one training run of a candidate measured: its median step (seconds), the process's
@@ -362,8 +283,8 @@ fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
         pipewright::say!(
             "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
             i + 1,
-            seconds(e.step_s),
-            seconds(step),
+            format_seconds(e.step_s),
+            format_seconds(step),
             (e.step_s / step - 1.0) * 100.0,
             format_bytes(predicted_peak),
             format_bytes(peak),

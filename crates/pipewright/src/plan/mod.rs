@@ -48,6 +48,7 @@ pub mod shaped;
 pub mod shapes;
 mod stage_cost;
 pub mod step_parts;
+pub mod table;
 pub mod transformer;
 
 pub use attention_rate::{time_fused_attention, AttentionRate, AttentionTiming};
@@ -72,6 +73,7 @@ pub use search::{layouts, parse_candidate, rank_specs, search};
 pub use shaped::{ModelShapes, ShapedLayer};
 pub use shapes::{AttentionKernel, LayerShapes, Linear, ShapeCost, TpSplit};
 pub use step_parts::{Part, PartClock, StepParts};
+pub use table::{format_flops, format_seconds, Ranking};
 pub use transformer::Transformer;
 
 use crate::model::batch::Batch;
