@@ -1,13 +1,13 @@
 //! `pipewright data`: a tokenizer trained on a corpus, and the corpus encoded into token shards
 //! that `pipewright train --task tokens --data DIR` trains on.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use pipewright::data::{prepare, Corpus, InvalidUtf8, PrepareOptions, TokenDtype, Tokenizer};
-use pipewright::{invalid, Error, Result};
+use pipewright::Result;
 
 #[derive(Subcommand)]
 pub enum DataCommand {
@@ -109,7 +109,7 @@ pub struct PrepareArgs {
 pub fn run(c: DataCommand) -> Result<()> {
     match c {
         DataCommand::Tokenizer(a) => {
-            let corpus = walk_corpus(&a.files, &a.text_field)?;
+            let corpus = Corpus::walk(&a.files, &a.text_field)?;
             let (tok, cleaned) = Tokenizer::train(&corpus, a.vocab_size, &a.out, a.invalid_utf8)?;
             pipewright::say!(
                 "wrote {} (byte-level BPE, {} tokens, from {} files)",
@@ -153,53 +153,12 @@ fn windows(a: &WindowsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The files `paths` name, directories walked (sorted, so the order is the same everywhere),
-/// their documents' text in `field`.
-fn walk_corpus(paths: &[PathBuf], field: &str) -> Result<Corpus> {
-    fn walk(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-        let meta = std::fs::metadata(p).map_err(|e| Error::io("cannot read corpus path", p, e))?;
-        if meta.is_dir() && p.join(pipewright::data::shards::INDEX_FILE).exists() {
-            return Err(invalid!(
-                "`{}` holds token shards (its {}): they are ids, not text; name the text files \
-                 the corpus is made of",
-                p.display(),
-                pipewright::data::shards::INDEX_FILE
-            ));
-        }
-        if !meta.is_dir() {
-            out.push(p.to_path_buf());
-            return Ok(());
-        }
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-            .map_err(|e| Error::io("cannot list", p, e))?
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        entries.sort();
-        for e in entries {
-            walk(&e, out)?;
-        }
-        Ok(())
-    }
-    let mut out = Vec::new();
-    for p in paths {
-        walk(p, &mut out)?;
-    }
-    if out.is_empty() {
-        return Err(invalid!("the corpus paths hold no files"));
-    }
-    Ok(Corpus {
-        files: out,
-        text_field: field.to_string(),
-    })
-}
-
 fn prepare_shards(a: &PrepareArgs) -> Result<()> {
     let tok = Tokenizer::load(&a.tokenizer)?;
-    let corpus = walk_corpus(&a.files, &a.text_field)?;
+    let corpus = Corpus::walk(&a.files, &a.text_field)?;
     let valid = match a.valid.is_empty() {
         true => None,
-        false => Some(walk_corpus(&a.valid, &a.text_field)?),
+        false => Some(Corpus::walk(&a.valid, &a.text_field)?),
     };
     let opts = PrepareOptions {
         held_out: a
