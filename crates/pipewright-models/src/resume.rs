@@ -50,6 +50,50 @@ impl RunSpec {
         }
         Ok(notes)
     }
+
+    /// Fails when this run cannot go on from the checkpoint `ck`: a resume asked for by hand
+    /// (`by_hand`) with no steps left (it would end at once and rewrite the run's scalars and
+    /// summary with nothing), token shards of another tokenizer than the checkpoint's run's,
+    /// or what [`RunSpec::resumes`] refuses; else the changes it takes, each a line to say.
+    pub fn resumes_checkpoint(&self, ck: &Path, by_hand: bool) -> Result<Vec<String>> {
+        let r = pipewright::engine::checkpoint::Reader::open(ck)?;
+        let (at, steps) = (r.manifest().step, self.train.cadence.steps);
+        if by_hand && at >= steps {
+            return Err(invalid!(
+                "`{}` holds step {at} and --steps is {steps}: nothing is left to train (a \
+                 resumed run ends at --steps, counted from the first step): give --steps above \
+                 {at}",
+                ck.display()
+            ));
+        }
+        // Checkpoints from before runs recorded their spec recorded no tokenizer either.
+        let Ok(stored) = RunSpec::from_meta(&r.manifest().meta) else {
+            return Ok(Vec::new());
+        };
+        if let (
+            TaskSpec::Tokens {
+                tokenizer_sha256: now,
+                ..
+            },
+            TaskSpec::Tokens {
+                tokenizer_sha256: then,
+                ..
+            },
+        ) = (&self.task, &stored.task)
+        {
+            if !then.is_empty() && now != then {
+                return Err(invalid!(
+                    "`{}` was trained on ids of another tokenizer (sha256 {}) than the shards \
+                     of --data hold (sha256 {}): resume on the shards of its tokenizer",
+                    ck.display(),
+                    &then[..then.len().min(12)],
+                    &now[..now.len().min(12)]
+                ));
+            }
+        }
+        // After the tokenizer's check, which says more about shards of another tokenizer.
+        self.resumes(&stored)
+    }
 }
 
 /// The data of a task, for a message.

@@ -13,7 +13,7 @@ use pipewright::trainer::Balance;
 use pipewright::trainer::{Data, Place, Run, Trainer};
 
 use pipewright::{invalid, Batch, Error, Result};
-use pipewright_models::{RunSpec, Task, TaskSpec};
+use pipewright_models::{RunSpec, Task};
 
 pub use pipewright_models::flags::{finite, positive, positive_u64, TrainArgs};
 use report::{train_loop, write_summary};
@@ -113,55 +113,6 @@ fn inherit_checkpointing(params: &mut Params) -> Result<()> {
     Ok(())
 }
 
-/// Fails when the run cannot go on from the checkpoint `ck`: a resume asked for by hand with
-/// no steps left (it would end at once and rewrite the run's scalars and summary with
-/// nothing), another data set, batch size or seed than the checkpoint's run's
-/// ([`RunSpec::resumes`], which also says a changed learning rate), or token shards of
-/// another tokenizer.
-fn check_resume(a: &TrainArgs, spec: &RunSpec, ck: &std::path::Path) -> Result<()> {
-    let r = pipewright::engine::checkpoint::Reader::open(ck)?;
-    let (at, steps) = (r.manifest().step, spec.train.cadence.steps);
-    if a.resume.is_some() && at >= steps {
-        return Err(invalid!(
-            "`{}` holds step {at} and --steps is {steps}: nothing is left to train (a resumed \
-             run ends at --steps, counted from the first step): give --steps above {at}",
-            ck.display()
-        ));
-    }
-    // Checkpoints from before runs recorded their spec recorded no tokenizer either.
-    let Ok(stored) = RunSpec::from_meta(&r.manifest().meta) else {
-        return Ok(());
-    };
-    if let (
-        TaskSpec::Tokens {
-            tokenizer_sha256: now,
-            ..
-        },
-        TaskSpec::Tokens {
-            tokenizer_sha256: then,
-            ..
-        },
-    ) = (&spec.task, &stored.task)
-    {
-        if !then.is_empty() && now != then {
-            return Err(invalid!(
-                "`{}` was trained on ids of another tokenizer (sha256 {}) than the shards of \
-                 --data hold (sha256 {}): resume on the shards of its tokenizer",
-                ck.display(),
-                &then[..then.len().min(12)],
-                &now[..now.len().min(12)]
-            ));
-        }
-    }
-    // After the tokenizer's check, which says more about shards of another tokenizer.
-    for note in spec.resumes(&stored)? {
-        if pipewright::distributed::Env::from_env().rank == 0 {
-            eprintln!("note: {note}");
-        }
-    }
-    Ok(())
-}
-
 /// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model
 /// stage, as summary.json records it (the balance itself counts segments between cut points
 /// where the model has them, said beside).
@@ -247,7 +198,11 @@ impl Setup {
             a.schedule = format!("file {}", f.display());
         }
         if let Some(ck) = &target {
-            check_resume(&a, &spec, ck)?;
+            for note in spec.resumes_checkpoint(ck, a.resume.is_some())? {
+                if pipewright::distributed::Env::from_env().rank == 0 {
+                    eprintln!("note: {note}");
+                }
+            }
         }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
         let hw = pipewright::plan::Hardware::load(&a.hardware)?;
