@@ -29,7 +29,11 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
         p => p?,
     };
     let mut params = params;
-    inherit_checkpointing(&mut params)?;
+    if let Some(note) = pipewright_models::flags::inherit_checkpointing(&mut params)? {
+        if pipewright::distributed::Env::from_env().rank == 0 {
+            eprintln!("note: {note}");
+        }
+    }
     // Every check of the flags before anything is written.
     let setup = Setup::new(&params)?;
     let traces = std::sync::Mutex::new(Vec::new());
@@ -76,41 +80,6 @@ where
             Ok(a.world())
         })
         .subcommand(&["train"])
-}
-
-/// A resume (`--resume`) without `--checkpoint-every` goes on checkpointing as its run did:
-/// the interval (and `--keep`, unless given) that the run directory's `parameters.json`
-/// recorded, said once on stderr. Without this a resume stopped checkpointing and recorded 0,
-/// so the next resume started from the step before it.
-fn inherit_checkpointing(params: &mut Params) -> Result<()> {
-    let (Some(_), Some(out)) = (params.string("checkpoint")?, params.string("out")?) else {
-        return Ok(());
-    };
-    if params.int("checkpoint_every")? != 0 {
-        return Ok(());
-    }
-    let recorded = std::fs::read_to_string(std::path::Path::new(&out).join("parameters.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-    let Some(old) = recorded else { return Ok(()) };
-    let Some(every) = old["checkpoint_every"].as_u64().filter(|&n| n > 0) else {
-        return Ok(());
-    };
-    params.set("checkpoint_every", every.into())?;
-    let mut keep = String::new();
-    if params.to_json()["keep"].is_null() {
-        if let Some(k) = old["keep"].as_u64() {
-            params.set("keep", k.into())?;
-            keep = format!(", keeping the newest {k}");
-        }
-    }
-    if pipewright::distributed::Env::from_env().rank == 0 {
-        eprintln!(
-            "note: checkpointing every {every} steps{keep}, as the run did (its parameters.json); \
-             --checkpoint-every changes it"
-        );
-    }
-    Ok(())
 }
 
 /// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model

@@ -8,6 +8,7 @@
 
 mod args;
 mod checks;
+mod inherit;
 mod model;
 mod moe;
 mod spec;
@@ -16,4 +17,5 @@ pub use args::{
     finite, positive, positive_u64, DecayKind, LrScheduleKind, ModelKind, OptimizerKind, TaskKind,
     TrainArgs,
 };
+pub use inherit::inherit_checkpointing;
 pub use spec::{blend_of, task_spec};
