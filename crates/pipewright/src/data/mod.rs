@@ -6,6 +6,7 @@
 
 pub mod blend;
 pub mod corpus;
+mod corpus_paths;
 pub mod dataset;
 pub mod documents;
 mod encode;
