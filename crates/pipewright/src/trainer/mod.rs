@@ -48,9 +48,7 @@ pub use fit::{fit, FitReport, Hooks, StepDone};
 pub use rank::{Batches, Losses, Started};
 pub use record::Recorded;
 
-/// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
-/// step, so that every replica, layout and resumed run reads the same rows.
-pub type Data = Arc<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>;
+pub use crate::engine::varuna::Data;
 
 /// Where and how a run's ranks run.
 #[derive(Clone, Debug)]

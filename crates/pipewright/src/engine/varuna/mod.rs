@@ -30,7 +30,7 @@ use candle_core::{Device, Tensor, Var};
 
 pub use checkpoint::TrainState;
 pub use generate::Sampling;
-pub use options::{BatchFn, Evaluation, StepOutcome, VarunaOptions};
+pub use options::{Data, Evaluation, StepOutcome, VarunaOptions};
 
 use crate::distributed::comm::Group;
 use crate::distributed::comm::{axis_group, waited, Communicator, ReduceOp};
@@ -184,7 +184,7 @@ impl Varuna {
             loads: Vec::new(),
         };
         if let Some(f) = v.opts.batch_fn.clone() {
-            let sample = f(v.opts.spec.micro_batch)?;
+            let sample = f(0, v.opts.spec.micro_batch)?;
             v.predict(&sample).map_err(|e| {
                 invalid!(
                     "a sample batch of {} rows does not run through the model: {e}",

@@ -14,8 +14,11 @@ use crate::parallel::pipeline::partition::partition;
 use crate::parallel::pipeline::PipelineOptions;
 use crate::{invalid, Result};
 
-/// A sample batch of a given number of rows (Varuna's `get_batch_fn`), to check shapes.
-pub type BatchFn = Arc<dyn Fn(usize) -> Result<Batch> + Send + Sync>;
+/// The rows `rows` of the global batch of step `step` (counted from 0): a pure function of the
+/// step, so that every replica, layout and resumed run reads the same rows. The one batch
+/// function of the library: a run's data ([`crate::trainer::Run`]) and the sample batch
+/// [`VarunaOptions::batch_fn`] checks shapes with (Varuna's `get_batch_fn`) alike.
+pub type Data = Arc<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>;
 
 /// Everything [`super::Varuna::new`] needs besides the model and the world: the run's
 /// [`TrainSpec`] (its layout, batch, schedule, precision, recompute, ZeRO, clipping, learning
@@ -33,9 +36,9 @@ pub struct VarunaOptions {
     pub stage_to_rank_map: Option<String>,
     /// Parameter pairs kept equal (Varuna's `shared_weights`).
     pub shared_weights: Vec<(String, String)>,
-    /// When given, a batch of `micro_batch` rows is run through the model (evaluation mode) at
-    /// construction, so that a shape error shows before training.
-    pub batch_fn: Option<BatchFn>,
+    /// When given, step 0's first `micro_batch` rows are run through the model (evaluation
+    /// mode) at construction, so that a shape error shows before training.
+    pub batch_fn: Option<Data>,
     /// After every layer's forward, check its output and fail at the first NaN or inf,
     /// naming the layer, micro-batch and step (PyTorch's anomaly detection; costs a
     /// reduction per layer: for debugging).
