@@ -307,3 +307,29 @@ fn what_a_user_gets_wrong_is_a_clear_error() {
         );
     }
 }
+
+/// `VarunaOptions::batch_fn` (Varuna's `get_batch_fn`): given the run's batch function, the
+/// wrapper runs step 0's first micro-batch through the model when it is made, so a batch the
+/// model cannot take is an error before any step; a right one makes the wrapper as before.
+#[test]
+fn a_sample_batch_is_checked_when_the_wrapper_is_made() {
+    let make = |data: pipewright::trainer::Data| {
+        local::run(1, move |comm| {
+            let opts = VarunaOptions {
+                batch_fn: Some(data.clone()),
+                ..options(Layout::new(1, 1, 1)?)
+            };
+            Varuna::new(&model(), Box::new(comm), opts).map(|_| ())
+        })
+    };
+    make(Arc::new(batch)).unwrap();
+    let e = make(Arc::new(|_, _| Ok(without("mask"))))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "a sample batch of {CHUNK_SIZE} rows does not run through the model"
+        )),
+        "{e}"
+    );
+}
