@@ -3,8 +3,9 @@
 //! `Module` constant per file (`flash.cu` -> `FLASH`), which `kernels::gpu` includes to embed the
 //! PTX that candle's CUDA device loads at run time; and compiles each once more to machine code
 //! only to check that no kernel spills registers to local memory (the build fails if one does:
-//! a spill in these loops costs more than the kernel's arithmetic). nvcc is `$NVCC`, else `nvcc` on the path (tools/build-cuda.sh sets
-//! it); the target is `sm_$CUDA_COMPUTE_CAP` (default 90, the H100 and H200).
+//! a spill in these loops costs more than the kernel's arithmetic). nvcc is `$NVCC`, else
+//! `nvcc` on the path (tools/build-cuda.sh sets it); the target is `sm_$CUDA_COMPUTE_CAP`
+//! (default 90, the H100 and H200).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

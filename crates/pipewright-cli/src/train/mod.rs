@@ -29,11 +29,9 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
         p => p?,
     };
     let mut params = params;
-    if let Some(note) = pipewright_models::flags::inherit_checkpointing(&mut params)? {
-        if pipewright::distributed::Env::from_env().rank == 0 {
-            eprintln!("note: {note}");
-        }
-    }
+    pipewright_models::flags::inherit_checkpointing(&mut params)?
+        .into_iter()
+        .for_each(note);
     // Every check of the flags before anything is written.
     let setup = Setup::new(&params)?;
     let traces = std::sync::Mutex::new(Vec::new());
@@ -80,6 +78,14 @@ where
             Ok(a.world())
         })
         .subcommand(&["train"])
+}
+
+/// Says `text` on stderr once per job, on its first rank (every rank of a job reaches the
+/// same notes).
+fn note(text: String) {
+    if pipewright::distributed::Env::from_env().rank == 0 {
+        eprintln!("note: {text}");
+    }
 }
 
 /// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model
@@ -167,11 +173,9 @@ impl Setup {
             a.schedule = format!("file {}", f.display());
         }
         if let Some(ck) = &target {
-            for note in spec.resumes_checkpoint(ck, a.resume.is_some())? {
-                if pipewright::distributed::Env::from_env().rank == 0 {
-                    eprintln!("note: {note}");
-                }
-            }
+            spec.resumes_checkpoint(ck, a.resume.is_some())?
+                .into_iter()
+                .for_each(note);
         }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
         let hw = pipewright::plan::Hardware::load(&a.hardware)?;

@@ -271,7 +271,6 @@ pub fn write_summary(
     summary.bubble_per_stage = bubbles.to_vec();
     summary.exposed_comm_per_rank = exposed.to_vec();
     summary.device = run.a.device.clone();
-    summary.in_host_memory = pipewright::runtime::device::in_host_memory(&run.a.device);
     dir.write_json("summary.json", &summary)?;
     pipewright::say!("──────── summary ────────");
     pipewright::say!("run directory   {}", dir.path().display());

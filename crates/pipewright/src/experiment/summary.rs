@@ -55,12 +55,10 @@ pub struct Summary {
     pub median_step_parts: StepParts,
     /// Layers per model stage.
     pub balance: Vec<usize>,
-    /// The device the run computed on (`cpu`, `cuda:0`), for the screen only ...
+    /// The device the run computed on (`cpu`, `cuda:0`), for the screen only: where its
+    /// tensors live says which allocated peak the screen shows.
     #[serde(skip)]
     pub device: String,
-    /// ... and whether its tensors live in host memory (where the allocator counts them).
-    #[serde(skip)]
-    pub in_host_memory: bool,
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -80,7 +78,8 @@ impl Summary {
                 mib(p)
             )?;
         }
-        match (self.training_peak_allocated_bytes, self.in_host_memory) {
+        let in_host = crate::runtime::device::in_host_memory(&self.device);
+        match (self.training_peak_allocated_bytes, in_host) {
             (Some(p), false) => writeln!(
                 f,
                 "allocated peak  {:.1} MiB on rank 0's GPU (its memory pool's high-water mark, \
@@ -180,7 +179,7 @@ mod tests {
             layout: "pp=1 tp=1 cp=1 dp=1 f32".into(),
             balance: vec![4],
             ranks: vec!["rank 0: all".into()],
-            in_host_memory: true,
+            device: "cpu".into(),
             ..Summary::default()
         };
         let one = s.to_string();
@@ -200,7 +199,6 @@ mod tests {
         );
         // Nothing counted on a GPU says so; nothing counted on the CPU says nothing.
         assert!(!two.contains("allocated peak"), "{two}");
-        s.in_host_memory = false;
         s.device = "cuda:0".into();
         assert!(s
             .to_string()
@@ -218,6 +216,6 @@ mod tests {
         ] {
             assert!(v.get(key).is_some(), "{key}");
         }
-        assert!(v.get("device").is_none() && v.get("in_host_memory").is_none());
+        assert!(v.get("device").is_none());
     }
 }
