@@ -4,6 +4,7 @@
 //! ranks sharing a CPU), and with `--trace` a measured step drawn beneath it (without
 //! `--profile`, beneath its own schedule simulated with the costs the step measured).
 
+use pipewright::parallel::dims::ParallelSpec;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -79,14 +80,12 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
     let hw = crate::plan::hardware(&a.hardware, a.link.as_deref())?;
     let cluster = Cluster::new(&hw, a.pp * a.tp * a.dp, Some(a.nodes))?;
     let cand = Candidate {
-        layout: Layout::new(a.pp, a.tp, a.dp)?,
+        parallel: ParallelSpec::new(Layout::new(a.pp, a.tp, a.dp)?),
         micro_batch: a.mbs,
         micro_batches: a.chunks,
         schedule: kind,
         virtual_stages: a.r#virtual,
         recompute: a.recompute.parse()?,
-        zero: pipewright::parallel::zero::Zero::Off,
-        sequence_parallel: false,
     };
     let (e, sim) = estimate(&profile, &cluster, &cand)?;
     pipewright::say!(

@@ -151,8 +151,11 @@ fn main() -> pipewright::Result<()> {
         shared_weights: tied,
         device,
         ..VarunaOptions::of(TrainSpec {
-            lr: LrSchedule::Constant { lr: 1e-4 },
             precision,
+            optim: pipewright::model::nn::optim::OptimSpec {
+                lr: LrSchedule::Constant { lr: 1e-4 },
+                ..Default::default()
+            },
             ..TrainSpec::new(Layout::new(1, 1, 1)?, batch, batch, 1)
         })
     };

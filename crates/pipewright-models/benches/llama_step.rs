@@ -40,7 +40,10 @@ fn main() -> pipewright::Result<()> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let opts = VarunaOptions::of(TrainSpec {
-        lr: LrSchedule::Constant { lr: 1e-4 },
+        optim: pipewright::model::nn::optim::OptimSpec {
+            lr: LrSchedule::Constant { lr: 1e-4 },
+            ..Default::default()
+        },
         ..TrainSpec::new(Layout::new(1, 1, 1)?, batch, batch, 1)
     });
     let model = llama(cfg)?;

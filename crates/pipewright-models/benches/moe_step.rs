@@ -53,7 +53,10 @@ fn main() -> pipewright::Result<()> {
     let (steps, ep) = (env("PW_BENCH_STEPS", 5), env("PW_EP", 1));
     size_thread_pools(ep);
     let opts = VarunaOptions::of(TrainSpec {
-        lr: LrSchedule::Constant { lr: 1e-4 },
+        optim: pipewright::model::nn::optim::OptimSpec {
+            lr: LrSchedule::Constant { lr: 1e-4 },
+            ..Default::default()
+        },
         ..TrainSpec::new(Layout::new(1, 1, ep)?.with_ep(ep)?, batch, batch / ep, 1)
     });
     let model = llama(cfg)?;

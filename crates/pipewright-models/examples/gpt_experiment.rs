@@ -53,15 +53,18 @@ pub fn body(cx: &mut Context) -> Result<()> {
         ));
     }
     let spec = TrainSpec {
-        optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
-        lr: LrSchedule::Constant {
-            lr: cx.params().float("lr")?,
-        },
         seed,
         cadence: Cadence {
             eval_every: cx.params().positive("eval_every")? as u64,
             checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64,
             ..Cadence::steps(steps)
+        },
+        optim: pipewright::model::nn::optim::OptimSpec {
+            optimizer: OptimizerConfig::AdamW(AdamWConfig::default()),
+            lr: LrSchedule::Constant {
+                lr: cx.params().float("lr")?,
+            },
+            ..Default::default()
         },
         ..TrainSpec::new(
             Layout::new(pp, tp, dp)?,

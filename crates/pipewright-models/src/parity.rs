@@ -232,14 +232,13 @@ impl ParityRun {
 
     /// The Varuna options of this run for `layout`.
     pub fn options(&self, layout: Layout) -> VarunaOptions {
+        let mut spec = TrainSpec::new(layout, self.global_batch, self.micro_batch, 1);
+        spec.seed = self.seed;
+        spec.optim.clip = Some(self.clip);
+        spec.optim.lr = LrSchedule::Constant { lr: self.lr };
         VarunaOptions {
             shared_weights: tied(),
-            ..VarunaOptions::of(TrainSpec {
-                seed: self.seed,
-                clip: Some(self.clip),
-                lr: LrSchedule::Constant { lr: self.lr },
-                ..TrainSpec::new(layout, self.global_batch, self.micro_batch, 1)
-            })
+            ..VarunaOptions::of(spec)
         }
     }
 

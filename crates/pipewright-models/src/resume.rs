@@ -42,10 +42,10 @@ impl RunSpec {
             ));
         }
         let mut notes = Vec::new();
-        if t.lr != s.lr {
+        if t.optim.lr != s.optim.lr {
             notes.push(format!(
                 "the learning rate changes on resuming: {:?} (the checkpoint's run had {:?})",
-                t.lr, s.lr
+                t.optim.lr, s.optim.lr
             ));
         }
         Ok(notes)

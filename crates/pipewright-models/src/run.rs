@@ -257,20 +257,21 @@ impl RunSpec {
             hardware: hw,
             ranks_per_node: ranks_per_node.clamp(1, world.max(1)),
             runtime: Runtime::pipewright(
-                t.overlap,
+                t.overlap.overlap,
                 backend.progresses_in_background(),
-                t.bucket_bytes,
+                t.overlap.bucket_bytes,
             ),
         };
         let cand = Candidate {
-            layout: t.layout,
+            parallel: t.parallel,
             micro_batch: t.micro_batch,
-            micro_batches: t.layout.micro_batches(t.global_batch, t.micro_batch)?,
-            schedule: t.schedule,
-            virtual_stages: t.virtual_stages,
-            recompute: t.recompute,
-            zero: t.zero,
-            sequence_parallel: t.sequence_parallel,
+            micro_batches: t
+                .parallel
+                .layout
+                .micro_batches(t.global_batch, t.micro_batch)?,
+            schedule: t.pipeline.schedule,
+            virtual_stages: t.pipeline.virtual_stages,
+            recompute: t.pipeline.recompute,
         };
         let (e, sim) = estimate(&profile, &cluster, &cand)?;
         let half = self.train.precision != Precision::F32;
@@ -315,13 +316,16 @@ impl RunSpec {
     pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
         let t = &self.train;
         let (what, params, kept, input) = self.sizes(shape)?;
-        let micro_batches = t.layout.micro_batches(t.global_batch, t.micro_batch)?;
-        let in_flight = micro_batches.min(t.layout.pp).max(1) as f64;
+        let micro_batches = t
+            .parallel
+            .layout
+            .micro_batches(t.global_batch, t.micro_batch)?;
+        let in_flight = micro_batches.min(t.parallel.layout.pp).max(1) as f64;
         let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;
         let here = ranks_here.clamp(1, t.world());
         let share = here as f64 / t.world() as f64;
         pipewright::runtime::memory::check_fits(
-            replica * t.layout.dp as f64 * share + input * t.global_batch as f64,
+            replica * t.parallel.layout.dp as f64 * share + input * t.global_batch as f64,
             &format!(
                 "training {what} on batches of {} rows in micro-batches of {} on {here} of its \
                  ranks",

@@ -55,13 +55,15 @@ fn sequence_parallelism_trains_as_serial() {
     // With dropout (0.1): each rank draws its part of the serial run's masks.
     let run = ParityRun::default();
     for l in [layout(1, 2, 1, 1), layout(2, 2, 1, 1), layout(1, 2, 1, 2)] {
-        let opts = run.options(l).with_spec(|s| s.sequence_parallel = true);
+        let opts = run
+            .options(l)
+            .with_spec(|s| s.parallel.sequence_parallel = true);
         check(&run, opts, 1e-5);
     }
     // With a context-parallel ring: each rank's slice split again over tp.
     let run = ParityRun::for_context_parallel();
     let opts = run
         .options(layout(1, 2, 2, 1))
-        .with_spec(|s| s.sequence_parallel = true);
+        .with_spec(|s| s.parallel.sequence_parallel = true);
     check(&run, opts, CP_TOL);
 }

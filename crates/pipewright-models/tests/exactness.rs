@@ -73,8 +73,8 @@ impl Family {
     fn options(&self, run: &ParityRun) -> VarunaOptions {
         let (zero, sp) = (self.zero, self.sp);
         run.options(self.layout).with_spec(|s| {
-            s.zero = zero;
-            s.sequence_parallel = sp;
+            s.parallel.zero = zero;
+            s.parallel.sequence_parallel = sp;
         })
     }
 

@@ -69,7 +69,7 @@ fn compute(dir: &Path, layout: Layout, f: &HashMap<String, Tensor>, ckpt: &Path)
     let batch = Batch::pair(ids, f["targets"].clone());
     let rows = batch.rows().unwrap();
     let mut opts = VarunaOptions::new(layout, rows, rows / layout.dp)
-        .with_spec(|s| s.lr = LrSchedule::Constant { lr: LR });
+        .with_spec(|s| s.optim.lr = LrSchedule::Constant { lr: LR });
     opts.device = pipewright::runtime::device::test_device().unwrap();
     local::run(layout.world(), |comm| {
         let mut v = Varuna::new(&seq, Box::new(comm), opts.clone())?;

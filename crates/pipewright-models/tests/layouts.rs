@@ -112,8 +112,8 @@ fn a_map_or_balance_the_spec_does_not_describe_is_refused() {
         e.to_string().contains("stage-to-rank map `0,1;2,3;`"),
         "{e}"
     );
-    let opts =
-        options(Layout::new(2, 1, 1).unwrap()).with_spec(|s| s.balance = Some(Balance::Time));
+    let opts = options(Layout::new(2, 1, 1).unwrap())
+        .with_spec(|s| s.pipeline.balance = Some(Balance::Time));
     let e = opts.validate(&gpt(cfg()).unwrap(), 2).unwrap_err();
     assert!(
         e.to_string().contains("resolve it into layers per stage"),
@@ -125,8 +125,8 @@ fn a_map_or_balance_the_spec_does_not_describe_is_refused() {
 fn low_precision_follows_f32() {
     let layout = Layout::new(2, 1, 1).unwrap();
     let mut base = options(layout);
-    base.spec.lr = LrSchedule::Constant { lr: 3e-3 };
-    base.spec.clip = Some(1.0);
+    base.spec.optim.lr = LrSchedule::Constant { lr: 3e-3 };
+    base.spec.optim.clip = Some(1.0);
     let run = ParityRun {
         steps: 50,
         ..ParityRun::default()
@@ -243,7 +243,7 @@ fn overflow_skips_everywhere(zero: Zero) {
     let opts = VarunaOptions {
         loss_scaler: LossScaler::with(1024.0, 1000),
         ..options(layout).with_spec(|s| {
-            s.zero = zero;
+            s.parallel.zero = zero;
             s.precision = Precision::F16;
         })
     };

@@ -5,6 +5,8 @@
 //! every gradient of every step, the parameters). The comparison with Hugging Face computes on
 //! `PW_TEST_DEVICE` (`cpu` unless set; `cuda` in `tools/gpu-checks.sh`).
 
+use pipewright::model::nn::optim::OptimSpec;
+use pipewright::parallel::dims::ParallelSpec;
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
@@ -199,9 +201,15 @@ fn perturbed(layout: Layout, sp: bool, perturb: Option<(String, f64)>) -> Vec<Ra
     let model = llama(config(&fixture())).unwrap();
     let opts = VarunaOptions::of(TrainSpec {
         seed: 3,
-        clip: Some(CLIP),
-        lr: LrSchedule::Constant { lr: LR },
-        sequence_parallel: sp,
+        parallel: ParallelSpec {
+            sequence_parallel: sp,
+            ..ParallelSpec::new(layout)
+        },
+        optim: OptimSpec {
+            clip: Some(CLIP),
+            lr: LrSchedule::Constant { lr: LR },
+            ..Default::default()
+        },
         ..TrainSpec::new(layout, GLOBAL, MICRO, 1)
     });
     local::run(layout.world(), |comm| {

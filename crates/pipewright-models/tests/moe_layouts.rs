@@ -3,6 +3,8 @@
 //! pipeline and data-parallel layouts: the auxiliary loss's gradient is given where each
 //! router sits, weighted by the global batch's micro-batches, whatever the layout.
 
+use pipewright::model::nn::optim::OptimSpec;
+use pipewright::parallel::dims::ParallelSpec;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
@@ -142,9 +144,15 @@ fn resumed(
 ) -> Result<(RankResult, Loads)> {
     let opts = VarunaOptions::of(TrainSpec {
         seed: SEED,
-        clip: Some(CLIP),
-        lr: LrSchedule::Constant { lr: LR },
-        zero,
+        parallel: ParallelSpec {
+            zero,
+            ..ParallelSpec::new(layout)
+        },
+        optim: OptimSpec {
+            clip: Some(CLIP),
+            lr: LrSchedule::Constant { lr: LR },
+            ..Default::default()
+        },
         ..TrainSpec::new(layout, GLOBAL, MICRO, STEPS)
     });
     let mut v = Varuna::new(&llama(config(task))?, world, opts)?;
@@ -365,7 +373,10 @@ fn a_mixture_under_sequence_parallelism_is_refused_for_now() {
     let layout = Layout::new(1, 2, 1).unwrap();
     let e = local::run(2, |c| {
         let opts = VarunaOptions::of(TrainSpec {
-            sequence_parallel: true,
+            parallel: ParallelSpec {
+                sequence_parallel: true,
+                ..ParallelSpec::new(layout)
+            },
             ..TrainSpec::new(layout, GLOBAL, MICRO, STEPS)
         });
         Varuna::new(&llama(config(&task))?, Box::new(c), opts).map(|_| ())
@@ -424,18 +435,25 @@ fn the_planner_searches_ep_and_costs_its_exchange() {
         top: 1,
     };
     let moe = profile(&cfg);
-    let eps: std::collections::BTreeSet<usize> =
-        candidates(&req, &moe).iter().map(|c| c.layout.ep).collect();
+    let eps: std::collections::BTreeSet<usize> = candidates(&req, &moe)
+        .iter()
+        .map(|c| c.parallel.layout.ep)
+        .collect();
     assert_eq!(eps.into_iter().collect::<Vec<_>>(), vec![1, 2, 4]);
     let dense = profile(&LlamaConfig { moe: None, ..cfg });
-    assert!(candidates(&req, &dense).iter().all(|c| c.layout.ep == 1));
+    assert!(candidates(&req, &dense)
+        .iter()
+        .all(|c| c.parallel.layout.ep == 1));
 
     let cluster = Cluster::new(&hw, 4, None).unwrap();
     let at = |ep: usize| {
         let c = candidates(&req, &moe)
             .into_iter()
             .find(|c| {
-                c.layout.dp == 4 && c.layout.ep == ep && c.zero == Zero::Off && c.micro_batch == 2
+                c.parallel.layout.dp == 4
+                    && c.parallel.layout.ep == ep
+                    && c.parallel.zero == Zero::Off
+                    && c.micro_batch == 2
             })
             .unwrap();
         estimate(&moe, &cluster, &c).unwrap().0

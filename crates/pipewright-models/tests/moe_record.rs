@@ -74,7 +74,7 @@ fn a_mixture_records_its_auxiliary_loss_and_tokens_per_expert_and_the_report_sho
         seed: 7,
         micro_batches: GLOBAL / MICRO,
         clip: None,
-        lr: train.lr,
+        lr: train.optim.lr,
         tied: Vec::new(),
         deferred_batch_norm: false,
         loss: Arc::new(CrossEntropy::default()),

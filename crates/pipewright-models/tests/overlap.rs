@@ -34,7 +34,7 @@ fn ranks(
 ) -> Vec<RankResult> {
     let mut opts = run.options(layout);
     tweak(&mut opts);
-    opts.spec.overlap = on;
+    opts.spec.overlap.overlap = on;
     assert_eq!(opts.spec.cuts_last_forward(), on);
     local::run(layout.world(), |comm| {
         run.rank(Box::new(comm), opts.clone())
@@ -81,22 +81,22 @@ fn sums_during_the_backward_give_the_bits_of_sums_after_the_step() {
     fn plain(_: &mut VarunaOptions) {}
     // 16 KiB buckets: a dozen in flight at once.
     fn small_buckets(o: &mut VarunaOptions) {
-        o.spec.bucket_bytes = 16 << 10;
+        o.spec.overlap.bucket_bytes = 16 << 10;
     }
     fn bf16(o: &mut VarunaOptions) {
         o.spec.precision = Precision::Bf16;
-        o.spec.bucket_bytes = 16 << 10;
+        o.spec.overlap.bucket_bytes = 16 << 10;
     }
     fn zero1(o: &mut VarunaOptions) {
-        o.spec.zero = Zero::OptimizerState;
+        o.spec.parallel.zero = Zero::OptimizerState;
     }
     fn zero2(o: &mut VarunaOptions) {
-        o.spec.zero = Zero::Gradients;
-        o.spec.bucket_bytes = 16 << 10;
+        o.spec.parallel.zero = Zero::Gradients;
+        o.spec.overlap.bucket_bytes = 16 << 10;
     }
     fn zero3(o: &mut VarunaOptions) {
-        o.spec.zero = Zero::Parameters;
-        o.spec.bucket_bytes = 16 << 10;
+        o.spec.parallel.zero = Zero::Parameters;
+        o.spec.overlap.bucket_bytes = 16 << 10;
     }
     fn zero2_bf16(o: &mut VarunaOptions) {
         zero2(o);
@@ -139,13 +139,13 @@ fn zero3_layers_gathered_ahead_give_the_bits_of_gathering_when_needed() {
         let layout = Layout::new(pp, tp, dp).unwrap();
         let at = |live: usize| {
             let mut opts = run.options(layout);
-            opts.spec.zero = Zero::Parameters;
-            opts.spec.bucket_bytes = 16 << 10;
+            opts.spec.parallel.zero = Zero::Parameters;
+            opts.spec.overlap.bucket_bytes = 16 << 10;
             if virtual_stages > 1 {
-                opts.spec.schedule = ScheduleKind::Interleaved;
-                opts.spec.virtual_stages = virtual_stages;
+                opts.spec.pipeline.schedule = ScheduleKind::Interleaved;
+                opts.spec.pipeline.virtual_stages = virtual_stages;
             }
-            opts.spec.zero_live_layers = live;
+            opts.spec.overlap.zero_live_layers = live;
             local::run(layout.world(), |comm| {
                 run.rank(Box::new(comm), opts.clone())
             })

@@ -62,7 +62,7 @@ fn a_schedule_saved_to_a_file_and_loaded_back_trains_to_the_same_losses() {
     let loaded = Schedule::load(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
-    opts.spec.custom_schedule = Some(loaded);
+    opts.spec.pipeline.custom_schedule = Some(loaded);
     let got = pipelined_with(&case, 2, opts);
     let built = pipelined(&case, 2, ScheduleKind::ZeroBubbleH1, 1, Recompute::Never);
     assert_eq!(
@@ -85,14 +85,14 @@ fn a_v_shaped_schedule_trains_to_the_serial_losses() {
     .unwrap();
     assert_eq!(v.placement().unwrap(), vec![0, 1, 1, 0]);
     let mut opts = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
-    opts.spec.custom_schedule = Some(v);
+    opts.spec.pipeline.custom_schedule = Some(v);
     compare(
         "V-shaped",
         &pipelined_with(&case, 2, opts.clone()),
         &serial(&case),
     );
     // One that does not fit the pipeline is refused before anything is built.
-    opts.spec.custom_schedule = Some(Schedule::new(ScheduleKind::GPipe, 2, 3, 1).unwrap());
+    opts.spec.pipeline.custom_schedule = Some(Schedule::new(ScheduleKind::GPipe, 2, 3, 1).unwrap());
     let e = opts.validate(&case.model, 2).unwrap_err().to_string();
     assert!(e.contains("3 micro-batches") && e.contains("chunks"), "{e}");
 }
@@ -142,7 +142,7 @@ fn bad_pipeline_configurations_are_errors() {
     let base = options(&case, 2, ScheduleKind::GPipe, 1, Recompute::Never);
     let e = err(base
         .clone()
-        .with_spec(|s| s.balance = Some(Balance::Layers(vec![4, 3]))));
+        .with_spec(|s| s.pipeline.balance = Some(Balance::Layers(vec![4, 3]))));
     assert!(e.contains("sums to 7 but the model has 6 segments"), "{e}");
     let e = err(base.clone().with_spec(|s| s.micro_batch = 5));
     assert!(
@@ -150,8 +150,8 @@ fn bad_pipeline_configurations_are_errors() {
         "{e}"
     );
     let e = err(base.with_spec(|s| {
-        s.schedule = ScheduleKind::Interleaved;
-        s.virtual_stages = 2;
+        s.pipeline.schedule = ScheduleKind::Interleaved;
+        s.pipeline.virtual_stages = 2;
         s.micro_batch = 12;
     }));
     assert!(e.contains("micro-batches"), "{e}");

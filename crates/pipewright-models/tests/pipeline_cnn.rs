@@ -171,10 +171,10 @@ fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
     let want = serial(&c);
     for (pp, recompute) in [(1, Recompute::Never), (2, Recompute::Always)] {
         let opts = options(&c, pp, ScheduleKind::OneFOneB, 1, recompute).with_spec(|s| {
-            s.zero = Zero::Parameters;
-            s.bucket_bytes = 1024;
+            s.parallel.zero = Zero::Parameters;
+            s.overlap.bucket_bytes = 1024;
         });
-        let opts = opts.with_spec(|s| s.layout = Layout::new(pp, 1, 2).unwrap());
+        let opts = opts.with_spec(|s| s.parallel.layout = Layout::new(pp, 1, 2).unwrap());
         let per_rank = local::run(pp * 2, |comm| {
             let mut v = Varuna::new(&c.model, Box::new(comm), opts.clone())?;
             assert_eq!(v.zero(), Zero::Parameters);

@@ -14,8 +14,8 @@ use pipewright_models::{CnnConfig, GptConfig, LlamaConfig, ModelConfig, RunSpec,
 fn gpt_spec(layout: Layout) -> RunSpec {
     let mut train = TrainSpec::new(layout, 8, 2, 3);
     train.seed = 5;
-    train.clip = Some(1.0);
-    train.lr = LrSchedule::WarmupCosine {
+    train.optim.clip = Some(1.0);
+    train.optim.lr = LrSchedule::WarmupCosine {
         lr: 3e-3,
         warmup: 1,
         total: 3,
@@ -56,8 +56,8 @@ fn losses(spec: &RunSpec) -> Vec<f64> {
 #[test]
 fn a_spec_reads_back_from_its_json() {
     let mut spec = gpt_spec(Layout::new(2, 1, 2).unwrap());
-    spec.train.balance = Some("2,1,1,2".parse().unwrap());
-    spec.train.optimizer = OptimizerConfig::Sgd(SgdConfig {
+    spec.train.pipeline.balance = Some("2,1,1,2".parse().unwrap());
+    spec.train.optim.optimizer = OptimizerConfig::Sgd(SgdConfig {
         momentum: 0.8,
         ..Default::default()
     });
@@ -88,7 +88,7 @@ fn a_morphed_spec_trains_to_the_same_losses() {
     // Without the machines the layout nearest the old one: the same pp and tp, half the
     // replicas, the same micro-batches (so the same mathematics).
     let (small, m) = spec.morph(2, None).unwrap();
-    assert_eq!(small.train.layout, Layout::new(2, 1, 1).unwrap());
+    assert_eq!(small.train.parallel.layout, Layout::new(2, 1, 1).unwrap());
     assert_eq!(m.step_s, None);
     assert_eq!(small.train.micro_batch, spec.train.micro_batch);
     assert_eq!(small.train.global_batch, spec.train.global_batch);
@@ -105,7 +105,7 @@ fn a_morphed_spec_trains_to_the_same_losses() {
 fn planned_morph(spec: &RunSpec, tp_ok: impl Fn(usize) -> bool) -> RunSpec {
     let hw = Hardware::load("h100-node").unwrap();
     let (planned, m) = spec.morph(2, Some((&hw, 8))).unwrap();
-    let l = planned.train.layout;
+    let l = planned.train.parallel.layout;
     assert_eq!(l.world(), 2);
     assert!(m.step_s.is_some_and(|s| s > 0.0), "{m:?}");
     assert!(!m.why.contains("nearest"), "{m:?}");
@@ -159,16 +159,16 @@ fn every_model_morphs_through_the_planner() {
         task: TaskSpec::Shapes { image_size: 8 },
         train: TrainSpec::new(Layout::new(4, 1, 1).unwrap(), 8, 2, 1),
     };
-    cnn.train.balance = Some(Balance::Layers(vec![1, 1, 1, 1]));
+    cnn.train.pipeline.balance = Some(Balance::Layers(vec![1, 1, 1, 1]));
     // The CNN does not split over tp ranks.
     let small = planned_morph(&cnn, |tp| tp == 1);
     assert_eq!(
-        small.train.balance, None,
+        small.train.pipeline.balance, None,
         "a list made for 4 stages is dropped"
     );
     // Without the machines: the layout nearest the old one.
     let (near, m) = cnn.morph(2, None).unwrap();
-    assert_eq!(near.train.layout, Layout::new(2, 1, 1).unwrap());
+    assert_eq!(near.train.parallel.layout, Layout::new(2, 1, 1).unwrap());
     assert_eq!(m.step_s, None);
 }
 

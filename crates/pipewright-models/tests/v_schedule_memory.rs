@@ -55,8 +55,11 @@ fn step_peaks(kind: ScheduleKind, balance: Vec<usize>) -> Vec<u64> {
     let opts = VarunaOptions {
         shared_weights: vec![(TIED.0.into(), TIED.1.into())],
         ..VarunaOptions::of(TrainSpec {
-            schedule: kind,
-            balance: Some(Balance::Layers(balance)),
+            pipeline: pipewright::parallel::pipeline::PipelineSpec {
+                schedule: kind,
+                balance: Some(Balance::Layers(balance)),
+                ..Default::default()
+            },
             ..TrainSpec::new(Layout::new(PP, 1, 1).unwrap(), CHUNKS, 1, 2)
         })
     };

@@ -57,8 +57,8 @@ fn v_schedules_match_serial_training_with_tp_dp_and_zero_3() {
         ] {
             let layout = Layout::new(pp, tp, dp).unwrap();
             let opts = run.options(layout).with_spec(|s| {
-                s.schedule = kind;
-                s.zero = zero;
+                s.pipeline.schedule = kind;
+                s.parallel.zero = zero;
             });
             let ranks =
                 local::run(layout.world(), |c| run.rank(Box::new(c), opts.clone())).unwrap();
@@ -99,7 +99,7 @@ fn a_saved_schedule_edited_by_hand_trains_and_an_illegal_edit_is_refused() {
     let loaded = Schedule::load(&path).unwrap();
     assert_ne!(loaded, built);
     let mut opts = options(&case, 2, ScheduleKind::OneFOneB, 1, Recompute::Never);
-    opts.spec.custom_schedule = Some(loaded);
+    opts.spec.pipeline.custom_schedule = Some(loaded);
     compare(
         "zbv edited by hand",
         &pipelined_with(&case, 2, opts.clone()),
@@ -108,7 +108,7 @@ fn a_saved_schedule_edited_by_hand_trains_and_an_illegal_edit_is_refused() {
     // Illegal: rank 1 runs stage 2's input gradient of micro-batch 0 before its forward.
     std::fs::write(&path, swapped(&text, 1, "2F0", "2I0")).unwrap();
     let bad = Schedule::load(&path).unwrap();
-    opts.spec.custom_schedule = Some(bad);
+    opts.spec.pipeline.custom_schedule = Some(bad);
     let e = opts.validate(&case.model, 2).unwrap_err().to_string();
     assert!(
         e.contains("deadlocks") && e.contains("rank 1 at 2I0 waits for forward of micro-batch 0"),

@@ -35,8 +35,8 @@ fn every_zero_stage_trains_as_serial() {
         for (pp, tp, dp) in [(1, 1, 2), (2, 1, 2), (1, 2, 2), (1, 1, 4), (2, 2, 2)] {
             let layout = Layout::new(pp, tp, dp).unwrap();
             let opts = run.options(layout).with_spec(|s| {
-                s.zero = zero;
-                s.bucket_bytes = 4096;
+                s.parallel.zero = zero;
+                s.overlap.bucket_bytes = 4096;
             });
             for (rank, got) in parallel(&run, opts).iter().enumerate() {
                 let worst = worst_difference(got, &want).unwrap();
@@ -86,11 +86,11 @@ fn zero_two_and_three_keep_working_under_every_schedule_and_recomputation() {
         ),
     ] {
         let opts = run.options(layout).with_spec(|s| {
-            s.zero = zero;
-            s.schedule = schedule;
-            s.virtual_stages = virtual_stages;
-            s.recompute = recompute;
-            s.bucket_bytes = 4096;
+            s.parallel.zero = zero;
+            s.pipeline.schedule = schedule;
+            s.pipeline.virtual_stages = virtual_stages;
+            s.pipeline.recompute = recompute;
+            s.overlap.bucket_bytes = 4096;
         });
         for (rank, got) in parallel(&run, opts).iter().enumerate() {
             let worst = worst_difference(got, &want).unwrap();
@@ -113,7 +113,7 @@ fn zero_stages_parse_and_one_replica_runs_without() {
     let run = ParityRun::default();
     let opts = run
         .options(Layout::new(2, 1, 1).unwrap())
-        .with_spec(|s| s.zero = Zero::Parameters);
+        .with_spec(|s| s.parallel.zero = Zero::Parameters);
     let zero = local::run(2, |comm| {
         Ok(Varuna::new(&gpt(run.gpt)?, Box::new(comm), opts.clone())?.zero())
     })
@@ -133,7 +133,7 @@ fn each_replica_keeps_its_share_of_the_optimizer_state() {
     ] {
         let opts = run
             .options(Layout::new(1, 1, dp).unwrap())
-            .with_spec(|s| s.zero = zero);
+            .with_spec(|s| s.parallel.zero = zero);
         // (optimizer-state elements, parameter elements, weight elements the model's own
         // variables hold) of each rank after one step.
         let held = local::run(dp, |comm| {
@@ -195,8 +195,8 @@ fn held(v: &candle_core::Var) -> usize {
 
 fn zero_options(l: (usize, usize, usize), zero: Zero, precision: Precision) -> VarunaOptions {
     resume::options(Layout::new(l.0, l.1, l.2).unwrap(), precision).with_spec(|s| {
-        s.zero = zero;
-        s.bucket_bytes = 4096;
+        s.parallel.zero = zero;
+        s.overlap.bucket_bytes = 4096;
     })
 }
 

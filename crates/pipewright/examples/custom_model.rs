@@ -239,8 +239,11 @@ pub fn train_serial(steps: u64) -> Result<Vec<f64>> {
 /// trainer's options and morphs).
 pub fn spec(layout: Layout, steps: u64) -> TrainSpec {
     TrainSpec {
-        optimizer: ADAMW,
-        lr: LrSchedule::Constant { lr: LR },
+        optim: pipewright::model::nn::optim::OptimSpec {
+            optimizer: ADAMW,
+            lr: LrSchedule::Constant { lr: LR },
+            ..Default::default()
+        },
         ..TrainSpec::new(layout, GLOBAL_BATCH, CHUNK_SIZE, steps)
     }
 }
@@ -306,16 +309,22 @@ pub fn plan(steps: u64) -> Result<TrainSpec> {
     println!("planned for 4 ranks (predicted step time):");
     for e in &planned {
         let c = &e.candidate;
-        let what = format!("{} {}, recompute {:?}", c.layout, c.schedule, c.recompute);
+        let what = format!(
+            "{} {}, recompute {:?}",
+            c.parallel.layout, c.schedule, c.recompute
+        );
         println!("  {what:<40} {:>8.3} ms", e.step_s * 1e3);
     }
     let c = &planned[0].candidate;
     Ok(TrainSpec {
         micro_batch: c.micro_batch,
-        schedule: c.schedule,
-        virtual_stages: c.virtual_stages,
-        recompute: c.recompute,
-        ..spec(c.layout, steps)
+        pipeline: pipewright::parallel::pipeline::PipelineSpec {
+            schedule: c.schedule,
+            virtual_stages: c.virtual_stages,
+            recompute: c.recompute,
+            ..Default::default()
+        },
+        ..spec(c.parallel.layout, steps)
     })
 }
 
@@ -350,7 +359,7 @@ fn main() -> Result<()> {
     println!(
         "a machine left after step {}: morphed from {} to {} ({})",
         steps / 2,
-        planned.layout,
+        planned.parallel.layout,
         m.layout,
         m.why
     );

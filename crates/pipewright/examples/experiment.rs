@@ -19,7 +19,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::distributed::topology::Layout;
 use pipewright::experiment::{Context, Dataset, Experiment, Param, Recorder, SmartDataLoader};
-use pipewright::model::nn::optim::{LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::model::nn::optim::{LrSchedule, OptimSpec, OptimizerConfig, SgdConfig};
 use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::parallel::loss::Loss;
@@ -161,18 +161,21 @@ pub fn body(cx: &mut Context) -> Result<()> {
     // Every replica's share of the points makes as many batches.
     let per_epoch = loader((0, Device::Cpu))?.batches_per_epoch() as u64;
     let spec = TrainSpec {
-        optimizer: OptimizerConfig::Sgd(SgdConfig {
-            momentum: 0.9,
-            ..Default::default()
-        }),
-        lr: LrSchedule::Constant {
-            lr: cx.params().float("lr")?,
-        },
         seed,
         // Epochs of the loader's batches, saved every `checkpoint_every` epochs.
         cadence: Cadence {
             checkpoint_every: cx.params().int("checkpoint_every")?.max(0) as u64 * per_epoch,
             ..Cadence::steps(epochs as u64 * per_epoch)
+        },
+        optim: OptimSpec {
+            optimizer: OptimizerConfig::Sgd(SgdConfig {
+                momentum: 0.9,
+                ..Default::default()
+            }),
+            lr: LrSchedule::Constant {
+                lr: cx.params().float("lr")?,
+            },
+            clip: None,
         },
         ..TrainSpec::new(Layout::new(pp, 1, dp)?, batch * dp, batch / chunks, 1)
     };

@@ -127,7 +127,7 @@ fn one_stage_costs_every_micro_batch_then_the_optimizer() {
         runtime: Default::default(),
     };
     let two = Candidate {
-        layout: Layout::new(1, 1, 2).unwrap(),
+        parallel: pipewright::parallel::dims::ParallelSpec::new(Layout::new(1, 1, 2).unwrap()),
         ..cand
     };
     let (d, _) = estimate(&summed, &shared, &two).unwrap();
@@ -228,11 +228,12 @@ fn a_model_too_big_for_one_stage_gets_more_stages() {
     // parameter, 120 MB; ZeRO-1 with one micro-batch: 8 + 12/4 in its backward, 8 + 16/4 in
     // its step).
     assert!(plans.iter().all(
-        |e| e.candidate.layout.pp * e.candidate.layout.tp >= 2 || e.candidate.zero != Zero::Off
+        |e| e.candidate.parallel.layout.pp * e.candidate.parallel.layout.tp >= 2
+            || e.candidate.parallel.zero != Zero::Off
     ));
-    assert!(plans
-        .iter()
-        .any(|e| e.candidate.layout.dp == 4 && e.candidate.zero == Zero::Gradients));
+    assert!(plans.iter().any(
+        |e| e.candidate.parallel.layout.dp == 4 && e.candidate.parallel.zero == Zero::Gradients
+    ));
     assert!(plans.iter().all(|e| e.max_peak_bytes() <= 150e6));
     // Below the smallest layout's need: the error names the cap that works, and that cap does.
     req.memory_bytes = 10e6;
@@ -250,7 +251,7 @@ fn a_model_too_big_for_one_stage_gets_more_stages() {
     let plans = search(&p, &cluster, &req).unwrap();
     assert_eq!(plans[0].max_peak_bytes().ceil(), bytes);
     assert_eq!(
-        plans[0].candidate.layout.pp * plans[0].candidate.layout.tp,
+        plans[0].candidate.parallel.layout.pp * plans[0].candidate.parallel.layout.tp,
         4
     );
 }
@@ -298,7 +299,7 @@ fn gpt3_on_1024_h100s_plans_like_megatron_in_seconds() {
     // A guard against a search that blows up, not a speed target (BENCHMARKS.md has the time:
     // about 8 s alone on this machine, more beside this file's other tests on its 2 cores).
     assert!(took < 60.0, "planning took {took} s");
-    let best = plans[0].candidate.layout;
+    let best = plans[0].candidate.parallel.layout;
     // Tensor parallelism stays inside a node's NVLink, pipeline stages cross nodes. Costed by
     // shape, tp 8's products are thinner and its collectives larger than tp 4's: with sequence
     // parallelism (searched with every tp > 1) tp 4 ranks first, as NVIDIA's published NeMo

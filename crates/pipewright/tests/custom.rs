@@ -34,7 +34,10 @@ fn options(layout: Layout) -> VarunaOptions {
         loss: Arc::new(Mse::new("y")),
         device: Device::Cpu,
         ..VarunaOptions::of(TrainSpec {
-            lr: LrSchedule::Constant { lr: 0.1 },
+            optim: pipewright::model::nn::optim::OptimSpec {
+                lr: LrSchedule::Constant { lr: 0.1 },
+                ..Default::default()
+            },
             ..TrainSpec::new(layout, GLOBAL_BATCH, CHUNK_SIZE, 1)
         })
     }
@@ -103,14 +106,14 @@ fn a_run_without_data_says_what_needs_it() {
         data: None,
         ..custom_model::run(spec)
     };
-    spec.balance = Some(Balance::Time);
+    spec.pipeline.balance = Some(Balance::Time);
     let e = Trainer::new(without(spec.clone()), None).err().unwrap();
     assert!(
         e.to_string()
             .contains("a balance by time or size needs the run's data"),
         "{e}"
     );
-    spec.balance = None;
+    spec.pipeline.balance = None;
     let dir = std::env::temp_dir().join(format!("pw-no-data-{}", std::process::id()));
     let e = Trainer::new(without(spec), None)
         .unwrap()

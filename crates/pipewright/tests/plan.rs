@@ -2,6 +2,8 @@
 //! alone: a layer far larger than the others gets a stage of its own by size and is the
 //! slowest by time; a plain MLP is profiled, planned and morphed to worlds of other sizes.
 
+use pipewright::parallel::dims::ParallelSpec;
+use pipewright::parallel::pipeline::PipelineSpec;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Shape, Tensor, Var};
@@ -112,7 +114,9 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
     };
     let cluster = Cluster::new(&hw, 4, None).unwrap();
     let all = candidates(&req, &profile);
-    assert!(all.iter().all(|c| c.layout.tp == 1 && c.layout.pp <= 5));
+    assert!(all
+        .iter()
+        .all(|c| c.parallel.layout.tp == 1 && c.parallel.layout.pp <= 5));
     let best = rank(&profile, &cluster, &req, all.clone()).unwrap();
     let fastest = all
         .iter()
@@ -134,14 +138,12 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
     for (dp, slower) in [(4, 2.0), (2, 1.0)] {
         let cluster = Cluster::new(&hw, dp, Some(1)).unwrap();
         let c = Candidate {
-            layout: Layout::new(1, 1, dp).unwrap(),
+            parallel: ParallelSpec::new(Layout::new(1, 1, dp).unwrap()),
             micro_batch: 3,
             micro_batches: 2,
             schedule: ScheduleKind::OneFOneB,
             virtual_stages: 1,
             recompute: Recompute::Never,
-            zero: pipewright::parallel::zero::Zero::Off,
-            sequence_parallel: false,
         };
         let schedule = |p: &Profile| estimate(p, &cluster, &c).unwrap().1.makespan;
         let ratio = schedule(&crowded) / schedule(&profile);
@@ -150,15 +152,13 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
 
     // Morph a run of pp 2 x dp 2 in micro-batches of 4 rows to other worlds.
     let from = Layout::new(2, 1, 2).unwrap();
+    let pipeline = PipelineSpec::default();
     let request = |world| MorphRequest {
         world,
-        from,
+        from: ParallelSpec::new(from),
         global_batch: 24,
         micro_batch: 4,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        recompute: Recompute::Never,
-        zero: pipewright::parallel::zero::Zero::Off,
+        pipeline: &pipeline,
         tp_divides: vec![1],
     };
     // World 2: (1, 1, 2) or (2, 1, 1); without a profile the same pp is nearest.
@@ -196,14 +196,12 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
         .into_iter()
         .map(|layout| {
             let c = Candidate {
-                layout,
+                parallel: ParallelSpec::new(layout),
                 micro_batch: 4,
                 micro_batches: 24 / (layout.dp * 4),
                 schedule: ScheduleKind::OneFOneB,
                 virtual_stages: 1,
                 recompute: Recompute::Never,
-                zero: pipewright::parallel::zero::Zero::Off,
-                sequence_parallel: false,
             };
             (estimate(&profile, &cluster6, &c).unwrap().0.step_s, layout)
         })

@@ -57,7 +57,7 @@ fn gpt(seq: usize, hw: &Hardware) -> Profile {
 
 fn predict(p: &Profile, hw: &Hardware, spec: &str) -> Estimate {
     let c = parse_candidate(spec, 2).unwrap();
-    let cluster = Cluster::new(hw, c.layout.world(), None).unwrap();
+    let cluster = Cluster::new(hw, c.parallel.layout.world(), None).unwrap();
     estimate(p, &cluster, &c).unwrap().0
 }
 
@@ -191,7 +191,7 @@ fn the_search_turns_to_a_ring_when_long_sequences_do_not_fit() {
     };
     let best = search(&p, &cluster, &req).unwrap();
     for e in &best {
-        assert!(e.candidate.layout.cp > 1, "{:?}", e.candidate);
+        assert!(e.candidate.parallel.layout.cp > 1, "{:?}", e.candidate);
         assert!(e.max_peak_bytes() <= cap);
     }
     // With room for everything, cp is one choice among the rest.
@@ -201,17 +201,17 @@ fn the_search_turns_to_a_ring_when_long_sequences_do_not_fit() {
         ..req
     };
     let all = search(&p, &cluster, &roomy).unwrap();
-    assert!(all.iter().any(|e| e.candidate.layout.cp == 1));
-    assert!(all.iter().any(|e| e.candidate.layout.cp == 4));
+    assert!(all.iter().any(|e| e.candidate.parallel.layout.cp == 1));
+    assert!(all.iter().any(|e| e.candidate.parallel.layout.cp == 4));
     // Sequence parallelism is searched with every tp > 1 (the same step, less memory).
     assert!(all
         .iter()
-        .all(|e| e.candidate.sequence_parallel == (e.candidate.layout.tp > 1)));
+        .all(|e| e.candidate.parallel.sequence_parallel == (e.candidate.parallel.layout.tp > 1)));
     // Rings of chunks shorter than 512 tokens are not searched: at 2048 tokens, cp 2 at most.
     let short = gpt(2048, &hw);
     let all = search(&short, &cluster, &roomy).unwrap();
-    assert!(all.iter().all(|e| e.candidate.layout.cp <= 2));
-    assert!(all.iter().any(|e| e.candidate.layout.cp == 2));
+    assert!(all.iter().all(|e| e.candidate.parallel.layout.cp <= 2));
+    assert!(all.iter().any(|e| e.candidate.parallel.layout.cp == 2));
 }
 
 #[test]
@@ -220,7 +220,11 @@ fn candidates_the_model_cannot_take_are_refused() {
     let p = gpt(96, &hw);
     let c = parse_candidate("tp=2,cp=2,sp=1", 2).unwrap();
     assert_eq!(
-        (c.layout.tp, c.layout.cp, c.sequence_parallel),
+        (
+            c.parallel.layout.tp,
+            c.parallel.layout.cp,
+            c.parallel.sequence_parallel
+        ),
         (2, 2, true)
     );
     let refuse = |spec: &str, world: usize| {
@@ -243,7 +247,14 @@ fn candidates_the_model_cannot_take_are_refused() {
     assert!(e.contains("sp in candidate"), "{e}");
     // A layout as the plan's table prints it (spaces, expert parallelism) is taken back.
     let c = parse_candidate("pp=2 tp=1 dp=4 ep=2", 8).unwrap();
-    assert_eq!((c.layout.pp, c.layout.dp, c.layout.ep), (2, 4, 2));
+    assert_eq!(
+        (
+            c.parallel.layout.pp,
+            c.parallel.layout.dp,
+            c.parallel.layout.ep
+        ),
+        (2, 4, 2)
+    );
     let e = parse_candidate("dp=4,ep=3", 8).unwrap_err().to_string();
     assert!(e.contains("--ep 3 must divide"), "{e}");
 }

@@ -78,7 +78,7 @@ fn crowded_tensor_parallel_ranks_keep_fluid_sharing() {
         ..plain.clone()
     };
     let mut cand = candidate(1, 2, 4, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(1, 2, 2).unwrap();
+    cand.parallel.layout = Layout::new(1, 2, 2).unwrap();
     let schedule = |p: &Profile| estimate(p, &cluster, &cand).unwrap().1.makespan;
     assert_eq!(schedule(&crowded), schedule(&plain));
 }
@@ -170,7 +170,7 @@ fn tensor_parallel_stages_out_of_step_compute_in_each_others_waits() {
     };
     let plain = profile(4, 1e-3, 2e-3, 1000, 100.0);
     let mut cand = candidate(2, 4, 4, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(2, 2, 1).unwrap();
+    cand.parallel.layout = Layout::new(2, 2, 1).unwrap();
     let schedule = |p: &Profile, hw: &Hardware, cand: &pipewright::plan::Candidate| {
         let cluster = Cluster::new(hw, 4, Some(1)).unwrap();
         estimate(p, &cluster, cand).unwrap().1.makespan
@@ -182,7 +182,7 @@ fn tensor_parallel_stages_out_of_step_compute_in_each_others_waits() {
         assert!(schedule(&split_at_2(&plain, busy), &hw, &cand) > 1.2 * alone);
     }
     // tp 2 x dp 2: one stage, its replicas in step, wait together: no gain.
-    cand.layout = Layout::new(1, 2, 2).unwrap();
+    cand.parallel.layout = Layout::new(1, 2, 2).unwrap();
     let full = split_at_2(&plain, Some(1.0));
     assert_eq!(
         schedule(&half_busy, &hw, &cand),
@@ -219,7 +219,7 @@ fn each_stage_runs_at_its_own_busy_share() {
     let hw = Hardware::load("cpu-2core").unwrap();
     let cluster = Cluster::new(&hw, 4, Some(1)).unwrap();
     let mut cand = candidate(2, 4, 4, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(2, 2, 1).unwrap();
+    cand.parallel.layout = Layout::new(2, 2, 1).unwrap();
     let mut mixed = split_at_2(&profile(4, 1e-3, 2e-3, 1000, 100.0), Some(1.0));
     for l in &mut mixed.layers[2..] {
         l.split[0].busy_share = Some(0.5);

@@ -57,7 +57,10 @@ fn a_known_delay_lands_in_its_part_of_the_step() {
             loss: Arc::new(Mse::new("y")),
             device: Device::Cpu,
             ..VarunaOptions::of(TrainSpec {
-                lr: LrSchedule::Constant { lr: 0.1 },
+                optim: pipewright::model::nn::optim::OptimSpec {
+                    lr: LrSchedule::Constant { lr: 0.1 },
+                    ..Default::default()
+                },
                 ..TrainSpec::new(Layout::new(2, 1, 2)?, GLOBAL_BATCH, CHUNK_SIZE, 1)
             })
         };
@@ -116,8 +119,8 @@ fn the_predicted_parts_sum_to_the_step_and_follow_the_schedule() {
     ] {
         let cluster = Cluster::new(&hw, pp * dp, Some(1)).unwrap();
         let mut cand = common::candidate(pp, 4, 8, ScheduleKind::OneFOneB, Recompute::Never);
-        cand.layout = Layout::new(pp, 1, dp).unwrap();
-        cand.zero = zero;
+        cand.parallel.layout = Layout::new(pp, 1, dp).unwrap();
+        cand.parallel.zero = zero;
         let (e, sim) = estimate(&p, &cluster, &cand).unwrap();
         let at = format!("pp {pp} dp {dp} {zero:?}: {:?}", e.parts);
         assert!(
@@ -141,7 +144,7 @@ fn the_predicted_parts_sum_to_the_step_and_follow_the_schedule() {
     let parts = |pp: usize, p: &pipewright::plan::Profile| {
         let cluster = Cluster::new(&hw, pp * 2, Some(1)).unwrap();
         let mut cand = common::candidate(pp, 4, 8, ScheduleKind::OneFOneB, Recompute::Never);
-        cand.layout = Layout::new(pp, 1, 2).unwrap();
+        cand.parallel.layout = Layout::new(pp, 1, 2).unwrap();
         estimate(p, &cluster, &cand).unwrap().0.parts
     };
     let even = common::profile(4, 1e-4, 2e-4, 100_000, 100.0);
@@ -166,7 +169,7 @@ fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
     // over two nodes.
     let p = common::profile(4, 5e-3, 1e-2, 10_000_000, 100.0);
     let mut cand = common::candidate(1, 4, 8, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(1, 1, 2).unwrap();
+    cand.parallel.layout = Layout::new(1, 1, 2).unwrap();
     let costed = |runtime: Runtime, cand: &pipewright::plan::Candidate| {
         let mut cluster = Cluster::new(&hw, 2, Some(2)).unwrap();
         cluster.runtime = runtime;
@@ -189,7 +192,7 @@ fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
     assert_eq!(during.parts.exposed_comm_s, during.parts.gradients_s);
     // ZeRO-2: the 4 micro-batches' reduce-scatters hide behind their backwards, the weights'
     // all-gather after the update does not.
-    cand.zero = Zero::Gradients;
+    cand.parallel.zero = Zero::Gradients;
     let after = costed(Runtime::default(), &cand);
     let during = costed(Runtime::pipewright(true, true, DEFAULT_BUCKET_BYTES), &cand);
     let hidden = after.parts.gradients_s - during.parts.gradients_s;
@@ -208,7 +211,7 @@ fn the_sums_are_costed_overlapped_when_they_travel_during_the_backward() {
 fn the_overlapped_sums_leave_bucket_by_bucket() {
     let hw = Hardware::load("cpu-2core").unwrap();
     let mut cand = common::candidate(1, 1, 8, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(1, 1, 2).unwrap();
+    cand.parallel.layout = Layout::new(1, 1, 2).unwrap();
     // 4 layers of 10 M parameters (40 MB of gradients each): buckets of one layer.
     for (per_row, bucket) in [(1e-3, 40_000_000), (1e-1, 40_000_000), (1e-1, 1 << 30)] {
         let p = common::profile(4, 1e-3, per_row, 10_000_000, 100.0);
@@ -242,7 +245,7 @@ fn the_explained_parts_add_up_to_the_step() {
     let hw = Hardware::load("cpu-2core").unwrap();
     let p = common::profile(4, 5e-3, 1e-2, 10_000_000, 100.0);
     let mut cand = common::candidate(1, 1, 8, ScheduleKind::OneFOneB, Recompute::Never);
-    cand.layout = Layout::new(1, 1, 2).unwrap();
+    cand.parallel.layout = Layout::new(1, 1, 2).unwrap();
     for overlap in [false, true] {
         let mut cluster = Cluster::new(&hw, 2, Some(2)).unwrap();
         cluster.runtime = Runtime::pipewright(overlap, true, 40_000_000);

@@ -92,7 +92,7 @@ fn note(text: String) {
 /// stage, as summary.json records it (the balance itself counts segments between cut points
 /// where the model has them, said beside).
 fn say_balance(spec: &RunSpec, resolved: &Option<Balance>) -> Result<()> {
-    let by = match spec.train.balance {
+    let by = match spec.train.pipeline.balance {
         Some(Balance::Time) => "time",
         Some(Balance::Size) => "size",
         _ => return Ok(()),
@@ -206,22 +206,22 @@ impl Setup {
         };
         let trainer = Trainer::from_env(run)?;
         if let Some(m) = trainer.morphed() {
-            let line = m.describe(spec.train.layout, &a.hardware);
+            let line = m.describe(spec.train.parallel.layout, &a.hardware);
             eprintln!("pipewright train: {line}");
             spec.train = trainer.spec().clone();
         }
         if env.rank == 0 {
-            say_balance(&spec, &trainer.options().spec.balance)?;
+            say_balance(&spec, &trainer.options().spec.pipeline.balance)?;
         }
-        let layout = spec.train.layout;
-        if spec.train.zero != pipewright::parallel::zero::Zero::Off
+        let layout = spec.train.parallel.layout;
+        if spec.train.parallel.zero != pipewright::parallel::zero::Zero::Off
             && layout.dp == 1
             && env.rank == 0
         {
             pipewright::say!(
                 "note: --zero {} shards over data-parallel replicas and --dp is 1: nothing to \
                  shard, training without it",
-                spec.train.zero
+                spec.train.parallel.zero
             );
         }
         if a.trace.is_some() && layout.pp == 1 {
@@ -277,7 +277,7 @@ impl Setup {
             if start > 0 {
                 pipewright::say!(
                     "resumed from step-{start} ({} {}; {} steps to go)",
-                    self.spec.train.layout,
+                    self.spec.train.parallel.layout,
                     a.precision,
                     self.spec.train.cadence.steps.saturating_sub(start)
                 );

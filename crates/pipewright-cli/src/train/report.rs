@@ -265,7 +265,7 @@ pub fn write_summary(
     parts: StepParts,
 ) -> Result<()> {
     summary.median_step_parts = parts;
-    summary.layout = format!("{} {}", run.spec.train.layout, run.a.precision);
+    summary.layout = format!("{} {}", run.spec.train.parallel.layout, run.a.precision);
     summary.balance = balance.to_vec();
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();

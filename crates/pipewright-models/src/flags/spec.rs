@@ -4,10 +4,14 @@
 use std::path::{Path, PathBuf};
 
 use pipewright::distributed::topology::Layout;
-use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig, SgdConfig};
+use pipewright::model::nn::optim::{
+    AdamWConfig, LrSchedule, OptimSpec, OptimizerConfig, SgdConfig,
+};
 use pipewright::model::precision::Precision;
+use pipewright::parallel::dims::ParallelSpec;
+use pipewright::parallel::overlap::OverlapSpec;
 use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
-use pipewright::parallel::pipeline::Recompute;
+use pipewright::parallel::pipeline::{PipelineSpec, Recompute};
 use pipewright::parallel::zero::Zero;
 use pipewright::plan::Candidate;
 use pipewright::trainer::{Cadence, TrainSpec};
@@ -153,28 +157,36 @@ impl TrainArgs {
             },
         };
         Ok(TrainSpec {
-            layout: self.layout()?,
+            parallel: ParallelSpec {
+                layout: self.layout()?,
+                zero: self.zero.parse::<Zero>()?,
+                sequence_parallel: self.sequence_parallel,
+            },
             global_batch: self.batch_size,
             micro_batch: self.micro_batch()?,
-            schedule: self.schedule.parse::<ScheduleKind>()?,
-            virtual_stages: self.virtual_stages,
-            custom_schedule: self
-                .schedule_file
-                .as_deref()
-                .map(Schedule::load)
-                .transpose()?,
+            pipeline: PipelineSpec {
+                schedule: self.schedule.parse::<ScheduleKind>()?,
+                virtual_stages: self.virtual_stages,
+                custom_schedule: self
+                    .schedule_file
+                    .as_deref()
+                    .map(Schedule::load)
+                    .transpose()?,
+                recompute: self.recompute.parse::<Recompute>()?,
+                balance: self.balance.as_deref().map(str::parse).transpose()?,
+                deferred_batch_norm: self.deferred_batch_norm,
+            },
             precision: self.precision.parse::<Precision>()?,
-            recompute: self.recompute.parse::<Recompute>()?,
-            balance: self.balance.as_deref().map(str::parse).transpose()?,
-            deferred_batch_norm: self.deferred_batch_norm,
-            optimizer,
-            lr,
-            clip: (self.clip > 0.0).then_some(self.clip),
-            zero: self.zero.parse::<Zero>()?,
-            sequence_parallel: self.sequence_parallel,
-            overlap: !self.no_overlap,
-            bucket_bytes: (self.bucket_mb * (1 << 20) as f64).round().max(1.0) as usize,
-            zero_live_layers: self.zero_live_layers,
+            optim: OptimSpec {
+                optimizer,
+                lr,
+                clip: (self.clip > 0.0).then_some(self.clip),
+            },
+            overlap: OverlapSpec {
+                overlap: !self.no_overlap,
+                bucket_bytes: (self.bucket_mb * (1 << 20) as f64).round().max(1.0) as usize,
+                zero_live_layers: self.zero_live_layers,
+            },
             seed: self.seed,
             cadence: Cadence {
                 steps: self.steps,
@@ -242,16 +254,21 @@ impl TrainArgs {
     /// recompute, ZeRO and sequence parallelism) and its layers per stage, `balance`.
     pub fn for_candidate(&self, c: &Candidate, balance: &[usize]) -> Self {
         let mut a = self.clone();
-        (a.pp, a.tp, a.dp, a.cp) = (c.layout.pp, c.layout.tp, c.layout.dp, c.layout.cp);
-        a.ep = c.layout.ep;
-        a.sequence_parallel = c.sequence_parallel;
+        (a.pp, a.tp, a.dp, a.cp) = (
+            c.parallel.layout.pp,
+            c.parallel.layout.tp,
+            c.parallel.layout.dp,
+            c.parallel.layout.cp,
+        );
+        a.ep = c.parallel.layout.ep;
+        a.sequence_parallel = c.parallel.sequence_parallel;
         a.chunks = c.micro_batches;
         a.chunk_size = None;
         a.schedule = c.schedule.to_string();
         a.schedule_file = None;
         a.virtual_stages = c.virtual_stages;
         a.recompute = c.recompute.to_string();
-        a.zero = c.zero.to_string();
+        a.zero = c.parallel.zero.to_string();
         let list: Vec<String> = balance.iter().map(usize::to_string).collect();
         a.balance = Some(list.join(","));
         a

@@ -124,12 +124,18 @@ pub fn options(
         shared_weights: c.tied.clone(),
         ..VarunaOptions::of(TrainSpec {
             seed: SEED,
-            schedule: kind,
-            virtual_stages: v,
-            recompute,
-            clip: c.clip,
-            lr: LrSchedule::Constant { lr: 1e-2 },
-            deferred_batch_norm: c.deferred,
+            pipeline: pipewright::parallel::pipeline::PipelineSpec {
+                schedule: kind,
+                virtual_stages: v,
+                recompute,
+                deferred_batch_norm: c.deferred,
+                ..Default::default()
+            },
+            optim: pipewright::model::nn::optim::OptimSpec {
+                clip: c.clip,
+                lr: LrSchedule::Constant { lr: 1e-2 },
+                ..Default::default()
+            },
             ..TrainSpec::new(Layout::new(pp, 1, 1).unwrap(), BATCH, BATCH / c.chunks, 1)
         })
     }

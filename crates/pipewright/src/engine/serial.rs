@@ -56,10 +56,10 @@ impl TrainOptions {
         Self {
             seed: spec.seed,
             micro_batches: spec.global_batch / spec.micro_batch.max(1),
-            clip: spec.clip,
-            lr: spec.lr,
+            clip: spec.optim.clip,
+            lr: spec.optim.lr,
             tied,
-            deferred_batch_norm: spec.deferred_batch_norm,
+            deferred_batch_norm: spec.pipeline.deferred_batch_norm,
             loss,
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod context_parallel;
 pub mod data_parallel;
+pub mod dims;
 pub mod expert_parallel;
 pub mod loss;
 pub mod overlap;

@@ -248,3 +248,60 @@ mod tests {
         .unwrap();
     }
 }
+
+/// The communication section of a run: whether communication travels behind computation,
+/// and in what pieces (serialized flat into its run's spec).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OverlapSpec {
+    /// Data-parallel gradient sums start during the backward, as each layer's gradients are
+    /// final (PyTorch DDP's default), and ZeRO-2/3's reduce-scatters travel while the pipeline
+    /// goes on; `false` (`--no-overlap`) sums after the schedule ends and waits for each
+    /// reduce-scatter at once, for comparison and debugging. The same bits either way. Runs
+    /// recorded before it overlapped nothing.
+    #[serde(default)]
+    pub overlap: bool,
+    /// Bytes per bucket of the gradient sums over the replicas and of ZeRO's shards (PyTorch
+    /// DDP's `bucket_cap_mb`, 25 MiB; `train --bucket-mb`): smaller buckets start their sums
+    /// sooner in the backward, larger ones make fewer collectives. The same bits at any size.
+    #[serde(default = "default_bucket_bytes")]
+    pub bucket_bytes: usize,
+    /// ZeRO-3's gathered layers at most at a time, the one computing included (`train
+    /// --zero-live-layers`, DeepSpeed's `stage3_max_live_parameters` by layer): above 1, the
+    /// next layers' gathers start while one computes (FSDP's prefetch); 1 gathers each layer
+    /// when it is needed, as does overlap off. The same bits at any bound.
+    #[serde(default = "default_live_layers")]
+    pub zero_live_layers: usize,
+}
+
+impl Default for OverlapSpec {
+    /// Overlap on, DDP's 25 MiB buckets, two gathered layers.
+    fn default() -> Self {
+        Self {
+            overlap: true,
+            bucket_bytes: default_bucket_bytes(),
+            zero_live_layers: default_live_layers(),
+        }
+    }
+}
+
+impl OverlapSpec {
+    /// ZeRO-3's gathered layers at most at a time: [`OverlapSpec::zero_live_layers`], or 1
+    /// (each layer gathered when it is needed) with overlap off.
+    pub fn live_layers(&self) -> usize {
+        if self.overlap {
+            self.zero_live_layers
+        } else {
+            1
+        }
+    }
+}
+
+/// DDP's 25 MiB, for runs recorded before the bucket was theirs to set.
+fn default_bucket_bytes() -> usize {
+    crate::parallel::data_parallel::DEFAULT_BUCKET_BYTES
+}
+
+/// Two gathered layers: the one computing and the next (runs recorded before prefetch held one).
+fn default_live_layers() -> usize {
+    2
+}

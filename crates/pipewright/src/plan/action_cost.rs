@@ -46,9 +46,7 @@ use crate::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use crate::model::{Build, Sequential};
 use crate::parallel::loss::SharedLoss;
 use crate::parallel::pipeline::partition::unit_bounds;
-use crate::parallel::pipeline::{
-    Action, Pipeline, PipelineOptions, Recompute, ScheduleKind, TraceEvent,
-};
+use crate::parallel::pipeline::{Action, Pipeline, PipelineOptions, PipelineSpec, TraceEvent};
 use crate::Result;
 
 /// Steps traced a burst, after two untimed ones; [`measure`](super::measure()) traces three
@@ -88,15 +86,10 @@ impl ActionTrace {
         let chunks = CHUNKS.min(batch.rows()?);
         let per_rank = local::run(2, |c| {
             let opts = PipelineOptions {
+                spec: PipelineSpec::default(),
                 micro_batches: chunks,
-                schedule: ScheduleKind::OneFOneB,
-                virtual_stages: 1,
-                custom_schedule: None,
-                balance: None,
                 seed: 0,
                 tied: Vec::new(),
-                recompute: Recompute::Never,
-                deferred_batch_norm: false,
                 detect_anomaly: false,
                 cut_last: false,
             };

@@ -5,15 +5,16 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::distributed::topology::Layout;
+use crate::parallel::dims::ParallelSpec;
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
-use crate::parallel::zero::Zero;
 
 /// One point of the search: a layout and how its batch is cut and scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Candidate {
-    /// The pp x tp x dp layout.
-    pub layout: Layout,
+    /// The layout, ZeRO stage and sequence parallelism (a run's parallel section).
+    #[serde(flatten)]
+    pub parallel: ParallelSpec,
     /// Rows of one micro-batch.
     pub micro_batch: usize,
     /// Micro-batches per data-parallel replica (`chunks`).
@@ -26,11 +27,6 @@ pub struct Candidate {
     /// The recompute mode.
     #[serde(serialize_with = "display")]
     pub recompute: Recompute,
-    /// What the data-parallel replicas shard.
-    #[serde(serialize_with = "display")]
-    pub zero: Zero,
-    /// Megatron's sequence parallelism (with tp > 1).
-    pub sequence_parallel: bool,
 }
 
 fn display<T: fmt::Display, S: serde::Serializer>(
@@ -44,11 +40,22 @@ impl fmt::Display for Candidate {
     /// `pp=2 tp=1 dp=2 mbs 32 interleaved v2` (`sp` after the layout with sequence
     /// parallelism): how a plan names a candidate it cannot run.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sp = if self.sequence_parallel { " sp" } else { "" };
+        let sp = if self.parallel.sequence_parallel {
+            " sp"
+        } else {
+            ""
+        };
         write!(
             f,
             "{}{sp} mbs {} {} v{}",
-            self.layout, self.micro_batch, self.schedule, self.virtual_stages
+            self.parallel.layout, self.micro_batch, self.schedule, self.virtual_stages
         )
+    }
+}
+
+impl Candidate {
+    /// The layout (the parallel section's).
+    pub fn layout(&self) -> Layout {
+        self.parallel.layout
     }
 }

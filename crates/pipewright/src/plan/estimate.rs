@@ -128,7 +128,7 @@ pub(super) fn step_floor(
     cand: &Candidate,
     memo: &mut Memo,
 ) -> Result<f64> {
-    let pp = cand.layout.pp;
+    let pp = cand.parallel.layout.pp;
     let v = cand.schedule.stages_per_rank(cand.virtual_stages);
     let m = cand.micro_batches;
     let staged = staged(profile, cluster, cand, pp * v, memo)?;
@@ -171,9 +171,9 @@ pub(super) fn estimate_with(
     cand: &Candidate,
     memo: &mut Memo,
 ) -> Result<(Estimate, Rc<Replayed>)> {
-    let Layout { pp, tp, .. } = cand.layout;
+    let Layout { pp, tp, .. } = cand.parallel.layout;
     // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
-    let replicas = cand.layout.replicas();
+    let replicas = cand.parallel.layout.replicas();
     let v = cand.schedule.stages_per_rank(cand.virtual_stages);
     let (m, rows) = (cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
@@ -182,7 +182,7 @@ pub(super) fn estimate_with(
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
     // Each backward after a stage's first micro-batch adds its weight gradients into the
     // step's running sum (ZeRO-2/3: into this replica's pieces).
-    let pieces = if cand.zero.shards_grads() {
+    let pieces = if cand.parallel.zero.shards_grads() {
         replicas
     } else {
         1
@@ -215,7 +215,7 @@ pub(super) fn estimate_with(
         rank_stages: &replayed.stages,
         held: &replayed.held,
         costs,
-        zero: cand.zero,
+        zero: cand.parallel.zero,
         recompute: cand.recompute,
         micro_batches: m,
         virtual_stages: v,
@@ -231,7 +231,7 @@ pub(super) fn estimate_with(
     // batch's loss (only the last stage computed it) and the norm's squares over the pipeline,
     // the overflow flag over the world, the norm's over the tensor-parallel group (and over the
     // replicas' pieces under ZeRO-2/3). Latency, one after another.
-    let world = cand.layout.world();
+    let world = cand.parallel.layout.world();
     let scalars = (2 + usize::from(pieces > 1)) as f64 * dp_link.scalar_all_reduce(replicas)
         + cluster.link(world).scalar_all_reduce(world)
         + pp_link.scalar_all_reduce(pp);
@@ -249,8 +249,8 @@ pub(super) fn estimate_with(
         first.1 + norm,
     );
     let breakdown = Breakdown::of(&explained, after, after_comm);
-    let samples = (rows * m * cand.layout.dp) as f64;
-    let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.layout.world() as f64;
+    let samples = (rows * m * cand.parallel.layout.dp) as f64;
+    let peak = hw.peak_flops(profile.dtype_bytes == 2) * cand.parallel.layout.world() as f64;
     let mfu = profile
         .flops_per_sample()
         .map(|f| 3.0 * f * samples / step_s / peak);
@@ -280,8 +280,8 @@ fn replay(
     costs: &[StageCost],
     pieces: usize,
 ) -> Result<Replayed> {
-    let Layout { pp, tp, .. } = cand.layout;
-    let replicas = cand.layout.replicas();
+    let Layout { pp, tp, .. } = cand.parallel.layout;
+    let replicas = cand.parallel.layout.replicas();
     let v = cand.schedule.stages_per_rank(cand.virtual_stages);
     let (m, rows) = (cand.micro_batches, cand.micro_batch);
     let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);

@@ -34,10 +34,10 @@ impl StagesKey {
     /// `cand`'s key at `stages` model stages.
     pub fn of(cand: &Candidate, stages: usize) -> Self {
         Self {
-            tp: cand.layout.tp,
-            cp: cand.layout.cp,
-            ep: cand.layout.ep,
-            sequence_parallel: cand.sequence_parallel && cand.layout.tp > 1,
+            tp: cand.parallel.layout.tp,
+            cp: cand.parallel.layout.cp,
+            ep: cand.parallel.layout.ep,
+            sequence_parallel: cand.parallel.sequence_parallel && cand.parallel.layout.tp > 1,
             rows: cand.micro_batch,
             stages,
             v_shape: cand.schedule.is_v(),

@@ -12,31 +12,25 @@ use super::ranking::{rank, Request};
 use super::search::layouts;
 use crate::distributed::topology::Layout;
 use crate::model::Sequential;
+use crate::parallel::dims::ParallelSpec;
 use crate::parallel::pipeline::partition::partition;
-use crate::parallel::pipeline::schedule::{Schedule, ScheduleKind};
-use crate::parallel::pipeline::Recompute;
-use crate::parallel::zero::Zero;
+use crate::parallel::pipeline::schedule::Schedule;
+use crate::parallel::pipeline::PipelineSpec;
 use crate::{invalid, Result};
 
 /// What a run keeps across a morph, and the world it morphs into.
 #[derive(Clone, Debug)]
-pub struct MorphRequest {
+pub struct MorphRequest<'a> {
     /// Ranks of the new world.
     pub world: usize,
-    /// The layout the run had.
-    pub from: Layout,
+    /// The layout, ZeRO stage and sequence parallelism the run had.
+    pub from: ParallelSpec,
     /// Rows of every step over all replicas.
     pub global_batch: usize,
     /// Rows of one micro-batch.
     pub micro_batch: usize,
-    /// The pipeline schedule and its stages per rank.
-    pub schedule: ScheduleKind,
-    /// Stages per rank (interleaved schedule; otherwise 1).
-    pub virtual_stages: usize,
-    /// The recompute mode.
-    pub recompute: Recompute,
-    /// The run's ZeRO stage.
-    pub zero: Zero,
+    /// The run's schedule, its stages per rank and its recompute mode.
+    pub pipeline: &'a PipelineSpec,
     /// Sizes a tensor-parallel size must divide (GPT: heads and vocabulary; `[1]` for a model
     /// that does not split).
     pub tp_divides: Vec<usize>,
@@ -82,17 +76,17 @@ impl Morph {
 /// Every layout of `req.world` that `model` and the run's batch, micro-batch and schedule
 /// fit, nearest to `req.from` first.
 pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {
-    let v = req.virtual_stages;
-    let per_rank = req.schedule.stages_per_rank(v);
+    let (kind, v) = (req.pipeline.schedule, req.pipeline.virtual_stages);
+    let per_rank = kind.stages_per_rank(v);
     let mut out: Vec<Layout> = layouts(req.world, usize::MAX, &req.tp_divides, req.global_batch)
         .into_iter()
         .filter(|l| {
             l.micro_batches(req.global_batch, req.micro_batch)
-                .is_ok_and(|m| Schedule::new(req.schedule, l.pp, m, v).is_ok())
+                .is_ok_and(|m| Schedule::new(kind, l.pp, m, v).is_ok())
                 && partition(model, l.pp * per_rank, None).is_ok()
         })
         .collect();
-    let from = req.from;
+    let from = req.from.layout;
     out.sort_by_key(|l| {
         (
             l.tp != from.tp,
@@ -112,6 +106,7 @@ pub fn morph(
     planner: Option<MorphPlanner<'_>>,
 ) -> Result<Morph> {
     let fits = morph_layouts(req, model);
+    let (kind, v) = (req.pipeline.schedule, req.pipeline.virtual_stages);
     let Some(&nearest) = fits.first() else {
         return Err(invalid!(
             "no layout of {} ranks fits the model and a batch of {} in micro-batches of {}: \
@@ -131,18 +126,20 @@ pub fn morph(
     let candidates = fits
         .iter()
         .map(|&layout| Candidate {
-            layout,
+            // Morphing keeps to cp 1 layouts, without sequence parallelism.
+            parallel: ParallelSpec {
+                layout,
+                zero: req.from.zero,
+                sequence_parallel: false,
+            },
             micro_batch: req.micro_batch,
             // Every layout that fits splits the batch (`morph_layouts`).
             micro_batches: layout
                 .micro_batches(req.global_batch, req.micro_batch)
                 .unwrap_or(1),
-            schedule: req.schedule,
-            virtual_stages: req.virtual_stages,
-            recompute: req.recompute,
-            zero: req.zero,
-            // Morphing keeps to cp 1 layouts, without sequence parallelism.
-            sequence_parallel: false,
+            schedule: kind,
+            virtual_stages: v,
+            recompute: req.pipeline.recompute,
         })
         .collect();
     let request = Request {
@@ -153,7 +150,7 @@ pub fn morph(
     };
     let best = rank(p.profile, &p.cluster, &request, candidates)?.swap_remove(0);
     Ok(Morph {
-        layout: best.candidate.layout,
+        layout: best.candidate.parallel.layout,
         step_s: Some(best.step_s),
         why: format!(
             "the planner's fastest: {:.1} ms a step predicted",

@@ -54,11 +54,11 @@ pub fn rank(
 
 /// Why `c` cannot be planned for `req` and `profile`, if it cannot.
 fn check(c: &Candidate, req: &Request, profile: &Profile) -> Result<()> {
-    let Layout { pp, tp, cp, .. } = c.layout;
-    if c.layout.world() != req.world {
+    let Layout { pp, tp, cp, .. } = c.parallel.layout;
+    if c.parallel.layout.world() != req.world {
         return Err(invalid!(
             "{} is not a layout of {} ranks",
-            c.layout,
+            c.parallel.layout,
             req.world
         ));
     }
@@ -66,7 +66,7 @@ fn check(c: &Candidate, req: &Request, profile: &Profile) -> Result<()> {
     if pp * per_rank > profile.units() {
         return Err(invalid!(
             "{} with {} chunks per stage needs more than the model's {} units",
-            c.layout,
+            c.parallel.layout,
             per_rank,
             profile.units()
         ));
@@ -76,15 +76,15 @@ fn check(c: &Candidate, req: &Request, profile: &Profile) -> Result<()> {
             "{}: cp {cp} needs a model that attends over sequences of a multiple of 2 x cp = \
              {} tokens (this profile's: {:?}; a measured profile does not record its \
              attention: plan cp from the model's shapes)",
-            c.layout,
+            c.parallel.layout,
             2 * cp,
             profile.sequence()
         ));
     }
-    if c.sequence_parallel && tp == 1 {
+    if c.parallel.sequence_parallel && tp == 1 {
         return Err(invalid!(
             "{}: sequence parallelism splits over the tensor-parallel ranks: it needs tp > 1",
-            c.layout
+            c.parallel.layout
         ));
     }
     if let Some(d) = profile.tp_divides.iter().find(|d| !d.is_multiple_of(tp)) {
@@ -277,11 +277,11 @@ impl Tally {
             format_bytes(req.memory_bytes),
             format_bytes(s.max_peak_bytes()),
             s.max_peak_bytes().ceil(),
-            s.candidate.layout,
+            s.candidate.parallel.layout,
             s.candidate.micro_batch,
             s.candidate.schedule,
             s.candidate.recompute,
-            s.candidate.zero
+            s.candidate.parallel.zero
         ))
     }
 }

@@ -12,6 +12,7 @@ use super::profile::Profile;
 pub use super::ranking::Request;
 use super::ranking::{rank, rank_pinned, Refused};
 use crate::distributed::topology::Layout;
+use crate::parallel::dims::ParallelSpec;
 use crate::parallel::pipeline::schedule::ScheduleKind;
 use crate::parallel::pipeline::Recompute;
 use crate::parallel::zero::Zero;
@@ -136,14 +137,16 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
                     for &zero in zeros {
                         for &sequence_parallel in sps {
                             out.push(Candidate {
-                                layout,
+                                parallel: ParallelSpec {
+                                    layout,
+                                    zero,
+                                    sequence_parallel,
+                                },
                                 micro_batch,
                                 micro_batches: m,
                                 schedule,
                                 virtual_stages,
                                 recompute,
-                                zero,
-                                sequence_parallel,
                             });
                         }
                     }
@@ -160,14 +163,12 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
 /// never, zero 0, sp 0) for a global batch of `global_batch` rows.
 pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
     let mut c = Candidate {
-        layout: Layout::serial(),
+        parallel: ParallelSpec::new(Layout::serial()),
         micro_batch: 0,
         micro_batches: 0,
         schedule: ScheduleKind::OneFOneB,
         virtual_stages: 1,
         recompute: Recompute::Never,
-        zero: Zero::Off,
-        sequence_parallel: false,
     };
     // Commas or spaces between the parts: the plan's own table writes a layout with spaces
     // (`pp=2 tp=1 dp=4 ep=2`), and it is given back as it is printed.
@@ -186,13 +187,13 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
                 .ok_or_else(|| invalid!("{k} in candidate `{spec}` must be a positive integer"))
         };
         match k {
-            "pp" => c.layout.pp = n()?,
-            "tp" => c.layout.tp = n()?,
-            "dp" => c.layout.dp = n()?,
-            "cp" => c.layout.cp = n()?,
+            "pp" => c.parallel.layout.pp = n()?,
+            "tp" => c.parallel.layout.tp = n()?,
+            "dp" => c.parallel.layout.dp = n()?,
+            "cp" => c.parallel.layout.cp = n()?,
             "ep" => ep = n()?,
             "sp" => {
-                c.sequence_parallel = match v {
+                c.parallel.sequence_parallel = match v {
                     "1" | "on" | "true" => true,
                     "0" | "off" | "false" => false,
                     _ => return Err(invalid!("sp in candidate `{spec}` is 1 or 0")),
@@ -202,7 +203,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             "virtual" => c.virtual_stages = n()?,
             "schedule" => c.schedule = v.parse()?,
             "recompute" => c.recompute = v.parse()?,
-            "zero" => c.zero = v.parse()?,
+            "zero" => c.parallel.zero = v.parse()?,
             _ => {
                 return Err(invalid!(
                     "unknown key `{k}` in candidate `{spec}`: use pp, tp, cp, dp, ep, mbs, schedule, virtual, recompute, zero, sp"
@@ -210,8 +211,8 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
             }
         }
     }
-    c.layout = c.layout.with_ep(ep)?;
-    let dp = c.layout.dp;
+    c.parallel.layout = c.parallel.layout.with_ep(ep)?;
+    let dp = c.parallel.layout.dp;
     if !global_batch.is_multiple_of(dp) {
         return Err(invalid!(
             "candidate `{spec}`: dp {dp} does not divide the global batch {global_batch}"

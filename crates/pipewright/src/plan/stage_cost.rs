@@ -18,8 +18,8 @@ use crate::Result;
 /// Each layer's cost by shape for a micro-batch of `rows` under `cand` (`None` for a measured
 /// layer), costed once per distinct layer: a model's blocks are alike.
 fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<Option<ShapeCost>> {
-    let Layout { tp, cp, .. } = cand.layout;
-    let sp = cand.sequence_parallel && tp > 1;
+    let Layout { tp, cp, .. } = cand.parallel.layout;
+    let sp = cand.parallel.sequence_parallel && tp > 1;
     let curve = c.hardware.gemm(p.dtype_bytes == 2);
     let mut out: Vec<Option<ShapeCost>> = Vec::with_capacity(p.layers.len());
     for (i, l) in p.layers.iter().enumerate() {
@@ -58,8 +58,8 @@ fn stage_cost(
     units: std::ops::Range<usize>,
     shaped: &[Option<ShapeCost>],
 ) -> StageCost {
-    let Layout { tp, cp, ep, .. } = cand.layout;
-    let sp = cand.sequence_parallel && tp > 1;
+    let Layout { tp, cp, ep, .. } = cand.parallel.layout;
+    let sp = cand.parallel.sequence_parallel && tp > 1;
     let layers = p.unit_layers(units);
     let tp_link = c.link(tp);
     let ring_link = c.link(tp * cp);

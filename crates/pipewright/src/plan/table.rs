@@ -37,10 +37,10 @@ pub fn format_flops(f: f64) -> String {
 
 /// A candidate's layout, `sp` after it with sequence parallelism.
 fn layout_text(c: &Candidate) -> String {
-    if c.sequence_parallel {
-        format!("{} sp", c.layout)
+    if c.parallel.sequence_parallel {
+        format!("{} sp", c.parallel.layout)
     } else {
-        c.layout.to_string()
+        c.parallel.layout.to_string()
     }
 }
 
@@ -105,7 +105,7 @@ impl fmt::Display for Ranking<'_> {
                 c.micro_batches,
                 schedule,
                 c.recompute.to_string(),
-                c.zero.to_string(),
+                c.parallel.zero.to_string(),
                 balance_text(&e.balance),
                 e.mfu.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),
                 e.bound().to_string(),

@@ -198,7 +198,7 @@ impl Trainer {
         }
         run.spec.validate()?;
         let tied = run.model.tied();
-        let spec = match &run.spec.balance {
+        let spec = match &run.spec.pipeline.balance {
             None | Some(Balance::Layers(_)) => run.spec.clone(),
             Some(_) => {
                 let sample =
@@ -215,7 +215,7 @@ impl Trainer {
         options.validate(&model, run.spec.world())?;
         crate::runtime::device::device(&run.place.device, 0)?;
         Ok(Self {
-            timed: matches!(run.spec.balance, Some(Balance::Time)),
+            timed: matches!(run.spec.pipeline.balance, Some(Balance::Time)),
             stop: crate::distributed::preemption_flag()?,
             run,
             model,

@@ -45,7 +45,7 @@ impl Trainer {
                 "the job has {} ranks but the layout {} needs {world}: start it with mpirun -np \
                  {world}",
                 cx.get_num_processes(),
-                self.run.spec.layout
+                self.run.spec.parallel.layout
             ));
         }
         let env = crate::distributed::Env::from_env();
@@ -58,13 +58,13 @@ impl Trainer {
             device: crate::runtime::device::device(&self.run.place.device, local_rank)?,
             ..self.options.clone()
         };
-        if let (true, Some(Balance::Layers(b))) = (self.timed, &opts.spec.balance) {
+        if let (true, Some(Balance::Layers(b))) = (self.timed, &opts.spec.pipeline.balance) {
             let mine = Tensor::new(
                 b.iter().map(|n| *n as u32).collect::<Vec<_>>(),
                 &Device::Cpu,
             )?;
             let rank0 = cx.broadcast_from_master(&mine)?.to_vec1::<u32>()?;
-            opts.spec.balance = Some(Balance::Layers(
+            opts.spec.pipeline.balance = Some(Balance::Layers(
                 rank0.into_iter().map(|n| n as usize).collect(),
             ));
         }
@@ -83,7 +83,7 @@ impl Trainer {
                 Box::new(move |step, rows| data(step, rows)) as Box<_>,
                 self.run.spec.global_batch,
                 v.coords().dp_rank,
-                self.run.spec.layout.dp,
+                self.run.spec.parallel.layout.dp,
                 v.device().clone(),
             )?),
             None => None,

@@ -85,13 +85,11 @@ pub fn candidate(
     recompute: Recompute,
 ) -> Candidate {
     Candidate {
-        layout: Layout::new(pp, 1, 1).unwrap(),
+        parallel: pipewright::parallel::dims::ParallelSpec::new(Layout::new(pp, 1, 1).unwrap()),
         micro_batch: rows,
         micro_batches: m,
         schedule,
         virtual_stages: 1,
         recompute,
-        zero: pipewright::parallel::zero::Zero::Off,
-        sequence_parallel: false,
     }
 }

@@ -87,7 +87,7 @@ impl Varuna {
         let state = TrainState {
             step: self.pipeline.steps_taken(),
             optimizer_step,
-            lr_schedule: self.opts.spec.lr,
+            lr_schedule: self.opts.spec.optim.lr,
             loss_scaler: self.scaler.clone(),
             seed: self.opts.spec.seed,
             extra: opts.extra.clone(),

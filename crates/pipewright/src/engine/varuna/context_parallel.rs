@@ -32,7 +32,7 @@ impl Varuna {
         let n = self
             .topo
             .layout()
-            .sequence_multiple(self.opts.spec.sequence_parallel);
+            .sequence_multiple(self.opts.spec.parallel.sequence_parallel);
         if n == 1 {
             return Ok((batch.to_device(&self.opts.device)?, None));
         }

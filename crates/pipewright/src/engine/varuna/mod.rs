@@ -119,7 +119,7 @@ impl Varuna {
             .with_tp(tp.clone())
             .with_cp(cp.clone())
             .with_ep(ep.clone())
-            .with_sequence_parallel(opts.spec.sequence_parallel);
+            .with_sequence_parallel(opts.spec.parallel.sequence_parallel);
         let popts = opts.pipeline_options()?;
         let mut pipeline = Pipeline::new(model, &build, pp, popts, opts.loss.clone())?;
         pipeline.set_replica(coords.dp_rank, topo.layout().dp);
@@ -141,12 +141,12 @@ impl Varuna {
         masters.sync()?;
         let replicas = zero_groups::Replicas::of(dp.as_ref(), expert_dp.as_deref());
         let weights = zero::weights(
-            opts.spec.zero,
+            opts.spec.parallel.zero,
             &mut pipeline,
             (
                 &opts.shared_weights,
-                opts.spec.bucket_bytes,
-                opts.spec.live_layers(),
+                opts.spec.overlap.bucket_bytes,
+                opts.spec.overlap.live_layers(),
             ),
             replicas,
             expert_dp.is_some(),
@@ -329,7 +329,7 @@ impl Varuna {
             .to_vec1::<u32>()?[0]
             == 1;
         clock.lap(Part::Scalars);
-        let lr = self.opts.spec.lr.lr_at(step);
+        let lr = self.opts.spec.optim.lr.lr_at(step);
         let mut outcome = StepOutcome {
             step,
             loss,
@@ -359,7 +359,7 @@ impl Varuna {
         if let Some(hook) = self.summed_hook.as_mut() {
             hook(&grads);
         }
-        if let Some(max) = self.opts.spec.clip {
+        if let Some(max) = self.opts.spec.optim.clip {
             scale_to_norm(&mut grads, norm, max)?;
         }
         self.optimizer

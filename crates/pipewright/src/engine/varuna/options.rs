@@ -5,7 +5,7 @@ use std::sync::Arc;
 use candle_core::{Device, Tensor};
 
 use crate::distributed::topology::{Layout, Topology};
-use crate::engine::spec::{Balance, TrainSpec};
+use crate::engine::spec::TrainSpec;
 use crate::model::batch::Batch;
 use crate::model::precision::LossScaler;
 use crate::model::Sequential;
@@ -86,7 +86,7 @@ impl VarunaOptions {
     /// Where ranks go: the spec's layout in its order, or the stage-to-rank map (which must
     /// describe the same layout).
     pub fn topology(&self) -> Result<Topology> {
-        let layout = self.spec.layout;
+        let layout = self.spec.layout();
         let Some(map) = &self.stage_to_rank_map else {
             return Ok(Topology::new(layout));
         };
@@ -102,33 +102,15 @@ impl VarunaOptions {
         Ok(topo)
     }
 
-    /// Layers per model stage, when the spec gives them; `None` is uniform. A balance still
-    /// to be profiled is an error: resolve it first, the same on every rank.
-    pub fn balance(&self) -> Result<Option<Vec<usize>>> {
-        match &self.spec.balance {
-            None => Ok(None),
-            Some(Balance::Layers(l)) => Ok(Some(l.clone())),
-            Some(b) => Err(invalid!(
-                "the balance `{b:?}` is measured, not given: resolve it into layers per stage \
-                 first (TrainSpec::resolve_balance, the same on every rank)"
-            )),
-        }
-    }
-
     /// What the pipeline runs of this step: the spec's micro-batches, schedule, balance,
     /// recompute and seed with the tied pairs and the program's options.
     pub fn pipeline_options(&self) -> Result<PipelineOptions> {
         let s = &self.spec;
         Ok(PipelineOptions {
+            spec: s.pipeline.clone(),
             micro_batches: s.micro_batches()?,
-            schedule: s.schedule,
-            virtual_stages: s.virtual_stages,
-            custom_schedule: s.custom_schedule.clone(),
-            balance: self.balance()?,
             seed: s.seed,
             tied: self.shared_weights.clone(),
-            recompute: s.recompute,
-            deferred_batch_norm: s.deferred_batch_norm,
             detect_anomaly: self.detect_anomaly,
             cut_last: s.cuts_last_forward(),
         })
@@ -144,11 +126,10 @@ impl VarunaOptions {
     pub fn validate(&self, model: &Sequential, world: usize) -> Result<()> {
         let topo = self.topology()?;
         topo.layout().check_world(world)?;
-        let p = self.pipeline_options()?;
         let schedule = self.spec.schedule()?;
-        partition(model, schedule.stages, p.balance.as_deref())?;
+        partition(model, schedule.stages, self.spec.pipeline.layers()?)?;
         model.skips()?;
-        self.spec.lr.validate()
+        self.spec.optim.lr.validate()
     }
 }
 

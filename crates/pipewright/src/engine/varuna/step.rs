@@ -29,7 +29,7 @@ impl Varuna {
     ) -> Result<(f64, Grads)> {
         // ZeRO-2 and 3 reduce each micro-batch's gradients as the pipeline completes them.
         let experts = self.pipeline.experts().to_vec();
-        let in_flight = self.opts.spec.overlap;
+        let in_flight = self.opts.spec.overlap.overlap;
         let mut sharded = (self.zero().shards_grads())
             .then(|| self.weights.sharded())
             .flatten()
@@ -44,7 +44,7 @@ impl Varuna {
         let overlap = self.opts.spec.overlaps_grad_sums() && self.grad_hook.is_none();
         let mut overlapped = overlap.then(|| {
             let experts = self.expert_dp.as_deref().map(|c| (c, experts.as_slice()));
-            let sizes = (scale, micro_batches, self.opts.spec.bucket_bytes);
+            let sizes = (scale, micro_batches, self.opts.spec.overlap.bucket_bytes);
             OverlappedSums::new(self.dp.as_ref(), experts, &self.opts.shared_weights, sizes)
         });
         let sink = match (sharded.as_mut(), overlapped.as_mut()) {
@@ -86,7 +86,7 @@ impl Varuna {
     /// Sums `grads` over the replicas: the experts' over the ranks holding the same experts
     /// (under expert parallelism), everything else over every replica.
     fn sum_over_replicas(&self, grads: &mut Grads) -> Result<()> {
-        let bucket = self.opts.spec.bucket_bytes;
+        let bucket = self.opts.spec.overlap.bucket_bytes;
         let Some(expert_dp) = self.expert_dp.as_deref() else {
             return all_reduce_grads(grads, self.dp.as_ref(), bucket).map(drop);
         };

@@ -70,16 +70,7 @@ impl Pipeline {
         opts: PipelineOptions,
         loss: SharedLoss,
     ) -> Result<Self> {
-        let schedule = Schedule::for_pipeline(
-            opts.custom_schedule.as_ref(),
-            opts.schedule,
-            opts.virtual_stages,
-            comm.size(),
-            opts.micro_batches,
-        )?;
-        if opts.custom_schedule.is_some() {
-            schedule.validate()?;
-        }
+        let schedule = opts.spec.schedule_for(comm.size(), opts.micro_batches)?;
         let stage = PipelineStage::new(model, build, comm, &schedule, opts, loss)?;
         let params: Vec<(String, Var)> = stage.own.iter().flat_map(|(_, s)| s.params()).collect();
         let tied = Tied::new(stage.comm.as_ref(), &params, &stage.opts.tied)?;

@@ -1,31 +1,20 @@
 //! [`PipelineOptions`]: how a pipeline splits its model and batch and which schedule it runs.
 
-use super::recompute::Recompute;
-use super::schedule::{Schedule, ScheduleKind};
+use super::spec::PipelineSpec;
 
-/// How to split and schedule.
+/// How to split and schedule: the run's pipeline section and what one step adds to it.
 #[derive(Clone, Debug)]
 pub struct PipelineOptions {
+    /// The schedule, balance (layers per stage, resolved), recompute mode and deferred batch
+    /// norm of the run.
+    pub spec: PipelineSpec,
     /// Micro-batches per batch (torchgpipe's `chunks`, torch.distributed.pipelining's
     /// `n_microbatches`).
     pub micro_batches: usize,
-    /// The built schedule to run.
-    pub schedule: ScheduleKind,
-    /// Model stages per rank (interleaved schedule).
-    pub virtual_stages: usize,
-    /// A schedule given as data (written by hand or loaded with [`Schedule::load`]): when
-    /// set, it replaces `schedule` and `virtual_stages`.
-    pub custom_schedule: Option<Schedule>,
-    /// Layers (or segments between cut points) per model stage; uniform if `None`.
-    pub balance: Option<Vec<usize>>,
     /// Seeds dropout (with the step and micro-batch).
     pub seed: u64,
     /// Parameter pairs kept equal across stages (GPT's `wte.weight`, `lm_head.weight`).
     pub tied: Vec<(String, String)>,
-    /// Which micro-batches drop their activations and recompute them in the backward.
-    pub recompute: Recompute,
-    /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
-    pub deferred_batch_norm: bool,
     /// Check every layer's output for NaN and inf (see `VarunaOptions::detect_anomaly`).
     pub detect_anomaly: bool,
     /// Cut the last micro-batch's forward into one graph per layer, so that its backward gives

@@ -79,7 +79,7 @@ impl PipelineStage {
         opts: PipelineOptions,
         loss: SharedLoss,
     ) -> Result<Self> {
-        let ranges = partition(model, schedule.stages, opts.balance.as_deref())?;
+        let ranges = partition(model, schedule.stages, opts.spec.layers()?)?;
         let own = schedule
             .stages_of(comm.rank())
             .into_iter()
@@ -180,7 +180,7 @@ impl PipelineStage {
         let last_mb = self.opts.cut_last && mb + 1 == self.opts.micro_batches;
         let mut cuts = (stage.releases_params() || last_mb).then(Cuts::default);
         let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, mb + self.mb_offset);
-        cx.defer_batch_stats = self.opts.deferred_batch_norm;
+        cx.defer_batch_stats = self.opts.spec.deferred_batch_norm;
         cx.detect_anomaly = self.opts.detect_anomaly;
         cx.weight_grads = self.weight_queue(k, mb);
         cx.aux_weight = loss_scale / (self.opts.micro_batches * self.replicas) as f64;

@@ -4,7 +4,7 @@
 use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
-use super::{AdamW, AdamWConfig, Optimizer, Sgd, SgdConfig};
+use super::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
 use crate::Result;
 
 /// Which optimizer a run uses, with its hyper-parameters (serialized as
@@ -37,5 +37,42 @@ impl OptimizerConfig {
             Self::AdamW(c) => Box::new(AdamW::with_decay(params, c, |n, v| c.decays(n, v, tied))?),
             Self::Sgd(c) => Box::new(Sgd::new(params, c)?),
         })
+    }
+}
+
+/// The optimizer section of a run: the optimizer, its learning rate by step and the gradient
+/// clipping (serialized flat into its run's spec).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimSpec {
+    /// The optimizer and its hyper-parameters.
+    pub optimizer: OptimizerConfig,
+    /// The learning rate by step.
+    pub lr: LrSchedule,
+    /// Clip the global gradient norm to this.
+    pub clip: Option<f64>,
+}
+
+impl Default for OptimSpec {
+    /// AdamW with PyTorch's defaults at a constant 1e-3, no clipping.
+    fn default() -> Self {
+        Self {
+            optimizer: OptimizerConfig::default(),
+            lr: LrSchedule::Constant { lr: 1e-3 },
+            clip: None,
+        }
+    }
+}
+
+impl OptimSpec {
+    /// Fails on a clip that is not a positive finite norm.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(c) = self.clip {
+            if c <= 0.0 || !c.is_finite() {
+                return Err(crate::invalid!(
+                    "clip must be a positive norm (or none), got {c}"
+                ));
+            }
+        }
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@ mod sgd;
 
 pub use adamw::{is_embedding, AdamW, AdamWConfig};
 pub use clip::{clip_grad_norm, scale_to_norm};
-pub use config::OptimizerConfig;
+pub use config::{OptimSpec, OptimizerConfig};
 pub use schedule::LrSchedule;
 pub use sgd::{Sgd, SgdConfig};
 

@@ -1,0 +1,120 @@
+//! [`PipelineSpec`]: the pipeline section of a run, which schedule it runs, how its layers
+//! split over the stages ([`Balance`]), what it recomputes and how batch norm's statistics
+//! move. The executor's [`PipelineOptions`](super::PipelineOptions) holds it whole.
+
+use serde::{Deserialize, Serialize};
+
+use super::recompute::Recompute;
+use super::schedule::{Schedule, ScheduleKind};
+use crate::{invalid, Error, Result};
+
+/// How layers are split over the model stages (serialized as `{"layers": [3, 2]}`, `"time"`
+/// or `"size"`; parsed from `3,2`, `time` (or `auto`) and `size`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Layers (or segments between cut points) per model stage.
+    Layers(Vec<usize>),
+    /// Profiled on one micro-batch: the split whose slowest stage is least.
+    Time,
+    /// Profiled on one micro-batch: the split whose largest stage is least.
+    Size,
+}
+
+impl std::str::FromStr for Balance {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim() {
+            "time" | "auto" => Self::Time,
+            "size" => Self::Size,
+            list => Self::Layers(
+                list.split(',')
+                    .map(|n| n.trim().parse::<usize>())
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|_| {
+                        invalid!("balance `{list}`: give layers per stage (3,2), time or size")
+                    })?,
+            ),
+        })
+    }
+}
+
+impl std::fmt::Display for Balance {
+    /// What [`Balance::from_str`](std::str::FromStr) reads back: `3,2`, `time` or `size`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Layers(l) => {
+                let list: Vec<String> = l.iter().map(usize::to_string).collect();
+                f.write_str(&list.join(","))
+            }
+            Self::Time => f.write_str("time"),
+            Self::Size => f.write_str("size"),
+        }
+    }
+}
+
+/// The pipeline section of a run (serialized flat into its run's spec).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PipelineSpec {
+    /// The built schedule.
+    pub schedule: ScheduleKind,
+    /// Model stages per pipeline rank (interleaved schedule).
+    pub virtual_stages: usize,
+    /// A schedule given as data (`--schedule-file`: saved by `pipewright schedule --save`,
+    /// edited or written by hand, or dumped by PyTorch): when set, it replaces `schedule` and
+    /// `virtual_stages`. Recorded as its text; runs recorded before it had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_schedule: Option<Schedule>,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// How layers are split over stages; uniform when `None`.
+    pub balance: Option<Balance>,
+    /// BatchNorm statistics move once per batch, over all micro-batches.
+    pub deferred_batch_norm: bool,
+}
+
+impl Default for PipelineSpec {
+    /// 1F1B, one stage per rank, a uniform split, nothing recomputed.
+    fn default() -> Self {
+        Self {
+            schedule: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            custom_schedule: None,
+            recompute: Recompute::Never,
+            balance: None,
+            deferred_batch_norm: false,
+        }
+    }
+}
+
+impl PipelineSpec {
+    /// The schedule a pipeline of `pp` ranks runs over `micro_batches`: the given one
+    /// (checked to fit, complete and deadlock-free), else the built one.
+    pub fn schedule_for(&self, pp: usize, micro_batches: usize) -> Result<Schedule> {
+        let s = Schedule::for_pipeline(
+            self.custom_schedule.as_ref(),
+            self.schedule,
+            self.virtual_stages,
+            pp,
+            micro_batches,
+        )?;
+        if self.custom_schedule.is_some() {
+            s.validate()?;
+        }
+        Ok(s)
+    }
+
+    /// Layers per model stage when the balance is a list; `None` is uniform. A balance still
+    /// to be profiled is an error: resolve it into layers first, the same on every rank.
+    pub fn layers(&self) -> Result<Option<&[usize]>> {
+        match &self.balance {
+            None => Ok(None),
+            Some(Balance::Layers(l)) => Ok(Some(l)),
+            Some(b) => Err(invalid!(
+                "the balance `{b:?}` is measured, not given: resolve it into layers per stage \
+                 first (TrainSpec::resolve_balance, the same on every rank)"
+            )),
+        }
+    }
+}
