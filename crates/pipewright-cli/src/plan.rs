@@ -77,7 +77,7 @@ fn profile(p: &PlanArgs, hw: &Hardware) -> Result<Profile> {
     let a = &p.train;
     let (model, _, task) = a.model_and_task()?;
     model
-        .shapes_profile(&task.shape().sample(), a.precision.parse()?, hw)?
+        .shapes_profile(&task.shape().sample(), a.precision, hw)?
         .ok_or_else(|| invalid!("{} has no shapes to plan from", model.what()))
 }
 
@@ -92,13 +92,13 @@ pub fn hardware(name: &str, link: Option<&Path>) -> Result<Hardware> {
 }
 
 pub fn run(p: PlanArgs) -> Result<()> {
-    if p.train.out.is_some() && !p.measure {
+    if p.train.output.out.is_some() && !p.measure {
         return Err(invalid!(
             "--out is where --measure keeps its runs: plan alone writes nothing; add --measure, \
              or drop --out"
         ));
     }
-    let hw = hardware(&p.train.hardware, p.link.as_deref())?;
+    let hw = hardware(&p.train.parallel.hardware, p.link.as_deref())?;
     let memory = match &p.memory {
         Some(m) => parse_bytes(m)?,
         None => hw.memory_bytes(),
@@ -110,7 +110,7 @@ pub fn run(p: PlanArgs) -> Result<()> {
     let req = Request {
         world: p.world,
         memory_bytes: memory as f64,
-        global_batch: p.train.batch_size,
+        global_batch: p.train.batch.batch_size,
         top: if p.candidate.is_empty() {
             p.top
         } else {
@@ -172,8 +172,8 @@ struct Measured {
 /// The flags of `train` for the candidate `e`, its run in `dir`, evaluated once at its end.
 fn train_args(p: &PlanArgs, e: &Estimate, dir: &Path) -> TrainArgs {
     let mut a = p.train.for_candidate(&e.candidate, &e.balance);
-    a.eval_every = a.steps;
-    a.out = Some(dir.to_path_buf());
+    a.output.eval_every = a.batch.steps;
+    a.output.out = Some(dir.to_path_buf());
     a
 }
 
@@ -243,7 +243,12 @@ fn read_measured(dir: &Path) -> Result<Measured> {
 /// peak, and the most live bytes of one rank as the allocator counts them (the planner's own
 /// quantity: what the rank holds, without what the allocator keeps back after a free).
 fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
-    let root = p.train.out.clone().unwrap_or_else(|| "output/plan".into());
+    let root = p
+        .train
+        .output
+        .out
+        .clone()
+        .unwrap_or_else(|| "output/plan".into());
     let mut runs: Vec<Vec<Measured>> = best.iter().map(|_| Vec::new()).collect();
     for r in 0..p.repeats {
         for (i, e) in best.iter().enumerate() {

@@ -51,7 +51,7 @@ pub fn run(p: ProfileArgs) -> Result<()> {
         true => ("hardware.json", "a hardware description"),
         false => ("profile.json", "a layer profile"),
     };
-    let out = p.train.out.clone().unwrap_or_else(|| default.into());
+    let out = p.train.output.out.clone().unwrap_or_else(|| default.into());
     pipewright::runtime::files::ensure_replaceable(&out, "--out", what, |t| match p.gemm {
         true => serde_json::from_str::<pipewright::plan::Hardware>(t).is_ok(),
         false => serde_json::from_str::<pipewright::plan::Profile>(t).is_ok(),
@@ -107,7 +107,11 @@ pub fn run(p: ProfileArgs) -> Result<()> {
             l.backward.per_sample_s * 1e6
         );
     }
-    let out = a.out.clone().unwrap_or_else(|| "profile.json".into());
+    let out = a
+        .output
+        .out
+        .clone()
+        .unwrap_or_else(|| "profile.json".into());
     profile.save(&out)?;
     pipewright::say!("wrote {}", out.display());
     Ok(())
@@ -127,9 +131,15 @@ fn check_fits(p: &ProfileArgs) -> Result<()> {
     let (rows, tp) = (most(&p.sizes, "--sizes")?, most(&p.tp_sizes, "--tp-sizes")?);
     let copies = p.concurrent.max(1);
     let mut a = p.train.clone();
-    (a.pp, a.tp, a.cp, a.dp, a.chunks) = (1, tp, 1, copies, 1);
-    a.chunk_size = Some(rows);
-    a.batch_size = rows.checked_mul(copies).ok_or_else(|| {
+    (
+        a.parallel.pp,
+        a.parallel.tp,
+        a.parallel.cp,
+        a.parallel.dp,
+        a.batch.chunks,
+    ) = (1, tp, 1, copies, 1);
+    a.batch.chunk_size = Some(rows);
+    a.batch.batch_size = rows.checked_mul(copies).ok_or_else(|| {
         invalid!("--sizes {rows} in --concurrent {copies} copies is too large a batch")
     })?;
     let (spec, task) = a.spec()?;
@@ -140,10 +150,9 @@ fn check_fits(p: &ProfileArgs) -> Result<()> {
 fn gemm(p: &ProfileArgs) -> Result<()> {
     pipewright::distributed::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
-    let precision: pipewright::model::precision::Precision = a.precision.parse()?;
-    let dtype = precision.dtype();
-    let device = pipewright::runtime::device::device(&a.device, 0)?;
-    let base = crate::plan::hardware(&a.hardware, None)?;
+    let dtype = a.precision.dtype();
+    let device = pipewright::runtime::device::device(&a.parallel.device, 0)?;
+    let base = crate::plan::hardware(&a.parallel.hardware, None)?;
     pipewright::runtime::memory::check_fits(
         pipewright::plan::gemm_grid_peak_bytes(p.gemm_scale, dtype.size_in_bytes()),
         &format!("timing products of --gemm-scale {}", p.gemm_scale),
@@ -153,7 +162,7 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
     let timings = time_gemms(&shapes, dtype, &device, 5)?;
     let attention = time_fused_attention(&device, dtype, 3)?;
     let q = dtype.size_in_bytes();
-    let source = format!("on {} ({})", hostname(), a.device);
+    let source = format!("on {} ({})", hostname(), a.parallel.device);
     let hw = base.with_measured_gemm(&timings, attention.as_deref(), q, &source)?;
     let curve = hw.gemm(q == 2);
     pipewright::say!(
@@ -205,7 +214,11 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
             r.backward_ratio
         );
     }
-    let out = a.out.clone().unwrap_or_else(|| "hardware.json".into());
+    let out = a
+        .output
+        .out
+        .clone()
+        .unwrap_or_else(|| "hardware.json".into());
     hw.save(&out)?;
     pipewright::say!(
         "wrote {} (pipewright plan --hardware {})",

@@ -341,3 +341,74 @@ fn a_resume_goes_on_as_the_run_that_saved_it() {
     );
     assert_eq!(losses(&out).len(), 6);
 }
+
+#[test]
+fn a_run_written_before_the_typed_sections_resumes_where_it_would_have_gone() {
+    // A run of 901bbdb's build (tests/fixtures/run-901bbdb/make.sh), stopped at step 2: flags
+    // as text in params.json, a flat TrainSpec in its checkpoint's meta.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/run-901bbdb");
+    let out = tmp("before-sections");
+    copy_dir(&fixture, &out);
+    let flags = [
+        "--model",
+        "gpt",
+        "--task",
+        "adder",
+        "--steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--chunks",
+        "2",
+        "--n-layer",
+        "2",
+        "--n-embd",
+        "16",
+        "--n-head",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--zero",
+        "1",
+        "--recompute",
+        "always",
+        "--precision",
+        "bf16",
+        "--balance",
+        "2,2",
+        "--checkpoint-every",
+        "2",
+        "--eval-every",
+        "2",
+        "--lr-schedule",
+        "constant",
+        "--bucket-mb",
+        "1",
+        "--resume",
+        "latest",
+        "--out",
+    ];
+    let mut a = flags.to_vec();
+    a.push(out.to_str().unwrap());
+    let o = train(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    // Steps 3 and 4 bit for bit as that build went on to train them.
+    let expected: Vec<f64> = std::fs::read_to_string(fixture.join("expected-steps-3-4.csv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(losses(&out)[2..], expected[..]);
+    // Today's record of the same flags is that build's, key for key (the run's spec too).
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p.join("params.json")).unwrap()).unwrap()
+    };
+    let (old, new) = (read(&fixture), read(&out));
+    for (k, v) in old.as_object().unwrap() {
+        if !["out", "resume", "pipewright_version"].contains(&k.as_str()) {
+            assert_eq!(&new[k], v, "params.json `{k}`");
+        }
+    }
+}

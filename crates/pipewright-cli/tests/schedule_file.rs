@@ -56,12 +56,12 @@ fn a_saved_schedule_edited_trains_and_bad_ones_are_refused() {
     std::fs::write(&edited, swapped(&csv, 0, "3W0", "3F1")).unwrap();
     ok(train(&["--schedule", "zbv"], &path("built")));
     ok(train(&["--schedule-file", &edited], &path("edited")));
-    // The record names the file that ran, not --schedule's default.
+    // The record names the file that ran (--schedule's default, which it replaced, stays).
     let params: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("edited").join("params.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(params["schedule"], format!("file {edited}"));
+    assert_eq!(params["schedule_file"], edited.as_str());
     let (a, b) = (losses(&dir.join("built")), losses(&dir.join("edited")));
     assert_eq!(a.len(), 3);
     for (x, y) in a.iter().zip(&b) {

@@ -39,7 +39,7 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
     experiment(|cx| setup.rank(cx, &traces, &run_dir)).run(&params)?;
     // Under MPI each process holds its own ranks' traces: rank 0's is written.
     if pipewright::distributed::Env::from_env().rank == 0 {
-        if setup.a.trace.is_some() && pipewright::distributed::Env::under_mpi() {
+        if setup.a.output.trace.is_some() && pipewright::distributed::Env::under_mpi() {
             eprintln!("note: under MPI the trace holds rank 0's actions only");
         }
         let mut traces = traces.into_inner().unwrap_or_default();
@@ -47,7 +47,7 @@ pub fn run(args: Vec<std::ffi::OsString>) -> Result<()> {
         traces.sort_by_key(|t| t.0.first().map(|e| e.action.stage()));
         write_trace(&setup.a, &traces)?;
         let dir: Option<std::path::PathBuf> = run_dir.into_inner().unwrap_or_default();
-        if let (true, Some(dir)) = (setup.a.report, dir) {
+        if let (true, Some(dir)) = (setup.a.output.report, dir) {
             let out = dir.join("report.html");
             pipewright::experiment::write_report(&[dir.as_path()], &out)?;
             pipewright::say!("report          {}", out.display());
@@ -110,7 +110,7 @@ fn say_balance(spec: &RunSpec, resolved: &Option<Balance>) -> Result<()> {
 type RankTrace = (Vec<TraceEvent>, Vec<CommEvent>);
 
 fn write_trace(a: &TrainArgs, traces: &[RankTrace]) -> Result<()> {
-    if let Some(path) = &a.trace {
+    if let Some(path) = &a.output.trace {
         let (actions, comm): (Vec<_>, Vec<_>) = traces.iter().cloned().unzip();
         std::fs::write(path, chrome_trace(&actions, &comm))
             .map_err(|e| Error::io("cannot write trace", path, e))?;
@@ -146,39 +146,35 @@ impl Setup {
     fn new(params: &Params) -> Result<Self> {
         let mut a: TrainArgs = params.args()?;
         if params.flag("cuda")? {
-            a.device = "cuda".into();
+            a.parallel.device = "cuda".into();
         }
         let env = pipewright::distributed::Env::from_env();
         // Where a resumed or restarted run finds its checkpoints and scalars.
-        let goes_on = a.resume.is_some() || env.restart > 0;
-        if goes_on && a.out.is_none() {
+        let goes_on = a.checkpoint.resume.is_some() || env.restart > 0;
+        if goes_on && a.output.out.is_none() {
             return Err(invalid!(
                 "a resumed or restarted run goes on in its run directory: name it with --out DIR"
             ));
         }
         let continuing = goes_on
-            && a.out
+            && a.output
+                .out
                 .as_ref()
                 .is_some_and(|o| o.join("params.json").exists());
         // The checkpoint must be there before the run directory is made.
-        let checkpoints = a.checkpoint_dir.clone().unwrap_or_else(|| {
-            let out = a.out.clone().unwrap_or_default();
+        let checkpoints = a.checkpoint.checkpoint_dir.clone().unwrap_or_else(|| {
+            let out = a.output.out.clone().unwrap_or_default();
             out.join("checkpoints")
         });
-        let target = Context::resume_target(a.resume.as_deref(), &checkpoints)?;
+        let target = Context::resume_target(a.checkpoint.resume.as_deref(), &checkpoints)?;
         let (mut spec, task) = a.spec()?;
-        // What params.json and TensorBoard record of the flags names the schedule that runs: a
-        // schedule file's, not --schedule's default (which the file replaces).
-        if let Some(f) = &a.schedule_file {
-            a.schedule = format!("file {}", f.display());
-        }
         if let Some(ck) = &target {
-            spec.resumes_checkpoint(ck, a.resume.is_some())?
+            spec.resumes_checkpoint(ck, a.checkpoint.resume.is_some())?
                 .into_iter()
                 .for_each(note);
         }
         // The machines a morph plans for: a wrong file fails now, not at the first restart.
-        let hw = pipewright::plan::Hardware::load(&a.hardware)?;
+        let hw = pipewright::plan::Hardware::load(&a.parallel.hardware)?;
         // Under mpirun each process holds its own ranks; as threads this one holds them all.
         let here = if pipewright::distributed::Env::under_mpi() {
             env.local_world_size
@@ -190,11 +186,11 @@ impl Setup {
         let task: Arc<dyn Task> = task.into();
         let run = Run {
             place: Place {
-                device: a.device.clone(),
-                backend: a.backend,
+                device: a.parallel.device.clone(),
+                backend: a.parallel.backend,
                 machines: Some((hw.clone(), env.local_world_size)),
-                pretrained: a.init_from.clone(),
-                checkpoint_dir: a.checkpoint_dir.clone(),
+                pretrained: a.sizes.init_from.clone(),
+                checkpoint_dir: a.checkpoint.checkpoint_dir.clone(),
                 detect_anomaly: params.flag("debug")?,
                 eval_rows: Some(spec.eval_rows(&task.shape())?),
             },
@@ -206,7 +202,7 @@ impl Setup {
         };
         let trainer = Trainer::from_env(run)?;
         if let Some(m) = trainer.morphed() {
-            let line = m.describe(spec.train.parallel.layout, &a.hardware);
+            let line = m.describe(spec.train.parallel.layout, &a.parallel.hardware);
             eprintln!("pipewright train: {line}");
             spec.train = trainer.spec().clone();
         }
@@ -224,12 +220,12 @@ impl Setup {
                 spec.train.parallel.zero
             );
         }
-        if a.trace.is_some() && layout.pp == 1 {
+        if a.output.trace.is_some() && layout.pp == 1 {
             return Err(invalid!(
                 "--trace records pipeline actions: use it with --pp 2 or more"
             ));
         }
-        if let Some(t) = &a.trace {
+        if let Some(t) = &a.output.trace {
             let ours = pipewright::parallel::pipeline::trace::is_chrome_trace;
             pipewright::runtime::files::ensure_replaceable(t, "--trace", "a pipeline trace", ours)?;
         }
@@ -256,7 +252,7 @@ impl Setup {
         let a = &self.a;
         let started = self.trainer.start(cx)?;
         let v = cx.trainer()?;
-        let traced = a.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
+        let traced = a.output.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();
         }
@@ -271,7 +267,7 @@ impl Setup {
             *run_dir.lock().map_err(|_| invalid!("a rank panicked"))? = Some(d.path().into());
             // The planner's prediction for this layout from the model's shapes, for the
             // report (a layout the planner refuses has none, and the report says so).
-            if let Ok(p) = self.spec.predict(&self.hw, self.here, a.backend) {
+            if let Ok(p) = self.spec.predict(&self.hw, self.here, a.parallel.backend) {
                 p.save(d.path())?;
             }
             if start > 0 {

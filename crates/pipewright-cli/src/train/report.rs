@@ -61,12 +61,13 @@ impl Hooks for TrainHooks<'_> {
             self.training_peak = peak_memory_bytes();
             // On a GPU the counting allocator sees the host's bytes, not the tensors: rank
             // 0's GPU's memory pool counts those (of every rank of this process on it).
-            let counted = pipewright::runtime::device::in_host_memory(&a.device);
+            let counted = pipewright::runtime::device::in_host_memory(&a.parallel.device);
             self.allocated_peak = if counted {
                 memory::peak_bytes()
             } else {
                 pipewright::runtime::device::gpu_peak_bytes(&pipewright::runtime::device::device(
-                    &a.device, 0,
+                    &a.parallel.device,
+                    0,
                 )?)?
             };
             if counted && !pipewright::distributed::Env::under_mpi() {
@@ -91,7 +92,7 @@ impl Hooks for TrainHooks<'_> {
         // One numbering everywhere: a step is counted by the steps done with it (1 is the
         // first), in the console, scalars.csv, tags.csv, images and checkpoints alike.
         let loss = d.outcome.loss;
-        let scaled = self.run.a.precision == "f16";
+        let scaled = self.run.a.precision == pipewright::model::precision::Precision::F16;
         // An f16 run's dynamic loss scale and the steps it skipped on overflow, in the log
         // lines as on the progress bar (which a file or a CI log does not show).
         let scale = |sep: &str| {
@@ -124,7 +125,7 @@ impl Hooks for TrainHooks<'_> {
 
     fn checkpoint(&mut self, cx: &mut Context, steps: u64, background: bool) -> Result<()> {
         let opts = CheckpointOptions {
-            keep: self.run.a.keep,
+            keep: self.run.a.checkpoint.keep,
             meta: self.run.meta.clone(),
             extra: serde_json::json!({ "next_step": steps }),
         };
@@ -179,26 +180,26 @@ pub fn train_loop(
         None => None,
     };
     let (items_per_step, items) = match task.shape() {
-        TaskShape::Tokens { seq_len, .. } => (a.batch_size * seq_len, "tokens"),
-        TaskShape::Images { .. } => (a.batch_size, "samples"),
+        TaskShape::Tokens { seq_len, .. } => (a.batch.batch_size * seq_len, "tokens"),
+        TaskShape::Images { .. } => (a.batch.batch_size, "samples"),
     };
     let layout = run
         .spec
         .train
-        .describe_parallelism(a.schedule_file.as_deref());
+        .describe_parallelism(a.pipeline.schedule_file.as_deref());
     if let Some(dir) = dir {
         pipewright::say!(
             "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in micro-batches of {}{layout} -> {}",
             a.model,
             task.name(),
-            a.steps,
-            a.batch_size,
+            a.batch.steps,
+            a.batch.batch_size,
             run.spec.train.micro_batch,
             dir.path().display()
         );
     }
     let pb = if dir.is_some() {
-        ProgressBar::new(a.steps)
+        ProgressBar::new(a.batch.steps)
     } else {
         ProgressBar::hidden()
     };
@@ -270,7 +271,7 @@ pub fn write_summary(
     summary.ranks = ranks.to_vec();
     summary.bubble_per_stage = bubbles.to_vec();
     summary.exposed_comm_per_rank = exposed.to_vec();
-    summary.device = run.a.device.clone();
+    summary.device = run.a.parallel.device.clone();
     dir.write_json("summary.json", &summary)?;
     pipewright::say!("──────── summary ────────");
     pipewright::say!("run directory   {}", dir.path().display());

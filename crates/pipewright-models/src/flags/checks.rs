@@ -3,6 +3,8 @@
 
 use pipewright::{invalid, Result};
 
+use pipewright::model::precision::Precision;
+
 use super::args::{defaults, ModelKind, OptimizerKind, TaskKind, TrainArgs};
 
 /// Fails on a size flag given for a model or task the run does not use (it would be
@@ -21,42 +23,42 @@ pub(super) fn check_flags_apply(a: &TrainArgs) -> Result<()> {
         ModelKind::Gpt => (
             "gpt",
             given(&[
-                ("width", a.width != d.width),
-                ("blocks", a.blocks != d.blocks),
-                ("long-skip", a.long_skip),
-                ("n-kv-head", a.n_kv_head.is_some()),
-                ("mlp-hidden", a.mlp_hidden.is_some()),
-                ("rope-theta", a.rope_theta != d.rope_theta),
-                ("n-experts", a.n_experts.is_some()),
+                ("width", a.sizes.width != d.sizes.width),
+                ("blocks", a.sizes.blocks != d.sizes.blocks),
+                ("long-skip", a.sizes.long_skip),
+                ("n-kv-head", a.sizes.n_kv_head.is_some()),
+                ("mlp-hidden", a.sizes.mlp_hidden.is_some()),
+                ("rope-theta", a.sizes.rope_theta != d.sizes.rope_theta),
+                ("n-experts", a.sizes.n_experts.is_some()),
             ]),
         ),
         ModelKind::Llama => (
             "llama",
             given(&[
-                ("width", a.width != d.width),
-                ("blocks", a.blocks != d.blocks),
-                ("long-skip", a.long_skip),
-                ("dropout", a.dropout != d.dropout),
+                ("width", a.sizes.width != d.sizes.width),
+                ("blocks", a.sizes.blocks != d.sizes.blocks),
+                ("long-skip", a.sizes.long_skip),
+                ("dropout", a.sizes.dropout != d.sizes.dropout),
             ]),
         ),
         ModelKind::Cnn => (
             "cnn",
             given(&[
-                ("n-layer", a.n_layer != d.n_layer),
-                ("n-head", a.n_head != d.n_head),
-                ("n-embd", a.n_embd != d.n_embd),
-                ("vocab-size", a.vocab_size.is_some()),
-                ("dropout", a.dropout != d.dropout),
-                ("n-kv-head", a.n_kv_head.is_some()),
-                ("mlp-hidden", a.mlp_hidden.is_some()),
-                ("rope-theta", a.rope_theta != d.rope_theta),
-                ("n-experts", a.n_experts.is_some()),
+                ("n-layer", a.sizes.n_layer != d.sizes.n_layer),
+                ("n-head", a.sizes.n_head != d.sizes.n_head),
+                ("n-embd", a.sizes.n_embd != d.sizes.n_embd),
+                ("vocab-size", a.sizes.vocab_size.is_some()),
+                ("dropout", a.sizes.dropout != d.sizes.dropout),
+                ("n-kv-head", a.sizes.n_kv_head.is_some()),
+                ("mlp-hidden", a.sizes.mlp_hidden.is_some()),
+                ("rope-theta", a.sizes.rope_theta != d.sizes.rope_theta),
+                ("n-experts", a.sizes.n_experts.is_some()),
             ]),
         ),
     };
     // The CNN's convolutions and batch norms take the images in f32 (candle's conv2d needs
     // one type for input and kernel): a low type failed inside the first convolution.
-    if matches!(a.model, ModelKind::Cnn) && a.precision != "f32" {
+    if matches!(a.model, ModelKind::Cnn) && a.precision != Precision::F32 {
         return Err(invalid!(
             "--model cnn trains in f32 only: drop --precision {}",
             a.precision
@@ -72,11 +74,11 @@ pub(super) fn check_flags_apply(a: &TrainArgs) -> Result<()> {
     let task = given(&[
         (
             "digits",
-            a.digits != d.digits && !matches!(a.task, TaskKind::Adder),
+            a.inputs.digits != d.inputs.digits && !matches!(a.task, TaskKind::Adder),
         ),
         (
             "image-size",
-            a.image_size != d.image_size && !matches!(a.task, TaskKind::Shapes),
+            a.inputs.image_size != d.inputs.image_size && !matches!(a.task, TaskKind::Shapes),
         ),
     ]);
     if !task.is_empty() {
@@ -92,37 +94,39 @@ pub(super) fn check_flags_apply(a: &TrainArgs) -> Result<()> {
 
 /// Fails on a flag that only means something beside another the run does not have.
 fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
-    let adam = (a.beta1, a.beta2, a.eps, a.decay) != (d.beta1, d.beta2, d.eps, d.decay);
+    let adam = (a.optim.beta1, a.optim.beta2, a.optim.eps, a.optim.decay)
+        != (d.optim.beta1, d.optim.beta2, d.optim.eps, d.optim.decay);
     let needs: [(bool, &str); 7] = [
         (
-            a.momentum != d.momentum && matches!(a.optimizer, OptimizerKind::Adamw),
+            a.optim.momentum != d.optim.momentum
+                && matches!(a.optim.optimizer, OptimizerKind::Adamw),
             "--momentum is SGD's: this run uses --optimizer adamw (its betas play that part)",
         ),
         (
-            adam && matches!(a.optimizer, OptimizerKind::Sgd),
+            adam && matches!(a.optim.optimizer, OptimizerKind::Sgd),
             "--beta1, --beta2, --eps and --decay are AdamW's: this run uses --optimizer sgd \
              (--momentum is its)",
         ),
         (
-            a.deferred_batch_norm && !matches!(a.model, ModelKind::Cnn),
+            a.pipeline.deferred_batch_norm && !matches!(a.model, ModelKind::Cnn),
             "--deferred-batch-norm defers batch norm's statistics, and only --model cnn has any",
         ),
         (
-            a.sequence_parallel && a.tp == 1,
+            a.parallel.sequence_parallel && a.parallel.tp == 1,
             "--sequence-parallel splits activations over the tensor-parallel ranks: give --tp 2 \
              or more",
         ),
         (
-            a.keep.is_some() && a.checkpoint_every == 0,
+            a.checkpoint.keep.is_some() && a.checkpoint.checkpoint_every == 0,
             "--keep prunes the checkpoints --checkpoint-every N saves: give --checkpoint-every",
         ),
         (
-            a.async_checkpoint && a.checkpoint_every == 0,
+            a.checkpoint.async_checkpoint && a.checkpoint.checkpoint_every == 0,
             "--async-checkpoint writes the checkpoints --checkpoint-every N saves: give \
              --checkpoint-every",
         ),
         (
-            a.backend == pipewright::distributed::comm::Backend::Mpi && a.world() == 1,
+            a.parallel.backend == pipewright::distributed::comm::Backend::Mpi && a.world() == 1,
             "--backend mpi talks between ranks, and this layout has one: drop --backend mpi, or \
              give the layout more ranks (--pp, --tp, --dp, --cp)",
         ),

@@ -7,10 +7,12 @@
 //! `Experiment::args::<TrainArgs>()` and reads them with `Params::args`.
 
 mod args;
+mod as_text;
 mod checks;
 mod inherit;
 mod model;
 mod moe;
+mod sections;
 mod spec;
 
 pub use args::{
@@ -18,4 +20,8 @@ pub use args::{
     TrainArgs,
 };
 pub use inherit::inherit_checkpointing;
+pub use sections::{
+    BatchArgs, CheckpointArgs, ModelArgs, OptimArgs, OutputArgs, ParallelArgs, PipelineArgs,
+    TaskArgs,
+};
 pub use spec::{blend_of, task_spec};

@@ -22,7 +22,7 @@ impl TrainArgs {
         check_flags_apply(self)?;
         let task = super::spec::task_spec(self)?;
         let built = task.build(self.seed)?;
-        let model = match &self.init_from {
+        let model = match &self.sizes.init_from {
             Some(dir) => pretrained(self, dir, built.as_ref())?,
             None => make_model(self, built.as_ref())?,
         };
@@ -36,14 +36,14 @@ impl TrainArgs {
 fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<ModelConfig> {
     let d = defaults();
     let sizes = [
-        ("--n-layer", a.n_layer != d.n_layer),
-        ("--n-head", a.n_head != d.n_head),
-        ("--n-embd", a.n_embd != d.n_embd),
-        ("--vocab-size", a.vocab_size.is_some()),
-        ("--n-kv-head", a.n_kv_head.is_some()),
-        ("--mlp-hidden", a.mlp_hidden.is_some()),
+        ("--n-layer", a.sizes.n_layer != d.sizes.n_layer),
+        ("--n-head", a.sizes.n_head != d.sizes.n_head),
+        ("--n-embd", a.sizes.n_embd != d.sizes.n_embd),
+        ("--vocab-size", a.sizes.vocab_size.is_some()),
+        ("--n-kv-head", a.sizes.n_kv_head.is_some()),
+        ("--mlp-hidden", a.sizes.mlp_hidden.is_some()),
         // The rotary base is the weights' as much as a size is: they were trained with it.
-        ("--rope-theta", a.rope_theta != d.rope_theta),
+        ("--rope-theta", a.sizes.rope_theta != d.sizes.rope_theta),
     ];
     let given: Vec<&str> = sizes.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
     if !given.is_empty() {
@@ -57,8 +57,8 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
     // Dropout is the fine-tuning's to choose, not the weights': a given --dropout replaces
     // the directory's (it was recorded and then ignored).
     if let ModelConfig::Gpt { gpt, .. } = &mut model {
-        if a.dropout != d.dropout {
-            gpt.dropout = a.dropout;
+        if a.sizes.dropout != d.sizes.dropout {
+            gpt.dropout = a.sizes.dropout;
         }
     }
     check_layers(dir, &model)?;
@@ -89,10 +89,14 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
              model's vocabulary of {vocab_size} and {block} positions"
         ));
     }
-    if let Some(n) = model.tp_divides().into_iter().find(|n| n % a.tp != 0) {
+    if let Some(n) = model
+        .tp_divides()
+        .into_iter()
+        .find(|n| n % a.parallel.tp != 0)
+    {
         return Err(invalid!(
             "the pretrained model's {n} (heads or vocabulary) cannot be split over --tp {}",
-            a.tp
+            a.parallel.tp
         ));
     }
     super::moe::check_pretrained(a, dir, &model)?;
@@ -148,21 +152,21 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
                 channels, classes, ..
             },
         ) => {
-            if a.tp > 1 {
+            if a.parallel.tp > 1 {
                 return Err(invalid!(
                     "--tp splits the GPT's and the Llama's layers; the CNN has no tensor-parallel \
                      layers: use --tp 1"
                 ));
             }
-            if a.cp > 1 {
+            if a.parallel.cp > 1 {
                 return Err(invalid!(
                     "--cp splits sequences; the CNN reads images: use --cp 1"
                 ));
             }
             let cfg = CnnConfig {
-                width: a.width,
-                blocks: a.blocks,
-                long_skip: a.long_skip,
+                width: a.sizes.width,
+                blocks: a.sizes.blocks,
+                long_skip: a.sizes.long_skip,
                 ..CnnConfig::small(channels, classes)
             };
             Ok(ModelConfig::Cnn { cnn: cfg })
@@ -188,50 +192,56 @@ fn language_model(
     vocab: usize,
     seq_len: usize,
 ) -> Result<ModelConfig> {
-    let block_size = a.block_size.unwrap_or(seq_len);
+    let block_size = a.sizes.block_size.unwrap_or(seq_len);
     if block_size < seq_len {
         return Err(invalid!(
             "--block-size {block_size} is shorter than the task's sequences of {seq_len} tokens"
         ));
     }
-    let vocab_size = a.vocab_size.unwrap_or(vocab);
+    let vocab_size = a.sizes.vocab_size.unwrap_or(vocab);
     if vocab_size < vocab {
         return Err(invalid!(
             "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
         ));
     }
-    if !vocab_size.is_multiple_of(a.tp) {
-        let padded = vocab_size.div_ceil(a.tp) * a.tp;
+    if !vocab_size.is_multiple_of(a.parallel.tp) {
+        let padded = vocab_size.div_ceil(a.parallel.tp) * a.parallel.tp;
         return Err(invalid!(
             "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
              (padded ids never occur)",
-            a.tp
+            a.parallel.tp
         ));
     }
-    if !a.n_head.is_multiple_of(a.tp) {
+    if !a.sizes.n_head.is_multiple_of(a.parallel.tp) {
         return Err(invalid!(
             "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
-            a.n_head,
-            a.tp
+            a.sizes.n_head,
+            a.parallel.tp
         ));
     }
     check_sequence_split(a, seq_len)?;
     if let ModelKind::Llama = kind {
-        let family = LlamaConfig::new(vocab_size, block_size, a.n_layer, a.n_head, a.n_embd);
-        let n_kv_head = a.n_kv_head.unwrap_or(family.n_kv_head);
-        let hidden = a.mlp_hidden.unwrap_or(family.hidden);
+        let family = LlamaConfig::new(
+            vocab_size,
+            block_size,
+            a.sizes.n_layer,
+            a.sizes.n_head,
+            a.sizes.n_embd,
+        );
+        let n_kv_head = a.sizes.n_kv_head.unwrap_or(family.n_kv_head);
+        let hidden = a.sizes.mlp_hidden.unwrap_or(family.hidden);
         for (flag, n) in [("--n-kv-head", n_kv_head), ("--mlp-hidden", hidden)] {
-            if !n.is_multiple_of(a.tp) {
+            if !n.is_multiple_of(a.parallel.tp) {
                 return Err(invalid!(
                     "{flag} {n} cannot be split over --tp {}: choose a multiple of --tp",
-                    a.tp
+                    a.parallel.tp
                 ));
             }
         }
         let llama = LlamaConfig {
             n_kv_head,
             hidden,
-            rope_theta: a.rope_theta,
+            rope_theta: a.sizes.rope_theta,
             moe: super::moe::mixture(a, hidden),
             ..family
         };
@@ -239,10 +249,10 @@ fn language_model(
         return Ok(ModelConfig::Llama { llama, vocab });
     }
     let cfg = GptConfig {
-        n_layer: a.n_layer,
-        n_head: a.n_head,
-        n_embd: a.n_embd,
-        dropout: a.dropout,
+        n_layer: a.sizes.n_layer,
+        n_head: a.sizes.n_head,
+        n_embd: a.sizes.n_embd,
+        dropout: a.sizes.dropout,
         ..GptConfig::small(vocab_size, block_size)
     };
     Ok(ModelConfig::Gpt { gpt: cfg, vocab })
@@ -251,27 +261,30 @@ fn language_model(
 /// Fails early, naming the flags, when `--cp` or `--sequence-parallel` cannot split sequences
 /// of `seq_len` tokens (the library would fail at the first step).
 fn check_sequence_split(a: &TrainArgs, seq_len: usize) -> Result<()> {
-    let n = 2 * a.cp;
-    if a.cp > 1 && !seq_len.is_multiple_of(n) {
+    let n = 2 * a.parallel.cp;
+    if a.parallel.cp > 1 && !seq_len.is_multiple_of(n) {
         return Err(invalid!(
             "--cp {} splits each sequence into 2 x cp = {n} chunks, but the task's sequences have \
              {seq_len} tokens: choose a sequence length that is a multiple of {n}, or a --cp whose \
              2 x cp divides {seq_len}",
-            a.cp
+            a.parallel.cp
         ));
     }
-    if a.cp > 1 && a.dropout > 0.0 {
+    if a.parallel.cp > 1 && a.sizes.dropout > 0.0 {
         return Err(invalid!(
             "--cp runs attention over a ring without dropout: pass --dropout 0 with --cp {}",
-            a.cp
+            a.parallel.cp
         ));
     }
-    if a.sequence_parallel && a.tp > 1 && !(seq_len / a.cp).is_multiple_of(a.tp) {
+    if a.parallel.sequence_parallel
+        && a.parallel.tp > 1
+        && !(seq_len / a.parallel.cp).is_multiple_of(a.parallel.tp)
+    {
         return Err(invalid!(
             "--sequence-parallel splits each rank's {} tokens over --tp {}: choose a sequence \
              length that is a multiple of {}",
-            seq_len / a.cp,
-            a.tp,
+            seq_len / a.parallel.cp,
+            a.parallel.tp,
             a.layout()?.sequence_multiple(true)
         ));
     }
@@ -296,17 +309,18 @@ mod tests {
         let mut a = defaults();
         a.model = ModelKind::Llama;
         a.task = super::super::args::TaskKind::Text;
-        a.data = Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"));
-        a.init_from = Some(fixture("hf-llama"));
-        a.vocab_size = None;
+        a.inputs.data =
+            Some(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"));
+        a.sizes.init_from = Some(fixture("hf-llama"));
+        a.sizes.vocab_size = None;
         let seq = |a: &TrainArgs| match super::super::spec::task_spec(a).unwrap() {
             TaskSpec::Text { seq_len, .. } => seq_len,
             other => panic!("{other:?}"),
         };
         assert_eq!(seq(&a), 16);
-        a.block_size = Some(8);
+        a.sizes.block_size = Some(8);
         assert_eq!(seq(&a), 8);
-        a.block_size = Some(17);
+        a.sizes.block_size = Some(17);
         let e = a
             .model_and_task()
             .err()

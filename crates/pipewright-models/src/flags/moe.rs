@@ -13,28 +13,31 @@ use crate::ModelConfig;
 /// The mixture the flags ask for (`None` without `--n-experts`), its experts `hidden` wide
 /// unless `--moe-hidden` says otherwise (Mixtral's names, its renormalised top k).
 pub(super) fn mixture(a: &TrainArgs, hidden: usize) -> Option<MoeConfig> {
-    a.n_experts.map(|n_experts| MoeConfig {
+    a.sizes.n_experts.map(|n_experts| MoeConfig {
         n_experts,
-        top_k: a.top_k,
-        moe_hidden: a.moe_hidden.unwrap_or(hidden),
-        shared_experts: a.shared_experts,
+        top_k: a.sizes.top_k,
+        moe_hidden: a.sizes.moe_hidden.unwrap_or(hidden),
+        shared_experts: a.sizes.shared_experts,
         norm_topk: true,
-        aux_loss_coef: a.aux_loss_coef,
+        aux_loss_coef: a.sizes.aux_loss_coef,
         names: MoeNames::Mixtral,
-        moe_every: a.moe_every,
+        moe_every: a.sizes.moe_every,
     })
 }
 
 /// Fails on a mixture flag without `--n-experts`, or on a layout the mixture cannot take
 /// (`d`: the flags' defaults).
 pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
-    if a.init_from.is_some() {
+    if a.sizes.init_from.is_some() {
         // A pretrained model's mixture is the directory's, whatever the flags say.
         let shape = [
-            ("--top-k", a.top_k != d.top_k),
-            ("--moe-every", a.moe_every != d.moe_every),
-            ("--shared-experts", a.shared_experts != d.shared_experts),
-            ("--moe-hidden", a.moe_hidden.is_some()),
+            ("--top-k", a.sizes.top_k != d.sizes.top_k),
+            ("--moe-every", a.sizes.moe_every != d.sizes.moe_every),
+            (
+                "--shared-experts",
+                a.sizes.shared_experts != d.sizes.shared_experts,
+            ),
+            ("--moe-hidden", a.sizes.moe_hidden.is_some()),
         ];
         let given: Vec<&str> = shape.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect();
         if !given.is_empty() {
@@ -47,23 +50,34 @@ pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
     }
     let needs: [(bool, &str); 4] = [
         (
-            a.n_experts.is_none()
-                && (a.top_k, a.moe_every, a.shared_experts, a.aux_loss_coef)
-                    != (d.top_k, d.moe_every, d.shared_experts, d.aux_loss_coef)
-                || a.n_experts.is_none() && a.moe_hidden.is_some(),
+            a.sizes.n_experts.is_none()
+                && (
+                    a.sizes.top_k,
+                    a.sizes.moe_every,
+                    a.sizes.shared_experts,
+                    a.sizes.aux_loss_coef,
+                ) != (
+                    d.sizes.top_k,
+                    d.sizes.moe_every,
+                    d.sizes.shared_experts,
+                    d.sizes.aux_loss_coef,
+                )
+                || a.sizes.n_experts.is_none() && a.sizes.moe_hidden.is_some(),
             "--top-k, --moe-every, --shared-experts, --moe-hidden and --aux-loss-coef shape a \
              mixture of experts: give --n-experts",
         ),
         (
-            a.n_experts.is_none() && a.init_from.is_none() && a.ep > 1,
+            a.sizes.n_experts.is_none() && a.sizes.init_from.is_none() && a.parallel.ep > 1,
             "--ep splits the experts of a mixture: give --n-experts (and --model llama)",
         ),
         (
-            a.n_experts.is_some_and(|e| !e.is_multiple_of(a.ep)),
+            a.sizes
+                .n_experts
+                .is_some_and(|e| !e.is_multiple_of(a.parallel.ep)),
             "--ep must divide --n-experts: each expert-parallel rank holds as many experts",
         ),
         (
-            a.n_experts.is_some() && a.sequence_parallel,
+            a.sizes.n_experts.is_some() && a.parallel.sequence_parallel,
             "--n-experts does not run under --sequence-parallel yet: drop it (tensor, context \
              and expert parallelism all apply)",
         ),
@@ -83,7 +97,7 @@ pub(super) fn check_pretrained(a: &TrainArgs, dir: &Path, model: &ModelConfig) -
         _ => None,
     };
     let file = dir.join("config.json");
-    match (experts, a.n_experts) {
+    match (experts, a.sizes.n_experts) {
         (Some(e), Some(n)) if e != n => Err(invalid!(
             "`{}` has {e} experts per mixture but --n-experts says {n}: drop --n-experts (the \
              directory gives the sizes)",
@@ -93,13 +107,13 @@ pub(super) fn check_pretrained(a: &TrainArgs, dir: &Path, model: &ModelConfig) -
             "`{}` holds a model without mixtures of experts: drop --n-experts",
             file.display()
         )),
-        (None, None) if a.ep > 1 => Err(invalid!(
+        (None, None) if a.parallel.ep > 1 => Err(invalid!(
             "--ep splits the experts of a mixture, and `{}` has none: drop --ep",
             file.display()
         )),
-        (Some(e), _) if !e.is_multiple_of(a.ep) => Err(invalid!(
+        (Some(e), _) if !e.is_multiple_of(a.parallel.ep) => Err(invalid!(
             "--ep {} does not divide the {e} experts of `{}`: choose a divisor",
-            a.ep,
+            a.parallel.ep,
             file.display()
         )),
         _ => Ok(()),
@@ -118,7 +132,12 @@ mod tests {
     fn the_mixture_flags_make_a_mixture_of_experts_llama() {
         let mut a = defaults();
         a.model = ModelKind::Llama;
-        (a.n_experts, a.top_k, a.moe_every, a.shared_experts) = (Some(4), 1, 2, 1);
+        (
+            a.sizes.n_experts,
+            a.sizes.top_k,
+            a.sizes.moe_every,
+            a.sizes.shared_experts,
+        ) = (Some(4), 1, 2, 1);
         let (ModelConfig::Llama { llama, .. }, _, _) = a.model_and_task().unwrap() else {
             panic!("a Llama")
         };
@@ -135,17 +154,28 @@ mod tests {
             let e = a.model_and_task().err().unwrap().to_string();
             assert!(e.contains(says), "{e}");
         };
-        (a.tp, a.sequence_parallel) = (2, true);
+        (a.parallel.tp, a.parallel.sequence_parallel) = (2, true);
         refused(&a, "--n-experts does not run under --sequence-parallel");
-        (a.tp, a.sequence_parallel, a.dp, a.ep) = (1, false, 3, 3);
+        (
+            a.parallel.tp,
+            a.parallel.sequence_parallel,
+            a.parallel.dp,
+            a.parallel.ep,
+        ) = (1, false, 3, 3);
         refused(&a, "--ep must divide --n-experts");
-        (a.dp, a.ep) = (1, 1);
+        (a.parallel.dp, a.parallel.ep) = (1, 1);
         a.model = ModelKind::Gpt;
         refused(&a, "does not use --n-experts");
         a.model = ModelKind::Llama;
-        a.n_experts = None;
+        a.sizes.n_experts = None;
         refused(&a, "give --n-experts");
-        (a.top_k, a.moe_every, a.shared_experts, a.dp, a.ep) = (2, 1, 0, 2, 2);
+        (
+            a.sizes.top_k,
+            a.sizes.moe_every,
+            a.sizes.shared_experts,
+            a.parallel.dp,
+            a.parallel.ep,
+        ) = (2, 1, 0, 2, 2);
         refused(&a, "--ep splits the experts");
     }
 
@@ -159,28 +189,28 @@ mod tests {
             super::check_pretrained(a, &dir, &model).map_err(|e| e.to_string())
         };
         let mut a = defaults();
-        a.ep = 2;
+        a.parallel.ep = 2;
         assert!(check("hf-mixtral", &a).is_ok());
         // The mixture's shape flags are the directory's: refused with --init-from, by name
         // (they asked for --n-experts, which was then refused too).
         let mut b = defaults();
-        (b.model, b.top_k) = (ModelKind::Llama, 1);
-        b.init_from = Some(fixtures.join("hf-mixtral"));
+        (b.model, b.sizes.top_k) = (ModelKind::Llama, 1);
+        b.sizes.init_from = Some(fixtures.join("hf-mixtral"));
         let e = super::check(&b, &defaults()).unwrap_err().to_string();
         assert!(
             e.contains("from the directory's config.json: drop --top-k"),
             "{e}"
         );
-        a.n_experts = Some(8);
+        a.sizes.n_experts = Some(8);
         let e = check("hf-mixtral", &a).unwrap_err();
         assert!(
             e.contains("has 4 experts per mixture but --n-experts says 8"),
             "{e}"
         );
-        (a.n_experts, a.ep) = (None, 3);
+        (a.sizes.n_experts, a.parallel.ep) = (None, 3);
         let e = check("hf-mixtral", &a).unwrap_err();
         assert!(e.contains("--ep 3 does not divide the 4 experts"), "{e}");
-        a.ep = 2;
+        a.parallel.ep = 2;
         let e = check("hf-llama", &a).unwrap_err();
         assert!(e.contains("has none: drop --ep"), "{e}");
     }

@@ -7,34 +7,35 @@ use pipewright::distributed::topology::Layout;
 use pipewright::model::nn::optim::{
     AdamWConfig, LrSchedule, OptimSpec, OptimizerConfig, SgdConfig,
 };
-use pipewright::model::precision::Precision;
 use pipewright::parallel::dims::ParallelSpec;
 use pipewright::parallel::overlap::OverlapSpec;
-use pipewright::parallel::pipeline::schedule::{Schedule, ScheduleKind};
-use pipewright::parallel::pipeline::{PipelineSpec, Recompute};
-use pipewright::parallel::zero::Zero;
+use pipewright::parallel::pipeline::schedule::Schedule;
+use pipewright::parallel::pipeline::{Balance, PipelineSpec};
 use pipewright::plan::Candidate;
 use pipewright::trainer::{Cadence, TrainSpec};
 use pipewright::{invalid, Result};
 
 use super::args::{DecayKind, LrScheduleKind, OptimizerKind, TaskKind, TrainArgs};
+use super::sections::{OptimArgs, ParallelArgs, PipelineArgs};
 use crate::TaskSpec;
 
 /// The data the flags name (the text file is read when the task is built).
 pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
-    if a.data.is_some() && !matches!(a.task, TaskKind::Text | TaskKind::Tokens) {
+    if a.inputs.data.is_some() && !matches!(a.task, TaskKind::Text | TaskKind::Tokens) {
         return Err(invalid!(
             "--data is only read by --task text and --task tokens"
         ));
     }
     Ok(match a.task {
-        TaskKind::Adder => TaskSpec::Adder { digits: a.digits },
+        TaskKind::Adder => TaskSpec::Adder {
+            digits: a.inputs.digits,
+        },
         TaskKind::Sort => TaskSpec::Sort { len: 6, symbols: 3 },
         TaskKind::Shapes => TaskSpec::Shapes {
-            image_size: a.image_size,
+            image_size: a.inputs.image_size,
         },
         TaskKind::Tokens => {
-            let data = a.data.clone().ok_or_else(|| {
+            let data = a.inputs.data.clone().ok_or_else(|| {
                 invalid!("--task tokens needs --data DIR (token shards: `pipewright data prepare`)")
             })?;
             let blend = blend_of(&data)?;
@@ -54,6 +55,7 @@ pub fn task_spec(a: &TrainArgs) -> Result<TaskSpec> {
         }
         TaskKind::Text => TaskSpec::Text {
             path: a
+                .inputs
                 .data
                 .clone()
                 .ok_or_else(|| invalid!("--task text needs --data FILE (any text file)"))?,
@@ -96,10 +98,10 @@ pub fn blend_of(data: &Path) -> Result<Vec<(f64, PathBuf)>> {
 /// context; else 64. (A pretrained model trained on the default 64 was evaluated on windows
 /// of 64 too, which a run of its own length in PyTorch beat by 25 % in perplexity.)
 fn seq_len(a: &TrainArgs) -> Result<usize> {
-    if let Some(b) = a.block_size {
+    if let Some(b) = a.sizes.block_size {
         return Ok(b);
     }
-    let Some(dir) = &a.init_from else {
+    let Some(dir) = &a.sizes.init_from else {
         return Ok(64);
     };
     Ok(match crate::hf::config_from_dir(dir)? {
@@ -112,88 +114,46 @@ fn seq_len(a: &TrainArgs) -> Result<usize> {
 impl TrainArgs {
     /// The layout the flags ask for (`--pp --tp --cp --dp --ep`).
     pub fn layout(&self) -> Result<Layout> {
-        Layout::new(self.pp, self.tp, self.dp)?
-            .with_cp(self.cp)?
-            .with_ep(self.ep)
+        Layout::new(self.parallel.pp, self.parallel.tp, self.parallel.dp)?
+            .with_cp(self.parallel.cp)?
+            .with_ep(self.parallel.ep)
     }
 
     /// Ranks the flags ask for.
     pub fn world(&self) -> usize {
         // Saturating: a layout of absurd degrees is refused by its check, not wrapped.
-        [self.pp, self.tp, self.cp, self.dp]
-            .iter()
-            .fold(1usize, |w, d| w.saturating_mul(*d))
+        [
+            self.parallel.pp,
+            self.parallel.tp,
+            self.parallel.cp,
+            self.parallel.dp,
+        ]
+        .iter()
+        .fold(1usize, |w, d| w.saturating_mul(*d))
     }
 
-    /// Everything the flags say about training, besides the model and the data.
+    /// Everything the flags say about training, besides the model and the data: each
+    /// section's flags build the library's section of the same name.
     pub fn train_spec(&self) -> Result<TrainSpec> {
-        if self.clip < 0.0 || !self.clip.is_finite() {
-            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
-        }
-        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
-            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
-        }
-        let optimizer = match self.optimizer {
-            OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
-                beta1: self.beta1,
-                beta2: self.beta2,
-                eps: self.eps,
-                weight_decay: self.weight_decay,
-                decay_embeddings: self.decay == DecayKind::MatricesAndEmbeddings,
-            }),
-            OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
-                momentum: self.momentum,
-                weight_decay: self.weight_decay,
-                ..Default::default()
-            }),
-        };
-        let lr = match self.lr_decay {
-            LrScheduleKind::Constant => LrSchedule::Constant { lr: self.lr },
-            LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
-                lr: self.lr,
-                warmup: self.warmup.min(self.steps),
-                total: self.steps,
-                min_lr: self.lr * self.min_lr_ratio,
-            },
-        };
         Ok(TrainSpec {
             parallel: ParallelSpec {
                 layout: self.layout()?,
-                zero: self.zero.parse::<Zero>()?,
-                sequence_parallel: self.sequence_parallel,
+                zero: self.parallel.zero,
+                sequence_parallel: self.parallel.sequence_parallel,
             },
-            global_batch: self.batch_size,
+            global_batch: self.batch.batch_size,
             micro_batch: self.micro_batch()?,
-            pipeline: PipelineSpec {
-                schedule: self.schedule.parse::<ScheduleKind>()?,
-                virtual_stages: self.virtual_stages,
-                custom_schedule: self
-                    .schedule_file
-                    .as_deref()
-                    .map(Schedule::load)
-                    .transpose()?,
-                recompute: self.recompute.parse::<Recompute>()?,
-                balance: self.balance.as_deref().map(str::parse).transpose()?,
-                deferred_batch_norm: self.deferred_batch_norm,
-            },
-            precision: self.precision.parse::<Precision>()?,
-            optim: OptimSpec {
-                optimizer,
-                lr,
-                clip: (self.clip > 0.0).then_some(self.clip),
-            },
-            overlap: OverlapSpec {
-                overlap: !self.no_overlap,
-                bucket_bytes: (self.bucket_mb * (1 << 20) as f64).round().max(1.0) as usize,
-                zero_live_layers: self.zero_live_layers,
-            },
+            pipeline: self.pipeline.spec()?,
+            precision: self.precision,
+            optim: self.optim.spec(self.batch.steps)?,
+            overlap: self.parallel.overlap(),
             seed: self.seed,
             cadence: Cadence {
-                steps: self.steps,
-                eval_every: self.eval_every,
-                checkpoint_every: self.checkpoint_every,
-                log_every: self.log_every,
-                async_checkpoint: self.async_checkpoint,
+                steps: self.batch.steps,
+                eval_every: self.output.eval_every,
+                checkpoint_every: self.checkpoint.checkpoint_every,
+                log_every: self.output.log_every,
+                async_checkpoint: self.checkpoint.async_checkpoint,
             },
         })
     }
@@ -202,7 +162,7 @@ impl TrainArgs {
     /// experts, whatever the layout, so `--ep` is refused by name (a layout's check asked for
     /// a divisor of `--dp`, which `profile` does not take).
     pub fn check_profiled(&self) -> Result<()> {
-        if self.ep != 1 {
+        if self.parallel.ep != 1 {
             return Err(invalid!(
                 "profile times the model's layers with all their experts, whatever the layout: \
                  drop --ep (`plan` searches expert parallelism from the profile)"
@@ -214,20 +174,20 @@ impl TrainArgs {
     /// Rows of one micro-batch: `--chunk-size`, or the batch split over `--dp` replicas of
     /// `--chunks` micro-batches each.
     pub fn micro_batch(&self) -> Result<usize> {
-        if let Some(s) = self.chunk_size {
+        if let Some(s) = self.batch.chunk_size {
             return Ok(s);
         }
-        let per = self.dp * self.chunks;
-        if !self.batch_size.is_multiple_of(per) {
+        let per = self.parallel.dp * self.batch.chunks;
+        if !self.batch.batch_size.is_multiple_of(per) {
             return Err(invalid!(
                 "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
                  micro-batches: choose a batch size that is a multiple of {per}",
-                self.batch_size,
-                self.dp,
-                self.chunks
+                self.batch.batch_size,
+                self.parallel.dp,
+                self.batch.chunks
             ));
         }
-        Ok(self.batch_size / per)
+        Ok(self.batch.batch_size / per)
     }
 
     /// The flags as a command line: every flag with its value, by clap's own names (what
@@ -254,30 +214,96 @@ impl TrainArgs {
     /// recompute, ZeRO and sequence parallelism) and its layers per stage, `balance`.
     pub fn for_candidate(&self, c: &Candidate, balance: &[usize]) -> Self {
         let mut a = self.clone();
-        (a.pp, a.tp, a.dp, a.cp) = (
-            c.parallel.layout.pp,
-            c.parallel.layout.tp,
-            c.parallel.layout.dp,
-            c.parallel.layout.cp,
-        );
-        a.ep = c.parallel.layout.ep;
-        a.sequence_parallel = c.parallel.sequence_parallel;
-        a.chunks = c.micro_batches;
-        a.chunk_size = None;
-        a.schedule = c.schedule.to_string();
-        a.schedule_file = None;
-        a.virtual_stages = c.virtual_stages;
-        a.recompute = c.recompute.to_string();
-        a.zero = c.parallel.zero.to_string();
-        let list: Vec<String> = balance.iter().map(usize::to_string).collect();
-        a.balance = Some(list.join(","));
+        let (l, p) = (c.parallel.layout, &mut a.parallel);
+        (p.pp, p.tp, p.dp, p.cp, p.ep) = (l.pp, l.tp, l.dp, l.cp, l.ep);
+        (p.zero, p.sequence_parallel) = (c.parallel.zero, c.parallel.sequence_parallel);
+        (a.batch.chunks, a.batch.chunk_size) = (c.micro_batches, None);
+        a.pipeline = PipelineArgs {
+            schedule: c.schedule,
+            schedule_file: None,
+            virtual_stages: c.virtual_stages,
+            recompute: c.recompute,
+            balance: Some(Balance::Layers(balance.to_vec())),
+            ..a.pipeline
+        };
         a
+    }
+}
+
+impl ParallelArgs {
+    /// What `--no-overlap`, `--bucket-mb` and `--zero-live-layers` say.
+    pub fn overlap(&self) -> OverlapSpec {
+        OverlapSpec {
+            overlap: !self.no_overlap,
+            bucket_bytes: (self.bucket_mb * (1 << 20) as f64).round().max(1.0) as usize,
+            zero_live_layers: self.zero_live_layers,
+        }
+    }
+}
+
+impl PipelineArgs {
+    /// The pipeline section: the schedule (a `--schedule-file` read and parsed here), virtual
+    /// stages, recompute, balance and deferred batch norm.
+    pub fn spec(&self) -> Result<PipelineSpec> {
+        Ok(PipelineSpec {
+            schedule: self.schedule,
+            virtual_stages: self.virtual_stages,
+            custom_schedule: self
+                .schedule_file
+                .as_deref()
+                .map(Schedule::load)
+                .transpose()?,
+            recompute: self.recompute,
+            balance: self.balance.clone(),
+            deferred_batch_norm: self.deferred_batch_norm,
+        })
+    }
+}
+
+impl OptimArgs {
+    /// The optimizer section for a run of `steps` steps (the cosine schedule's length).
+    pub fn spec(&self, steps: u64) -> Result<OptimSpec> {
+        if self.clip < 0.0 || !self.clip.is_finite() {
+            return Err(invalid!("--clip must be >= 0 (0 turns clipping off)"));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err(invalid!("--min-lr-ratio must lie in [0, 1]"));
+        }
+        let optimizer = match self.optimizer {
+            OptimizerKind::Adamw => OptimizerConfig::AdamW(AdamWConfig {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                weight_decay: self.weight_decay,
+                decay_embeddings: self.decay == DecayKind::MatricesAndEmbeddings,
+            }),
+            OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
+                momentum: self.momentum,
+                weight_decay: self.weight_decay,
+                ..Default::default()
+            }),
+        };
+        let lr = match self.lr_decay {
+            LrScheduleKind::Constant => LrSchedule::Constant { lr: self.lr },
+            LrScheduleKind::Cosine => LrSchedule::WarmupCosine {
+                lr: self.lr,
+                warmup: self.warmup.min(steps),
+                total: steps,
+                min_lr: self.lr * self.min_lr_ratio,
+            },
+        };
+        Ok(OptimSpec {
+            optimizer,
+            lr,
+            clip: (self.clip > 0.0).then_some(self.clip),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use pipewright::parallel::pipeline::Recompute;
 
     use super::*;
 
@@ -305,12 +331,33 @@ mod tests {
             "--lr",
             "0.003",
         ]);
-        w.a.recompute = "always".into();
+        w.a.pipeline.recompute = Recompute::Always;
         let argv = w.a.argv().unwrap();
         let back = Wrapper::parse_from(std::iter::once("x".to_string()).chain(argv));
         assert_eq!(
             serde_json::to_value(&back.a).unwrap(),
             serde_json::to_value(&w.a).unwrap()
+        );
+    }
+
+    #[test]
+    fn flags_recorded_as_text_read_back_typed() {
+        let mut v = serde_json::to_value(Wrapper::parse_from(["x"]).a).unwrap();
+        assert_eq!(v["zero"], "0");
+        assert_eq!(v["balance"], serde_json::Value::Null);
+        v["zero"] = "2".into();
+        v["balance"] = "3,2".into();
+        v["recompute"] = "except_last".into();
+        // A run with a schedule file recorded `file PATH` as its schedule before the file had
+        // a field of its own.
+        v["schedule"] = "file /runs/edited.csv".into();
+        let a: TrainArgs = serde_json::from_value(v).unwrap();
+        assert_eq!(a.parallel.zero, pipewright::parallel::zero::Zero::Gradients);
+        assert_eq!(a.pipeline.balance, Some(Balance::Layers(vec![3, 2])));
+        assert_eq!(a.pipeline.recompute, Recompute::ExceptLast);
+        assert_eq!(
+            a.pipeline.schedule,
+            pipewright::parallel::pipeline::schedule::ScheduleKind::OneFOneB
         );
     }
 }

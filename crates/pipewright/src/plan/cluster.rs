@@ -35,11 +35,11 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// pipewright's runtime for a run with overlap `overlap` ([`crate::engine::spec::TrainSpec::overlap`])
+    /// pipewright's runtime for a run with overlap `overlap` ([`crate::parallel::overlap::OverlapSpec::overlap`])
     /// over an engine that moves started collectives in the background (`background`: Open
     /// MPI's communication thread) or not (threads, NCCL): the sums (and ZeRO-2's
     /// reduce-scatters) are costed overlapped only with both, the sums in buckets of
-    /// `bucket_bytes` ([`crate::engine::spec::TrainSpec::bucket_bytes`]). ZeRO-3's gathers
+    /// `bucket_bytes` ([`crate::parallel::overlap::OverlapSpec::bucket_bytes`]). ZeRO-3's gathers
     /// stay costed whole.
     pub fn pipewright(overlap: bool, background: bool, bucket_bytes: usize) -> Self {
         Self {

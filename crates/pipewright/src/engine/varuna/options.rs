@@ -27,11 +27,11 @@ pub type Data = Arc<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>;
 #[derive(Clone)]
 pub struct VarunaOptions {
     /// The run this step belongs to. Its balance, when given, is layers per stage
-    /// ([`Balance::Layers`]; a profiled balance is resolved before, the same on every rank:
+    /// ([`Balance::Layers`](crate::parallel::pipeline::Balance::Layers); a profiled balance is resolved before, the same on every rank:
     /// [`TrainSpec::resolve_balance`]).
     pub spec: TrainSpec,
     /// Varuna's `stage_to_rank_map` (`"0,1;2,3;"`: stage 0 on ranks 0 and 1, ...), with
-    /// `spec.layout.tp` consecutive ranks per shard group; the layout's order (tp fastest,
+    /// `spec.parallel.layout.tp` consecutive ranks per shard group; the layout's order (tp fastest,
     /// see [`crate::distributed::topology`]) when `None`. Its layout must be the spec's.
     pub stage_to_rank_map: Option<String>,
     /// Parameter pairs kept equal (Varuna's `shared_weights`).
