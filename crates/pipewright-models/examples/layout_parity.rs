@@ -46,8 +46,8 @@ fn main() {
         let want = run.serial()?;
         let all: Box<dyn Communicator> = world.split(&(0..world.size()).collect::<Vec<_>>())?;
         let opts = run.options(layout).with_spec(|s| {
-            s.zero = zero;
-            s.sequence_parallel = sp == 1;
+            s.parallel.zero = zero;
+            s.parallel.sequence_parallel = sp == 1;
         });
         let got = run.rank(Box::new(world), opts)?;
         let worst = worst_difference(&got, &want)?;
