@@ -14,7 +14,7 @@ use std::sync::Arc;
 use pipewright::distributed::topology::Layout;
 use pipewright::experiment::{Context, Experiment, LinePlot, Param, Recorder};
 use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, OptimizerConfig};
-use pipewright::trainer::{Cadence, Hooks, Losses, Place, Run, StepDone, TrainSpec, Trainer};
+use pipewright::trainer::{Cadence, Hooks, Losses, Run, StepDone, TrainSpec, Trainer};
 use pipewright::{invalid, Batch, Result};
 use pipewright_models::tasks::Adder;
 use pipewright_models::{GptConfig, Task, TaskShape};
@@ -82,10 +82,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     };
     // The front door: the GPT (tied weights, parallel rules) on the task's rows of each step.
     let run = Run {
-        place: Place {
-            detect_anomaly: cx.params().flag("debug")?,
-            ..Place::default()
-        },
+        detect_anomaly: cx.params().flag("debug")?,
         ..Run::new(spec, Arc::new(cfg), Arc::new(data))
     };
     let trainer = Trainer::new(run, Some(world))?;

@@ -26,7 +26,7 @@ use pipewright::parallel::loss::Loss;
 use pipewright::parallel::tensor_parallel::Group;
 use pipewright::runtime::seed::rng_for;
 use pipewright::trainer::model_spec::Custom;
-use pipewright::trainer::{Cadence, Hooks, Place, Run, StepDone, TrainSpec, Trainer};
+use pipewright::trainer::{Cadence, Hooks, Run, StepDone, TrainSpec, Trainer};
 use pipewright::{invalid, Batch, Build, Error, Result};
 use rand::Rng;
 
@@ -183,10 +183,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     let run = Run {
         loss: Arc::new(Bce),
         // --debug: the first NaN or inf fails the step, naming its layer and micro-batch.
-        place: Place {
-            detect_anomaly: cx.params().flag("debug")?,
-            ..Place::default()
-        },
+        detect_anomaly: cx.params().flag("debug")?,
         ..Run::with_own_batches(spec, Arc::new(Custom::new("points", model())))
     };
     let trainer = Trainer::new(run, Some(world))?;

@@ -126,6 +126,23 @@ fn a_run_without_data_says_what_needs_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The front door returns the spec it runs: a balance by size resolved into the layers per
+/// stage the spec's own resolution gives on the run's first micro-batch.
+#[test]
+fn the_trainer_gives_the_spec_it_runs() {
+    let mut spec = spec(Layout::new(2, 1, 1).unwrap(), 2);
+    spec.pipeline.balance = Some(Balance::Size);
+    let trainer = Trainer::new(custom_model::run(spec.clone()), None).unwrap();
+    let sample = batch(0, spec.micro_batch).unwrap();
+    let resolved = spec.resolve_balance(&model(), &sample).unwrap();
+    let Some(Balance::Layers(layers)) = &trainer.spec().pipeline.balance else {
+        panic!("not resolved: {:?}", trainer.spec().pipeline.balance);
+    };
+    assert_eq!(layers.len(), 2);
+    assert_eq!(layers.iter().sum::<usize>(), model().len());
+    assert_eq!(trainer.spec(), &resolved);
+}
+
 /// Serial: the first batch's loss, gradients and evaluation output, and the parameters after
 /// two SGD steps.
 fn serial_reference() -> (f64, Grads, Tensor, Vec<(String, Tensor)>) {

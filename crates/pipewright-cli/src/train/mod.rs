@@ -88,16 +88,16 @@ fn note(text: String) {
     }
 }
 
-/// Says the balance `--balance time` or `size` resolved to (`resolved`): in layers per model
-/// stage, as summary.json records it (the balance itself counts segments between cut points
-/// where the model has them, said beside).
-fn say_balance(spec: &RunSpec, resolved: &Option<Balance>) -> Result<()> {
-    let by = match spec.train.pipeline.balance {
+/// Says the balance `--balance time` or `size` (`asked`) resolved to in the run `spec`: in
+/// layers per model stage, as summary.json records it (the balance itself counts segments
+/// between cut points where the model has them, said beside).
+fn say_balance(spec: &RunSpec, asked: Option<&Balance>) -> Result<()> {
+    let by = match asked {
         Some(Balance::Time) => "time",
         Some(Balance::Size) => "size",
         _ => return Ok(()),
     };
-    let Some(Balance::Layers(b)) = resolved else {
+    let Some(Balance::Layers(b)) = &spec.train.pipeline.balance else {
         return Ok(());
     };
     let model = pipewright::trainer::model_spec::ModelSpec::build(&spec.model)?;
@@ -167,7 +167,7 @@ impl Setup {
             out.join("checkpoints")
         });
         let target = Context::resume_target(a.checkpoint.resume.as_deref(), &checkpoints)?;
-        let (mut spec, task) = a.spec()?;
+        let (spec, task) = a.spec()?;
         if let Some(ck) = &target {
             spec.resumes_checkpoint(ck, a.checkpoint.resume.is_some())?
                 .into_iter()
@@ -191,9 +191,9 @@ impl Setup {
                 machines: Some((hw.clone(), env.local_world_size)),
                 pretrained: a.sizes.init_from.clone(),
                 checkpoint_dir: a.checkpoint.checkpoint_dir.clone(),
-                detect_anomaly: params.flag("debug")?,
-                eval_rows: Some(spec.eval_rows(&task.shape())?),
             },
+            detect_anomaly: params.flag("debug")?,
+            eval_rows: Some(spec.eval_rows(&task.shape())?),
             ..Run::new(
                 spec.train.clone(),
                 Arc::new(spec.model.clone()),
@@ -204,10 +204,14 @@ impl Setup {
         if let Some(m) = trainer.morphed() {
             let line = m.describe(spec.train.parallel.layout, &a.parallel.hardware);
             eprintln!("pipewright train: {line}");
-            spec.train = trainer.spec().clone();
         }
+        // From here the run is the trainer's: morphed, its balance resolved.
+        let spec = RunSpec {
+            train: trainer.spec().clone(),
+            ..spec
+        };
         if env.rank == 0 {
-            say_balance(&spec, &trainer.options().spec.pipeline.balance)?;
+            say_balance(&spec, a.pipeline.balance.as_ref())?;
         }
         let layout = spec.train.parallel.layout;
         if spec.train.parallel.zero != pipewright::parallel::zero::Zero::Off

@@ -67,11 +67,6 @@ pub struct Place {
     pub pretrained: Option<PathBuf>,
     /// Where checkpoints go: `<run dir>/checkpoints` when `None`.
     pub checkpoint_dir: Option<PathBuf>,
-    /// Fail at the first layer output holding a NaN or an inf (for debugging; costs a
-    /// reduction per layer).
-    pub detect_anomaly: bool,
-    /// The most rows an evaluation runs at once (all when `None`).
-    pub eval_rows: Option<usize>,
 }
 
 impl Default for Place {
@@ -83,8 +78,6 @@ impl Default for Place {
             machines: None,
             pretrained: None,
             checkpoint_dir: None,
-            detect_anomaly: false,
-            eval_rows: None,
         }
     }
 }
@@ -105,6 +98,11 @@ pub struct Run {
     pub data: Option<Data>,
     /// Where it runs.
     pub place: Place,
+    /// The most rows an evaluation runs at once (all when `None`).
+    pub eval_rows: Option<usize>,
+    /// Fail at the first layer output holding a NaN or an inf (for debugging; costs a
+    /// reduction per layer).
+    pub detect_anomaly: bool,
 }
 
 impl Run {
@@ -117,6 +115,8 @@ impl Run {
             loss: Arc::new(CrossEntropy::default()),
             data: Some(data),
             place: Place::default(),
+            eval_rows: None,
+            detect_anomaly: false,
         }
     }
 
@@ -129,6 +129,8 @@ impl Run {
             loss: Arc::new(CrossEntropy::default()),
             data: None,
             place: Place::default(),
+            eval_rows: None,
+            detect_anomaly: false,
         }
     }
 
@@ -158,13 +160,13 @@ impl Run {
     }
 }
 
-/// A run ready to start on every rank: its spec as this attempt runs it, the model built,
-/// the trainer's options resolved and checked.
+/// A run ready to start on every rank: its spec resolved as this attempt runs it (morphed,
+/// its balance measured), the model built, every check made.
 pub struct Trainer {
+    /// The run, its spec resolved.
     run: Run,
     model: Sequential,
     tied: Vec<(String, String)>,
-    options: VarunaOptions,
     /// The balance was timed here: every rank takes rank 0's.
     timed: bool,
     morphed: Option<Morph>,
@@ -198,31 +200,24 @@ impl Trainer {
         }
         run.spec.validate()?;
         let tied = run.model.tied();
-        let spec = match &run.spec.pipeline.balance {
-            None | Some(Balance::Layers(_)) => run.spec.clone(),
-            Some(_) => {
-                let sample =
-                    (run.need_data("a balance by time or size")?)(0, run.spec.micro_batch)?;
-                run.spec.resolve_balance(&model, &sample)?
-            }
-        };
-        let options = VarunaOptions {
-            shared_weights: tied.clone(),
-            loss: run.loss.clone(),
-            detect_anomaly: run.place.detect_anomaly,
-            ..VarunaOptions::of(spec)
-        };
-        options.validate(&model, run.spec.world())?;
-        crate::runtime::device::device(&run.place.device, 0)?;
-        Ok(Self {
-            timed: matches!(run.spec.pipeline.balance, Some(Balance::Time)),
+        let timed = matches!(run.spec.pipeline.balance, Some(Balance::Time));
+        if !matches!(run.spec.pipeline.balance, None | Some(Balance::Layers(_))) {
+            let sample = (run.need_data("a balance by time or size")?)(0, run.spec.micro_batch)?;
+            run.spec = run.spec.resolve_balance(&model, &sample)?;
+        }
+        let trainer = Self {
+            timed,
             stop: crate::distributed::preemption_flag()?,
             run,
             model,
             tied,
-            options,
             morphed,
-        })
+        };
+        trainer
+            .options()
+            .validate(&trainer.model, trainer.run.spec.world())?;
+        crate::runtime::device::device(&trainer.run.place.device, 0)?;
+        Ok(trainer)
     }
 
     /// `run` prepared for this process's attempt: a launcher's restarted attempt
@@ -233,7 +228,9 @@ impl Trainer {
         Self::new(run, (env.restart > 0).then_some(env.world_size))
     }
 
-    /// The run as this attempt trains it (morphed, when it was).
+    /// The run as this attempt trains it: morphed when it was, a balance by time or size
+    /// resolved into layers per stage (by this process; under a timed balance every rank
+    /// takes rank 0's when it starts).
     pub fn spec(&self) -> &TrainSpec {
         &self.run.spec
     }
@@ -253,10 +250,15 @@ impl Trainer {
         &self.tied
     }
 
-    /// The trainer's options every rank starts from (the balance resolved here: by time, each
-    /// rank takes rank 0's when it starts).
-    pub fn options(&self) -> &VarunaOptions {
-        &self.options
+    /// The engine's options every rank starts from: the resolved spec, the model's tied
+    /// pairs, the loss and the run's checks (on the CPU; each rank sets its device).
+    fn options(&self) -> VarunaOptions {
+        VarunaOptions {
+            shared_weights: self.tied.clone(),
+            loss: self.run.loss.clone(),
+            detect_anomaly: self.run.detect_anomaly,
+            ..VarunaOptions::of(self.run.spec.clone())
+        }
     }
 
     /// Whether a preemption signal reached this process.

@@ -56,7 +56,7 @@ impl Trainer {
         };
         let mut opts = VarunaOptions {
             device: crate::runtime::device::device(&self.run.place.device, local_rank)?,
-            ..self.options.clone()
+            ..self.options()
         };
         if let (true, Some(Balance::Layers(b))) = (self.timed, &opts.spec.pipeline.balance) {
             let mine = Tensor::new(
@@ -70,7 +70,7 @@ impl Trainer {
         }
         let comm = self.world(cx, &opts.device)?;
         let mut v = Varuna::new(&self.model, comm, opts)?;
-        if let Some(rows) = self.run.place.eval_rows {
+        if let Some(rows) = self.run.eval_rows {
             v.set_eval_rows(rows);
         }
         v.set_optimizer(|ps| self.run.spec.optimizer(ps, &self.tied))?;
