@@ -5,10 +5,10 @@
 //! padded to the whole packed tensor, head transposes and copies, the stored scores and
 //! probabilities); this one is one node whose gradient is the packed tensor's, written once.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
-use super::{dispatch, input, par, row_max, storage, Out, Real};
+use super::{custom_op, dispatch, input, par, row_max, storage, Out, Real};
 
 const NAME: &str = "pipewright-attention";
 
@@ -255,29 +255,17 @@ impl Attention {
     }
 }
 
-impl CustomOp1 for Attention {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let g = Geometry::of(l, self.heads)?;
+custom_op! {
+    CustomOp1 for Attention, NAME, (s: l),
+    cpu |this| {
+        let g = Geometry::of(l, this.heads)?;
         let batch = l.dims()[0];
         dispatch!(NAME, s, |s: T| Ok((
-            storage(self.forward::<T>(&input(s, l, NAME)?, g, batch)),
+            storage(this.forward::<T>(&input(s, l, NAME)?, g, batch)),
             Shape::from((batch, g.t, g.lc))
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward(self, s, l)
-    }
-
+    },
+    cuda |this| cuda::forward(this, s, l),
     fn bwd(&self, x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(x.apply_op3_no_bwd(
             y,
@@ -291,43 +279,21 @@ impl CustomOp1 for Attention {
 /// backward takes each row's `dy . y` from it).
 struct AttentionGrad(Attention);
 
-impl CustomOp3 for AttentionGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-attention-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        _sy: &CpuStorage,
-        _ly: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let g = Geometry::of(lx, self.0.heads)?;
+custom_op! {
+    CustomOp3 for AttentionGrad, "pipewright-attention-grad", (sx: lx, sy: ly, sg: lg),
+    cpu |this| {
+        let _ = (sy, ly); // The CPU recomputes the output.
+        let g = Geometry::of(lx, this.0.heads)?;
         let batch = lx.dims()[0];
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(
-                self.0
+                this.0
                     .backward::<T>(&input(sx, lx, NAME)?, &input(sg, lg, NAME)?, g, batch)
             ),
             lx.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sy: &candle_core::CudaStorage,
-        ly: &Layout,
-        sg: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::backward(&self.0, [(sx, lx), (sy, ly), (sg, lg)])
-    }
+    },
+    cuda |this| cuda::backward(&this.0, [(sx, lx), (sy, ly), (sg, lg)])
 }
 
 /// The same on a CUDA device: bf16 and f16 through the tensor-core flash kernels

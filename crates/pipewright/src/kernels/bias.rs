@@ -2,9 +2,9 @@
 //! over contiguous rows (candle reduces a broadcast's gradient over the strided row dimension,
 //! several times slower) and passes the gradient through to the input without a copy.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Shape, Tensor};
 
-use super::{dispatch, input, par, storage, Out, Real};
+use super::{custom_op, dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-bias-add";
 
@@ -72,18 +72,9 @@ pub(crate) fn column_sums<T: Real>(g: &[T], n: usize) -> Vec<T> {
     sums
 }
 
-impl CustomOp2 for BiasAdd {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        sy: &CpuStorage,
-        ly: &Layout,
-        sb: &CpuStorage,
-        lb: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for BiasAdd, NAME, (sy: ly, sb: lb),
+    cpu |_| {
         let n = lb.shape().elem_count();
         if ly.dims().last() != Some(&n) || lb.dims().len() != 1 {
             candle_core::bail!(
@@ -96,19 +87,8 @@ impl CustomOp2 for BiasAdd {
             storage(forward::<T>(&input(sy, ly, NAME)?, &input(sb, lb, NAME)?)),
             ly.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sy: &candle_core::CudaStorage,
-        ly: &Layout,
-        sb: &candle_core::CudaStorage,
-        lb: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::bias_add(sy, ly, sb, lb)
-    }
-
+    },
+    cuda |_| cuda::bias_add(sy, ly, sb, lb),
     fn bwd(
         &self,
         _y: &Tensor,
@@ -123,27 +103,16 @@ impl CustomOp2 for BiasAdd {
 
 struct ColumnSums;
 
-impl candle_core::CustomOp1 for ColumnSums {
-    fn name(&self) -> &'static str {
-        "pipewright-column-sums"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp1 for ColumnSums, "pipewright-column-sums", (s: l),
+    cpu |_| {
         let n = *l.dims().last().unwrap_or(&1);
         dispatch!(NAME, s, |s: T| Ok((
             storage(column_sums::<T>(&input(s, l, NAME)?, n)),
             Shape::from(n)
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::column_sums(s, l)
-    }
+    },
+    cuda |_| cuda::column_sums(s, l)
 }
 
 /// The same on a CUDA device (kernels/cuda/bias.cu).

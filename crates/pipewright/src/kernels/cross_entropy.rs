@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Shape, Tensor};
 
-use super::{dispatch, input, par, row_max, storage, sum_exp, Out, Real};
+use super::{custom_op, dispatch, input, par, row_max, storage, sum_exp, Out, Real};
 
 /// Targets equal to this are ignored (PyTorch's default `ignore_index`).
 pub const IGNORE_INDEX: i64 = -100;
@@ -119,13 +119,10 @@ fn backward<T: Real>(x: &[T], g: &[T], t: &[i64], classes: usize, stride: usize)
     unsafe { out.into_vec(total) }
 }
 
-impl CustomOp1 for CrossEntropy {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let t = &self.targets;
+custom_op! {
+    CustomOp1 for CrossEntropy, NAME, (s: l),
+    cpu |this| {
+        let t = &this.targets;
         let (rows, classes, stride) = geometry(l, t.len())?;
         // Not `dispatch!`: the losses of f16 and bf16 logits stay f32.
         let nll = match s {
@@ -139,17 +136,8 @@ impl CustomOp1 for CrossEntropy {
             ),
         };
         Ok((nll, Shape::from(rows)))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward(s, l, &self.targets)
-    }
-
+    },
+    cuda |this| cuda::forward(s, l, &this.targets),
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(x.apply_op2_no_bwd(
             &g.contiguous()?,
@@ -162,41 +150,22 @@ impl CustomOp1 for CrossEntropy {
 /// f64 logits), the result in the logits' type.
 struct CrossEntropyGrad(CrossEntropy);
 
-impl CustomOp2 for CrossEntropyGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-cross-entropy-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (_, classes, stride) = geometry(lx, self.0.targets.len())?;
+custom_op! {
+    CustomOp2 for CrossEntropyGrad, "pipewright-cross-entropy-grad", (sx: lx, sg: lg),
+    cpu |this| {
+        let (_, classes, stride) = geometry(lx, this.0.targets.len())?;
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(backward::<T>(
                 &rows_of(sx, lx)?,
                 &input(sg, lg, NAME)?,
-                &self.0.targets,
+                &this.0.targets,
                 classes,
                 stride
             )),
             lx.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sg: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::backward(sx, lx, sg, lg, &self.0.targets)
-    }
+    },
+    cuda |this| cuda::backward(sx, lx, sg, lg, &this.0.targets)
 }
 
 /// The same on a CUDA device (kernels/cuda/cross_entropy.cu); the targets go up with each call
@@ -355,33 +324,23 @@ fn partial_backward<T: Real>(
     unsafe { out.into_vec(x.len()) }
 }
 
-impl CustomOp2 for Partial {
-    fn name(&self) -> &'static str {
-        "pipewright-vocab-parallel-partial"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sm: &CpuStorage,
-        lm: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for Partial, "pipewright-vocab-parallel-partial", (sx: lx, sm: lm),
+    cpu |this| {
         let (rows, classes) = lx.shape().dims2()?;
-        if self.local.len() != rows || lm.shape().elem_count() != rows {
+        if this.local.len() != rows || lm.shape().elem_count() != rows {
             candle_core::bail!("{NAME}: {rows} rows of logits, one maximum and target each");
         }
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(partial_forward::<T>(
                 &input(sx, lx, NAME)?,
                 &input(sm, lm, NAME)?,
-                &self.local,
+                &this.local,
                 classes
             )),
             Shape::from((rows, 2))
         )))
-    }
-
+    },
     fn bwd(
         &self,
         x: &Tensor,
@@ -396,27 +355,16 @@ impl CustomOp2 for Partial {
 
 struct PartialGrad(Partial);
 
-impl candle_core::CustomOp3 for PartialGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-vocab-parallel-partial-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sm: &CpuStorage,
-        lm: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp3 for PartialGrad, "pipewright-vocab-parallel-partial-grad", (sx: lx, sm: lm, sg: lg),
+    cpu |this| {
         let (_, classes) = lx.shape().dims2()?;
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(partial_backward::<T>(
                 &input(sx, lx, NAME)?,
                 &input(sm, lm, NAME)?,
                 &input(sg, lg, NAME)?,
-                &self.0.local,
+                &this.0.local,
                 classes
             )),
             lx.shape().clone()

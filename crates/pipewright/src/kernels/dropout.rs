@@ -8,10 +8,10 @@
 //! (`g` times the same mask: the op is linear). The masks are those the sequential stream drew
 //! before this kernel (the test checks against `rand_chacha`).
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Tensor};
 use rand_chacha::rand_core::SeedableRng;
 
-use super::{dispatch, input, par_elems, storage, Out, Real};
+use super::{custom_op, dispatch, input, par_elems, storage, Out, Real};
 
 const NAME: &str = "pipewright-dropout";
 
@@ -153,27 +153,15 @@ fn forward<T: Real>(op: &Dropout, x: &[T]) -> Vec<T> {
     unsafe { out.into_vec(n) }
 }
 
-impl CustomOp1 for Dropout {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp1 for Dropout, NAME, (s: l),
+    cpu |this| {
         dispatch!(NAME, s, |s: T| Ok((
-            storage(forward::<T>(self, &input(s, l, NAME)?)),
+            storage(forward::<T>(this, &input(s, l, NAME)?)),
             l.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward(self, s, l)
-    }
-
+    },
+    cuda |this| cuda::forward(this, s, l),
     /// The same mask times the output's gradient.
     fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(g.contiguous()?.apply_op1(*self)?))

@@ -6,9 +6,9 @@
 //! each id's tokens, place the tokens in id order (keeping their order), and sum each row's
 //! tokens with a block per row: the CPU twin's sums, in the same order.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, Layout, Shape, Tensor, WithDType};
 
-use super::{dispatch, input, storage, Real};
+use super::{custom_op, dispatch, input, storage, Real};
 
 const NAME: &str = "pipewright-embedding";
 
@@ -64,18 +64,9 @@ fn backward<T: Real>(g: &[T], ids: &[u32], rows: usize, dim: usize) -> Vec<T> {
     out
 }
 
-impl CustomOp2 for Lookup {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        sw: &CpuStorage,
-        lw: &Layout,
-        si: &CpuStorage,
-        li: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for Lookup, NAME, (sw: lw, si: li),
+    cpu |_| {
         let ids = ids(si, li)?;
         let (_, dim) = table(lw, ids)?;
         let (a, b) = lw.contiguous_offsets().ok_or_else(|| {
@@ -92,19 +83,8 @@ impl CustomOp2 for Lookup {
             ),
         };
         Ok((out, Shape::from((ids.len(), dim))))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sw: &candle_core::CudaStorage,
-        lw: &Layout,
-        si: &candle_core::CudaStorage,
-        li: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward(sw, lw, si, li)
-    }
-
+    },
+    cuda |_| cuda::forward(sw, lw, si, li),
     fn bwd(
         &self,
         w: &Tensor,
@@ -118,18 +98,9 @@ impl CustomOp2 for Lookup {
     }
 }
 
-impl CustomOp2 for LookupGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-embedding-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        si: &CpuStorage,
-        li: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for LookupGrad, "pipewright-embedding-grad", (si: li, sg: lg),
+    cpu |this| {
         let ids = ids(si, li)?;
         let (n, dim) = lg.shape().dims2()?;
         // (The ids were checked against the table by the forward that made this op.)
@@ -137,25 +108,15 @@ impl CustomOp2 for LookupGrad {
             candle_core::bail!(
                 "{NAME}: {} ids for {n} gradient rows of a {}-row table",
                 ids.len(),
-                self.rows
+                this.rows
             );
         }
         dispatch!(NAME, sg, |sg: T| Ok((
-            storage(backward::<T>(&input(sg, lg, NAME)?, ids, self.rows, dim)),
-            Shape::from((self.rows, dim))
+            storage(backward::<T>(&input(sg, lg, NAME)?, ids, this.rows, dim)),
+            Shape::from((this.rows, dim))
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        si: &candle_core::CudaStorage,
-        li: &Layout,
-        sg: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::backward(si, li, sg, lg, self.rows)
-    }
+    },
+    cuda |this| cuda::backward(si, li, sg, lg, this.rows)
 }
 
 /// The same on a CUDA device (kernels/cuda/embedding.cu).

@@ -1,8 +1,8 @@
 //! GELU, tanh approximation (GPT-2's `gelu_new`), fused: one pass forward, one pass backward.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Tensor};
 
-use super::{dispatch, input, par_elems, storage, Out, Real};
+use super::{custom_op, dispatch, input, par_elems, storage, Out, Real};
 
 const NAME: &str = "pipewright-gelu";
 /// sqrt(2 / pi)
@@ -103,60 +103,29 @@ pub(crate) fn values_and_slopes<T: Real>(x: &[T]) -> (Vec<T>, Vec<T>) {
     unsafe { (a.into_vec(n), d.into_vec(n)) }
 }
 
-impl CustomOp1 for Gelu {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp1 for Gelu, NAME, (s: l),
+    cpu |_| {
         dispatch!(NAME, s, |s: T| Ok((
             storage(forward::<T>(&input(s, l, NAME)?)),
             l.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward(s, l)
-    }
-
+    },
+    cuda |_| cuda::forward(s, l),
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(input_grad(x, g)?))
     }
 }
 
-impl CustomOp2 for GeluGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-gelu-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for GeluGrad, "pipewright-gelu-grad", (s1: l1, s2: l2),
+    cpu |_| {
         dispatch!(NAME, s1, |s1: T| Ok((
             storage(backward::<T>(&input(s1, l1, NAME)?, &input(s2, l2, NAME)?)),
             l1.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::backward(s1, l1, s2, l2)
-    }
+    },
+    cuda |_| cuda::backward(s1, l1, s2, l2)
 }
 
 /// The same on a CUDA device (kernels/cuda/gelu.cu).

@@ -3,9 +3,9 @@
 //! row (one extra read of the row, no saved tensors) and writes the input's gradient and
 //! each row block's share of the weight and bias gradients in one pass.
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Shape, Tensor};
 
-use super::{dispatch, input, par, row_grads, storage, Out, Real};
+use super::{custom_op, dispatch, input, par, row_grads, storage, Out, Real};
 
 const NAME: &str = "pipewright-layer-norm";
 
@@ -125,20 +125,9 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
     })
 }
 
-impl CustomOp3 for LayerNorm {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-        sb: &CpuStorage,
-        lb: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp3 for LayerNorm, NAME, (sx: lx, sw: lw, sb: lb),
+    cpu |this| {
         let cols = *lx.dims().last().unwrap_or(&0);
         if lw.dims() != [cols] || lb.dims() != [cols] {
             candle_core::bail!(
@@ -152,25 +141,12 @@ impl CustomOp3 for LayerNorm {
                 &input(sx, lx, NAME)?,
                 &input(sw, lw, NAME)?,
                 &input(sb, lb, NAME)?,
-                self.eps
+                this.eps
             )),
             lx.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sw: &candle_core::CudaStorage,
-        lw: &Layout,
-        sb: &candle_core::CudaStorage,
-        lb: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward([(sx, lx), (sw, lw), (sb, lb)], self.eps)
-    }
-
+    },
+    cuda |this| cuda::forward([(sx, lx), (sw, lw), (sb, lb)], this.eps),
     fn bwd(
         &self,
         x: &Tensor,
@@ -189,44 +165,21 @@ impl CustomOp3 for LayerNorm {
     }
 }
 
-impl CustomOp3 for LayerNormGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-layer-norm-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp3 for LayerNormGrad, "pipewright-layer-norm-grad", (sx: lx, sw: lw, sg: lg),
+    cpu |this| {
         let n = lx.shape().elem_count() + 2 * lw.shape().elem_count();
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(backward::<T>(
                 &input(sx, lx, NAME)?,
                 &input(sw, lw, NAME)?,
                 &input(sg, lg, NAME)?,
-                self.eps
+                this.eps
             )),
             Shape::from(n)
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sw: &candle_core::CudaStorage,
-        lw: &Layout,
-        sg: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::backward([(sx, lx), (sw, lw), (sg, lg)], self.eps)
-    }
+    },
+    cuda |this| cuda::backward([(sx, lx), (sw, lw), (sg, lg)], this.eps)
 }
 
 /// The same on a CUDA device (kernels/cuda/layer_norm.cu).

@@ -4,11 +4,11 @@
 //! sum. The separate path is four graph nodes (two reshapes, the product, the bias) whose
 //! gradients each cost candle a zero-filled tensor and an addition.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Shape, Tensor};
 use gemm::{gemm, Parallelism};
 
 use super::bias::column_sums;
-use super::{dispatch, gelu, input, par_elems, storage, Out, Real, Rows};
+use super::{custom_op, dispatch, gelu, input, par_elems, storage, Out, Real, Rows};
 
 const NAME: &str = "pipewright-linear";
 
@@ -263,21 +263,11 @@ impl Linear {
     }
 }
 
-impl CustomOp2 for Linear {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu((sx, lx), (sw, lw), None)
-    }
-
+custom_op! {
+    CustomOp2 for Linear, NAME, (sx: lx, sw: lw),
+    cpu |this| {
+        this.cpu((sx, lx), (sw, lw), None)
+    },
     fn bwd(
         &self,
         x: &Tensor,
@@ -290,23 +280,11 @@ impl CustomOp2 for Linear {
     }
 }
 
-impl CustomOp3 for Linear {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-        sb: &CpuStorage,
-        lb: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu((sx, lx), (sw, lw), Some((sb, lb)))
-    }
-
+custom_op! {
+    CustomOp3 for Linear, NAME, (sx: lx, sw: lw, sb: lb),
+    cpu |this| {
+        this.cpu((sx, lx), (sw, lw), Some((sb, lb)))
+    },
     fn bwd(
         &self,
         x: &Tensor,
@@ -323,23 +301,12 @@ impl CustomOp3 for Linear {
 /// The packed backward: `(x, w, g)` to `[dx | dW | db]`.
 struct LinearGrad(Linear);
 
-impl CustomOp3 for LinearGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-linear-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let out = self.0.out(lw);
+custom_op! {
+    CustomOp3 for LinearGrad, "pipewright-linear-grad", (sx: lx, sw: lw, sg: lg),
+    cpu |this| {
+        let out = this.0.out(lw);
         dispatch!(NAME, sx, |sx: T| {
-            let v = self.0.backward::<T>(
+            let v = this.0.backward::<T>(
                 &input(sx, lx, NAME)?,
                 &input(sw, lw, NAME)?,
                 &input(sg, lg, NAME)?,

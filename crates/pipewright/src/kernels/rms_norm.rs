@@ -3,10 +3,10 @@
 //! row and writes the input's gradient and each row block's share of the weight's gradient in
 //! one pass.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Shape, Tensor};
 
 use super::layer_norm::sums;
-use super::{dispatch, input, par, row_grads, storage, Out, Real};
+use super::{custom_op, dispatch, input, par, row_grads, storage, Out, Real};
 
 const NAME: &str = "pipewright-rms-norm";
 
@@ -74,18 +74,9 @@ fn backward<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
     })
 }
 
-impl CustomOp2 for RmsNorm {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for RmsNorm, NAME, (sx: lx, sw: lw),
+    cpu |this| {
         let cols = *lx.dims().last().unwrap_or(&0);
         if lw.dims() != [cols] || cols == 0 {
             candle_core::bail!(
@@ -97,23 +88,12 @@ impl CustomOp2 for RmsNorm {
             storage(forward::<T>(
                 &input(sx, lx, NAME)?,
                 &input(sw, lw, NAME)?,
-                self.eps
+                this.eps
             )),
             lx.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sw: &candle_core::CudaStorage,
-        lw: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::forward([(sx, lx), (sw, lw)], self.eps)
-    }
-
+    },
+    cuda |this| cuda::forward([(sx, lx), (sw, lw)], this.eps),
     fn bwd(
         &self,
         x: &Tensor,
@@ -130,44 +110,21 @@ impl CustomOp2 for RmsNorm {
     }
 }
 
-impl candle_core::CustomOp3 for RmsNormGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-rms-norm-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sx: &CpuStorage,
-        lx: &Layout,
-        sw: &CpuStorage,
-        lw: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp3 for RmsNormGrad, "pipewright-rms-norm-grad", (sx: lx, sw: lw, sg: lg),
+    cpu |this| {
         let n = lx.shape().elem_count() + lw.shape().elem_count();
         dispatch!(NAME, sx, |sx: T| Ok((
             storage(backward::<T>(
                 &input(sx, lx, NAME)?,
                 &input(sw, lw, NAME)?,
                 &input(sg, lg, NAME)?,
-                self.eps
+                this.eps
             )),
             Shape::from(n)
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        sx: &candle_core::CudaStorage,
-        lx: &Layout,
-        sw: &candle_core::CudaStorage,
-        lw: &Layout,
-        sg: &candle_core::CudaStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        cuda::backward([(sx, lx), (sw, lw), (sg, lg)], self.eps)
-    }
+    },
+    cuda |this| cuda::backward([(sx, lx), (sw, lw), (sg, lg)], this.eps)
 }
 
 /// The same on a CUDA device (kernels/cuda/rms_norm.cu).

@@ -5,9 +5,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Tensor};
 
-use super::{dispatch, input, par, storage, Out, Real};
+use super::{custom_op, dispatch, input, par, storage, Out, Real};
 
 const NAME: &str = "pipewright-rope";
 
@@ -115,30 +115,20 @@ impl Rope {
     }
 }
 
-impl CustomOp1 for Rope {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (t, hd) = self.geometry(l)?;
-        let (cos, sin) = self.angles.tables();
+custom_op! {
+    CustomOp1 for Rope, NAME, (s: l),
+    cpu |this| {
+        let (t, hd) = this.geometry(l)?;
+        let (cos, sin) = this.angles.tables();
         dispatch!(NAME, s, |s: T| Ok((
-            storage(rotate::<T>(&input(s, l, NAME)?, hd, t, cos, sin, self.sign)),
+            storage(rotate::<T>(&input(s, l, NAME)?, hd, t, cos, sin, this.sign)),
             l.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let (t, hd) = self.geometry(l)?;
-        cuda::forward(self, s, l, (t, hd))
-    }
-
+    },
+    cuda |this| {
+        let (t, hd) = this.geometry(l)?;
+        cuda::forward(this, s, l, (t, hd))
+    },
     fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         let back = Rope {
             sign: -self.sign,

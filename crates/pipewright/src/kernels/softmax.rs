@@ -2,9 +2,9 @@
 //! attention, the causal mask: the masked scores are never read, their probabilities written
 //! as zeros, and no (T x T) mask tensor is built or added.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Layout, Tensor};
 
-use super::{dispatch, input, par, row_max, storage, Out, Real};
+use super::{custom_op, dispatch, input, par, row_max, storage, Out, Real};
 
 const NAME: &str = "pipewright-softmax";
 
@@ -109,19 +109,15 @@ impl Softmax {
     }
 }
 
-impl CustomOp1 for Softmax {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (keys, queries, offset) = self.geometry(l)?;
+custom_op! {
+    CustomOp1 for Softmax, NAME, (s: l),
+    cpu |this| {
+        let (keys, queries, offset) = this.geometry(l)?;
         dispatch!(NAME, s, |s: T| Ok((
-            storage(self.forward::<T>(&input(s, l, NAME)?, keys, queries, offset)),
+            storage(this.forward::<T>(&input(s, l, NAME)?, keys, queries, offset)),
             l.shape().clone()
         )))
-    }
-
+    },
     fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> candle_core::Result<Option<Tensor>> {
         Ok(Some(
             y.apply_op2_no_bwd(&g.contiguous()?, &SoftmaxGrad(*self))?,
@@ -132,21 +128,12 @@ impl CustomOp1 for Softmax {
 /// `scale * y * (g - sum(g * y))` row by row.
 struct SoftmaxGrad(Softmax);
 
-impl CustomOp2 for SoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-softmax-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        sy: &CpuStorage,
-        ly: &Layout,
-        sg: &CpuStorage,
-        lg: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (keys, queries, offset) = self.0.geometry(ly)?;
+custom_op! {
+    CustomOp2 for SoftmaxGrad, "pipewright-softmax-grad", (sy: ly, sg: lg),
+    cpu |this| {
+        let (keys, queries, offset) = this.0.geometry(ly)?;
         dispatch!(NAME, sy, |sy: T| Ok((
-            storage(self.0.backward::<T>(
+            storage(this.0.backward::<T>(
                 &input(sy, ly, NAME)?,
                 &input(sg, lg, NAME)?,
                 keys,

@@ -1,9 +1,9 @@
 //! SwiGLU's gate, `silu(g) * u` (Llama's MLP), fused: one pass forward, and one pass backward
 //! that writes both gradients from one exponential per element.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, IndexOp, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, IndexOp, Layout, Shape, Tensor};
 
-use super::{dispatch, input, par_elems, storage, Out, Real};
+use super::{custom_op, dispatch, input, par_elems, storage, Out, Real};
 
 const NAME: &str = "pipewright-swiglu";
 
@@ -77,37 +77,19 @@ fn same(l1: &Layout, l2: &Layout) -> candle_core::Result<()> {
     Ok(())
 }
 
-impl CustomOp2 for SwiGlu {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp2 for SwiGlu, NAME, (s1: l1, s2: l2),
+    cpu |_| {
         same(l1, l2)?;
         dispatch!(NAME, s1, |s1: T| Ok((
             storage(forward::<T>(&input(s1, l1, NAME)?, &input(s2, l2, NAME)?)),
             l1.shape().clone()
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    },
+    cuda |_| {
         same(l1, l2)?;
         cuda::run("swiglu_fwd", &[(s1, l1), (s2, l2)], l1.shape().clone())
-    }
-
+    },
     fn bwd(
         &self,
         g: &Tensor,
@@ -120,20 +102,9 @@ impl CustomOp2 for SwiGlu {
     }
 }
 
-impl CustomOp3 for SwiGluGrad {
-    fn name(&self) -> &'static str {
-        "pipewright-swiglu-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
+custom_op! {
+    CustomOp3 for SwiGluGrad, "pipewright-swiglu-grad", (s1: l1, s2: l2, s3: l3),
+    cpu |_| {
         same(l1, l2)?;
         same(l1, l3)?;
         let mut dims = vec![2];
@@ -146,18 +117,8 @@ impl CustomOp3 for SwiGluGrad {
             )),
             Shape::from(dims.clone())
         )))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+    },
+    cuda |_| {
         same(l1, l2)?;
         same(l1, l3)?;
         let mut dims = vec![2];
