@@ -6,7 +6,7 @@
 //! planned from its shapes.
 
 use clap::Args;
-use pipewright::plan::{gemm_grid, measure, time_fused_attention, time_gemms, Sizes};
+use pipewright::plan::{measure, GemmSweep, Sizes};
 use pipewright::ModelSpec;
 use pipewright::{invalid, Batch, Build, Result};
 
@@ -150,76 +150,13 @@ fn check_fits(p: &ProfileArgs) -> Result<()> {
 fn gemm(p: &ProfileArgs) -> Result<()> {
     pipewright::distributed::comm::size_thread_pools(p.concurrent);
     let a = &p.train;
-    let dtype = a.precision.dtype();
     let device = pipewright::runtime::device::device(&a.parallel.device, 0)?;
     let base = crate::plan::hardware(&a.parallel.hardware, None)?;
-    pipewright::runtime::memory::check_fits(
-        pipewright::plan::gemm_grid_peak_bytes(p.gemm_scale, dtype.size_in_bytes()),
-        &format!("timing products of --gemm-scale {}", p.gemm_scale),
-        "give a smaller --gemm-scale",
-    )?;
-    let shapes = gemm_grid(p.gemm_scale);
-    let timings = time_gemms(&shapes, dtype, &device, 5)?;
-    let attention = time_fused_attention(&device, dtype, 3)?;
-    let q = dtype.size_in_bytes();
     let source = format!("on {} ({})", hostname(), a.parallel.device);
-    let hw = base.with_measured_gemm(&timings, attention.as_deref(), q, &source)?;
-    let curve = hw.gemm(q == 2);
-    pipewright::say!(
-        "{:>6} {:>6} {:>6} {:>5} {:>12} {:>12} {:>8}",
-        "m",
-        "n",
-        "k",
-        "batch",
-        "measured",
-        "fitted",
-        "GFLOP/s"
-    );
-    for t in &timings {
-        let g = &t.gemm;
-        pipewright::say!(
-            "{:>6} {:>6} {:>6} {:>5} {:>10.1}us {:>10.1}us {:>8.1}",
-            g.m,
-            g.n,
-            g.k,
-            g.batch,
-            t.seconds * 1e6,
-            curve.seconds(g) * 1e6,
-            g.flops() / t.seconds / 1e9
-        );
-    }
-    pipewright::say!(
-        "curve ({}): ceiling {:.1} GFLOP/s ({:.0} % of the file's peak), bandwidth {:.2} GB/s, \
-         overhead {:.1} us per product",
-        a.precision,
-        curve.ceiling_flops_per_s / 1e9,
-        curve.ceiling_flops_per_s / hw.peak_flops(q == 2) * 100.0,
-        curve.bandwidth_bytes_per_s / 1e9,
-        curve.overhead_s * 1e6
-    );
-    if let Some(r) = &curve.attention {
-        let mut widths: Vec<usize> = r.measured.iter().map(|t| t.head_dim).collect();
-        widths.sort_unstable();
-        widths.dedup();
-        for w in widths {
-            pipewright::say!(
-                "fused attention, heads of {w}: {:.1} GFLOP/s of causal work forward at 512 \
-                 tokens, {:.1} at 8192",
-                r.flops_per_s(512, w) / 1e9,
-                r.flops_per_s(8192, w) / 1e9
-            );
-        }
-        pipewright::say!(
-            "fused attention: backward {:.2}x the forward over all timings",
-            r.backward_ratio
-        );
-    }
-    let out = a
-        .output
-        .out
-        .clone()
-        .unwrap_or_else(|| "hardware.json".into());
-    hw.save(&out)?;
+    let sweep = GemmSweep::run(&base, &device, a.precision.dtype(), p.gemm_scale, &source)?;
+    pipewright::say!("{sweep}");
+    let out = (a.output.out.clone()).unwrap_or_else(|| "hardware.json".into());
+    sweep.hardware.save(&out)?;
     pipewright::say!(
         "wrote {} (pipewright plan --hardware {})",
         out.display(),

@@ -6,6 +6,7 @@
 // is split into named steps.
 #![warn(clippy::too_many_lines)]
 
+pub mod ckpt_bench;
 pub mod cnn;
 pub mod flags;
 pub mod gpt;
