@@ -6,15 +6,15 @@
 //! beside the prediction.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use clap::Args;
 use pipewright::plan::{
-    format_bytes, format_flops, format_seconds, parse_bytes, rank_specs, search, Cluster, Estimate,
-    Hardware, Link, Profile, Ranking, Request, StepParts,
+    format_bytes, format_flops, parse_bytes, rank_specs, search, Cluster, Estimate, Hardware, Link,
+    Profile, Ranking, Request,
 };
 use pipewright::ModelSpec;
-use pipewright::{invalid, Error, Result};
+use pipewright::{invalid, Result};
+use pipewright_models::measured::Measure;
 
 use crate::train::TrainArgs;
 
@@ -159,164 +159,16 @@ pub fn run(p: PlanArgs) -> Result<()> {
     Ok(())
 }
 
-/// What one training run of a candidate measured: its median step (seconds), the process's
-/// resident training peak and the largest rank's allocated peak (bytes), and rank 0's step
-/// part by part.
-struct Measured {
-    step: f64,
-    peak: f64,
-    rank: f64,
-    parts: StepParts,
-}
-
-/// The flags of `train` for the candidate `e`, its run in `dir`, evaluated once at its end.
-fn train_args(p: &PlanArgs, e: &Estimate, dir: &Path) -> TrainArgs {
-    let mut a = p.train.for_candidate(&e.candidate, &e.balance);
-    a.output.eval_every = a.batch.steps;
-    a.output.out = Some(dir.to_path_buf());
-    a
-}
-
-/// Trains `a` here into `dir`.
-fn train(a: &TrainArgs, dir: &Path) -> Result<()> {
-    let exe = std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?;
-    let out = Command::new(&exe)
-        .arg("train")
-        .args(a.argv()?)
-        .output()
-        .map_err(|e| invalid!("cannot run {}: {e}", exe.display()))?;
-    if !out.status.success() {
-        return Err(invalid!(
-            "{} did not train: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
-
-/// Checks that the run in `dir` trained with the flags `a` (its directory aside).
-fn same_run(a: &TrainArgs, dir: &Path) -> Result<()> {
-    let path = dir.join("params.json");
-    let text = std::fs::read_to_string(&path).map_err(|err| {
-        invalid!(
-            "--measured: no run in {} ({err}); measure it first (without --measured)",
-            dir.display()
-        )
-    })?;
-    let ran: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
-    let planned = serde_json::to_value(a).map_err(|err| invalid!("{err}"))?;
-    let flags = planned.as_object().into_iter().flatten();
-    for (flag, value) in flags.filter(|(flag, _)| *flag != "out") {
-        if ran.get(flag) != Some(value) {
-            return Err(invalid!(
-                "--measured: the run in {} trained with {flag} = {}, this candidate has {value}: \
-                 measure it afresh (without --measured)",
-                dir.display(),
-                ran.get(flag).unwrap_or(&serde_json::Value::Null)
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// What the finished run in `dir` measured, from its summary.
-fn read_measured(dir: &Path) -> Result<Measured> {
-    let path = dir.join("summary.json");
-    let text =
-        std::fs::read_to_string(&path).map_err(|err| Error::io("cannot read", &path, err))?;
-    let s: serde_json::Value = serde_json::from_str(&text).map_err(|err| invalid!("{err}"))?;
-    let rank = s["rank_training_peak_allocated_bytes"]
-        .as_array()
-        .and_then(|r| r.iter().filter_map(|b| b.as_f64()).reduce(f64::max));
-    Ok(Measured {
-        step: s["median_step_seconds"].as_f64().unwrap_or(f64::NAN),
-        peak: s["training_peak_memory_bytes"].as_f64().unwrap_or(f64::NAN),
-        rank: rank.unwrap_or(f64::NAN),
-        parts: serde_json::from_value(s["median_step_parts"].clone()).unwrap_or_default(),
-    })
-}
-
-/// Trains each of `best` here `--repeats` times (the candidates in turn, so that a slow spell
-/// of the machine falls on all of them; with `--measured`, reads those runs) and prints the
-/// medians of its measured step and peak memory beside the prediction: the process's resident
-/// peak, and the most live bytes of one rank as the allocator counts them (the planner's own
-/// quantity: what the rank holds, without what the allocator keeps back after a free).
+/// Trains (or with `--measured` reads) each of `best` here `--repeats` times and prints what
+/// each took beside its prediction ([`Measure`]).
 fn measure(p: &PlanArgs, hw: &Hardware, best: &[Estimate]) -> Result<()> {
-    let root = p
-        .train
-        .output
-        .out
-        .clone()
-        .unwrap_or_else(|| "output/plan".into());
-    let mut runs: Vec<Vec<Measured>> = best.iter().map(|_| Vec::new()).collect();
-    for r in 0..p.repeats {
-        for (i, e) in best.iter().enumerate() {
-            let mut name = format!("candidate-{}", i + 1);
-            if p.repeats > 1 {
-                name += &format!("-run-{}", r + 1);
-            }
-            let dir = root.join(name);
-            let a = train_args(p, e, &dir);
-            if p.measured {
-                same_run(&a, &dir)?;
-            } else {
-                train(&a, &dir)?;
-            }
-            runs[i].push(read_measured(&dir)?);
-        }
-    }
-    pipewright::say!(
-        "{:<4} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7} {:>11} {:>11} {:>7}",
-        "rank",
-        "predicted",
-        "measured",
-        "error",
-        "pred. peak",
-        "meas. peak",
-        "error",
-        "pred. rank",
-        "meas. rank",
-        "error"
-    );
-    for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
-        let median = |f: fn(&Measured) -> f64| pipewright::plan::median(m.iter().map(f).collect());
-        let (step, peak, rank) = (median(|m| m.step), median(|m| m.peak), median(|m| m.rank));
-        // Threads share one process: its peak holds every rank, the runtime once.
-        let predicted_peak = predicted_process_peak(e, p.world, hw.runtime_bytes() as f64);
-        let predicted_rank = e.max_peak_bytes() - hw.runtime_bytes() as f64;
-        pipewright::say!(
-            "{:<4} {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}% {:>11} {:>11} {:>+6.1}%",
-            i + 1,
-            format_seconds(e.step_s),
-            format_seconds(step),
-            (e.step_s / step - 1.0) * 100.0,
-            format_bytes(predicted_peak),
-            format_bytes(peak),
-            (predicted_peak / peak - 1.0) * 100.0,
-            format_bytes(predicted_rank),
-            format_bytes(rank),
-            (predicted_rank / rank - 1.0) * 100.0
-        );
-    }
-    // Each part of rank 0's step: the prediction's and the measured medians, to see which
-    // part a miss is in.
-    for (i, (e, m)) in best.iter().zip(&runs).enumerate() {
-        let parts: Vec<StepParts> = m.iter().map(|m| m.parts).collect();
-        pipewright::say!("{:<4} predicted {}", i + 1, e.parts);
-        pipewright::say!("{:<4} measured  {}", "", StepParts::median_of(&parts));
-    }
+    let m = Measure {
+        program: std::env::current_exe().map_err(|e| invalid!("cannot find this program: {e}"))?,
+        root: (p.train.output.out.clone()).unwrap_or_else(|| "output/plan".into()),
+        repeats: p.repeats,
+        reuse: p.measured,
+    };
+    let report = m.run(&p.train, (best, p.world), hw.runtime_bytes() as f64)?;
+    pipewright::say!("{report}");
     Ok(())
-}
-
-/// The predicted peak of one process holding all `world` ranks as threads: every rank's
-/// peak, with the runtime counted once.
-fn predicted_process_peak(e: &Estimate, world: usize, runtime: f64) -> f64 {
-    let per_stage_ranks = (world / e.peak_bytes.len()) as f64;
-    let ranks: f64 = e
-        .peak_bytes
-        .iter()
-        .map(|b| (b - runtime) * per_stage_ranks)
-        .sum();
-    ranks + runtime
 }

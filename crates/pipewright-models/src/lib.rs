@@ -14,6 +14,7 @@ pub mod hf;
 mod hf_moe;
 mod linear;
 pub mod llama;
+pub mod measured;
 pub mod moe;
 pub mod parity;
 mod resume;
