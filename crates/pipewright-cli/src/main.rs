@@ -79,68 +79,59 @@ enum Command {
     },
 }
 
+/// The ids of the flags of the section `A` of `train`'s.
+fn flags_of<A: clap::Args>() -> Vec<String> {
+    let c = A::augment_args(clap::Command::new("section"));
+    c.get_arguments().map(|a| a.get_id().to_string()).collect()
+}
+
 /// `train`'s flags that `plan` parses with them but never uses: it chooses the layout, the
 /// micro-batches, the schedule, recompute, ZeRO, the balance and the evaluation of every run it
 /// measures, and none checkpoints.
-const UNUSED_BY_PLAN: &[&str] = &[
-    "pp",
-    "tp",
-    "dp",
-    "cp",
-    "sequence_parallel",
-    "chunks",
-    "chunk_size",
-    "schedule",
-    "schedule_file",
-    "virtual_stages",
-    "recompute",
-    "zero",
-    "balance",
-    "eval_every",
-    "checkpoint_every",
-    "checkpoint_dir",
-    "keep",
-    "async_checkpoint",
-];
+fn unused_by_plan() -> Vec<String> {
+    let mut v = flags_of::<pipewright_models::flags::CheckpointArgs>();
+    v.extend(
+        [
+            "pp",
+            "tp",
+            "dp",
+            "cp",
+            "sequence_parallel",
+            "zero",
+            "chunks",
+            "chunk_size",
+        ]
+        .into_iter()
+        .chain([
+            "schedule",
+            "schedule_file",
+            "virtual_stages",
+            "recompute",
+            "balance",
+        ])
+        .map(String::from),
+    );
+    v.push("eval_every".into());
+    v
+}
 
 /// `train`'s flags that `profile` parses with them but never uses: it times the model's layers
 /// (its model, task and data flags, the seed, where and in what it computes), not a run.
-const UNUSED_BY_PROFILE: &[&str] = &[
-    "steps",
-    "batch_size",
-    "chunks",
-    "chunk_size",
-    "checkpoint_every",
-    "checkpoint_dir",
-    "keep",
-    "async_checkpoint",
-    "backend",
-    "pp",
-    "tp",
-    "dp",
-    "cp",
-    "ep",
-    "sequence_parallel",
-    "schedule",
-    "schedule_file",
-    "virtual_stages",
-    "recompute",
-    "zero",
-    "deferred_batch_norm",
-    "trace",
-    "report",
-    "balance",
-    "lr",
-    "lr_decay",
-    "warmup",
-    "min_lr_ratio",
-    "optimizer",
-    "weight_decay",
-    "momentum",
-    "clip",
-    "log_every",
-    "eval_every",
-];
+fn unused_by_profile() -> Vec<String> {
+    use pipewright_models::flags::{BatchArgs, CheckpointArgs, OptimArgs, ParallelArgs};
+    let mut v = flags_of::<BatchArgs>();
+    v.extend(flags_of::<CheckpointArgs>());
+    v.extend(flags_of::<pipewright_models::flags::PipelineArgs>());
+    v.extend(flags_of::<OptimArgs>());
+    let used = ["device", "hardware"];
+    v.extend(
+        flags_of::<ParallelArgs>()
+            .into_iter()
+            .filter(|f| !used.contains(&f.as_str())),
+    );
+    v.extend(["trace", "report", "log_every", "eval_every"].map(String::from));
+    v
+}
 
 /// The command line: [`Cli`]'s, with the flags `plan` and `profile` take from `train` but never
 /// use hidden from their help (still accepted, so a `train` command line with `plan` or
@@ -154,13 +145,13 @@ fn negative_values(c: clap::Command) -> clap::Command {
 }
 
 fn command() -> clap::Command {
-    fn hide(ids: &'static [&'static str]) -> impl FnOnce(clap::Command) -> clap::Command {
-        move |c| ids.iter().fold(c, |c, id| c.mut_arg(*id, |a| a.hide(true)))
+    fn hide(ids: Vec<String>) -> impl FnOnce(clap::Command) -> clap::Command {
+        move |c| ids.iter().fold(c, |c, id| c.mut_arg(id, |a| a.hide(true)))
     }
     // `--out` is a run directory to `train`; these write something else there.
     negative_values(Cli::command())
         .mut_subcommand("plan", |c| {
-            hide(UNUSED_BY_PLAN)(c).mut_arg("out", |a| {
+            hide(unused_by_plan())(c).mut_arg("out", |a| {
                 a.help(
                     "With --measure: the directory the measured runs go in, one directory each \
                      (default: output/plan)",
@@ -168,7 +159,7 @@ fn command() -> clap::Command {
             })
         })
         .mut_subcommand("profile", |c| {
-            hide(UNUSED_BY_PROFILE)(c).mut_arg("out", |a| {
+            hide(unused_by_profile())(c).mut_arg("out", |a| {
                 a.help(
                     "The JSON file written: the profile (default: profile.json), or with --gemm \
                      the hardware file (default: hardware.json)",
@@ -283,8 +274,8 @@ mod tests {
     fn plan_and_profile_show_only_the_flags_they_use() {
         let cmd = super::command();
         for (sub, unused) in [
-            ("plan", super::UNUSED_BY_PLAN),
-            ("profile", super::UNUSED_BY_PROFILE),
+            ("plan", super::unused_by_plan()),
+            ("profile", super::unused_by_profile()),
         ] {
             let mut c = cmd.find_subcommand(sub).unwrap().clone();
             let help = c.render_long_help().to_string();
@@ -296,7 +287,7 @@ mod tests {
                 "{help}"
             );
             for id in unused {
-                let arg = c.get_arguments().find(|a| a.get_id() == *id);
+                let arg = c.get_arguments().find(|a| a.get_id() == id.as_str());
                 assert!(arg.is_some_and(|a| a.is_hide_set()), "{sub} {id}");
             }
         }

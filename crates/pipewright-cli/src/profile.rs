@@ -70,7 +70,10 @@ pub fn run(p: ProfileArgs) -> Result<()> {
         let (x, y) = task.batch(0, rows)?;
         Ok(Batch::pair(x, y))
     };
-    let source = format!("measured by `pipewright profile` on {}", hostname());
+    let source = format!(
+        "measured by `pipewright profile` on {}",
+        pipewright::runtime::hostname()
+    );
     let profile = measure(
         &model,
         &Build::cpu(a.seed),
@@ -152,7 +155,11 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
     let a = &p.train;
     let device = pipewright::runtime::device::device(&a.parallel.device, 0)?;
     let base = crate::plan::hardware(&a.parallel.hardware, None)?;
-    let source = format!("on {} ({})", hostname(), a.parallel.device);
+    let source = format!(
+        "on {} ({})",
+        pipewright::runtime::hostname(),
+        a.parallel.device
+    );
     let sweep = GemmSweep::run(&base, &device, a.precision.dtype(), p.gemm_scale, &source)?;
     pipewright::say!("{sweep}");
     let out = (a.output.out.clone()).unwrap_or_else(|| "hardware.json".into());
@@ -163,10 +170,4 @@ fn gemm(p: &ProfileArgs) -> Result<()> {
         out.display()
     );
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "this machine".into())
 }

@@ -296,6 +296,18 @@ impl RunSpec {
         Ok((shapes.what.clone(), shapes.params(), kept, input))
     }
 
+    /// The run's balance when it is layers per model stage (given, or measured by the
+    /// trainer), said in layers as summary.json records it, the segments between cut points
+    /// beside where the model has them; `None` for a uniform split.
+    pub fn describe_balance(&self) -> Result<Option<String>> {
+        let Some(pipewright::parallel::pipeline::Balance::Layers(b)) = &self.train.pipeline.balance
+        else {
+            return Ok(None);
+        };
+        let model = pipewright::trainer::model_spec::ModelSpec::build(&self.model)?;
+        pipewright::parallel::pipeline::partition::describe_balance(&model, b).map(Some)
+    }
+
     /// The most held-out rows an evaluation forward may take at once: those whose activations
     /// (what a training sample keeps, an upper bound on a forward's) fit in a quarter of the
     /// memory available, 1 GiB at most, and at least a micro-batch (which training holds).

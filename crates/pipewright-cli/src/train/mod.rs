@@ -7,7 +7,7 @@ mod report;
 use std::sync::Arc;
 
 use pipewright::experiment::{Context, Experiment, Params, RunDir};
-use pipewright::parallel::pipeline::{chrome_trace, CommEvent, TraceEvent};
+use pipewright::parallel::pipeline::{CommEvent, TraceEvent};
 use pipewright::plan::StepParts;
 use pipewright::trainer::Balance;
 use pipewright::trainer::{Data, Place, Run, Trainer};
@@ -88,32 +88,12 @@ fn note(text: String) {
     }
 }
 
-/// Says the balance `--balance time` or `size` (`asked`) resolved to in the run `spec`: in
-/// layers per model stage, as summary.json records it (the balance itself counts segments
-/// between cut points where the model has them, said beside).
-fn say_balance(spec: &RunSpec, asked: Option<&Balance>) -> Result<()> {
-    let by = match asked {
-        Some(Balance::Time) => "time",
-        Some(Balance::Size) => "size",
-        _ => return Ok(()),
-    };
-    let Some(Balance::Layers(b)) = &spec.train.pipeline.balance else {
-        return Ok(());
-    };
-    let model = pipewright::trainer::model_spec::ModelSpec::build(&spec.model)?;
-    let said = pipewright::parallel::pipeline::partition::describe_balance(&model, b)?;
-    pipewright::say!("balance by {by}: {said}");
-    Ok(())
-}
-
 /// Each traced rank's actions and the data-parallel communication beside them.
 type RankTrace = (Vec<TraceEvent>, Vec<CommEvent>);
 
 fn write_trace(a: &TrainArgs, traces: &[RankTrace]) -> Result<()> {
     if let Some(path) = &a.output.trace {
-        let (actions, comm): (Vec<_>, Vec<_>) = traces.iter().cloned().unzip();
-        std::fs::write(path, chrome_trace(&actions, &comm))
-            .map_err(|e| Error::io("cannot write trace", path, e))?;
+        pipewright::parallel::pipeline::trace::write_chrome_trace(path, traces)?;
         pipewright::say!(
             "trace           {} (open in https://ui.perfetto.dev)",
             path.display()
@@ -210,8 +190,10 @@ impl Setup {
             train: trainer.spec().clone(),
             ..spec
         };
-        if env.rank == 0 {
-            say_balance(&spec, a.pipeline.balance.as_ref())?;
+        // The balance `--balance time` or `size` resolved to.
+        if let (0, Some(by @ (Balance::Time | Balance::Size))) = (env.rank, &a.pipeline.balance) {
+            let said = spec.describe_balance()?.unwrap_or_default();
+            pipewright::say!("balance by {by}: {said}");
         }
         let layout = spec.train.parallel.layout;
         if spec.train.parallel.zero != pipewright::parallel::zero::Zero::Off

@@ -22,13 +22,6 @@ pub struct RunLock {
     mine: String,
 }
 
-fn host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
 /// Whether the lock text `held` (`pid host`) names a process that still runs.
 fn alive(held: &str) -> bool {
     let mut it = held.split_whitespace();
@@ -38,7 +31,7 @@ fn alive(held: &str) -> bool {
     if crate::distributed::Env::from_env().restart > 0 {
         return false;
     }
-    if h != host() {
+    if h != crate::runtime::hostname() {
         return true;
     }
     pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
@@ -48,7 +41,7 @@ impl RunLock {
     /// Takes the lock of the run directory `dir` (which must exist) for this process.
     pub fn acquire(dir: &Path) -> Result<Self> {
         let path = dir.join(LOCK_FILE);
-        let mine = format!("{} {}", std::process::id(), host());
+        let mine = format!("{} {}", std::process::id(), crate::runtime::hostname());
         for _ in 0..3 {
             match std::fs::OpenOptions::new()
                 .write(true)

@@ -233,9 +233,7 @@ impl EventWriter {
     /// A new event file in `dir`, named as TensorBoard expects
     /// (`events.out.tfevents.<time>.<host>`).
     pub fn create(dir: &Path) -> Result<Self> {
-        let host = std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into());
+        let host = crate::runtime::hostname();
         let mut path = dir.join(format!("events.out.tfevents.{}.{host}", now() as u64));
         // A resumed run within the same second keeps the earlier file.
         let mut n = 1;

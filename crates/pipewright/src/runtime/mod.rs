@@ -13,3 +13,12 @@ pub mod files;
 pub mod memory;
 pub mod seed;
 pub(crate) mod storage;
+
+/// This machine's name (the kernel's, else `/etc/hostname`, else `localhost`): what a run
+/// directory's lock, a TensorBoard event file and a measured hardware file name it by.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}

@@ -91,6 +91,17 @@ pub fn chrome_trace(per_stage: &[Vec<TraceEvent>], comm: &[Vec<CommEvent>]) -> S
     serde_json::json!({"traceEvents": events, "displayTimeUnit": "ms"}).to_string()
 }
 
+/// [`chrome_trace`] of each traced rank's actions and communication (`ranks`, one pair per
+/// stage, in stage order) written to `path`.
+pub fn write_chrome_trace(
+    path: &std::path::Path,
+    ranks: &[(Vec<TraceEvent>, Vec<CommEvent>)],
+) -> Result<()> {
+    let (actions, comm): (Vec<_>, Vec<_>) = ranks.iter().cloned().unzip();
+    std::fs::write(path, chrome_trace(&actions, &comm))
+        .map_err(|e| crate::Error::io("cannot write trace", path, e))
+}
+
 /// Whether `text` is a trace [`chrome_trace`] wrote (which `train --trace` may replace): a
 /// Chrome trace whose events are pipeline stages'.
 pub fn is_chrome_trace(text: &str) -> bool {
