@@ -118,7 +118,7 @@ impl Hooks for AdderHooks<'_> {
     }
 
     fn evaluate(&mut self, cx: &mut Context, _: u64) -> Result<Option<f64>> {
-        let t = cx.trainer()?;
+        let t = cx.engine()?;
         Ok(Some(
             self.task
                 .evaluate(&mut |x| t.predict(&Batch::input(x.clone())))?,

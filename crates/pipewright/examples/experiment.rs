@@ -191,7 +191,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
     // registered before or after it are restored either way.
     trainer.start(cx)?;
     let at = {
-        let v = cx.trainer()?;
+        let v = cx.engine()?;
         (v.coords().dp_rank, v.device().clone())
     };
     cx.register("loader", loader(at)?)?;
@@ -219,7 +219,7 @@ pub fn body(cx: &mut Context) -> Result<()> {
         Ok(Tensor::cat(&parts, 0)?.to_dtype(DType::F32)?)
     };
     let held = Batch::new().with("x", cat("x")?).with("y", cat("y")?);
-    let eval = cx.trainer()?.evaluate(&held, false)?;
+    let eval = cx.engine()?.evaluate(&held, false)?;
     if cx.is_master() {
         cx.get::<Recorder>("recorder")?.flush()?;
         write_results(cx, &losses, eval.loss)?;

@@ -237,7 +237,7 @@ impl Setup {
     ) -> Result<()> {
         let a = &self.a;
         let started = self.trainer.start(cx)?;
-        let v = cx.trainer()?;
+        let v = cx.engine()?;
         let traced = a.output.trace.is_some() && v.coords().tp_rank == 0 && v.coords().dp_rank == 0;
         if traced {
             v.keep_trace();
@@ -277,7 +277,7 @@ impl Setup {
             &|step| batches.batch(step),
             dir.as_ref(),
         )?;
-        let v = cx.trainer()?;
+        let v = cx.engine()?;
         let bubbles = v.bubble_per_stage()?;
         let exposed = v.exposed_comm_per_rank()?;
         if let (Some(dir), Some(done)) = (dir, done) {

@@ -75,7 +75,7 @@ impl Hooks for TrainHooks<'_> {
                     (0..a.world()).filter_map(memory::rank_peak_bytes).collect();
             }
         }
-        let trainer = cx.trainer()?;
+        let trainer = cx.engine()?;
         let (metric, parts) = self
             .run
             .task

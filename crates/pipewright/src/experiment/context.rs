@@ -1,7 +1,7 @@
 //! pystematic's `Context`: everything of a training session in one place. Register named
 //! [`Stateful`] items (the data loader, counters, random streams, a recorder's position) and
 //! the training step ([`Varuna`]); [`Context::checkpoint`] saves all of them together (the
-//! trainer's checkpoint, the items' states in its `state.json`), and a run started with the
+//! engine's checkpoint, the items' states in its `state.json`), and a run started with the
 //! `checkpoint` parameter restores each as it is registered, so that the experiment goes on
 //! where it stopped. The distributed helpers (`is_master`, `get_rank`, ...) answer for the
 //! rank the context belongs to.
@@ -68,14 +68,14 @@ impl Stateful for Counter {
 }
 
 /// One rank's session: its parameters, run directory, communicator, registered items and
-/// trainer.
+/// step engine.
 pub struct Context {
     params: Params,
     dir: PathBuf,
     comm: Box<dyn Communicator>,
     device: Device,
     items: BTreeMap<String, Box<dyn Stateful>>,
-    trainer: Option<Varuna>,
+    engine: Option<Varuna>,
     /// Where [`Context::checkpoint`] saves (`<run dir>/checkpoints` unless set).
     checkpoint_dir: PathBuf,
     /// The first rank's lock of a checkpoint directory set apart from the run directory.
@@ -98,7 +98,7 @@ impl Context {
             comm,
             device,
             items: BTreeMap::new(),
-            trainer: None,
+            engine: None,
             checkpoint_dir: dir.join("checkpoints"),
             checkpoint_lock: None,
             pending: BTreeMap::new(),
@@ -121,7 +121,7 @@ impl Context {
     }
 
     /// Moves every registered item to the CPU, and makes it the device of what comes next
-    /// (pystematic's `cpu()`; a trainer is built for its device: make it after).
+    /// (pystematic's `cpu()`; a step engine is built for its device: make it after).
     pub fn cpu(&mut self) -> Result<()> {
         self.move_to(Device::Cpu)
     }
@@ -140,7 +140,7 @@ impl Context {
         Ok(())
     }
 
-    /// A communicator over every rank of the run, to give a trainer.
+    /// A communicator over every rank of the run, to give a step engine.
     pub fn world(&self) -> Result<Box<dyn Communicator>> {
         self.comm.split(&(0..self.comm.size()).collect::<Vec<_>>())
     }
@@ -167,7 +167,7 @@ impl Context {
     }
 
     /// Saves checkpoints into `dir` instead of `<run dir>/checkpoints` (set it before
-    /// [`Context::set_trainer`], which looks there for `latest`). The directory belongs to this
+    /// [`Context::set_engine`], which looks there for `latest`). The directory belongs to this
     /// run while it lasts (the first rank holds its lock, as it holds the run directory's): a
     /// second run saving there would prune the first's checkpoints and move its `latest`. A
     /// directory inside another run's directory is refused, and so is one that another run
@@ -233,14 +233,14 @@ impl Context {
         Ok(Some(intact.dir))
     }
 
-    /// Sets the training step. When the run goes on from a checkpoint
-    /// ([`Context::resume_from`]), loads it into the trainer and restores the items it saved
+    /// Sets the rank's step engine ([`Varuna`]). When the run goes on from a checkpoint
+    /// ([`Context::resume_from`]), loads it into the engine and restores the items it saved
     /// (those registered so far now, the others as they are registered). Returns the step
     /// training goes on from (0 for a new run).
-    pub fn set_trainer(&mut self, mut trainer: Varuna) -> Result<u64> {
+    pub fn set_engine(&mut self, mut engine: Varuna) -> Result<u64> {
         let mut step = 0;
         if let Some(path) = self.resume_from()? {
-            let state = trainer.load_checkpoint(&path)?;
+            let state = engine.load_checkpoint(&path)?;
             let items = state.extra["context"]
                 .as_object()
                 .cloned()
@@ -248,15 +248,15 @@ impl Context {
             self.load_state_dict(&Value::Object(items))?;
             step = state.step;
         }
-        self.trainer = Some(trainer);
+        self.engine = Some(engine);
         Ok(step)
     }
 
-    /// The training step.
-    pub fn trainer(&mut self) -> Result<&mut Varuna> {
-        self.trainer
+    /// The rank's step engine ([`Context::set_engine`]).
+    pub fn engine(&mut self) -> Result<&mut Varuna> {
+        self.engine
             .as_mut()
-            .ok_or_else(|| invalid!("no trainer: call set_trainer first"))
+            .ok_or_else(|| invalid!("no step engine: call set_engine first"))
     }
 
     /// Every item's state.
@@ -284,25 +284,25 @@ impl Context {
         Ok(())
     }
 
-    /// Saves the trainer and every item into `<checkpoint dir>/step-N` (collective: every
+    /// Saves the step engine and every item into `<checkpoint dir>/step-N` (collective: every
     /// rank calls it at the same point) and returns its path.
     pub fn checkpoint(&mut self) -> Result<PathBuf> {
         let opts = self.with_items(CheckpointOptions::default())?;
         let root = self.checkpoint_dir.clone();
-        self.trainer()?.checkpoint(&root, &opts)
+        self.engine()?.checkpoint(&root, &opts)
     }
 
     /// [`Context::checkpoint`] with `opts` (how many to keep, what rebuilds the model); with
-    /// `background`, its files are written by a thread while training goes on (the trainer's
+    /// `background`, its files are written by a thread while training goes on (the engine's
     /// next checkpoint, `finish_checkpoint` or load completes it).
     pub fn save(&mut self, opts: CheckpointOptions, background: bool) -> Result<()> {
         let opts = self.with_items(opts)?;
         let root = self.checkpoint_dir.clone();
-        let trainer = self.trainer()?;
+        let engine = self.engine()?;
         if background {
-            trainer.checkpoint_async(&root, &opts)
+            engine.checkpoint_async(&root, &opts)
         } else {
-            trainer.checkpoint(&root, &opts).map(|_| ())
+            engine.checkpoint(&root, &opts).map(|_| ())
         }
     }
 

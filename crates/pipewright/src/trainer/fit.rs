@@ -112,11 +112,11 @@ impl FitReport {
     }
 }
 
-/// Trains the context's trainer ([`Context::set_trainer`]) to `cadence.steps` steps (see the
+/// Trains the context's step engine ([`Context::set_engine`]) to `cadence.steps` steps (see the
 /// module's text for the order of things). Collective: every rank calls it.
 pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result<FitReport> {
     cadence.validate()?;
-    let first = cx.trainer()?.pipeline().steps_taken();
+    let first = cx.engine()?.pipeline().steps_taken();
     let start = Instant::now();
     let mut report = FitReport {
         first,
@@ -131,7 +131,7 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
     for step in first..cadence.steps {
         let batch = hooks.batch(cx, step)?;
         let t = Instant::now();
-        let outcome = cx.trainer()?.step(&batch)?;
+        let outcome = cx.engine()?.step(&batch)?;
         let seconds = t.elapsed().as_secs_f64();
         let steps = step + 1;
         let last = steps == cadence.steps;
@@ -162,7 +162,7 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
         // `ckpt export` and a resume find (`--steps 25 --checkpoint-every 10` saves 25 too).
         let saving = cadence.checkpoint_every > 0
             && (steps.is_multiple_of(cadence.checkpoint_every) || last);
-        let stop = cx.trainer()?.any_rank(hooks.stop_requested())?;
+        let stop = cx.engine()?.any_rank(hooks.stop_requested())?;
         if saving || stop {
             hooks.checkpoint(cx, steps, cadence.async_checkpoint && !stop)?;
         }
@@ -172,7 +172,7 @@ pub fn fit(cx: &mut Context, cadence: &Cadence, hooks: &mut dyn Hooks) -> Result
             break;
         }
     }
-    cx.trainer()?.finish_checkpoint()?;
+    cx.engine()?.finish_checkpoint()?;
     report.seconds = start.elapsed().as_secs_f64();
     // A run whose last step's loss is not a number did not train, whatever it skipped on the
     // way (an f16 run skips overflowing steps, and may reach its last step before its loss

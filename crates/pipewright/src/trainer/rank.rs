@@ -34,7 +34,7 @@ pub struct Started {
 }
 
 impl Trainer {
-    /// Builds rank `cx`'s part of the run and sets it as the context's trainer: its stages
+    /// Builds rank `cx`'s part of the run and sets it as the context's step engine: its stages
     /// and shards on its device, the optimizer, pretrained weights, then the checkpoint the
     /// run goes on from (the context's `checkpoint` parameter, or a restarted attempt's newest).
     /// Collective: every rank of the run calls it.
@@ -91,7 +91,7 @@ impl Trainer {
         if let Some(d) = &self.run.place.checkpoint_dir {
             cx.set_checkpoint_dir(d)?;
         }
-        let step = cx.set_trainer(v)?;
+        let step = cx.set_engine(v)?;
         Ok(Started { step, batches })
     }
 
@@ -113,7 +113,7 @@ impl Trainer {
         Ok(world)
     }
 
-    /// Trains the context's trainer (after [`Trainer::start`]) to the spec's last step with
+    /// Trains the context's step engine (after [`Trainer::start`]) to the spec's last step with
     /// `hooks`, every rank saving and stopping together at a preemption signal. Collective.
     pub fn fit(&self, cx: &mut Context, hooks: &mut dyn Hooks) -> Result<FitReport> {
         let mut hooks = Preemptible { hooks, of: self };

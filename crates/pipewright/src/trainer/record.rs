@@ -134,7 +134,7 @@ impl Hooks for Recorded<'_> {
 
     fn after_step(&mut self, cx: &mut Context, done: &StepDone) -> Result<()> {
         self.hooks.after_step(cx, done)?;
-        let loads = cx.trainer()?.expert_loads().to_vec();
+        let loads = cx.engine()?.expert_loads().to_vec();
         self.record(done, &loads)
     }
 
