@@ -239,6 +239,38 @@ pub(crate) fn finish_sums<T: DeviceRepr>(
     })
 }
 
+/// A norm's forward over rows of `cols` (`rows_cols` checked by the caller): the kernel
+/// `fname` of `module` taking the input, the weight-sized vectors `weights` (weight, then a
+/// bias), the output, `cols` and `eps`.
+pub(crate) fn norm_forward(
+    (module, fname, op): (&Module, &str, &str),
+    (sx, lx): (&CudaStorage, &Layout),
+    weights: &[(&CudaStorage, &Layout)],
+    (rows, cols, eps): (usize, usize, f64),
+) -> Result<(CudaStorage, candle_core::Shape)> {
+    let dev = sx.device();
+    let eps = eps as f32;
+    typed!(op, sx.dtype(), |T| {
+        let x = view::<T>(sx, lx, op)?;
+        let ws = (weights.iter())
+            .map(|(s, l)| view::<T>(s, l, op))
+            .collect::<Result<Vec<_>>>()?;
+        let mut y = alloc::<T>(dev, rows * cols)?;
+        let f = func(dev, module, fname, sx.dtype())?;
+        launch(&f, per_row(rows, cols)?, rows * cols, |a| {
+            a.arg(&x);
+            for w in &ws {
+                a.arg(w);
+            }
+            a.arg(&mut y).arg(&cols).arg(&eps);
+        })?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            lx.shape().clone(),
+        ))
+    })
+}
+
 /// A norm's backward (LayerNorm's and RMSNorm's) of `x` `(rows, cols)`, its weight `w` and the
 /// output's gradient `g`: kernel `{prefix}_bwd_dx` writes dx into the result's first
 /// `rows * cols` elements and `stats` f32 statistics of each row, then `{prefix}_partials`

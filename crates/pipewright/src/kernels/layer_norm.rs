@@ -34,6 +34,41 @@ struct LayerNormGrad {
     eps: f64,
 }
 
+/// A norm's backward on the CPU over `(x, weight, dy)`, packed as `[dx | dw (| db)]`: what
+/// the LayerNorm's and the RMSNorm's gradient ops share.
+pub(super) trait NormGrad {
+    /// The op's name, for errors.
+    const NAME: &'static str;
+    /// Weight-sized gradients after the input's (2 with a bias, 1 without).
+    const PARAMS: usize;
+    /// The packed gradient of rows of `w.len()`.
+    fn backward<T: Real>(&self, x: &[T], w: &[T], g: &[T]) -> Vec<T>;
+}
+
+/// [`NormGrad::backward`] over the storages of `(x, weight, dy)`, in their type.
+pub(super) fn norm_grad_cpu<N: NormGrad>(
+    op: &N,
+    [(sx, lx), (sw, lw), (sg, lg)]: [(&CpuStorage, &candle_core::Layout); 3],
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let n = lx.shape().elem_count() + N::PARAMS * lw.shape().elem_count();
+    dispatch!(N::NAME, sx, |sx: T| Ok((
+        storage(op.backward::<T>(
+            &input(sx, lx, N::NAME)?,
+            &input(sw, lw, N::NAME)?,
+            &input(sg, lg, N::NAME)?
+        )),
+        Shape::from(n)
+    )))
+}
+
+impl NormGrad for LayerNormGrad {
+    const NAME: &'static str = NAME;
+    const PARAMS: usize = 2;
+    fn backward<T: Real>(&self, x: &[T], w: &[T], g: &[T]) -> Vec<T> {
+        backward(x, w, g, self.eps)
+    }
+}
+
 /// Partial sums kept apart: one running sum is a chain of dependent additions, eight are one
 /// vector register's worth the compiler can keep in flight.
 const LANES: usize = 8;
@@ -167,29 +202,17 @@ custom_op! {
 
 custom_op! {
     CustomOp3 for LayerNormGrad, "pipewright-layer-norm-grad", (sx: lx, sw: lw, sg: lg),
-    cpu |this| {
-        let n = lx.shape().elem_count() + 2 * lw.shape().elem_count();
-        dispatch!(NAME, sx, |sx: T| Ok((
-            storage(backward::<T>(
-                &input(sx, lx, NAME)?,
-                &input(sw, lw, NAME)?,
-                &input(sg, lg, NAME)?,
-                this.eps
-            )),
-            Shape::from(n)
-        )))
-    },
+    cpu |this| norm_grad_cpu(this, [(sx, lx), (sw, lw), (sg, lg)]),
     cuda |this| cuda::backward([(sx, lx), (sw, lw), (sg, lg)], this.eps)
 }
 
 /// The same on a CUDA device (kernels/cuda/layer_norm.cu).
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::backend::BackendStorage;
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu;
 
     type Input<'a> = (&'a CudaStorage, &'a Layout);
 
@@ -197,25 +220,13 @@ mod cuda {
         [(sx, lx), (sw, lw), (sb, lb)]: [Input; 3],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
-        let dev = sx.device();
         let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
         if lb.dims() != [cols] {
             candle_core::bail!("{NAME}: bias {:?} for rows of {cols}", lb.dims());
         }
-        let eps = eps as f32;
-        typed!(NAME, sx.dtype(), |T| {
-            let x = gpu::view::<T>(sx, lx, NAME)?;
-            let (w, b) = (gpu::view::<T>(sw, lw, NAME)?, gpu::view::<T>(sb, lb, NAME)?);
-            let mut y = gpu::alloc::<T>(dev, rows * cols)?;
-            let f = gpu::func(dev, &gpu::LAYER_NORM, "ln_fwd", sx.dtype())?;
-            gpu::launch(&f, gpu::per_row(rows, cols)?, rows * cols, |a| {
-                a.arg(&x).arg(&w).arg(&b).arg(&mut y).arg(&cols).arg(&eps);
-            })?;
-            Ok((
-                CudaStorage::wrap_cuda_slice(y, dev.clone()),
-                lx.shape().clone(),
-            ))
-        })
+        let weights = [(sw, lw), (sb, lb)];
+        let kernel = (&gpu::LAYER_NORM, "ln_fwd", NAME);
+        gpu::norm_forward(kernel, (sx, lx), &weights, (rows, cols, eps))
     }
 
     /// `[dx | dw | db]`, as the CPU twin packs them.

@@ -3,9 +3,9 @@
 //! row and writes the input's gradient and each row block's share of the weight's gradient in
 //! one pass.
 
-use candle_core::{CpuStorage, Shape, Tensor};
+use candle_core::{CpuStorage, Tensor};
 
-use super::layer_norm::sums;
+use super::layer_norm::{norm_grad_cpu, sums, NormGrad};
 use super::{custom_op, dispatch, input, par, row_grads, storage, Out, Real};
 
 const NAME: &str = "pipewright-rms-norm";
@@ -23,6 +23,14 @@ struct RmsNorm {
 
 struct RmsNormGrad {
     eps: f64,
+}
+
+impl NormGrad for RmsNormGrad {
+    const NAME: &'static str = NAME;
+    const PARAMS: usize = 1;
+    fn backward<T: Real>(&self, x: &[T], w: &[T], g: &[T]) -> Vec<T> {
+        backward(x, w, g, self.eps)
+    }
 }
 
 /// 1 / sqrt(mean(row^2) + eps).
@@ -112,29 +120,17 @@ custom_op! {
 
 custom_op! {
     CustomOp3 for RmsNormGrad, "pipewright-rms-norm-grad", (sx: lx, sw: lw, sg: lg),
-    cpu |this| {
-        let n = lx.shape().elem_count() + lw.shape().elem_count();
-        dispatch!(NAME, sx, |sx: T| Ok((
-            storage(backward::<T>(
-                &input(sx, lx, NAME)?,
-                &input(sw, lw, NAME)?,
-                &input(sg, lg, NAME)?,
-                this.eps
-            )),
-            Shape::from(n)
-        )))
-    },
+    cpu |this| norm_grad_cpu(this, [(sx, lx), (sw, lw), (sg, lg)]),
     cuda |this| cuda::backward([(sx, lx), (sw, lw), (sg, lg)], this.eps)
 }
 
 /// The same on a CUDA device (kernels/cuda/rms_norm.cu).
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::backend::BackendStorage;
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
     use super::NAME;
-    use crate::kernels::gpu::{self, typed, PushKernelArg};
+    use crate::kernels::gpu;
 
     type Input<'a> = (&'a CudaStorage, &'a Layout);
 
@@ -142,21 +138,9 @@ mod cuda {
         [(sx, lx), (sw, lw)]: [Input; 2],
         eps: f64,
     ) -> Result<(CudaStorage, Shape)> {
-        let dev = sx.device();
         let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
-        let eps = eps as f32;
-        typed!(NAME, sx.dtype(), |T| {
-            let (x, w) = (gpu::view::<T>(sx, lx, NAME)?, gpu::view::<T>(sw, lw, NAME)?);
-            let mut y = gpu::alloc::<T>(dev, rows * cols)?;
-            let f = gpu::func(dev, &gpu::RMS_NORM, "rms_fwd", sx.dtype())?;
-            gpu::launch(&f, gpu::per_row(rows, cols)?, rows * cols, |a| {
-                a.arg(&x).arg(&w).arg(&mut y).arg(&cols).arg(&eps);
-            })?;
-            Ok((
-                CudaStorage::wrap_cuda_slice(y, dev.clone()),
-                lx.shape().clone(),
-            ))
-        })
+        let kernel = (&gpu::RMS_NORM, "rms_fwd", NAME);
+        gpu::norm_forward(kernel, (sx, lx), &[(sw, lw)], (rows, cols, eps))
     }
 
     /// `[dx | dw]`, as the CPU twin packs them.
