@@ -275,36 +275,22 @@ pub(crate) fn backward<T: DeviceRepr>(
             let (p, dsa) = (addr(dev, &sc.p), addr(dev, &ds));
             let tt = t * t;
             // dv^T = dy^T P, dq^T = k^T dS^T, dk^T = q^T dS
-            gemm(
-                dev,
-                (d.hd, t, t),
-                1.0,
-                (op(o, c, d.hd, false), op(p, t, tt, true)),
-                dtype,
-                (dv, rs, d.hd),
-                dtype,
-                nh,
-            )?;
-            gemm(
-                dev,
-                (d.hd, t, t),
-                1.0,
-                (op(k, rs, d.hd, false), op(dsa, t, tt, false)),
-                dtype,
-                (dq, rs, d.hd),
-                dtype,
-                nh,
-            )?;
-            gemm(
-                dev,
-                (d.hd, t, t),
-                1.0,
-                (op(q, rs, d.hd, false), op(dsa, t, tt, true)),
-                dtype,
-                (dk, rs, d.hd),
-                dtype,
-                nh,
-            )?;
+            for (a, b, out) in [
+                (op(o, c, d.hd, false), op(p, t, tt, true), dv),
+                (op(k, rs, d.hd, false), op(dsa, t, tt, false), dq),
+                (op(q, rs, d.hd, false), op(dsa, t, tt, true), dk),
+            ] {
+                gemm(
+                    dev,
+                    (d.hd, t, t),
+                    1.0,
+                    (a, b),
+                    dtype,
+                    (out, rs, d.hd),
+                    dtype,
+                    nh,
+                )?;
+            }
         }
     }
     Ok(())

@@ -362,61 +362,7 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
-/// One custom op's impl of candle's `CustomOp1`/`2`/`3`, written once for every op: its
-/// name, the body of its CPU forward and the body of its CUDA forward over the inputs the
-/// caller names (`(sx: lx, sw: lw)`: each input's storage and layout, the same names on both
-/// devices), then any further items of the trait written as they are (`fn bwd`). The bodies
-/// see the op as `|this|` (`self` does not cross a macro); the CUDA body is compiled with
-/// the `cuda` feature only.
-macro_rules! custom_op {
-    (
-        $trait:ident for $op:ty, $name:expr, ($($s:ident: $l:ident),+),
-        cpu |$cpu_op:tt| $cpu:expr,
-        cuda |$cuda_op:tt| $cuda:expr
-        $(, $item:item)* $(,)?
-    ) => {
-        impl candle_core::$trait for $op {
-            $crate::kernels::custom_op!(@cpu $name, ($($s: $l),+), |$cpu_op| $cpu);
-
-            #[cfg(feature = "cuda")]
-            fn cuda_fwd(
-                &self,
-                $($s: &candle_core::CudaStorage, $l: &candle_core::Layout),+
-            ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-                let $cuda_op = self;
-                $cuda
-            }
-
-            $($item)*
-        }
-    };
-    // An op with no CUDA kernel of its own (candle's default says so on a GPU).
-    (
-        $trait:ident for $op:ty, $name:expr, ($($s:ident: $l:ident),+),
-        cpu |$cpu_op:tt| $cpu:expr
-        $(, $item:item)* $(,)?
-    ) => {
-        impl candle_core::$trait for $op {
-            $crate::kernels::custom_op!(@cpu $name, ($($s: $l),+), |$cpu_op| $cpu);
-
-            $($item)*
-        }
-    };
-    (@cpu $name:expr, ($($s:ident: $l:ident),+), |$cpu_op:tt| $cpu:expr) => {
-        fn name(&self) -> &'static str {
-            $name
-        }
-
-        fn cpu_fwd(
-            &self,
-            $($s: &candle_core::CpuStorage, $l: &candle_core::Layout),+
-        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-            let $cpu_op = self;
-            $cpu
-        }
-    };
-}
-pub(crate) use custom_op;
+pub(crate) use crate::runtime::custom_op::custom_op;
 
 /// A tensor of `shape` (`T`'s dtype) from `data`.
 pub(crate) fn storage<T: WithDType>(data: Vec<T>) -> CpuStorage {

@@ -1,5 +1,5 @@
 //! The process and its machine, below everything else: devices by name, memory counted by the
-//! allocator, tensor storage copies for custom ops, files a command may write, sizes in bytes,
+//! allocator, tensor storage copies for custom ops and the custom ops' one skeleton (`custom_op!`), files a command may write, sizes in bytes,
 //! printing that survives a closed pipe, a thread's CPU time, content digests, seeds hashed
 //! from names and the random streams they start, and round-number chart axes. Nothing here knows about ranks, models or training.
 
@@ -7,6 +7,7 @@ pub mod axis;
 pub mod bytes;
 pub mod console;
 pub mod cpu_time;
+pub(crate) mod custom_op;
 pub mod device;
 pub mod digest;
 pub mod files;

@@ -6,7 +6,9 @@
 
 use std::sync::Mutex;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, Shape, Tensor};
+
+use crate::runtime::custom_op::custom_op;
 
 use crate::Result;
 
@@ -39,6 +41,7 @@ impl Precomputed {
         crate::runtime::storage::copy_of(&self.take()?, self.name, crate::runtime::storage::cpu)
     }
 
+    #[cfg(feature = "cuda")]
     fn cuda(&self) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         crate::runtime::storage::copy_of(&self.take()?, self.name, crate::runtime::storage::cuda)
     }
@@ -65,23 +68,10 @@ impl Precomputed {
     }
 }
 
-impl CustomOp1 for Precomputed {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(&self, _s: &CpuStorage, _l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _s: &candle_core::CudaStorage,
-        _l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        self.cuda()
-    }
-
+custom_op! {
+    CustomOp1 for Precomputed, this.name, (_s: _l),
+    cpu |this| this.cpu(),
+    cuda |this| this.cuda(),
     fn bwd(
         &self,
         arg: &Tensor,
@@ -92,31 +82,10 @@ impl CustomOp1 for Precomputed {
     }
 }
 
-impl CustomOp2 for Precomputed {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(
-        &self,
-        _s1: &CpuStorage,
-        _l1: &Layout,
-        _s2: &CpuStorage,
-        _l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _s1: &candle_core::CudaStorage,
-        _l1: &Layout,
-        _s2: &candle_core::CudaStorage,
-        _l2: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        self.cuda()
-    }
-
+custom_op! {
+    CustomOp2 for Precomputed, this.name, (_s1: _l1, _s2: _l2),
+    cpu |this| this.cpu(),
+    cuda |this| this.cuda(),
     fn bwd(
         &self,
         a: &Tensor,
@@ -129,35 +98,10 @@ impl CustomOp2 for Precomputed {
     }
 }
 
-impl CustomOp3 for Precomputed {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-
-    fn cpu_fwd(
-        &self,
-        _s1: &CpuStorage,
-        _l1: &Layout,
-        _s2: &CpuStorage,
-        _l2: &Layout,
-        _s3: &CpuStorage,
-        _l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        self.cpu()
-    }
-
-    fn cuda_fwd(
-        &self,
-        _s1: &candle_core::CudaStorage,
-        _l1: &Layout,
-        _s2: &candle_core::CudaStorage,
-        _l2: &Layout,
-        _s3: &candle_core::CudaStorage,
-        _l3: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        self.cuda()
-    }
-
+custom_op! {
+    CustomOp3 for Precomputed, this.name, (_s1: _l1, _s2: _l2, _s3: _l3),
+    cpu |this| this.cpu(),
+    cuda |this| this.cuda(),
     fn bwd(
         &self,
         a: &Tensor,
