@@ -15,7 +15,7 @@ use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer, Sgd, SgdConfig};
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::parallel::loss::CrossEntropy;
 use pipewright::parallel::tensor_parallel::{part, Shard};
 use pipewright::{invalid, Batch, Build, Result};
@@ -264,7 +264,7 @@ impl ParityRun {
         let update = self.update;
         v.set_optimizer(|p| update.make(p))?;
         let grads = watch(&mut v, self.perturb.clone());
-        let loader = DistributedLoader::new(
+        let loader = ReplicaBatches::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
             self.global_batch,
             v.coords().dp_rank,

@@ -10,7 +10,7 @@ use pipewright::engine::spec::Balance;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::model::precision::{LossScaler, Precision};
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::parallel::zero::Zero;
 use pipewright::{Batch, Build};
 use pipewright_models::parity::{worst_difference, ParityRun, RankResult};
@@ -266,7 +266,7 @@ fn overflow_skips_everywhere(zero: Zero) {
             step += 1;
         });
         let c = v.coords();
-        let loader = DistributedLoader::new(
+        let loader = ReplicaBatches::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
             GLOBAL,
             c.dp_rank,

@@ -17,7 +17,7 @@ use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
 use pipewright::model::nn::optim::{LrSchedule, Sgd, SgdConfig};
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::parallel::loss::CrossEntropy;
 use pipewright::{Batch, Build};
 use pipewright_models::parity::{
@@ -216,8 +216,7 @@ fn perturbed(layout: Layout, sp: bool, perturb: Option<(String, f64)>) -> Vec<Ra
         let mut v = Varuna::new(&model, Box::new(comm), opts.clone())?;
         v.set_optimizer(|p| Update::Sgd.make(p))?;
         let log = watch(&mut v, perturb.clone());
-        let loader =
-            DistributedLoader::new(make, GLOBAL, v.coords().dp_rank, layout.dp, Device::Cpu)?;
+        let loader = ReplicaBatches::new(make, GLOBAL, v.coords().dp_rank, layout.dp, Device::Cpu)?;
         let steps = (0..STEPS)
             .map(|s| {
                 let o = v.step(&loader.batch(s)?)?;

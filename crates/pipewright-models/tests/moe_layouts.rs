@@ -18,7 +18,7 @@ use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::expert_load::ExpertLoad;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::parallel::loss::CrossEntropy;
 use pipewright::parallel::zero::Zero;
 use pipewright::{Batch, Build, Result};
@@ -163,7 +163,7 @@ fn resumed(
     if let Some(p) = resume {
         assert_eq!(v.load_checkpoint(p)?.step, steps.start);
     }
-    let loader = DistributedLoader::new(
+    let loader = ReplicaBatches::new(
         |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
         GLOBAL,
         v.coords().dp_rank,

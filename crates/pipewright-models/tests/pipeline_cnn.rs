@@ -160,7 +160,7 @@ fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
     use pipewright::distributed::comm::local;
     use pipewright::distributed::topology::Layout;
     use pipewright::engine::varuna::Varuna;
-    use pipewright::parallel::data_parallel::DistributedLoader;
+    use pipewright::parallel::data_parallel::ReplicaBatches;
     use pipewright::parallel::zero::Zero;
     // The long skip leaves the stem and lands on the head: inside one stage at pp 1 (popped
     // four cuts later), from stage 0 to stage 1 at pp 2 (sent on from a cut).
@@ -180,7 +180,7 @@ fn zero_three_cuts_the_graph_at_every_layer_and_keeps_skips_and_batch_norm() {
             assert_eq!(v.zero(), Zero::Parameters);
             v.set_optimizer(adamw)?;
             let dp_rank = v.coords().dp_rank;
-            let loader = DistributedLoader::new(
+            let loader = ReplicaBatches::new(
                 |s, _| Ok(shapes_batch(s)),
                 BATCH,
                 dp_rank,

@@ -11,7 +11,7 @@ use pipewright::distributed::topology::Layout;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig};
 use pipewright::model::precision::Precision;
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::parallel::pipeline::{Recompute, ScheduleKind};
 use pipewright::parallel::zero::Zero;
 use pipewright::Batch;
@@ -139,7 +139,7 @@ fn each_replica_keeps_its_share_of_the_optimizer_state() {
         let held = local::run(dp, |comm| {
             let mut v = Varuna::new(&gpt(run.gpt)?, Box::new(comm), opts.clone())?;
             v.set_optimizer(|p| Ok(Box::new(AdamW::new(p, AdamWConfig::default())?)))?;
-            let loader = DistributedLoader::new(
+            let loader = ReplicaBatches::new(
                 |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
                 run.global_batch,
                 v.coords().dp_rank,

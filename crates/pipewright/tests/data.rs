@@ -11,7 +11,7 @@ use pipewright::data::Corpus;
 use pipewright::data::{
     prepare, InvalidUtf8, PrepareOptions, Split, TokenDataset, TokenDtype, Tokenizer,
 };
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::runtime::memory::{live_bytes, peak_bytes, reset_peaks, CountingAlloc};
 use pipewright::Batch;
 
@@ -211,8 +211,8 @@ fn an_epoch_gives_every_window_once_and_replicas_their_own_rows() {
             .map(|(x, y)| Batch::pair(x, y))
     };
     let cpu = candle_core::Device::Cpu;
-    let a = DistributedLoader::new(f, rows, 0, 2, cpu.clone()).unwrap();
-    let b = DistributedLoader::new(f, rows, 1, 2, cpu).unwrap();
+    let a = ReplicaBatches::new(f, rows, 0, 2, cpu.clone()).unwrap();
+    let b = ReplicaBatches::new(f, rows, 1, 2, cpu).unwrap();
     let whole = f(3, rows).unwrap();
     let (xa, xb) = (a.batch(3).unwrap(), b.batch(3).unwrap());
     let joined = candle_core::Tensor::cat(

@@ -5,7 +5,7 @@ use candle_core::{Device, Tensor};
 use pipewright::distributed::comm::{local, Communicator};
 use pipewright::model::nn::Grads;
 use pipewright::parallel::data_parallel::{
-    all_reduce_grads, shard_batch, DistributedLoader, DEFAULT_BUCKET_BYTES,
+    all_reduce_grads, shard_batch, ReplicaBatches, DEFAULT_BUCKET_BYTES,
 };
 use pipewright::runtime::seed::{normal_vec, rng_for};
 use pipewright::Batch;
@@ -82,7 +82,7 @@ fn each_replica_gets_its_rows_of_the_same_global_batch() {
     };
     let mut seen = Vec::new();
     for rank in 0..4 {
-        let l = DistributedLoader::new(global, 8, rank, 4, Device::Cpu).unwrap();
+        let l = ReplicaBatches::new(global, 8, rank, 4, Device::Cpu).unwrap();
         let b = l.batch(3).unwrap();
         let (x, y) = (b.get("inputs").unwrap(), b.get("targets").unwrap());
         assert_eq!(
@@ -103,7 +103,7 @@ fn each_replica_gets_its_rows_of_the_same_global_batch() {
         (300..308).collect::<Vec<u32>>(),
         "the replicas' rows are the global batch, once each"
     );
-    let err = DistributedLoader::new(global, 6, 0, 4, Device::Cpu)
+    let err = ReplicaBatches::new(global, 6, 0, 4, Device::Cpu)
         .err()
         .unwrap()
         .to_string();

@@ -19,7 +19,7 @@ use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{LrSchedule, Optimizer, Sgd, SgdConfig, StateDict};
 use pipewright::model::nn::Grads;
-use pipewright::parallel::data_parallel::{DistributedLoader, DEFAULT_BUCKET_BYTES};
+use pipewright::parallel::data_parallel::{ReplicaBatches, DEFAULT_BUCKET_BYTES};
 use pipewright::parallel::loss::Mse;
 use pipewright::parallel::pipeline::schedule::ScheduleKind;
 use pipewright::parallel::pipeline::Recompute;
@@ -68,7 +68,7 @@ fn a_known_delay_lands_in_its_part_of_the_step() {
         v.set_optimizer(|p| Ok(Box::new(Sleepy(Sgd::new(p, SgdConfig::default())?))))?;
         v.set_grad_hook(|_| std::thread::sleep(HOOK));
         let (replica, device) = (v.coords().dp_rank, v.device().clone());
-        let loader = DistributedLoader::new(batch, GLOBAL_BATCH, replica, 2, device)?;
+        let loader = ReplicaBatches::new(batch, GLOBAL_BATCH, replica, 2, device)?;
         let mut outside = Vec::new();
         for s in 0..steps {
             let b = loader.batch(s as u64)?;

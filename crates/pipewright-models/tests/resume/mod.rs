@@ -12,7 +12,7 @@ use pipewright::engine::checkpoint::CheckpointOptions;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, Optimizer};
 use pipewright::model::precision::{LossScaler, Precision};
-use pipewright::parallel::data_parallel::DistributedLoader;
+use pipewright::parallel::data_parallel::ReplicaBatches;
 use pipewright::Batch;
 use pipewright_models::parity::ParityRun;
 use pipewright_models::tasks::Adder;
@@ -75,7 +75,7 @@ pub fn run(
         if let Some(p) = resume {
             assert_eq!(v.load_checkpoint(p)?.step, from);
         }
-        let loader = DistributedLoader::new(
+        let loader = ReplicaBatches::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
             opts.spec.global_batch,
             v.coords().dp_rank,

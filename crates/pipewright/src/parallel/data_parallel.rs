@@ -127,10 +127,12 @@ pub fn shard_batch(batch: &Batch, rank: usize, size: usize) -> Result<Batch> {
     batch.narrow(rank * per, per)
 }
 
-/// pystematic's data loader for data parallelism: each replica gets its own rows of every
-/// global batch, on its device. `batch_fn(step, rows)` must be deterministic (a task seeded
-/// once): every replica asks for the same global batch and keeps its part.
-pub struct DistributedLoader<F> {
+/// A data-parallel replica's rows of every step's global batch, on its device, from a batch
+/// function of the step (stateless: the step alone says which rows, so a resumed or morphed
+/// run asks again; `experiment::SmartDataLoader` is the stateful loader that walks a dataset
+/// by epochs). `batch_fn(step, rows)` must be deterministic (a task seeded once): every
+/// replica asks for the same global batch and keeps its part. (Was `DistributedLoader`.)
+pub struct ReplicaBatches<F> {
     batch_fn: F,
     global_batch: usize,
     rank: usize,
@@ -138,7 +140,7 @@ pub struct DistributedLoader<F> {
     device: Device,
 }
 
-impl<F> DistributedLoader<F>
+impl<F> ReplicaBatches<F>
 where
     F: Fn(u64, usize) -> Result<Batch>,
 {

@@ -15,14 +15,14 @@ use crate::engine::varuna::{Varuna, VarunaOptions};
 use crate::experiment::params::standard;
 use crate::experiment::{Context, Params, Recorder};
 use crate::model::batch::Batch;
-use crate::parallel::data_parallel::DistributedLoader;
+use crate::parallel::data_parallel::ReplicaBatches;
 use crate::{invalid, Result};
 
 /// The tag [`Trainer::train`] records the hooks' metric under.
 pub const METRIC_TAG: &str = "eval/metric";
 
 /// A rank's rows of every global batch, on its device.
-pub type Batches = DistributedLoader<Box<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>>;
+pub type Batches = ReplicaBatches<Box<dyn Fn(u64, usize) -> Result<Batch> + Send + Sync>>;
 
 /// What [`Trainer::start`] gives a rank.
 pub struct Started {
@@ -79,7 +79,7 @@ impl Trainer {
             v.load_pretrained(dir, &|n| model.hf_names(n))?;
         }
         let batches = match self.run.data.clone() {
-            Some(data) => Some(DistributedLoader::new(
+            Some(data) => Some(ReplicaBatches::new(
                 Box::new(move |step, rows| data(step, rows)) as Box<_>,
                 self.run.spec.global_batch,
                 v.coords().dp_rank,

@@ -7,7 +7,7 @@
 //! [`Varuna::set_optimizer`], [`Varuna::step`] (returns the loss and whether the step
 //! overflowed) and [`Varuna::evaluate`]. Every rank of the world makes one and calls `step`
 //! with its replica's rows of the global batch
-//! ([`crate::parallel::data_parallel::DistributedLoader`] gives them).
+//! ([`crate::parallel::data_parallel::ReplicaBatches`] gives them).
 //!
 //! One step: the pipeline runs its schedule on the replica's micro-batches (losses divided by
 //! the global batch's count of targets, times the loss scale); gradients become f32, are
