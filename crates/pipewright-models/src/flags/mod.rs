@@ -3,8 +3,12 @@
 //! [`RunSpec`](crate::RunSpec) ([`TrainArgs::spec`]): the model's defaults and its parallel
 //! rules checked against the layout (heads and vocabulary over tp, sequences over cp and
 //! sequence parallelism), the task, and everything else through
-//! [`TrainArgs::train_spec`]. A program of its own declares the same flags with
-//! `Experiment::args::<TrainArgs>()` and reads them with `Params::args`.
+//! [`TrainArgs::train_spec`]. The flags come in the sections a run is described by
+//! ([`ParallelArgs`], [`PipelineArgs`], [`OptimArgs`], [`BatchArgs`], [`CheckpointArgs`],
+//! [`OutputArgs`], [`ModelArgs`], [`TaskArgs`]), each building the library's section of its
+//! name; `params.json` holds them flat, typed values as the text they are given in. A program
+//! of its own declares the same flags with `Experiment::args::<TrainArgs>()` and reads them
+//! with `Params::args`.
 
 mod args;
 mod as_text;
