@@ -11,10 +11,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
+use candle_core::Tensor;
 
 use super::WeightLayout;
 use crate::model::grads::Grads;
+use crate::runtime::custom_op::custom_op;
 use crate::{Error, Result};
 
 /// The weight-bearing op a tap stands after (its input, which the weight gradient needs too, is
@@ -116,39 +117,14 @@ impl Work {
     }
 }
 
-/// The tap's inputs: the op's output computed with no graph, the op's input (its gradient
-/// comes from the tap) and the weight itself. The weight makes the op part of the graph even
-/// when nothing upstream needs a gradient (a first layer fed with ids or images); the tap's
-/// backward gives it no gradient, so the weight's only gradient is the deferred one.
-impl CustomOp3 for Tap {
-    fn name(&self) -> &'static str {
-        "weight-grad-tap"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s: &CpuStorage,
-        l: &Layout,
-        _x: &CpuStorage,
-        _xl: &Layout,
-        _w: &CpuStorage,
-        _wl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        crate::runtime::storage::copy(s, l)
-    }
-
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-        _x: &candle_core::CudaStorage,
-        _xl: &Layout,
-        _w: &candle_core::CudaStorage,
-        _wl: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        crate::runtime::storage::copy(s, l)
-    }
-
+// The tap's inputs: the op's output computed with no graph, the op's input (its gradient
+// comes from the tap) and the weight itself. The weight makes the op part of the graph even
+// when nothing upstream needs a gradient (a first layer fed with ids or images); the tap's
+// backward gives it no gradient, so the weight's only gradient is the deferred one.
+custom_op! {
+    CustomOp3 for Tap, "weight-grad-tap", (s: l, _x: _xl, _w: _wl),
+    cpu |_| crate::runtime::storage::copy(s, l),
+    cuda |_| crate::runtime::storage::copy(s, l),
     fn bwd(
         &self,
         _out: &Tensor,
