@@ -5,7 +5,7 @@
 use candle_core::{Tensor, Var};
 use pipewright::model::nn::{join, relu, BatchNorm2d, Conv2d, Init, Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::{invalid, Error, Result};
+use pipewright::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// The ResNet-style CNN's sizes.
@@ -43,18 +43,16 @@ impl CnnConfig {
 
     /// Fails on sizes the CNN cannot be built with.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("in_channels", self.in_channels),
-            ("classes", self.classes),
-            ("width", self.width),
-            ("blocks", self.blocks),
-            ("blocks_per_stage", self.blocks_per_stage),
-        ] {
-            if v == 0 {
-                return Err(invalid!("CNN {name} must be positive"));
-            }
-        }
-        Ok(())
+        pipewright::Error::require_positive(
+            "CNN",
+            &[
+                ("in_channels", self.in_channels),
+                ("classes", self.classes),
+                ("width", self.width),
+                ("blocks", self.blocks),
+                ("blocks_per_stage", self.blocks_per_stage),
+            ],
+        )
     }
 
     fn channels(&self, block: usize) -> usize {

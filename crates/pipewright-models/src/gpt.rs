@@ -58,17 +58,16 @@ impl GptConfig {
 
     /// Fails on sizes GPT-2 cannot be built with (heads not dividing the width, ...).
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("block_size", self.block_size),
-            ("n_layer", self.n_layer),
-            ("n_head", self.n_head),
-            ("n_embd", self.n_embd),
-        ] {
-            if v == 0 {
-                return Err(invalid!("GPT {name} must be positive"));
-            }
-        }
+        pipewright::Error::require_positive(
+            "GPT",
+            &[
+                ("vocab_size", self.vocab_size),
+                ("block_size", self.block_size),
+                ("n_layer", self.n_layer),
+                ("n_head", self.n_head),
+                ("n_embd", self.n_embd),
+            ],
+        )?;
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(invalid!(
                 "n_embd {} is not divisible by n_head {}: choose n_embd a multiple of n_head",

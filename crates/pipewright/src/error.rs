@@ -66,6 +66,15 @@ macro_rules! invalid {
 }
 
 impl Error {
+    /// Fails on the first of `sizes` that is zero, as `{whose} {name} must be positive` (a
+    /// model's sizes: `GPT n_layer must be positive`).
+    pub fn require_positive(whose: &str, sizes: &[(&str, usize)]) -> Result<()> {
+        match sizes.iter().find(|(_, v)| *v == 0) {
+            Some((name, _)) => Err(invalid!("{whose} {name} must be positive")),
+            None => Ok(()),
+        }
+    }
+
     /// Wraps an I/O error with the path and the action that failed.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

@@ -58,17 +58,16 @@ impl Transformer {
 
     /// The model by its shapes: the embedding, `n_layer` blocks `h.0` .. and the head.
     pub fn shapes(&self) -> Result<ModelShapes> {
-        for (name, v) in [
-            ("n_layer", self.n_layer),
-            ("d_model", self.d_model),
-            ("n_head", self.n_head),
-            ("vocab", self.vocab),
-            ("seq", self.seq),
-        ] {
-            if v == 0 {
-                return Err(invalid!("the transformer's {name} must be positive"));
-            }
-        }
+        crate::Error::require_positive(
+            "the transformer's",
+            &[
+                ("n_layer", self.n_layer),
+                ("d_model", self.d_model),
+                ("n_head", self.n_head),
+                ("vocab", self.vocab),
+                ("seq", self.seq),
+            ],
+        )?;
         if !self.d_model.is_multiple_of(self.n_head) {
             return Err(invalid!(
                 "d_model {} is not divisible by n_head {}",
