@@ -83,9 +83,11 @@ fn predicted(a: &ScheduleArgs, kind: ScheduleKind) -> Result<(String, Simulation
         parallel: ParallelSpec::new(Layout::new(a.pp, a.tp, a.dp)?),
         micro_batch: a.mbs,
         micro_batches: a.chunks,
-        schedule: kind,
-        virtual_stages: a.r#virtual,
-        recompute: a.recompute.parse()?,
+        schedule: pipewright::parallel::pipeline::ScheduleChoice {
+            kind,
+            virtual_stages: a.r#virtual,
+            recompute: a.recompute.parse()?,
+        },
     };
     let (e, sim) = estimate(&profile, &cluster, &cand)?;
     pipewright::say!(

@@ -270,8 +270,6 @@ impl RunSpec {
                 .layout
                 .micro_batches(t.global_batch, t.micro_batch)?,
             schedule: t.pipeline.schedule,
-            virtual_stages: t.pipeline.virtual_stages,
-            recompute: t.pipeline.recompute,
         };
         let (e, sim) = estimate(&profile, &cluster, &cand)?;
         let half = self.train.precision != Precision::F32;

@@ -142,8 +142,8 @@ fn zero3_layers_gathered_ahead_give_the_bits_of_gathering_when_needed() {
             opts.spec.parallel.zero = Zero::Parameters;
             opts.spec.overlap.bucket_bytes = 16 << 10;
             if virtual_stages > 1 {
-                opts.spec.pipeline.schedule = ScheduleKind::Interleaved;
-                opts.spec.pipeline.virtual_stages = virtual_stages;
+                opts.spec.pipeline.schedule.kind = ScheduleKind::Interleaved;
+                opts.spec.pipeline.schedule.virtual_stages = virtual_stages;
             }
             opts.spec.overlap.zero_live_layers = live;
             local::run(layout.world(), |comm| {

@@ -150,8 +150,8 @@ fn bad_pipeline_configurations_are_errors() {
         "{e}"
     );
     let e = err(base.with_spec(|s| {
-        s.pipeline.schedule = ScheduleKind::Interleaved;
-        s.pipeline.virtual_stages = 2;
+        s.pipeline.schedule.kind = ScheduleKind::Interleaved;
+        s.pipeline.schedule.virtual_stages = 2;
         s.micro_batch = 12;
     }));
     assert!(e.contains("micro-batches"), "{e}");

@@ -56,7 +56,10 @@ fn step_peaks(kind: ScheduleKind, balance: Vec<usize>) -> Vec<u64> {
         shared_weights: vec![(TIED.0.into(), TIED.1.into())],
         ..VarunaOptions::of(TrainSpec {
             pipeline: pipewright::parallel::pipeline::PipelineSpec {
-                schedule: kind,
+                schedule: pipewright::parallel::pipeline::ScheduleChoice {
+                    kind,
+                    ..Default::default()
+                },
                 balance: Some(Balance::Layers(balance)),
                 ..Default::default()
             },

@@ -57,7 +57,7 @@ fn v_schedules_match_serial_training_with_tp_dp_and_zero_3() {
         ] {
             let layout = Layout::new(pp, tp, dp).unwrap();
             let opts = run.options(layout).with_spec(|s| {
-                s.pipeline.schedule = kind;
+                s.pipeline.schedule.kind = kind;
                 s.parallel.zero = zero;
             });
             let ranks =

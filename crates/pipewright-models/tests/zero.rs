@@ -87,9 +87,9 @@ fn zero_two_and_three_keep_working_under_every_schedule_and_recomputation() {
     ] {
         let opts = run.options(layout).with_spec(|s| {
             s.parallel.zero = zero;
-            s.pipeline.schedule = schedule;
-            s.pipeline.virtual_stages = virtual_stages;
-            s.pipeline.recompute = recompute;
+            s.pipeline.schedule.kind = schedule;
+            s.pipeline.schedule.virtual_stages = virtual_stages;
+            s.pipeline.schedule.recompute = recompute;
             s.overlap.bucket_bytes = 4096;
         });
         for (rank, got) in parallel(&run, opts).iter().enumerate() {

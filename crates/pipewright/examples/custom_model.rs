@@ -311,7 +311,7 @@ pub fn plan(steps: u64) -> Result<TrainSpec> {
         let c = &e.candidate;
         let what = format!(
             "{} {}, recompute {:?}",
-            c.parallel.layout, c.schedule, c.recompute
+            c.parallel.layout, c.schedule.kind, c.schedule.recompute
         );
         println!("  {what:<40} {:>8.3} ms", e.step_s * 1e3);
     }
@@ -320,8 +320,6 @@ pub fn plan(steps: u64) -> Result<TrainSpec> {
         micro_batch: c.micro_batch,
         pipeline: pipewright::parallel::pipeline::PipelineSpec {
             schedule: c.schedule,
-            virtual_stages: c.virtual_stages,
-            recompute: c.recompute,
             ..Default::default()
         },
         ..spec(c.parallel.layout, steps)

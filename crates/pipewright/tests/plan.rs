@@ -3,15 +3,13 @@
 //! slowest by time; a plain MLP is profiled, planned and morphed to worlds of other sizes.
 
 use pipewright::parallel::dims::ParallelSpec;
-use pipewright::parallel::pipeline::PipelineSpec;
+use pipewright::parallel::pipeline::ScheduleChoice;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Shape, Tensor, Var};
 use pipewright::distributed::topology::Layout;
 use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
-use pipewright::parallel::pipeline::schedule::ScheduleKind;
-use pipewright::parallel::pipeline::Recompute;
 use pipewright::plan::{
     balance_by, estimate, layouts, measure, morph, morph_layouts, profile_layers, rank,
     search::candidates, By, Candidate, Cluster, Hardware, MorphPlanner, MorphRequest, Profile,
@@ -141,9 +139,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
             parallel: ParallelSpec::new(Layout::new(1, 1, dp).unwrap()),
             micro_batch: 3,
             micro_batches: 2,
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
-            recompute: Recompute::Never,
+            schedule: ScheduleChoice::default(),
         };
         let schedule = |p: &Profile| estimate(p, &cluster, &c).unwrap().1.makespan;
         let ratio = schedule(&crowded) / schedule(&profile);
@@ -152,13 +148,12 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
 
     // Morph a run of pp 2 x dp 2 in micro-batches of 4 rows to other worlds.
     let from = Layout::new(2, 1, 2).unwrap();
-    let pipeline = PipelineSpec::default();
     let request = |world| MorphRequest {
         world,
         from: ParallelSpec::new(from),
         global_batch: 24,
         micro_batch: 4,
-        pipeline: &pipeline,
+        schedule: ScheduleChoice::default(),
         tp_divides: vec![1],
     };
     // World 2: (1, 1, 2) or (2, 1, 1); without a profile the same pp is nearest.
@@ -199,9 +194,7 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
                 parallel: ParallelSpec::new(layout),
                 micro_batch: 4,
                 micro_batches: 24 / (layout.dp * 4),
-                schedule: ScheduleKind::OneFOneB,
-                virtual_stages: 1,
-                recompute: Recompute::Never,
+                schedule: ScheduleChoice::default(),
             };
             (estimate(&profile, &cluster6, &c).unwrap().0.step_s, layout)
         })

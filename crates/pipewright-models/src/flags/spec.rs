@@ -10,7 +10,7 @@ use pipewright::model::nn::optim::{
 use pipewright::parallel::dims::ParallelSpec;
 use pipewright::parallel::overlap::OverlapSpec;
 use pipewright::parallel::pipeline::schedule::Schedule;
-use pipewright::parallel::pipeline::{Balance, PipelineSpec};
+use pipewright::parallel::pipeline::{Balance, PipelineSpec, ScheduleChoice};
 use pipewright::plan::Candidate;
 use pipewright::trainer::{Cadence, TrainSpec};
 use pipewright::{invalid, Result};
@@ -219,10 +219,10 @@ impl TrainArgs {
         (p.zero, p.sequence_parallel) = (c.parallel.zero, c.parallel.sequence_parallel);
         (a.batch.chunks, a.batch.chunk_size) = (c.micro_batches, None);
         a.pipeline = PipelineArgs {
-            schedule: c.schedule,
+            schedule: c.schedule.kind,
             schedule_file: None,
-            virtual_stages: c.virtual_stages,
-            recompute: c.recompute,
+            virtual_stages: c.schedule.virtual_stages,
+            recompute: c.schedule.recompute,
             balance: Some(Balance::Layers(balance.to_vec())),
             ..a.pipeline
         };
@@ -246,14 +246,16 @@ impl PipelineArgs {
     /// stages, recompute, balance and deferred batch norm.
     pub fn spec(&self) -> Result<PipelineSpec> {
         Ok(PipelineSpec {
-            schedule: self.schedule,
-            virtual_stages: self.virtual_stages,
+            schedule: ScheduleChoice {
+                kind: self.schedule,
+                virtual_stages: self.virtual_stages,
+                recompute: self.recompute,
+            },
             custom_schedule: self
                 .schedule_file
                 .as_deref()
                 .map(Schedule::load)
                 .transpose()?,
-            recompute: self.recompute,
             balance: self.balance.clone(),
             deferred_batch_norm: self.deferred_batch_norm,
         })

@@ -125,9 +125,11 @@ pub fn options(
         ..VarunaOptions::of(TrainSpec {
             seed: SEED,
             pipeline: pipewright::parallel::pipeline::PipelineSpec {
-                schedule: kind,
-                virtual_stages: v,
-                recompute,
+                schedule: pipewright::parallel::pipeline::ScheduleChoice {
+                    kind,
+                    virtual_stages: v,
+                    recompute,
+                },
                 deferred_batch_norm: c.deferred,
                 ..Default::default()
             },

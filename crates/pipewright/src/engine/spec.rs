@@ -117,7 +117,7 @@ impl TrainSpec {
         if l.pp > 1 {
             let schedule = match schedule_file {
                 Some(f) if p.custom_schedule.is_some() => format!("schedule {}", f.display()),
-                _ => format!("{} virtual={}", p.schedule, p.virtual_stages),
+                _ => format!("{} virtual={}", p.schedule.kind, p.schedule.virtual_stages),
             };
             out += &format!(", pipeline pp={} {schedule}", l.pp);
         }
@@ -195,7 +195,7 @@ impl TrainSpec {
             from: self.parallel,
             global_batch: self.global_batch,
             micro_batch: self.micro_batch,
-            pipeline: &self.pipeline,
+            schedule: self.pipeline.schedule,
             tp_divides,
         };
         let m = morph(&req, model, planner)?;

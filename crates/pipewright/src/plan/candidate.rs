@@ -6,8 +6,7 @@ use serde::Serialize;
 
 use crate::distributed::topology::Layout;
 use crate::parallel::dims::ParallelSpec;
-use crate::parallel::pipeline::schedule::ScheduleKind;
-use crate::parallel::pipeline::Recompute;
+use crate::parallel::pipeline::ScheduleChoice;
 
 /// One point of the search: a layout and how its batch is cut and scheduled.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -19,21 +18,9 @@ pub struct Candidate {
     pub micro_batch: usize,
     /// Micro-batches per data-parallel replica (`chunks`).
     pub micro_batches: usize,
-    /// The pipeline schedule.
-    #[serde(serialize_with = "display")]
-    pub schedule: ScheduleKind,
-    /// Model stages per pipeline rank (interleaved).
-    pub virtual_stages: usize,
-    /// The recompute mode.
-    #[serde(serialize_with = "display")]
-    pub recompute: Recompute,
-}
-
-fn display<T: fmt::Display, S: serde::Serializer>(
-    v: &T,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    s.collect_str(v)
+    /// The pipeline schedule, its stages per rank and the recompute mode.
+    #[serde(flatten)]
+    pub schedule: ScheduleChoice,
 }
 
 impl fmt::Display for Candidate {
@@ -47,8 +34,8 @@ impl fmt::Display for Candidate {
         };
         write!(
             f,
-            "{}{sp} mbs {} {} v{}",
-            self.parallel.layout, self.micro_batch, self.schedule, self.virtual_stages
+            "{}{sp} mbs {} {}",
+            self.parallel.layout, self.micro_batch, self.schedule
         )
     }
 }

@@ -129,10 +129,12 @@ pub(super) fn step_floor(
     memo: &mut Memo,
 ) -> Result<f64> {
     let pp = cand.parallel.layout.pp;
-    let v = cand.schedule.stages_per_rank(cand.virtual_stages);
+    let v = cand.schedule.stages_per_rank();
     let m = cand.micro_batches;
     let staged = staged(profile, cluster, cand, pp * v, memo)?;
-    let again = (0..m).filter(|&mb| !cand.recompute.keeps(mb, m)).count() as f64;
+    let again = (0..m)
+        .filter(|&mb| !cand.schedule.recompute.keeps(mb, m))
+        .count() as f64;
     let (mut total, mut chain, mut forwards, mut inputs) = (0.0, 0.0_f64, 0.0, 0.0);
     let m = m as f64;
     for c in &staged.costs {
@@ -174,12 +176,12 @@ pub(super) fn estimate_with(
     let Layout { pp, tp, .. } = cand.parallel.layout;
     // The ranks that sum gradients and share ZeRO's pieces: a replica's ring and the replicas.
     let replicas = cand.parallel.layout.replicas();
-    let v = cand.schedule.stages_per_rank(cand.virtual_stages);
+    let v = cand.schedule.stages_per_rank();
     let (m, rows) = (cand.micro_batches, cand.micro_batch);
     let stages = pp * v;
     let staged = staged(profile, cluster, cand, stages, memo)?;
     let (balance, costs) = (&staged.balance, &staged.costs);
-    let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
+    let recomputes = |mb: usize| !cand.schedule.recompute.keeps(mb, m);
     // Each backward after a stage's first micro-batch adds its weight gradients into the
     // step's running sum (ZeRO-2/3: into this replica's pieces).
     let pieces = if cand.parallel.zero.shards_grads() {
@@ -192,10 +194,10 @@ pub(super) fn estimate_with(
         stages: StagesKey::of(cand, stages),
         pp,
         replicas,
-        schedule: cand.schedule,
+        schedule: cand.schedule.kind,
         micro_batches: m,
         virtual_stages: v,
-        recompute: cand.recompute,
+        recompute: cand.schedule.recompute,
         // Only a measured accumulation times the pieces.
         pieces: if profile.accumulate.is_some() {
             pieces
@@ -216,7 +218,7 @@ pub(super) fn estimate_with(
         held: &replayed.held,
         costs,
         zero: cand.parallel.zero,
-        recompute: cand.recompute,
+        recompute: cand.schedule.recompute,
         micro_batches: m,
         virtual_stages: v,
         replicas,
@@ -282,9 +284,9 @@ fn replay(
 ) -> Result<Replayed> {
     let Layout { pp, tp, .. } = cand.parallel.layout;
     let replicas = cand.parallel.layout.replicas();
-    let v = cand.schedule.stages_per_rank(cand.virtual_stages);
+    let v = cand.schedule.stages_per_rank();
     let (m, rows) = (cand.micro_batches, cand.micro_batch);
-    let recomputes = |mb: usize| !cand.recompute.keeps(mb, m);
+    let recomputes = |mb: usize| !cand.schedule.recompute.keeps(mb, m);
     let sums: Vec<f64> = costs
         .iter()
         .map(|c| {
@@ -325,7 +327,7 @@ fn replay(
         Action::Forward { .. } => costs[k].busy[0],
         _ => costs[k].busy[1],
     };
-    let schedule = Schedule::new(cand.schedule, pp, m, v)?;
+    let schedule = Schedule::new(cand.schedule.kind, pp, m, v)?;
     let sim = schedule.simulate_with(&cost, &transfer, sharing, &busy)?;
     Ok(Replayed::new(&schedule, sim))
 }

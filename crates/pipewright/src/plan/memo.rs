@@ -40,7 +40,7 @@ impl StagesKey {
             sequence_parallel: cand.parallel.sequence_parallel && cand.parallel.layout.tp > 1,
             rows: cand.micro_batch,
             stages,
-            v_shape: cand.schedule.is_v(),
+            v_shape: cand.schedule.kind.is_v(),
         }
     }
 

@@ -15,12 +15,12 @@ use crate::model::Sequential;
 use crate::parallel::dims::ParallelSpec;
 use crate::parallel::pipeline::partition::partition;
 use crate::parallel::pipeline::schedule::Schedule;
-use crate::parallel::pipeline::PipelineSpec;
+use crate::parallel::pipeline::ScheduleChoice;
 use crate::{invalid, Result};
 
 /// What a run keeps across a morph, and the world it morphs into.
 #[derive(Clone, Debug)]
-pub struct MorphRequest<'a> {
+pub struct MorphRequest {
     /// Ranks of the new world.
     pub world: usize,
     /// The layout, ZeRO stage and sequence parallelism the run had.
@@ -30,7 +30,7 @@ pub struct MorphRequest<'a> {
     /// Rows of one micro-batch.
     pub micro_batch: usize,
     /// The run's schedule, its stages per rank and its recompute mode.
-    pub pipeline: &'a PipelineSpec,
+    pub schedule: ScheduleChoice,
     /// Sizes a tensor-parallel size must divide (GPT: heads and vocabulary; `[1]` for a model
     /// that does not split).
     pub tp_divides: Vec<usize>,
@@ -76,8 +76,8 @@ impl Morph {
 /// Every layout of `req.world` that `model` and the run's batch, micro-batch and schedule
 /// fit, nearest to `req.from` first.
 pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {
-    let (kind, v) = (req.pipeline.schedule, req.pipeline.virtual_stages);
-    let per_rank = kind.stages_per_rank(v);
+    let (kind, v) = (req.schedule.kind, req.schedule.virtual_stages);
+    let per_rank = req.schedule.stages_per_rank();
     let mut out: Vec<Layout> = layouts(req.world, usize::MAX, &req.tp_divides, req.global_batch)
         .into_iter()
         .filter(|l| {
@@ -106,7 +106,6 @@ pub fn morph(
     planner: Option<MorphPlanner<'_>>,
 ) -> Result<Morph> {
     let fits = morph_layouts(req, model);
-    let (kind, v) = (req.pipeline.schedule, req.pipeline.virtual_stages);
     let Some(&nearest) = fits.first() else {
         return Err(invalid!(
             "no layout of {} ranks fits the model and a batch of {} in micro-batches of {}: \
@@ -137,9 +136,7 @@ pub fn morph(
             micro_batches: layout
                 .micro_batches(req.global_batch, req.micro_batch)
                 .unwrap_or(1),
-            schedule: kind,
-            virtual_stages: v,
-            recompute: req.pipeline.recompute,
+            schedule: req.schedule,
         })
         .collect();
     let request = Request {

@@ -62,7 +62,7 @@ fn check(c: &Candidate, req: &Request, profile: &Profile) -> Result<()> {
             req.world
         ));
     }
-    let per_rank = c.schedule.stages_per_rank(c.virtual_stages);
+    let per_rank = c.schedule.stages_per_rank();
     if pp * per_rank > profile.units() {
         return Err(invalid!(
             "{} with {} chunks per stage needs more than the model's {} units",
@@ -279,8 +279,8 @@ impl Tally {
             s.max_peak_bytes().ceil(),
             s.candidate.parallel.layout,
             s.candidate.micro_batch,
-            s.candidate.schedule,
-            s.candidate.recompute,
+            s.candidate.schedule.kind,
+            s.candidate.schedule.recompute,
             s.candidate.parallel.zero
         ))
     }

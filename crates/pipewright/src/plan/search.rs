@@ -14,7 +14,7 @@ use super::ranking::{rank, rank_pinned, Refused};
 use crate::distributed::topology::Layout;
 use crate::parallel::dims::ParallelSpec;
 use crate::parallel::pipeline::schedule::ScheduleKind;
-use crate::parallel::pipeline::Recompute;
+use crate::parallel::pipeline::{Recompute, ScheduleChoice};
 use crate::parallel::zero::Zero;
 use crate::{invalid, Result};
 
@@ -144,9 +144,11 @@ pub fn candidates(req: &Request, profile: &Profile) -> Vec<Candidate> {
                                 },
                                 micro_batch,
                                 micro_batches: m,
-                                schedule,
-                                virtual_stages,
-                                recompute,
+                                schedule: ScheduleChoice {
+                                    kind: schedule,
+                                    virtual_stages,
+                                    recompute,
+                                },
                             });
                         }
                     }
@@ -166,9 +168,7 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
         parallel: ParallelSpec::new(Layout::serial()),
         micro_batch: 0,
         micro_batches: 0,
-        schedule: ScheduleKind::OneFOneB,
-        virtual_stages: 1,
-        recompute: Recompute::Never,
+        schedule: ScheduleChoice::default(),
     };
     // Commas or spaces between the parts: the plan's own table writes a layout with spaces
     // (`pp=2 tp=1 dp=4 ep=2`), and it is given back as it is printed.
@@ -200,9 +200,9 @@ pub fn parse_candidate(spec: &str, global_batch: usize) -> Result<Candidate> {
                 }
             }
             "mbs" => c.micro_batch = n()?,
-            "virtual" => c.virtual_stages = n()?,
-            "schedule" => c.schedule = v.parse()?,
-            "recompute" => c.recompute = v.parse()?,
+            "virtual" => c.schedule.virtual_stages = n()?,
+            "schedule" => c.schedule.kind = v.parse()?,
+            "recompute" => c.schedule.recompute = v.parse()?,
             "zero" => c.parallel.zero = v.parse()?,
             _ => {
                 return Err(invalid!(

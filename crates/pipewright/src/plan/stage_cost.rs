@@ -189,7 +189,7 @@ pub(super) fn balanced_stages(
         .collect();
     let balance = if cluster.runtime.even_blocks {
         even_blocks(units, stages)?
-    } else if cand.schedule.is_v() {
+    } else if cand.schedule.kind.is_v() {
         balance_v(&unit_time, stages / 2)?
     } else {
         balance_cost(&unit_time, stages)?

@@ -91,8 +91,8 @@ impl fmt::Display for Ranking<'_> {
         )?;
         for (i, e) in self.best.iter().enumerate() {
             let c = &e.candidate;
-            let schedule = if c.virtual_stages > 1 {
-                format!("{} v{}", c.schedule, c.virtual_stages)
+            let schedule = if c.schedule.virtual_stages > 1 {
+                format!("{} v{}", c.schedule.kind, c.schedule.virtual_stages)
             } else {
                 c.schedule.to_string()
             };
@@ -104,7 +104,7 @@ impl fmt::Display for Ranking<'_> {
                 c.micro_batch,
                 c.micro_batches,
                 schedule,
-                c.recompute.to_string(),
+                c.schedule.recompute.to_string(),
                 c.parallel.zero.to_string(),
                 balance_text(&e.balance),
                 e.mfu.map_or("-".into(), |m| format!("{:.1}%", m * 100.0)),

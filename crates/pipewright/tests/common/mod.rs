@@ -88,8 +88,10 @@ pub fn candidate(
         parallel: pipewright::parallel::dims::ParallelSpec::new(Layout::new(pp, 1, 1).unwrap()),
         micro_batch: rows,
         micro_batches: m,
-        schedule,
-        virtual_stages: 1,
-        recompute,
+        schedule: pipewright::parallel::pipeline::ScheduleChoice {
+            kind: schedule,
+            virtual_stages: 1,
+            recompute,
+        },
     }
 }

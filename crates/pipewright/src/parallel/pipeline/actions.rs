@@ -119,7 +119,7 @@ impl<'a, 's> StepState<'a, 's> {
             self.sends
                 .extend(send_activation(stage.comm.as_ref(), &out, to, msg)?);
         }
-        let keep = stage.opts.spec.recompute.keeps(mb, self.mbs.len());
+        let keep = stage.opts.spec.schedule.recompute.keeps(mb, self.mbs.len());
         // Dropping the output drops the graph behind it: only the input stays.
         self.saved.insert(
             (mb, k),

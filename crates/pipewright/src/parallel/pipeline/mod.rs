@@ -38,7 +38,7 @@ pub use recompute::Recompute;
 pub use schedule::{Action, Schedule, ScheduleKind};
 pub use sharing::Sharing;
 pub use sink::GradSink;
-pub use spec::{Balance, PipelineSpec};
+pub use spec::{Balance, PipelineSpec, ScheduleChoice};
 pub use stage::PipelineStage;
 pub use timeline::{Costs, Simulation, Span};
 pub use trace::{chrome_trace, read_chrome_trace, CommEvent, TraceEvent};

@@ -54,20 +54,56 @@ impl std::fmt::Display for Balance {
     }
 }
 
+/// The schedule a pipeline is built with: its kind, model stages per rank and which
+/// micro-batches recompute. What the planner chooses for a candidate, and the core of a run's
+/// pipeline section (serialized flat there: `"schedule"`, `"virtual_stages"`, `"recompute"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleChoice {
+    /// The built schedule.
+    #[serde(rename = "schedule")]
+    pub kind: ScheduleKind,
+    /// Model stages per pipeline rank (interleaved schedule).
+    pub virtual_stages: usize,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+}
+
+impl Default for ScheduleChoice {
+    /// 1F1B, one stage per rank, nothing recomputed.
+    fn default() -> Self {
+        Self {
+            kind: ScheduleKind::OneFOneB,
+            virtual_stages: 1,
+            recompute: Recompute::Never,
+        }
+    }
+}
+
+impl ScheduleChoice {
+    /// Model stages each pipeline rank holds.
+    pub fn stages_per_rank(&self) -> usize {
+        self.kind.stages_per_rank(self.virtual_stages)
+    }
+}
+
+impl std::fmt::Display for ScheduleChoice {
+    /// `1f1b v1`: the schedule and its stages per rank, as the planner's tables name them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} v{}", self.kind, self.virtual_stages)
+    }
+}
+
 /// The pipeline section of a run (serialized flat into its run's spec).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PipelineSpec {
-    /// The built schedule.
-    pub schedule: ScheduleKind,
-    /// Model stages per pipeline rank (interleaved schedule).
-    pub virtual_stages: usize,
+    /// The built schedule, its stages per rank and what is recomputed.
+    #[serde(flatten)]
+    pub schedule: ScheduleChoice,
     /// A schedule given as data (`--schedule-file`: saved by `pipewright schedule --save`,
     /// edited or written by hand, or dumped by PyTorch): when set, it replaces `schedule` and
     /// `virtual_stages`. Recorded as its text; runs recorded before it had none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_schedule: Option<Schedule>,
-    /// Activation recomputation.
-    pub recompute: Recompute,
     /// How layers are split over stages; uniform when `None`.
     pub balance: Option<Balance>,
     /// BatchNorm statistics move once per batch, over all micro-batches.
@@ -78,10 +114,8 @@ impl Default for PipelineSpec {
     /// 1F1B, one stage per rank, a uniform split, nothing recomputed.
     fn default() -> Self {
         Self {
-            schedule: ScheduleKind::OneFOneB,
-            virtual_stages: 1,
+            schedule: ScheduleChoice::default(),
             custom_schedule: None,
-            recompute: Recompute::Never,
             balance: None,
             deferred_batch_norm: false,
         }
@@ -94,8 +128,8 @@ impl PipelineSpec {
     pub fn schedule_for(&self, pp: usize, micro_batches: usize) -> Result<Schedule> {
         let s = Schedule::for_pipeline(
             self.custom_schedule.as_ref(),
-            self.schedule,
-            self.virtual_stages,
+            self.schedule.kind,
+            self.schedule.virtual_stages,
             pp,
             micro_batches,
         )?;
