@@ -37,7 +37,7 @@ impl StagesKey {
             tp: cand.parallel.layout.tp,
             cp: cand.parallel.layout.cp,
             ep: cand.parallel.layout.ep,
-            sequence_parallel: cand.parallel.sequence_parallel && cand.parallel.layout.tp > 1,
+            sequence_parallel: cand.parallel.splits_sequence(),
             rows: cand.micro_batch,
             stages,
             v_shape: cand.schedule.kind.is_v(),

@@ -19,7 +19,7 @@ use crate::Result;
 /// layer), costed once per distinct layer: a model's blocks are alike.
 fn shape_costs(p: &Profile, c: &Cluster, cand: &Candidate, rows: usize) -> Vec<Option<ShapeCost>> {
     let Layout { tp, cp, .. } = cand.parallel.layout;
-    let sp = cand.parallel.sequence_parallel && tp > 1;
+    let sp = cand.parallel.splits_sequence();
     let curve = c.hardware.gemm(p.dtype_bytes == 2);
     let mut out: Vec<Option<ShapeCost>> = Vec::with_capacity(p.layers.len());
     for (i, l) in p.layers.iter().enumerate() {
@@ -59,7 +59,7 @@ fn stage_cost(
     shaped: &[Option<ShapeCost>],
 ) -> StageCost {
     let Layout { tp, cp, ep, .. } = cand.parallel.layout;
-    let sp = cand.parallel.sequence_parallel && tp > 1;
+    let sp = cand.parallel.splits_sequence();
     let layers = p.unit_layers(units);
     let tp_link = c.link(tp);
     let ring_link = c.link(tp * cp);

@@ -92,9 +92,9 @@ impl fmt::Display for Ranking<'_> {
         for (i, e) in self.best.iter().enumerate() {
             let c = &e.candidate;
             let schedule = if c.schedule.virtual_stages > 1 {
-                format!("{} v{}", c.schedule.kind, c.schedule.virtual_stages)
-            } else {
                 c.schedule.to_string()
+            } else {
+                c.schedule.kind.to_string()
             };
             write!(
                 f,

@@ -15,9 +15,9 @@ macro_rules! custom_op {
         cuda |$cuda_op:tt| $cuda:expr
         $(, $item:item)* $(,)?
     ) => {
-        impl candle_core::$trait for $op {
-            $crate::runtime::custom_op::custom_op!(@cpu $name, ($($s: $l),+), |$cpu_op| $cpu);
-
+        $crate::runtime::custom_op::custom_op! {
+            $trait for $op, $name, ($($s: $l),+),
+            cpu |$cpu_op| $cpu,
             #[cfg(feature = "cuda")]
             fn cuda_fwd(
                 &self,
@@ -26,11 +26,11 @@ macro_rules! custom_op {
                 let $cuda_op = self;
                 $cuda
             }
-
-            $($item)*
+            $(, $item)*
         }
     };
-    // An op with no CUDA kernel of its own (candle's default says so on a GPU).
+    // The impl; an op with no CUDA kernel of its own comes here directly (candle's default
+    // says so on a GPU), one with a kernel with its `cuda_fwd` made above as the first item.
     (
         $trait:ident for $op:ty, $name:expr, ($($s:ident: $l:ident),+),
         cpu |$cpu_op:tt| $cpu:expr
