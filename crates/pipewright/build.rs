@@ -20,14 +20,17 @@ fn main() {
     let dir = Path::new("src/kernels/cuda");
     // A kernel added or removed changes the folder.
     println!("cargo:rerun-if-changed={}", dir.display());
-    for header in ["common.cuh", "table.cuh"] {
-        println!("cargo:rerun-if-changed={}", dir.join(header).display());
+    for header in files_with(dir, "cuh") {
+        println!(
+            "cargo:rerun-if-changed={}",
+            dir.join(format!("{header}.cuh")).display()
+        );
     }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let arch = format!("-arch=sm_{cap}");
-    let kernels = kernel_names(dir);
+    let kernels = files_with(dir, "cu");
     write_modules(&out, &kernels);
     for name in &kernels {
         let src = dir.join(format!("{name}.cu"));
@@ -55,16 +58,17 @@ fn main() {
     }
 }
 
-/// The kernels: the stem of every `.cu` file in `dir`, sorted.
-fn kernel_names(dir: &Path) -> Vec<String> {
+/// The stem of every `.EXT` file in `dir`, sorted: with `cu`, the kernels; with `cuh`, the
+/// headers they share.
+fn files_with(dir: &Path, ext: &str) -> Vec<String> {
     let entries = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot list the kernels in {}: {e}", dir.display()));
     let mut names: Vec<String> = entries
         .map(|e| e.expect("a readable folder entry").path())
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
         .map(|p| {
             p.file_stem()
-                .expect("a .cu file has a stem")
+                .expect("a file with an extension has a stem")
                 .to_string_lossy()
                 .into_owned()
         })

@@ -68,13 +68,11 @@ impl GptConfig {
                 ("n_embd", self.n_embd),
             ],
         )?;
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(invalid!(
-                "n_embd {} is not divisible by n_head {}: choose n_embd a multiple of n_head",
-                self.n_embd,
-                self.n_head
-            ));
-        }
+        pipewright::Error::require_multiple(
+            "GPT",
+            ("n_embd", self.n_embd),
+            ("n_head", self.n_head),
+        )?;
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(invalid!("dropout must lie in [0, 1), got {}", self.dropout));
         }

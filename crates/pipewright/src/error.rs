@@ -75,6 +75,23 @@ impl Error {
         }
     }
 
+    /// Fails unless `value` is a multiple of `of`, as `{whose} n_embd 30 is not divisible by
+    /// n_head 4: choose n_embd a multiple of n_head` (a width its heads must split evenly).
+    pub fn require_multiple(whose: &str, value: (&str, usize), of: (&str, usize)) -> Result<()> {
+        match of.1 != 0 && value.1.is_multiple_of(of.1) {
+            true => Ok(()),
+            false => Err(invalid!(
+                "{whose} {} {} is not divisible by {} {}: choose {} a multiple of {}",
+                value.0,
+                value.1,
+                of.0,
+                of.1,
+                value.0,
+                of.0
+            )),
+        }
+    }
+
     /// Wraps an I/O error with the path and the action that failed.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

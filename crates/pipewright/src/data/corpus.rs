@@ -24,19 +24,11 @@ pub enum InvalidUtf8 {
     Skip,
 }
 
-impl std::str::FromStr for InvalidUtf8 {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "error" => Ok(Self::Error),
-            "replace" => Ok(Self::Replace),
-            "skip" => Ok(Self::Skip),
-            _ => Err(invalid!(
-                "--invalid-utf8 `{s}`: give error, replace or skip"
-            )),
-        }
-    }
-}
+crate::runtime::words::word_enum!(InvalidUtf8, "--invalid-utf8 choice", {
+    Error => "error",
+    Replace => "replace",
+    Skip => "skip",
+});
 
 /// What [`InvalidUtf8::Replace`] and [`InvalidUtf8::Skip`] changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

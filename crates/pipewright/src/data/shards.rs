@@ -18,7 +18,6 @@ use serde::{Deserialize, Serialize};
 
 use super::corpus::InvalidUtf8;
 use super::documents::Corpus;
-use crate::{invalid, Error, Result};
 
 /// The version of the shard format this build writes and reads.
 pub const SHARD_FORMAT: u32 = 1;
@@ -54,16 +53,10 @@ impl TokenDtype {
     }
 }
 
-impl std::str::FromStr for TokenDtype {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "u16" => Ok(Self::U16),
-            "u32" => Ok(Self::U32),
-            _ => Err(invalid!("token dtype `{s}`: give u16 or u32")),
-        }
-    }
-}
+crate::runtime::words::word_enum!(TokenDtype, "token dtype", {
+    U16 => "u16",
+    U32 => "u32",
+});
 
 /// One shard file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

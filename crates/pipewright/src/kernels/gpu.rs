@@ -280,9 +280,10 @@ pub(crate) fn norm_forward(
 pub(crate) fn norm_backward(
     (module, prefix, op): (&Module, &str, &str),
     [(sx, lx), (sw, lw), (sg, lg)]: [(&CudaStorage, &Layout); 3],
-    (rows, cols, eps): (usize, usize, f64),
+    eps: f64,
     (stats, sums): (usize, usize),
 ) -> Result<(CudaStorage, candle_core::Shape)> {
+    let (rows, cols) = rows_cols(op, lx, lw)?;
     let dev = sx.device();
     let (n, eps) = (rows * cols, eps as f32);
     let (cfg, blocks, per) = column_blocks(rows, cols);

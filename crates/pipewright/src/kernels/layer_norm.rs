@@ -230,16 +230,7 @@ mod cuda {
     }
 
     /// `[dx | dw | db]`, as the CPU twin packs them.
-    pub(super) fn backward(
-        [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
-        eps: f64,
-    ) -> Result<(CudaStorage, Shape)> {
-        let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
-        gpu::norm_backward(
-            (&gpu::LAYER_NORM, "ln", NAME),
-            [(sx, lx), (sw, lw), (sg, lg)],
-            (rows, cols, eps),
-            (2, 2),
-        )
+    pub(super) fn backward(inputs: [Input; 3], eps: f64) -> Result<(CudaStorage, Shape)> {
+        gpu::norm_backward((&gpu::LAYER_NORM, "ln", NAME), inputs, eps, (2, 2))
     }
 }

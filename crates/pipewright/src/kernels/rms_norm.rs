@@ -144,16 +144,7 @@ mod cuda {
     }
 
     /// `[dx | dw]`, as the CPU twin packs them.
-    pub(super) fn backward(
-        [(sx, lx), (sw, lw), (sg, lg)]: [Input; 3],
-        eps: f64,
-    ) -> Result<(CudaStorage, Shape)> {
-        let (rows, cols) = gpu::rows_cols(NAME, lx, lw)?;
-        gpu::norm_backward(
-            (&gpu::RMS_NORM, "rms", NAME),
-            [(sx, lx), (sw, lw), (sg, lg)],
-            (rows, cols, eps),
-            (1, 1),
-        )
+    pub(super) fn backward(inputs: [Input; 3], eps: f64) -> Result<(CudaStorage, Shape)> {
+        gpu::norm_backward((&gpu::RMS_NORM, "rms", NAME), inputs, eps, (1, 1))
     }
 }

@@ -11,7 +11,7 @@ use candle_core::{DType, Var};
 
 use crate::kernels::cast::{assign_all, cast_all};
 use crate::model::grads::Grads;
-use crate::{invalid, Error, Result};
+use crate::{invalid, Result};
 
 /// The type the model computes in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -25,27 +25,11 @@ pub enum Precision {
     F16,
 }
 
-impl std::str::FromStr for Precision {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "f32" | "fp32" => Precision::F32,
-            "bf16" => Precision::Bf16,
-            "f16" | "fp16" => Precision::F16,
-            _ => return Err(invalid!("unknown precision `{s}`: use f32, bf16 or f16")),
-        })
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-            Precision::F16 => "f16",
-        })
-    }
-}
+crate::runtime::words::word_enum!(Precision, "precision", {
+    F32 => "f32" | "fp32",
+    Bf16 => "bf16",
+    F16 => "f16" | "fp16",
+});
 
 impl Precision {
     /// The element type the model computes in.

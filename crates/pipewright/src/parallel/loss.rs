@@ -41,44 +41,55 @@ pub trait Loss: Send + Sync {
 /// A loss shared by every rank of a job.
 pub type SharedLoss = Arc<dyn Loss>;
 
+/// The batch tensor a built-in loss compares the output with: [`Batch::TARGETS`] by default.
+#[derive(Clone, Debug)]
+struct TargetName(String);
+
+impl Default for TargetName {
+    fn default() -> Self {
+        Self(Batch::TARGETS.into())
+    }
+}
+
+impl TargetName {
+    fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// What [`Loss::targets`] returns.
+    fn targets(&self) -> Vec<String> {
+        vec![self.0.clone()]
+    }
+}
+
 /// Cross-entropy over the classes on the output's last dim, targets class ids or
 /// [`crate::model::nn::IGNORE_INDEX`] (PyTorch's `F.cross_entropy`). An output marked split on its
 /// last dim over the tensor-parallel group (a vocabulary-parallel head) takes Megatron's
-/// vocabulary-parallel path, which never forms the whole vocabulary.
-#[derive(Clone, Debug)]
-pub struct CrossEntropy {
-    target: String,
-}
+/// vocabulary-parallel path, which never forms the whole vocabulary. The default compares with
+/// [`Batch::TARGETS`].
+#[derive(Clone, Debug, Default)]
+pub struct CrossEntropy(TargetName);
 
 impl CrossEntropy {
     /// Cross-entropy against the batch tensor `target`.
     pub fn new(target: impl Into<String>) -> Self {
-        Self {
-            target: target.into(),
-        }
-    }
-}
-
-impl Default for CrossEntropy {
-    /// Against [`Batch::TARGETS`].
-    fn default() -> Self {
-        Self::new(Batch::TARGETS)
+        Self(TargetName(target.into()))
     }
 }
 
 impl Loss for CrossEntropy {
     fn targets(&self) -> Vec<String> {
-        vec![self.target.clone()]
+        self.0.targets()
     }
 
     fn count(&self, batch: &Batch) -> Result<usize> {
-        count_targets(batch.require_host_first(&self.target, "the cross-entropy loss")?)
+        count_targets(batch.require_host_first(self.0.name(), "the cross-entropy loss")?)
     }
 
     /// The targets are read on the host (their classes and count; the kernel takes them from
     /// there): from the batch's host copy when it has one, so no read waits for the device.
     fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)> {
-        let y = batch.require_host_first(&self.target, "the cross-entropy loss")?;
+        let y = batch.require_host_first(self.0.name(), "the cross-entropy loss")?;
         let logits = single(out, "cross-entropy")?;
         match cx.parallel_dim(logits) {
             Some(d) if tp.size() > 1 && (d == -1 || d == logits.rank() as i64 - 1) => {
@@ -101,39 +112,29 @@ impl Loss for CrossEntropy {
 }
 
 /// Mean squared error over every element (PyTorch's `MSELoss()`): the sum of squared
-/// differences, averaged over the target's element count.
-#[derive(Clone, Debug)]
-pub struct Mse {
-    target: String,
-}
+/// differences, averaged over the target's element count. The default compares with
+/// [`Batch::TARGETS`].
+#[derive(Clone, Debug, Default)]
+pub struct Mse(TargetName);
 
 impl Mse {
     /// Squared error against the batch tensor `target` (same shape as the output).
     pub fn new(target: impl Into<String>) -> Self {
-        Self {
-            target: target.into(),
-        }
-    }
-}
-
-impl Default for Mse {
-    /// Against [`Batch::TARGETS`].
-    fn default() -> Self {
-        Self::new(Batch::TARGETS)
+        Self(TargetName(target.into()))
     }
 }
 
 impl Loss for Mse {
     fn targets(&self) -> Vec<String> {
-        vec![self.target.clone()]
+        self.0.targets()
     }
 
     fn count(&self, batch: &Batch) -> Result<usize> {
-        Ok(batch.require(&self.target, "the MSE loss")?.elem_count())
+        Ok(batch.require(self.0.name(), "the MSE loss")?.elem_count())
     }
 
     fn sum(&self, out: &Activation, batch: &Batch, cx: &Cx, tp: &Group) -> Result<(Tensor, usize)> {
-        let y = batch.require(&self.target, "the MSE loss")?;
+        let y = batch.require(self.0.name(), "the MSE loss")?;
         let pred = single(out, "MSE")?;
         if tp.size() > 1 && cx.parallel_dim(pred).is_some() {
             return Err(invalid!(
@@ -144,7 +145,7 @@ impl Loss for Mse {
             return Err(invalid!(
                 "the MSE loss: output {:?} and target `{}` {:?} differ in shape",
                 pred.dims(),
-                self.target,
+                self.0.name(),
                 y.dims()
             ));
         }

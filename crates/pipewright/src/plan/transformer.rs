@@ -10,7 +10,7 @@ use super::hardware::Hardware;
 use super::profile::{AttentionShape, Profile};
 use super::shaped::{ModelShapes, ShapedLayer};
 use super::shapes::{AttentionKernel, LayerShapes, Linear, TpSplit};
-use crate::{invalid, Result};
+use crate::Result;
 
 /// A GPT-2/GPT-3-shaped decoder (the layers of `pipewright_models::gpt`: the embeddings, the
 /// blocks, then the final norm with the tied head and the cross-entropy).
@@ -68,13 +68,11 @@ impl Transformer {
                 ("seq", self.seq),
             ],
         )?;
-        if !self.d_model.is_multiple_of(self.n_head) {
-            return Err(invalid!(
-                "d_model {} is not divisible by n_head {}",
-                self.d_model,
-                self.n_head
-            ));
-        }
+        crate::Error::require_multiple(
+            "the transformer's",
+            ("d_model", self.d_model),
+            ("n_head", self.n_head),
+        )?;
         let (h, v, s) = (self.d_model as f64, self.vocab as f64, self.seq as f64);
         let (d, vocab, seq) = (self.d_model, self.vocab, self.seq);
         // Per token: `kept` and `kept_whole` in hidden-size units, `deferred` and element-wise

@@ -1,7 +1,9 @@
 //! The process and its machine, below everything else: devices by name, memory counted by the
-//! allocator, tensor storage copies for custom ops and the custom ops' one skeleton (`custom_op!`), files a command may write, sizes in bytes,
-//! printing that survives a closed pipe, a thread's CPU time, content digests, seeds hashed
-//! from names and the random streams they start, and round-number chart axes. Nothing here knows about ranks, models or training.
+//! allocator, tensor storage copies for custom ops and the custom ops' one skeleton
+//! (`custom_op!`), files a command may write, sizes in bytes, printing that survives a closed
+//! pipe, a thread's CPU time, content digests, seeds hashed from names and the random streams
+//! they start, choices spelled as words (`word_enum!`), and round-number chart axes. Nothing
+//! here knows about ranks, models or training.
 
 pub mod axis;
 pub mod bytes;
@@ -14,6 +16,7 @@ pub mod files;
 pub mod memory;
 pub mod seed;
 pub(crate) mod storage;
+pub mod words;
 
 /// This machine's name (the kernel's, else `/etc/hostname`, else `localhost`): what a run
 /// directory's lock, a TensorBoard event file and a measured hardware file name it by.

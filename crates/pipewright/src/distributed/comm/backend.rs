@@ -1,9 +1,5 @@
 //! [`Backend`]: which [`super::Communicator`] a run's ranks talk through.
 
-use std::fmt;
-
-use crate::{invalid, Error, Result};
-
 /// How a run's ranks talk (serialized as it parses: `local`, `mpi`, `nccl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -27,24 +23,8 @@ impl Backend {
     }
 }
 
-impl std::str::FromStr for Backend {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "local" => Backend::Local,
-            "mpi" => Backend::Mpi,
-            "nccl" => Backend::Nccl,
-            _ => return Err(invalid!("unknown backend `{s}`: use local, mpi or nccl")),
-        })
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Local => "local",
-            Backend::Mpi => "mpi",
-            Backend::Nccl => "nccl",
-        })
-    }
-}
+crate::runtime::words::word_enum!(Backend, "backend", {
+    Local => "local",
+    Mpi => "mpi",
+    Nccl => "nccl",
+});

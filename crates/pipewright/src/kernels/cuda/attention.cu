@@ -15,12 +15,8 @@
 // twice, for each row's log-sum-exp and then for dq, and writes both and D_i = dy_i . y_i; then
 // `attn_bwd_kv`, a block per key block, walks the query tiles from its first key on and writes
 // dk and dv from them.
-#include "common.cuh"
+#include "attention.cuh"
 
-struct Geo {
-  int T, H, hd, C;
-  float scale;
-};
 
 constexpr int R = 64;
 
@@ -248,20 +244,6 @@ __device__ void attn_bwd_kv(const T* qkv, const T* dy, T* dqkv, const float* lse
   store_mine<T, D>(out + 2 * g.C, rs, j, lane, g, dv, 1.f);
 }
 
-#define ATTN_D(S, T, D)                                                                          \
-  extern "C" __global__ void __launch_bounds__(4 * D) attn_fwd_##D##_##S(const T* qkv, T* y,    \
-                                                                         Geo g) {               \
-    attn_fwd<T, D>(qkv, y, g);                                                                   \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(4 * D)                                            \
-      attn_bwd_q_##D##_##S(const T* qkv, const T* y, const T* dy, T* dqkv, float* lse,           \
-                           float* dvec, Geo g) {                                                 \
-    attn_bwd_q<T, D>(qkv, y, dy, dqkv, lse, dvec, g);                                            \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(4 * D)                                            \
-      attn_bwd_kv_##D##_##S(const T* qkv, const T* dy, T* dqkv, const float* lse,                \
-                            const float* dvec, Geo g) {                                          \
-    attn_bwd_kv<T, D>(qkv, dy, dqkv, lse, dvec, g);                                              \
-  }
+#define ATTN_D(S, T, D) ATTN_ENTRIES(attn, 4 * D, S, T, D)
 #define ATTN(S, T) ATTN_D(S, T, 32) ATTN_D(S, T, 64) ATTN_D(S, T, 128)
 EACH_TYPE(ATTN)

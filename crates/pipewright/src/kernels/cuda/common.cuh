@@ -57,3 +57,17 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // `EACH_TYPE(M)` expands `M(suffix, type)` for the three element types.
 #define EACH_TYPE(M) M(f32, float) M(bf16, bf16) M(f16, f16)
+
+// `NORM_BWD_ENTRIES(P, S, T)` writes a row norm's two backward entry points for element type T
+// (suffix S), which LayerNorm (P = ln) and RMSNorm (P = rms) share in shape: `P_bwd_dx_S`
+// (dx and each row's statistics) and `P_partials_S` (the weight's column sums over row blocks).
+#define NORM_BWD_ENTRIES(P, S, T)                                                                \
+  extern "C" __global__ void P##_bwd_dx_##S(const T* x, const T* w, const T* g, T* dx,           \
+                                            float* stats, size_t cols, float eps) {              \
+    P##_bwd_dx(x, w, g, dx, stats, cols, eps);                                                   \
+  }                                                                                              \
+  extern "C" __global__ void P##_partials_##S(const T* x, const T* g, const float* stats,        \
+                                              float* partial, size_t rows, size_t cols,          \
+                                              size_t per) {                                      \
+    P##_partials(x, g, stats, partial, rows, cols, per);                                         \
+  }

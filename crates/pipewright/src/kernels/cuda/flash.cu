@@ -19,12 +19,8 @@
 // n g), b1 = (k 2c + 8.., n g); C (16 x 8) c0, c1 = (g, 2c), (g, 2c + 1), c2, c3 = (g + 8, ...).
 // An accumulator tile's rows and columns are so an A fragment of the next product: the C
 // tiles j = 2kk, 2kk + 1 make a = (c0c1 of 2kk, c2c3 of 2kk, c0c1 of 2kk + 1, c2c3 of 2kk + 1).
-#include "common.cuh"
+#include "attention.cuh"
 
-struct Geo {
-  int T, H, hd, C;
-  float scale;
-};
 
 constexpr int WARPS = 4, ROWS = 16 * WARPS;
 
@@ -426,21 +422,7 @@ __device__ void fa_bwd_kv(const T* qkv, const T* dy, T* dqkv, const float* lse, 
     }
 }
 
-#define FA_D(S, T, D)                                                                            \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) fa_fwd_##D##_##S(const T* qkv, T* y,  \
-                                                                            Geo g) {             \
-    fa_fwd<T, D>(qkv, y, g);                                                                     \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS)                                       \
-      fa_bwd_q_##D##_##S(const T* qkv, const T* y, const T* dy, T* dqkv, float* lse,             \
-                         float* dvec, Geo g) {                                                   \
-    fa_bwd_q<T, D>(qkv, y, dy, dqkv, lse, dvec, g);                                              \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS)                                       \
-      fa_bwd_kv_##D##_##S(const T* qkv, const T* dy, T* dqkv, const float* lse,                  \
-                          const float* dvec, Geo g) {                                            \
-    fa_bwd_kv<T, D>(qkv, dy, dqkv, lse, dvec, g);                                                \
-  }
+#define FA_D(S, T, D) ATTN_ENTRIES(fa, 32 * WARPS, S, T, D)
 #define FA(S, T) FA_D(S, T, 64) FA_D(S, T, 128)
 FA(bf16, bf16)
 FA(f16, f16)

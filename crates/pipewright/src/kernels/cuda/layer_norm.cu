@@ -86,13 +86,5 @@ __device__ void ln_partials(const T* x, const T* g, const float* stats, float* p
                                         float eps) {                                             \
     ln_fwd(x, w, b, y, cols, eps);                                                               \
   }                                                                                              \
-  extern "C" __global__ void ln_bwd_dx_##S(const T* x, const T* w, const T* g, T* dx,            \
-                                           float* stats, size_t cols, float eps) {               \
-    ln_bwd_dx(x, w, g, dx, stats, cols, eps);                                                    \
-  }                                                                                              \
-  extern "C" __global__ void ln_partials_##S(const T* x, const T* g, const float* stats,         \
-                                             float* partial, size_t rows, size_t cols,           \
-                                             size_t per) {                                       \
-    ln_partials(x, g, stats, partial, rows, cols, per);                                          \
-  }
+  NORM_BWD_ENTRIES(ln, S, T)
 EACH_TYPE(LN)

@@ -64,13 +64,5 @@ __device__ void rms_partials(const T* x, const T* g, const float* stats, float* 
   extern "C" __global__ void rms_fwd_##S(const T* x, const T* w, T* y, size_t cols, float eps) { \
     rms_fwd(x, w, y, cols, eps);                                                                 \
   }                                                                                              \
-  extern "C" __global__ void rms_bwd_dx_##S(const T* x, const T* w, const T* g, T* dx,           \
-                                            float* stats, size_t cols, float eps) {              \
-    rms_bwd_dx(x, w, g, dx, stats, cols, eps);                                                   \
-  }                                                                                              \
-  extern "C" __global__ void rms_partials_##S(const T* x, const T* g, const float* stats,        \
-                                              float* partial, size_t rows, size_t cols,          \
-                                              size_t per) {                                      \
-    rms_partials(x, g, stats, partial, rows, cols, per);                                         \
-  }
+  NORM_BWD_ENTRIES(rms, S, T)
 EACH_TYPE(RMS)

@@ -2,8 +2,6 @@
 //! graph until the backward, and which keep only their stage input and re-run the forward
 //! (with the same dropout masks; layers see [`crate::model::Cx::is_recomputing`]).
 
-use crate::{invalid, Error, Result};
-
 /// Activation recomputation (torchgpipe's `checkpoint`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -16,31 +14,11 @@ pub enum Recompute {
     Never,
 }
 
-impl std::str::FromStr for Recompute {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "always" => Recompute::Always,
-            "except_last" | "except-last" => Recompute::ExceptLast,
-            "never" => Recompute::Never,
-            _ => {
-                return Err(invalid!(
-                    "unknown recompute mode `{s}`: use always, except_last or never"
-                ))
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for Recompute {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Recompute::Always => "always",
-            Recompute::ExceptLast => "except_last",
-            Recompute::Never => "never",
-        })
-    }
-}
+crate::runtime::words::word_enum!(Recompute, "recompute mode", {
+    Always => "always",
+    ExceptLast => "except_last" | "except-last",
+    Never => "never",
+});
 
 impl Recompute {
     /// Whether micro-batch `mb` of `micro_batches` keeps its forward graph for the backward.

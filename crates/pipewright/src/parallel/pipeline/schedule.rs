@@ -16,11 +16,9 @@
 //!   backward, `I` input gradient, `W` weight gradient (a zero-bubble split backward).
 //! - A schedule file is PyTorch's CSV form: one line per rank, its actions separated by commas.
 
-use std::fmt;
-
 pub use super::action::Action;
 use super::schedule_v::{dual_pipe_v, zero_bubble_v};
-use crate::{invalid, Error, Result};
+use crate::{invalid, Result};
 
 /// The schedules pipewright builds (serialized as they parse: `gpipe`, `1f1b`, ...).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -78,37 +76,14 @@ impl ScheduleKind {
     }
 }
 
-impl std::str::FromStr for ScheduleKind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s {
-            "gpipe" => ScheduleKind::GPipe,
-            "1f1b" => ScheduleKind::OneFOneB,
-            "interleaved" => ScheduleKind::Interleaved,
-            "zb1" | "zbh1" => ScheduleKind::ZeroBubbleH1,
-            "zbv" => ScheduleKind::ZeroBubbleV,
-            "dualpipev" => ScheduleKind::DualPipeV,
-            _ => {
-                return Err(invalid!(
-                    "unknown schedule `{s}`: use gpipe, 1f1b, interleaved, zb1, zbv or dualpipev"
-                ))
-            }
-        })
-    }
-}
-
-impl fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ScheduleKind::GPipe => "gpipe",
-            ScheduleKind::OneFOneB => "1f1b",
-            ScheduleKind::Interleaved => "interleaved",
-            ScheduleKind::ZeroBubbleH1 => "zb1",
-            ScheduleKind::ZeroBubbleV => "zbv",
-            ScheduleKind::DualPipeV => "dualpipev",
-        })
-    }
-}
+crate::runtime::words::word_enum!(ScheduleKind, "schedule", {
+    GPipe => "gpipe",
+    OneFOneB => "1f1b",
+    Interleaved => "interleaved",
+    ZeroBubbleH1 => "zb1" | "zbh1",
+    ZeroBubbleV => "zbv",
+    DualPipeV => "dualpipev",
+});
 
 /// The most ranks a built-in schedule is made for (its simulation and timeline grow with the
 /// square of the ranks).
