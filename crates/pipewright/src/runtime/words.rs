@@ -1,4 +1,4 @@
-//! Choices spelled as words (`--precision bf16`, `--schedule 1f1b`): [`word_enum!`] writes a
+//! Choices spelled as words (`--precision bf16`, `--schedule 1f1b`): `word_enum!` writes a
 //! fieldless enum's `FromStr` and `Display` from one table of its variants' names, so that
 //! what a value prints as is what it parses from, and the error for an unknown word lists the
 //! choices.
