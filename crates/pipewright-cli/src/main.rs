@@ -111,7 +111,7 @@ fn unused_by_plan() -> Vec<String> {
         ])
         .map(String::from),
     );
-    v.push("eval_every".into());
+    v.extend(["eval_every", "checkpoint_every", "async_checkpoint"].map(String::from));
     v
 }
 
@@ -121,6 +121,7 @@ fn unused_by_profile() -> Vec<String> {
     use pipewright_models::flags::{BatchArgs, CheckpointArgs, OptimArgs, ParallelArgs};
     let mut v = flags_of::<BatchArgs>();
     v.extend(flags_of::<CheckpointArgs>());
+    v.extend(flags_of::<pipewright::trainer::Cadence>());
     v.extend(flags_of::<pipewright_models::flags::PipelineArgs>());
     v.extend(flags_of::<OptimArgs>());
     let used = ["device", "hardware"];
@@ -129,7 +130,7 @@ fn unused_by_profile() -> Vec<String> {
             .into_iter()
             .filter(|f| !used.contains(&f.as_str())),
     );
-    v.extend(["trace", "report", "log_every", "eval_every"].map(String::from));
+    v.extend(["trace", "report"].map(String::from));
     v
 }
 

@@ -73,7 +73,7 @@ impl Measure {
                 }
                 let dir = self.root.join(name);
                 let mut a = train.for_candidate(&e.candidate, &e.balance);
-                a.output.eval_every = a.batch.steps;
+                a.cadence.eval_every = a.cadence.steps;
                 a.output.out = Some(dir.clone());
                 if self.reuse {
                     same_run(&a, &dir)?;

@@ -192,14 +192,14 @@ pub fn train_loop(
             "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in micro-batches of {}{layout} -> {}",
             a.model,
             task.name(),
-            a.batch.steps,
+            a.cadence.steps,
             a.batch.batch_size,
             run.spec.train.micro_batch,
             dir.path().display()
         );
     }
     let pb = if dir.is_some() {
-        ProgressBar::new(a.batch.steps)
+        ProgressBar::new(a.cadence.steps)
     } else {
         ProgressBar::hidden()
     };

@@ -5,6 +5,7 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use pipewright::model::precision::Precision;
+use pipewright::trainer::Cadence;
 
 use super::as_text;
 use super::sections::*;
@@ -85,10 +86,14 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub inputs: TaskArgs,
-    /// Steps, batch and micro-batches.
+    /// The batch and its micro-batches.
     #[command(flatten)]
     #[serde(flatten)]
     pub batch: BatchArgs,
+    /// Steps, and when the run evaluates, logs and saves.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: Cadence,
     /// Device, backend, layout, ZeRO and overlap.
     #[command(flatten)]
     #[serde(flatten)]
@@ -120,45 +125,7 @@ pub struct TrainArgs {
     pub seed: u64,
 }
 
-/// Parses a size flag: a positive integer, with a message that says so.
-pub fn positive_u64(s: &str) -> std::result::Result<u64, String> {
-    let v: i128 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("must be a positive integer, got `{s}`"))?;
-    if v <= 0 {
-        return Err(format!("must be a positive integer, got {v}"));
-    }
-    u64::try_from(v).map_err(|_| format!("{v} is too large"))
-}
-
-/// Parses a number flag: a finite number (`nan` and `inf` are refused by name).
-pub fn finite(s: &str) -> std::result::Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("must be a number, got `{s}`"))?;
-    if !v.is_finite() {
-        return Err(format!("must be a finite number, got `{s}`"));
-    }
-    Ok(v)
-}
-
-/// Parses `--bucket-mb`: a finite number of MiB above zero and at most 1 TiB.
-pub fn positive_mb(s: &str) -> std::result::Result<f64, String> {
-    let v = finite(s)?;
-    if v <= 0.0 || v > (1u64 << 20) as f64 {
-        return Err(format!(
-            "must be a number of MiB above 0 and at most 1048576, got `{s}`"
-        ));
-    }
-    Ok(v)
-}
-
-/// [`positive_u64`] as a `usize`.
-pub fn positive(s: &str) -> std::result::Result<usize, String> {
-    positive_u64(s).and_then(|v| usize::try_from(v).map_err(|_| format!("{v} is too large")))
-}
+pub use pipewright::runtime::flag_values::{finite, positive, positive_mb, positive_u64};
 
 /// Which parameters AdamW decays (`--decay`).
 #[derive(

@@ -117,11 +117,11 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
              or more",
         ),
         (
-            a.checkpoint.keep.is_some() && a.checkpoint.checkpoint_every == 0,
+            a.checkpoint.keep.is_some() && a.cadence.checkpoint_every == 0,
             "--keep prunes the checkpoints --checkpoint-every N saves: give --checkpoint-every",
         ),
         (
-            a.checkpoint.async_checkpoint && a.checkpoint.checkpoint_every == 0,
+            a.cadence.async_checkpoint && a.cadence.checkpoint_every == 0,
             "--async-checkpoint writes the checkpoints --checkpoint-every N saves: give \
              --checkpoint-every",
         ),

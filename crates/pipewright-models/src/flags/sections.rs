@@ -98,12 +98,9 @@ pub struct TaskArgs {
     pub image_size: usize,
 }
 
-/// How long the run trains and how its batch splits.
+/// How a step's batch splits (how long the run trains is the library's `Cadence`).
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct BatchArgs {
-    /// Optimizer steps to train for (a resumed run counts the steps it already took).
-    #[arg(help_heading = "Training", long, default_value_t = 1000, value_parser = positive_u64)]
-    pub steps: u64,
     /// Rows of every step, over all data-parallel replicas.
     #[arg(help_heading = "Training", long, default_value_t = 64, value_parser = positive)]
     pub batch_size: usize,
@@ -282,18 +279,12 @@ pub struct OptimArgs {
 /// When and where the run saves, and what it goes on from.
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct CheckpointArgs {
-    /// Save a checkpoint every N steps (0: never) into --checkpoint-dir.
-    #[arg(help_heading = "Checkpoints", long, default_value_t = 0)]
-    pub checkpoint_every: u64,
     /// Where checkpoints go (default: `<out>/checkpoints`).
     #[arg(help_heading = "Checkpoints", long)]
     pub checkpoint_dir: Option<PathBuf>,
     /// Keep only the newest K checkpoints.
     #[arg(help_heading = "Checkpoints", long, value_parser = positive)]
     pub keep: Option<usize>,
-    /// Write checkpoint files in a background thread while training goes on.
-    #[arg(help_heading = "Checkpoints", long)]
-    pub async_checkpoint: bool,
     /// The checkpoint the run goes on from: the experiment's `--checkpoint` (alias
     /// `--resume`): a checkpoint directory, or `latest` (the newest complete one in
     /// --checkpoint-dir). Any layout and precision may resume any other.
@@ -302,19 +293,13 @@ pub struct CheckpointArgs {
     pub resume: Option<String>,
 }
 
-/// What the run writes besides its checkpoints, and how often.
+/// What the run writes besides its checkpoints (how often is the library's `Cadence`).
 #[derive(Args, Clone, Debug, Serialize, Deserialize)]
 pub struct OutputArgs {
     /// Run directory (created; must not already hold a run unless it goes on with it; default
     /// `<output-dir>/train/<date>-<time>-<id>`).
     #[arg(help_heading = "Output", long)]
     pub out: Option<PathBuf>,
-    /// Write one scalars row every K steps.
-    #[arg(help_heading = "Output", long, default_value_t = 1, value_parser = positive_u64)]
-    pub log_every: u64,
-    /// Evaluate the task's metric every K steps (and at the end).
-    #[arg(help_heading = "Output", long, default_value_t = 250, value_parser = positive_u64)]
-    pub eval_every: u64,
     /// Write a Chrome trace of the pipeline's actions, with each stage's data-parallel
     /// communication (gradient sums, ZeRO's reduce-scatters and gathers) on a track beside it
     /// (open it in Perfetto).

@@ -12,7 +12,7 @@ use pipewright::parallel::overlap::OverlapSpec;
 use pipewright::parallel::pipeline::schedule::Schedule;
 use pipewright::parallel::pipeline::{Balance, PipelineSpec, ScheduleChoice};
 use pipewright::plan::Candidate;
-use pipewright::trainer::{Cadence, TrainSpec};
+use pipewright::trainer::TrainSpec;
 use pipewright::{invalid, Result};
 
 use super::args::{DecayKind, LrScheduleKind, OptimizerKind, TaskKind, TrainArgs};
@@ -145,16 +145,10 @@ impl TrainArgs {
             micro_batch: self.micro_batch()?,
             pipeline: self.pipeline.spec()?,
             precision: self.precision,
-            optim: self.optim.spec(self.batch.steps)?,
+            optim: self.optim.spec(self.cadence.steps)?,
             overlap: self.parallel.overlap(),
             seed: self.seed,
-            cadence: Cadence {
-                steps: self.batch.steps,
-                eval_every: self.output.eval_every,
-                checkpoint_every: self.checkpoint.checkpoint_every,
-                log_every: self.output.log_every,
-                async_checkpoint: self.checkpoint.async_checkpoint,
-            },
+            cadence: self.cadence,
         })
     }
 

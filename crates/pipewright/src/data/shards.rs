@@ -25,8 +25,7 @@ pub const SHARD_FORMAT: u32 = 1;
 pub const INDEX_FILE: &str = "index.json";
 
 /// How token ids are stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenDtype {
     /// Two bytes: vocabularies of at most 65,536.
     U16,

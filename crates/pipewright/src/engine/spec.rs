@@ -20,6 +20,7 @@ use crate::parallel::pipeline::schedule::Schedule;
 use crate::parallel::pipeline::PipelineSpec;
 use crate::parallel::zero::Zero;
 use crate::plan::{balance_by, morph, By, Morph, MorphPlanner, MorphRequest};
+use crate::runtime::flag_values::positive_u64;
 use crate::{invalid, Result};
 
 pub use crate::parallel::pipeline::Balance;
@@ -214,19 +215,25 @@ impl TrainSpec {
     }
 }
 
-/// How long a run trains and when it evaluates, logs and saves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How long a run trains and when it evaluates, logs and saves. Its fields are `train`'s
+/// flags of the same names (clap's derive: a program flattens it into its own flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 pub struct Cadence {
-    /// Steps of the whole run (a resumed run takes only those it has not taken).
+    /// Optimizer steps to train for (a resumed run counts the steps it already took).
+    #[arg(help_heading = "Training", long, default_value_t = 1000, value_parser = positive_u64)]
     pub steps: u64,
-    /// Evaluate after every `eval_every` steps, and after the last.
+    /// Evaluate the task's metric every K steps (and at the end).
+    #[arg(help_heading = "Output", long, default_value_t = 250, value_parser = positive_u64)]
     pub eval_every: u64,
-    /// Save after every `checkpoint_every` steps (0: never; a stop request saves anyway).
+    /// Save a checkpoint every N steps (0: never; a stop request saves anyway).
+    #[arg(help_heading = "Checkpoints", long, default_value_t = 0)]
     pub checkpoint_every: u64,
-    /// Mark every `log_every`-th step for logging (evaluations are always marked).
+    /// Write one scalars row every K steps (evaluations are always logged).
+    #[arg(help_heading = "Output", long, default_value_t = 1, value_parser = positive_u64)]
     pub log_every: u64,
-    /// Write checkpoints in the background while training goes on (the last is finished
-    /// before the trainer's `fit` returns).
+    /// Write checkpoint files in a background thread while training goes on (the last is
+    /// finished before the trainer's `fit` returns).
+    #[arg(help_heading = "Checkpoints", long)]
     pub async_checkpoint: bool,
 }
 

@@ -14,8 +14,7 @@ use crate::model::grads::Grads;
 use crate::{invalid, Result};
 
 /// The type the model computes in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
     /// Everything in f32.
     F32,

@@ -2,7 +2,7 @@
 //! allocator, tensor storage copies for custom ops and the custom ops' one skeleton
 //! (`custom_op!`), files a command may write, sizes in bytes, printing that survives a closed
 //! pipe, a thread's CPU time, content digests, seeds hashed from names and the random streams
-//! they start, choices spelled as words (`word_enum!`), and round-number chart axes. Nothing
+//! they start, flag values with a check, choices spelled as words (`word_enum!`), and round-number chart axes. Nothing
 //! here knows about ranks, models or training.
 
 pub mod axis;
@@ -13,6 +13,7 @@ pub(crate) mod custom_op;
 pub mod device;
 pub mod digest;
 pub mod files;
+pub mod flag_values;
 pub mod memory;
 pub mod seed;
 pub(crate) mod storage;

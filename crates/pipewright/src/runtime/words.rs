@@ -1,7 +1,8 @@
 //! Choices spelled as words (`--precision bf16`, `--schedule 1f1b`): `word_enum!` writes a
-//! fieldless enum's `FromStr` and `Display` from one table of its variants' names, so that
-//! what a value prints as is what it parses from, and the error for an unknown word lists the
-//! choices.
+//! fieldless enum's `FromStr`, `Display` and serde from one table of its variants' names, so
+//! that what a value prints as is what it parses from and what a record holds (a flag's value,
+//! a run's `params.json` and a checkpoint's spec read alike, aliases included), and the error
+//! for an unknown word lists the choices.
 
 /// `a`, `a or b`, `a, b or c`: the choices an error offers.
 pub fn choices(words: &[&str]) -> String {
@@ -12,9 +13,10 @@ pub fn choices(words: &[&str]) -> String {
     }
 }
 
-/// `FromStr` and `Display` for the fieldless enum `$ty`: each variant prints as its first
-/// name and parses from it or any alias after it (`F16 => "f16" | "fp16"`); any other word
-/// fails as ``unknown {what} `{word}`: use a, b or c`` (the first names, in table order).
+/// `FromStr`, `Display`, `Serialize` and `Deserialize` for the fieldless enum `$ty`: each
+/// variant prints (and serializes) as its first name and parses (and deserializes) from it or
+/// any alias after it (`F16 => "f16" | "fp16"`); any other word fails as
+/// ``unknown {what} `{word}`: use a, b or c`` (the first names, in table order).
 macro_rules! word_enum {
     ($ty:ident, $what:literal, { $($variant:ident => $name:literal $(| $alias:literal)*),+ $(,)? }) => {
         impl ::std::str::FromStr for $ty {
@@ -36,6 +38,19 @@ macro_rules! word_enum {
                 f.write_str(match self {
                     $($ty::$variant => $name,)+
                 })
+            }
+        }
+
+        impl ::serde::Serialize for $ty {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> ::std::result::Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $ty {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> ::std::result::Result<Self, D::Error> {
+                let word = <::std::borrow::Cow<'de, str> as ::serde::Deserialize>::deserialize(d)?;
+                word.parse().map_err(<D::Error as ::serde::de::Error>::custom)
             }
         }
     };

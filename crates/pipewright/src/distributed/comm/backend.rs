@@ -1,8 +1,7 @@
 //! [`Backend`]: which [`super::Communicator`] a run's ranks talk through.
 
 /// How a run's ranks talk (serialized as it parses: `local`, `mpi`, `nccl`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// Threads of one process ([`super::local`]).
     Local,

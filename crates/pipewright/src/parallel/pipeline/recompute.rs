@@ -3,8 +3,7 @@
 //! (with the same dropout masks; layers see [`crate::model::Cx::is_recomputing`]).
 
 /// Activation recomputation (torchgpipe's `checkpoint`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recompute {
     /// Every micro-batch keeps only its stage input; the backward re-runs the forward.
     Always,

@@ -21,31 +21,25 @@ use super::schedule_v::{dual_pipe_v, zero_bubble_v};
 use crate::{invalid, Result};
 
 /// The schedules pipewright builds (serialized as they parse: `gpipe`, `1f1b`, ...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScheduleKind {
     /// Fill then drain (GPipe, torchgpipe): every forward, then every backward.
-    #[serde(rename = "gpipe")]
     GPipe,
     /// One forward one backward, PipeDream-flush (Varuna): stage s keeps at most p - s
     /// micro-batches in flight.
-    #[serde(rename = "1f1b")]
     OneFOneB,
     /// 1F1B over v model stages per rank (Megatron-LM).
-    #[serde(rename = "interleaved")]
     Interleaved,
     /// ZB-H1 (Qi et al. 2023): 1F1B with the backward split into input and weight gradients
     /// (see [`zero_bubble_h1`]).
-    #[serde(rename = "zb1")]
     ZeroBubbleH1,
     /// ZB-V (Qi et al. 2023): two stages per rank in a V, the split backward placed so that
     /// nothing waits when forward, input and weight gradients take equal time (see
     /// [`super::schedule_v`]).
-    #[serde(rename = "zbv")]
     ZeroBubbleV,
     /// DualPipeV (DeepSeek-V3's DualPipe on p ranks, PyTorch's `ScheduleDualPipeV`): the V
     /// placement with a forward and a whole backward paired in the steady state; at least
     /// 2 x pp micro-batches.
-    #[serde(rename = "dualpipev")]
     DualPipeV,
 }
 
