@@ -122,7 +122,8 @@ fn unused_by_profile() -> Vec<String> {
     let mut v = flags_of::<BatchArgs>();
     v.extend(flags_of::<CheckpointArgs>());
     v.extend(flags_of::<pipewright::trainer::Cadence>());
-    v.extend(flags_of::<pipewright_models::flags::PipelineArgs>());
+    v.extend(flags_of::<pipewright::parallel::pipeline::PipelineSpec>());
+    v.push("schedule_file".into());
     v.extend(flags_of::<OptimArgs>());
     let used = ["device", "hardware"];
     v.extend(

@@ -68,7 +68,7 @@ fn a_spec_reads_back_from_its_json() {
     );
     assert_eq!(json["schedule"], "1f1b");
     assert_eq!(json["precision"], "f32");
-    assert_eq!(json["balance"], serde_json::json!({"layers": [2, 1, 1, 2]}));
+    assert_eq!(json["balance"], "2,1,1,2");
     assert_eq!(json["optimizer"]["sgd"]["momentum"], 0.8);
     assert_eq!(json["task"], serde_json::json!({"adder": {"digits": 2}}));
     let back: RunSpec = serde_json::from_value(json).unwrap();
@@ -80,6 +80,11 @@ fn a_spec_reads_back_from_its_json() {
         .to_string();
     assert!(err.contains("not saved by `pipewright train`"), "{err}");
     assert!("2,x".parse::<Balance>().is_err());
+    // A spec written when the balance was recorded as `{"layers": [...]}` reads as before.
+    let mut old = serde_json::to_value(&spec).unwrap();
+    old["balance"] = serde_json::json!({"layers": [2, 1, 1, 2]});
+    let back: RunSpec = serde_json::from_value(old).unwrap();
+    assert_eq!(back.train.pipeline.balance, spec.train.pipeline.balance);
 }
 
 #[test]

@@ -186,7 +186,7 @@ pub fn train_loop(
     let layout = run
         .spec
         .train
-        .describe_parallelism(a.pipeline.schedule_file.as_deref());
+        .describe_parallelism(a.schedule_file.as_deref());
     if let Some(dir) = dir {
         pipewright::say!(
             "pipewright train: {:?} ({num_params} parameters) on {} for {} steps, batch {} in micro-batches of {}{layout} -> {}",

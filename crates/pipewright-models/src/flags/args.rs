@@ -1,13 +1,15 @@
 //! The flags of a run ([`TrainArgs`]) and the parsers of their values; what they build is in
 //! `spec.rs`.
 
+use std::path::PathBuf;
+
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use pipewright::model::precision::Precision;
+use pipewright::parallel::pipeline::PipelineSpec;
 use pipewright::trainer::Cadence;
 
-use super::as_text;
 use super::sections::*;
 use crate::{CnnConfig, GptConfig, LlamaConfig};
 
@@ -90,22 +92,27 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub batch: BatchArgs,
-    /// Steps, and when the run evaluates, logs and saves.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub cadence: Cadence,
     /// Device, backend, layout, ZeRO and overlap.
     #[command(flatten)]
     #[serde(flatten)]
     pub parallel: ParallelArgs,
-    /// Schedule, balance and recompute.
+    /// Schedule, balance, recompute and deferred batch norm.
     #[command(flatten)]
     #[serde(flatten)]
-    pub pipeline: PipelineArgs,
+    pub pipeline: PipelineSpec,
+    /// Run this schedule, written as data (one rank's actions per line, `0F0,0F1,0B0,...`, as
+    /// `pipewright schedule --save` writes it, or a PyTorch dump), in place of --schedule;
+    /// checked complete and deadlock-free before anything is built.
+    #[arg(
+        help_heading = "Parallelism",
+        long,
+        value_name = "FILE",
+        conflicts_with = "schedule"
+    )]
+    pub schedule_file: Option<PathBuf>,
     /// What the model computes in: f32, bf16, or f16 (with dynamic loss scaling); the
     /// optimizer keeps f32 master weights.
     #[arg(help_heading = "Parallelism", long, default_value = "f32")]
-    #[serde(with = "as_text")]
     pub precision: Precision,
     /// Optimizer, learning rate and clipping.
     #[command(flatten)]
@@ -119,6 +126,10 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub output: OutputArgs,
+    /// Steps, and when the run evaluates, logs and saves.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cadence: Cadence,
     /// The seed of every random stream: the experiment's `--random-seed` (alias `--seed`).
     #[arg(skip)]
     #[serde(alias = "random_seed")]

@@ -4,7 +4,7 @@
 //! rules checked against the layout (heads and vocabulary over tp, sequences over cp and
 //! sequence parallelism), the task, and everything else through
 //! [`TrainArgs::train_spec`]. The flags come in the sections a run is described by
-//! ([`ParallelArgs`], [`PipelineArgs`], [`OptimArgs`], [`BatchArgs`], [`CheckpointArgs`],
+//! ([`ParallelArgs`], [`OptimArgs`], [`BatchArgs`], [`CheckpointArgs`],
 //! [`OutputArgs`], [`ModelArgs`], [`TaskArgs`]), each building the library's section of its
 //! name; `params.json` holds them flat, typed values as the text they are given in. A program
 //! of its own declares the same flags with `Experiment::args::<TrainArgs>()` and reads them
@@ -25,7 +25,6 @@ pub use args::{
 };
 pub use inherit::inherit_checkpointing;
 pub use sections::{
-    BatchArgs, CheckpointArgs, ModelArgs, OptimArgs, OutputArgs, ParallelArgs, PipelineArgs,
-    TaskArgs,
+    BatchArgs, CheckpointArgs, ModelArgs, OptimArgs, OutputArgs, ParallelArgs, TaskArgs,
 };
 pub use spec::{blend_of, task_spec};

@@ -8,8 +8,6 @@ use std::path::PathBuf;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use pipewright::parallel::pipeline::schedule::ScheduleKind;
-use pipewright::parallel::pipeline::{Balance, Recompute};
 use pipewright::parallel::zero::Zero;
 
 use super::args::*;
@@ -178,44 +176,6 @@ pub struct ParallelArgs {
     /// machine), h100-node, a100-node (published figures) or h200-node (measured on an H200).
     #[arg(help_heading = "Parallelism", long, default_value = "cpu-2core")]
     pub hardware: String,
-}
-
-/// The pipeline's schedule, balance and recompute (the library's `PipelineSpec`).
-#[derive(Args, Clone, Debug, Serialize, Deserialize)]
-pub struct PipelineArgs {
-    /// Pipeline schedule: gpipe, 1f1b, interleaved, zb1 (zero-bubble H1), zbv (zero-bubble
-    /// V: two stages per rank, the first and last on rank 0) or dualpipev (DeepSeek's, at
-    /// least 2 x pp chunks).
-    #[arg(
-        help_heading = "Parallelism",
-        long,
-        default_value = "1f1b",
-        conflicts_with = "schedule_file"
-    )]
-    #[serde(with = "as_text::schedule")]
-    pub schedule: ScheduleKind,
-    /// Run this schedule, written as data (one rank's actions per line, `0F0,0F1,0B0,...`, as
-    /// `pipewright schedule --save` writes it, or a PyTorch dump), in place of --schedule;
-    /// checked complete and deadlock-free before anything is built.
-    #[arg(help_heading = "Parallelism", long, value_name = "FILE")]
-    pub schedule_file: Option<PathBuf>,
-    /// Model chunks per pipeline stage (interleaved schedule).
-    #[arg(help_heading = "Parallelism", long = "virtual", value_name = "VIRTUAL", default_value_t = 1, value_parser = positive)]
-    pub virtual_stages: usize,
-    /// Activation recomputation: always, except_last or never.
-    #[arg(help_heading = "Parallelism", long, default_value = "never")]
-    #[serde(with = "as_text")]
-    pub recompute: Recompute,
-    /// Layers (or segments between cut points) per model stage: a list (`3,2`), or `time`
-    /// (`auto`) or `size` to profile the model on one micro-batch here and take the balance
-    /// whose slowest (largest) stage is least.
-    #[arg(help_heading = "Parallelism", long)]
-    #[serde(with = "as_text::option")]
-    pub balance: Option<Balance>,
-    /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
-    /// micro-batches (as whole-batch statistics would).
-    #[arg(help_heading = "Parallelism", long)]
-    pub deferred_batch_norm: bool,
 }
 
 /// The optimizer, its learning rate and clipping (the library's `OptimSpec`).

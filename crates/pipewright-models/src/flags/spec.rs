@@ -10,13 +10,13 @@ use pipewright::model::nn::optim::{
 use pipewright::parallel::dims::ParallelSpec;
 use pipewright::parallel::overlap::OverlapSpec;
 use pipewright::parallel::pipeline::schedule::Schedule;
-use pipewright::parallel::pipeline::{Balance, PipelineSpec, ScheduleChoice};
+use pipewright::parallel::pipeline::{Balance, PipelineSpec};
 use pipewright::plan::Candidate;
 use pipewright::trainer::TrainSpec;
 use pipewright::{invalid, Result};
 
 use super::args::{DecayKind, LrScheduleKind, OptimizerKind, TaskKind, TrainArgs};
-use super::sections::{OptimArgs, ParallelArgs, PipelineArgs};
+use super::sections::{OptimArgs, ParallelArgs};
 use crate::TaskSpec;
 
 /// The data the flags name (the text file is read when the task is built).
@@ -143,7 +143,7 @@ impl TrainArgs {
             },
             global_batch: self.batch.batch_size,
             micro_batch: self.micro_batch()?,
-            pipeline: self.pipeline.spec()?,
+            pipeline: self.pipeline_spec()?,
             precision: self.precision,
             optim: self.optim.spec(self.cadence.steps)?,
             overlap: self.parallel.overlap(),
@@ -212,14 +212,13 @@ impl TrainArgs {
         (p.pp, p.tp, p.dp, p.cp, p.ep) = (l.pp, l.tp, l.dp, l.cp, l.ep);
         (p.zero, p.sequence_parallel) = (c.parallel.zero, c.parallel.sequence_parallel);
         (a.batch.chunks, a.batch.chunk_size) = (c.micro_batches, None);
-        a.pipeline = PipelineArgs {
-            schedule: c.schedule.kind,
-            schedule_file: None,
-            virtual_stages: c.schedule.virtual_stages,
-            recompute: c.schedule.recompute,
+        a.pipeline = PipelineSpec {
+            schedule: c.schedule,
+            custom_schedule: None,
             balance: Some(Balance::Layers(balance.to_vec())),
             ..a.pipeline
         };
+        a.schedule_file = None;
         a
     }
 }
@@ -235,23 +234,16 @@ impl ParallelArgs {
     }
 }
 
-impl PipelineArgs {
-    /// The pipeline section: the schedule (a `--schedule-file` read and parsed here), virtual
-    /// stages, recompute, balance and deferred batch norm.
-    pub fn spec(&self) -> Result<PipelineSpec> {
+impl TrainArgs {
+    /// The pipeline section: the flags' schedule, with a `--schedule-file` read and parsed.
+    pub fn pipeline_spec(&self) -> Result<PipelineSpec> {
         Ok(PipelineSpec {
-            schedule: ScheduleChoice {
-                kind: self.schedule,
-                virtual_stages: self.virtual_stages,
-                recompute: self.recompute,
-            },
             custom_schedule: self
                 .schedule_file
                 .as_deref()
                 .map(Schedule::load)
                 .transpose()?,
-            balance: self.balance.clone(),
-            deferred_batch_norm: self.deferred_batch_norm,
+            ..self.pipeline.clone()
         })
     }
 }
@@ -327,7 +319,7 @@ mod tests {
             "--lr",
             "0.003",
         ]);
-        w.a.pipeline.recompute = Recompute::Always;
+        w.a.pipeline.schedule.recompute = Recompute::Always;
         let argv = w.a.argv().unwrap();
         let back = Wrapper::parse_from(std::iter::once("x".to_string()).chain(argv));
         assert_eq!(
@@ -350,9 +342,9 @@ mod tests {
         let a: TrainArgs = serde_json::from_value(v).unwrap();
         assert_eq!(a.parallel.zero, pipewright::parallel::zero::Zero::Gradients);
         assert_eq!(a.pipeline.balance, Some(Balance::Layers(vec![3, 2])));
-        assert_eq!(a.pipeline.recompute, Recompute::ExceptLast);
+        assert_eq!(a.pipeline.schedule.recompute, Recompute::ExceptLast);
         assert_eq!(
-            a.pipeline.schedule,
+            a.pipeline.schedule.kind,
             pipewright::parallel::pipeline::schedule::ScheduleKind::OneFOneB
         );
     }

@@ -6,12 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use super::recompute::Recompute;
 use super::schedule::{Schedule, ScheduleKind};
+use crate::runtime::flag_values::positive;
 use crate::{invalid, Error, Result};
 
-/// How layers are split over the model stages (serialized as `{"layers": [3, 2]}`, `"time"`
-/// or `"size"`; parsed from `3,2`, `time` (or `auto`) and `size`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// How layers are split over the model stages: parsed from `3,2`, `time` (or `auto`) and
+/// `size`, and serialized as that text (`--balance`'s value); a spec written before reads too
+/// (`{"layers": [3, 2]}`).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Balance {
     /// Layers (or segments between cut points) per model stage.
     Layers(Vec<usize>),
@@ -54,17 +55,62 @@ impl std::fmt::Display for Balance {
     }
 }
 
+impl Serialize for Balance {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Balance {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        /// The two ways a balance has been written.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Text(String),
+            Layers { layers: Vec<usize> },
+        }
+        match Written::deserialize(d)? {
+            Written::Text(t) => t.parse().map_err(serde::de::Error::custom),
+            Written::Layers { layers } => Ok(Self::Layers(layers)),
+        }
+    }
+}
+
+/// A schedule's name as a record holds it; `file PATH`, which `train` recorded for a schedule
+/// file before the file had a field of its own, reads as the default (1F1B).
+fn schedule_name<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<ScheduleKind, D::Error> {
+    let name = std::borrow::Cow::<str>::deserialize(d)?;
+    match name.starts_with("file ") {
+        true => Ok(ScheduleKind::OneFOneB),
+        false => name.parse().map_err(serde::de::Error::custom),
+    }
+}
+
 /// The schedule a pipeline is built with: its kind, model stages per rank and which
 /// micro-batches recompute. What the planner chooses for a candidate, and the core of a run's
 /// pipeline section (serialized flat there: `"schedule"`, `"virtual_stages"`, `"recompute"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 pub struct ScheduleChoice {
-    /// The built schedule.
-    #[serde(rename = "schedule")]
+    /// Pipeline schedule: gpipe, 1f1b, interleaved, zb1 (zero-bubble H1), zbv (zero-bubble
+    /// V: two stages per rank, the first and last on rank 0) or dualpipev (DeepSeek's, at
+    /// least 2 x pp chunks).
+    #[arg(
+        id = "schedule",
+        help_heading = "Parallelism",
+        long = "schedule",
+        value_name = "SCHEDULE",
+        default_value = "1f1b"
+    )]
+    #[serde(rename = "schedule", deserialize_with = "schedule_name")]
     pub kind: ScheduleKind,
-    /// Model stages per pipeline rank (interleaved schedule).
+    /// Model chunks per pipeline stage (interleaved schedule).
+    #[arg(help_heading = "Parallelism", long = "virtual", value_name = "VIRTUAL", default_value_t = 1, value_parser = positive)]
     pub virtual_stages: usize,
-    /// Activation recomputation.
+    /// Activation recomputation: always, except_last or never.
+    #[arg(help_heading = "Parallelism", long, default_value = "never")]
     pub recompute: Recompute,
 }
 
@@ -93,20 +139,29 @@ impl std::fmt::Display for ScheduleChoice {
     }
 }
 
-/// The pipeline section of a run (serialized flat into its run's spec).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The pipeline section of a run (serialized flat into its run's spec). Its fields are
+/// `train`'s flags of the same names (clap's derive; the schedule file, a path the program
+/// reads into `custom_schedule`, is the program's own flag).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
 pub struct PipelineSpec {
     /// The built schedule, its stages per rank and what is recomputed.
+    #[command(flatten)]
     #[serde(flatten)]
     pub schedule: ScheduleChoice,
     /// A schedule given as data (`--schedule-file`: saved by `pipewright schedule --save`,
     /// edited or written by hand, or dumped by PyTorch): when set, it replaces `schedule` and
     /// `virtual_stages`. Recorded as its text; runs recorded before it had none.
+    #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_schedule: Option<Schedule>,
-    /// How layers are split over stages; uniform when `None`.
+    /// Layers (or segments between cut points) per model stage: a list (`3,2`), or `time`
+    /// (`auto`) or `size` to profile the model on one micro-batch here and take the balance
+    /// whose slowest (largest) stage is least. Uniform when not given.
+    #[arg(help_heading = "Parallelism", long)]
     pub balance: Option<Balance>,
-    /// BatchNorm statistics move once per batch, over all micro-batches.
+    /// Deferred batch norm: BatchNorm running statistics move once per batch, over all
+    /// micro-batches (as whole-batch statistics would).
+    #[arg(help_heading = "Parallelism", long)]
     pub deferred_batch_norm: bool,
 }
 
