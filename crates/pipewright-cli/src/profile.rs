@@ -135,10 +135,10 @@ fn check_fits(p: &ProfileArgs) -> Result<()> {
     let copies = p.concurrent.max(1);
     let mut a = p.train.clone();
     (
-        a.parallel.pp,
-        a.parallel.tp,
-        a.parallel.cp,
-        a.parallel.dp,
+        a.parallel.layout.pp,
+        a.parallel.layout.tp,
+        a.parallel.layout.cp,
+        a.parallel.layout.dp,
         a.batch.chunks,
     ) = (1, tp, 1, copies, 1);
     a.batch.chunk_size = Some(rows);

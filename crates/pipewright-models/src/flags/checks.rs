@@ -112,7 +112,7 @@ fn check_flags_combine(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
             "--deferred-batch-norm defers batch norm's statistics, and only --model cnn has any",
         ),
         (
-            a.parallel.sequence_parallel && a.parallel.tp == 1,
+            a.parallel.sequence_parallel && a.parallel.layout.tp == 1,
             "--sequence-parallel splits activations over the tensor-parallel ranks: give --tp 2 \
              or more",
         ),

@@ -92,11 +92,11 @@ fn pretrained(a: &TrainArgs, dir: &std::path::Path, task: &dyn Task) -> Result<M
     if let Some(n) = model
         .tp_divides()
         .into_iter()
-        .find(|n| n % a.parallel.tp != 0)
+        .find(|n| n % a.parallel.layout.tp != 0)
     {
         return Err(invalid!(
             "the pretrained model's {n} (heads or vocabulary) cannot be split over --tp {}",
-            a.parallel.tp
+            a.parallel.layout.tp
         ));
     }
     super::moe::check_pretrained(a, dir, &model)?;
@@ -152,13 +152,13 @@ fn make_model(a: &TrainArgs, task: &dyn Task) -> Result<ModelConfig> {
                 channels, classes, ..
             },
         ) => {
-            if a.parallel.tp > 1 {
+            if a.parallel.layout.tp > 1 {
                 return Err(invalid!(
                     "--tp splits the GPT's and the Llama's layers; the CNN has no tensor-parallel \
                      layers: use --tp 1"
                 ));
             }
-            if a.parallel.cp > 1 {
+            if a.parallel.layout.cp > 1 {
                 return Err(invalid!(
                     "--cp splits sequences; the CNN reads images: use --cp 1"
                 ));
@@ -204,19 +204,19 @@ fn language_model(
             "--vocab-size {vocab_size} is smaller than the task's vocabulary of {vocab}"
         ));
     }
-    if !vocab_size.is_multiple_of(a.parallel.tp) {
-        let padded = vocab_size.div_ceil(a.parallel.tp) * a.parallel.tp;
+    if !vocab_size.is_multiple_of(a.parallel.layout.tp) {
+        let padded = vocab_size.div_ceil(a.parallel.layout.tp) * a.parallel.layout.tp;
         return Err(invalid!(
             "a vocabulary of {vocab_size} cannot be split over --tp {}: pass --vocab-size {padded} \
              (padded ids never occur)",
-            a.parallel.tp
+            a.parallel.layout.tp
         ));
     }
-    if !a.sizes.n_head.is_multiple_of(a.parallel.tp) {
+    if !a.sizes.n_head.is_multiple_of(a.parallel.layout.tp) {
         return Err(invalid!(
             "--n-head {} cannot be split over --tp {}: choose a multiple of --tp",
             a.sizes.n_head,
-            a.parallel.tp
+            a.parallel.layout.tp
         ));
     }
     check_sequence_split(a, seq_len)?;
@@ -231,10 +231,10 @@ fn language_model(
         let n_kv_head = a.sizes.n_kv_head.unwrap_or(family.n_kv_head);
         let hidden = a.sizes.mlp_hidden.unwrap_or(family.hidden);
         for (flag, n) in [("--n-kv-head", n_kv_head), ("--mlp-hidden", hidden)] {
-            if !n.is_multiple_of(a.parallel.tp) {
+            if !n.is_multiple_of(a.parallel.layout.tp) {
                 return Err(invalid!(
                     "{flag} {n} cannot be split over --tp {}: choose a multiple of --tp",
-                    a.parallel.tp
+                    a.parallel.layout.tp
                 ));
             }
         }
@@ -261,30 +261,30 @@ fn language_model(
 /// Fails early, naming the flags, when `--cp` or `--sequence-parallel` cannot split sequences
 /// of `seq_len` tokens (the library would fail at the first step).
 fn check_sequence_split(a: &TrainArgs, seq_len: usize) -> Result<()> {
-    let n = 2 * a.parallel.cp;
-    if a.parallel.cp > 1 && !seq_len.is_multiple_of(n) {
+    let n = 2 * a.parallel.layout.cp;
+    if a.parallel.layout.cp > 1 && !seq_len.is_multiple_of(n) {
         return Err(invalid!(
             "--cp {} splits each sequence into 2 x cp = {n} chunks, but the task's sequences have \
              {seq_len} tokens: choose a sequence length that is a multiple of {n}, or a --cp whose \
              2 x cp divides {seq_len}",
-            a.parallel.cp
+            a.parallel.layout.cp
         ));
     }
-    if a.parallel.cp > 1 && a.sizes.dropout > 0.0 {
+    if a.parallel.layout.cp > 1 && a.sizes.dropout > 0.0 {
         return Err(invalid!(
             "--cp runs attention over a ring without dropout: pass --dropout 0 with --cp {}",
-            a.parallel.cp
+            a.parallel.layout.cp
         ));
     }
     if a.parallel.sequence_parallel
-        && a.parallel.tp > 1
-        && !(seq_len / a.parallel.cp).is_multiple_of(a.parallel.tp)
+        && a.parallel.layout.tp > 1
+        && !(seq_len / a.parallel.layout.cp).is_multiple_of(a.parallel.layout.tp)
     {
         return Err(invalid!(
             "--sequence-parallel splits each rank's {} tokens over --tp {}: choose a sequence \
              length that is a multiple of {}",
-            seq_len / a.parallel.cp,
-            a.parallel.tp,
+            seq_len / a.parallel.layout.cp,
+            a.parallel.layout.tp,
             a.layout()?.sequence_multiple(true)
         ));
     }

@@ -67,13 +67,13 @@ pub(super) fn check(a: &TrainArgs, d: &TrainArgs) -> Result<()> {
              mixture of experts: give --n-experts",
         ),
         (
-            a.sizes.n_experts.is_none() && a.sizes.init_from.is_none() && a.parallel.ep > 1,
+            a.sizes.n_experts.is_none() && a.sizes.init_from.is_none() && a.parallel.layout.ep > 1,
             "--ep splits the experts of a mixture: give --n-experts (and --model llama)",
         ),
         (
             a.sizes
                 .n_experts
-                .is_some_and(|e| !e.is_multiple_of(a.parallel.ep)),
+                .is_some_and(|e| !e.is_multiple_of(a.parallel.layout.ep)),
             "--ep must divide --n-experts: each expert-parallel rank holds as many experts",
         ),
         (
@@ -107,13 +107,13 @@ pub(super) fn check_pretrained(a: &TrainArgs, dir: &Path, model: &ModelConfig) -
             "`{}` holds a model without mixtures of experts: drop --n-experts",
             file.display()
         )),
-        (None, None) if a.parallel.ep > 1 => Err(invalid!(
+        (None, None) if a.parallel.layout.ep > 1 => Err(invalid!(
             "--ep splits the experts of a mixture, and `{}` has none: drop --ep",
             file.display()
         )),
-        (Some(e), _) if !e.is_multiple_of(a.parallel.ep) => Err(invalid!(
+        (Some(e), _) if !e.is_multiple_of(a.parallel.layout.ep) => Err(invalid!(
             "--ep {} does not divide the {e} experts of `{}`: choose a divisor",
-            a.parallel.ep,
+            a.parallel.layout.ep,
             file.display()
         )),
         _ => Ok(()),
@@ -154,16 +154,16 @@ mod tests {
             let e = a.model_and_task().err().unwrap().to_string();
             assert!(e.contains(says), "{e}");
         };
-        (a.parallel.tp, a.parallel.sequence_parallel) = (2, true);
+        (a.parallel.layout.tp, a.parallel.sequence_parallel) = (2, true);
         refused(&a, "--n-experts does not run under --sequence-parallel");
         (
-            a.parallel.tp,
+            a.parallel.layout.tp,
             a.parallel.sequence_parallel,
-            a.parallel.dp,
-            a.parallel.ep,
+            a.parallel.layout.dp,
+            a.parallel.layout.ep,
         ) = (1, false, 3, 3);
         refused(&a, "--ep must divide --n-experts");
-        (a.parallel.dp, a.parallel.ep) = (1, 1);
+        (a.parallel.layout.dp, a.parallel.layout.ep) = (1, 1);
         a.model = ModelKind::Gpt;
         refused(&a, "does not use --n-experts");
         a.model = ModelKind::Llama;
@@ -173,8 +173,8 @@ mod tests {
             a.sizes.top_k,
             a.sizes.moe_every,
             a.sizes.shared_experts,
-            a.parallel.dp,
-            a.parallel.ep,
+            a.parallel.layout.dp,
+            a.parallel.layout.ep,
         ) = (2, 1, 0, 2, 2);
         refused(&a, "--ep splits the experts");
     }
@@ -189,7 +189,7 @@ mod tests {
             super::check_pretrained(a, &dir, &model).map_err(|e| e.to_string())
         };
         let mut a = defaults();
-        a.parallel.ep = 2;
+        a.parallel.layout.ep = 2;
         assert!(check("hf-mixtral", &a).is_ok());
         // The mixture's shape flags are the directory's: refused with --init-from, by name
         // (they asked for --n-experts, which was then refused too).
@@ -207,10 +207,10 @@ mod tests {
             e.contains("has 4 experts per mixture but --n-experts says 8"),
             "{e}"
         );
-        (a.sizes.n_experts, a.parallel.ep) = (None, 3);
+        (a.sizes.n_experts, a.parallel.layout.ep) = (None, 3);
         let e = check("hf-mixtral", &a).unwrap_err();
         assert!(e.contains("--ep 3 does not divide the 4 experts"), "{e}");
-        a.parallel.ep = 2;
+        a.parallel.layout.ep = 2;
         let e = check("hf-llama", &a).unwrap_err();
         assert!(e.contains("has none: drop --ep"), "{e}");
     }

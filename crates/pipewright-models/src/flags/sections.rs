@@ -126,25 +126,10 @@ pub struct ParallelArgs {
     /// or `pipewright launch` local means mpi.
     #[arg(help_heading = "Parallelism", long, default_value = "local")]
     pub backend: pipewright::distributed::comm::Backend,
-    /// Pipeline stages (ranks as threads of this process).
-    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
-    pub pp: usize,
-    /// Tensor-parallel ranks per stage (Megatron's split of the GPT: heads, MLP, vocabulary).
-    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
-    pub tp: usize,
-    /// Data-parallel replicas (each takes its rows of every batch; gradients are summed).
-    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
-    pub dp: usize,
-    /// Context-parallel ranks per replica: each holds 1/cp of every sequence (a front and a
-    /// back chunk) and attends over a ring (GPT and Llama; the sequence length must be a
-    /// multiple of 2 x cp; no dropout).
-    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
-    pub cp: usize,
-    /// Expert-parallel ranks, carved from the --dp replicas: groups of ep replicas each hold
-    /// 1/ep of every mixture's experts and send each other the tokens routed to them
-    /// (with --n-experts; a divisor of --dp and of --n-experts; no ranks added).
-    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
-    pub ep: usize,
+    /// The pp x tp x cp x dp x ep layout (`--pp` .. `--ep`).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub layout: pipewright::distributed::topology::Layout,
     /// Megatron's sequence parallelism with --tp > 1: activations outside the tensor-parallel
     /// layers split along the sequence over the tp ranks (same result, less memory).
     #[arg(help_heading = "Parallelism", long)]

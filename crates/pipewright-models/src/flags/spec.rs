@@ -112,21 +112,19 @@ fn seq_len(a: &TrainArgs) -> Result<usize> {
 }
 
 impl TrainArgs {
-    /// The layout the flags ask for (`--pp --tp --cp --dp --ep`).
+    /// The layout the flags ask for (`--pp --tp --cp --dp --ep`), checked.
     pub fn layout(&self) -> Result<Layout> {
-        Layout::new(self.parallel.pp, self.parallel.tp, self.parallel.dp)?
-            .with_cp(self.parallel.cp)?
-            .with_ep(self.parallel.ep)
+        self.parallel.layout.validated()
     }
 
     /// Ranks the flags ask for.
     pub fn world(&self) -> usize {
         // Saturating: a layout of absurd degrees is refused by its check, not wrapped.
         [
-            self.parallel.pp,
-            self.parallel.tp,
-            self.parallel.cp,
-            self.parallel.dp,
+            self.parallel.layout.pp,
+            self.parallel.layout.tp,
+            self.parallel.layout.cp,
+            self.parallel.layout.dp,
         ]
         .iter()
         .fold(1usize, |w, d| w.saturating_mul(*d))
@@ -156,7 +154,7 @@ impl TrainArgs {
     /// experts, whatever the layout, so `--ep` is refused by name (a layout's check asked for
     /// a divisor of `--dp`, which `profile` does not take).
     pub fn check_profiled(&self) -> Result<()> {
-        if self.parallel.ep != 1 {
+        if self.parallel.layout.ep != 1 {
             return Err(invalid!(
                 "profile times the model's layers with all their experts, whatever the layout: \
                  drop --ep (`plan` searches expert parallelism from the profile)"
@@ -171,13 +169,13 @@ impl TrainArgs {
         if let Some(s) = self.batch.chunk_size {
             return Ok(s);
         }
-        let per = self.parallel.dp * self.batch.chunks;
+        let per = self.parallel.layout.dp * self.batch.chunks;
         if !self.batch.batch_size.is_multiple_of(per) {
             return Err(invalid!(
                 "--batch-size {} does not split into --dp {} replicas of --chunks {} equal \
                  micro-batches: choose a batch size that is a multiple of {per}",
                 self.batch.batch_size,
-                self.parallel.dp,
+                self.parallel.layout.dp,
                 self.batch.chunks
             ));
         }
@@ -208,8 +206,8 @@ impl TrainArgs {
     /// recompute, ZeRO and sequence parallelism) and its layers per stage, `balance`.
     pub fn for_candidate(&self, c: &Candidate, balance: &[usize]) -> Self {
         let mut a = self.clone();
-        let (l, p) = (c.parallel.layout, &mut a.parallel);
-        (p.pp, p.tp, p.dp, p.cp, p.ep) = (l.pp, l.tp, l.dp, l.cp, l.ep);
+        let p = &mut a.parallel;
+        p.layout = c.parallel.layout;
         (p.zero, p.sequence_parallel) = (c.parallel.zero, c.parallel.sequence_parallel);
         (a.batch.chunks, a.batch.chunk_size) = (c.micro_batches, None);
         a.pipeline = PipelineSpec {

@@ -37,6 +37,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::runtime::flag_values::positive;
 use crate::{invalid, Result};
 
 /// The three parallel axes.
@@ -82,22 +83,32 @@ fn one() -> usize {
     1
 }
 
-/// Degrees of pipeline, tensor, context and data parallelism.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Degrees of pipeline, tensor, context, data and expert parallelism. Its fields are
+/// `train`'s flags `--pp`, `--tp`, `--dp`, `--cp` and `--ep` (clap's derive: a program
+/// flattens it into its flags and checks what they make with [`Layout::validated`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::Args)]
 pub struct Layout {
     /// Pipeline stages.
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub pp: usize,
-    /// Tensor-parallel ranks per stage.
+    /// Tensor-parallel ranks per stage (Megatron's split of the GPT: heads, MLP, vocabulary).
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub tp: usize,
-    /// Data-parallel replicas.
+    /// Data-parallel replicas (each takes its rows of every batch; gradients are summed).
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
     pub dp: usize,
-    /// Context-parallel ranks per replica, each holding `1/cp` of every sequence (1: none;
-    /// absent from files written before it existed).
+    /// Context-parallel ranks per replica: each holds 1/cp of every sequence (a front and a
+    /// back chunk) and attends over a ring (GPT and Llama; the sequence length must be a
+    /// multiple of 2 x cp; no dropout).
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
+    // 1 in files written before it existed.
     #[serde(default = "one")]
     pub cp: usize,
-    /// Expert-parallel ranks: groups of `ep` neighbouring data-parallel replicas each holding
-    /// `1/ep` of every mixture's experts (1: none; a divisor of `dp`, it adds no ranks; absent
-    /// from files written before it existed).
+    /// Expert-parallel ranks, carved from the --dp replicas: groups of ep replicas each hold
+    /// 1/ep of every mixture's experts and send each other the tokens routed to them
+    /// (with --n-experts; a divisor of --dp and of --n-experts; no ranks added).
+    #[arg(help_heading = "Parallelism", long, default_value_t = 1, value_parser = positive)]
+    // 1 in files written before it existed.
     #[serde(default = "one")]
     pub ep: usize,
 }
@@ -183,6 +194,15 @@ impl Layout {
                 world.map_or("more than 2^64".to_string(), |w| w.to_string())
             )),
         }
+    }
+
+    /// This layout if its degrees can run together (each at least 1, no more ranks than a
+    /// layout may have, ep dividing dp), as [`Layout::new`], [`Layout::with_cp`] and
+    /// [`Layout::with_ep`] check them: what a layout read from flags or a file goes through.
+    pub fn validated(self) -> Result<Self> {
+        Self::new(self.pp, self.tp, self.dp)?
+            .with_cp(self.cp)?
+            .with_ep(self.ep)
     }
 
     /// One rank does everything.
