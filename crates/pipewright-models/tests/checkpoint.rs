@@ -285,7 +285,9 @@ fn keep_removes_the_oldest_and_async_saves_equal_sync_ones() {
 fn the_serial_trainer_and_varuna_share_one_format_across_precisions() {
     use pipewright::engine::serial::{SerialTrainer, TrainOptions};
     use pipewright::model::nn::optim::LrSchedule;
+    use pipewright::model::nn::optim::OptimSpec;
     use pipewright::parallel::loss::CrossEntropy;
+    use pipewright::trainer::TrainSpec;
     use pipewright::Build;
     let task = Adder::new(2, 0).unwrap();
     let batch = |s: u64| {
@@ -300,12 +302,17 @@ fn the_serial_trainer_and_varuna_share_one_format_across_precisions() {
             stage,
             opt,
             TrainOptions {
-                seed: run.seed,
+                spec: TrainSpec {
+                    seed: run.seed,
+                    optim: OptimSpec {
+                        clip: Some(run.clip),
+                        lr: LrSchedule::Constant { lr: run.lr },
+                        ..Default::default()
+                    },
+                    ..TrainSpec::serial()
+                },
                 micro_batches: 8,
-                clip: Some(run.clip),
-                lr: LrSchedule::Constant { lr: run.lr },
                 tied: vec![("wte.weight".into(), "lm_head.weight".into())],
-                deferred_batch_norm: false,
                 loss: std::sync::Arc::new(CrossEntropy::default()),
             },
         )

@@ -9,9 +9,11 @@ use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::varuna::Varuna;
 use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::model::precision::Precision;
 use pipewright::parallel::loss::CrossEntropy;
+use pipewright::trainer::TrainSpec;
 use pipewright::{Batch, Build};
 use pipewright_models::parity::ParityRun;
 use pipewright_models::tasks::Adder;
@@ -31,12 +33,16 @@ fn serial() -> (f64, candle_core::Tensor) {
         stage,
         opt,
         TrainOptions {
-            seed: run.seed,
+            spec: TrainSpec {
+                seed: run.seed,
+                optim: OptimSpec {
+                    lr: LrSchedule::Constant { lr: 1e-3 },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: 1,
-            clip: None,
-            lr: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![],
-            deferred_batch_norm: false,
             loss: Arc::new(CrossEntropy::default()),
         },
     )

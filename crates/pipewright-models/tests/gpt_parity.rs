@@ -8,7 +8,9 @@ use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{LrSchedule, Sgd, SgdConfig};
+use pipewright::trainer::TrainSpec;
 use pipewright::{Batch, Build};
 use pipewright_models::{gpt, GptConfig, TIED};
 
@@ -52,12 +54,15 @@ fn trainer(f: &HashMap<String, Tensor>, chunks: usize) -> SerialTrainer {
         stage,
         opt,
         TrainOptions {
-            seed: 0,
+            spec: TrainSpec {
+                optim: OptimSpec {
+                    lr: LrSchedule::Constant { lr: 0.1 },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: chunks,
-            clip: None,
-            lr: LrSchedule::Constant { lr: 0.1 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )

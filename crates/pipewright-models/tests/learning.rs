@@ -2,6 +2,10 @@
 //! well under a minute on two cores. Alone in its binary so no other test competes for cores.
 
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
+
+use pipewright::trainer::TrainSpec;
+
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
 use pipewright::{Batch, Build};
 use pipewright_models::tasks::Adder;
@@ -34,17 +38,21 @@ fn tiny_gpt_learns_two_digit_addition() {
         stage,
         opt,
         TrainOptions {
-            seed: 0,
-            micro_batches: 1,
-            clip: Some(1.0),
-            lr: LrSchedule::WarmupCosine {
-                lr: 1e-3,
-                warmup: 100,
-                total: steps,
-                min_lr: 1e-4,
+            spec: TrainSpec {
+                optim: OptimSpec {
+                    clip: Some(1.0),
+                    lr: LrSchedule::WarmupCosine {
+                        lr: 1e-3,
+                        warmup: 100,
+                        total: steps,
+                        min_lr: 1e-4,
+                    },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
             },
+            micro_batches: 1,
             tied: vec![(TIED.0.into(), TIED.1.into())],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )

@@ -87,12 +87,15 @@ fn logits_loss_and_every_gradient_match_hf_llama() {
             stage,
             opt,
             TrainOptions {
-                seed: 0,
+                spec: TrainSpec {
+                    optim: OptimSpec {
+                        lr: LrSchedule::Constant { lr: 0.1 },
+                        ..Default::default()
+                    },
+                    ..TrainSpec::serial()
+                },
                 micro_batches: chunks,
-                clip: None,
-                lr: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![],
-                deferred_batch_norm: false,
                 loss: std::sync::Arc::new(CrossEntropy::default()),
             },
         )
@@ -158,12 +161,17 @@ fn serial() -> SerialResult {
         stage,
         opt,
         TrainOptions {
-            seed: 3,
+            spec: TrainSpec {
+                seed: 3,
+                optim: OptimSpec {
+                    clip: Some(CLIP),
+                    lr: LrSchedule::Constant { lr: LR },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: GLOBAL / MICRO,
-            clip: Some(CLIP),
-            lr: LrSchedule::Constant { lr: LR },
             tied: vec![],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(CrossEntropy::default()),
         },
     )

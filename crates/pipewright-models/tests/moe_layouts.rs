@@ -64,12 +64,17 @@ fn serial_trainer(cfg: LlamaConfig) -> Result<SerialTrainer> {
     let stage = llama(cfg)?.build(&Build::cpu(SEED))?;
     let opt = adamw(stage.params())?;
     let opts = TrainOptions {
-        seed: SEED,
+        spec: TrainSpec {
+            seed: SEED,
+            optim: OptimSpec {
+                clip: Some(CLIP),
+                lr: LrSchedule::Constant { lr: LR },
+                ..Default::default()
+            },
+            ..TrainSpec::serial()
+        },
         micro_batches: GLOBAL / MICRO,
-        clip: Some(CLIP),
-        lr: LrSchedule::Constant { lr: LR },
         tied: Vec::new(),
-        deferred_batch_norm: false,
         loss: Arc::new(CrossEntropy::default()),
     };
     SerialTrainer::new(stage, opt, opts)

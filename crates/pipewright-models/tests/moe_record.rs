@@ -10,6 +10,7 @@ use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::experiment::report::experts::AUX_LOSS_TAG;
 use pipewright::experiment::report::{render, RunRecord};
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig};
 use pipewright::parallel::loss::CrossEntropy;
 use pipewright::trainer::{Data, Run, TrainSpec, Trainer};
@@ -71,12 +72,16 @@ fn a_mixture_records_its_auxiliary_loss_and_tokens_per_expert_and_the_report_sho
     let stage = llama(config()).unwrap().build(&Build::cpu(7)).unwrap();
     let opt = Box::new(AdamW::new(stage.params(), AdamWConfig::default()).unwrap());
     let opts = TrainOptions {
-        seed: 7,
+        spec: TrainSpec {
+            seed: 7,
+            optim: OptimSpec {
+                lr: train.optim.lr,
+                ..Default::default()
+            },
+            ..TrainSpec::serial()
+        },
         micro_batches: GLOBAL / MICRO,
-        clip: None,
-        lr: train.optim.lr,
         tied: Vec::new(),
-        deferred_batch_norm: false,
         loss: Arc::new(CrossEntropy::default()),
     };
     let mut serial = SerialTrainer::new(stage, opt, opts).unwrap();

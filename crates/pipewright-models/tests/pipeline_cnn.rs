@@ -8,9 +8,12 @@ use std::sync::Arc;
 use common::*;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::model::nn::optim::LrSchedule;
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::parallel::loss::CrossEntropy;
 use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::PipelineSpec;
 use pipewright::parallel::pipeline::Recompute;
+use pipewright::trainer::TrainSpec;
 use pipewright::{Batch, Build, Sequential};
 use pipewright_models::tasks::Shapes;
 use pipewright_models::{cnn, CnnConfig, Task};
@@ -88,12 +91,20 @@ fn deferred_batch_norm_commits_whole_batch_statistics() {
             stage,
             opt,
             TrainOptions {
-                seed: SEED,
+                spec: TrainSpec {
+                    seed: SEED,
+                    optim: OptimSpec {
+                        lr: LrSchedule::Constant { lr: 1e-2 },
+                        ..Default::default()
+                    },
+                    pipeline: PipelineSpec {
+                        deferred_batch_norm: deferred,
+                        ..Default::default()
+                    },
+                    ..TrainSpec::serial()
+                },
                 micro_batches: chunks,
-                clip: None,
-                lr: LrSchedule::Constant { lr: 1e-2 },
                 tied: vec![],
-                deferred_batch_norm: deferred,
                 loss: Arc::new(CrossEntropy::default()),
             },
         )

@@ -9,10 +9,12 @@ use candle_core::Tensor;
 use pipewright::distributed::comm::{local, Communicator, Pending, ReduceOp};
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::parallel::tensor_parallel::{
     collect_state_dict, load_state_dict, part, relocate_state_dict, state_dict, Group, Shard,
 };
+use pipewright::trainer::TrainSpec;
 use pipewright::Error;
 use pipewright::{Batch, Build};
 use pipewright_models::tasks::Adder;
@@ -39,16 +41,21 @@ fn trainer(init: &Build, cfg: GptConfig) -> pipewright::Result<SerialTrainer> {
         stage,
         opt,
         TrainOptions {
-            seed: SEED,
-            micro_batches: 2,
-            clip: Some(0.5),
             // AdamW divides each element's step by the root of its own squared gradient, so on
             // elements with tiny gradients it magnifies the last-bit differences of summing in
             // another order (a row-parallel matmul sums partial products, then all-reduces).
             // At 1e-3 the worst parameter after 3 steps is 3.7e-6 off (relative); at 1e-2, 2e-5.
-            lr: LrSchedule::Constant { lr: 1e-3 },
+            spec: TrainSpec {
+                seed: SEED,
+                optim: OptimSpec {
+                    clip: Some(0.5),
+                    lr: LrSchedule::Constant { lr: 1e-3 },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
+            micro_batches: 2,
             tied: vec![(TIED.0.into(), TIED.1.into())],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )

@@ -5,7 +5,9 @@
 use candle_core::{DType, Tensor};
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule};
+use pipewright::trainer::TrainSpec;
 use pipewright::{Batch, Build};
 use pipewright_models::tasks::{Adder, Shapes};
 use pipewright_models::{cnn, gpt, CnnConfig, GptConfig, Task, TIED};
@@ -28,12 +30,17 @@ fn trainer(c: GptConfig, seed: u64, chunks: usize) -> SerialTrainer {
         stage,
         opt,
         TrainOptions {
-            seed,
+            spec: TrainSpec {
+                seed,
+                optim: OptimSpec {
+                    clip: Some(1.0),
+                    lr: LrSchedule::Constant { lr: 3e-3 },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: chunks,
-            clip: Some(1.0),
-            lr: LrSchedule::Constant { lr: 3e-3 },
             tied: vec![(TIED.0.into(), TIED.1.into())],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
@@ -149,12 +156,16 @@ fn accumulation_over_chunks_is_one_batch() {
             stage,
             Box::new(opt),
             TrainOptions {
-                seed: 4,
+                spec: TrainSpec {
+                    seed: 4,
+                    optim: OptimSpec {
+                        lr: LrSchedule::Constant { lr: 0.1 },
+                        ..Default::default()
+                    },
+                    ..TrainSpec::serial()
+                },
                 micro_batches: chunks,
-                clip: None,
-                lr: LrSchedule::Constant { lr: 0.1 },
                 tied: vec![(TIED.0.into(), TIED.1.into())],
-                deferred_batch_norm: false,
                 loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
             },
         )
@@ -195,12 +206,15 @@ fn cnn_trains_and_moves_batch_norm_statistics() {
         stage,
         opt,
         TrainOptions {
-            seed: 0,
+            spec: TrainSpec {
+                optim: OptimSpec {
+                    lr: LrSchedule::Constant { lr: 1e-2 },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: 1,
-            clip: None,
-            lr: LrSchedule::Constant { lr: 1e-2 },
             tied: vec![],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )
@@ -244,12 +258,15 @@ fn bad_configurations_are_errors() {
         stage,
         opt,
         TrainOptions {
-            seed: 0,
+            spec: TrainSpec {
+                optim: OptimSpec {
+                    lr: LrSchedule::Constant { lr: 1e-3 },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: 1,
-            clip: None,
-            lr: LrSchedule::Constant { lr: 1e-3 },
             tied: vec![("wte.weight".into(), "nope.weight".into())],
-            deferred_batch_norm: false,
             loss: std::sync::Arc::new(pipewright::parallel::loss::CrossEntropy::default()),
         },
     )

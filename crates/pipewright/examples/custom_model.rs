@@ -20,7 +20,9 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor, Var};
 use pipewright::distributed::topology::Layout;
 use pipewright::engine::serial::{SerialTrainer, TrainOptions};
-use pipewright::model::nn::optim::{AdamWConfig, LrSchedule, Optimizer, OptimizerConfig};
+use pipewright::model::nn::optim::{
+    AdamWConfig, LrSchedule, OptimSpec, Optimizer, OptimizerConfig,
+};
 use pipewright::model::nn::{Linear, Module};
 use pipewright::model::{Activation, Cx, Layer, LayerSpec, Sequential};
 use pipewright::parallel::loss::Mse;
@@ -215,12 +217,15 @@ pub fn serial_trainer(make: MakeOptimizer, lr: f64) -> Result<SerialTrainer> {
         stage,
         opt,
         TrainOptions {
-            seed: 0,
+            spec: TrainSpec {
+                optim: OptimSpec {
+                    lr: LrSchedule::Constant { lr },
+                    ..Default::default()
+                },
+                ..TrainSpec::serial()
+            },
             micro_batches: GLOBAL_BATCH / CHUNK_SIZE,
-            clip: None,
-            lr: LrSchedule::Constant { lr },
             tied: vec![],
-            deferred_batch_norm: false,
             loss: Arc::new(Mse::new("y")),
         },
     )

@@ -11,9 +11,11 @@ use pipewright::engine::serial::{SerialTrainer, TrainOptions};
 use pipewright::engine::spec::TrainSpec;
 use pipewright::engine::varuna::{Varuna, VarunaOptions};
 use pipewright::model::nn::max_rel_diff;
+use pipewright::model::nn::optim::OptimSpec;
 use pipewright::model::nn::optim::{AdamW, AdamWConfig, LrSchedule, Optimizer};
 use pipewright::parallel::loss::CrossEntropy;
 use pipewright::parallel::pipeline::schedule::ScheduleKind;
+use pipewright::parallel::pipeline::PipelineSpec;
 use pipewright::parallel::pipeline::Recompute;
 use pipewright::{Batch, Build, Sequential};
 use pipewright_models::tasks::Adder;
@@ -81,12 +83,21 @@ pub fn serial(c: &Case) -> Run {
             stage,
             opt,
             TrainOptions {
-                seed: SEED,
+                spec: TrainSpec {
+                    seed: SEED,
+                    optim: OptimSpec {
+                        clip: c.clip,
+                        lr: LrSchedule::Constant { lr: 1e-2 },
+                        ..Default::default()
+                    },
+                    pipeline: PipelineSpec {
+                        deferred_batch_norm: c.deferred,
+                        ..Default::default()
+                    },
+                    ..TrainSpec::serial()
+                },
                 micro_batches: c.chunks,
-                clip: c.clip,
-                lr: LrSchedule::Constant { lr: 1e-2 },
                 tied: c.tied.clone(),
-                deferred_batch_norm: c.deferred,
                 loss: Arc::new(CrossEntropy::default()),
             },
         )

@@ -16,50 +16,40 @@ use std::path::{Path, PathBuf};
 
 use crate::distributed::comm::ReduceOp;
 use crate::engine::checkpoint::{self, CheckpointOptions, Header, Owned, Reader};
+use crate::engine::spec::TrainSpec;
 use crate::model::batch::Batch;
 use crate::model::expert_load::{merge, sort_by_layer, ExpertLoad};
-use crate::model::nn::optim::{scale_to_norm, LrSchedule, Optimizer};
+use crate::model::nn::optim::{scale_to_norm, Optimizer};
 use crate::model::nn::{sum_sq_share, Grads};
 use crate::model::{Activation, Cx, Mode, Stage};
 use crate::parallel::loss::SharedLoss;
 use crate::parallel::tensor_parallel::whole_output;
 use crate::{invalid, Error, Result};
 
-/// Options of a [`SerialTrainer`].
+/// Options of a [`SerialTrainer`]: the run it is the oracle of, how many micro-batches a batch
+/// splits into, the tied pairs and the objective.
 #[derive(Clone)]
 pub struct TrainOptions {
-    /// Seeds initialisation and dropout.
-    pub seed: u64,
+    /// The run: its seed (initialisation and dropout), learning rate and clipping (`optim`;
+    /// the optimizer itself is the trainer's argument) and deferred batch norm (`pipeline`).
+    /// Its layout, batch sizes, schedule, precision and cadence are not read here.
+    pub spec: TrainSpec,
     /// Micro-batches each batch splits into (gradients accumulate over them).
     pub micro_batches: usize,
-    /// Clip the global gradient norm to this.
-    pub clip: Option<f64>,
-    /// The learning rate by step.
-    pub lr: LrSchedule,
     /// Parameter pairs kept equal (GPT's `wte.weight` and `lm_head.weight`).
     pub tied: Vec<(String, String)>,
-    /// Deferred batch norm: running statistics move once per batch, over all micro-batches.
-    pub deferred_batch_norm: bool,
     /// The objective (see [`crate::parallel::loss`]).
     pub loss: SharedLoss,
 }
 
 impl TrainOptions {
-    /// The serial trainer's options for the run `spec` describes (whatever its layout): its
-    /// seed, every micro-batch of the global batch, clipping, learning rate and deferred batch
-    /// norm, with the tied pairs `tied` and the objective `loss`.
-    pub fn of(
-        spec: &crate::engine::spec::TrainSpec,
-        tied: Vec<(String, String)>,
-        loss: SharedLoss,
-    ) -> Self {
+    /// The serial trainer's options for the run `spec` describes (whatever its layout): every
+    /// micro-batch of its global batch, with the tied pairs `tied` and the objective `loss`.
+    pub fn of(spec: &TrainSpec, tied: Vec<(String, String)>, loss: SharedLoss) -> Self {
         Self {
-            seed: spec.seed,
+            spec: spec.clone(),
             micro_batches: spec.global_batch / spec.micro_batch.max(1),
-            clip: spec.optim.clip,
-            lr: spec.optim.lr,
             tied,
-            deferred_batch_norm: spec.pipeline.deferred_batch_norm,
             loss,
         }
     }
@@ -96,7 +86,7 @@ pub struct SerialTrainer {
 impl SerialTrainer {
     /// A trainer of `model` with `optimizer` (the whole model on one device).
     pub fn new(model: Stage, optimizer: Box<dyn Optimizer>, opts: TrainOptions) -> Result<Self> {
-        opts.lr.validate()?;
+        opts.spec.optim.lr.validate()?;
         // One rank with the machine's cores, unless the user or a launcher said otherwise.
         crate::distributed::comm::size_thread_pools(1);
         if opts.micro_batches == 0 {
@@ -173,8 +163,8 @@ impl SerialTrainer {
             .into_iter()
             .enumerate()
         {
-            let mut cx = Cx::new(Mode::Train, self.opts.seed, self.step, i);
-            cx.defer_batch_stats = self.opts.deferred_batch_norm;
+            let mut cx = Cx::new(Mode::Train, self.opts.spec.seed, self.step, i);
+            cx.defer_batch_stats = self.opts.spec.pipeline.deferred_batch_norm;
             cx.aux_weight = 1.0 / self.opts.micro_batches as f64;
             let out = self.forward_cx(&mb, &mut cx)?;
             merge(&mut loads, std::mem::take(&mut cx.expert_loads));
@@ -215,10 +205,10 @@ impl SerialTrainer {
             ReduceOp::Sum,
         )?;
         let grad_norm = sq.to_vec1::<f64>()?[0].max(0.0).sqrt();
-        if let Some(max) = self.opts.clip {
+        if let Some(max) = self.opts.spec.optim.clip {
             scale_to_norm(&mut grads, grad_norm, max)?;
         }
-        let lr = self.opts.lr.lr_at(self.step);
+        let lr = self.opts.spec.optim.lr.lr_at(self.step);
         self.optimizer.step(&grads, lr)?;
         let report = StepReport {
             step: self.step,
@@ -265,9 +255,9 @@ impl SerialTrainer {
             state: serde_json::json!({
                 "step": self.step,
                 "optimizer_step": optimizer_step,
-                "lr_schedule": self.opts.lr,
+                "lr_schedule": self.opts.spec.optim.lr,
                 "loss_scaler": null,
-                "seed": self.opts.seed,
+                "seed": self.opts.spec.seed,
                 "extra": opts.extra,
             }),
             meta: opts.meta.clone(),

@@ -71,6 +71,13 @@ impl TrainSpec {
         }
     }
 
+    /// One rank, one row a step, one step, with [`TrainSpec::new`]'s defaults: what a serial
+    /// oracle's options start from (`..TrainSpec::serial()`), which read only its seed,
+    /// optimizer section and deferred batch norm.
+    pub fn serial() -> Self {
+        Self::new(Layout::serial(), 1, 1, 1)
+    }
+
     /// The layout (the parallel section's).
     pub fn layout(&self) -> Layout {
         self.parallel.layout
