@@ -79,62 +79,6 @@ enum Command {
     },
 }
 
-/// The ids of the flags of the section `A` of `train`'s.
-fn flags_of<A: clap::Args>() -> Vec<String> {
-    let c = A::augment_args(clap::Command::new("section"));
-    c.get_arguments().map(|a| a.get_id().to_string()).collect()
-}
-
-/// `train`'s flags that `plan` parses with them but never uses: it chooses the layout, the
-/// micro-batches, the schedule, recompute, ZeRO, the balance and the evaluation of every run it
-/// measures, and none checkpoints.
-fn unused_by_plan() -> Vec<String> {
-    let mut v = flags_of::<pipewright_models::flags::CheckpointArgs>();
-    v.extend(
-        [
-            "pp",
-            "tp",
-            "dp",
-            "cp",
-            "sequence_parallel",
-            "zero",
-            "chunks",
-            "chunk_size",
-        ]
-        .into_iter()
-        .chain([
-            "schedule",
-            "schedule_file",
-            "virtual_stages",
-            "recompute",
-            "balance",
-        ])
-        .map(String::from),
-    );
-    v.extend(["eval_every", "checkpoint_every", "async_checkpoint"].map(String::from));
-    v
-}
-
-/// `train`'s flags that `profile` parses with them but never uses: it times the model's layers
-/// (its model, task and data flags, the seed, where and in what it computes), not a run.
-fn unused_by_profile() -> Vec<String> {
-    use pipewright_models::flags::{BatchArgs, CheckpointArgs, OptimArgs, ParallelArgs};
-    let mut v = flags_of::<BatchArgs>();
-    v.extend(flags_of::<CheckpointArgs>());
-    v.extend(flags_of::<pipewright::trainer::Cadence>());
-    v.extend(flags_of::<pipewright::parallel::pipeline::PipelineSpec>());
-    v.push("schedule_file".into());
-    v.extend(flags_of::<OptimArgs>());
-    let used = ["device", "hardware"];
-    v.extend(
-        flags_of::<ParallelArgs>()
-            .into_iter()
-            .filter(|f| !used.contains(&f.as_str())),
-    );
-    v.extend(["trace", "report"].map(String::from));
-    v
-}
-
 /// The command line: [`Cli`]'s, with the flags `plan` and `profile` take from `train` but never
 /// use hidden from their help (still accepted, so a `train` command line with `plan` or
 /// `profile` in front still parses).
@@ -153,7 +97,7 @@ fn command() -> clap::Command {
     // `--out` is a run directory to `train`; these write something else there.
     negative_values(Cli::command())
         .mut_subcommand("plan", |c| {
-            hide(unused_by_plan())(c).mut_arg("out", |a| {
+            hide(pipewright_models::flags::unused_by_plan())(c).mut_arg("out", |a| {
                 a.help(
                     "With --measure: the directory the measured runs go in, one directory each \
                      (default: output/plan)",
@@ -161,7 +105,7 @@ fn command() -> clap::Command {
             })
         })
         .mut_subcommand("profile", |c| {
-            hide(unused_by_profile())(c).mut_arg("out", |a| {
+            hide(pipewright_models::flags::unused_by_profile())(c).mut_arg("out", |a| {
                 a.help(
                     "The JSON file written: the profile (default: profile.json), or with --gemm \
                      the hardware file (default: hardware.json)",
@@ -276,8 +220,8 @@ mod tests {
     fn plan_and_profile_show_only_the_flags_they_use() {
         let cmd = super::command();
         for (sub, unused) in [
-            ("plan", super::unused_by_plan()),
-            ("profile", super::unused_by_profile()),
+            ("plan", pipewright_models::flags::unused_by_plan()),
+            ("profile", pipewright_models::flags::unused_by_profile()),
         ] {
             let mut c = cmd.find_subcommand(sub).unwrap().clone();
             let help = c.render_long_help().to_string();
