@@ -1,10 +1,11 @@
-# Rewrites CUDA kernel files (crates/pipewright/src/kernels/cuda/NAME.cu and common.cuh)
-# as host C++ for tools/emulate-kernels.sh: shared memory becomes static arrays (blocks run
+# Rewrites CUDA kernel files (crates/pipewright/src/kernels/cuda/NAME.cu and every header
+# NAME.cuh they share) as host C++ for tools/emulate-kernels.sh: shared memory becomes static arrays (blocks run
 # one after another), __syncthreads a barrier of the block's threads, shuffles an exchange
 # through the warp's buffer, entry points plain functions of the same names; mma.sync is
 # shim.h's emulation, the _rn intrinsics IEEE operations.
 #
-#   transform.py SRC_DIR OUT_DIR NAME...   writes OUT_DIR/common_host.h, OUT_DIR/NAME_host.h
+#   transform.py SRC_DIR OUT_DIR NAME...   writes OUT_DIR/HEADER_host.h for each header and
+#                                          OUT_DIR/NAME_host.h for each kernel file named
 import os
 import re
 import sys
@@ -12,8 +13,7 @@ import sys
 
 def host(s):
     s = s.replace('#pragma once', '')
-    s = s.replace('#include "common.cuh"', '#include "common_host.h"')
-    s = s.replace('#include "table.cuh"', '#include "table_host.h"')
+    s = re.sub(r'#include "(\w+)\.cuh"', r'#include "\1_host.h"', s)
     s, asm = re.subn(r'__device__ __forceinline__ void mma\(.*?\n\}\n', '', s, flags=re.S)
     assert asm in (0, 2), f'expected the two mma.sync wrappers, found {asm}'
     s = s.replace('extern "C" __global__', '')
@@ -29,10 +29,12 @@ def host(s):
 
 
 src, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-common = host(open(os.path.join(src, 'common.cuh')).read())
-open(os.path.join(out, 'common_host.h'), 'w').write('#pragma once\n#include "shim.h"\n' + common)
-table = host(open(os.path.join(src, 'table.cuh')).read())
-open(os.path.join(out, 'table_host.h'), 'w').write('#pragma once\n' + table)
+for header in sorted(f for f in os.listdir(src) if f.endswith('.cuh')):
+    stem = header[:-len('.cuh')]
+    text = host(open(os.path.join(src, header)).read())
+    # The shim comes first: common.cuh is the header every other one includes.
+    first = '#include "shim.h"\n' if stem == 'common' else ''
+    open(os.path.join(out, stem + '_host.h'), 'w').write('#pragma once\n' + first + text)
 for name in names:
     text = host(open(os.path.join(src, name + '.cu')).read())
     open(os.path.join(out, name + '_host.h'), 'w').write('#pragma once\n' + text)
