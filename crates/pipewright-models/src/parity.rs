@@ -393,7 +393,7 @@ pub fn serial_losses(spec: &crate::RunSpec) -> Result<Vec<f64>> {
     let mut trainer = SerialTrainer::new(stage, opt, options)?;
     (0..t.cadence.steps)
         .map(|s| {
-            let (x, y) = task.batch(s, t.global_batch)?;
+            let (x, y) = task.batch(s, t.batch.global_batch)?;
             Ok(trainer.step(&Batch::pair(x, y))?.loss)
         })
         .collect()

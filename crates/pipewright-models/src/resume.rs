@@ -24,11 +24,11 @@ impl RunSpec {
             )
         };
         let (t, s) = (&self.train, &stored.train);
-        if t.global_batch != s.global_batch {
+        if t.batch.global_batch != s.batch.global_batch {
             return Err(refuse(
                 "--batch-size",
-                s.global_batch.to_string(),
-                t.global_batch.to_string(),
+                s.batch.global_batch.to_string(),
+                t.batch.global_batch.to_string(),
             ));
         }
         if t.seed != s.seed {

@@ -264,11 +264,8 @@ impl RunSpec {
         };
         let cand = Candidate {
             parallel: t.parallel,
-            micro_batch: t.micro_batch,
-            micro_batches: t
-                .parallel
-                .layout
-                .micro_batches(t.global_batch, t.micro_batch)?,
+            micro_batch: t.batch.micro_batch,
+            micro_batches: t.micro_batches()?,
             schedule: t.pipeline.schedule,
         };
         let (e, sim) = estimate(&profile, &cluster, &cand)?;
@@ -314,7 +311,7 @@ impl RunSpec {
         let budget = pipewright::runtime::memory::available_bytes()
             .map_or(1u64 << 30, |a| (a / 4).min(1 << 30)) as f64;
         let rows = (budget / kept.max(1.0)).min(usize::MAX as f64) as usize;
-        Ok(rows.max(self.train.micro_batch))
+        Ok(rows.max(self.train.batch.micro_batch))
     }
 
     /// Fails, before the model is built or a batch made, when training would need more memory
@@ -326,20 +323,17 @@ impl RunSpec {
     pub fn check_fits(&self, shape: &TaskShape, ranks_here: usize) -> Result<()> {
         let t = &self.train;
         let (what, params, kept, input) = self.sizes(shape)?;
-        let micro_batches = t
-            .parallel
-            .layout
-            .micro_batches(t.global_batch, t.micro_batch)?;
+        let micro_batches = t.micro_batches()?;
         let in_flight = micro_batches.min(t.parallel.layout.pp).max(1) as f64;
-        let replica = params * 16.0 + kept * (t.micro_batch as f64) * in_flight;
+        let replica = params * 16.0 + kept * (t.batch.micro_batch as f64) * in_flight;
         let here = ranks_here.clamp(1, t.world());
         let share = here as f64 / t.world() as f64;
         pipewright::runtime::memory::check_fits(
-            replica * t.parallel.layout.dp as f64 * share + input * t.global_batch as f64,
+            replica * t.parallel.layout.dp as f64 * share + input * t.batch.global_batch as f64,
             &format!(
                 "training {what} on batches of {} rows in micro-batches of {} on {here} of its \
                  ranks",
-                t.global_batch, t.micro_batch,
+                t.batch.global_batch, t.batch.micro_batch,
             ),
             "make the model smaller, the batch or micro-batch smaller (--batch-size, --chunks, \
              --chunk-size), or spread the ranks over more machines",

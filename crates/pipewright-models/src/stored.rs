@@ -82,8 +82,8 @@ pub fn reshard(r: &Reader, layout: Layout, out: &Path) -> Result<PathBuf> {
             seed: spec.train.seed,
             ..TrainSpec::new(
                 layout,
-                spec.train.global_batch,
-                spec.train.global_batch / layout.dp,
+                spec.train.batch.global_batch,
+                spec.train.batch.global_batch / layout.dp,
                 1,
             )
         })

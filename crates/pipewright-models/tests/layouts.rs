@@ -331,13 +331,13 @@ fn bad_layouts_batches_and_ties_are_clear_errors() {
     let l = Layout::new(2, 1, 1).unwrap();
     let e = err(4, options(l));
     assert!(e.contains("needs 2 ranks but the world has 4"), "{e}");
-    let e = err(2, options(l).with_spec(|s| s.global_batch = 7));
+    let e = err(2, options(l).with_spec(|s| s.batch.global_batch = 7));
     assert!(
         e.contains("a global batch of 7 rows does not split into 1 data-parallel replicas of micro-batches of 2 rows"),
         "{e}"
     );
     let l2 = Layout::new(1, 1, 2).unwrap();
-    let e = err(2, options(l2).with_spec(|s| s.global_batch = 6));
+    let e = err(2, options(l2).with_spec(|s| s.batch.global_batch = 6));
     assert!(e.contains("does not split into 2 data-parallel replicas of micro-batches of 2 rows: choose a batch that is a positive multiple of 4"), "{e}");
     let e = err(
         2,

@@ -144,7 +144,7 @@ fn bad_pipeline_configurations_are_errors() {
         .clone()
         .with_spec(|s| s.pipeline.balance = Some(Balance::Layers(vec![4, 3]))));
     assert!(e.contains("sums to 7 but the model has 6 segments"), "{e}");
-    let e = err(base.clone().with_spec(|s| s.micro_batch = 5));
+    let e = err(base.clone().with_spec(|s| s.batch.micro_batch = 5));
     assert!(
         e.contains("a global batch of 12 rows does not split into 1 data-parallel replicas of micro-batches of 5 rows"),
         "{e}"
@@ -152,7 +152,7 @@ fn bad_pipeline_configurations_are_errors() {
     let e = err(base.with_spec(|s| {
         s.pipeline.schedule.kind = ScheduleKind::Interleaved;
         s.pipeline.schedule.virtual_stages = 2;
-        s.micro_batch = 12;
+        s.batch.micro_batch = 12;
     }));
     assert!(e.contains("micro-batches"), "{e}");
 }

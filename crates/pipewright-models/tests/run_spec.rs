@@ -95,8 +95,11 @@ fn a_morphed_spec_trains_to_the_same_losses() {
     let (small, m) = spec.morph(2, None).unwrap();
     assert_eq!(small.train.parallel.layout, Layout::new(2, 1, 1).unwrap());
     assert_eq!(m.step_s, None);
-    assert_eq!(small.train.micro_batch, spec.train.micro_batch);
-    assert_eq!(small.train.global_batch, spec.train.global_batch);
+    assert_eq!(small.train.batch.micro_batch, spec.train.batch.micro_batch);
+    assert_eq!(
+        small.train.batch.global_batch,
+        spec.train.batch.global_batch
+    );
     let (a, b) = (losses(&spec), losses(&small));
     assert_eq!(a.len(), 3);
     for (x, y) in a.iter().zip(&b) {

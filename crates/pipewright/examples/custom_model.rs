@@ -321,14 +321,10 @@ pub fn plan(steps: u64) -> Result<TrainSpec> {
         println!("  {what:<40} {:>8.3} ms", e.step_s * 1e3);
     }
     let c = &planned[0].candidate;
-    Ok(TrainSpec {
-        micro_batch: c.micro_batch,
-        pipeline: pipewright::parallel::pipeline::PipelineSpec {
-            schedule: c.schedule,
-            ..Default::default()
-        },
-        ..spec(c.parallel.layout, steps)
-    })
+    let mut chosen = spec(c.parallel.layout, steps);
+    chosen.batch.micro_batch = c.micro_batch;
+    chosen.pipeline.schedule = c.schedule;
+    Ok(chosen)
 }
 
 /// Trains `planned` for half its steps in the run directory `dir`, saving a checkpoint there;

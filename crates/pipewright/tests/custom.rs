@@ -133,7 +133,7 @@ fn the_trainer_gives_the_spec_it_runs() {
     let mut spec = spec(Layout::new(2, 1, 1).unwrap(), 2);
     spec.pipeline.balance = Some(Balance::Size);
     let trainer = Trainer::new(custom_model::run(spec.clone()), None).unwrap();
-    let sample = batch(0, spec.micro_batch).unwrap();
+    let sample = batch(0, spec.batch.micro_batch).unwrap();
     let resolved = spec.resolve_balance(&model(), &sample).unwrap();
     let Some(Balance::Layers(layers)) = &trainer.spec().pipeline.balance else {
         panic!("not resolved: {:?}", trainer.spec().pipeline.balance);

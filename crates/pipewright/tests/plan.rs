@@ -2,7 +2,7 @@
 //! alone: a layer far larger than the others gets a stage of its own by size and is the
 //! slowest by time; a plain MLP is profiled, planned and morphed to worlds of other sizes.
 
-use pipewright::parallel::dims::ParallelSpec;
+use pipewright::parallel::dims::{BatchSpec, ParallelSpec};
 use pipewright::parallel::pipeline::ScheduleChoice;
 use std::sync::{Arc, Mutex};
 
@@ -151,8 +151,10 @@ fn a_users_mlp_is_planned_and_morphed_from_the_library() {
     let request = |world| MorphRequest {
         world,
         from: ParallelSpec::new(from),
-        global_batch: 24,
-        micro_batch: 4,
+        batch: BatchSpec {
+            global_batch: 24,
+            micro_batch: 4,
+        },
         schedule: ScheduleChoice::default(),
         tp_divides: vec![1],
     };

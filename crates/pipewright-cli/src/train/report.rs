@@ -194,7 +194,7 @@ pub fn train_loop(
             task.name(),
             a.cadence.steps,
             a.batch.batch_size,
-            run.spec.train.micro_batch,
+            run.spec.train.batch.micro_batch,
             dir.path().display()
         );
     }

@@ -7,7 +7,7 @@ use pipewright::distributed::topology::Layout;
 use pipewright::model::nn::optim::{
     AdamWConfig, LrSchedule, OptimSpec, OptimizerConfig, SgdConfig,
 };
-use pipewright::parallel::dims::ParallelSpec;
+use pipewright::parallel::dims::{BatchSpec, ParallelSpec};
 use pipewright::parallel::overlap::OverlapSpec;
 use pipewright::parallel::pipeline::schedule::Schedule;
 use pipewright::parallel::pipeline::{Balance, PipelineSpec};
@@ -139,8 +139,10 @@ impl TrainArgs {
                 zero: self.parallel.zero,
                 sequence_parallel: self.parallel.sequence_parallel,
             },
-            global_batch: self.batch.batch_size,
-            micro_batch: self.micro_batch()?,
+            batch: BatchSpec {
+                global_batch: self.batch.batch_size,
+                micro_batch: self.micro_batch()?,
+            },
             pipeline: self.pipeline_spec()?,
             precision: self.precision,
             optim: self.optim.spec(self.cadence.steps)?,

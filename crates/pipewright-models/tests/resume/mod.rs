@@ -77,7 +77,7 @@ pub fn run(
         }
         let loader = ReplicaBatches::new(
             |s, n| task.batch(s, n).map(|(x, y)| Batch::pair(x, y)),
-            opts.spec.global_batch,
+            opts.spec.batch.global_batch,
             v.coords().dp_rank,
             layout.dp,
             candle_core::Device::Cpu,

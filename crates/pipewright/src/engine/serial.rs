@@ -48,7 +48,7 @@ impl TrainOptions {
     pub fn of(spec: &TrainSpec, tied: Vec<(String, String)>, loss: SharedLoss) -> Self {
         Self {
             spec: spec.clone(),
-            micro_batches: spec.global_batch / spec.micro_batch.max(1),
+            micro_batches: spec.batch.global_batch / spec.batch.micro_batch.max(1),
             tied,
             loss,
         }

@@ -14,7 +14,7 @@ use crate::model::batch::Batch;
 use crate::model::nn::optim::{OptimSpec, Optimizer};
 use crate::model::precision::Precision;
 use crate::model::{Build, Sequential};
-use crate::parallel::dims::ParallelSpec;
+use crate::parallel::dims::{BatchSpec, ParallelSpec};
 use crate::parallel::overlap::OverlapSpec;
 use crate::parallel::pipeline::schedule::Schedule;
 use crate::parallel::pipeline::PipelineSpec;
@@ -33,10 +33,9 @@ pub struct TrainSpec {
     /// The layout, ZeRO and sequence parallelism.
     #[serde(flatten)]
     pub parallel: ParallelSpec,
-    /// Rows of every step over all replicas.
-    pub global_batch: usize,
-    /// Rows of one micro-batch (Varuna's `chunk_size`).
-    pub micro_batch: usize,
+    /// Rows of a step and of a micro-batch.
+    #[serde(flatten)]
+    pub batch: BatchSpec,
     /// The schedule, balance, recompute and deferred batch norm.
     #[serde(flatten)]
     pub pipeline: PipelineSpec,
@@ -60,8 +59,10 @@ impl TrainSpec {
     pub fn new(layout: Layout, global_batch: usize, micro_batch: usize, steps: u64) -> Self {
         Self {
             parallel: ParallelSpec::new(layout),
-            global_batch,
-            micro_batch,
+            batch: BatchSpec {
+                global_batch,
+                micro_batch,
+            },
             pipeline: PipelineSpec::default(),
             precision: Precision::F32,
             optim: OptimSpec::default(),
@@ -105,9 +106,7 @@ impl TrainSpec {
     /// Micro-batches each data-parallel replica splits its rows into
     /// ([`Layout::micro_batches`], the one check that a batch splits).
     pub fn micro_batches(&self) -> Result<usize> {
-        self.parallel
-            .layout
-            .micro_batches(self.global_batch, self.micro_batch)
+        self.batch.micro_batches(&self.parallel.layout)
     }
 
     /// The schedule the pipeline runs: the given one (checked to fit the pipeline's ranks and
@@ -201,8 +200,7 @@ impl TrainSpec {
         let req = MorphRequest {
             world,
             from: self.parallel,
-            global_batch: self.global_batch,
-            micro_batch: self.micro_batch,
+            batch: self.batch,
             schedule: self.pipeline.schedule,
             tp_divides,
         };

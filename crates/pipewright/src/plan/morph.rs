@@ -12,7 +12,7 @@ use super::ranking::{rank, Request};
 use super::search::layouts;
 use crate::distributed::topology::Layout;
 use crate::model::Sequential;
-use crate::parallel::dims::ParallelSpec;
+use crate::parallel::dims::{BatchSpec, ParallelSpec};
 use crate::parallel::pipeline::partition::partition;
 use crate::parallel::pipeline::schedule::Schedule;
 use crate::parallel::pipeline::ScheduleChoice;
@@ -25,10 +25,8 @@ pub struct MorphRequest {
     pub world: usize,
     /// The layout, ZeRO stage and sequence parallelism the run had.
     pub from: ParallelSpec,
-    /// Rows of every step over all replicas.
-    pub global_batch: usize,
-    /// Rows of one micro-batch.
-    pub micro_batch: usize,
+    /// The run's global batch and micro-batch rows.
+    pub batch: BatchSpec,
     /// The run's schedule, its stages per rank and its recompute mode.
     pub schedule: ScheduleChoice,
     /// Sizes a tensor-parallel size must divide (GPT: heads and vocabulary; `[1]` for a model
@@ -78,14 +76,20 @@ impl Morph {
 pub fn morph_layouts(req: &MorphRequest, model: &Sequential) -> Vec<Layout> {
     let (kind, v) = (req.schedule.kind, req.schedule.virtual_stages);
     let per_rank = req.schedule.stages_per_rank();
-    let mut out: Vec<Layout> = layouts(req.world, usize::MAX, &req.tp_divides, req.global_batch)
-        .into_iter()
-        .filter(|l| {
-            l.micro_batches(req.global_batch, req.micro_batch)
-                .is_ok_and(|m| Schedule::new(kind, l.pp, m, v).is_ok())
-                && partition(model, l.pp * per_rank, None).is_ok()
-        })
-        .collect();
+    let mut out: Vec<Layout> = layouts(
+        req.world,
+        usize::MAX,
+        &req.tp_divides,
+        req.batch.global_batch,
+    )
+    .into_iter()
+    .filter(|l| {
+        req.batch
+            .micro_batches(l)
+            .is_ok_and(|m| Schedule::new(kind, l.pp, m, v).is_ok())
+            && partition(model, l.pp * per_rank, None).is_ok()
+    })
+    .collect();
     let from = req.from.layout;
     out.sort_by_key(|l| {
         (
@@ -111,8 +115,8 @@ pub fn morph(
             "no layout of {} ranks fits the model and a batch of {} in micro-batches of {}: \
              change the world size, the batch size or the micro-batch size",
             req.world,
-            req.global_batch,
-            req.micro_batch
+            req.batch.global_batch,
+            req.batch.micro_batch
         ));
     };
     let Some(p) = planner else {
@@ -131,18 +135,16 @@ pub fn morph(
                 zero: req.from.zero,
                 sequence_parallel: false,
             },
-            micro_batch: req.micro_batch,
+            micro_batch: req.batch.micro_batch,
             // Every layout that fits splits the batch (`morph_layouts`).
-            micro_batches: layout
-                .micro_batches(req.global_batch, req.micro_batch)
-                .unwrap_or(1),
+            micro_batches: req.batch.micro_batches(&layout).unwrap_or(1),
             schedule: req.schedule,
         })
         .collect();
     let request = Request {
         world: req.world,
         memory_bytes: p.memory_bytes,
-        global_batch: req.global_batch,
+        global_batch: req.batch.global_batch,
         top: 1,
     };
     let best = rank(p.profile, &p.cluster, &request, candidates)?.swap_remove(0);

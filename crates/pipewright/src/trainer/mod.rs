@@ -202,7 +202,8 @@ impl Trainer {
         let tied = run.model.tied();
         let timed = matches!(run.spec.pipeline.balance, Some(Balance::Time));
         if !matches!(run.spec.pipeline.balance, None | Some(Balance::Layers(_))) {
-            let sample = (run.need_data("a balance by time or size")?)(0, run.spec.micro_batch)?;
+            let sample =
+                (run.need_data("a balance by time or size")?)(0, run.spec.batch.micro_batch)?;
             run.spec = run.spec.resolve_balance(&model, &sample)?;
         }
         let trainer = Self {

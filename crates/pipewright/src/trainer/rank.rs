@@ -81,7 +81,7 @@ impl Trainer {
         let batches = match self.run.data.clone() {
             Some(data) => Some(ReplicaBatches::new(
                 Box::new(move |step, rows| data(step, rows)) as Box<_>,
-                self.run.spec.global_batch,
+                self.run.spec.batch.global_batch,
                 v.coords().dp_rank,
                 self.run.spec.parallel.layout.dp,
                 v.device().clone(),
@@ -154,7 +154,7 @@ impl Trainer {
             let mut h = hooks(started);
             let spec = &self.run.spec;
             let scaled = spec.precision.scales_loss();
-            let mut recorded = Recorded::new(&mut h, rec, spec.global_batch, scaled);
+            let mut recorded = Recorded::new(&mut h, rec, spec.batch.global_batch, scaled);
             let report = self.fit(&mut cx, &mut recorded)?;
             recorded.finish()?;
             Ok((report, h))

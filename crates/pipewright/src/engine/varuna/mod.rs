@@ -184,11 +184,11 @@ impl Varuna {
             loads: Vec::new(),
         };
         if let Some(f) = v.opts.batch_fn.clone() {
-            let sample = f(0, v.opts.spec.micro_batch)?;
+            let sample = f(0, v.opts.spec.batch.micro_batch)?;
             v.predict(&sample).map_err(|e| {
                 invalid!(
                     "a sample batch of {} rows does not run through the model: {e}",
-                    v.opts.spec.micro_batch
+                    v.opts.spec.batch.micro_batch
                 )
             })?;
         }
@@ -250,7 +250,7 @@ impl Varuna {
 
     /// Rows of the global batch this rank's replica takes each step.
     pub fn replica_batch(&self) -> usize {
-        self.opts.spec.global_batch / self.topo.layout().dp
+        self.opts.spec.batch.global_batch / self.topo.layout().dp
     }
 
     /// What each mixture of experts routed in the last step over the global batch (tokens per
@@ -293,7 +293,7 @@ impl Varuna {
                 "step got {rows} rows but each of the {} replicas takes {} of the global batch of {}",
                 self.topo.layout().dp,
                 self.replica_batch(),
-                self.opts.spec.global_batch
+                self.opts.spec.batch.global_batch
             ));
         }
         let batch = self.local_batch(batch)?;
