@@ -119,15 +119,7 @@ impl TrainArgs {
 
     /// Ranks the flags ask for.
     pub fn world(&self) -> usize {
-        // Saturating: a layout of absurd degrees is refused by its check, not wrapped.
-        [
-            self.parallel.layout.pp,
-            self.parallel.layout.tp,
-            self.parallel.layout.cp,
-            self.parallel.layout.dp,
-        ]
-        .iter()
-        .fold(1usize, |w, d| w.saturating_mul(*d))
+        self.parallel.layout.world()
     }
 
     /// Everything the flags say about training, besides the model and the data: each

@@ -229,7 +229,11 @@ impl Layout {
 
     /// Ranks of the layout, `pp * tp * cp * dp`.
     pub fn world(&self) -> usize {
-        self.pp * self.tp * self.cp * self.dp
+        // Saturating: a layout read from flags is counted before it is checked, and absurd
+        // degrees are refused by that check, not wrapped.
+        [self.pp, self.tp, self.cp, self.dp]
+            .iter()
+            .fold(1usize, |w, d| w.saturating_mul(*d))
     }
 
     /// Ranks that hold the same weights and sum their gradients, losses and target counts:
